@@ -1,0 +1,147 @@
+{{/*
+The chart's name, truncated to the 63 characters a DNS label allows.
+*/}}
+{{- define "asgi-admission.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The fully qualified app name, truncated to 63 characters. A release name that already
+contains the chart name is used as it is.
+*/}}
+{{- define "asgi-admission.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A name derived from the full name with a suffix, still within 63 characters.
+Usage: include "asgi-admission.suffixedName" (list . "dashboard")
+*/}}
+{{- define "asgi-admission.suffixedName" -}}
+{{- $ctx := index . 0 }}
+{{- $fullname := include "asgi-admission.fullname" $ctx }}
+{{- printf "%s-%s" ($fullname | trunc (int (sub 62 (len (index . 1)))) | trimSuffix "-") (index . 1) | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Chart name and version, as used by the helm.sh/chart label.
+*/}}
+{{- define "asgi-admission.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels shared by every object of the release, the helm test pod included.
+*/}}
+{{- define "asgi-admission.commonLabels" -}}
+helm.sh/chart: {{ include "asgi-admission.chart" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ include "asgi-admission.imageTag" . | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: {{ include "asgi-admission.name" . }}
+{{- end }}
+
+{{/*
+Labels of the service and everything that belongs to it.
+*/}}
+{{- define "asgi-admission.labels" -}}
+{{ include "asgi-admission.commonLabels" . }}
+app.kubernetes.io/name: {{ include "asgi-admission.name" . }}
+app.kubernetes.io/component: server
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector labels: name and instance only. helm.sh/chart and the version change on every
+upgrade, and a Deployment's selector is immutable, so they are kept out.
+*/}}
+{{- define "asgi-admission.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "asgi-admission.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+The service account's name.
+*/}}
+{{- define "asgi-admission.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "asgi-admission.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The image tag: the value, or the chart's appVersion.
+*/}}
+{{- define "asgi-admission.imageTag" -}}
+{{- .Values.image.tag | default .Chart.AppVersion | toString }}
+{{- end }}
+
+{{/*
+The image reference, with the digest when one is given.
+*/}}
+{{- define "asgi-admission.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (include "asgi-admission.imageTag" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The name of the container and Service port that serves /metrics: the separate metrics
+port when one is set, otherwise the application port.
+*/}}
+{{- define "asgi-admission.metricsPortName" -}}
+{{- if .Values.metrics.port }}metrics{{ else }}http{{ end }}
+{{- end }}
+
+{{/*
+The Service port number that serves /metrics.
+*/}}
+{{- define "asgi-admission.metricsServicePort" -}}
+{{- if .Values.metrics.port }}{{ .Values.metrics.port }}{{ else }}{{ .Values.service.port }}{{ end }}
+{{- end }}
+
+{{/*
+A PromQL label selector for this release's pods, for autoscaling queries. A Deployment
+names its pods <name>-<template hash>-<suffix>; anchoring both segments keeps a release
+whose name is a prefix of another's from counting the other's pods.
+*/}}
+{{- define "asgi-admission.podSelectorPromQL" -}}
+namespace="{{ .Release.Namespace }}",pod=~"{{ include "asgi-admission.fullname" . }}-[a-z0-9]+-[a-z0-9]+"
+{{- end }}
+
+{{/*
+Checks that cannot be expressed in values.schema.json, or that must hold even when the
+schema is skipped. Included by the Deployment, which every render contains.
+*/}}
+{{- define "asgi-admission.validate" -}}
+{{- if not (dig "limits" "memory" "" (.Values.resources | default dict)) }}
+{{- fail "resources.limits.memory is required: asgi-admission decides admission from the container's cgroup memory limit, and without a limit it can only count sessions, so set a limit such as --set resources.limits.memory=2Gi." }}
+{{- end }}
+{{- if and .Values.autoscaling.hpa.enabled .Values.autoscaling.keda.enabled }}
+{{- fail "autoscaling.hpa.enabled and autoscaling.keda.enabled are both true: KEDA creates and manages its own HorizontalPodAutoscaler for the Deployment, so enable only one of them." }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor.enabled .Values.metrics.podMonitor.enabled }}
+{{- fail "metrics.serviceMonitor.enabled and metrics.podMonitor.enabled are both true: each pod would be scraped twice and every series duplicated, so enable only one of them." }}
+{{- end }}
+{{- if and .Values.metrics.port (eq (int .Values.metrics.port) (int .Values.containerPort)) }}
+{{- fail "metrics.port equals containerPort: a separate metrics port must differ from the application port; leave metrics.port empty to serve /metrics on the application port." }}
+{{- end }}
+{{- if gt (float64 .Values.admission.resumeThresholdPercent) (float64 .Values.admission.highWatermarkPercent) }}
+{{- fail "admission.resumeThresholdPercent is above admission.highWatermarkPercent: the latch resumes admitting below the high watermark, so the resume threshold must be at or below it." }}
+{{- end }}
+{{- end }}

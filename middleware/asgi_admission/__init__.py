@@ -1,0 +1,26 @@
+"""Admission control for ASGI services that open memory-hungry sessions."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from ._cgroup import CgroupMemoryReader, parse_cgroup_memory_value, read_cgroup_memory
+from ._config import AdmissionConfig
+from ._host import HostMemoryReader
+from ._latch import AdmissionController, CapacityDecision
+from ._reading import MemoryReading
+
+try:
+    __version__ = version("asgi-admission")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+    __version__ = "0.0.0"
+
+__all__ = [
+    "AdmissionConfig",
+    "AdmissionController",
+    "CapacityDecision",
+    "CgroupMemoryReader",
+    "HostMemoryReader",
+    "MemoryReading",
+    "__version__",
+    "parse_cgroup_memory_value",
+    "read_cgroup_memory",
+]

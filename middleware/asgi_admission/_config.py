@@ -1,0 +1,220 @@
+"""All settings in one frozen dataclass, built in code or from the environment."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final, Literal, TypeVar, get_args
+
+from ._latch import (
+    DEFAULT_HIGH_WATERMARK_PERCENT,
+    DEFAULT_RESERVE_BYTES,
+    DEFAULT_RESUME_THRESHOLD_PERCENT,
+    MIB,
+)
+
+logger = logging.getLogger("asgi_admission")
+
+MemorySource = Literal["cgroup", "host"]
+Reclaimable = Literal["file", "inactive"]
+
+DEFAULT_MAX_SESSIONS: Final = 16
+DEFAULT_RETRY_AFTER_S: Final = 5
+
+# (current name, legacy name accepted from the reference deployment or None)
+ENV_HIGH: Final = ("ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT", "CODA_MEMORY_HIGH_WATERMARK_PERCENT")
+ENV_RESUME: Final = (
+    "ADMISSION_MEMORY_RESUME_THRESHOLD_PERCENT",
+    "CODA_MEMORY_RESUME_THRESHOLD_PERCENT",
+)
+ENV_RESERVE_MB: Final = ("ADMISSION_SESSION_RESERVE_MB", "CODA_BROWSER_SESSION_RESERVE_MB")
+ENV_CGROUP_ROOT: Final = ("ADMISSION_CGROUP_ROOT", "CODA_CGROUP_V2_ROOT")
+ENV_MAX_SESSIONS: Final = ("ADMISSION_MAX_SESSIONS", None)
+ENV_RETRY_AFTER: Final = ("ADMISSION_RETRY_AFTER_SECONDS", None)
+ENV_MEMORY_SOURCE: Final = ("ADMISSION_MEMORY_SOURCE", None)
+ENV_SHARED_DIR: Final = ("ADMISSION_SHARED_DIR", None)
+ENV_RECLAIMABLE: Final = ("ADMISSION_RECLAIMABLE", None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdmissionConfig:
+    """Every admission setting; invalid combinations raise ``ValueError``.
+
+    ``reserve_bytes`` is the memory held back for each session admitted but not
+    yet started, so the effective admission ceiling is the high watermark minus
+    one reserve (more while sessions are pending).
+    """
+
+    high_watermark_percent: float = DEFAULT_HIGH_WATERMARK_PERCENT
+    resume_threshold_percent: float = DEFAULT_RESUME_THRESHOLD_PERCENT
+    reserve_bytes: int = DEFAULT_RESERVE_BYTES
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    retry_after_s: int = DEFAULT_RETRY_AFTER_S
+    #: The cgroup directory to read; ``None`` finds this process's own cgroup.
+    cgroup_root: str | None = None
+    #: ``"host"`` reads the whole machine (psutil) for hosts without a cgroup limit.
+    memory_source: MemorySource = "cgroup"
+    #: ``"file"`` subtracts both file LRUs from usage; ``"inactive"`` only
+    #: ``inactive_file``, which gives the kubelet's (``kubectl top``) working set.
+    reclaimable: Reclaimable = "file"
+    #: A directory shared by the workers of one container for the session ledger.
+    shared_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        high, resume = self.high_watermark_percent, self.resume_threshold_percent
+        if not (math.isfinite(high) and math.isfinite(resume) and 0 < resume <= high <= 100):
+            raise ValueError(
+                "resume_threshold_percent and high_watermark_percent must satisfy "
+                f"0 < resume <= high <= 100; got resume={resume!r}, high={high!r}."
+            )
+        if self.reserve_bytes < 0:
+            raise ValueError(f"reserve_bytes must be 0 or more; got {self.reserve_bytes!r}.")
+        if self.max_sessions < 0:
+            raise ValueError(f"max_sessions must be 0 or more; got {self.max_sessions!r}.")
+        if self.retry_after_s < 1:
+            raise ValueError(
+                f"retry_after_s must be a whole number of seconds, 1 or more; "
+                f"got {self.retry_after_s!r}."
+            )
+        if self.memory_source not in get_args(MemorySource):
+            raise ValueError(
+                f"memory_source must be 'cgroup' or 'host'; got {self.memory_source!r}."
+            )
+        if self.reclaimable not in get_args(Reclaimable):
+            raise ValueError(
+                f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}."
+            )
+
+    def ceiling_percent(self, limit_bytes: int) -> float:
+        """The working-set percentage above which one more session is refused."""
+        return self.high_watermark_percent - self.reserve_bytes * 100 / limit_bytes
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AdmissionConfig:
+        """Build the configuration from ``ADMISSION_*`` (or legacy ``CODA_*``) variables.
+
+        Nothing here disables the guard: a malformed number falls back to its
+        default, a self-inconsistent set of watermarks falls back to the default
+        watermarks and reserve, and a negative reserve counts as 0. Each fallback
+        logs one warning naming the variable.
+        """
+        env = os.environ if environ is None else environ
+        high = _number(env, ENV_HIGH, DEFAULT_HIGH_WATERMARK_PERCENT, float)
+        resume = _number(env, ENV_RESUME, DEFAULT_RESUME_THRESHOLD_PERCENT, float)
+        reserve_mb = _number(env, ENV_RESERVE_MB, DEFAULT_RESERVE_BYTES // MIB, int)
+        if reserve_mb < 0:
+            logger.warning(
+                "%s=%d is negative; using a reserve of 0 MB.", _name(env, ENV_RESERVE_MB), reserve_mb
+            )
+            reserve_mb = 0
+        if not (math.isfinite(high) and math.isfinite(resume) and 0 < resume <= high <= 100):
+            logger.warning(
+                "%s=%s and %s=%s are inconsistent (need 0 < resume <= high <= 100); "
+                "using the default watermarks %s/%s and reserve %d MB.",
+                _name(env, ENV_HIGH),
+                high,
+                _name(env, ENV_RESUME),
+                resume,
+                DEFAULT_HIGH_WATERMARK_PERCENT,
+                DEFAULT_RESUME_THRESHOLD_PERCENT,
+                DEFAULT_RESERVE_BYTES // MIB,
+            )
+            high, resume = DEFAULT_HIGH_WATERMARK_PERCENT, DEFAULT_RESUME_THRESHOLD_PERCENT
+            reserve_mb = DEFAULT_RESERVE_BYTES // MIB
+        max_sessions = _number(env, ENV_MAX_SESSIONS, DEFAULT_MAX_SESSIONS, int, minimum=0)
+        retry_after = _number(env, ENV_RETRY_AFTER, DEFAULT_RETRY_AFTER_S, int, minimum=1)
+        return cls(
+            high_watermark_percent=high,
+            resume_threshold_percent=resume,
+            reserve_bytes=reserve_mb * MIB,
+            max_sessions=max_sessions,
+            retry_after_s=retry_after,
+            cgroup_root=_text(env, ENV_CGROUP_ROOT),
+            memory_source=_choice(env, ENV_MEMORY_SOURCE, get_args(MemorySource), "cgroup"),
+            reclaimable=_choice(env, ENV_RECLAIMABLE, get_args(Reclaimable), "file"),
+            shared_dir=_text(env, ENV_SHARED_DIR),
+        )
+
+
+_N = TypeVar("_N", int, float)
+
+
+def _name(env: Mapping[str, str], names: tuple[str, str | None]) -> str:
+    """The variable actually in effect: the current name, or the legacy one if only it is set."""
+    current, legacy = names
+    if current not in env and legacy is not None and legacy in env:
+        return legacy
+    return current
+
+
+def _raw(env: Mapping[str, str], names: tuple[str, str | None]) -> str | None:
+    current, legacy = names
+    if current in env:
+        if legacy is not None and legacy in env:
+            logger.warning("%s is set, so the legacy %s is ignored.", current, legacy)
+        return env[current]
+    if legacy is not None and legacy in env:
+        logger.warning("%s is a legacy name; set %s instead.", legacy, current)
+        return env[legacy]
+    return None
+
+
+def _number(
+    env: Mapping[str, str],
+    names: tuple[str, str | None],
+    default: _N,
+    kind: Callable[[str], _N],
+    *,
+    minimum: _N | None = None,
+) -> _N:
+    raw = _raw(env, names)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = kind(raw.strip())
+    except ValueError:
+        logger.warning(
+            "%s=%r is not a valid number; using the default %s.", _name(env, names), raw, default
+        )
+        return default
+    if minimum is not None and value < minimum:
+        logger.warning(
+            "%s=%r is below the minimum %s; using the default %s.",
+            _name(env, names),
+            raw,
+            minimum,
+            default,
+        )
+        return default
+    return value
+
+
+def _text(env: Mapping[str, str], names: tuple[str, str | None]) -> str | None:
+    raw = _raw(env, names)
+    return raw.strip() or None if raw is not None else None
+
+
+_S = TypeVar("_S", bound=str)
+
+
+def _choice(
+    env: Mapping[str, str], names: tuple[str, str | None], choices: tuple[_S, ...], default: _S
+) -> _S:
+    raw = _raw(env, names)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    for choice in choices:
+        if value == choice:
+            return choice
+    logger.warning(
+        "%s=%r is not one of %s; using the default %r.",
+        _name(env, names),
+        raw,
+        ", ".join(choices),
+        default,
+    )
+    return default

@@ -1,0 +1,163 @@
+"""The admission latch: a pure state machine over memory readings.
+
+It knows nothing of ASGI, files or Prometheus. Given the session counts and one
+reading, it decides whether one more session may start.
+
+Notes:
+
+- The set and clear conditions are exact complements, so one evaluation can never
+  clear the latch and re-arm it (the reference's ``resource_capacity.py``).
+- A reserve of R bytes makes the effective admission ceiling ``high - R``: one
+  more session is only admitted while its reserve (and those of sessions already
+  admitted but not yet started) still fits under the high watermark.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from ._reading import MemoryReader, MemoryReading
+
+State = Literal["normal", "pressured", "unavailable"]
+Reason = Literal["memory_pressure", "session_limit", "telemetry_unavailable"]
+
+MIB: Final = 1024 * 1024
+DEFAULT_HIGH_WATERMARK_PERCENT: Final = 80.0
+DEFAULT_RESUME_THRESHOLD_PERCENT: Final = 70.0
+DEFAULT_RESERVE_BYTES: Final = 768 * MIB
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityDecision:
+    """What the latch decided for one more session, and the reading it used."""
+
+    allowed: bool
+    state: State
+    memory: MemoryReading
+    #: Machine-readable reason, set exactly when the session is refused.
+    reason: Reason | None = None
+    #: ``"pressured"`` or ``"normal"`` when this evaluation set or cleared the latch.
+    transition: Literal["pressured", "normal"] | None = None
+
+
+def _default_reader() -> MemoryReader:
+    from ._cgroup import read_cgroup_memory
+
+    return read_cgroup_memory
+
+
+class AdmissionController:
+    """High-watermark/resume hysteresis latch with per-session memory reserves.
+
+    Thread-safe: one lock covers the reading and the latch update, so concurrent
+    callers see a consistent sequence of decisions.
+    """
+
+    __slots__ = (
+        "_lock",
+        "_pressured",
+        "high_watermark_percent",
+        "memory_reader",
+        "reserve_bytes",
+        "resume_threshold_percent",
+    )
+
+    def __init__(
+        self,
+        *,
+        high_watermark_percent: float = DEFAULT_HIGH_WATERMARK_PERCENT,
+        resume_threshold_percent: float = DEFAULT_RESUME_THRESHOLD_PERCENT,
+        reserve_bytes: int = DEFAULT_RESERVE_BYTES,
+        memory_reader: MemoryReader | None = None,
+    ) -> None:
+        if not 0 < resume_threshold_percent <= high_watermark_percent <= 100:
+            raise ValueError(
+                "resume_threshold_percent and high_watermark_percent must satisfy "
+                f"0 < resume <= high <= 100; got resume={resume_threshold_percent!r}, "
+                f"high={high_watermark_percent!r}."
+            )
+        if reserve_bytes < 0:
+            raise ValueError(f"reserve_bytes must be 0 or more; got {reserve_bytes!r}.")
+        self.high_watermark_percent = float(high_watermark_percent)
+        self.resume_threshold_percent = float(resume_threshold_percent)
+        self.reserve_bytes = int(reserve_bytes)
+        self.memory_reader: MemoryReader = memory_reader or _default_reader()
+        self._pressured = False
+        self._lock = threading.Lock()
+
+    @property
+    def pressure_state(self) -> Literal["normal", "pressured"]:
+        """Whether the latch is set right now."""
+        return "pressured" if self._pressured else "normal"
+
+    def ceiling_bytes(self, limit_bytes: int, pending_sessions: int = 0) -> float:
+        """Working set above which one more session is refused (high minus reserves)."""
+        return limit_bytes * self.high_watermark_percent / 100 - (
+            (pending_sessions + 1) * self.reserve_bytes
+        )
+
+    def evaluate(
+        self,
+        current_sessions: int,
+        session_limit: int,
+        pending_sessions: int = 0,
+    ) -> CapacityDecision:
+        """Take one reading and decide whether one more session may be admitted.
+
+        ``pending_sessions`` are sessions already admitted that have not grown into
+        their memory yet: each holds a count slot and a reserve.
+        """
+        with self._lock:
+            return self.decide(
+                self.memory_reader(), current_sessions, session_limit, pending_sessions
+            )
+
+    def decide(
+        self,
+        memory: MemoryReading,
+        current_sessions: int,
+        session_limit: int,
+        pending_sessions: int = 0,
+    ) -> CapacityDecision:
+        """Like :meth:`evaluate`, with a reading the caller already took.
+
+        Callers that share the controller between threads hold their own lock
+        around this (``evaluate`` does).
+        """
+        used_slots = current_sessions + pending_sessions
+        was_pressured = self._pressured
+        percent = memory.percent
+        if memory.used_bytes is None or memory.limit_bytes is None or percent is None:
+            # Blind: fall back to the fixed cap and forget the latch, so that
+            # recovering telemetry starts from a fresh evaluation.
+            self._pressured = False
+            allowed = used_slots < session_limit
+            return CapacityDecision(
+                allowed,
+                "unavailable",
+                memory,
+                None if allowed else "telemetry_unavailable",
+                "normal" if was_pressured else None,
+            )
+
+        needed = (pending_sessions + 1) * self.reserve_bytes
+        reserve_fits = (
+            memory.used_bytes + needed <= memory.limit_bytes * self.high_watermark_percent / 100
+        )
+        if was_pressured:
+            if percent <= self.resume_threshold_percent and reserve_fits:
+                self._pressured = False
+        elif percent >= self.high_watermark_percent or not reserve_fits:
+            self._pressured = True
+
+        transition: Literal["pressured", "normal"] | None = None
+        if self._pressured != was_pressured:
+            transition = "pressured" if self._pressured else "normal"
+        if self._pressured:
+            return CapacityDecision(False, "pressured", memory, "memory_pressure", transition)
+        allowed = used_slots < session_limit
+        return CapacityDecision(
+            allowed, "normal", memory, None if allowed else "session_limit", transition
+        )

@@ -1,0 +1,47 @@
+"""The seam between the middleware and what watches it (metrics, tests).
+
+The middleware reports every decision to one ``DecisionObserver`` and exposes
+an ``AdmissionView`` for collectors that read its state at scrape time. Nothing
+here imports the middleware or Prometheus, so either side can be tested alone.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+from ._config import AdmissionConfig
+from ._latch import AdmissionController, CapacityDecision
+
+Kind = Literal["http", "websocket"]
+
+
+class AdmissionView(Protocol):
+    """What a scrape-time collector may read from a running guard."""
+
+    @property
+    def config(self) -> AdmissionConfig: ...
+
+    @property
+    def controller(self) -> AdmissionController: ...
+
+    @property
+    def session_limit(self) -> int: ...
+
+    def session_counts(self) -> tuple[int, int]:
+        """``(active, pending)`` sessions; container-wide when the ledger is shared."""
+        ...
+
+
+class DecisionObserver(Protocol):
+    """Told of every session decision, on the decision path: keep it cheap."""
+
+    def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None: ...
+
+
+class NullObserver:
+    """Observes nothing; used when metrics are switched off (``registry=None``)."""
+
+    __slots__ = ()
+
+    def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
+        return None

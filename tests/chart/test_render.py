@@ -1,0 +1,329 @@
+"""Assertions on the chart's rendered objects: environment, requirements, labels, options."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+from chartlib import (
+    CHART,
+    Manifest,
+    env_of,
+    helm_template,
+    of_kind,
+    one,
+    render,
+    scenario_values,
+    server_container,
+)
+
+MEMORY = ("--set", "resources.limits.memory=1Gi")
+SELECTOR_KEYS = {"app.kubernetes.io/name", "app.kubernetes.io/instance"}
+STANDARD_LABELS = {
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/component",
+    "helm.sh/chart",
+}
+ENV_OF_VALUE = {
+    "highWatermarkPercent": "ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT",
+    "resumeThresholdPercent": "ADMISSION_MEMORY_RESUME_THRESHOLD_PERCENT",
+    "sessionReserveMB": "ADMISSION_SESSION_RESERVE_MB",
+    "maxSessions": "ADMISSION_MAX_SESSIONS",
+    "retryAfterSeconds": "ADMISSION_RETRY_AFTER_SECONDS",
+    "memorySource": "ADMISSION_MEMORY_SOURCE",
+    "cgroupRoot": "ADMISSION_CGROUP_ROOT",
+}
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def defaults() -> dict[str, object]:
+    loaded: dict[str, object] = yaml.safe_load((CHART / "values.yaml").read_text())
+    return loaded
+
+
+def test_env_carries_the_admission_values(rendered: dict[str, list[Manifest]]) -> None:
+    """Every admission value of the full scenario reaches the container as its ADMISSION_* env."""
+    env = env_of(server_container(rendered["full"]))
+    admission = scenario_values("full")["admission"]
+    assert set(admission) == set(ENV_OF_VALUE)
+    for key, name in ENV_OF_VALUE.items():
+        assert env[name] == str(admission[key]), name
+    assert env["LOG_LEVEL"] == "info"
+
+
+def test_env_defaults_match_the_values_file(rendered: dict[str, list[Manifest]]) -> None:
+    """With the defaults the environment holds values.yaml's settings and no optional variable."""
+    env = env_of(server_container(rendered["default"]))
+    admission = defaults()["admission"]
+    assert isinstance(admission, dict)
+    for key, name in ENV_OF_VALUE.items():
+        if key != "cgroupRoot":
+            assert env[name] == str(admission[key]), name
+    for absent in (
+        "ADMISSION_CGROUP_ROOT",
+        "ADMISSION_SHARED_DIR",
+        "ADMISSION_METRICS_PORT",
+        "PROMETHEUS_MULTIPROC_DIR",
+    ):
+        assert absent not in env
+
+
+def test_shared_directories_are_memory_backed_mounts(rendered: dict[str, list[Manifest]]) -> None:
+    """The ledger and multiprocess dirs are sized tmpfs emptyDirs, mounted where the env points."""
+    manifests = rendered["full"]
+    container = server_container(manifests)
+    env = env_of(container)
+    volumes = {
+        v["name"]: v for v in one(manifests, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    }
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    values = scenario_values("full")
+    for variable, size in (
+        ("ADMISSION_SHARED_DIR", values["multiWorker"]["sizeLimit"]),
+        ("PROMETHEUS_MULTIPROC_DIR", values["metrics"]["multiprocess"]["sizeLimit"]),
+    ):
+        volume = volumes[mounts[env[variable]]]
+        assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": size}
+
+
+def test_separate_metrics_port_is_exposed_and_scraped(rendered: dict[str, list[Manifest]]) -> None:
+    """metrics.port adds container and Service ports and the env; the monitor and test use it."""
+    manifests = rendered["full"]
+    container = server_container(manifests)
+    assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in container["ports"]
+    assert env_of(container)["ADMISSION_METRICS_PORT"] == "9100"
+    service_ports = {p["name"]: p for p in one(manifests, "Service")["spec"]["ports"]}
+    assert service_ports["metrics"]["port"] == 9100
+    assert service_ports["metrics"]["targetPort"] == "metrics"
+    assert one(manifests, "ServiceMonitor")["spec"]["endpoints"][0]["port"] == "metrics"
+    test_env = env_of(one(manifests, "Pod")["spec"]["containers"][0])
+    assert test_env["URL"] == "http://full-asgi-admission:9100/metrics"
+
+
+def test_metrics_share_the_application_port_by_default(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    """Without metrics.port there is one port, and the PodMonitor and helm test use it."""
+    manifests = rendered["keda"]
+    assert [p["name"] for p in server_container(manifests)["ports"]] == ["http"]
+    assert [p["name"] for p in one(manifests, "Service")["spec"]["ports"]] == ["http"]
+    assert one(manifests, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+    test_env = env_of(one(manifests, "Pod")["spec"]["containers"][0])
+    assert test_env["URL"] == "http://keda-asgi-admission:80/metrics"
+
+
+def test_memory_limit_is_required_by_the_template(helm: str) -> None:
+    """With the schema skipped, the render still fails with a sentence saying why."""
+    proc = helm_template(helm, "r", "--skip-schema-validation", check=False)
+    assert proc.returncode != 0
+    assert "resources.limits.memory is required" in proc.stderr
+    assert "cgroup memory limit" in proc.stderr
+
+
+def test_memory_limit_is_required_by_the_schema(helm: str) -> None:
+    """values.schema.json rejects values whose resources.limits has no memory."""
+    proc = helm_template(helm, "r", "--set", "resources.limits.cpu=1", check=False)
+    assert proc.returncode != 0
+    assert "schema" in proc.stderr
+    assert "memory" in proc.stderr
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    limits = schema["properties"]["resources"]["properties"]["limits"]
+    assert limits["required"] == ["memory"]
+    assert "required" in limits["description"]
+
+
+def test_schema_allows_subchart_keys_and_rejects_unknown_ones(helm: str) -> None:
+    """global and enabled pass the schema; a misspelt key and an unknown memory source do not."""
+    assert render(helm, "r", *MEMORY, "--set", "global.x=1", "--set", "enabled=true")
+    typo = helm_template(helm, "r", *MEMORY, "--set", "replicaCont=3", check=False)
+    assert typo.returncode != 0
+    assert "replicaCont" in typo.stderr
+    source = helm_template(helm, "r", *MEMORY, "--set", "admission.memorySource=proc", check=False)
+    assert source.returncode != 0
+    assert "memorySource" in source.stderr
+
+
+def test_resume_threshold_above_high_watermark_fails(helm: str) -> None:
+    """A resume threshold above the high watermark fails the render with a sentence."""
+    proc = helm_template(
+        helm, "r", *MEMORY, "--set", "admission.resumeThresholdPercent=90", check=False
+    )
+    assert proc.returncode != 0
+    assert "resumeThresholdPercent is above admission.highWatermarkPercent" in proc.stderr
+
+
+def test_selectors_hold_only_name_and_instance(rendered: dict[str, list[Manifest]]) -> None:
+    """Every selector names the app and the instance only, never helm.sh/chart or the version."""
+    for manifests in rendered.values():
+        for m in manifests:
+            kind = m["kind"]
+            if kind == "Service":
+                selector = m["spec"]["selector"]
+            elif kind in {"Deployment", "PodDisruptionBudget", "ServiceMonitor", "PodMonitor"}:
+                selector = m["spec"]["selector"]["matchLabels"]
+            else:
+                continue
+            assert set(selector) == SELECTOR_KEYS, (kind, selector)
+
+
+def test_objects_carry_the_standard_labels_and_short_names(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    """Every object has the app.kubernetes.io labels and helm.sh/chart, and a DNS-label name."""
+    for manifests in rendered.values():
+        for m in manifests:
+            labels = m["metadata"]["labels"]
+            expected = STANDARD_LABELS - (
+                {"app.kubernetes.io/name"} if m["kind"] == "Pod" else set()
+            )
+            assert expected <= set(labels), (m["kind"], labels)
+            assert len(m["metadata"]["name"]) <= 63
+            assert DNS_LABEL.match(m["metadata"]["name"]), m["metadata"]["name"]
+
+
+def test_long_names_are_truncated(rendered: dict[str, list[Manifest]]) -> None:
+    """A full name past 63 characters is cut to 63, and suffixed names keep their suffix."""
+    names = {m["kind"]: m["metadata"]["name"] for m in rendered["subchart"]}
+    assert len(names["Deployment"]) == 63
+    assert names["Pod"].endswith("-test-metrics")
+    assert len(names["Pod"]) <= 63
+
+
+def test_pod_template_labels_include_the_selector(rendered: dict[str, list[Manifest]]) -> None:
+    """The Deployment's pods carry its selector labels, so the selector matches them."""
+    for manifests in rendered.values():
+        deployment = one(manifests, "Deployment")
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_both_autoscalers_fail_the_render(helm: str) -> None:
+    """Turning on both the HPA and KEDA fails the render with a sentence naming both."""
+    proc = helm_template(
+        helm,
+        "r",
+        *MEMORY,
+        "--set",
+        "autoscaling.hpa.enabled=true",
+        "--set",
+        "autoscaling.keda.enabled=true",
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "autoscaling.hpa.enabled and autoscaling.keda.enabled are both true" in proc.stderr
+
+
+def test_both_monitors_fail_the_render(helm: str) -> None:
+    """Turning on both the ServiceMonitor and the PodMonitor fails: every series would double."""
+    proc = helm_template(
+        helm,
+        "r",
+        *MEMORY,
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.podMonitor.enabled=true",
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "scraped twice" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("scenario", "kind"), [("full", "HorizontalPodAutoscaler"), ("keda", "ScaledObject")]
+)
+def test_autoscaler_owns_the_replica_count(
+    rendered: dict[str, list[Manifest]], scenario: str, kind: str
+) -> None:
+    """With an autoscaler on, the Deployment leaves replicas to it and the autoscaler targets it."""
+    manifests = rendered[scenario]
+    deployment = one(manifests, "Deployment")
+    assert "replicas" not in deployment["spec"]
+    target = one(manifests, kind)["spec"]["scaleTargetRef"]
+    assert target["kind"] == "Deployment"
+    assert target["name"] == deployment["metadata"]["name"]
+
+
+def test_keda_query_selects_this_release_only(rendered: dict[str, list[Manifest]]) -> None:
+    """The default KEDA query sums sessions over this release's pods in its namespace."""
+    query = one(rendered["keda"], "ScaledObject")["spec"]["triggers"][0]["metadata"]["query"]
+    assert query == (
+        'sum(asgi_admission_sessions{namespace="shop",'
+        'pod=~"keda-asgi-admission-[a-z0-9]+-[a-z0-9]+"})'
+    )
+
+
+def test_monitors_rules_and_dashboard_appear_only_when_enabled(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    """The default render has no monitoring objects; enabled ones carry their additionalLabels."""
+    optional = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap", "Ingress"}
+    assert not {m["kind"] for m in rendered["default"]} & optional
+    assert not of_kind(rendered["full"], "PodMonitor")
+    assert not of_kind(rendered["keda"], "ServiceMonitor")
+    for scenario, kind in (
+        ("full", "ServiceMonitor"),
+        ("full", "PrometheusRule"),
+        ("keda", "PodMonitor"),
+    ):
+        labels = one(rendered[scenario], kind)["metadata"]["labels"]
+        assert labels["release"] == "kube-prometheus-stack"
+
+
+def test_prometheus_rule_embeds_the_rules_file(rendered: dict[str, list[Manifest]]) -> None:
+    """The PrometheusRule's groups are files/alerts.yaml's groups, templates left untouched."""
+    rules_file = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+    rule = one(rendered["full"], "PrometheusRule")
+    assert rule["spec"]["groups"] == rules_file["groups"]
+    assert "{{ $labels.pod }}" in json.dumps(rule)
+
+
+def test_dashboard_configmap_is_labelled_for_the_sidecar(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    """The dashboard ConfigMap has the sidecar label and folder, and holds files/dashboard.json."""
+    configmap = one(rendered["full"], "ConfigMap")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["labels"]["team"] == "platform"
+    assert configmap["metadata"]["annotations"] == {"grafana_folder": "Sessions"}
+    (data,) = configmap["data"].values()
+    assert json.loads(data) == json.loads((CHART / "files" / "dashboard.json").read_text())
+
+
+def test_helm_test_pod_is_a_hook_outside_the_service(rendered: dict[str, list[Manifest]]) -> None:
+    """The test pod is a helm test hook that greps /metrics, and no release selector picks it."""
+    for manifests in rendered.values():
+        pod = one(manifests, "Pod")
+        assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+        assert "asgi_admission_" in " ".join(pod["spec"]["containers"][0]["command"])
+        selector = one(manifests, "Service")["spec"]["selector"]
+        assert not selector.items() <= pod["metadata"]["labels"].items()
+
+
+def test_probes_follow_the_readiness_choice(rendered: dict[str, list[Manifest]]) -> None:
+    """Liveness is on /health; readiness is on the admission path unless switched to /health."""
+    default = server_container(rendered["default"])
+    assert default["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert default["readinessProbe"]["httpGet"]["path"] == "/admission/ready"
+    assert server_container(rendered["keda"])["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert "startupProbe" not in server_container(rendered["subchart"])
+
+
+def test_image_defaults_to_the_demo_at_app_version(rendered: dict[str, list[Manifest]]) -> None:
+    """The default image is the demo tagged with appVersion; a digest replaces the tag."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    default = server_container(rendered["default"])
+    assert default["image"] == f"ghcr.io/asgi-admission/demo:{chart['appVersion']}"
+    assert "command" not in default
+    assert "args" not in default
+    assert server_container(rendered["subchart"])["image"].startswith(
+        "ghcr.io/asgi-admission/demo@sha256:"
+    )
+    full = server_container(rendered["full"])
+    assert full["command"] == ["asgi-admission"]
+    assert full["args"][0] == "demo"

@@ -6,7 +6,9 @@ from ._cgroup import CgroupMemoryReader, parse_cgroup_memory_value, read_cgroup_
 from ._config import AdmissionConfig
 from ._host import HostMemoryReader
 from ._latch import AdmissionController, CapacityDecision
+from ._middleware import AdmissionMiddleware
 from ._reading import MemoryReading
+from ._responses import RetryAfterPolicy
 
 try:
     __version__ = version("asgi-admission")
@@ -16,10 +18,12 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
 __all__ = [
     "AdmissionConfig",
     "AdmissionController",
+    "AdmissionMiddleware",
     "CapacityDecision",
     "CgroupMemoryReader",
     "HostMemoryReader",
     "MemoryReading",
+    "RetryAfterPolicy",
     "__version__",
     "parse_cgroup_memory_value",
     "read_cgroup_memory",

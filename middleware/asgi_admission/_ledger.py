@@ -1,0 +1,117 @@
+"""Counting admitted sessions: pending (admitted, not yet established) and active.
+
+The middleware decides and reserves inside ``ledger.locked()``: it reads the
+counts, takes a memory reading, runs the latch and, when it admits, calls
+``reserve()``, all without an ``await`` in between. Each reservation is then
+activated (a WebSocket the app accepted) and released exactly once, from
+whichever of the ASGI events comes first; both methods are idempotent so the
+middleware can call them from every place a session can end.
+
+A ledger shared by several worker processes (SPEC §8) implements the same
+``SessionLedger`` protocol; the ASGI code only ever sees the protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import AbstractContextManager
+from typing import Final, Protocol
+
+from ._config import AdmissionConfig
+
+logger = logging.getLogger("asgi_admission")
+
+_PENDING: Final = 0
+_ACTIVE: Final = 1
+_RELEASED: Final = 2
+
+
+class Reservation(Protocol):
+    """One admitted session's hold on the ledger."""
+
+    def activate(self) -> None:
+        """Move from pending to active; no-op unless still pending."""
+        ...
+
+    def release(self) -> None:
+        """Give the slot back; only the first call has an effect."""
+        ...
+
+
+class SessionLedger(Protocol):
+    """The pending and active counts the latch decides with."""
+
+    def locked(self) -> AbstractContextManager[object]:
+        """The critical section for read-decide-reserve; not reentrant."""
+        ...
+
+    def counts(self) -> tuple[int, int]:
+        """``(active, pending)``; call inside ``locked()`` for a consistent pair."""
+        ...
+
+    def reserve(self) -> Reservation:
+        """A new pending reservation; call inside ``locked()``."""
+        ...
+
+
+class _InProcessReservation:
+    __slots__ = ("_ledger", "_state")
+
+    def __init__(self, ledger: InProcessLedger) -> None:
+        self._ledger = ledger
+        self._state = _PENDING
+
+    def activate(self) -> None:
+        ledger = self._ledger
+        with ledger._lock:
+            if self._state == _PENDING:
+                self._state = _ACTIVE
+                ledger._pending -= 1
+                ledger._active += 1
+
+    def release(self) -> None:
+        ledger = self._ledger
+        with ledger._lock:
+            if self._state == _PENDING:
+                ledger._pending -= 1
+            elif self._state == _ACTIVE:
+                ledger._active -= 1
+            self._state = _RELEASED
+
+
+class InProcessLedger:
+    """Counts for one process, under one ``threading.Lock``.
+
+    A plain lock (not an asyncio one) because the critical section never awaits
+    and because a sync ``current_sessions`` callable or a second event loop in
+    another thread may share the middleware.
+    """
+
+    __slots__ = ("_active", "_lock", "_pending")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active = 0
+        self._pending = 0
+
+    def locked(self) -> threading.Lock:
+        return self._lock
+
+    def counts(self) -> tuple[int, int]:
+        return self._active, self._pending
+
+    def reserve(self) -> _InProcessReservation:
+        self._pending += 1
+        return _InProcessReservation(self)
+
+
+def build_ledger(config: AdmissionConfig) -> SessionLedger:
+    """The ledger ``config`` asks for; this version counts in-process only."""
+    if config.shared_dir is not None:
+        logger.warning(
+            "asgi-admission: shared_dir=%r is set, but this version has no cross-process "
+            "ledger; each worker counts its own sessions.",
+            config.shared_dir,
+        )
+    return InProcessLedger()

@@ -1,0 +1,333 @@
+"""``AdmissionMiddleware``: match, decide, reserve, call, release.
+
+Notes:
+
+- One session request flows one way: scope → route matcher → (ledger lock)
+  reader → latch → ledger reserve → app → release. Everything else (lifespan,
+  requests that open no session) goes straight to the app without a reading.
+- Read, decide and reserve happen inside ``ledger.locked()`` with no ``await``
+  in between, so a burst of concurrent requests cannot all pass one reading.
+  The latch and the counts are the one deliberate shared state; the lock also
+  serialises the controller, whose ``decide`` expects its caller to hold one.
+- Release exactly once: an HTTP session is pending until its last body chunk is
+  sent (background tasks then run with the slot already free), the client
+  disconnects, or the app returns or raises. A WebSocket is pending until the
+  app sends ``websocket.accept``, then active until either side closes, the app
+  denies the handshake itself, or the app returns. ``Reservation.release`` is
+  idempotent, so every one of these paths calls it and the first one counts;
+  the ``finally`` around the app call also covers ``CancelledError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ._config import AdmissionConfig
+from ._factory import build_controller
+from ._latch import AdmissionController, CapacityDecision
+from ._ledger import Reservation, SessionLedger, build_ledger
+from ._observer import DecisionObserver, Kind, NullObserver
+from ._reading import UNAVAILABLE, MemoryReading
+from ._responses import (
+    Refusal,
+    RetryAfterPolicy,
+    coerce_policy,
+    send_http_refusal,
+    send_websocket_refusal,
+)
+from ._routes import RouteMatcher
+
+logger = logging.getLogger("asgi_admission")
+
+_MIB = 1024 * 1024
+
+
+class AdmissionMiddleware:
+    """Refuses new sessions with 503 + ``Retry-After`` before memory runs out.
+
+    ``session_routes`` are patterns such as ``"POST /sessions"`` or
+    ``"WS /terminal/*"``; ``session_predicate(scope)`` may pick further requests.
+    ``current_sessions()`` reports sessions the app tracks itself (it is called
+    under the lock: keep it cheap); without it the middleware counts the
+    WebSockets it admitted and that are still open.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        session_routes: Iterable[str] = (),
+        session_predicate: Callable[[Scope], bool] | None = None,
+        config: AdmissionConfig | None = None,
+        controller: AdmissionController | None = None,
+        current_sessions: Callable[[], int] | None = None,
+        max_sessions: int | None = None,
+        expose_details: bool = False,
+        retry_after: RetryAfterPolicy | int | None = None,
+        readiness_path: str | None = None,
+        observer: DecisionObserver | None = None,
+    ) -> None:
+        self.app = app
+        self._matcher = RouteMatcher(session_routes)
+        if session_predicate is not None and not callable(session_predicate):
+            raise ValueError(
+                f"session_predicate must be a callable taking the ASGI scope; "
+                f"got {session_predicate!r}."
+            )
+        if not self._matcher and session_predicate is None:
+            raise ValueError(
+                "AdmissionMiddleware needs session_routes (e.g. ['POST /sessions']) or a "
+                "session_predicate; without either it would guard nothing."
+            )
+        self._predicate = session_predicate
+        if current_sessions is not None and not callable(current_sessions):
+            raise ValueError(
+                f"current_sessions must be a callable returning an int; got {current_sessions!r}."
+            )
+        self._current_sessions = current_sessions
+        if readiness_path is not None and not (
+            isinstance(readiness_path, str) and readiness_path.startswith("/")
+        ):
+            raise ValueError(f"readiness_path must start with '/'; got {readiness_path!r}.")
+        self._readiness_path = readiness_path
+
+        self._config = config if config is not None else AdmissionConfig.from_env()
+        self._controller = controller if controller is not None else build_controller(self._config)
+        limit = self._config.max_sessions if max_sessions is None else max_sessions
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"max_sessions must be a whole number, 0 or more; got {limit!r}.")
+        self._session_limit = limit
+        self._retry_after = coerce_policy(retry_after, self._config.retry_after_s)
+        self._refusal = Refusal(
+            expose_details=bool(expose_details),
+            high=self._controller.high_watermark_percent,
+            resume=self._controller.resume_threshold_percent,
+            reserve_bytes=self._controller.reserve_bytes,
+        )
+        self._ledger: SessionLedger = build_ledger(self._config)
+        # Shared, lock-protected: whether the last decision was blind, for logging
+        # telemetry loss and recovery once each.
+        self._blind = False
+        # The one place the observer is chosen (metrics will build one from a registry).
+        self._observer: DecisionObserver = observer if observer is not None else NullObserver()
+
+    # -- AdmissionView ------------------------------------------------------------
+
+    @property
+    def config(self) -> AdmissionConfig:
+        return self._config
+
+    @property
+    def controller(self) -> AdmissionController:
+        return self._controller
+
+    @property
+    def session_limit(self) -> int:
+        return self._session_limit
+
+    @property
+    def retry_after(self) -> RetryAfterPolicy:
+        return self._retry_after
+
+    def session_counts(self) -> tuple[int, int]:
+        """``(active, pending)``; active comes from ``current_sessions`` when given."""
+        with self._ledger.locked():
+            active, pending = self._ledger.counts()
+        if self._current_sessions is not None:
+            active = self._current_sessions()
+        return active, pending
+
+    # -- ASGI ---------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope_type = scope["type"]
+        if scope_type == "http":
+            if self._matcher.matches(scope) or (
+                self._predicate is not None and self._predicate(scope)
+            ):
+                await self._guard_http(scope, receive, send)
+            elif scope["path"] == self._readiness_path:
+                await self._readiness(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+        elif scope_type == "websocket":
+            if self._matcher.matches(scope) or (
+                self._predicate is not None and self._predicate(scope)
+            ):
+                await self._guard_websocket(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+        elif scope_type == "lifespan":
+            await self._lifespan(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The one place startup/shutdown hooks (e.g. a session watchdog) will go.
+        await self.app(scope, receive, send)
+
+    # -- the decision -------------------------------------------------------------
+
+    def _read(self) -> MemoryReading:
+        try:
+            return self._controller.memory_reader()
+        except Exception:
+            # A custom reader must not take the service down: decide blind,
+            # which falls back to the fixed session cap.
+            return UNAVAILABLE
+
+    def _decide(
+        self, kind: Kind | None
+    ) -> tuple[CapacityDecision, Reservation | None, int, tuple[int, int, int]]:
+        """Read, decide and (when admitted) reserve, atomically; no awaits here.
+
+        ``kind=None`` is the readiness probe: it runs the latch but reserves nothing.
+        """
+        start = time.perf_counter()
+        reservation: Reservation | None = None
+        retry_after_s = 0
+        with self._ledger.locked():
+            active, pending = self._ledger.counts()
+            current = active if self._current_sessions is None else self._current_sessions()
+            decision = self._controller.decide(self._read(), current, self._session_limit, pending)
+            if kind is not None:
+                if decision.allowed:
+                    reservation = self._ledger.reserve()
+                else:
+                    retry_after_s = self._retry_after.next_delay()
+            blind = decision.state == "unavailable"
+            blind_changed = blind != self._blind
+            self._blind = blind
+        if kind is not None:
+            self._observer.on_decision(kind, decision, time.perf_counter() - start)
+        if blind_changed or decision.transition is not None:
+            self._log_change(decision, blind_changed)
+        return decision, reservation, retry_after_s, (current, pending, self._session_limit)
+
+    def _log_change(self, decision: CapacityDecision, blind_changed: bool) -> None:
+        memory = decision.memory
+        if blind_changed:
+            if decision.state == "unavailable":
+                logger.warning(
+                    "asgi-admission: memory telemetry lost (%s); admitting by the fixed "
+                    "session limit of %d until readings return.",
+                    memory.path or "no readable cgroup memory files",
+                    self._session_limit,
+                )
+                return
+            logger.info(
+                "asgi-admission: memory telemetry recovered: working set %.1f MiB of "
+                "%.1f MiB (%.2f%%).",
+                (memory.used_bytes or 0) / _MIB,
+                (memory.limit_bytes or 0) / _MIB,
+                memory.percent or 0.0,
+            )
+        if decision.transition == "pressured":
+            logger.warning(
+                "asgi-admission: memory pressure: refusing new sessions at working set "
+                "%.1f MiB of %.1f MiB (%.2f%%; high watermark %.1f%%, reserve %.1f MiB).",
+                (memory.used_bytes or 0) / _MIB,
+                (memory.limit_bytes or 0) / _MIB,
+                memory.percent or 0.0,
+                self._controller.high_watermark_percent,
+                self._controller.reserve_bytes / _MIB,
+            )
+        elif decision.transition == "normal":
+            logger.info(
+                "asgi-admission: memory pressure cleared: admitting sessions again at "
+                "working set %.1f MiB of %.1f MiB (%.2f%%; resume threshold %.1f%%).",
+                (memory.used_bytes or 0) / _MIB,
+                (memory.limit_bytes or 0) / _MIB,
+                memory.percent or 0.0,
+                self._controller.resume_threshold_percent,
+            )
+
+    # -- session requests ---------------------------------------------------------
+
+    async def _guard_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        decision, reservation, retry_after_s, counts = self._decide("http")
+        if reservation is None:
+            body = self._refusal.body(decision, retry_after_s, counts)
+            await send_http_refusal(send, retry_after_s, body)
+            return
+        release = reservation.release
+
+        async def receive_watching() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                release()
+            return message
+
+        async def send_watching(message: Message) -> None:
+            await send(message)
+            message_type = message["type"]
+            if (
+                message_type == "http.response.body" and not message.get("more_body", False)
+            ) or message_type == "http.response.pathsend":
+                release()
+
+        try:
+            await self.app(scope, receive_watching, send_watching)
+        finally:
+            release()
+
+    async def _guard_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        decision, reservation, retry_after_s, counts = self._decide("websocket")
+        if reservation is None:
+            body = self._refusal.body(decision, retry_after_s, counts)
+            denial = "websocket.http.response" in scope.get("extensions", {})
+            await send_websocket_refusal(
+                receive, send, denial=denial, retry_after_s=retry_after_s, body=body
+            )
+            return
+        release = reservation.release
+        activate = reservation.activate
+
+        async def receive_watching() -> Message:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                release()
+            return message
+
+        async def send_watching(message: Message) -> None:
+            message_type = message["type"]
+            try:
+                await send(message)
+            finally:
+                if message_type == "websocket.close" or message_type.startswith(
+                    "websocket.http.response"
+                ):
+                    release()
+            if message_type == "websocket.accept":
+                activate()
+
+        try:
+            await self.app(scope, receive_watching, send_watching)
+        finally:
+            release()
+
+    # -- readiness ----------------------------------------------------------------
+
+    async def _readiness(self, scope: Scope, receive: Receive, send: Send) -> None:
+        decision = self._decide(None)[0]
+        ready = decision.state != "pressured"
+        body = b'{"ready":true,"state":"%s"}' if ready else b'{"ready":false,"state":"%s"}'
+        body = body % decision.state.encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200 if ready else 503,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"cache-control", b"no-store"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send(
+            {"type": "http.response.body", "body": body if scope["method"] != "HEAD" else b""}
+        )

@@ -1,0 +1,263 @@
+"""What a refused client receives, and how long it is told to wait.
+
+Notes:
+
+- HTTP: ``503`` with ``Retry-After`` in whole seconds (RFC 9110 §10.2.3),
+  ``Cache-Control: no-store`` so no proxy replays a refusal, and an RFC 9457
+  ``application/problem+json`` body. Memory figures are internals, so they go in
+  the body only when the operator opts in (``expose_details=True``).
+- WebSocket: servers that offer the ``websocket.http.response`` extension let us
+  answer the handshake with that same 503. Elsewhere the only refusal a browser
+  can tell apart from "forbidden" is to accept and close at once with 1013 (Try
+  Again Later, RFC 6455 §7.4 / IANA registry) and the delay in the close reason;
+  closing before accepting turns into a bare 403 on every server.
+- Jitter keeps refused clients from coming back in lockstep. The adaptive mode
+  follows Kubernetes API Priority and Fairness: while refusals persist the delay
+  grows (clients told to wait came back and were refused again), and once they
+  stop it shrinks back towards the base, always within ``[1, max_s]``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from typing import Final
+
+from starlette.types import Receive, Send
+
+from ._latch import CapacityDecision, Reason
+
+PROBLEM_TYPE_PREFIX: Final = "urn:asgi-admission:problem:"
+
+_TITLES: Final[dict[str, str]] = {
+    "memory_pressure": "Not enough memory for a new session",
+    "session_limit": "Session limit reached",
+    "telemetry_unavailable": "Session limit reached",
+}
+_DETAILS: Final[dict[str, str]] = {
+    "memory_pressure": (
+        "The service is too close to its memory limit to start another session safely."
+    ),
+    "session_limit": "The service is already running as many sessions as it allows.",
+    "telemetry_unavailable": (
+        "Memory readings are unavailable, so the service admits only up to its fixed "
+        "session limit, which is reached."
+    ),
+}
+_STATIC_HEADERS: Final = (
+    (b"content-type", b"application/problem+json"),
+    (b"cache-control", b"no-store"),
+)
+#: RFC 6455 §7.4.1 limits a close frame's reason to 123 bytes.
+_MAX_CLOSE_REASON: Final = 123
+WS_TRY_AGAIN_LATER: Final = 1013
+
+
+class RetryAfterPolicy:
+    """The ``Retry-After`` seconds for each refusal: jittered, optionally adaptive.
+
+    ``jitter`` is the fraction either side of the delay (0.2 → ±20%). With
+    ``adaptive``, the delay is multiplied by ``growth`` each time refusals have
+    persisted for a whole current delay, up to ``max_s``, and divided by
+    ``growth`` for each quiet ``base_s`` since the last refusal, down to ``base_s``.
+    ``rng`` and ``clock`` are injectable for tests. Not thread-safe on its own:
+    the middleware calls it inside its lock.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_first_refusal",
+        "_last_refusal",
+        "_level",
+        "_rng",
+        "adaptive",
+        "base_s",
+        "growth",
+        "jitter",
+        "max_s",
+    )
+
+    def __init__(
+        self,
+        base_s: int = 5,
+        *,
+        jitter: float = 0.2,
+        adaptive: bool = False,
+        max_s: int = 60,
+        growth: float = 2.0,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(base_s, bool) or not isinstance(base_s, int) or base_s < 1:
+            raise ValueError(f"Retry-After base_s must be an integer of 1 or more; got {base_s!r}.")
+        if not 0 <= jitter < 1:
+            raise ValueError(f"Retry-After jitter must be at least 0 and below 1; got {jitter!r}.")
+        if max_s < base_s:
+            raise ValueError(f"Retry-After max_s ({max_s!r}) must be at least base_s ({base_s!r}).")
+        if not growth > 1:
+            raise ValueError(f"Retry-After growth must be greater than 1; got {growth!r}.")
+        self.base_s = base_s
+        self.jitter = float(jitter)
+        self.adaptive = adaptive
+        self.max_s = max_s
+        self.growth = float(growth)
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._level = float(base_s)
+        self._first_refusal: float | None = None
+        self._last_refusal: float | None = None
+
+    @property
+    def level_s(self) -> float:
+        """The current delay before jitter."""
+        return self._level
+
+    def next_delay(self) -> int:
+        """Record one refusal and return the whole seconds to send with it."""
+        if self.adaptive:
+            self._adapt(self._clock())
+        delay = self._level
+        if self.jitter:
+            delay *= self._rng.uniform(1 - self.jitter, 1 + self.jitter)
+        return max(1, min(self.max_s, round(delay)))
+
+    def _adapt(self, now: float) -> None:
+        last = self._last_refusal
+        if last is not None:
+            quiet = now - last
+            if quiet >= self.base_s:
+                steps = int(quiet // self.base_s)
+                self._level = max(float(self.base_s), self._level / self.growth**steps)
+                self._first_refusal = now
+            elif self._first_refusal is not None and now - self._first_refusal >= self._level:
+                self._level = min(float(self.max_s), self._level * self.growth)
+                self._first_refusal = now
+        else:
+            self._first_refusal = now
+        self._last_refusal = now
+
+
+def coerce_policy(retry_after: RetryAfterPolicy | int | None, base_s: int) -> RetryAfterPolicy:
+    """The policy for the middleware's ``retry_after=`` argument."""
+    if retry_after is None:
+        return RetryAfterPolicy(base_s)
+    if isinstance(retry_after, RetryAfterPolicy):
+        return retry_after
+    if isinstance(retry_after, bool) or not isinstance(retry_after, int):
+        raise ValueError(
+            "retry_after must be a RetryAfterPolicy or a whole number of seconds; "
+            f"got {retry_after!r}."
+        )
+    return RetryAfterPolicy(retry_after)
+
+
+class Refusal:
+    """Builds the refusal for one decision; static headers are encoded once."""
+
+    __slots__ = ("_bodies", "expose_details", "high", "reserve_bytes", "resume")
+
+    def __init__(
+        self, *, expose_details: bool, high: float, resume: float, reserve_bytes: int
+    ) -> None:
+        self.expose_details = expose_details
+        self.high = high
+        self.resume = resume
+        self.reserve_bytes = reserve_bytes
+        self._bodies: dict[tuple[str, int], bytes] = {}
+
+    def body(
+        self, decision: CapacityDecision, retry_after_s: int, counts: tuple[int, int, int]
+    ) -> bytes:
+        """The problem+json body; ``counts`` is ``(active, pending, limit)``."""
+        reason: Reason = decision.reason or "session_limit"
+        if not self.expose_details:
+            key = (reason, retry_after_s)
+            cached = self._bodies.get(key)
+            if cached is None:
+                cached = self._encode(reason, retry_after_s, None)
+                if len(self._bodies) < 512:
+                    self._bodies[key] = cached
+            return cached
+        memory = decision.memory
+        details: dict[str, object] = {
+            "state": decision.state,
+            "memory": {
+                "working_set_bytes": memory.used_bytes,
+                "limit_bytes": memory.limit_bytes,
+                "percent": memory.percent,
+                "high_watermark_percent": self.high,
+                "resume_threshold_percent": self.resume,
+                "reserve_bytes": self.reserve_bytes,
+            },
+            "sessions": {"active": counts[0], "pending": counts[1], "limit": counts[2]},
+        }
+        return self._encode(reason, retry_after_s, details)
+
+    @staticmethod
+    def _encode(reason: Reason, retry_after_s: int, details: dict[str, object] | None) -> bytes:
+        problem: dict[str, object] = {
+            "type": PROBLEM_TYPE_PREFIX + reason,
+            "title": _TITLES[reason],
+            "status": 503,
+            "detail": f"{_DETAILS[reason]} Retry after {retry_after_s} seconds.",
+            "reason": reason,
+            "retry_after_s": retry_after_s,
+        }
+        if details is not None:
+            problem.update(details)
+        return json.dumps(problem, separators=(",", ":")).encode()
+
+
+def refusal_headers(retry_after_s: int, body: bytes) -> list[tuple[bytes, bytes]]:
+    return [
+        *_STATIC_HEADERS,
+        (b"retry-after", str(retry_after_s).encode()),
+        (b"content-length", str(len(body)).encode()),
+    ]
+
+
+async def send_http_refusal(send: Send, retry_after_s: int, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": refusal_headers(retry_after_s, body),
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def close_reason(retry_after_s: int) -> str:
+    """The 1013 close reason: machine-readable first, within the 123-byte limit."""
+    return f"retry_after_s={retry_after_s}; session capacity exhausted, try again later"[
+        :_MAX_CLOSE_REASON
+    ]
+
+
+async def send_websocket_refusal(
+    receive: Receive, send: Send, *, denial: bool, retry_after_s: int, body: bytes
+) -> None:
+    # The server sends websocket.connect first; a client that already left gets nothing.
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    if denial:
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": 503,
+                "headers": refusal_headers(retry_after_s, body),
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": body})
+        return
+    await send({"type": "websocket.accept"})
+    await send(
+        {
+            "type": "websocket.close",
+            "code": WS_TRY_AGAIN_LATER,
+            "reason": close_reason(retry_after_s),
+        }
+    )

@@ -1,0 +1,114 @@
+"""Which requests open a session: ``"METHOD /path/glob"`` patterns, compiled once.
+
+Notes:
+
+- A pattern is a method and a path separated by one space. The method is an HTTP
+  method (``POST``) or ``WS`` for a WebSocket handshake. In the path, ``*`` matches
+  any characters within one segment (no ``/``) and ``**`` matches anything,
+  slashes included; everything else matches literally.
+- Matching runs on every request, so it is laid out for the common miss: one dict
+  lookup on the method (WebSocket scopes have no ``method`` and look up ``WS``),
+  then a set lookup for literal paths and one combined regex for globs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Final
+
+from starlette.types import Scope
+
+WEBSOCKET: Final = "WS"
+_HTTP_METHODS: Final = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
+)
+
+
+class _MethodRoutes:
+    __slots__ = ("literal", "regex")
+
+    def __init__(self, literal: frozenset[str], regex: re.Pattern[str] | None) -> None:
+        self.literal = literal
+        self.regex = regex
+
+    def matches(self, path: str) -> bool:
+        if path in self.literal:
+            return True
+        return self.regex is not None and self.regex.fullmatch(path) is not None
+
+
+def _glob_to_regex(path: str) -> str:
+    parts = re.split(r"(\*\*|\*)", path)
+    out = []
+    for part in parts:
+        if part == "**":
+            out.append(".*")
+        elif part == "*":
+            out.append("[^/]*")
+        else:
+            out.append(re.escape(part))
+    return "".join(out)
+
+
+def parse_pattern(pattern: str) -> tuple[str, str]:
+    """Split ``"POST /sessions"`` into ``("POST", "/sessions")``, or raise ``ValueError``."""
+    if not isinstance(pattern, str):
+        raise ValueError(
+            f"Each session route must be a string such as 'POST /sessions'; got {pattern!r}."
+        )
+    fields = pattern.split()
+    if len(fields) != 2:
+        raise ValueError(
+            f"The session route {pattern!r} must be a method and a path separated by a space, "
+            "such as 'POST /sessions' or 'WS /terminal/*'."
+        )
+    method, path = fields[0].upper(), fields[1]
+    if method != WEBSOCKET and method not in _HTTP_METHODS:
+        raise ValueError(
+            f"The session route {pattern!r} has an unknown method {fields[0]!r}; use an HTTP "
+            "method such as POST, or WS for a WebSocket handshake."
+        )
+    if not path.startswith("/"):
+        raise ValueError(f"The session route {pattern!r} must have a path starting with '/'.")
+    if "***" in path:
+        raise ValueError(
+            f"The session route {pattern!r} has '***' in its path; use '*' for one segment "
+            "or '**' for any number of segments."
+        )
+    return method, path
+
+
+class RouteMatcher:
+    """Tells whether a scope opens a session, from patterns compiled once."""
+
+    __slots__ = ("_routes", "patterns")
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        if isinstance(patterns, str):
+            raise ValueError(
+                "session_routes must be a list of patterns such as ['POST /sessions'], "
+                f"not a single string ({patterns!r})."
+            )
+        self.patterns: tuple[str, ...] = tuple(patterns)
+        literal: dict[str, set[str]] = {}
+        globs: dict[str, list[str]] = {}
+        for pattern in self.patterns:
+            method, path = parse_pattern(pattern)
+            if "*" in path:
+                globs.setdefault(method, []).append(_glob_to_regex(path))
+            else:
+                literal.setdefault(method, set()).add(path)
+        self._routes: dict[str, _MethodRoutes] = {}
+        for method in literal.keys() | globs.keys():
+            regexes = globs.get(method)
+            regex = re.compile("|".join(f"(?:{r})" for r in regexes)) if regexes else None
+            self._routes[method] = _MethodRoutes(frozenset(literal.get(method, ())), regex)
+
+    def __bool__(self) -> bool:
+        return bool(self._routes)
+
+    def matches(self, scope: Scope) -> bool:
+        """Whether this HTTP or WebSocket scope opens a session."""
+        routes = self._routes.get(scope.get("method", WEBSOCKET))
+        return routes is not None and routes.matches(scope["path"])

@@ -12,7 +12,8 @@ WORKDIR /src
 COPY pyproject.toml README.md CHANGELOG.md ./
 COPY middleware ./middleware
 RUN pip install ".[demo]" \
-    && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin app
+    && groupadd --gid 10001 app \
+    && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin app
 
 WORKDIR /
 # Numeric, so that the chart's runAsNonRoot can verify it without a passwd lookup.

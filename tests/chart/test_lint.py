@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
+import yaml
 from chartlib import CHART, SCENARIOS, Manifest, of_kind, scenario_name
 
 
@@ -55,3 +57,50 @@ def test_scenarios_cover_every_optional_object(rendered: dict[str, list[Manifest
     }
     assert any(not of_kind(m, "PodDisruptionBudget") for m in rendered.values())
     assert any(not of_kind(m, "ServiceAccount") for m in rendered.values())
+
+
+# Values documented as a whole rather than key by key: probes, security contexts, resources.
+OPAQUE_VALUES = {
+    "livenessProbe",
+    "readinessProbe",
+    "startupProbe",
+    "podSecurityContext",
+    "securityContext",
+    "resources.requests",
+    "resources.limits",
+    "helmTest.resources",
+}
+
+
+def value_paths(values: dict[str, object], prefix: str = "") -> list[str]:
+    paths = []
+    for key, value in values.items():
+        path = prefix + key
+        if isinstance(value, dict) and value and path not in OPAQUE_VALUES:
+            paths += value_paths(value, path + ".")
+        else:
+            paths.append(path)
+    return paths
+
+
+def test_readme_documents_every_value() -> None:
+    """The chart README has a row for every value of values.yaml, and values.yaml comments each."""
+    readme = (CHART / "README.md").read_text()
+    values_text = (CHART / "values.yaml").read_text()
+    paths = value_paths(yaml.safe_load(values_text))
+    missing = [p for p in paths if f"| `{p}` |" not in readme]
+    assert not missing, f"values missing from the chart README: {missing}"
+    stack: list[tuple[int, str]] = []
+    previous = ""
+    for line in values_text.splitlines():
+        match = re.match(r"^( *)([A-Za-z]\w*):", line)
+        if match:
+            indent = len(match.group(1))
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            stack.append((indent, match.group(2)))
+            path = ".".join(key for _, key in stack)
+            if path in paths:
+                assert previous.lstrip().startswith("#"), f"values.yaml: {path} has no comment"
+        if line.strip():
+            previous = line

@@ -104,3 +104,19 @@ def test_readme_documents_every_value() -> None:
                 assert previous.lstrip().startswith("#"), f"values.yaml: {path} has no comment"
         if line.strip():
             previous = line
+
+
+@pytest.mark.parametrize("values", SCENARIOS, ids=scenario_name)
+def test_notes_render(helm: str, values: object) -> None:
+    """NOTES.txt renders for the scenario (helm template skips it; a client dry run does not)."""
+    proc = subprocess.run(
+        [helm, "install", "notes", str(CHART), "-f", str(values), "--dry-run=client"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "helm test notes" in notes
+    assert "<no value>" not in notes

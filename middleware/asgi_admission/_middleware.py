@@ -24,13 +24,15 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._config import AdmissionConfig
 from ._factory import build_controller
 from ._latch import AdmissionController, CapacityDecision
 from ._ledger import Reservation, SessionLedger, build_ledger
-from ._observer import DecisionObserver, Kind, NullObserver
+from ._metrics import instrument
+from ._observer import DecisionObserver, Kind
 from ._reading import UNAVAILABLE, MemoryReading
 from ._responses import (
     Refusal,
@@ -70,6 +72,7 @@ class AdmissionMiddleware:
         retry_after: RetryAfterPolicy | int | None = None,
         readiness_path: str | None = None,
         observer: DecisionObserver | None = None,
+        registry: CollectorRegistry | None = REGISTRY,
     ) -> None:
         self.app = app
         self._matcher = RouteMatcher(session_routes)
@@ -112,8 +115,11 @@ class AdmissionMiddleware:
         # Shared, lock-protected: whether the last decision was blind, for logging
         # telemetry loss and recovery once each.
         self._blind = False
-        # The one place the observer is chosen (metrics will build one from a registry).
-        self._observer: DecisionObserver = observer if observer is not None else NullObserver()
+        # Metrics on ``registry`` (None: none); an explicit ``observer`` is told as well.
+        self._observer: DecisionObserver
+        self._observer, self._ledger = instrument(
+            self, self._ledger, registry=registry, observer=observer
+        )
 
     # -- AdmissionView ------------------------------------------------------------
 

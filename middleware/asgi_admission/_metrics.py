@@ -1,0 +1,474 @@
+"""Prometheus metrics: a scrape-time collector and the decision-path counters.
+
+Notes:
+
+- Gauges are collected at scrape time by :class:`AdmissionCollector` from a fresh
+  reading, so they are current without traffic. The scrape never moves the latch:
+  it reads ``controller.memory_reader`` (with PSI where the reader offers
+  ``read(pressure=True)``) and ``controller.pressure_state``, never ``evaluate``.
+  A reader or view that fails gives fewer samples, never a failed scrape (as
+  prometheus_client's ``process_collector`` does on ``OSError``).
+- Counters and the histogram are updated on the decision path by
+  :class:`DecisionMetrics`. Every labelled child is bound once, in a dict keyed by
+  ``(kind, allowed, reason)``, so a decision costs a dict lookup and three
+  increments, never a label lookup. All reachable label combinations start at 0,
+  so ``rate()`` works from the first scrape.
+- "Duplicated timeseries": metrics belong to a registry, not to a guard. The
+  counters are created once per registry (cached in a ``WeakKeyDictionary``) and
+  shared by every guard built on it, the way a module-level counter would be; the
+  registry's one scrape-time collector is rebound to the guard built last. So
+  building an app twice in one process, as tests do, never raises, and the
+  second app's gauges describe the second app. ``registry=None`` registers
+  nothing and shares nothing.
+- Multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``): counters and the histogram are
+  written by prometheus_client to per-process mmap files and summed at scrape time
+  by ``MultiProcessCollector``. The memory gauges describe the container, which
+  every worker shares, so they come from one fresh reading in the scraping worker
+  (see ``_metrics_app``), not from a sum. Session counts are per worker unless
+  the ledger is shared (``AdmissionConfig.shared_dir``), so without a shared
+  ledger they are exported by a ``livesum`` gauge that each worker refreshes
+  whenever its counts change (:meth:`DecisionMetrics.on_sessions`); a worker that
+  dies drops out of the sum once ``mark_process_dead`` runs (or its file is
+  removed), which is what ``livesum`` is for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from functools import cache
+from typing import Final
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, values
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from ._latch import AdmissionController, CapacityDecision
+from ._ledger import Reservation, SessionLedger
+from ._observer import AdmissionView, DecisionObserver, Kind, NullObserver
+from ._reading import MemoryReading
+
+logger = logging.getLogger("asgi_admission")
+
+PREFIX: Final = "asgi_admission_"
+
+#: Bucket upper bounds of ``asgi_admission_decision_duration_seconds``: 1 µs to 10 ms.
+DURATION_BUCKETS: Final = (
+    1e-6,
+    2.5e-6,
+    5e-6,
+    1e-5,
+    2.5e-5,
+    5e-5,
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    1e-2,
+)
+
+KINDS: Final[tuple[Kind, ...]] = ("http", "websocket")
+STATES: Final = ("normal", "pressured", "unavailable")
+#: ``(allowed, reason)`` pairs a decision can carry, with their label values.
+OUTCOMES: Final = (
+    (True, None, "admitted", "none"),
+    (False, "memory_pressure", "rejected", "memory_pressure"),
+    (False, "session_limit", "rejected", "session_limit"),
+    (False, "telemetry_unavailable", "rejected", "telemetry_unavailable"),
+)
+
+
+@cache
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("asgi-admission")
+    except PackageNotFoundError:  # pragma: no cover - source tree without install
+        return "0.0.0"
+
+
+def multiprocess_dir() -> str | None:
+    """``PROMETHEUS_MULTIPROC_DIR`` when set (prometheus_client's multiprocess switch)."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def _values_are_multiprocess() -> bool:
+    cls = values.ValueClass
+    return bool(getattr(cls, "_multiprocess", cls.__name__ == "MmapedValue"))
+
+
+def _read(controller: AdmissionController) -> MemoryReading | None:
+    reader = controller.memory_reader
+    read = getattr(reader, "read", None)
+    try:
+        return read(pressure=True) if callable(read) else reader()
+    except Exception:
+        # A reader must never fail a scrape: report fewer samples instead.
+        logger.debug("asgi-admission: the scrape-time reading failed", exc_info=True)
+        return None
+
+
+def _gauge(name: str, documentation: str, unit: str = "") -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, documentation, unit=unit)
+
+
+class AdmissionCollector:
+    """A prometheus_client collector of what the guard sees, read at scrape time.
+
+    ``view`` is the running guard (an :class:`AdmissionView`, such as
+    ``AdmissionMiddleware``); it may be swapped with :attr:`view` at any time.
+    Without a view only ``asgi_admission_build_info`` is exported.
+    ``include_sessions=False`` leaves ``asgi_admission_sessions`` to another
+    source (multiprocess mode without a shared ledger: a ``livesum`` gauge).
+    """
+
+    def __init__(self, view: AdmissionView | None = None, *, include_sessions: bool = True) -> None:
+        self.view = view
+        self.include_sessions = include_sessions
+
+    def describe(self) -> list[Metric]:
+        """The families this collector may export, for the registry's collision check."""
+        return list(self._families(None, None))
+
+    def collect(self) -> Iterator[Metric]:
+        """Take one fresh reading and yield every family it supports."""
+        view = self.view
+        reading = _read(view.controller) if view is not None else None
+        return self._families(view, reading)
+
+    def _families(
+        self, view: AdmissionView | None, reading: MemoryReading | None
+    ) -> Iterator[Metric]:
+        describing = view is None and reading is None
+        working_set = _gauge(
+            "memory_working_set_bytes",
+            "Container memory in use minus reclaimable file cache, at the binding cgroup level.",
+        )
+        limit = _gauge(
+            "memory_limit_bytes", "Effective container memory limit; absent while unlimited."
+        )
+        reclaimable = _gauge(
+            "memory_reclaimable_bytes", "File cache subtracted from usage to get the working set."
+        )
+        ratio = _gauge("memory_usage_ratio", "Working set as a fraction of the limit (0-1).")
+        stall = _gauge(
+            "memory_pressure_stall_ratio",
+            "Share of the last 10 s some task stalled on memory (PSI some avg10 / 100).",
+        )
+        ceiling = _gauge(
+            "admission_ceiling_ratio",
+            "Usage ratio above which one more session is refused: the high watermark minus "
+            "the reserves of that session and of those pending.",
+        )
+        high = _gauge("high_watermark_ratio", "Usage ratio at which the latch sets.")
+        resume = _gauge("resume_threshold_ratio", "Usage ratio at or below which the latch clears.")
+        reserve = _gauge("session_reserve_bytes", "Memory held back for each admitted session.")
+        state = GaugeMetricFamily(
+            PREFIX + "state", "Admission state: 1 for the current one.", labels=("state",)
+        )
+        sessions = GaugeMetricFamily(
+            PREFIX + "sessions", "Sessions admitted, by state.", labels=("state",)
+        )
+        session_limit = _gauge("session_limit", "Fixed cap on active plus pending sessions.")
+        build = GaugeMetricFamily(
+            PREFIX + "build_info", "asgi-admission version; always 1.", labels=("version",)
+        )
+        if describing:
+            yield from (working_set, limit, reclaimable, ratio, stall, ceiling, high, resume)
+            yield from (reserve, state, session_limit, build)
+            if self.include_sessions:
+                yield sessions
+            return
+
+        build.add_metric((_version(),), 1)
+        yield build
+        if view is None:
+            return
+        controller = view.controller
+        high.add_metric((), controller.high_watermark_percent / 100)
+        resume.add_metric((), controller.resume_threshold_percent / 100)
+        reserve.add_metric((), controller.reserve_bytes)
+        yield from (high, resume, reserve)
+
+        counts: tuple[int, int] | None = None
+        try:
+            counts = view.session_counts()
+            session_limit.add_metric((), view.session_limit)
+        except Exception:
+            logger.debug("asgi-admission: the guard's session counts failed", exc_info=True)
+        else:
+            yield session_limit
+            if self.include_sessions:
+                sessions.add_metric(("active",), counts[0])
+                sessions.add_metric(("pending",), counts[1])
+                yield sessions
+
+        current = "unavailable"
+        if reading is not None and reading.available and reading.used_bytes is not None:
+            working_set.add_metric((), reading.used_bytes)
+            reclaimable.add_metric((), reading.reclaimable_bytes)
+            yield from (working_set, reclaimable)
+            if reading.limit_bytes:
+                limit.add_metric((), reading.limit_bytes)
+                ratio.add_metric((), reading.used_bytes / reading.limit_bytes)
+                pending = counts[1] if counts is not None else 0
+                ceiling.add_metric(
+                    (),
+                    max(0.0, controller.ceiling_bytes(reading.limit_bytes, pending))
+                    / reading.limit_bytes,
+                )
+                yield from (limit, ratio, ceiling)
+                current = controller.pressure_state
+        if reading is not None and reading.pressure_some_avg10 is not None:
+            stall.add_metric((), reading.pressure_some_avg10 / 100)
+            yield stall
+        for name in STATES:
+            state.add_metric((name,), 1 if name == current else 0)
+        yield state
+
+
+class _Families:
+    """The decision-path metric objects of one registry."""
+
+    __slots__ = ("decisions", "duration", "sessions", "telemetry_failures", "transitions")
+
+    def __init__(self, registry: CollectorRegistry | None, *, live_sessions: bool) -> None:
+        self.decisions = Counter(
+            PREFIX + "decisions",
+            "Session admission decisions, by request kind, outcome and refusal reason.",
+            ("kind", "outcome", "reason"),
+            registry=registry,
+        )
+        self.transitions = Counter(
+            PREFIX + "latch_transitions",
+            "Times the memory latch set (to=pressured) or cleared (to=normal).",
+            ("to",),
+            registry=registry,
+        )
+        self.telemetry_failures = Counter(
+            PREFIX + "telemetry_failures",
+            "Session decisions taken without a usable memory reading.",
+            registry=registry,
+        )
+        self.duration = Histogram(
+            PREFIX + "decision_duration_seconds",
+            "Time to read memory, run the latch and reserve, per session decision.",
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.sessions: Gauge | None = None
+        if live_sessions:
+            self.sessions = Gauge(
+                PREFIX + "sessions",
+                "Sessions admitted, by state.",
+                ("state",),
+                registry=registry,
+                multiprocess_mode="livesum",
+            )
+
+
+class DecisionMetrics:
+    """The counters and histogram of the decision path: a ``DecisionObserver``.
+
+    ``registry`` is where the metrics are registered (``None``: nowhere, for
+    callers that collect them themselves). ``live_sessions=True`` adds the
+    ``livesum`` session gauge of multiprocess mode, set by :meth:`on_sessions`.
+    """
+
+    __slots__ = ("_families", "_incs", "_observe", "_sessions", "_telemetry", "_transition")
+
+    def __init__(
+        self, *, registry: CollectorRegistry | None = REGISTRY, live_sessions: bool = False
+    ) -> None:
+        self._families = families = _Families(registry, live_sessions=live_sessions)
+        incs: dict[tuple[str, bool, str | None], Callable[[], None]] = {}
+        for kind in KINDS:
+            for allowed, reason, outcome, label in OUTCOMES:
+                incs[kind, allowed, reason] = families.decisions.labels(kind, outcome, label).inc
+        self._incs = incs
+        self._transition = {
+            to: families.transitions.labels(to).inc for to in ("pressured", "normal")
+        }
+        self._telemetry = families.telemetry_failures.inc
+        self._observe = families.duration.observe
+        self._sessions: tuple[Callable[[float], None], Callable[[float], None]] | None = None
+        if families.sessions is not None:
+            self._sessions = (
+                families.sessions.labels("active").set,
+                families.sessions.labels("pending").set,
+            )
+
+    def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
+        """Count one decision and time it; called on the decision path."""
+        self._incs[kind, decision.allowed, decision.reason]()
+        self._observe(seconds)
+        if decision.transition is not None:
+            self._transition[decision.transition]()
+        if decision.state == "unavailable":
+            self._telemetry()
+
+    @property
+    def live_sessions(self) -> bool:
+        """Whether this exports session counts itself (the multiprocess ``livesum`` gauge)."""
+        return self._sessions is not None
+
+    def on_sessions(self, active: int, pending: int) -> None:
+        """Publish this worker's session counts (only with ``live_sessions``)."""
+        if self._sessions is not None:
+            self._sessions[0](active)
+            self._sessions[1](pending)
+
+
+class _Binding:
+    __slots__ = ("collector", "metrics")
+
+    def __init__(self, collector: AdmissionCollector, metrics: DecisionMetrics) -> None:
+        self.collector = collector
+        self.metrics = metrics
+
+
+_bindings: weakref.WeakKeyDictionary[CollectorRegistry, _Binding] = weakref.WeakKeyDictionary()
+_bindings_lock = threading.Lock()
+
+
+def admission_metrics(
+    view: AdmissionView, *, registry: CollectorRegistry | None = REGISTRY
+) -> DecisionMetrics | NullObserver:
+    """Export ``view``'s state on ``registry`` and return the observer for its decisions.
+
+    The first call for a registry registers the scrape-time collector and the
+    decision counters there; later calls rebind the collector to the new
+    ``view`` and return the same counters, so building a guard twice never
+    raises "Duplicated timeseries". ``registry=None`` exports nothing and
+    returns a :class:`NullObserver`. In multiprocess mode session counts are
+    per worker, so they go to a ``livesum`` gauge (see :meth:`DecisionMetrics.on_sessions`).
+    """
+    if registry is None:
+        return NullObserver()
+    with _bindings_lock:
+        binding = _bindings.get(registry)
+        if binding is not None:
+            binding.collector.view = view
+            return binding.metrics
+        live_sessions = multiprocess_dir() is not None
+        if live_sessions and not _values_are_multiprocess():
+            logger.warning(
+                "asgi-admission: PROMETHEUS_MULTIPROC_DIR was set after prometheus_client "
+                "was imported, so this worker's counters stay in memory and a multiprocess "
+                "scrape will not see them; set it in the environment the server starts with."
+            )
+        metrics = DecisionMetrics(registry=registry, live_sessions=live_sessions)
+        collector = AdmissionCollector(view, include_sessions=not live_sessions)
+        registry.register(collector)
+        _bindings[registry] = _Binding(collector, metrics)
+        return metrics
+
+
+def bound_collector(registry: CollectorRegistry) -> AdmissionCollector | None:
+    """The scrape-time collector :func:`admission_metrics` registered on ``registry``."""
+    with _bindings_lock:
+        binding = _bindings.get(registry)
+    return binding.collector if binding is not None else None
+
+
+class _Both:
+    """Tells two observers of each decision: the metrics first, then the caller's own."""
+
+    __slots__ = ("_first", "_second")
+
+    def __init__(self, first: DecisionObserver, second: DecisionObserver) -> None:
+        self._first = first.on_decision
+        self._second = second.on_decision
+
+    def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
+        self._first(kind, decision, seconds)
+        self._second(kind, decision, seconds)
+
+
+class _LiveSessions:
+    """Multiprocess mode: republishes this worker's session counts whenever they change.
+
+    After each decision (a reservation may have been taken) and after each
+    activation or release, outside the ledger lock, since ``session_counts``
+    takes it.
+    """
+
+    __slots__ = ("_metrics", "_view")
+
+    def __init__(self, metrics: DecisionMetrics, view: AdmissionView) -> None:
+        self._metrics = metrics
+        self._view = view
+
+    def publish(self) -> None:
+        active, pending = self._view.session_counts()
+        self._metrics.on_sessions(active, pending)
+
+    def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
+        self._metrics.on_decision(kind, decision, seconds)
+        self.publish()
+
+
+class _LiveReservation:
+    __slots__ = ("_publish", "_reservation")
+
+    def __init__(self, reservation: Reservation, publish: Callable[[], None]) -> None:
+        self._reservation = reservation
+        self._publish = publish
+
+    def activate(self) -> None:
+        self._reservation.activate()
+        self._publish()
+
+    def release(self) -> None:
+        self._reservation.release()
+        self._publish()
+
+
+class _LiveLedger:
+    """A ``SessionLedger`` whose reservations republish the counts when they change."""
+
+    __slots__ = ("_ledger", "_publish")
+
+    def __init__(self, ledger: SessionLedger, publish: Callable[[], None]) -> None:
+        self._ledger = ledger
+        self._publish = publish
+
+    def locked(self) -> AbstractContextManager[object]:
+        return self._ledger.locked()
+
+    def counts(self) -> tuple[int, int]:
+        return self._ledger.counts()
+
+    def reserve(self) -> Reservation:
+        return _LiveReservation(self._ledger.reserve(), self._publish)
+
+
+def instrument(
+    view: AdmissionView,
+    ledger: SessionLedger,
+    *,
+    registry: CollectorRegistry | None = REGISTRY,
+    observer: DecisionObserver | None = None,
+) -> tuple[DecisionObserver, SessionLedger]:
+    """The observer and ledger a guard should use to export its metrics on ``registry``.
+
+    ``registry=None`` exports nothing. An explicit ``observer`` is told of every
+    decision as well as the metrics (after them), so passing one never switches
+    metrics off. In multiprocess mode the ledger comes back wrapped so that the
+    ``livesum`` session gauge follows activations and releases.
+    """
+    metrics = admission_metrics(view, registry=registry)
+    chosen: DecisionObserver = metrics
+    if isinstance(metrics, DecisionMetrics) and metrics.live_sessions:
+        live = _LiveSessions(metrics, view)
+        chosen = live
+        ledger = _LiveLedger(ledger, live.publish)
+    if observer is not None:
+        chosen = observer if isinstance(metrics, NullObserver) else _Both(chosen, observer)
+    return chosen, ledger

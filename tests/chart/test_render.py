@@ -327,3 +327,30 @@ def test_image_defaults_to_the_demo_at_app_version(rendered: dict[str, list[Mani
     full = server_container(rendered["full"])
     assert full["command"] == ["asgi-admission"]
     assert full["args"][0] == "demo"
+
+
+def test_dashboard_is_well_formed() -> None:
+    """The dashboard has a fixed uid, unique ids, non-overlapping panels and the asked-for views."""
+    dashboard = json.loads((CHART / "files" / "dashboard.json").read_text())
+    assert dashboard["uid"] == "asgi-admission"
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells: set[tuple[int, int]] = set()
+    for p in panels:
+        g = p["gridPos"]
+        area = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
+        assert not area & cells, p["title"]
+        assert g["x"] + g["w"] <= 24
+        cells |= area
+    titles = " / ".join(p["title"] for p in panels).lower()
+    for topic in (
+        "watermarks",
+        "latch state",
+        "active / pending vs cap",
+        "outcome and reason",
+        "latency",
+        "psi",
+    ):
+        assert topic in titles, topic

@@ -134,18 +134,17 @@ class AdmissionCollector:
 
     def describe(self) -> list[Metric]:
         """The families this collector may export, for the registry's collision check."""
-        return list(self._families(None, None))
+        return list(self._families(None, None, describing=True))
 
     def collect(self) -> Iterator[Metric]:
         """Take one fresh reading and yield every family it supports."""
         view = self.view
         reading = _read(view.controller) if view is not None else None
-        return self._families(view, reading)
+        return self._families(view, reading, describing=False)
 
     def _families(
-        self, view: AdmissionView | None, reading: MemoryReading | None
+        self, view: AdmissionView | None, reading: MemoryReading | None, *, describing: bool
     ) -> Iterator[Metric]:
-        describing = view is None and reading is None
         working_set = _gauge(
             "memory_working_set_bytes",
             "Container memory in use minus reclaimable file cache, at the binding cgroup level.",

@@ -38,7 +38,7 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from ._metrics import bound_collector
 from ._metrics import multiprocess_dir as _env_multiprocess_dir
@@ -111,20 +111,20 @@ def render(
     return body, headers
 
 
-def metrics_app(
-    registry: CollectorRegistry = REGISTRY, *, multiprocess_dir: str | None = None
-) -> ASGIApp:
-    """An ASGI app that answers GET or HEAD with the metrics of ``registry``.
+class MetricsApp:
+    """An ASGI app that answers GET or HEAD with the metrics of a scrape target.
 
-    Serves any path it is given, so route it at ``/metrics`` with
-    :func:`metrics_route` or ``app.add_route`` (not ``mount``, which redirects a
-    bare ``/metrics``), or run it on its own. With ``PROMETHEUS_MULTIPROC_DIR``
-    set (or ``multiprocess_dir`` given) it exports every worker's counters
-    beside one fresh container reading.
+    A class, not a function: Starlette's ``Route`` and FastAPI's ``add_route``
+    treat a plain function as a request/response endpoint and an instance with
+    ``__call__`` as an ASGI app.
     """
-    target = scrape_target(registry, multiprocess_dir=multiprocess_dir)
 
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    __slots__ = ("target",)
+
+    def __init__(self, target: Collector) -> None:
+        self.target = target
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
@@ -142,7 +142,7 @@ def metrics_app(
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         body, headers = render(
-            target, _header(scope, b"accept"), _header(scope, b"accept-encoding"), query
+            self.target, _header(scope, b"accept"), _header(scope, b"accept-encoding"), query
         )
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -150,7 +150,19 @@ def metrics_app(
             {"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body}
         )
 
-    return app
+
+def metrics_app(
+    registry: CollectorRegistry = REGISTRY, *, multiprocess_dir: str | None = None
+) -> MetricsApp:
+    """An ASGI app that answers GET or HEAD with the metrics of ``registry``.
+
+    Serves any path it is given, so route it at ``/metrics`` with
+    :func:`metrics_route` or ``app.add_route`` (not ``mount``, which redirects a
+    bare ``/metrics``), or run it on its own. With ``PROMETHEUS_MULTIPROC_DIR``
+    set (or ``multiprocess_dir`` given) it exports every worker's counters
+    beside one fresh container reading.
+    """
+    return MetricsApp(scrape_target(registry, multiprocess_dir=multiprocess_dir))
 
 
 def metrics_route(

@@ -1,0 +1,149 @@
+"""Measuring one session's processes: resident memory and CPU share.
+
+Notes:
+
+- RSS comes from psutil (``/proc/<pid>/statm`` on Linux), the figure the kernel
+  reports as ``VmRSS``. Summed over a process tree it over-counts pages the
+  processes share (a forked interpreter, shared libraries), so the total is an
+  upper bound: the right side to err on for a halt decision.
+- CPU is psutil's ``cpu_percent(None)`` since the previous sample (percent of
+  one CPU, so above 100 on a busy multi-core machine), divided by the number of
+  logical CPUs to give a share of the whole machine. A process's first sample
+  only sets psutil's baseline and reads 0.
+- Descendants: ``Process.children(recursive=True)`` scans all of ``/proc`` per
+  call. One scan per tick (``read_children_map``) serves every session instead.
+  The tree is rebuilt from scratch each tick, so a reused pid that is not one of
+  the session's descendants is never counted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import psutil
+
+#: Parent pid -> the pids of its children, for every process on the machine.
+ChildrenMap = Mapping[int, Sequence[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One measurement of a session's process (and its descendants, if counted)."""
+
+    #: Resident set size in bytes, summed over the processes counted.
+    rss_bytes: int
+    #: CPU used since the previous sample, as a percentage of all logical CPUs (0-100).
+    cpu_percent: float
+    #: How many processes were measured: the session's own plus its live descendants.
+    processes: int
+    #: When the sample was taken, on the watchdog's clock.
+    at: float
+
+
+def read_children_map(proc: str = "/proc") -> dict[int, list[int]]:
+    """Map every parent pid to its children's pids by reading ``<proc>/<pid>/stat``."""
+    children: defaultdict[int, list[int]] = defaultdict(list)
+    try:
+        entries = os.scandir(proc)
+    except OSError:
+        return children
+    with entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"{proc}/{entry.name}/stat", "rb") as f:
+                    data = f.read()
+            except OSError:  # exited while we looked
+                continue
+            # The command name in parentheses may hold spaces or ")"; the fields after
+            # the last ")" are "state ppid ...".
+            fields = data[data.rfind(b")") + 2 :].split()
+            if len(fields) > 1 and fields[1].isdigit():
+                children[int(fields[1])].append(int(entry.name))
+    return children
+
+
+def _descendants(pid: int, children: ChildrenMap) -> list[int]:
+    found: list[int] = []
+    stack = list(children.get(pid, ()))
+    seen = {pid}
+    while stack:
+        child = stack.pop()
+        if child in seen:  # a pid reused while /proc was scanned can close a loop
+            continue
+        seen.add(child)
+        found.append(child)
+        stack.extend(children.get(child, ()))
+    return found
+
+
+class ProcessTreeSampler:
+    """Samples one process, and optionally its descendants, on demand.
+
+    Construction raises ``psutil.Error`` when the process is already gone; after
+    that, a process that goes away is reported as ``None``, never raised.
+    """
+
+    __slots__ = ("_children", "_logical_cpus", "_root", "pid")
+
+    def __init__(self, pid: int, *, logical_cpus: int) -> None:
+        self.pid = pid
+        self._logical_cpus = logical_cpus
+        self._root = psutil.Process(pid)
+        self._root.cpu_percent(None)  # psutil's baseline: the next call measures from here
+        self._children: dict[int, psutil.Process] = {}
+
+    @property
+    def process(self) -> psutil.Process:
+        """The session's own process (pid and creation time, so safe against pid reuse)."""
+        return self._root
+
+    @property
+    def descendant_pids(self) -> tuple[int, ...]:
+        """The descendants measured by the last sample that counted them."""
+        return tuple(self._children)
+
+    def alive(self) -> bool:
+        """Whether the session's process still runs: not exited, reaped, reused or a zombie."""
+        try:
+            return self._root.is_running() and self._root.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def sample(self, children: ChildrenMap | None, at: float) -> ProcessSample | None:
+        """Measure now; ``children`` (from ``read_children_map``) also counts descendants.
+
+        ``None`` means the process has gone, which is how a session normally ends.
+        """
+        if not self.alive():
+            return None
+        try:
+            with self._root.oneshot():
+                rss = int(self._root.memory_info().rss)
+                cpu = float(self._root.cpu_percent(None))
+        except psutil.Error:
+            return None
+        count = 1
+        if children is not None:
+            kept: dict[int, psutil.Process] = {}
+            for pid in _descendants(self.pid, children):
+                try:
+                    child = self._children.get(pid) or psutil.Process(pid)
+                    with child.oneshot():
+                        rss += int(child.memory_info().rss)
+                        cpu += float(child.cpu_percent(None))
+                except psutil.Error:  # exited between the scan and now
+                    continue
+                kept[pid] = child
+                count += 1
+            self._children = kept
+        return ProcessSample(
+            rss_bytes=rss,
+            cpu_percent=round(cpu / self._logical_cpus, 2),
+            processes=count,
+            at=at,
+        )

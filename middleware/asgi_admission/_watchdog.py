@@ -1,0 +1,540 @@
+"""The session watchdog: samples the processes sessions start and halts them when needed.
+
+Notes:
+
+- A session registers the pid of the process it starts and gets a handle back;
+  unregistering (or leaving the handle's ``with`` block) ends the session. Nothing
+  is sampled after that, and a process that exits on its own ends its session the
+  same way: it is the normal end of a session, not an error.
+- It owns no thread. ``run()`` is a task on the application's event loop, started
+  and stopped from the lifespan by ``AdmissionMiddleware(watchdog=...)``, and each
+  tick is one synchronous ``sample_once()`` (a few ``/proc`` reads per process) that
+  tests call directly. Without a lifespan, call ``await start()`` and ``await
+  stop()`` yourself.
+- Two reasons to halt, checked every tick: a session whose RSS exceeds its own
+  budget (``budget_exceeded``), and, while the container's working set is at or
+  above the critical watermark, the largest sessions first until the memory they
+  are expected to free brings it back under (``container_headroom``). A session
+  being halted counts as freeing its last RSS until its process is gone, so one
+  breach does not halt a second session while the first is still exiting.
+- Only memory halts. CPU is measured and reported, never acted on: a busy half
+  second is the container runtime's to throttle (``budget.py``'s reasoning).
+- The peak RSS of every session goes into ``asgi_admission_session_memory_bytes``
+  once, when it is halted or ends: the evidence for choosing the reserve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final
+
+import psutil
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from ._config import AdmissionConfig, _number
+from ._halt import HaltAction, HaltCallback, ProcessGroupHalt, SessionHalt
+from ._reading import MemoryReader, MemoryReading
+from ._sampler import ProcessSample, ProcessTreeSampler, read_children_map
+from ._watchdog_metrics import HaltReason, watchdog_metrics
+
+if TYPE_CHECKING:
+    from starlette.requests import HTTPConnection
+
+logger = logging.getLogger("asgi_admission")
+
+DEFAULT_CRITICAL_WATERMARK_PERCENT: Final = 90.0
+DEFAULT_INTERVAL_S: Final = 0.5
+ENV_CRITICAL_WATERMARK: Final = ("ADMISSION_CRITICAL_WATERMARK_PERCENT", None)
+ENV_INTERVAL: Final = ("ADMISSION_WATCHDOG_INTERVAL_SECONDS", None)
+#: Where ``AdmissionMiddleware`` puts the watchdog in the lifespan state.
+STATE_KEY: Final = "asgi_admission.watchdog"
+
+_MIB: Final = 1024 * 1024
+
+
+class WatchedSession:
+    """A registered session process; returned by ``SessionWatchdog.register``.
+
+    Use it as a context manager to unregister when the block ends, or call
+    ``unregister()``. Its read-only properties say what the sampler last saw.
+    """
+
+    __slots__ = (
+        "_ended",
+        "_halt",
+        "_last",
+        "_observed",
+        "_peak",
+        "_sampler",
+        "_watchdog",
+        "budget_bytes",
+        "include_children",
+        "pid",
+        "session_id",
+    )
+
+    def __init__(
+        self,
+        watchdog: SessionWatchdog,
+        sampler: ProcessTreeSampler | None,
+        *,
+        pid: int,
+        session_id: str,
+        budget_bytes: int | None,
+        include_children: bool,
+    ) -> None:
+        self._watchdog = watchdog
+        self._sampler = sampler
+        self.pid = pid
+        self.session_id = session_id
+        self.budget_bytes = budget_bytes
+        self.include_children = include_children
+        self._last: ProcessSample | None = None
+        self._peak: int | None = None
+        self._halt: SessionHalt | None = None
+        self._ended = sampler is None
+        self._observed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<WatchedSession {self.session_id!r} pid={self.pid} "
+            f"peak_rss_bytes={self._peak} ended={self._ended}>"
+        )
+
+    @property
+    def last_sample(self) -> ProcessSample | None:
+        """The latest measurement, ``None`` until the first."""
+        return self._last
+
+    @property
+    def peak_rss_bytes(self) -> int | None:
+        """The highest RSS measured so far, ``None`` until the first measurement."""
+        return self._peak
+
+    @property
+    def halt(self) -> SessionHalt | None:
+        """Why the watchdog halted this session, or ``None`` if it has not."""
+        return self._halt
+
+    @property
+    def ended(self) -> bool:
+        """True once unregistered or once its process has gone; nothing samples it after."""
+        return self._ended
+
+    @property
+    def process(self) -> psutil.Process:
+        """The session's process as psutil sees it (safe against pid reuse)."""
+        if self._sampler is None:
+            return psutil.Process(self.pid)
+        return self._sampler.process
+
+    @property
+    def descendant_pids(self) -> tuple[int, ...]:
+        """The descendants counted by the last sample (empty without ``include_children``)."""
+        return () if self._sampler is None else self._sampler.descendant_pids
+
+    def is_running(self) -> bool:
+        """Whether the session's own process still runs (not exited, reaped or a zombie)."""
+        return self._sampler is not None and self._sampler.alive()
+
+    def unregister(self) -> None:
+        """End the session: no more samples, and its peak goes into the histogram."""
+        self._watchdog.unregister(self)
+
+    def __enter__(self) -> WatchedSession:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.unregister()
+
+
+class SessionWatchdog:
+    """Samples registered session processes and halts them when memory runs out.
+
+    ``config`` supplies the memory source (cgroup or host) and the high watermark
+    (default ``AdmissionConfig.from_env()``); ``memory_reader`` overrides the
+    reader. ``critical_watermark_percent`` must lie above the high watermark: the
+    latch stops admitting at the high one, the watchdog halts at the critical one.
+    ``halt`` carries out a halt (default ``ProcessGroupHalt()``: SIGTERM to the
+    process group, SIGKILL 5 s later) and ``on_halt`` is told of each one; either
+    may be a coroutine function. ``registry=None`` registers no metrics.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: AdmissionConfig | None = None,
+        memory_reader: MemoryReader | None = None,
+        critical_watermark_percent: float = DEFAULT_CRITICAL_WATERMARK_PERCENT,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        halt: HaltAction | None = None,
+        on_halt: HaltCallback | None = None,
+        registry: CollectorRegistry | None = REGISTRY,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        logical_cpus: int | None = None,
+        proc: str = "/proc",
+    ) -> None:
+        if config is None:
+            config = AdmissionConfig.from_env()
+        high = config.high_watermark_percent
+        if not (
+            math.isfinite(critical_watermark_percent) and high < critical_watermark_percent <= 100
+        ):
+            raise ValueError(
+                "critical_watermark_percent must lie above the high watermark and at most 100 "
+                f"(high < critical <= 100); got critical={critical_watermark_percent!r}, "
+                f"high={high!r}."
+            )
+        if not (math.isfinite(interval_s) and interval_s > 0):
+            raise ValueError(f"interval_s must be a number of seconds above 0; got {interval_s!r}.")
+        if memory_reader is None:
+            from ._factory import build_reader
+
+            memory_reader = build_reader(config)
+        self.config = config
+        self.memory_reader = memory_reader
+        self.critical_watermark_percent = float(critical_watermark_percent)
+        self.interval_s = float(interval_s)
+        self._halt_action: HaltAction = ProcessGroupHalt() if halt is None else halt
+        self._on_halt = on_halt
+        self._metrics = watchdog_metrics(registry)
+        self._clock = clock
+        self._sleep = sleep
+        self._logical_cpus = max(1, logical_cpus or psutil.cpu_count(logical=True) or 1)
+        self._proc = proc
+        # Registration order, so "largest first" breaks ties by age.
+        self._sessions: dict[WatchedSession, None] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._callbacks: set[asyncio.Task[Any]] = set()
+        self._warned_not_running = False
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        config: AdmissionConfig | None = None,
+        memory_reader: MemoryReader | None = None,
+        halt: HaltAction | None = None,
+        on_halt: HaltCallback | None = None,
+        registry: CollectorRegistry | None = REGISTRY,
+    ) -> SessionWatchdog:
+        """Build from ``ADMISSION_CRITICAL_WATERMARK_PERCENT`` and
+        ``ADMISSION_WATCHDOG_INTERVAL_SECONDS`` (and ``AdmissionConfig.from_env``).
+
+        Like ``AdmissionConfig.from_env`` it never fails on bad values: a malformed
+        number, an interval of 0 or less, or a critical watermark not above the high
+        one falls back (to 90, or halfway between the high watermark and 100 when
+        that is above 90) with one warning naming the variable.
+        """
+        env = os.environ if environ is None else environ
+        if config is None:
+            config = AdmissionConfig.from_env(env)
+        high = config.high_watermark_percent
+        critical = _number(env, ENV_CRITICAL_WATERMARK, DEFAULT_CRITICAL_WATERMARK_PERCENT, float)
+        if not (math.isfinite(critical) and high < critical <= 100):
+            fallback = (
+                DEFAULT_CRITICAL_WATERMARK_PERCENT
+                if high < DEFAULT_CRITICAL_WATERMARK_PERCENT
+                else (high + 100) / 2
+            )
+            logger.warning(
+                "%s=%s must lie above the high watermark %s and at most 100; using %s.",
+                ENV_CRITICAL_WATERMARK[0],
+                critical,
+                high,
+                fallback,
+            )
+            critical = fallback
+        interval = _number(env, ENV_INTERVAL, DEFAULT_INTERVAL_S, float)
+        if not (math.isfinite(interval) and interval > 0):
+            logger.warning(
+                "%s=%s must be above 0; using the default %s.",
+                ENV_INTERVAL[0],
+                interval,
+                DEFAULT_INTERVAL_S,
+            )
+            interval = DEFAULT_INTERVAL_S
+        return cls(
+            config=config,
+            memory_reader=memory_reader,
+            critical_watermark_percent=critical,
+            interval_s=interval,
+            halt=halt,
+            on_halt=on_halt,
+            registry=registry,
+        )
+
+    # -- registration ------------------------------------------------------------------
+
+    def register(
+        self,
+        pid: int,
+        *,
+        budget_bytes: int | None = None,
+        session_id: str | None = None,
+        include_children: bool = True,
+    ) -> WatchedSession:
+        """Watch the process ``pid`` for one session; returns its handle.
+
+        ``budget_bytes`` halts the session once its RSS (with its descendants' unless
+        ``include_children=False``) exceeds it; ``None`` leaves it to the container
+        check alone. A pid that is already gone gives a handle that has already ended.
+        """
+        if budget_bytes is not None and budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be above 0 or None; got {budget_bytes!r}.")
+        try:
+            sampler: ProcessTreeSampler | None = ProcessTreeSampler(
+                pid, logical_cpus=self._logical_cpus
+            )
+        except psutil.Error:
+            sampler = None
+        session = WatchedSession(
+            self,
+            sampler,
+            pid=pid,
+            session_id=str(pid) if session_id is None else session_id,
+            budget_bytes=budget_bytes,
+            include_children=include_children,
+        )
+        if sampler is not None:
+            self._sessions[session] = None
+            if self._task is None and not self._warned_not_running:
+                self._warned_not_running = True
+                logger.warning(
+                    "A session was registered with a SessionWatchdog that is not running: "
+                    "pass it to AdmissionMiddleware(watchdog=...) and serve with lifespan on, "
+                    "or await its start() yourself."
+                )
+        return session
+
+    def unregister(self, session: WatchedSession) -> None:
+        """End ``session``: it is never sampled again. Calling it twice is harmless."""
+        if session in self._sessions:
+            self._drop(session)
+
+    @property
+    def sessions(self) -> tuple[WatchedSession, ...]:
+        """The sessions being watched, oldest first (halted ones until their process is gone)."""
+        return tuple(self._sessions)
+
+    def _end(self, session: WatchedSession) -> None:
+        session._ended = True
+        self._observe_peak(session)
+
+    def _observe_peak(self, session: WatchedSession) -> None:
+        if not session._observed and session._peak is not None:
+            session._observed = True
+            self._metrics.session_memory.observe(session._peak)
+
+    # -- sampling ----------------------------------------------------------------------
+
+    def sample_once(self) -> tuple[SessionHalt, ...]:
+        """One tick: sample every live session, then halt what must be halted.
+
+        Returns the halts decided in this tick. Never raises for a process that has gone.
+        """
+        if not self._sessions:
+            return ()
+        now = self._clock()
+        children = (
+            read_children_map(self._proc)
+            if any(s.include_children and s._halt is None for s in self._sessions)
+            else None
+        )
+        halts: list[SessionHalt] = []
+        for session in list(self._sessions):
+            sampler = session._sampler
+            assert sampler is not None  # only live sessions are in the table
+            if session._halt is not None:
+                # Halted: only wait for it to go; its RSS no longer decides anything.
+                if not sampler.alive():
+                    self._drop(session)
+                continue
+            sample = sampler.sample(children if session.include_children else None, now)
+            if sample is None:
+                self._drop(session)
+                continue
+            session._last = sample
+            if session._peak is None or sample.rss_bytes > session._peak:
+                session._peak = sample.rss_bytes
+            budget = session.budget_bytes
+            if budget is not None and sample.rss_bytes > budget:
+                halts.append(
+                    self._halt(
+                        session,
+                        "budget_exceeded",
+                        None,
+                        f"The session was halted because it used {sample.rss_bytes / _MIB:.0f} MiB "
+                        f"of memory, over its budget of {budget / _MIB:.0f} MiB.",
+                    )
+                )
+        if self._sessions:
+            halts.extend(self._container_halts())
+        return tuple(halts)
+
+    def _drop(self, session: WatchedSession) -> None:
+        del self._sessions[session]
+        self._end(session)
+
+    def _container_halts(self) -> list[SessionHalt]:
+        reading = self.memory_reader()
+        percent, used, limit = reading.percent, reading.used_bytes, reading.limit_bytes
+        if percent is None or used is None or limit is None:
+            return []
+        if percent < self.critical_watermark_percent:
+            return []
+        critical_bytes = limit * self.critical_watermark_percent / 100
+        freeing = sum(s._last.rss_bytes for s in self._sessions if s._halt and s._last)
+        candidates = sorted(
+            (s for s in self._sessions if s._halt is None and s._last is not None),
+            key=lambda s: s._last.rss_bytes if s._last else 0,
+            reverse=True,
+        )
+        halts: list[SessionHalt] = []
+        for session in candidates:
+            if used - freeing < critical_bytes:
+                break
+            assert session._last is not None
+            freeing += session._last.rss_bytes
+            halts.append(
+                self._halt(
+                    session,
+                    "container_headroom",
+                    reading,
+                    "The session was halted because the service ran short of memory "
+                    f"({percent:.1f}% of its limit in use) and it was the largest session.",
+                )
+            )
+        return halts
+
+    def _halt(
+        self,
+        session: WatchedSession,
+        reason: HaltReason,
+        reading: MemoryReading | None,
+        message: str,
+    ) -> SessionHalt:
+        assert session._last is not None
+        event = SessionHalt(
+            session=session,
+            reason=reason,
+            rss_bytes=session._last.rss_bytes,
+            budget_bytes=session.budget_bytes,
+            memory=reading,
+            critical_watermark_percent=self.critical_watermark_percent,
+            message=message,
+        )
+        session._halt = event
+        self._observe_peak(session)
+        self._metrics.halted.labels(reason=reason).inc()
+        logger.warning(
+            "Halting session %s (pid %d, RSS %d bytes, budget %s): %s",
+            session.session_id,
+            session.pid,
+            event.rss_bytes,
+            session.budget_bytes,
+            reason,
+        )
+        self._dispatch(self._halt_action, event)
+        if self._on_halt is not None:
+            self._dispatch(self._on_halt, event)
+        return event
+
+    def _dispatch(
+        self, callback: Callable[[SessionHalt], Awaitable[None] | None], event: SessionHalt
+    ) -> None:
+        try:
+            result = callback(event)
+        except Exception:
+            logger.exception("A halt callback failed for session %s.", event.session_id)
+            return
+        if result is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if inspect.iscoroutine(result):
+                result.close()
+            logger.error(
+                "A halt callback for session %s returned an awaitable, but no event loop "
+                "is running to await it.",
+                event.session_id,
+            )
+            return
+        task = loop.create_task(_await(result))
+        self._callbacks.add(task)
+        task.add_done_callback(self._callback_done)
+
+    def _callback_done(self, task: asyncio.Task[Any]) -> None:
+        self._callbacks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("A halt callback failed.", exc_info=task.exception())
+
+    # -- the lifespan task -------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True between ``start()`` and ``stop()``."""
+        return self._task is not None
+
+    async def run(self) -> None:
+        """Sample every ``interval_s`` until cancelled; ``start()`` runs this as a task."""
+        while True:
+            started = self._clock()
+            try:
+                self.sample_once()
+            except Exception:
+                logger.exception("The session watchdog's tick failed; it will try again.")
+            await self._sleep(max(0.0, self.interval_s - (self._clock() - started)))
+
+    async def start(self) -> None:
+        """Start sampling on the running event loop; a no-op if already started."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self.run(), name="asgi-admission session watchdog"
+            )
+
+    async def stop(self) -> None:
+        """Stop sampling and cancel pending halt work (a pending SIGKILL is sent at once).
+
+        Registered sessions stay registered; their processes are the application's.
+        """
+        task, self._task = self._task, None
+        pending = [*self._callbacks, *([task] if task is not None else [])]
+        for item in pending:
+            item.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _await(awaitable: Awaitable[None]) -> None:
+    await awaitable
+
+
+def session_watchdog(connection: HTTPConnection) -> SessionWatchdog:
+    """The watchdog ``AdmissionMiddleware(watchdog=...)`` installed, from a request or WebSocket.
+
+    Raises ``LookupError`` when there is none (no watchdog configured, or the server
+    ran without lifespan).
+    """
+    state = connection.scope.get("state")
+    watchdog = state.get(STATE_KEY) if isinstance(state, dict) else None
+    if not isinstance(watchdog, SessionWatchdog):
+        raise LookupError(
+            "No session watchdog is installed: pass watchdog=SessionWatchdog(...) to "
+            "AdmissionMiddleware and serve the app with lifespan on."
+        )
+    return watchdog

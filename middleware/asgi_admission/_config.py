@@ -84,9 +84,7 @@ class AdmissionConfig:
                 f"memory_source must be 'cgroup' or 'host'; got {self.memory_source!r}."
             )
         if self.reclaimable not in get_args(Reclaimable):
-            raise ValueError(
-                f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}."
-            )
+            raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}.")
 
     def ceiling_percent(self, limit_bytes: int) -> float:
         """The working-set percentage above which one more session is refused."""
@@ -107,7 +105,9 @@ class AdmissionConfig:
         reserve_mb = _number(env, ENV_RESERVE_MB, DEFAULT_RESERVE_BYTES // MIB, int)
         if reserve_mb < 0:
             logger.warning(
-                "%s=%d is negative; using a reserve of 0 MB.", _name(env, ENV_RESERVE_MB), reserve_mb
+                "%s=%d is negative; using a reserve of 0 MB.",
+                _name(env, ENV_RESERVE_MB),
+                reserve_mb,
             )
             reserve_mb = 0
         if not (math.isfinite(high) and math.isfinite(resume) and 0 < resume <= high <= 100):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, Protocol
 
 Source = Literal["cgroup-v2", "cgroup-v1", "host"]
@@ -47,6 +47,48 @@ class MemoryReader(Protocol):
     """Anything that can take one reading; called on the request path."""
 
     def __call__(self) -> MemoryReading: ...
+
+
+# The generated ``__init__`` of a frozen dataclass sets each field through
+# ``object.__setattr__``, which costs about 1 µs per reading on the request path;
+# readers build their readings here instead, writing the slots directly.
+# tests/test_cgroup_unit.py checks that it sets every field the same way.
+_SLOT_SETTERS = {
+    field.name: getattr(MemoryReading, field.name).__set__ for field in fields(MemoryReading)
+}
+_set_used = _SLOT_SETTERS["used_bytes"]
+_set_limit = _SLOT_SETTERS["limit_bytes"]
+_set_available = _SLOT_SETTERS["available"]
+_set_usage = _SLOT_SETTERS["usage_bytes"]
+_set_reclaimable = _SLOT_SETTERS["reclaimable_bytes"]
+_set_source = _SLOT_SETTERS["source"]
+_set_path = _SLOT_SETTERS["path"]
+_set_limit_file = _SLOT_SETTERS["limit_file"]
+_set_pressure = _SLOT_SETTERS["pressure_some_avg10"]
+_new = object.__new__
+
+
+def available_reading(
+    used_bytes: int,
+    limit_bytes: int | None,
+    usage_bytes: int,
+    reclaimable_bytes: int,
+    source: Source,
+    path: str,
+    limit_file: str | None,
+) -> MemoryReading:
+    """``MemoryReading(..., available=True)`` without the frozen-dataclass overhead."""
+    reading: MemoryReading = _new(MemoryReading)
+    _set_used(reading, used_bytes)
+    _set_limit(reading, limit_bytes)
+    _set_available(reading, True)
+    _set_usage(reading, usage_bytes)
+    _set_reclaimable(reading, reclaimable_bytes)
+    _set_source(reading, source)
+    _set_path(reading, path)
+    _set_limit_file(reading, limit_file)
+    _set_pressure(reading, None)
+    return reading
 
 
 UNAVAILABLE = MemoryReading(used_bytes=None, limit_bytes=None, available=False)

@@ -1,0 +1,146 @@
+"""How long one admission decision takes: a reading plus the latch.
+
+Run as root on a machine with a writable cgroup v1 memory hierarchy (the
+development and CI machines) to include a real memory group, which this script
+creates, fills with a child process and removes again::
+
+    .venv/bin/python bench/reader.py [--iterations 20000]
+
+Each case times ``AdmissionController(memory_reader=CgroupMemoryReader(root))
+.evaluate(0, 16)`` and, in the same run, a baseline that reads the same files
+the way the reference did (``Path.read_text`` each time, open/read/close), and
+prints medians and 99th percentiles in microseconds and their ratio. Fixture
+trees live on an ordinary filesystem, so their figures show the parsing cost
+more than the kernel's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from asgi_admission import AdmissionController, CgroupMemoryReader
+
+HERE = Path(__file__).resolve().parent
+FIXTURES = HERE.parent / "tests" / "fixtures" / "cgroup"
+V1_MOUNT = Path("/sys/fs/cgroup/memory")
+TARGET_MEDIAN_US = 10.0
+
+_CHILD = (
+    "import sys\n"
+    "sys.stdin.readline()\n"
+    "block = bytearray(32 * 1024 * 1024)\n"
+    "for i in range(0, len(block), 4096):\n"
+    "    block[i] = 1\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.readline()\n"
+)
+
+
+@contextmanager
+def real_v1_group() -> Iterator[Path | None]:
+    """A fresh v1 memory group (1 GiB limit) holding a child with 32 MiB touched."""
+    if os.geteuid() != 0 or not os.access(V1_MOUNT, os.W_OK):
+        yield None
+        return
+    group = V1_MOUNT / f"asgi_admission_bench_{os.getpid()}"
+    group.mkdir()
+    child = None
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(1024 * 1024 * 1024))
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert child.stdin is not None
+        assert child.stdout is not None
+        (group / "cgroup.procs").write_text(str(child.pid))
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        child.stdout.readline()
+        yield group
+    finally:
+        if child is not None:
+            child.kill()
+            child.wait()
+        # The kernel may take a moment to let go of an emptied group.
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+def timings_us(call: Callable[[], object], iterations: int) -> tuple[float, float]:
+    """(median, p99) in microseconds over ``iterations`` calls, after a warm-up."""
+    for _ in range(min(1000, iterations)):
+        call()
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(iterations):
+        start = clock()
+        call()
+        samples.append(clock() - start)
+    samples.sort()
+    return statistics.median(samples) / 1000, samples[int(len(samples) * 0.99)] / 1000
+
+
+def baseline(files: list[Path]) -> Callable[[], object]:
+    """Open, read and close every file each time, as the reference did."""
+
+    def read() -> object:
+        return [path.read_text() for path in files]
+
+    return read
+
+
+def measure(name: str, root: Path, iterations: int) -> float:
+    reader = CgroupMemoryReader(root)
+    controller = AdmissionController(memory_reader=reader)
+    decision = controller.evaluate(0, 16)
+    files = [Path(path) for path in reader.files()]
+    assert files, f"{root}: the reader opened no files"
+    median, p99 = timings_us(lambda: controller.evaluate(0, 16), iterations)
+    read_only = timings_us(reader, iterations)
+    base_median, base_p99 = timings_us(baseline(files), iterations)
+    reader.close()
+    print(
+        f"{name:34} decision {median:6.2f} µs (p99 {p99:6.2f})  reading {read_only[0]:6.2f} µs  "
+        f"read_text baseline {base_median:6.2f} µs (p99 {base_p99:6.2f})  "
+        f"ratio {median / base_median:4.2f}  [{decision.state}, {len(files)} files]"
+    )
+    return median
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=20000)
+    args = parser.parse_args()
+    print(f"python {sys.version.split()[0]}, {args.iterations} iterations per figure")
+    with real_v1_group() as group:
+        if group is None:
+            print("real v1 group: skipped (needs root and a writable /sys/fs/cgroup/memory)")
+            real = None
+        else:
+            real = measure("real v1 group (1 GiB, 32 MiB)", group, args.iterations)
+    for name in (
+        "local-firecracker-v1-hybrid",
+        "elastic-agent-system-metrics/amzn2-k8s-v1",
+        "telegraf/v2",
+    ):
+        measure(f"fixture {name.split('/')[-1]}", FIXTURES / name, args.iterations)
+    if real is not None:
+        verdict = "met" if real <= TARGET_MEDIAN_US else "MISSED"
+        print(f"target <= {TARGET_MEDIAN_US:.0f} µs median on the real group: {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,20 +7,19 @@ activated (a WebSocket the app accepted) and released exactly once, from
 whichever of the ASGI events comes first; both methods are idempotent so the
 middleware can call them from every place a session can end.
 
-A ledger shared by several worker processes (SPEC §8) implements the same
-``SessionLedger`` protocol; the ASGI code only ever sees the protocol.
+A ledger shared by several worker processes (SPEC §8, ``_shared_ledger``)
+implements the same ``SessionLedger`` protocol; the ASGI code only ever sees
+the protocol.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from contextlib import AbstractContextManager
 from typing import Final, Protocol
 
 from ._config import AdmissionConfig
-
-logger = logging.getLogger("asgi_admission")
+from ._shared_ledger import SharedLedger
 
 _PENDING: Final = 0
 _ACTIVE: Final = 1
@@ -107,11 +106,11 @@ class InProcessLedger:
 
 
 def build_ledger(config: AdmissionConfig) -> SessionLedger:
-    """The ledger ``config`` asks for; this version counts in-process only."""
+    """The ledger ``config`` asks for: shared by the workers when ``shared_dir`` is set.
+
+    Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when that directory
+    cannot be created or used.
+    """
     if config.shared_dir is not None:
-        logger.warning(
-            "asgi-admission: shared_dir=%r is set, but this version has no cross-process "
-            "ledger; each worker counts its own sessions.",
-            config.shared_dir,
-        )
+        return SharedLedger(config.shared_dir)
     return InProcessLedger()

@@ -355,13 +355,16 @@ def admission_metrics(
         if binding is not None:
             binding.collector.view = view
             return binding.metrics
-        live_sessions = multiprocess_dir() is not None
-        if live_sessions and not _values_are_multiprocess():
+        multiprocess = multiprocess_dir() is not None
+        if multiprocess and not _values_are_multiprocess():
             logger.warning(
                 "asgi-admission: PROMETHEUS_MULTIPROC_DIR was set after prometheus_client "
                 "was imported, so this worker's counters stay in memory and a multiprocess "
                 "scrape will not see them; set it in the environment the server starts with."
             )
+        # A shared ledger's counts are container-wide already: the scraping worker's
+        # collector exports them once, where a livesum would add them once per worker.
+        live_sessions = multiprocess and view.config.shared_dir is None
         metrics = DecisionMetrics(registry=registry, live_sessions=live_sessions)
         collector = AdmissionCollector(view, include_sessions=not live_sessions)
         registry.register(collector)

@@ -166,3 +166,6 @@ def test_gzip_body_is_really_gzip(registry: CollectorRegistry) -> None:
     body, headers = render(registry, "", "gzip", {})
     assert (b"content-encoding", b"gzip") in headers
     assert gzip.decompress(body) == b""
+    plain, headers = render(registry, "", "identity", {})
+    assert plain == b""
+    assert b"content-encoding" not in dict(headers)

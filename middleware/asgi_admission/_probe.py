@@ -1,0 +1,257 @@
+"""``asgi-admission probe``: what the guard sees and would decide for one more session now.
+
+It builds the reader and the thresholds the middleware would build (from the
+``ADMISSION_*`` environment, with ``--root``, ``--reclaimable`` and
+``--memory-source`` overriding it), takes one reading including PSI, and asks a
+fresh latch about one more session given ``--sessions`` and ``--pending``.
+
+Exit status, so that it can serve as an exec probe: 0 normal, 1 pressured,
+2 telemetry unavailable (no readable cgroup, or no limit to take a percentage
+of) or an error.
+
+``--json`` prints one object (all sizes in bytes, percentages 0-100)::
+
+    {
+      "schema": 1,
+      "exit_status": 0 | 1 | 2,
+      "source": "cgroup-v2" | "cgroup-v1" | "host" | null,
+      "cgroup": {                      # null with --memory-source host
+        "how": "explicit" | "discovered" | "fallback",
+        "path": str | null,            # the directory whose figures were compared
+        "warnings": [str, ...],        # e.g. the moved-cgroup fallback
+        "files": [str, ...]            # the files the reader read
+      },
+      "memory": {
+        "available": bool,
+        "usage_bytes": int | null,     # before reclaimable cache is subtracted
+        "reclaimable_bytes": int,
+        "reclaimable": "file" | "inactive",
+        "working_set_bytes": int | null,
+        "limit_bytes": int | null,     # null: unlimited or unreadable
+        "limit_file": str | null,      # the file (level) that set the limit
+        "percent": float | null,
+        "pressure_some_avg10": float | null
+      },
+      "config": {
+        "high_watermark_percent": float,
+        "resume_threshold_percent": float,
+        "reserve_bytes": int,
+        "max_sessions": int,
+        "memory_source": "cgroup" | "host"
+      },
+      "ceiling": {"bytes": int, "percent": float} | null,   # null without a limit
+      "decision": {
+        "sessions": int, "pending": int,
+        "allowed": bool,
+        "state": "normal" | "pressured" | "unavailable",
+        "reason": "memory_pressure" | "session_limit" | "telemetry_unavailable" | null
+      }
+    }
+
+The ceiling is the working set above which one more session is refused: the
+high watermark minus one reserve per pending session plus the new one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import replace
+from typing import Any
+
+from ._cgroup import CgroupMemoryReader
+from ._config import AdmissionConfig
+from ._factory import build_reader
+from ._latch import AdmissionController, CapacityDecision
+
+SCHEMA_VERSION = 1
+EXIT_STATUS = {"normal": 0, "pressured": 1, "unavailable": 2}
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative; give 0 or more")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--root", metavar="DIR", help="cgroup directory to read (default: discover our own)"
+    )
+    parser.add_argument(
+        "--reclaimable",
+        choices=("file", "inactive"),
+        help="file cache subtracted from usage: both file LRUs (default) or only "
+        "inactive_file, as the kubelet does",
+    )
+    parser.add_argument(
+        "--memory-source", choices=("cgroup", "host"), help="where memory is read from"
+    )
+    parser.add_argument(
+        "--sessions", type=_count, default=0, metavar="N", help="sessions running now"
+    )
+    parser.add_argument(
+        "--pending", type=_count, default=0, metavar="N", help="sessions admitted, not started"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    # Where discovery looks; for inspecting a captured tree rather than this process.
+    parser.add_argument("--proc-cgroup", default="/proc/self/cgroup", help=argparse.SUPPRESS)
+    parser.add_argument("--mountinfo", default="/proc/self/mountinfo", help=argparse.SUPPRESS)
+    parser.add_argument("--hostfs", default="/", help=argparse.SUPPRESS)
+
+
+def _config(args: argparse.Namespace) -> AdmissionConfig:
+    config = AdmissionConfig.from_env()
+    overrides: dict[str, Any] = {}
+    if args.root is not None:
+        if not os.path.isdir(args.root):
+            raise ValueError(f"--root {args.root!r} is not a directory.")
+        overrides["cgroup_root"] = args.root
+    if args.reclaimable is not None:
+        overrides["reclaimable"] = args.reclaimable
+    if args.memory_source is not None:
+        overrides["memory_source"] = args.memory_source
+    return replace(config, **overrides)
+
+
+def probe(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything the probe reports, as the ``--json`` object."""
+    config = _config(args)
+    cgroup: dict[str, Any] | None = None
+    if config.memory_source == "cgroup":
+        reader = CgroupMemoryReader(
+            config.cgroup_root,
+            reclaimable=config.reclaimable,
+            proc_self_cgroup=args.proc_cgroup,
+            mountinfo=args.mountinfo,
+            hostfs=args.hostfs,
+        )
+        reading = reader.read(pressure=True)
+        cgroup = {
+            "how": reader.location.how,
+            "path": reading.path,
+            "warnings": list(reader.location.warnings),
+            "files": reader.files(),
+        }
+        reader.close()
+    else:
+        reading = build_reader(config).read(pressure=True)
+    controller = AdmissionController(
+        high_watermark_percent=config.high_watermark_percent,
+        resume_threshold_percent=config.resume_threshold_percent,
+        reserve_bytes=config.reserve_bytes,
+        memory_reader=lambda: reading,
+    )
+    decision: CapacityDecision = controller.evaluate(
+        args.sessions, config.max_sessions, args.pending
+    )
+    ceiling = None
+    if reading.available and reading.limit_bytes:
+        ceiling_bytes = int(controller.ceiling_bytes(reading.limit_bytes, args.pending))
+        ceiling = {
+            "bytes": ceiling_bytes,
+            "percent": round(ceiling_bytes * 100 / reading.limit_bytes, 2),
+        }
+    return {
+        "schema": SCHEMA_VERSION,
+        "exit_status": EXIT_STATUS[decision.state],
+        "source": reading.source,
+        "cgroup": cgroup,
+        "memory": {
+            "available": reading.available,
+            "usage_bytes": reading.usage_bytes,
+            "reclaimable_bytes": reading.reclaimable_bytes,
+            "reclaimable": config.reclaimable,
+            "working_set_bytes": reading.used_bytes,
+            "limit_bytes": reading.limit_bytes,
+            "limit_file": reading.limit_file,
+            "percent": reading.percent,
+            "pressure_some_avg10": reading.pressure_some_avg10,
+        },
+        "config": {
+            "high_watermark_percent": config.high_watermark_percent,
+            "resume_threshold_percent": config.resume_threshold_percent,
+            "reserve_bytes": config.reserve_bytes,
+            "max_sessions": config.max_sessions,
+            "memory_source": config.memory_source,
+        },
+        "ceiling": ceiling,
+        "decision": {
+            "sessions": args.sessions,
+            "pending": args.pending,
+            "allowed": decision.allowed,
+            "state": decision.state,
+            "reason": decision.reason,
+        },
+    }
+
+
+def _size(value: int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value} B ({value / 1024**2:.1f} MiB)"
+
+
+def render(report: dict[str, Any]) -> str:
+    """The human-readable form of :func:`probe`'s report."""
+    memory, config, decision = report["memory"], report["config"], report["decision"]
+    lines = [f"source:          {report['source'] or 'none readable'}"]
+    cgroup = report["cgroup"]
+    if cgroup is not None:
+        lines.append(f"cgroup:          {cgroup['path'] or '-'} ({cgroup['how']})")
+        lines.extend(f"warning:         {warning}" for warning in cgroup["warnings"])
+        lines.append(f"files read:      {', '.join(cgroup['files']) or 'none'}")
+    subtracted = (
+        "inactive_file + active_file" if memory["reclaimable"] == "file" else "inactive_file"
+    )
+    lines += [
+        f"usage:           {_size(memory['usage_bytes'])}",
+        f"reclaimable:     {_size(memory['reclaimable_bytes'])} ({subtracted})",
+        f"working set:     {_size(memory['working_set_bytes'])}",
+    ]
+    if memory["limit_bytes"] is not None:
+        limit = _size(memory["limit_bytes"])
+        lines.append(f"limit:           {limit} set by {memory['limit_file']}")
+    else:
+        lines.append("limit:           none (unlimited or unreadable)")
+    percent = memory["percent"]
+    lines.append(f"percent:         {'-' if percent is None else f'{percent:.2f} %'}")
+    psi = memory["pressure_some_avg10"]
+    lines.append(f"PSI some avg10:  {'not available' if psi is None else f'{psi:.2f} %'}")
+    lines.append(
+        f"thresholds:      high {config['high_watermark_percent']} %, "
+        f"resume {config['resume_threshold_percent']} %, "
+        f"reserve {_size(config['reserve_bytes'])} per session, "
+        f"max {config['max_sessions']} sessions"
+    )
+    ceiling = report["ceiling"]
+    if ceiling is not None:
+        lines.append(
+            f"ceiling:         {_size(ceiling['bytes'])} = {ceiling['percent']:.2f} % "
+            f"(high minus {decision['pending'] + 1} reserve(s))"
+        )
+    else:
+        lines.append("ceiling:         none (no limit to take a percentage of)")
+    verdict = "admit" if decision["allowed"] else f"refuse ({decision['reason']})"
+    lines.append(
+        f"one more session: {verdict}, state {decision['state']} "
+        f"(sessions {decision['sessions']}, pending {decision['pending']})"
+    )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = probe(args)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render(report))
+    sys.stdout.flush()
+    status: int = report["exit_status"]
+    return status

@@ -1,0 +1,244 @@
+"""AdmissionConfig: validation, from_env with its fallbacks, and what the factory builds from it."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from asgi_admission import AdmissionConfig, CgroupMemoryReader, HostMemoryReader
+from asgi_admission._factory import build_controller, build_reader
+from asgi_admission._host import host_headroom_bytes
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+
+def test_defaults_match_the_spec() -> None:
+    """An empty environment gives the documented defaults."""
+    assert AdmissionConfig.from_env({}) == AdmissionConfig(
+        high_watermark_percent=80.0,
+        resume_threshold_percent=70.0,
+        reserve_bytes=768 * MIB,
+        max_sessions=16,
+        retry_after_s=5,
+        cgroup_root=None,
+        memory_source="cgroup",
+        reclaimable="file",
+        shared_dir=None,
+    )
+
+
+def test_every_variable_is_read(caplog: pytest.LogCaptureFixture) -> None:
+    """Each ADMISSION_* variable sets its field, with no warning."""
+    env = {
+        "ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT": "90",
+        "ADMISSION_MEMORY_RESUME_THRESHOLD_PERCENT": " 60.5 ",
+        "ADMISSION_SESSION_RESERVE_MB": "256",
+        "ADMISSION_CGROUP_ROOT": "/sys/fs/cgroup/app",
+        "ADMISSION_MAX_SESSIONS": "4",
+        "ADMISSION_RETRY_AFTER_SECONDS": "12",
+        "ADMISSION_MEMORY_SOURCE": "HOST",
+        "ADMISSION_SHARED_DIR": "/run/admission",
+        "ADMISSION_RECLAIMABLE": "inactive",
+    }
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        config = AdmissionConfig.from_env(env)
+    assert config == AdmissionConfig(
+        high_watermark_percent=90.0,
+        resume_threshold_percent=60.5,
+        reserve_bytes=256 * MIB,
+        max_sessions=4,
+        retry_after_s=12,
+        cgroup_root="/sys/fs/cgroup/app",
+        memory_source="host",
+        reclaimable="inactive",
+        shared_dir="/run/admission",
+    )
+    assert caplog.records == []
+
+
+def test_legacy_names_are_accepted_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """The reference's CODA_* names still work, each with one warning naming the new name."""
+    env = {
+        "CODA_MEMORY_HIGH_WATERMARK_PERCENT": "85",
+        "CODA_MEMORY_RESUME_THRESHOLD_PERCENT": "75",
+        "CODA_BROWSER_SESSION_RESERVE_MB": "512",
+        "CODA_CGROUP_V2_ROOT": "/cg",
+    }
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        config = AdmissionConfig.from_env(env)
+    assert (config.high_watermark_percent, config.resume_threshold_percent) == (85.0, 75.0)
+    assert (config.reserve_bytes, config.cgroup_root) == (512 * MIB, "/cg")
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 4
+    assert "CODA_BROWSER_SESSION_RESERVE_MB is a legacy name; set ADMISSION_SESSION_RESERVE_MB" in (
+        " ".join(messages)
+    )
+
+
+def test_current_name_wins_over_legacy(caplog: pytest.LogCaptureFixture) -> None:
+    """With both names set, the ADMISSION_* one is used and the legacy one is reported ignored."""
+    env = {"ADMISSION_SESSION_RESERVE_MB": "100", "CODA_BROWSER_SESSION_RESERVE_MB": "900"}
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        assert AdmissionConfig.from_env(env).reserve_bytes == 100 * MIB
+    assert [r.getMessage() for r in caplog.records] == [
+        "ADMISSION_SESSION_RESERVE_MB is set, so the legacy CODA_BROWSER_SESSION_RESERVE_MB "
+        "is ignored."
+    ]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "field", "expected"),
+    [
+        ("ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT", "lots", "high_watermark_percent", 80.0),
+        ("ADMISSION_SESSION_RESERVE_MB", "1.5", "reserve_bytes", 768 * MIB),
+        ("CODA_BROWSER_SESSION_RESERVE_MB", "x", "reserve_bytes", 768 * MIB),
+        ("ADMISSION_SESSION_RESERVE_MB", "-5", "reserve_bytes", 0),
+        ("ADMISSION_MAX_SESSIONS", "-1", "max_sessions", 16),
+        ("ADMISSION_RETRY_AFTER_SECONDS", "0", "retry_after_s", 5),
+        ("ADMISSION_MEMORY_SOURCE", "psutil", "memory_source", "cgroup"),
+        ("ADMISSION_RECLAIMABLE", "all", "reclaimable", "file"),
+    ],
+)
+def test_each_fallback_logs_one_warning_naming_the_variable(
+    caplog: pytest.LogCaptureFixture, variable: str, value: str, field: str, expected: object
+) -> None:
+    """A bad value falls back (a negative reserve to 0) with a warning naming the variable."""
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        config = AdmissionConfig.from_env({variable: value})
+    assert getattr(config, field) == expected
+    fallback = [r.getMessage() for r in caplog.records if "legacy name" not in r.getMessage()]
+    assert len(fallback) == 1
+    assert fallback[0].startswith(f"{variable}=")
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {
+            "ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT": "60",
+            "ADMISSION_MEMORY_RESUME_THRESHOLD_PERCENT": "75",
+        },
+        {"ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT": "120"},
+        {"ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT": "nan"},
+        {"ADMISSION_MEMORY_RESUME_THRESHOLD_PERCENT": "0"},
+    ],
+    ids=["resume above high", "high above 100", "nan", "resume zero"],
+)
+def test_inconsistent_watermarks_fall_back_to_defaults_and_default_reserve(
+    caplog: pytest.LogCaptureFixture, env: dict[str, str]
+) -> None:
+    """A self-inconsistent set restores the default watermarks and reserve; the guard stays on."""
+    env = {**env, "ADMISSION_SESSION_RESERVE_MB": "64"}
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        config = AdmissionConfig.from_env(env)
+    assert (config.high_watermark_percent, config.resume_threshold_percent) == (80.0, 70.0)
+    assert config.reserve_bytes == 768 * MIB
+    assert len(caplog.records) == 1
+    assert "ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT" in caplog.records[0].getMessage()
+
+
+def test_blank_values_mean_unset(caplog: pytest.LogCaptureFixture) -> None:
+    """Empty or blank variables count as unset, without warnings."""
+    env = {
+        "ADMISSION_CGROUP_ROOT": "  ",
+        "ADMISSION_MAX_SESSIONS": "",
+        "ADMISSION_MEMORY_SOURCE": "",
+    }
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        assert AdmissionConfig.from_env(env) == AdmissionConfig()
+    assert caplog.records == []
+
+
+def test_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a mapping, from_env reads the process environment."""
+    monkeypatch.setenv("ADMISSION_MAX_SESSIONS", "3")
+    assert AdmissionConfig.from_env().max_sessions == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"resume_threshold_percent": 90.0},
+            "resume_threshold_percent and high_watermark_percent must satisfy "
+            "0 < resume <= high <= 100; got resume=90.0, high=80.0.",
+        ),
+        (
+            {"high_watermark_percent": float("inf")},
+            "resume_threshold_percent and high_watermark_percent must satisfy "
+            "0 < resume <= high <= 100; got resume=70.0, high=inf.",
+        ),
+        ({"reserve_bytes": -1}, "reserve_bytes must be 0 or more; got -1."),
+        ({"max_sessions": -1}, "max_sessions must be 0 or more; got -1."),
+        (
+            {"retry_after_s": 0},
+            "retry_after_s must be a whole number of seconds, 1 or more; got 0.",
+        ),
+        ({"memory_source": "disk"}, "memory_source must be 'cgroup' or 'host'; got 'disk'."),
+        ({"reclaimable": "all"}, "reclaimable must be 'file' or 'inactive'; got 'all'."),
+    ],
+)
+def test_invalid_config_in_code_raises_a_sentence(kwargs: dict[str, object], message: str) -> None:
+    """Building a config in code with a bad value raises ValueError naming the setting."""
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        AdmissionConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_ceiling_percent_is_high_minus_reserve_share() -> None:
+    """A reserve of R makes the admission ceiling high minus R (as a share of the limit)."""
+    config = AdmissionConfig(reserve_bytes=GIB)
+    assert config.ceiling_percent(10 * GIB) == pytest.approx(70.0)
+
+
+def test_factory_builds_cgroup_reader_and_controller(tmp_path: Path) -> None:
+    """build_controller wires the thresholds and a cgroup reader for the configured root."""
+    (tmp_path / "memory.current").write_text("100\n")
+    (tmp_path / "memory.max").write_text("1000\n")
+    config = AdmissionConfig(
+        high_watermark_percent=90,
+        resume_threshold_percent=50,
+        reserve_bytes=0,
+        cgroup_root=str(tmp_path),
+        reclaimable="inactive",
+    )
+    reader = build_reader(config)
+    assert isinstance(reader, CgroupMemoryReader)
+    assert (reader.root, reader.reclaimable) == (str(tmp_path), "inactive")
+    controller = build_controller(config)
+    assert (controller.high_watermark_percent, controller.resume_threshold_percent) == (90, 50)
+    decision = controller.evaluate(0, 1)
+    assert (decision.allowed, decision.memory.percent) == (True, 10.0)
+
+
+def test_factory_builds_host_reader_only_when_asked() -> None:
+    """memory_source="host" is the one way to get the host reader."""
+    assert isinstance(build_reader(AdmissionConfig(memory_source="host")), HostMemoryReader)
+
+
+def _vm(total: int, available: int) -> SimpleNamespace:
+    return SimpleNamespace(total=total, available=available)
+
+
+def test_host_reader_keeps_headroom() -> None:
+    """The host reader's limit is RAM minus max(10 %, 1 GiB), its usage total minus available."""
+    reader = HostMemoryReader(virtual_memory=lambda: _vm(32 * GIB, 20 * GIB))
+    reading = reader.read(pressure=True)
+    assert reading.limit_bytes == 32 * GIB - int(32 * GIB * 0.1)
+    assert (reading.used_bytes, reading.source, reading.available) == (12 * GIB, "host", True)
+    assert host_headroom_bytes(4 * GIB) == GIB
+
+
+@pytest.mark.parametrize(
+    "virtual_memory",
+    [lambda: _vm(GIB, GIB), lambda: _vm(0, 0), lambda: (_ for _ in ()).throw(OSError("no /proc"))],
+    ids=["smaller than headroom", "zero", "psutil fails"],
+)
+def test_host_reader_unusable_is_unavailable(virtual_memory: object) -> None:
+    """A host too small for the headroom, or psutil failing, reads as unavailable."""
+    reading = HostMemoryReader(virtual_memory=virtual_memory)()  # type: ignore[arg-type]
+    assert (reading.available, reading.source) == (False, "host")

@@ -1,0 +1,265 @@
+"""The latch (SPEC §4) over tables of reading sequences, its validation and its lock."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from asgi_admission import AdmissionController, CapacityDecision, MemoryReading, read_cgroup_memory
+
+LIMIT = 1000  # bytes, so that percentages are easy to read off: used 800 is 80 %
+
+
+@dataclass(frozen=True)
+class Step:
+    """One evaluation: the reading and counts in, the decision expected out."""
+
+    used: int | None
+    allowed: bool
+    state: str
+    reason: str | None = None
+    transition: str | None = None
+    current: int = 0
+    pending: int = 0
+    cap: int = 16
+    limit: int | None = LIMIT
+    available: bool = True
+
+
+# (high %, resume %, reserve bytes, steps). Defaults: high 80, resume 70, reserve 100.
+SEQUENCES: dict[str, tuple[float, float, int, list[Step]]] = {
+    "below both conditions admits": (80, 70, 100, [Step(500, True, "normal")]),
+    "at the high watermark sets the latch": (
+        80,
+        70,
+        0,
+        [Step(800, False, "pressured", "memory_pressure", "pressured")],
+    ),
+    "just below the high watermark with no reserve admits": (
+        80,
+        70,
+        0,
+        [Step(799, True, "normal")],
+    ),
+    "reserve that no longer fits sets the latch below high": (
+        80,
+        70,
+        100,
+        [Step(701, False, "pressured", "memory_pressure", "pressured")],
+    ),
+    "reserve that fits exactly admits": (80, 70, 100, [Step(700, True, "normal")]),
+    "pending reserves count against the ceiling": (
+        80,
+        70,
+        100,
+        [Step(601, False, "pressured", "memory_pressure", "pressured", pending=1)],
+    ),
+    "hysteresis: stays set between resume and high, clears at resume": (
+        80,
+        70,
+        100,
+        [
+            Step(850, False, "pressured", "memory_pressure", "pressured"),
+            Step(750, False, "pressured", "memory_pressure"),
+            Step(701, False, "pressured", "memory_pressure"),
+            Step(700, True, "normal", None, "normal"),
+            Step(750, False, "pressured", "memory_pressure", "pressured"),
+        ],
+    ),
+    "at resume but the reserve does not fit: stays set": (
+        80,
+        70,
+        200,
+        [
+            Step(900, False, "pressured", "memory_pressure", "pressured"),
+            Step(650, False, "pressured", "memory_pressure"),
+            Step(600, True, "normal", None, "normal"),
+        ],
+    ),
+    "clearing never re-arms within the same evaluation": (
+        80,
+        80,
+        0,
+        [
+            Step(800, False, "pressured", "memory_pressure", "pressured"),
+            Step(799, True, "normal", None, "normal"),
+        ],
+    ),
+    "count cap while normal": (
+        80,
+        70,
+        100,
+        [
+            Step(100, False, "normal", "session_limit", current=16),
+            Step(100, False, "normal", "session_limit", current=15, pending=1),
+            Step(100, True, "normal", current=14, pending=1),
+        ],
+    ),
+    "latched refuses even with free slots": (
+        80,
+        70,
+        100,
+        [Step(950, False, "pressured", "memory_pressure", "pressured", current=0, cap=100)],
+    ),
+    "telemetry unavailable: count decides, reason only when refused": (
+        80,
+        70,
+        100,
+        [
+            Step(None, True, "unavailable", available=False, limit=None, current=15),
+            Step(None, False, "unavailable", "telemetry_unavailable", available=False, current=16),
+        ],
+    ),
+    "unlimited or zero limit is treated as blind": (
+        80,
+        70,
+        100,
+        [
+            Step(999, True, "unavailable", limit=None),
+            Step(999, True, "unavailable", limit=0),
+            Step(999, False, "unavailable", "telemetry_unavailable", limit=None, cap=0),
+        ],
+    ),
+    "blindness clears the latch, recovery starts afresh": (
+        80,
+        70,
+        100,
+        [
+            Step(900, False, "pressured", "memory_pressure", "pressured"),
+            Step(None, True, "unavailable", None, "normal", available=False),
+            Step(650, True, "normal"),
+        ],
+    ),
+    "zero reserve: only the watermarks matter": (
+        90,
+        50,
+        0,
+        [
+            Step(899, True, "normal"),
+            Step(900, False, "pressured", "memory_pressure", "pressured"),
+            Step(501, False, "pressured", "memory_pressure"),
+            Step(500, True, "normal", None, "normal"),
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize(("high", "resume", "reserve", "steps"), SEQUENCES.values(), ids=SEQUENCES)
+def test_latch_sequence(high: float, resume: float, reserve: int, steps: list[Step]) -> None:
+    """Each reading in the sequence gives exactly the decision, reason and transition listed."""
+    readings: list[MemoryReading] = []
+    controller = AdmissionController(
+        high_watermark_percent=high,
+        resume_threshold_percent=resume,
+        reserve_bytes=reserve,
+        memory_reader=lambda: readings[-1],
+    )
+    for number, step in enumerate(steps):
+        reading = MemoryReading(
+            used_bytes=step.used, limit_bytes=step.limit, available=step.available
+        )
+        readings.append(reading)
+        decision = controller.evaluate(step.current, step.cap, step.pending)
+        got = (decision.allowed, decision.state, decision.reason, decision.transition)
+        assert got == (step.allowed, step.state, step.reason, step.transition), f"step {number}"
+        assert decision.memory is reading
+        latched = decision.state == "pressured"
+        assert controller.pressure_state == ("pressured" if latched else "normal")
+
+
+def test_decide_uses_the_given_reading_without_calling_the_reader() -> None:
+    """decide() takes a reading the caller already has and leaves the reader alone."""
+
+    def reader() -> MemoryReading:
+        raise AssertionError("decide() must not take a reading")
+
+    controller = AdmissionController(reserve_bytes=0, memory_reader=reader)
+    reading = MemoryReading(used_bytes=900, limit_bytes=LIMIT, available=True)
+    assert controller.decide(reading, 0, 1) == CapacityDecision(
+        False, "pressured", reading, "memory_pressure", "pressured"
+    )
+
+
+@pytest.mark.parametrize(
+    ("pending", "expected"), [(0, 800 * 1.0 - 100), (2, 800 - 300)], ids=["none", "two"]
+)
+def test_ceiling_is_high_minus_reserves(pending: int, expected: float) -> None:
+    """The admission ceiling is the high watermark minus one reserve per pending session + 1."""
+    controller = AdmissionController(reserve_bytes=100, memory_reader=lambda: UNUSED)
+    assert controller.ceiling_bytes(LIMIT, pending) == expected
+
+
+UNUSED = MemoryReading(used_bytes=None, limit_bytes=None, available=False)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"resume_threshold_percent": 0},
+            "resume_threshold_percent and high_watermark_percent must satisfy "
+            "0 < resume <= high <= 100; got resume=0, high=80.0.",
+        ),
+        (
+            {"resume_threshold_percent": 90, "high_watermark_percent": 80},
+            "resume_threshold_percent and high_watermark_percent must satisfy "
+            "0 < resume <= high <= 100; got resume=90, high=80.",
+        ),
+        (
+            {"high_watermark_percent": 101},
+            "resume_threshold_percent and high_watermark_percent must satisfy "
+            "0 < resume <= high <= 100; got resume=70.0, high=101.",
+        ),
+        ({"reserve_bytes": -1}, "reserve_bytes must be 0 or more; got -1."),
+    ],
+    ids=["resume zero", "resume above high", "high above 100", "negative reserve"],
+)
+def test_invalid_settings_raise_full_sentences(kwargs: dict[str, float], message: str) -> None:
+    """Settings outside 0 < resume <= high <= 100 or a negative reserve raise ValueError."""
+    with pytest.raises(ValueError, match="^" + message.replace(".", r"\.") + "$"):
+        AdmissionController(memory_reader=lambda: UNUSED, **kwargs)  # type: ignore[arg-type]
+
+
+def test_default_reader_is_read_cgroup_memory() -> None:
+    """Without a reader the controller reads the cgroup (not called here: no real /sys)."""
+    controller = AdmissionController()
+    assert controller.memory_reader is read_cgroup_memory
+    assert (controller.high_watermark_percent, controller.resume_threshold_percent) == (80.0, 70.0)
+    assert controller.reserve_bytes == 768 * 1024 * 1024
+
+
+def test_concurrent_evaluations_keep_transitions_balanced() -> None:
+    """Threads hammering one latch see set/clear transitions that alternate and match its state."""
+    cycle = [900, 750, 650, 500, 850, 600]
+    position = 0
+
+    def reader() -> MemoryReading:
+        nonlocal position
+        position += 1  # safe: evaluate() holds the controller's lock around the reading
+        return MemoryReading(
+            used_bytes=cycle[position % len(cycle)], limit_bytes=LIMIT, available=True
+        )
+
+    controller = AdmissionController(reserve_bytes=100, memory_reader=reader)
+    transitions: list[str] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        for _ in range(500):
+            decision = controller.evaluate(0, 16)
+            assert decision.allowed == (decision.state == "normal")
+            if decision.transition is not None:
+                with lock:
+                    transitions.append(decision.transition)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert position == 4000
+    sets, clears = transitions.count("pressured"), transitions.count("normal")
+    assert sets > 100
+    assert sets - clears == (1 if controller.pressure_state == "pressured" else 0)

@@ -1,0 +1,296 @@
+"""`asgi-admission probe` run as a subprocess against fixture roots: output, JSON and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import jsonschema
+import pytest
+
+from asgi_admission import HostMemoryReader, cli
+from asgi_admission import _probe as probe_module
+from cgroup_trees import FIXTURES, copy_files
+
+ELASTIC = FIXTURES / "elastic-agent-system-metrics"
+NULLABLE_INT = {"type": ["integer", "null"]}
+NULLABLE_STR = {"type": ["string", "null"]}
+NULLABLE_NUM = {"type": ["number", "null"]}
+
+# The schema documented in asgi_admission/_probe.py's docstring.
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": [
+        "schema", "exit_status", "source", "cgroup", "memory", "config", "ceiling", "decision",
+    ],
+    "properties": {
+        "schema": {"const": 1},
+        "exit_status": {"enum": [0, 1, 2]},
+        "source": {"enum": ["cgroup-v2", "cgroup-v1", "host", None]},
+        "cgroup": {
+            "oneOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["how", "path", "warnings", "files"],
+                    "properties": {
+                        "how": {"enum": ["explicit", "discovered", "fallback"]},
+                        "path": NULLABLE_STR,
+                        "warnings": {"type": "array", "items": {"type": "string"}},
+                        "files": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+            ]
+        },
+        "memory": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": [
+                "available", "usage_bytes", "reclaimable_bytes", "reclaimable",
+                "working_set_bytes", "limit_bytes", "limit_file", "percent",
+                "pressure_some_avg10",
+            ],
+            "properties": {
+                "available": {"type": "boolean"},
+                "usage_bytes": NULLABLE_INT,
+                "reclaimable_bytes": {"type": "integer", "minimum": 0},
+                "reclaimable": {"enum": ["file", "inactive"]},
+                "working_set_bytes": NULLABLE_INT,
+                "limit_bytes": NULLABLE_INT,
+                "limit_file": NULLABLE_STR,
+                "percent": NULLABLE_NUM,
+                "pressure_some_avg10": NULLABLE_NUM,
+            },
+        },
+        "config": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": [
+                "high_watermark_percent", "resume_threshold_percent", "reserve_bytes",
+                "max_sessions", "memory_source",
+            ],
+            "properties": {
+                "high_watermark_percent": {"type": "number"},
+                "resume_threshold_percent": {"type": "number"},
+                "reserve_bytes": {"type": "integer"},
+                "max_sessions": {"type": "integer"},
+                "memory_source": {"enum": ["cgroup", "host"]},
+            },
+        },
+        "ceiling": {
+            "oneOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["bytes", "percent"],
+                    "properties": {"bytes": {"type": "integer"}, "percent": {"type": "number"}},
+                },
+            ]
+        },
+        "decision": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["sessions", "pending", "allowed", "state", "reason"],
+            "properties": {
+                "sessions": {"type": "integer"},
+                "pending": {"type": "integer"},
+                "allowed": {"type": "boolean"},
+                "state": {"enum": ["normal", "pressured", "unavailable"]},
+                "reason": {
+                    "enum": ["memory_pressure", "session_limit", "telemetry_unavailable", None]
+                },
+            },
+        },
+    },
+}  # fmt: skip
+
+
+def run_probe(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in a child process with no ADMISSION_*/CODA_* settings but those given."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("ADMISSION_", "CODA_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "asgi_admission.cli", "probe", *args],
+        capture_output=True,
+        text=True,
+        env={**clean, **(env or {})},
+        timeout=60,
+        check=False,
+    )
+
+
+def probe_json(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    result = run_probe("--json", *args, env=env)
+    report = json.loads(result.stdout)
+    jsonschema.validate(report, SCHEMA)
+    assert report["exit_status"] == result.returncode
+    return result.returncode, report
+
+
+def test_text_output_for_a_v2_fixture(fixture_copy: Any) -> None:
+    """The human output names the version, files, figures, limit file, ceiling and decision."""
+    root = fixture_copy("telegraf/v2")
+    result = run_probe("--root", str(root))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "source:          cgroup-v2" in out
+    assert f"cgroup:          {root} (explicit)" in out
+    assert f"{root}/memory.current" in out
+    assert "usage:           13071106048 B" in out
+    assert "working set:     4538245120 B" in out
+    assert f"limit:           103079215104 B (98304.0 MiB) set by {root}/memory.max" in out
+    assert "percent:         4.40 %" in out
+    assert "PSI some avg10:  0.00 %" in out
+    assert "ceiling:         81658065715 B" in out
+    assert "one more session: admit, state normal" in out
+    assert result.stderr == ""
+
+
+def test_json_schema_and_figures(fixture_copy: Any) -> None:
+    """--json prints one object matching the documented schema, with the reader's figures."""
+    root = fixture_copy("telegraf/v2")
+    status, report = probe_json("--root", str(root))
+    assert status == 0
+    assert report["source"] == "cgroup-v2"
+    assert report["cgroup"]["how"] == "explicit"
+    assert sorted(report["cgroup"]["files"]) == sorted(
+        str(root / name)
+        for name in ("memory.current", "memory.max", "memory.stat", "memory.pressure")
+    )
+    assert report["memory"]["working_set_bytes"] == 4538245120
+    assert report["memory"]["reclaimable_bytes"] == 13071106048 - 4538245120
+    assert report["memory"]["limit_bytes"] == 103079215104
+    limit, reserve = 103079215104, 768 * 1024 * 1024
+    assert report["ceiling"] == {
+        "bytes": int(limit * 0.8 - reserve),
+        "percent": round(int(limit * 0.8 - reserve) * 100 / limit, 2),
+    }
+    assert report["decision"] == {
+        "sessions": 0,
+        "pending": 0,
+        "allowed": True,
+        "state": "normal",
+        "reason": None,
+    }
+
+
+def test_kubelet_working_set_option(fixture_copy: Any) -> None:
+    """--reclaimable inactive subtracts only inactive_file, as kubectl top does."""
+    _, report = probe_json("--root", str(fixture_copy("telegraf/v2")), "--reclaimable", "inactive")
+    assert report["memory"]["working_set_bytes"] == 10135646208
+    assert report["memory"]["reclaimable"] == "inactive"
+
+
+def test_pressured_exits_1(fixture_copy: Any) -> None:
+    """A working set over the configured high watermark exits 1 with the memory_pressure reason."""
+    env = {
+        "ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT": "4",
+        "ADMISSION_MEMORY_RESUME_THRESHOLD_PERCENT": "2",
+    }
+    status, report = probe_json("--root", str(fixture_copy("telegraf/v2")), env=env)
+    assert status == 1
+    assert report["config"]["high_watermark_percent"] == 4.0
+    assert report["decision"]["reason"] == "memory_pressure"
+    assert report["decision"]["allowed"] is False
+
+
+def test_reserve_larger_than_headroom_exits_1_with_negative_ceiling(fixture_copy: Any) -> None:
+    """With a 512 MiB limit the default 768 MiB reserve can never fit: pressured, ceiling < 0."""
+    status, report = probe_json("--root", str(fixture_copy("local-firecracker-v1-hybrid")))
+    assert status == 1
+    assert report["source"] == "cgroup-v1"
+    assert report["ceiling"]["bytes"] < 0
+    result = run_probe("--root", str(fixture_copy("local-firecracker-v1-hybrid")))
+    assert "refuse (memory_pressure), state pressured" in result.stdout
+
+
+def test_sessions_and_pending_inputs(fixture_copy: Any) -> None:
+    """--sessions/--pending feed the count cap and the reserves in the ceiling."""
+    root = str(fixture_copy("telegraf/v2"))
+    status, report = probe_json("--root", root, "--sessions", "15", "--pending", "1")
+    assert status == 0
+    assert report["decision"]["reason"] == "session_limit"
+    limit, reserve = 103079215104, 768 * 1024 * 1024
+    assert report["ceiling"]["bytes"] == int(limit * 0.8 - 2 * reserve)
+
+
+@pytest.mark.parametrize(
+    "name", ["elastic-agent-system-metrics/docker2-v2-dotdot", None], ids=["unlimited", "empty"]
+)
+def test_unavailable_exits_2(fixture_copy: Any, tmp_path: Path, name: str | None) -> None:
+    """No limit to take a percentage of, or nothing readable, exits 2 and says why."""
+    root = fixture_copy(name) if name else tmp_path
+    status, report = probe_json("--root", str(root))
+    assert status == 2
+    assert report["decision"]["state"] == "unavailable"
+    assert report["ceiling"] is None
+    assert report["memory"]["available"] is (name is not None)
+    text = run_probe("--root", str(root)).stdout
+    assert "ceiling:         none" in text
+    assert "limit:           none" in text
+
+
+def test_discovery_of_a_moved_cgroup_reports_the_warning(tmp_path: Path) -> None:
+    """Discovery against a captured /proc shows how the path was found and the one warning."""
+    fixture = ELASTIC / "docker2-v2-dotdot"
+    copy_files(fixture, tmp_path / "testdata/docker2/sys/fs/cgroup")
+    args = (
+        "--proc-cgroup", str(fixture / "proc_2233801_cgroup"),
+        "--mountinfo", str(fixture / "proc_self_mountinfo"),
+        "--hostfs", str(tmp_path),
+    )  # fmt: skip
+    _, report = probe_json(*args)
+    assert report["cgroup"]["how"] == "discovered"
+    assert len(report["cgroup"]["warnings"]) == 1
+    result = run_probe(*args)
+    assert result.stdout.count("warning:") == 1
+    assert result.stderr.count("does not resolve inside its mount") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sessions", "-1"], "argument --sessions: '-1' is negative; give 0 or more"),
+        (["--pending", "many"], "argument --pending: 'many' is not a whole number"),
+        (["--reclaimable", "all"], "argument --reclaimable: invalid choice: 'all'"),
+        (["--root", "/nonexistent/cgroup"], "--root '/nonexistent/cgroup' is not a directory."),
+    ],
+)
+def test_errors_are_one_clear_line(args: list[str], message: str) -> None:
+    """Bad arguments exit 2 with a one-line error naming the option, never a traceback."""
+    result = run_probe(*args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1
+    assert errors[0].startswith("asgi-admission probe: error: ")
+    assert message in errors[0]
+
+
+def test_host_source_in_process(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--memory-source host reads the host reader and reports no cgroup section."""
+    total, available = 16 * 1024**3, 10 * 1024**3
+
+    def fake_reader(config: object) -> HostMemoryReader:
+        vm = SimpleNamespace(total=total, available=available)
+        return HostMemoryReader(virtual_memory=lambda: vm)
+
+    monkeypatch.setattr(probe_module, "build_reader", fake_reader)
+    for name in [k for k in os.environ if k.startswith(("ADMISSION_", "CODA_"))]:
+        monkeypatch.delenv(name)
+    assert cli.main(["probe", "--memory-source", "host", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    jsonschema.validate(report, SCHEMA)
+    assert (report["source"], report["cgroup"]) == ("host", None)
+    assert report["memory"]["working_set_bytes"] == total - available
+    assert cli.main(["probe", "--memory-source", "host"]) == 0
+    assert "cgroup:" not in capsys.readouterr().out

@@ -1,0 +1,368 @@
+"""The shared ledger in one process: counting, recovery, tampering and configuration."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ledgerkit import SPAWN, hold_sessions
+
+from asgi_admission import AdmissionConfig, AdmissionMiddleware
+from asgi_admission._shared_ledger import (
+    FILE_NAME,
+    LedgerEntry,
+    SharedLedger,
+    _start_time,
+    read_entries,
+)
+
+SLOT = struct.Struct("=qqqq")
+HEADER_SIZE = 16
+
+
+@pytest.fixture
+def shared(tmp_path: Path) -> Iterator[tuple[str, list[SharedLedger]]]:
+    """A ledger directory and a list whose ledgers are closed after the test."""
+    opened: list[SharedLedger] = []
+    yield str(tmp_path / "ledger"), opened
+    for ledger in opened:
+        ledger.close()
+
+
+def open_ledger(shared: tuple[str, list[SharedLedger]], **options: int) -> SharedLedger:
+    ledger = SharedLedger(shared[0], **options)
+    shared[1].append(ledger)
+    return ledger
+
+
+def counts(ledger: SharedLedger) -> tuple[int, int]:
+    with ledger.locked():
+        return ledger.counts()
+
+
+def poke(directory: str, offset: int, data: bytes) -> None:
+    """Write into the ledger file behind the ledgers' backs."""
+    with open(os.path.join(directory, FILE_NAME), "r+b") as file:
+        file.seek(offset)
+        file.write(data)
+
+
+def test_two_ledgers_see_each_others_reservations(
+    shared: tuple[str, list[SharedLedger]],
+) -> None:
+    """Reservations in one ledger are counted by another on the same directory."""
+    first, second = open_ledger(shared), open_ledger(shared)
+    with first.locked():
+        one = first.reserve()
+        two = first.reserve()
+    with second.locked():
+        three = second.reserve()
+    assert counts(first) == counts(second) == (0, 3)
+    one.activate()
+    one.activate()
+    assert counts(second) == (1, 2)
+    one.release()
+    one.release()
+    one.activate()
+    two.release()
+    two.activate()
+    assert counts(second) == (0, 1)
+    three.activate()
+    three.release()
+    assert counts(first) == (0, 0)
+
+
+def test_threads_release_from_anywhere_with_exact_totals(
+    shared: tuple[str, list[SharedLedger]],
+) -> None:
+    """Threads reserving and releasing through two ledgers leave the totals exact."""
+    ledgers = [open_ledger(shared), open_ledger(shared)]
+    kept: list[object] = []
+    kept_lock = threading.Lock()
+
+    def work(ledger: SharedLedger) -> None:
+        for i in range(300):
+            with ledger.locked():
+                reservation = ledger.reserve()
+            if i % 3 == 0:
+                reservation.activate()
+            if i % 5 == 0:
+                with kept_lock:
+                    kept.append(reservation)
+            else:
+                reservation.release()
+
+    threads = [threading.Thread(target=work, args=(ledgers[i % 2],)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # Of each thread's 300, every 5th is kept; every 15th of those was activated.
+    assert counts(ledgers[0]) == (6 * 20, 6 * 40)
+
+
+def test_killed_worker_is_recovered_by_the_next_decision(
+    shared: tuple[str, list[SharedLedger]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker killed with SIGKILL stops counting at the next decision, never below zero."""
+    ledger = open_ledger(shared)
+    with ledger.locked():
+        mine = ledger.reserve()
+    ready = SPAWN.Event()
+    worker = SPAWN.Process(target=hold_sessions, args=(shared[0], 3, 2, ready))
+    worker.start()
+    try:
+        assert ready.wait(30)
+        assert counts(ledger) == (2, 4)
+        [entry] = [e for e in read_entries(shared[0]) if e.pid == worker.pid]
+        assert entry == LedgerEntry(entry.slot, worker.pid, entry.start_time, 3, 2, True)
+        assert entry.start_time == _start_time(worker.pid)
+    finally:
+        assert worker.pid is not None
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join()
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        assert counts(ledger) == (0, 1)
+    assert f"worker pid {worker.pid} exited holding 3 pending and 2 active" in caplog.text
+    mine.release()
+    assert counts(ledger) == (0, 0)
+    assert [e.pid for e in read_entries(shared[0])] == [os.getpid()]
+
+
+def test_dead_slot_is_recovered_when_claimed(
+    shared: tuple[str, list[SharedLedger]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A new worker taking a dead worker's slot drops the counts it left behind."""
+    directory = shared[0]
+    SharedLedger(directory).close()
+    poke(directory, HEADER_SIZE, SLOT.pack(999_999, 1, 4, 1))
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        ledger = open_ledger(shared)
+        assert counts(ledger) == (0, 0)
+    assert "worker pid 999999 exited holding 4 pending and 1 active" in caplog.text
+    assert [(e.slot, e.pid) for e in read_entries(directory)] == [(0, os.getpid())]
+
+
+def test_fork_child_counts_in_its_own_slot(shared: tuple[str, list[SharedLedger]]) -> None:
+    """A ledger built before a fork gives the child its own slot, lock and empty counts."""
+    ledger = open_ledger(shared)
+    with ledger.locked():
+        inherited = ledger.reserve()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            inherited.release()  # the parent's reservation: not the child's to release
+            with ledger.locked():
+                before = ledger.counts()
+                ledger.reserve()
+                after = ledger.counts()
+            os.write(write, repr((before, after)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        report = pipe.read()
+    os.waitpid(pid, 0)
+    assert report == repr(((0, 1), (0, 2)))
+    # The child exited holding one reservation; the next decision drops it.
+    assert counts(ledger) == (0, 1)
+    inherited.release()
+    assert counts(ledger) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        ((0, b"NOTALEDG"), "no ledger header"),
+        ((8, struct.pack("=I", 7)), "7 slots where 256 were expected"),
+        ((12, struct.pack("=I", 9999)), "9999 slots in use of 256"),
+    ],
+)
+def test_corrupt_header_is_rebuilt_with_a_warning(
+    shared: tuple[str, list[SharedLedger]],
+    caplog: pytest.LogCaptureFixture,
+    damage: tuple[int, bytes],
+    problem: str,
+) -> None:
+    """A damaged header is rebuilt on the next decision, which still answers."""
+    ledger, other = open_ledger(shared), open_ledger(shared)
+    with ledger.locked():
+        reservation = ledger.reserve()
+    with other.locked():
+        other.reserve()
+    poke(shared[0], *damage)
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        assert counts(ledger) == (0, 1)
+    assert problem in caplog.text
+    assert "rebuilding" in caplog.text
+    # The other worker writes its slot back at its next decision.
+    assert counts(other) == (0, 2)
+    assert counts(ledger) == (0, 2)
+    reservation.release()
+    assert counts(other) == (0, 1)
+
+
+def test_truncated_file_is_rebuilt_not_crashed(
+    shared: tuple[str, list[SharedLedger]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file cut short under running workers is rebuilt and counting goes on."""
+    ledger, other = open_ledger(shared), open_ledger(shared)
+    with other.locked():
+        other.reserve()
+    with ledger.locked():
+        ledger.reserve()
+    os.truncate(os.path.join(shared[0], FILE_NAME), HEADER_SIZE + 8)
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        assert counts(ledger) == (0, 1)
+    assert "shorter than its 2 slots in use" in caplog.text
+    assert counts(other) == (0, 2)
+
+
+def test_short_or_empty_file_is_rebuilt_on_open(
+    shared: tuple[str, list[SharedLedger]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Opening a file that is too short or has half a header rebuilds it."""
+    path = Path(shared[0]) / FILE_NAME
+    Path(shared[0]).mkdir()
+    path.write_bytes(b"ASGI")
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        open_ledger(shared).close()
+    assert "a header of 4 bytes" in caplog.text
+    caplog.clear()
+    with path.open("r+b") as file:
+        file.truncate(HEADER_SIZE + SLOT.size)
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        ledger = open_ledger(shared)
+    assert "shorter than its 256 slots" in caplog.text
+    assert path.stat().st_size == HEADER_SIZE + 256 * SLOT.size
+    assert counts(ledger) == (0, 0)
+
+
+def test_own_slot_changed_by_someone_else_is_rewritten(
+    shared: tuple[str, list[SharedLedger]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker whose slot was edited writes its own counts back, warning once."""
+    ledger, other = open_ledger(shared), open_ledger(shared)
+    with ledger.locked():
+        ledger.reserve()
+    [mine] = read_entries(shared[0])
+    for _ in range(2):
+        poke(shared[0], HEADER_SIZE + mine.slot * SLOT.size, SLOT.pack(mine.pid, 0, -5, 9))
+        with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+            assert counts(ledger) == (0, 1)
+    assert caplog.text.count("changed by someone else") == 1
+    assert counts(other) == (0, 1)
+
+
+def test_negative_counts_of_another_worker_count_as_zero(
+    shared: tuple[str, list[SharedLedger]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Negative counts written into a live worker's slot are clamped to zero."""
+    ledger, other = open_ledger(shared), open_ledger(shared)
+    with other.locked():
+        other.reserve()
+    with ledger.locked():
+        ledger.reserve()
+    [theirs] = [e for e in read_entries(shared[0]) if e.slot == 0]
+    poke(shared[0], HEADER_SIZE, SLOT.pack(theirs.pid, 0, -3, 2))
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        assert counts(ledger) == (2, 1)
+    assert "negative session counts (slot 0: pending -3, active 2)" in caplog.text
+
+
+def test_full_ledger_counts_the_extra_worker_locally(
+    shared: tuple[str, list[SharedLedger]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """With every slot held, a further worker warns and still counts its own sessions."""
+    first = open_ledger(shared, capacity=1)
+    with first.locked():
+        first.reserve()
+    second = open_ledger(shared, capacity=1)
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"), second.locked():
+        reservation = second.reserve()
+        assert second.counts() == (0, 2)
+    assert "all 1 slots of the shared session ledger" in caplog.text
+    assert counts(first) == (0, 1)
+    reservation.release()
+    assert counts(second) == (0, 1)
+
+
+def test_close_gives_the_slot_back(shared: tuple[str, list[SharedLedger]]) -> None:
+    """A closed ledger's counts vanish from the file, and using it again reopens it."""
+    ledger, other = open_ledger(shared), open_ledger(shared)
+    with ledger.locked():
+        reservation = ledger.reserve()
+    ledger.close()
+    ledger.close()
+    assert counts(other) == (0, 0)
+    reservation.release()
+    assert counts(ledger) == (0, 0)
+    with ledger.locked():
+        ledger.reserve()
+    assert counts(other) == (0, 1)
+
+
+def test_directory_is_created(tmp_path: Path) -> None:
+    """A missing directory is created, parents included."""
+    directory = tmp_path / "a" / "b"
+    SharedLedger(directory).close()
+    assert (directory / FILE_NAME).stat().st_size == HEADER_SIZE + 256 * SLOT.size
+
+
+@pytest.mark.parametrize("make", ["file", "under_file"])
+def test_unusable_directory_names_the_setting(tmp_path: Path, make: str) -> None:
+    """A directory that cannot be made or is a file raises a ValueError naming the variable."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    directory = blocker if make == "file" else blocker / "ledger"
+    with pytest.raises(ValueError, match=r"ADMISSION_SHARED_DIR=.*blocker"):
+        SharedLedger(directory)
+
+
+def test_capacity_must_be_positive(tmp_path: Path) -> None:
+    """A capacity below one slot is refused."""
+    with pytest.raises(ValueError, match="capacity must be 1 or more"):
+        SharedLedger(tmp_path, capacity=0)
+
+
+def test_start_time_of_a_missing_process_is_zero() -> None:
+    """The start time of a process that does not exist reads as 0."""
+    assert _start_time(2**22 + 1) == 0
+    assert _start_time() > 0
+
+
+def test_two_guards_share_one_count(tmp_path: Path) -> None:
+    """Two middlewares configured with one shared_dir refuse by their combined count."""
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    (cgroup / "memory.current").write_text(f"{100 * 2**20}\n")
+    (cgroup / "memory.max").write_text(f"{4096 * 2**20}\n")
+    (cgroup / "memory.stat").write_text("inactive_file 0\nactive_file 0\n")
+    config = AdmissionConfig(
+        shared_dir=str(tmp_path / "ledger"), cgroup_root=str(cgroup), max_sessions=2
+    )
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("not called")
+
+    guards = [
+        AdmissionMiddleware(app, session_routes=["POST /s"], config=config, registry=None)
+        for _ in range(2)
+    ]
+    first = guards[0]._decide("http")
+    second = guards[1]._decide("http")
+    third = guards[0]._decide("http")
+    assert first[1] is not None
+    assert second[1] is not None
+    assert third[1] is None
+    assert third[0].reason == "session_limit"
+    assert guards[1].session_counts() == (0, 2)
+    first[1].release()
+    assert guards[1].session_counts() == (0, 1)

@@ -1,0 +1,133 @@
+"""A small session service guarded by :class:`AdmissionMiddleware` (needs the ``demo`` extra).
+
+Each session holds real memory: ``session_mb`` MiB, touched page by page so the
+kernel charges it to the cgroup. ``POST /sessions`` opens one (``?hold_s=`` keeps
+the request open first, the window in which it is pending), ``DELETE
+/sessions/{id}`` frees it, ``WS /terminal/{id}`` is an echo session holding the
+same memory while connected, and ``/health`` always answers 200. Serve it with
+``asgi-admission demo`` or ``uvicorn asgi_admission.demo:create_app --factory``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Query, WebSocket, WebSocketDisconnect
+
+from ._config import AdmissionConfig
+from ._latch import AdmissionController
+from ._middleware import AdmissionMiddleware
+
+__all__ = ["SESSION_ROUTES", "SessionStore", "create_app"]
+
+SESSION_ROUTES = ("POST /sessions", "WS /terminal/*")
+DEFAULT_SESSION_MB = 64
+_PAGE = 4096
+_MIB = 1024 * 1024
+
+
+def hold_memory(n_bytes: int) -> bytearray:
+    """``n_bytes`` that are really resident: one write per page."""
+    block = bytearray(n_bytes)
+    block[::_PAGE] = b"\x01" * len(range(0, n_bytes, _PAGE))
+    return block
+
+
+class SessionStore:
+    """The sessions the app is running; its length is ``current_sessions``."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, bytearray] = {}
+        self._ids = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def open(self, n_bytes: int, prefix: str = "s") -> str:
+        session_id = f"{prefix}{next(self._ids)}"
+        self._sessions[session_id] = hold_memory(n_bytes)
+        return session_id
+
+    def close(self, session_id: str) -> bool:
+        return self._sessions.pop(session_id, None) is not None
+
+    def ids(self) -> list[str]:
+        return list(self._sessions)
+
+
+def _env_session_mb() -> int:
+    raw = os.environ.get("DEMO_SESSION_MB", "")
+    try:
+        value = int(raw)
+    except ValueError:
+        return DEFAULT_SESSION_MB
+    return value if value >= 0 else DEFAULT_SESSION_MB
+
+
+def create_app(
+    *,
+    session_mb: int | None = None,
+    config: AdmissionConfig | None = None,
+    controller: AdmissionController | None = None,
+    max_sessions: int | None = None,
+    readiness_path: str | None = "/admission/ready",
+    guarded: bool = True,
+    **middleware_options: Any,
+) -> FastAPI:
+    """The demo app; ``session_mb`` defaults to ``DEMO_SESSION_MB`` (64).
+
+    ``guarded=False`` leaves the middleware out: the same service, unprotected
+    (what ``bench/oom_burst.py`` runs to show the OOM kill).
+    """
+    size = (_env_session_mb() if session_mb is None else session_mb) * _MIB
+    store = SessionStore()
+    app = FastAPI(title="asgi-admission demo")
+    app.state.sessions = store
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/sessions")
+    async def list_sessions() -> dict[str, Any]:
+        return {"sessions": store.ids(), "session_mb": size // _MIB}
+
+    @app.post("/sessions", status_code=201)
+    async def open_session(hold_s: float = Query(0.0, ge=0, le=60)) -> dict[str, str]:
+        if hold_s:
+            await asyncio.sleep(hold_s)
+        return {"id": store.open(size)}
+
+    @app.delete("/sessions/{session_id}", status_code=204)
+    async def close_session(session_id: str) -> None:
+        if not store.close(session_id):
+            raise HTTPException(status_code=404, detail="no such session")
+
+    @app.websocket("/terminal/{name}")
+    async def terminal(websocket: WebSocket, name: str) -> None:
+        session_id = store.open(size, prefix="t")
+        try:
+            await websocket.accept()
+            await websocket.send_text(f"session {session_id} ({name}) ready")
+            while True:
+                await websocket.send_text(await websocket.receive_text())
+        except WebSocketDisconnect:
+            pass
+        finally:
+            store.close(session_id)
+
+    if guarded:
+        app.add_middleware(
+            AdmissionMiddleware,
+            session_routes=SESSION_ROUTES,
+            config=config,
+            controller=controller,
+            current_sessions=store.__len__,
+            max_sessions=max_sessions,
+            readiness_path=readiness_path,
+            **middleware_options,
+        )
+    return app

@@ -1,0 +1,237 @@
+"""WebSocket sessions: the denial response, 1013 without it, and pending → active → released."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from mwkit import SettableReader, TestClient, guard
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from asgi_admission import AdmissionMiddleware
+
+Message = dict[str, Any]
+
+
+def echo_app(counts: list[tuple[int, int]], holder: list[AdmissionMiddleware]) -> Starlette:
+    async def terminal(websocket: WebSocket) -> None:
+        counts.append(holder[0].session_counts())
+        await websocket.accept()
+        counts.append(holder[0].session_counts())
+        try:
+            while True:
+                await websocket.send_text(await websocket.receive_text())
+        except WebSocketDisconnect:
+            pass
+
+    async def refuse(websocket: WebSocket) -> None:
+        await websocket.send_denial_response(PlainTextResponse("no", status_code=403))
+
+    async def ignore(websocket: WebSocket) -> None:
+        return None
+
+    return Starlette(
+        routes=[
+            WebSocketRoute("/terminal/{name}", terminal),
+            WebSocketRoute("/deny/{name}", refuse),
+            WebSocketRoute("/ignore/{name}", ignore),
+            WebSocketRoute("/plain", terminal),
+        ]
+    )
+
+
+def build(used_mb: float = 100) -> tuple[AdmissionMiddleware, list[tuple[int, int]]]:
+    counts: list[tuple[int, int]] = []
+    holder: list[AdmissionMiddleware] = []
+    mw = guard(
+        echo_app(counts, holder),
+        SettableReader(used_mb=used_mb),
+        routes=["WS /terminal/*", "WS /deny/*", "WS /ignore/*"],
+    )
+    holder.append(mw)
+    return mw, counts
+
+
+def test_admitted_websocket_is_pending_then_active_then_released() -> None:
+    """An admitted WebSocket counts as pending until accepted, then active until closed."""
+    mw, counts = build()
+    with TestClient(mw) as client, client.websocket_connect("/terminal/a") as ws:
+        ws.send_text("hi")
+        assert ws.receive_text() == "hi"
+        assert mw.session_counts() == (1, 0)
+    assert counts == [(0, 1), (1, 0)]
+    assert mw.session_counts() == (0, 0)
+
+
+def test_refused_websocket_gets_the_503_denial() -> None:
+    """Where the server offers the denial extension, a refused handshake gets the HTTP 503."""
+    mw, counts = build(used_mb=900)
+    with (
+        TestClient(mw) as client,
+        pytest.raises(Exception) as info,  # noqa: PT011 - Starlette's denial type
+        client.websocket_connect("/terminal/a"),
+    ):
+        pass  # pragma: no cover - the handshake is denied
+    response = info.value
+    assert type(response).__name__ == "WebSocketDenialResponse"
+    assert response.status_code == 503  # type: ignore[attr-defined]
+    assert response.headers["retry-after"].isdigit()  # type: ignore[attr-defined]
+    assert response.headers["cache-control"] == "no-store"  # type: ignore[attr-defined]
+    assert response.json()["reason"] == "memory_pressure"  # type: ignore[attr-defined]
+    assert counts == []
+
+
+def test_app_denial_releases() -> None:
+    """A WebSocket the app denies itself with a denial response gives its reservation back."""
+    mw, _ = build()
+    with TestClient(mw) as client:
+        with (
+            pytest.raises(Exception) as info,  # noqa: PT011 - Starlette's denial type
+            client.websocket_connect("/deny/a"),
+        ):
+            pass  # pragma: no cover
+        assert info.value.status_code == 403  # type: ignore[attr-defined]
+    assert mw.session_counts() == (0, 0)
+
+
+def test_never_accepted_websocket_releases() -> None:
+    """A WebSocket the app returns from without accepting gives its reservation back."""
+    mw, _ = build()
+    server = RawServer([{"type": "websocket.connect"}])
+    asyncio.run(mw(ws_scope("/ignore/a"), server.receive, server.send))
+    assert mw.session_counts() == (0, 0)
+
+
+def test_non_session_websocket_passes_without_reading() -> None:
+    """A WebSocket on a route that is not a session route is never read or refused."""
+    counts: list[tuple[int, int]] = []
+    holder: list[AdmissionMiddleware] = []
+    reader = SettableReader(used_mb=990)
+    mw = guard(echo_app(counts, holder), reader, routes=["WS /terminal/*"])
+    holder.append(mw)
+    with TestClient(mw) as client, client.websocket_connect("/plain") as ws:
+        ws.send_text("x")
+        assert ws.receive_text() == "x"
+    assert reader.calls == 0
+
+
+class RawServer:
+    """A minimal ASGI server side: scripted receive, recorded send."""
+
+    def __init__(self, incoming: list[Message]) -> None:
+        self.incoming = list(incoming)
+        self.sent: list[Message] = []
+
+    async def receive(self) -> Message:
+        if self.incoming:
+            return self.incoming.pop(0)
+        await asyncio.sleep(3600)  # pragma: no cover - a test never waits here
+        raise AssertionError  # pragma: no cover
+
+    async def send(self, message: Message) -> None:
+        self.sent.append(message)
+
+
+def ws_scope(path: str, extensions: dict[str, object] | None = None) -> Message:
+    return {
+        "type": "websocket",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [],
+        "scheme": "ws",
+        "server": ("127.0.0.1", 80),
+        "client": ("127.0.0.1", 1234),
+        "root_path": "",
+        "subprotocols": [],
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "extensions": extensions or {},
+    }
+
+
+async def never_called(scope: Message, receive: Any, send: Any) -> None:  # pragma: no cover
+    raise AssertionError("the app must not be called")
+
+
+def test_refusal_without_denial_extension_closes_1013() -> None:
+    """Without the denial extension a refused WebSocket is accepted then closed with 1013."""
+    mw = guard(never_called, SettableReader(used_mb=900))
+    server = RawServer([{"type": "websocket.connect"}])
+    asyncio.run(mw(ws_scope("/terminal/a"), server.receive, server.send))
+    assert [m["type"] for m in server.sent] == ["websocket.accept", "websocket.close"]
+    close = server.sent[1]
+    assert close["code"] == 1013
+    delay = int(close["reason"].split(";")[0].removeprefix("retry_after_s="))
+    assert 4 <= delay <= 6
+
+
+def test_refusal_of_a_client_already_gone_sends_nothing() -> None:
+    """A refused client that disconnected before the handshake is sent nothing."""
+    mw = guard(never_called, SettableReader(used_mb=900))
+    server = RawServer([{"type": "websocket.disconnect", "code": 1006}])
+    asyncio.run(
+        mw(ws_scope("/terminal/a", {"websocket.http.response": {}}), server.receive, server.send)
+    )
+    assert server.sent == []
+
+
+def test_client_disconnect_before_accept_releases() -> None:
+    """A client that leaves while its session is pending frees the slot at once."""
+    seen: list[tuple[int, int]] = []
+    holder: list[AdmissionMiddleware] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        await receive()  # connect
+        await receive()  # disconnect
+        seen.append(holder[0].session_counts())
+
+    mw = guard(app, SettableReader())
+    holder.append(mw)
+    server = RawServer(
+        [{"type": "websocket.connect"}, {"type": "websocket.disconnect", "code": 1001}]
+    )
+    asyncio.run(mw(ws_scope("/terminal/a"), server.receive, server.send))
+    assert seen == [(0, 0)]
+
+
+def test_lifespan_passes_through_without_reading() -> None:
+    """Lifespan events reach the app untouched and take no reading."""
+    events: list[str] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        assert scope["type"] == "lifespan"
+        while True:
+            message = await receive()
+            events.append(message["type"])
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    reader = SettableReader()
+    mw = guard(app, reader)
+    server = RawServer([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+    asyncio.run(mw({"type": "lifespan", "asgi": {"version": "3.0"}}, server.receive, server.send))
+    assert events == ["lifespan.startup", "lifespan.shutdown"]
+    assert [m["type"] for m in server.sent] == [
+        "lifespan.startup.complete",
+        "lifespan.shutdown.complete",
+    ]
+    assert reader.calls == 0
+
+
+def test_unknown_scope_types_pass_through() -> None:
+    """A scope type the middleware does not know reaches the app as is."""
+    seen: list[str] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        seen.append(scope["type"])
+
+    mw = guard(app, SettableReader())
+    asyncio.run(mw({"type": "custom"}, RawServer([]).receive, RawServer([]).send))
+    assert seen == ["custom"]

@@ -12,8 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from asgi_admission import CgroupMemoryReader, MemoryReading, read_cgroup_memory
-from asgi_admission._cgroup import discover_cgroup, parse_mountinfo, parse_proc_cgroup
+from asgi_admission import (
+    CgroupMemoryReader,
+    MemoryReading,
+    parse_cgroup_memory_value,
+    read_cgroup_memory,
+)
+from asgi_admission._cgroup import (
+    discover_cgroup,
+    parse_mountinfo,
+    parse_pressure_some_avg10,
+    parse_proc_cgroup,
+)
 from asgi_admission._reading import available_reading
 from cgroup_trees import FIXTURES, copy_files
 
@@ -505,3 +515,67 @@ def test_discover_ignores_v1_mounts_without_memory(
     assert location.how == "fallback"
     assert location.v1 is None
     assert caplog.records == []  # discover_cgroup reports; only the reader logs
+
+
+@pytest.mark.parametrize(
+    ("text", "allow_max", "expected"),
+    [
+        ("12345\n", False, 12345),
+        ("  0 ", False, 0),
+        ("max\n", True, None),
+        ("max", False, None),
+        ("-1", False, None),
+        ("+5", False, None),
+        ("1_000", False, None),
+        ("١٢", False, None),
+        ("", False, None),
+        ("9" * 5000, False, None),
+    ],
+)
+def test_parse_cgroup_memory_value_table(text: str, allow_max: bool, expected: int | None) -> None:
+    """Only plain non-negative base-10 integers parse; `max` is None; junk is None, never raised."""
+    assert parse_cgroup_memory_value(text, allow_max=allow_max) == expected
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"some avg10=1.50 avg60=0.00 avg300=0.00 total=9\nfull avg10=9.00\n", 1.5),
+        (b"full avg10=9.00\nsome avg60=1.00 avg10=2.25\n", 2.25),
+        (b"some avg10=oops total=1\n", None),
+        (b"some avg10=250.0\n", None),
+        (b"some avg60=1.0 total=3\n", None),
+        (b"full avg10=1.0\n", None),
+        (b"", None),
+    ],
+)
+def test_parse_pressure_table(data: bytes, expected: float | None) -> None:
+    """`some avg10` is found wherever it sits on the `some` line; junk or out of range is None."""
+    assert parse_pressure_some_avg10(data) == expected
+
+
+def test_v1_hierarchical_limit_in_the_unlimited_range_is_no_limit(tmp_path: Path) -> None:
+    """A hierarchical limit below our own but still at the unlimited sentinel means no limit."""
+    cg = write(
+        tmp_path / "cg",
+        memory_limit_in_bytes=2**63,
+        memory_usage_in_bytes=MIB,
+        memory_stat=stat(hierarchical_memory_limit=2**62),
+    )
+    reading = CgroupMemoryReader(cg)()
+    assert (reading.available, reading.limit_bytes, reading.limit_file) == (True, None, None)
+
+
+def test_read_cgroup_memory_reuses_one_reader_per_root(fixture_copy: Callable[..., Path]) -> None:
+    """Repeated calls for one root share a reader (kept descriptors), and follow file changes."""
+    root = fixture_copy("telegraf/v2")
+    assert read_cgroup_memory(root).used_bytes == 4538245120
+    (root / "memory.current").write_text(str(9 * GIB))
+    assert read_cgroup_memory(str(root)).used_bytes == 9 * GIB - 8532860928
+
+
+def test_read_without_pressure_leaves_psi_out(fixture_copy: Callable[..., Path]) -> None:
+    """read() without pressure=True does not read memory.pressure."""
+    reader = CgroupMemoryReader(fixture_copy("telegraf/v2"))
+    assert reader.read().pressure_some_avg10 is None
+    assert not any(path.endswith("memory.pressure") for path in reader.files())

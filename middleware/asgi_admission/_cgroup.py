@@ -637,8 +637,11 @@ class CgroupMemoryReader:
         self._lock = threading.Lock()
         self._sources: list[_Source] = []
         self._active: _Source | None = None
-        self._pressure: _KeptFile | None = None
-        self._pressure_dir: str | None = None
+        # PSI lives in a v2 directory: the root given, else our v2 cgroup (in a hybrid
+        # layout our unified cgroup), else the v1 directory for kernels that offer it there.
+        found = [place[0] for place in (self.location.v2, self.location.v1) if place is not None]
+        pressure_dir = self.root if self.root is not None else found[0]
+        self._pressure = _KeptFile(os.path.join(pressure_dir, "memory.pressure"))
         self._build()
 
     def _build(self) -> None:
@@ -648,17 +651,13 @@ class CgroupMemoryReader:
             sources.append(_V2Source(self.root, None, self.reclaimable))
             sources.append(_V1Source(os.path.join(self.root, "memory"), None, self.reclaimable))
             sources.append(_V1Source(self.root, None, self.reclaimable))
-            self._pressure_dir = self.root
         else:
             if self.location.v2 is not None:
                 directory, top = self.location.v2
                 sources.append(_V2Source(directory, top, self.reclaimable))
-                self._pressure_dir = directory
             if self.location.v1 is not None:
                 directory, top = self.location.v1
                 sources.append(_V1Source(directory, top, self.reclaimable))
-                if self._pressure_dir is None:
-                    self._pressure_dir = directory
         self._sources = sources
 
     def __call__(self) -> MemoryReading:
@@ -716,10 +715,6 @@ class CgroupMemoryReader:
         )
 
     def _read_pressure(self) -> float | None:
-        if self._pressure_dir is None:
-            return None
-        if self._pressure is None:
-            self._pressure = _KeptFile(os.path.join(self._pressure_dir, "memory.pressure"))
         try:
             return parse_pressure_some_avg10(self._pressure.read())
         except OSError:
@@ -730,7 +725,7 @@ class CgroupMemoryReader:
         """The files the reader has open, for diagnostics (``asgi-admission probe``)."""
         with self._lock:
             paths = [] if self._active is None else self._active.paths()
-            if self._pressure is not None and self._pressure.is_open:
+            if self._pressure.is_open:
                 paths.append(self._pressure.path)
             return paths
 
@@ -740,9 +735,7 @@ class CgroupMemoryReader:
             for source in self._sources:
                 source.close()
             self._active = None
-            if self._pressure is not None:
-                self._pressure.close()
-                self._pressure = None
+            self._pressure.close()
 
 
 _readers: dict[tuple[str | None, str], CgroupMemoryReader] = {}
@@ -764,10 +757,8 @@ def read_cgroup_memory(
     if root is None:
         root = os.environ.get("ADMISSION_CGROUP_ROOT") or os.environ.get("CODA_CGROUP_V2_ROOT")
     key = (os.fspath(root) if root is not None else None, reclaimable)
-    reader = _readers.get(key)
-    if reader is None:
-        with _readers_lock:
-            reader = _readers.get(key)
-            if reader is None:
-                reader = _readers[key] = CgroupMemoryReader(key[0], reclaimable=reclaimable)
+    with _readers_lock:
+        reader = _readers.get(key)
+        if reader is None:
+            reader = _readers[key] = CgroupMemoryReader(key[0], reclaimable=reclaimable)
     return reader.read(pressure=True)

@@ -42,6 +42,7 @@ from ._responses import (
     send_websocket_refusal,
 )
 from ._routes import RouteMatcher
+from ._watchdog import SessionWatchdog, serve_lifespan
 
 logger = logging.getLogger("asgi_admission")
 
@@ -55,7 +56,9 @@ class AdmissionMiddleware:
     ``"WS /terminal/*"``; ``session_predicate(scope)`` may pick further requests.
     ``current_sessions()`` reports sessions the app tracks itself (it is called
     under the lock: keep it cheap); without it the middleware counts the
-    WebSockets it admitted and that are still open.
+    WebSockets it admitted and that are still open. A ``watchdog``
+    (``SessionWatchdog``) is started and stopped with the app's lifespan;
+    handlers reach it with ``session_watchdog(request)``.
     """
 
     def __init__(
@@ -73,8 +76,12 @@ class AdmissionMiddleware:
         readiness_path: str | None = None,
         observer: DecisionObserver | None = None,
         registry: CollectorRegistry | None = REGISTRY,
+        watchdog: SessionWatchdog | None = None,
     ) -> None:
         self.app = app
+        if watchdog is not None and not isinstance(watchdog, SessionWatchdog):
+            raise ValueError(f"watchdog must be a SessionWatchdog or None; got {watchdog!r}.")
+        self._watchdog = watchdog
         self._matcher = RouteMatcher(session_routes)
         if session_predicate is not None and not callable(session_predicate):
             raise ValueError(
@@ -173,8 +180,11 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The one place startup/shutdown hooks (e.g. a session watchdog) will go.
-        await self.app(scope, receive, send)
+        # The one place startup/shutdown hooks go: the session watchdog runs with the app.
+        if self._watchdog is None:
+            await self.app(scope, receive, send)
+        else:
+            await serve_lifespan(self._watchdog, self.app, scope, receive, send)
 
     # -- the decision -------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import psutil
 from prometheus_client import REGISTRY, CollectorRegistry
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._config import AdmissionConfig, _number
 from ._halt import HaltAction, HaltCallback, ProcessGroupHalt, SessionHalt
@@ -522,6 +523,34 @@ class SessionWatchdog:
 
 async def _await(awaitable: Awaitable[None]) -> None:
     await awaitable
+
+
+async def serve_lifespan(
+    watchdog: SessionWatchdog, app: ASGIApp, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Run ``app``'s lifespan with the watchdog: started just before the server hears
+    that startup completed, stopped once the app's own shutdown has completed (its
+    hooks may still end sessions), and stopped in any case when the lifespan ends.
+
+    The watchdog also goes into the lifespan state, which servers copy into every
+    request's scope, so ``session_watchdog(request)`` finds it at no per-request cost.
+    """
+    state = scope.get("state")
+    if isinstance(state, dict):
+        state[STATE_KEY] = watchdog
+
+    async def send_and_track(message: Message) -> None:
+        kind = message["type"]
+        if kind == "lifespan.startup.complete":
+            await watchdog.start()
+        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+            await watchdog.stop()
+        await send(message)
+
+    try:
+        await app(scope, receive, send_and_track)
+    finally:
+        await watchdog.stop()
 
 
 def session_watchdog(connection: HTTPConnection) -> SessionWatchdog:

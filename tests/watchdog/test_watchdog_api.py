@@ -1,0 +1,327 @@
+"""The watchdog's settings, metrics, callbacks and lifespan task, without a server."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY, CollectorRegistry
+from watchdogkit import MIB, FixedReader, Recorder, Spawn
+
+from asgi_admission import AdmissionConfig, CgroupMemoryReader, HostMemoryReader
+from asgi_admission._halt import ProcessGroupHalt, SessionHalt
+from asgi_admission._watchdog import SessionWatchdog, session_watchdog
+from asgi_admission._watchdog_metrics import SESSION_MEMORY_BUCKETS, watchdog_metrics
+
+
+@pytest.mark.parametrize(
+    ("high", "critical", "interval"),
+    [
+        (80.0, 80.0, 0.5),  # not above the high watermark
+        (80.0, 100.5, 0.5),
+        (80.0, math.nan, 0.5),
+        (95.0, 90.0, 0.5),
+        (80.0, 90.0, 0.0),
+        (80.0, 90.0, math.inf),
+    ],
+)
+def test_inconsistent_settings_raise(high: float, critical: float, interval: float) -> None:
+    """A critical watermark not in (high, 100] or a non-positive interval is a ValueError."""
+    config = AdmissionConfig(high_watermark_percent=high, resume_threshold_percent=50)
+    with pytest.raises(ValueError, match=r"must .*; got"):
+        SessionWatchdog(
+            config=config,
+            critical_watermark_percent=critical,
+            interval_s=interval,
+            registry=None,
+        )
+
+
+def test_reader_follows_the_memory_source() -> None:
+    """Without a reader the config's source decides: cgroup by default, host only when asked."""
+    cgroup = SessionWatchdog(config=AdmissionConfig(), registry=None)
+    host = SessionWatchdog(config=AdmissionConfig(memory_source="host"), registry=None)
+    assert isinstance(cgroup.memory_reader, CgroupMemoryReader)
+    assert isinstance(host.memory_reader, HostMemoryReader)
+
+
+def test_defaults_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no config the admission settings are read from ADMISSION_* variables."""
+    monkeypatch.setenv("ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT", "85")
+    monkeypatch.setenv("ADMISSION_MEMORY_SOURCE", "host")
+    watchdog = SessionWatchdog(registry=None)
+    assert watchdog.config.high_watermark_percent == 85
+    assert isinstance(watchdog.memory_reader, HostMemoryReader)
+    from_env = SessionWatchdog.from_env(registry=None)
+    assert (from_env.critical_watermark_percent, from_env.interval_s) == (90.0, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("env", "critical", "interval", "warned"),
+    [
+        ({}, 90.0, 0.5, None),
+        (
+            {
+                "ADMISSION_CRITICAL_WATERMARK_PERCENT": "95",
+                "ADMISSION_WATCHDOG_INTERVAL_SECONDS": "0.25",
+            },
+            95.0,
+            0.25,
+            None,
+        ),
+        ({"ADMISSION_CRITICAL_WATERMARK_PERCENT": "lots"}, 90.0, 0.5, "CRITICAL"),
+        ({"ADMISSION_CRITICAL_WATERMARK_PERCENT": "75"}, 90.0, 0.5, "CRITICAL"),
+        ({"ADMISSION_CRITICAL_WATERMARK_PERCENT": "101"}, 90.0, 0.5, "CRITICAL"),
+        (
+            {
+                "ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT": "92",
+                "ADMISSION_MEMORY_RESUME_THRESHOLD_PERCENT": "80",
+            },
+            96.0,
+            0.5,
+            "CRITICAL",
+        ),
+        ({"ADMISSION_WATCHDOG_INTERVAL_SECONDS": "-1"}, 90.0, 0.5, "INTERVAL"),
+        ({"ADMISSION_WATCHDOG_INTERVAL_SECONDS": "soon"}, 90.0, 0.5, "INTERVAL"),
+    ],
+)
+def test_from_env_table(
+    env: dict[str, str],
+    critical: float,
+    interval: float,
+    warned: str | None,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Bad values fall back with one warning naming the variable; good ones are used."""
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        watchdog = SessionWatchdog.from_env(env, registry=None)
+    assert (watchdog.critical_watermark_percent, watchdog.interval_s) == (critical, interval)
+    messages = [r.getMessage() for r in caplog.records]
+    if warned is None:
+        assert messages == []
+    else:
+        assert len(messages) == 1
+        assert f"ADMISSION_{warned}" in messages[0] or warned in messages[0]
+
+
+def test_metrics_cached_per_registry() -> None:
+    """Two watchdogs on one registry share its metrics instead of raising Duplicated timeseries."""
+    registry = CollectorRegistry()
+    first = SessionWatchdog(config=AdmissionConfig(), registry=registry)
+    second = SessionWatchdog(config=AdmissionConfig(), registry=registry)
+    assert first._metrics is second._metrics
+    assert watchdog_metrics(REGISTRY) is watchdog_metrics(REGISTRY)
+    for reason in ("budget_exceeded", "container_headroom"):
+        labels = {"reason": reason}
+        assert registry.get_sample_value("asgi_admission_sessions_halted_total", labels) == 0
+    assert registry.get_sample_value("asgi_admission_session_memory_bytes_count") == 0
+
+
+def test_no_registry_registers_nothing() -> None:
+    """registry=None builds working metrics that no registry exposes."""
+    watchdog = SessionWatchdog(config=AdmissionConfig(), registry=None)
+    watchdog._metrics.halted.labels(reason="budget_exceeded").inc()
+    assert watchdog_metrics(None) is not watchdog._metrics
+
+
+def test_histogram_buckets_span_16mib_to_16gib() -> None:
+    """The session-memory buckets are the powers of two from 16 MiB to 16 GiB."""
+    assert SESSION_MEMORY_BUCKETS[0] == 16 * MIB
+    assert SESSION_MEMORY_BUCKETS[-1] == 16 * 1024 * MIB
+    assert all(b == a * 2 for a, b in itertools.pairwise(SESSION_MEMORY_BUCKETS))
+
+
+def test_register_validates_and_handles_gone_pids(spawn: Spawn, calm: FixedReader) -> None:
+    """A bad budget is refused; a pid that is already gone gives an ended handle."""
+    watchdog = SessionWatchdog(config=AdmissionConfig(), memory_reader=calm, registry=None)
+    with pytest.raises(ValueError, match="budget_bytes"):
+        watchdog.register(1, budget_bytes=0)
+    child = spawn(0)
+    child.finish()
+    session = watchdog.register(child.pid, session_id="late")
+    assert session.ended
+    assert not session.is_running()
+    assert session.descendant_pids == ()
+    assert watchdog.sessions == ()
+    assert "late" in repr(session)
+    session.unregister()
+
+
+def test_process_of_a_gone_pid_raises(spawn: Spawn, calm: FixedReader) -> None:
+    """Asking an ended-at-birth handle for its psutil process raises NoSuchProcess."""
+    import psutil
+
+    watchdog = SessionWatchdog(config=AdmissionConfig(), memory_reader=calm, registry=None)
+    child = spawn(0)
+    child.finish()
+    session = watchdog.register(child.pid)
+    with pytest.raises(psutil.NoSuchProcess):
+        _ = session.process
+
+
+def test_failing_halt_action_is_logged_not_raised(
+    spawn: Spawn, calm: FixedReader, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A halt action that raises is logged, and on_halt is still told."""
+
+    def broken(event: SessionHalt) -> None:
+        raise RuntimeError("boom")
+
+    told = Recorder()
+    watchdog = SessionWatchdog(
+        config=AdmissionConfig(), memory_reader=calm, halt=broken, on_halt=told, registry=None
+    )
+    child = spawn(16)
+    watchdog.register(child.pid, budget_bytes=MIB)
+    with caplog.at_level(logging.ERROR, logger="asgi_admission"):
+        (halt,) = watchdog.sample_once()
+    assert told.events == [halt]
+    assert any("halt callback failed" in r.getMessage() for r in caplog.records)
+
+
+def test_async_callback_without_a_loop_is_reported(
+    spawn: Spawn, calm: FixedReader, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A coroutine callback with no running loop is closed (not leaked) and logged."""
+
+    async def tell(event: SessionHalt) -> None:
+        raise AssertionError("never awaited")
+
+    watchdog = SessionWatchdog(
+        config=AdmissionConfig(),
+        memory_reader=calm,
+        halt=Recorder(),
+        on_halt=tell,
+        registry=None,
+    )
+    child = spawn(16)
+    watchdog.register(child.pid, budget_bytes=MIB)
+    with caplog.at_level(logging.ERROR, logger="asgi_admission"):
+        watchdog.sample_once()
+    assert any("no event loop" in r.getMessage() for r in caplog.records)
+
+
+def test_default_halt_validates() -> None:
+    """ProcessGroupHalt refuses a negative grace period and a zero poll interval."""
+    with pytest.raises(ValueError, match="grace_s"):
+        ProcessGroupHalt(grace_s=-1)
+    with pytest.raises(ValueError, match="poll_s"):
+        ProcessGroupHalt(poll_s=0)
+
+
+@pytest.mark.anyio
+async def test_async_callbacks_run_as_tasks(spawn: Spawn, calm: FixedReader) -> None:
+    """Coroutine halt actions and callbacks run on the loop; a failing one is only logged."""
+    seen: list[str] = []
+
+    async def halt(event: SessionHalt) -> None:
+        await asyncio.sleep(0)
+        seen.append(f"halt {event.session_id}")
+
+    async def tell(event: SessionHalt) -> None:
+        seen.append(f"told {event.reason}")
+        raise RuntimeError("the user's socket is closed")
+
+    watchdog = SessionWatchdog(
+        config=AdmissionConfig(), memory_reader=calm, halt=halt, on_halt=tell, registry=None
+    )
+    child = spawn(16)
+    watchdog.register(child.pid, budget_bytes=MIB, session_id="s1")
+    watchdog.sample_once()
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+        if not watchdog._callbacks:
+            break
+    assert sorted(seen) == ["halt s1", "told budget_exceeded"]
+    assert not watchdog._callbacks
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds + 0.1
+        await asyncio.sleep(0)
+
+
+@pytest.mark.anyio
+async def test_run_samples_on_its_interval(spawn: Spawn, calm: FixedReader) -> None:
+    """The task samples every interval (less the tick's own time) until stopped."""
+    clock = _Clock()
+    watchdog = SessionWatchdog(
+        config=AdmissionConfig(),
+        memory_reader=calm,
+        interval_s=0.5,
+        clock=clock,
+        sleep=clock.sleep,
+        registry=None,
+    )
+    child = spawn(16)
+    await watchdog.start()
+    await watchdog.start()  # idempotent
+    session = watchdog.register(child.pid)
+    assert watchdog.running
+    for _ in range(50):
+        await asyncio.sleep(0)
+        if len(clock.sleeps) >= 3:
+            break
+    await watchdog.stop()
+    assert not watchdog.running
+    assert session.last_sample is not None
+    assert clock.sleeps[:3] == [0.5, 0.5, 0.5]
+    count = len(clock.sleeps)
+    await asyncio.sleep(0.01)
+    assert len(clock.sleeps) == count  # stopped means stopped
+    await watchdog.stop()  # and stopping twice is harmless
+
+
+@pytest.mark.anyio
+async def test_a_failing_tick_does_not_stop_the_task(
+    spawn: Spawn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A memory reader that raises is logged and the next tick runs anyway."""
+    calls: list[int] = []
+
+    def broken() -> Any:
+        calls.append(1)
+        raise OSError("cgroup gone")
+
+    watchdog = SessionWatchdog(
+        config=AdmissionConfig(), memory_reader=broken, interval_s=0.01, registry=None
+    )
+    child = spawn(0)
+    watchdog.register(child.pid)
+    with caplog.at_level(logging.ERROR, logger="asgi_admission"):
+        await watchdog.start()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(calls) >= 2:
+                break
+        await watchdog.stop()
+    assert len(calls) >= 2
+    assert any("tick failed" in r.getMessage() for r in caplog.records)
+
+
+class _Conn:
+    def __init__(self, scope: dict[str, Any]) -> None:
+        self.scope = scope
+
+
+def test_session_watchdog_helper() -> None:
+    """The helper finds the watchdog in the lifespan state, or says clearly that it is absent."""
+    watchdog = SessionWatchdog(config=AdmissionConfig(), registry=None)
+    found = session_watchdog(_Conn({"state": {"asgi_admission.watchdog": watchdog}}))  # type: ignore[arg-type]
+    assert found is watchdog
+    for scope in ({}, {"state": {}}, {"state": {"asgi_admission.watchdog": object()}}):
+        with pytest.raises(LookupError, match="No session watchdog"):
+            session_watchdog(_Conn(scope))  # type: ignore[arg-type]

@@ -1,17 +1,40 @@
-"""Helpers for the ledger tests: worker processes that drive a shared ledger."""
+"""Helpers for the ledger tests: processes driving a ledger, multi-worker servers, cgroups."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import multiprocessing
+import os
 import random
+import signal
+import socket
+import subprocess
+import sys
 import time
+from collections.abc import Callable, Iterator
 from multiprocessing.synchronize import Barrier, Event
+from pathlib import Path
 from typing import Any
+
+import httpx
+import psutil
 
 from asgi_admission._ledger import Reservation
 from asgi_admission._shared_ledger import SharedLedger
 
-__all__ = ["SPAWN", "hold_sessions", "random_worker"]
+__all__ = [
+    "MIB",
+    "SPAWN",
+    "Workers",
+    "burst",
+    "hold_sessions",
+    "memory_group",
+    "oom_kills",
+    "random_worker",
+    "wait_for",
+    "write_v2_tree",
+]
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -74,3 +97,148 @@ def hold_sessions(directory: str, pending: int, active: int, ready: Event) -> No
     ready.set()
     while True:
         time.sleep(1)
+
+
+# -- real servers ----------------------------------------------------------------------
+
+MIB = 1024 * 1024
+V1_MOUNT = Path("/sys/fs/cgroup/memory")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def write_v2_tree(root: Path, *, used_mb: int, limit_mb: int) -> Path:
+    """A cgroup v2 directory whose figures never move: a deterministic reading."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "memory.current").write_text(f"{used_mb * MIB}\n")
+    (root / "memory.max").write_text(f"{limit_mb * MIB}\n")
+    (root / "memory.stat").write_text("anon 0\ninactive_file 0\nactive_file 0\n")
+    return root
+
+
+class Workers:
+    """``uvicorn --workers N`` serving the demo, stopped with SIGTERM then SIGKILL."""
+
+    def __init__(
+        self, workers: int, env: dict[str, str], log: Path, *, cgroup: Path | None = None
+    ) -> None:
+        self.workers = workers
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log
+        argv = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "asgi_admission.demo:create_app",
+            "--factory",
+            "--workers",
+            str(workers),
+            "--port",
+            str(self.port),
+            "--log-level",
+            "info",
+        ]
+        if cgroup is not None:
+            # Join the group before exec, so every worker is charged to it.
+            argv = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh", *argv]
+        self._log = log.open("wb")
+        self.proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until every worker has finished its startup and answers."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log_path.read_text()}")
+            started = self.log_path.read_text().count("Application startup complete")
+            if started >= self.workers:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
+                        return
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready in {timeout}s:\n{self.log_path.read_text()}")
+
+    def worker_pids(self) -> set[int]:
+        """The worker processes (uvicorn spawns them; the resource tracker is not one)."""
+        return {
+            child.pid
+            for child in psutil.Process(self.proc.pid).children()
+            if "spawn_main" in " ".join(child.cmdline())
+        }
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:  # pragma: no cover - a hung shutdown
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+async def burst(base_url: str, n: int, hold_s: float) -> list[int | str]:
+    """``n`` concurrent ``POST /sessions``, each on its own connection; statuses or errors."""
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
+
+        async def one() -> int | str:
+            try:
+                response = await client.post("/sessions", params={"hold_s": hold_s})
+            except httpx.HTTPError as exc:
+                return type(exc).__name__
+            return response.status_code
+
+        return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def memory_group(limit_mb: int) -> Iterator[Path]:
+    """A fresh cgroup v1 memory group with ``limit_mb`` and no swap; removed afterwards."""
+    group = V1_MOUNT / f"asgi_admission_ledger_{os.getpid()}_{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit_mb * MIB))
+        swap = group / "memory.memsw.limit_in_bytes"
+        if swap.exists():
+            swap.write_text(str(limit_mb * MIB))
+        yield group
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        for _ in range(100):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+def oom_kills(group: Path) -> int:
+    for line in (group / "memory.oom_control").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    raise AssertionError(f"{group}: no oom_kill count in memory.oom_control")

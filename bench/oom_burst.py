@@ -1,0 +1,275 @@
+"""Why the product exists: a burst of session openings in a 768 MiB memory group.
+
+    sudo .venv/bin/python bench/oom_burst.py [--sessions 40] [--session-mb 48]
+
+Needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory.
+Runs the demo service under uvicorn inside a fresh memory group with a limit,
+fires ``--sessions`` concurrent ``POST /sessions?hold_s=1`` (each session then
+allocates and touches ``--session-mb`` MiB), and reports the kernel's OOM-kill
+counter, whether the server survived and what the clients got, twice: the bare
+app (the kernel OOM-kills the server), then the same app guarded by
+``AdmissionMiddleware`` with the reserve set to one session's size (no OOM
+kill; the burst is cut at the capacity the watermark leaves). The guarded run is
+also the real-cgroup end-to-end test (tests/middleware/test_cgroup_e2e.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+MIB = 1024 * 1024
+V1_MEMORY = Path("/sys/fs/cgroup/memory")
+HIGH_WATERMARK = 80.0
+RESUME = 70.0
+
+_SERVE = """
+import sys, uvicorn
+from asgi_admission.demo import create_app
+uvicorn.run(create_app(guarded=sys.argv[1] == "guarded"), host="127.0.0.1",
+            port=int(sys.argv[2]), log_level="warning")
+"""
+
+
+def available() -> bool:
+    """Whether this machine can run the burst: root and a writable v1 memory hierarchy."""
+    return (
+        os.geteuid() == 0
+        and (V1_MEMORY / "memory.limit_in_bytes").is_file()
+        and os.access(V1_MEMORY, os.W_OK)
+    )
+
+
+@dataclass
+class BurstResult:
+    guarded: bool
+    limit_mb: int
+    session_mb: int
+    baseline_mb: float
+    capacity: int
+    statuses: list[int | str]
+    oom_kills: int
+    server_alive: bool
+    retry_after_ok: bool
+    readmitted_after_close: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def admitted(self) -> int:
+        return self.statuses.count(201)
+
+    @property
+    def refused(self) -> int:
+        return self.statuses.count(503)
+
+
+@contextlib.contextmanager
+def memory_group(limit_mb: int) -> Iterator[Path]:
+    """A fresh v1 memory group with a hard limit; removed (after its tasks die) on exit."""
+    group = V1_MEMORY / f"asgi-admission-burst-{os.getpid()}-{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit_mb * MIB))
+        yield group
+    finally:
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def working_set_bytes(group: Path) -> int:
+    usage = int((group / "memory.usage_in_bytes").read_text())
+    stats = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+    cache = int(stats.get("total_inactive_file", 0)) + int(stats.get("total_active_file", 0))
+    return max(0, usage - cache)
+
+
+def oom_kills(group: Path) -> int:
+    for line in (group / "memory.oom_control").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_healthy(base_url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("the server exited before it was ready")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(base_url + "/health", timeout=1).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError("the server did not become ready")
+
+
+async def _burst(base_url: str, sessions: int, hold_s: float) -> list[httpx.Response | str]:
+    limits = httpx.Limits(max_connections=sessions + 5)
+    async with httpx.AsyncClient(base_url=base_url, timeout=30, limits=limits) as client:
+
+        async def one() -> httpx.Response | str:
+            try:
+                return await client.post("/sessions", params={"hold_s": hold_s})
+            except httpx.HTTPError as exc:
+                return type(exc).__name__
+
+        return await asyncio.gather(*(one() for _ in range(sessions)))
+
+
+def run_burst(
+    *,
+    guarded: bool,
+    sessions: int = 40,
+    session_mb: int = 48,
+    limit_mb: int = 768,
+    hold_s: float = 1.0,
+) -> BurstResult:
+    """Serve the demo in a fresh memory group, fire the burst, and report what happened."""
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    with memory_group(limit_mb) as group, tempfile.TemporaryFile() as log:
+        env = {
+            **os.environ,
+            "ADMISSION_CGROUP_ROOT": str(group),
+            "ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT": str(HIGH_WATERMARK),
+            "ADMISSION_MEMORY_RESUME_THRESHOLD_PERCENT": str(RESUME),
+            "ADMISSION_SESSION_RESERVE_MB": str(session_mb),
+            "ADMISSION_MAX_SESSIONS": "1000",
+            "DEMO_SESSION_MB": str(session_mb),
+        }
+        # The shell joins the group first, so the server and everything it
+        # allocates are charged to it from the start.
+        argv = [
+            "sh",
+            "-c",
+            'echo $$ > "$0/cgroup.procs" && exec "$@"',
+            str(group),
+            sys.executable,
+            "-c",
+            _SERVE,
+            "guarded" if guarded else "bare",
+            str(port),
+        ]
+        proc = subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            _wait_healthy(base_url, proc)
+            time.sleep(0.3)
+            baseline = working_set_bytes(group)
+            ceiling = limit_mb * MIB * HIGH_WATERMARK / 100
+            capacity = max(0, math.floor((ceiling - baseline) / (session_mb * MIB)))
+            responses = asyncio.run(_burst(base_url, sessions, hold_s))
+            time.sleep(0.5)
+            statuses: list[int | str] = [
+                r if isinstance(r, str) else r.status_code for r in responses
+            ]
+            refusals = [r for r in responses if not isinstance(r, str) and r.status_code == 503]
+            retry_after_ok = all(
+                r.headers.get("retry-after", "").isdigit() and int(r.headers["retry-after"]) >= 1
+                for r in refusals
+            )
+            alive = proc.poll() is None
+            if alive:
+                with contextlib.suppress(httpx.HTTPError):
+                    alive = httpx.get(base_url + "/health", timeout=5).status_code == 200
+            result = BurstResult(
+                guarded=guarded,
+                limit_mb=limit_mb,
+                session_mb=session_mb,
+                baseline_mb=round(baseline / MIB, 1),
+                capacity=capacity,
+                statuses=statuses,
+                oom_kills=oom_kills(group),
+                server_alive=alive,
+                retry_after_ok=retry_after_ok,
+            )
+            if guarded and alive:
+                result.readmitted_after_close = _close_most_and_reopen(base_url, responses)
+            return result
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+def _close_most_and_reopen(base_url: str, responses: list[httpx.Response | str]) -> bool:
+    opened = [r.json()["id"] for r in responses if not isinstance(r, str) and r.status_code == 201]
+    with httpx.Client(base_url=base_url, timeout=10) as client:
+        for session_id in opened[2:]:
+            client.delete(f"/sessions/{session_id}")
+        time.sleep(0.2)
+        return client.post("/sessions").status_code == 201
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=40)
+    parser.add_argument("--session-mb", type=int, default=48)
+    parser.add_argument("--limit-mb", type=int, default=768)
+    args = parser.parse_args()
+    if not available():
+        print("needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory")
+        return 2
+    for guarded in (False, True):
+        r = run_burst(
+            guarded=guarded,
+            sessions=args.sessions,
+            session_mb=args.session_mb,
+            limit_mb=args.limit_mb,
+        )
+        other = [s for s in r.statuses if s not in (201, 503)]
+        print(
+            json.dumps(
+                {
+                    "app": "guarded" if guarded else "bare",
+                    "limit_mb": r.limit_mb,
+                    "session_mb": r.session_mb,
+                    "burst": len(r.statuses),
+                    "baseline_mb": r.baseline_mb,
+                    "capacity": r.capacity,
+                    "admitted": r.admitted,
+                    "refused_503": r.refused,
+                    "failed": len(other),
+                    "oom_kills": r.oom_kills,
+                    "server_alive": r.server_alive,
+                    "readmitted_after_close": r.readmitted_after_close,
+                }
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

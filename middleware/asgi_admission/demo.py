@@ -13,12 +13,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Query, WebSocket, WebSocketDisconnect
+from prometheus_client import REGISTRY
 
 from ._config import AdmissionConfig
 from ._latch import AdmissionController
+from ._metrics_app import metrics_port_from_env, metrics_route, serving_metrics
 from ._middleware import AdmissionMiddleware
 
 __all__ = ["SESSION_ROUTES", "SessionStore", "create_app"]
@@ -80,11 +84,25 @@ def create_app(
     """The demo app; ``session_mb`` defaults to ``DEMO_SESSION_MB`` (64).
 
     ``guarded=False`` leaves the middleware out: the same service, unprotected
-    (what ``bench/oom_burst.py`` runs to show the OOM kill).
+    (what ``bench/oom_burst.py`` runs to show the OOM kill). Metrics are served
+    at ``/metrics``, or only on ``ADMISSION_METRICS_PORT`` when that is set.
     """
     size = (_env_session_mb() if session_mb is None else session_mb) * _MIB
     store = SessionStore()
-    app = FastAPI(title="asgi-admission demo")
+    registry = middleware_options.get("registry", REGISTRY)
+    metrics_port = metrics_port_from_env() if registry is not None else None
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if metrics_port is None:
+            yield
+            return
+        with serving_metrics(metrics_port, registry=registry):
+            yield
+
+    app = FastAPI(title="asgi-admission demo", lifespan=lifespan)
+    if registry is not None and metrics_port is None:
+        app.router.routes.append(metrics_route(registry=registry))
     app.state.sessions = store
 
     @app.get("/health")

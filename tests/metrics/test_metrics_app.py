@@ -169,3 +169,31 @@ def test_gzip_body_is_really_gzip(registry: CollectorRegistry) -> None:
     plain, headers = render(registry, "", "identity", {})
     assert plain == b""
     assert b"content-encoding" not in dict(headers)
+
+
+def test_demo_serves_metrics(registry: CollectorRegistry) -> None:
+    """The demo answers ``/metrics`` on its public port by default."""
+    from asgi_admission.demo import create_app
+
+    demo = create_app(session_mb=0, registry=registry)
+    assert request(demo, "POST", "/sessions").status_code == 201
+    body = request(demo, "GET", "/metrics").text
+    assert (
+        'asgi_admission_decisions_total{kind="http",outcome="admitted",reason="none"} 1.0' in body
+    )
+
+
+def test_demo_metrics_port(registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``ADMISSION_METRICS_PORT`` the demo serves metrics there, and not publicly."""
+    from asgi_admission.demo import create_app
+
+    port = free_port()
+    monkeypatch.setenv("ADMISSION_METRICS_PORT", str(port))
+    demo = create_app(session_mb=0, registry=registry)
+    assert request(demo, "GET", "/metrics").status_code == 404
+
+    async def scenario() -> str:
+        async with demo.router.lifespan_context(demo), httpx.AsyncClient() as client:
+            return (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+
+    assert "asgi_admission_build_info" in anyio.run(scenario)

@@ -1,0 +1,220 @@
+"""The demo under uvicorn with two workers in multiprocess mode, scraped by a real Prometheus."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from metricskit import MIB, free_port, wait_until
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
+
+LIMIT = 1000 * MIB
+
+
+class Demo:
+    """The demo service, its fake cgroup and its multiprocess directory."""
+
+    def __init__(self, url: str, cgroup: Path, multiproc: Path) -> None:
+        self.url = url
+        self.cgroup = cgroup
+        self.multiproc = multiproc
+        self.admitted = 0
+        self.refused = 0
+
+    def set_used(self, used: int) -> None:
+        (self.cgroup / "memory.current").write_text(f"{used}\n")
+
+    def open_session(self) -> int:
+        # A fresh connection each time, so the kernel may hand it to either worker.
+        status = httpx.post(f"{self.url}/sessions", headers={"connection": "close"}).status_code
+        if status == 201:
+            self.admitted += 1
+        else:
+            self.refused += 1
+        return status
+
+    def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = httpx.get(f"{self.url}/metrics").text
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    def admitted_by_worker(self) -> dict[str, float]:
+        """Admitted HTTP decisions each worker wrote to its own counter file."""
+        totals: dict[str, float] = {}
+        for path in glob.glob(str(self.multiproc / "counter_*.db")):
+            pid = Path(path).stem.split("_")[1]
+            for family in MultiProcessCollector.merge([path]):
+                for s in family.samples:
+                    if s.name == "asgi_admission_decisions_total" and s.labels == {
+                        "kind": "http",
+                        "outcome": "admitted",
+                        "reason": "none",
+                    }:
+                        totals[pid] = s.value
+        return totals
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    root = tmp_path_factory.mktemp("served")
+    cgroup, multiproc = root / "cgroup", root / "multiproc"
+    cgroup.mkdir()
+    multiproc.mkdir()
+    (cgroup / "memory.max").write_text(f"{LIMIT}\n")
+    (cgroup / "memory.stat").write_text("inactive_file 0\nactive_file 0\n")
+    (cgroup / "memory.pressure").write_text(
+        "some avg10=1.50 avg60=0.00 avg300=0.00 total=0\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    port = free_port()
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
+        "ADMISSION_CGROUP_ROOT": str(cgroup),
+        "ADMISSION_MAX_SESSIONS": "100000",
+        "ADMISSION_SESSION_RESERVE_MB": "10",
+        "DEMO_SESSION_MB": "0",
+    }
+    env.pop("ADMISSION_METRICS_PORT", None)
+    server = Demo(f"http://127.0.0.1:{port}", cgroup, multiproc)
+    server.set_used(100 * MIB)
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "uvicorn", "asgi_admission.demo:create_app", "--factory"),
+            *("--workers", "2", "--host", "127.0.0.1", "--port", str(port)),
+            *("--log-level", "warning"),
+        ],
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        wait_until(
+            lambda: httpx.get(f"{server.url}/health").status_code == 200, 30, "the demo to start"
+        )
+        # Both workers have built their guard once each holds a counter file.
+        wait_until(lambda: len(glob.glob(str(multiproc / "counter_*.db"))) == 2, 30, "2 workers")
+        yield server
+    finally:
+        _stop(process)
+
+
+def test_two_workers_add_up_in_one_scrape(demo: Demo) -> None:
+    """Admitted and refused decisions of both workers are summed; memory is read once."""
+    demo.set_used(100 * MIB)
+
+    def both_workers_admitted() -> bool:
+        assert demo.open_session() == 201
+        by_worker = demo.admitted_by_worker()
+        return len(by_worker) == 2 and all(by_worker.values())
+
+    wait_until(both_workers_admitted, 30, "each worker to admit a session")
+    demo.set_used(900 * MIB)
+    for _ in range(6):
+        assert demo.open_session() == 503
+    samples = demo.scrape()
+
+    def value(name: str, **labels: str) -> float | None:
+        return samples.get((name, tuple(sorted(labels.items()))))
+
+    admitted = value(
+        "asgi_admission_decisions_total", kind="http", outcome="admitted", reason="none"
+    )
+    assert admitted == demo.admitted == sum(demo.admitted_by_worker().values())
+    refused = value(
+        "asgi_admission_decisions_total", kind="http", outcome="rejected", reason="memory_pressure"
+    )
+    assert refused == demo.refused == 6
+    assert value("asgi_admission_decision_duration_seconds_count") == demo.admitted + 6
+    # Each worker's latch set once it saw the pressure (one or two transitions in all).
+    assert value("asgi_admission_latch_transitions_total", to="pressured") in (1.0, 2.0)
+    # Sessions are per worker and summed live; the sessions the demo holds are all open.
+    assert value("asgi_admission_sessions", state="active") == demo.admitted
+    assert value("asgi_admission_sessions", state="pending") == 0
+    # The container is read once, not summed per worker.
+    assert value("asgi_admission_memory_working_set_bytes") == 900 * MIB
+    assert value("asgi_admission_memory_limit_bytes") == LIMIT
+    assert value("asgi_admission_memory_pressure_stall_ratio") == pytest.approx(0.015)
+    assert value("asgi_admission_state", state="pressured") in (0.0, 1.0)
+    assert value("asgi_admission_session_limit") == 100000
+
+
+def test_real_prometheus_scrapes_the_demo(demo: Demo, prometheus: str, tmp_path: Path) -> None:
+    """A real Prometheus scrapes the demo and its API returns the ratio and the decisions."""
+    demo.set_used(100 * MIB)
+    # The latch of each worker clears on its next decision below resume.
+    while demo.open_session() != 201:
+        pass
+    demo.set_used(950 * MIB)
+    demo.open_session()
+    port = free_port()
+    target = demo.url.removeprefix("http://")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: demo\n    static_configs:\n"
+        f"      - targets: ['{target}']\n"
+    )
+    process = subprocess.Popen(
+        [
+            prometheus,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    api = f"http://127.0.0.1:{port}/api/v1/query"
+
+    def query(expr: str) -> list[dict[str, object]]:
+        body = httpx.get(api, params={"query": expr}).json()
+        result: list[dict[str, object]] = body["data"]["result"]
+        return result
+
+    try:
+        ratio = wait_until(
+            lambda: query('asgi_admission_memory_usage_ratio{job="demo"}'), 30, "the ratio"
+        )
+        assert float(ratio[0]["value"][1]) == pytest.approx(0.95)  # type: ignore[index]
+        refused = wait_until(
+            lambda: query(
+                'asgi_admission_decisions_total{job="demo",kind="http",'
+                'outcome="rejected",reason="memory_pressure"} > 0'
+            ),
+            30,
+            "refused decisions",
+        )
+        assert refused[0]["metric"]["instance"] == target  # type: ignore[index]
+        admitted = query(
+            'asgi_admission_decisions_total{kind="http",outcome="admitted",reason="none"}'
+        )
+        assert float(admitted[0]["value"][1]) == demo.admitted  # type: ignore[index]
+        series = query("count by (kind, outcome, reason) (asgi_admission_decisions_total)")
+        assert len(series) == 8  # every reachable combination, pre-initialised
+    finally:
+        _stop(process)

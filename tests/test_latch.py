@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 
@@ -263,3 +264,22 @@ def test_concurrent_evaluations_keep_transitions_balanced() -> None:
     sets, clears = transitions.count("pressured"), transitions.count("normal")
     assert sets > 100
     assert sets - clears == (1 if controller.pressure_state == "pressured" else 0)
+
+
+def test_request_path_decision_matches_the_dataclass() -> None:
+    """The latch's fast-built decisions equal, hash and freeze like CapacityDecision(...)."""
+    reading = MemoryReading(used_bytes=100, limit_bytes=LIMIT, available=True)
+    decision = AdmissionController(reserve_bytes=0, memory_reader=lambda: reading).evaluate(0, 1)
+    expected = CapacityDecision(True, "normal", reading, None, None)
+    assert decision == expected
+    assert hash(decision) == hash(expected)
+    assert repr(decision) == repr(expected)
+    assert [f.name for f in dataclasses.fields(CapacityDecision)] == [
+        "allowed",
+        "state",
+        "memory",
+        "reason",
+        "transition",
+    ]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decision.allowed = False  # type: ignore[misc]

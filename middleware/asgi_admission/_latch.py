@@ -15,7 +15,7 @@ Notes:
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Final, Literal
 
 from ._reading import MemoryReader, MemoryReading
@@ -40,6 +40,35 @@ class CapacityDecision:
     reason: Reason | None = None
     #: ``"pressured"`` or ``"normal"`` when this evaluation set or cleared the latch.
     transition: Literal["pressured", "normal"] | None = None
+
+
+# The generated __init__ of a frozen dataclass costs about 1 µs here (one
+# object.__setattr__ per field); decisions are made on the request path, so the
+# latch writes the slots directly. tests/test_latch.py checks it matches.
+_SETTERS = {
+    field.name: getattr(CapacityDecision, field.name).__set__ for field in fields(CapacityDecision)
+}
+_set_allowed = _SETTERS["allowed"]
+_set_state = _SETTERS["state"]
+_set_memory = _SETTERS["memory"]
+_set_reason = _SETTERS["reason"]
+_set_transition = _SETTERS["transition"]
+
+
+def _decision(
+    allowed: bool,
+    state: State,
+    memory: MemoryReading,
+    reason: Reason | None,
+    transition: Literal["pressured", "normal"] | None,
+) -> CapacityDecision:
+    decision: CapacityDecision = object.__new__(CapacityDecision)
+    _set_allowed(decision, allowed)
+    _set_state(decision, state)
+    _set_memory(decision, memory)
+    _set_reason(decision, reason)
+    _set_transition(decision, transition)
+    return decision
 
 
 def _default_reader() -> MemoryReader:
@@ -134,7 +163,7 @@ class AdmissionController:
             # recovering telemetry starts from a fresh evaluation.
             self._pressured = False
             allowed = used_slots < session_limit
-            return CapacityDecision(
+            return _decision(
                 allowed,
                 "unavailable",
                 memory,
@@ -156,8 +185,8 @@ class AdmissionController:
         if self._pressured != was_pressured:
             transition = "pressured" if self._pressured else "normal"
         if self._pressured:
-            return CapacityDecision(False, "pressured", memory, "memory_pressure", transition)
+            return _decision(False, "pressured", memory, "memory_pressure", transition)
         allowed = used_slots < session_limit
-        return CapacityDecision(
+        return _decision(
             allowed, "normal", memory, None if allowed else "session_limit", transition
         )

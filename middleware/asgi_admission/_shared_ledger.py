@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import logging
 import os
 import struct
@@ -96,9 +97,17 @@ def _slot_lock(fd: int, slot: int, command: int, lock_type: int) -> int:
     return lock_type_now
 
 
+@functools.cache
+def _probe(slot: int) -> bytes:
+    return _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, _slot_offset(slot), _SLOT.size, 0)
+
+
+_UNLOCKED: Final = struct.pack("h", fcntl.F_UNLCK)
+
+
 def _held(fd: int, slot: int) -> bool:
     """Whether another open file description holds ``slot``'s lock: its worker lives."""
-    return _slot_lock(fd, slot, fcntl.F_OFD_GETLK, fcntl.F_WRLCK) != fcntl.F_UNLCK
+    return fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot))[:2] != _UNLOCKED
 
 
 def _prepare_dir(directory: str) -> None:
@@ -161,11 +170,14 @@ class SharedLedger:
         "_active",
         "_capacity",
         "_fd",
+        "_header",
         "_lock",
+        "_offset",
         "_pending",
         "_pid",
         "_row",
         "_slot",
+        "_start",
         "_used",
         "_warned",
         "path",
@@ -183,11 +195,13 @@ class SharedLedger:
         self._lock = threading.Lock()
         self._fd = -1
         self._slot = -1
-        self._used = 1
         self._pid = os.getpid()
         self._pending = 0
         self._active = 0
-        self._row = (0, 0, 0, 0)
+        self._offset = 0
+        self._start = 0
+        self._row = b""
+        self._set_used(1)
         self._warned: set[str] = set()
         # Open (and create or check the file) now, so that a bad directory fails at
         # startup; the slot is claimed by the first decision, in the serving process.
@@ -230,28 +244,28 @@ class SharedLedger:
 
     def counts(self) -> tuple[int, int]:
         """``(active, pending)`` of every live worker; call inside ``locked()``."""
-        values = self._read()
-        if values is None:
+        data = self._read()
+        if data is None:
             return self._active, self._pending
         active, pending = self._active, self._pending
-        own = self._slot
-        for slot in range(len(values) // _FIELDS):
-            base = slot * _FIELDS
-            slot_pending, slot_active = values[base + 2], values[base + 3]
-            if slot == own:
-                if tuple(values[base : base + _FIELDS]) != self._row:
-                    self._warn_once(
-                        "own",
-                        "asgi-admission: this worker's slot in %s was changed by someone "
-                        "else; rewriting it from the worker's own counts.",
-                        self.path,
-                    )
-                    self._write_own()
+        own, fd = self._slot, self._fd
+        if own >= 0 and data[self._offset : self._offset + _SLOT.size] != self._row:
+            # Edited, or rebuilt (perhaps with fewer slots in use than this one).
+            self._warn_once(
+                "own",
+                "asgi-admission: this worker's slot in %s was changed by someone else; "
+                "rewriting it from the worker's own counts.",
+                self.path,
+            )
+            self._restore_own()
+        values = memoryview(data)[_HEADER.size :].cast("q").tolist()
+        slots = enumerate(zip(values[2::_FIELDS], values[3::_FIELDS], strict=True))
+        for slot, (slot_pending, slot_active) in slots:
+            # Idle slots (most of them) cost one test; only busy ones get a liveness check.
+            if not (slot_pending or slot_active) or slot == own:
                 continue
-            if not (slot_pending or slot_active):
-                continue
-            if not _held(self._fd, slot):
-                self._recover(slot, values[base], slot_pending, slot_active)
+            if fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot))[:2] == _UNLOCKED:
+                self._recover(slot, values[slot * _FIELDS], slot_pending, slot_active)
                 continue
             if slot_pending < 0 or slot_active < 0:
                 self._warn_once(
@@ -263,11 +277,9 @@ class SharedLedger:
                     slot_pending,
                     slot_active,
                 )
-            pending += max(0, slot_pending)
-            active += max(0, slot_active)
-        if own * _FIELDS >= len(values):
-            # The header was rebuilt below this worker's slot: write the slot back.
-            self._write_own()
+                slot_pending, slot_active = max(0, slot_pending), max(0, slot_active)
+            pending += slot_pending
+            active += slot_active
         return active, pending
 
     def reserve(self) -> _SharedReservation:
@@ -306,7 +318,7 @@ class SharedLedger:
         self._slot = -1
         self._pid = os.getpid()
         self._pending = self._active = 0
-        self._row = (0, 0, 0, 0)
+        self._row = b""
 
     # -- the file ------------------------------------------------------------------
 
@@ -359,25 +371,30 @@ class SharedLedger:
             )
         os.ftruncate(self._fd, _slot_offset(self._capacity))
         os.pwrite(self._fd, bytes(_slot_offset(self._capacity)), 0)
-        self._used = 0
         self._write_header(max(self._slot + 1, 0))
         if self._slot >= 0:
-            self._write_own()
+            self._restore_own()
 
     def _write_header(self, used: int) -> None:
         os.pwrite(self._fd, _HEADER.pack(MAGIC, self._capacity, used), 0)
-        self._used = used
+        self._set_used(used)
 
-    def _read(self) -> memoryview | None:
-        """The slots in use, as int64s; ``None`` after rebuilding a bad file."""
+    def _set_used(self, used: int) -> None:
+        self._used = used
+        self._header = _HEADER.pack(MAGIC, self._capacity, used)
+
+    def _read(self) -> bytes | None:
+        """The header and the slots in use; ``None`` after rebuilding a bad file."""
         fd = self._fd
         want = _slot_offset(self._used)
         data = os.pread(fd, want, 0)
+        if len(data) == want and data[: _HEADER.size] == self._header:
+            return data
         problem = self._header_problem(data[: _HEADER.size])
         if problem is None:
             used = _HEADER.unpack_from(data)[2]
             if used != self._used:
-                self._used = used
+                self._set_used(used)
                 want = _slot_offset(used)
                 data = os.pread(fd, want, 0)
             if len(data) < want:
@@ -385,7 +402,7 @@ class SharedLedger:
         if problem is not None:
             self._rebuild(problem)
             return None
-        return memoryview(data)[_HEADER.size :].cast("q")
+        return data
 
     def _claim(self) -> None:
         """Take the first slot no live worker holds; recover what a dead one left."""
@@ -402,8 +419,9 @@ class SharedLedger:
             if pending or active:
                 self._recover(slot, pid, pending, active)
             self._slot = slot
-            self._row = (self._pid, _start_time(), self._pending, self._active)
-            self._write_own()
+            self._offset = _slot_offset(slot)
+            self._start = _start_time()
+            self._restore_own()
             return
         self._warn_once(
             "full",
@@ -414,15 +432,17 @@ class SharedLedger:
         )
 
     def _write_own(self) -> None:
-        slot = self._slot
-        if slot < 0:
-            return
-        row = (self._row[0], self._row[1], self._pending, self._active)
-        self._row = row
-        os.pwrite(self._fd, _SLOT.pack(*row), _slot_offset(slot))
-        if slot >= self._used:
+        if self._slot >= 0:
+            row = _SLOT.pack(self._pid, self._start, self._pending, self._active)
+            self._row = row
+            os.pwrite(self._fd, row, self._offset)
+
+    def _restore_own(self) -> None:
+        """Write this worker's slot and make sure the header counts it as in use."""
+        self._write_own()
+        if self._slot >= self._used:
             header = os.pread(self._fd, _HEADER.size, 0)
-            self._write_header(max(slot + 1, _HEADER.unpack(header)[2]))
+            self._write_header(max(self._slot + 1, _HEADER.unpack(header)[2]))
 
     def _recover(self, slot: int, pid: int, pending: int, active: int) -> None:
         logger.warning(

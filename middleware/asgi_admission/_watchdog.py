@@ -30,6 +30,7 @@ import inspect
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
@@ -216,8 +217,10 @@ class SessionWatchdog:
         self._sleep = sleep
         self._logical_cpus = max(1, logical_cpus or psutil.cpu_count(logical=True) or 1)
         self._proc = proc
-        # Registration order, so "largest first" breaks ties by age.
+        # Registration order, so "largest first" breaks ties by age. The lock makes
+        # register/unregister safe from threads (sync endpoints run in a threadpool).
         self._sessions: dict[WatchedSession, None] = {}
+        self._lock = threading.Lock()
         self._task: asyncio.Task[None] | None = None
         self._callbacks: set[asyncio.Task[Any]] = set()
         self._warned_not_running = False
@@ -312,7 +315,8 @@ class SessionWatchdog:
             include_children=include_children,
         )
         if sampler is not None:
-            self._sessions[session] = None
+            with self._lock:
+                self._sessions[session] = None
             if self._task is None and not self._warned_not_running:
                 self._warned_not_running = True
                 logger.warning(
@@ -324,13 +328,13 @@ class SessionWatchdog:
 
     def unregister(self, session: WatchedSession) -> None:
         """End ``session``: it is never sampled again. Calling it twice is harmless."""
-        if session in self._sessions:
-            self._drop(session)
+        self._drop(session)
 
     @property
     def sessions(self) -> tuple[WatchedSession, ...]:
         """The sessions being watched, oldest first (halted ones until their process is gone)."""
-        return tuple(self._sessions)
+        with self._lock:
+            return tuple(self._sessions)
 
     def _end(self, session: WatchedSession) -> None:
         session._ended = True
@@ -348,18 +352,21 @@ class SessionWatchdog:
 
         Returns the halts decided in this tick. Never raises for a process that has gone.
         """
-        if not self._sessions:
+        sessions = self.sessions
+        if not sessions:
             return ()
         now = self._clock()
         children = (
             read_children_map(self._proc)
-            if any(s.include_children and s._halt is None for s in self._sessions)
+            if any(s.include_children and s._halt is None for s in sessions)
             else None
         )
         halts: list[SessionHalt] = []
-        for session in list(self._sessions):
+        for session in sessions:
             sampler = session._sampler
             assert sampler is not None  # only live sessions are in the table
+            if session._ended:  # unregistered during this tick (a callback, another thread)
+                continue
             if session._halt is not None:
                 # Halted: only wait for it to go; its RSS no longer decides anything.
                 if not sampler.alive():
@@ -383,15 +390,20 @@ class SessionWatchdog:
                         f"of memory, over its budget of {budget / _MIB:.0f} MiB.",
                     )
                 )
-        if self._sessions:
-            halts.extend(self._container_halts())
+        live = [s for s in sessions if not s._ended]
+        if live:
+            halts.extend(self._container_halts(live))
         return tuple(halts)
 
     def _drop(self, session: WatchedSession) -> None:
-        del self._sessions[session]
-        self._end(session)
+        with self._lock:
+            registered = session in self._sessions
+            if registered:
+                del self._sessions[session]
+        if registered:
+            self._end(session)
 
-    def _container_halts(self) -> list[SessionHalt]:
+    def _container_halts(self, sessions: list[WatchedSession]) -> list[SessionHalt]:
         reading = self.memory_reader()
         percent, used, limit = reading.percent, reading.used_bytes, reading.limit_bytes
         if percent is None or used is None or limit is None:
@@ -399,9 +411,9 @@ class SessionWatchdog:
         if percent < self.critical_watermark_percent:
             return []
         critical_bytes = limit * self.critical_watermark_percent / 100
-        freeing = sum(s._last.rss_bytes for s in self._sessions if s._halt and s._last)
+        freeing = sum(s._last.rss_bytes for s in sessions if s._halt and s._last)
         candidates = sorted(
-            (s for s in self._sessions if s._halt is None and s._last is not None),
+            (s for s in sessions if s._halt is None and s._last is not None),
             key=lambda s: s._last.rss_bytes if s._last else 0,
             reverse=True,
         )

@@ -4,12 +4,31 @@ from __future__ import annotations
 
 import subprocess
 import textwrap
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from asgi_admission import MemoryReading
 
+with warnings.catch_warnings():
+    # Starlette 1.x prefers the httpx2 fork for its TestClient and warns when it
+    # falls back to httpx; the fallback works, and httpx is what the project pins.
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+    from starlette.testclient import TestClient
+
 MIB = 1024 * 1024
+
+__all__ = [
+    "CHILD",
+    "MIB",
+    "Child",
+    "FixedReader",
+    "Recorder",
+    "Spawn",
+    "TestClient",
+    "reading",
+    "vm_rss_bytes",
+]
 
 # Holds argv[1] MiB (every page written), spawns argv[2] children holding argv[3] MiB
 # each, says "ready" and then holds another N MiB per line read on stdin. It exits

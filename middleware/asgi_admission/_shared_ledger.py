@@ -119,11 +119,6 @@ def _prepare_dir(directory: str) -> None:
             f"ledger: {exc.strerror or exc}. Point it at a writable, memory-backed "
             "directory shared by the workers, such as /dev/shm/asgi-admission."
         ) from exc
-    if not os.path.isdir(directory):
-        raise ValueError(
-            f"ADMISSION_SHARED_DIR={directory!r} is not a directory; point it at a writable, "
-            "memory-backed directory shared by the workers, such as /dev/shm/asgi-admission."
-        )
 
 
 class _SharedReservation:

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
 import struct
 import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ledgerkit import SPAWN, hold_sessions
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
+from asgi_admission import _shared_ledger as shared_ledger
 from asgi_admission._shared_ledger import (
     FILE_NAME,
     LedgerEntry,
@@ -366,3 +370,58 @@ def test_two_guards_share_one_count(tmp_path: Path) -> None:
     assert guards[1].session_counts() == (0, 2)
     first[1].release()
     assert guards[1].session_counts() == (0, 1)
+
+
+def test_failed_claim_releases_the_critical_section(
+    shared: tuple[str, list[SharedLedger]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected error while claiming a slot propagates and leaves the ledger usable."""
+    ledger = open_ledger(shared)
+
+    def refuse(*args: object) -> int:
+        raise OSError(errno.EINVAL, "no OFD locks here")
+
+    monkeypatch.setattr(shared_ledger, "_slot_lock", refuse)
+    with pytest.raises(OSError, match="no OFD locks"), ledger.locked():
+        pass
+    monkeypatch.undo()
+    assert counts(ledger) == (0, 0)
+
+
+def test_failed_open_closes_the_descriptor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error while checking a freshly opened file propagates without leaking it."""
+    opened: list[int] = []
+    real_open = os.open
+
+    def recording_open(*args: Any, **kwargs: Any) -> int:
+        fd = real_open(*args, **kwargs)
+        opened.append(fd)
+        return fd
+
+    def broken(self: SharedLedger) -> None:
+        raise OSError(errno.EIO, "disk on fire")
+
+    monkeypatch.setattr(shared_ledger.os, "open", recording_open)
+    monkeypatch.setattr(SharedLedger, "_check_file", broken)
+    with pytest.raises(OSError, match="disk on fire"):
+        SharedLedger(tmp_path)
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        os.fstat(opened[0])
+
+
+def test_after_fork_the_ledger_starts_afresh(shared: tuple[str, list[SharedLedger]]) -> None:
+    """The fork hook drops the inherited descriptor; the old slot then reads as dead."""
+    ledger, other = open_ledger(shared), open_ledger(shared)
+    with ledger.locked():
+        ledger.reserve()
+    assert counts(other) == (0, 1)
+    shared_ledger._forked(weakref.ref(ledger))
+    assert counts(ledger) == (0, 0)
+    with ledger.locked():
+        ledger.reserve()
+    assert counts(other) == (0, 1)
+    gone = SharedLedger(shared[0])
+    ref = weakref.ref(gone)
+    gone.close()
+    del gone
+    shared_ledger._forked(ref)  # a ledger already collected: nothing to do

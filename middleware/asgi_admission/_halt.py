@@ -16,6 +16,7 @@ Notes:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import signal
@@ -98,11 +99,9 @@ class _Target:
             # SIGKILL to it after the grace period is harmless.
             return self.send(0)
         for process in self.processes:
-            try:
+            with contextlib.suppress(psutil.Error):  # gone between the two calls
                 if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
                     return True
-            except psutil.Error:
-                continue
         return False
 
 

@@ -58,6 +58,8 @@ def test_defaults_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert isinstance(watchdog.memory_reader, HostMemoryReader)
     from_env = SessionWatchdog.from_env(registry=None)
     assert (from_env.critical_watermark_percent, from_env.interval_s) == (90.0, 0.5)
+    given = AdmissionConfig(high_watermark_percent=92, resume_threshold_percent=80)
+    assert SessionWatchdog.from_env({}, config=given, registry=None).config is given
 
 
 @pytest.mark.parametrize(
@@ -191,10 +193,14 @@ def test_async_callback_without_a_loop_is_reported(
     async def tell(event: SessionHalt) -> None:
         raise AssertionError("never awaited")
 
+    class Later:
+        def __await__(self) -> Any:
+            yield None
+
     watchdog = SessionWatchdog(
         config=AdmissionConfig(),
         memory_reader=calm,
-        halt=Recorder(),
+        halt=lambda event: Later(),  # type: ignore[arg-type,return-value]
         on_halt=tell,
         registry=None,
     )
@@ -202,7 +208,7 @@ def test_async_callback_without_a_loop_is_reported(
     watchdog.register(child.pid, budget_bytes=MIB)
     with caplog.at_level(logging.ERROR, logger="asgi_admission"):
         watchdog.sample_once()
-    assert any("no event loop" in r.getMessage() for r in caplog.records)
+    assert sum("no event loop" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_default_halt_validates() -> None:

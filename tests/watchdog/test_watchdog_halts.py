@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -13,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from watchdogkit import MIB, FixedReader, Recorder, Spawn, reading
 
 from asgi_admission import AdmissionConfig, MemoryReading
-from asgi_admission._halt import ProcessGroupHalt
+from asgi_admission._halt import ProcessGroupHalt, SessionHalt
 from asgi_admission._watchdog import SessionWatchdog
 
 
@@ -291,3 +292,113 @@ def test_children_excluded_on_request(
     assert tree.last_sample is not None
     assert (alone.last_sample.processes, tree.last_sample.processes) == (1, 2)
     assert tree.last_sample.rss_bytes - alone.last_sample.rss_bytes > 64 * MIB
+
+
+def test_unregistered_during_a_tick_is_not_sampled(
+    spawn: Spawn, calm: FixedReader, registry: CollectorRegistry
+) -> None:
+    """A session unregistered by an on_halt callback mid-tick is skipped for the rest of it."""
+    first, second = spawn(16), spawn(16)
+    later: list[Any] = []
+
+    def end_the_other(event: SessionHalt) -> None:
+        later[0].unregister()
+
+    watchdog = _watchdog(calm, registry, on_halt=end_the_other)
+    watchdog.register(first.pid, budget_bytes=MIB)
+    later.append(watchdog.register(second.pid, budget_bytes=MIB))
+    halts = watchdog.sample_once()
+    assert [h.pid for h in halts] == [first.pid]
+    assert later[0].ended
+    assert later[0].last_sample is None
+    assert _peaks(registry) == 1
+
+
+class _Stub:
+    """Stands in for a WatchedSession, to put the default halt in states races produce."""
+
+    def __init__(self, pid: int, process: psutil.Process | None = None, kids: Any = ()) -> None:
+        self.pid = pid
+        self.session_id = str(pid)
+        self.process = process
+        self.descendant_pids = tuple(kids)
+
+    def is_running(self) -> bool:
+        return True
+
+
+def _event(session: Any) -> SessionHalt:
+    return SessionHalt(
+        session=session,
+        reason="budget_exceeded",
+        rss_bytes=1,
+        budget_bytes=None,
+        memory=None,
+        critical_watermark_percent=90,
+        message="",
+    )
+
+
+def test_default_halt_of_a_gone_session_is_quiet(spawn: Spawn, calm: FixedReader) -> None:
+    """Halting a session whose process has left (or never was) does nothing and raises nothing."""
+    watchdog = _watchdog(calm, CollectorRegistry())
+    child = spawn(0)
+    session = watchdog.register(child.pid)
+    child.finish()
+    halt = ProcessGroupHalt()
+    assert halt(_event(session)) is None
+    assert halt(_event(_Stub(2**22 + 1))) is None  # getpgid finds nobody
+    # The pid is in a group, but the process psutil knew has gone: nobody to signal.
+    lone, bystander = spawn(0, new_session=False), spawn(0, new_session=False)
+    process = psutil.Process(lone.pid)
+    lone.finish()
+    assert halt(_event(_Stub(bystander.pid, process))) is None
+    assert bystander.popen.poll() is None
+
+
+def test_default_halt_skips_descendants_already_gone(spawn: Spawn) -> None:
+    """A descendant that left since the last sample is skipped; the process itself is signalled."""
+    child = spawn(0, new_session=False)
+    stub = _Stub(child.pid, psutil.Process(child.pid), kids=[2**22 + 1])
+    assert ProcessGroupHalt()(_event(stub)) is None  # no loop: SIGTERM only
+    assert child.popen.wait(timeout=10) == -signal.SIGTERM
+
+
+@pytest.mark.anyio
+async def test_sigkill_after_grace_outside_a_group(spawn: Spawn, calm: FixedReader) -> None:
+    """A process in our own group that ignores SIGTERM is killed alone after the grace period."""
+    watchdog = _watchdog(calm, CollectorRegistry(), halt=ProcessGroupHalt(grace_s=0.3))
+    child = spawn(16, new_session=False, ignore_term=True)
+    watchdog.register(child.pid, budget_bytes=8 * MIB)
+    watchdog.sample_once()
+    for _ in range(50):
+        await asyncio.sleep(0.1)
+        if child.popen.poll() is not None:
+            break
+    assert child.popen.returncode == -signal.SIGKILL
+    await watchdog.stop()
+
+
+@pytest.mark.parametrize("method", ["status", "memory_info"])
+def test_access_denied_is_a_normal_end(
+    spawn: Spawn,
+    calm: FixedReader,
+    registry: CollectorRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+    method: str,
+) -> None:
+    """A process psutil may no longer read ends its session quietly, like one that exited."""
+    watchdog = _watchdog(calm, registry)
+    child = spawn(16)
+    session = watchdog.register(child.pid)
+    watchdog.sample_once()
+
+    def denied(self: psutil.Process) -> Any:
+        raise psutil.AccessDenied(self.pid)
+
+    denied.cache_activate = psutil.Process.memory_info.cache_activate  # type: ignore[attr-defined]
+    denied.cache_deactivate = psutil.Process.memory_info.cache_deactivate  # type: ignore[attr-defined]
+    monkeypatch.setattr(psutil.Process, method, denied)
+    assert watchdog.sample_once() == ()
+    assert session.ended
+    assert _peaks(registry) == 1

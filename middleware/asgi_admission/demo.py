@@ -4,7 +4,9 @@ Each session holds real memory: ``session_mb`` MiB, touched page by page so the
 kernel charges it to the cgroup. ``POST /sessions`` opens one (``?hold_s=`` keeps
 the request open first, the window in which it is pending), ``DELETE
 /sessions/{id}`` frees it, ``WS /terminal/{id}`` is an echo session holding the
-same memory while connected, and ``/health`` always answers 200. Serve it with
+same memory while connected, and ``/health`` always answers 200. ``/processes``
+sessions each run a real child process, watched by the session watchdog, whose
+memory grows on request (see ``_demo_processes``). Serve it with
 ``asgi-admission demo`` or ``uvicorn asgi_admission.demo:create_app --factory``.
 """
 
@@ -21,13 +23,15 @@ from fastapi import FastAPI, HTTPException, Query, WebSocket, WebSocketDisconnec
 from prometheus_client import REGISTRY
 
 from ._config import AdmissionConfig
+from ._demo_processes import ProcessSessions, add_process_routes
 from ._latch import AdmissionController
 from ._metrics_app import metrics_port_from_env, metrics_route, serving_metrics
 from ._middleware import AdmissionMiddleware
+from ._watchdog import SessionWatchdog
 
 __all__ = ["SESSION_ROUTES", "SessionStore", "create_app"]
 
-SESSION_ROUTES = ("POST /sessions", "WS /terminal/*")
+SESSION_ROUTES = ("POST /sessions", "WS /terminal/*", "POST /processes")
 DEFAULT_SESSION_MB = 64
 _PAGE = 4096
 _MIB = 1024 * 1024
@@ -79,6 +83,7 @@ def create_app(
     max_sessions: int | None = None,
     readiness_path: str | None = "/admission/ready",
     guarded: bool = True,
+    watchdog: SessionWatchdog | None = None,
     **middleware_options: Any,
 ) -> FastAPI:
     """The demo app; ``session_mb`` defaults to ``DEMO_SESSION_MB`` (64).
@@ -86,24 +91,32 @@ def create_app(
     ``guarded=False`` leaves the middleware out: the same service, unprotected
     (what ``bench/oom_burst.py`` runs to show the OOM kill). Metrics are served
     at ``/metrics``, or only on ``ADMISSION_METRICS_PORT`` when that is set.
+    ``watchdog`` defaults to ``SessionWatchdog.from_env`` reading what the
+    controller reads.
     """
     size = (_env_session_mb() if session_mb is None else session_mb) * _MIB
     store = SessionStore()
+    processes = ProcessSessions()
     registry = middleware_options.get("registry", REGISTRY)
     metrics_port = metrics_port_from_env() if registry is not None else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if metrics_port is None:
-            yield
-            return
-        with serving_metrics(metrics_port, registry=registry):
-            yield
+        try:
+            if metrics_port is None:
+                yield
+                return
+            with serving_metrics(metrics_port, registry=registry):
+                yield
+        finally:
+            await processes.close_all()
 
     app = FastAPI(title="asgi-admission demo", lifespan=lifespan)
     if registry is not None and metrics_port is None:
         app.router.routes.append(metrics_route(registry=registry))
     app.state.sessions = store
+    app.state.processes = processes
+    add_process_routes(app, processes)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -138,12 +151,19 @@ def create_app(
             store.close(session_id)
 
     if guarded:
+        if watchdog is None:
+            watchdog = SessionWatchdog.from_env(
+                config=config,
+                memory_reader=None if controller is None else controller.memory_reader,
+                registry=registry,
+            )
         app.add_middleware(
             AdmissionMiddleware,
             session_routes=SESSION_ROUTES,
             config=config,
             controller=controller,
-            current_sessions=store.__len__,
+            current_sessions=lambda: len(store) + len(processes),
+            watchdog=watchdog,
             max_sessions=max_sessions,
             readiness_path=readiness_path,
             **middleware_options,

@@ -1,0 +1,165 @@
+"""The demo's process sessions: a real child process per session, growing on request.
+
+``POST /processes?hold_mb=&budget_mb=`` starts a child that holds ``hold_mb`` MiB and
+registers it with the session watchdog under a budget; ``POST
+/processes/{id}/grow?mb=`` makes it hold more; ``GET /processes/{id}`` shows what the
+watchdog measured and, once it acted, why it halted the session; ``DELETE`` ends it.
+Watch a session pass its budget, or the container pass the critical watermark, and
+be halted. The children run in their own process groups and are ended at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any, Final
+
+from fastapi import FastAPI, HTTPException, Query, Request
+
+from ._watchdog import SessionWatchdog, WatchedSession, session_watchdog
+
+_MIB: Final = 1024 * 1024
+DEFAULT_BUDGET_MB: Final = 512
+
+# Holds argv[1] MiB, then N more for each line N read on stdin, answering "ready"
+# each time; every page is written so the kernel really charges it.
+CHILD_SCRIPT: Final = """
+import sys
+held = []
+def hold(mib):
+    block = bytearray(mib * 1048576)
+    block[::4096] = b"\\x01" * len(range(0, len(block), 4096))
+    held.append(block)
+hold(int(sys.argv[1]))
+print("ready", flush=True)
+for line in sys.stdin:
+    hold(int(line))
+    print("ready", flush=True)
+"""
+
+
+@dataclass(slots=True)
+class _Child:
+    session_id: str
+    process: asyncio.subprocess.Process
+    watched: WatchedSession | None
+    budget_mb: int
+
+
+class ProcessSessions:
+    """The demo's running child processes, by session id."""
+
+    def __init__(self) -> None:
+        self._children: dict[str, _Child] = {}
+        self._ids = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+    async def open(
+        self, watchdog: SessionWatchdog | None, *, hold_mb: int, budget_mb: int
+    ) -> _Child:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            CHILD_SCRIPT,
+            str(hold_mb),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert process.stdout is not None
+        await process.stdout.readline()
+        session_id = f"p{next(self._ids)}"
+        watched = (
+            None
+            if watchdog is None
+            else watchdog.register(
+                process.pid, budget_bytes=budget_mb * _MIB, session_id=session_id
+            )
+        )
+        child = self._children[session_id] = _Child(session_id, process, watched, budget_mb)
+        return child
+
+    def get(self, session_id: str) -> _Child:
+        child = self._children.get(session_id)
+        if child is None:
+            raise HTTPException(status_code=404, detail="no such process session")
+        return child
+
+    async def close(self, session_id: str) -> None:
+        child = self._children.pop(session_id)
+        if child.watched is not None:
+            child.watched.unregister()
+        if child.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.process.pid, signal.SIGKILL)
+        await child.process.wait()
+
+    async def close_all(self) -> None:
+        for session_id in list(self._children):
+            await self.close(session_id)
+
+
+def describe(child: _Child) -> dict[str, Any]:
+    watched = child.watched
+    sample = None if watched is None else watched.last_sample
+    halt = None if watched is None else watched.halt
+    return {
+        "id": child.session_id,
+        "pid": child.process.pid,
+        "running": child.process.returncode is None,
+        "budget_mb": child.budget_mb,
+        "rss_bytes": None if sample is None else sample.rss_bytes,
+        "cpu_percent": None if sample is None else sample.cpu_percent,
+        "peak_rss_bytes": None if watched is None else watched.peak_rss_bytes,
+        "halt": None if halt is None else {"reason": halt.reason, "message": halt.message},
+    }
+
+
+def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
+    """``/processes`` routes; ``POST /processes`` must be one of the guarded session routes."""
+
+    @app.post("/processes", status_code=201)
+    async def open_process(
+        request: Request,
+        hold_mb: int = Query(16, ge=0, le=4096),
+        budget_mb: int = Query(DEFAULT_BUDGET_MB, ge=1, le=65536),
+    ) -> dict[str, Any]:
+        try:
+            watchdog: SessionWatchdog | None = session_watchdog(request)
+        except LookupError:  # the unguarded demo: processes run unwatched
+            watchdog = None
+        return describe(await sessions.open(watchdog, hold_mb=hold_mb, budget_mb=budget_mb))
+
+    @app.get("/processes")
+    async def list_processes() -> dict[str, Any]:
+        return {"processes": [describe(c) for c in sessions._children.values()]}
+
+    @app.get("/processes/{session_id}")
+    async def show_process(session_id: str) -> dict[str, Any]:
+        return describe(sessions.get(session_id))
+
+    @app.post("/processes/{session_id}/grow")
+    async def grow_process(session_id: str, mb: int = Query(ge=1, le=4096)) -> dict[str, Any]:
+        child = sessions.get(session_id)
+        stdin, stdout = child.process.stdin, child.process.stdout
+        assert stdin is not None
+        assert stdout is not None
+        try:
+            stdin.write(f"{mb}\n".encode())
+            await stdin.drain()
+            await stdout.readline()
+        except ConnectionError:  # halted or gone: the description says which
+            pass
+        return describe(child)
+
+    @app.delete("/processes/{session_id}", status_code=204)
+    async def close_process(session_id: str) -> None:
+        sessions.get(session_id)
+        await sessions.close(session_id)

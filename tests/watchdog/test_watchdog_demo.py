@@ -1,0 +1,103 @@
+"""The demo's process sessions: a real child that grows until the watchdog halts it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psutil
+import pytest
+from prometheus_client import CollectorRegistry
+from watchdogkit import MIB, FixedReader, TestClient, reading
+
+from asgi_admission import AdmissionController, SessionWatchdog
+from asgi_admission.demo import create_app
+
+
+def _poll(client: TestClient, path: str, done: Any, timeout: float = 10.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        body: dict[str, Any] = client.get(path).json()
+        if done(body) or time.monotonic() > deadline:
+            return body
+        time.sleep(0.05)
+
+
+def _app(reader: FixedReader, registry: CollectorRegistry, **options: Any) -> Any:
+    return create_app(
+        session_mb=0,
+        controller=AdmissionController(memory_reader=reader),
+        registry=registry,
+        **options,
+    )
+
+
+def test_growing_past_the_budget_is_halted_and_counted() -> None:
+    """A process session grown past its budget is halted, says why, and is counted in metrics."""
+    registry = CollectorRegistry()
+    app = _app(FixedReader(reading(10.0, 16 * 1024 * MIB)), registry)
+    with TestClient(app) as client:
+        opened = client.post("/processes", params={"hold_mb": 16, "budget_mb": 64})
+        assert opened.status_code == 201
+        session = opened.json()
+        path = f"/processes/{session['id']}"
+        assert session["halt"] is None
+        grown = client.post(f"{path}/grow", params={"mb": 96}).json()
+        assert grown["running"] or grown["halt"] is not None
+        body = _poll(client, path, lambda b: not b["running"])
+        assert body["halt"]["reason"] == "budget_exceeded"
+        assert "budget of 64 MiB" in body["halt"]["message"]
+        assert body["peak_rss_bytes"] > 96 * MIB
+        assert client.post(f"{path}/grow", params={"mb": 1}).json()["running"] is False
+        metrics = client.get("/metrics").text
+        assert 'asgi_admission_sessions_halted_total{reason="budget_exceeded"} 1.0' in metrics
+        assert "asgi_admission_session_memory_bytes_count 1.0" in metrics
+        assert len(client.get("/processes").json()["processes"]) == 1
+        assert client.delete(path).status_code == 204
+        assert client.get(path).status_code == 404
+
+
+def test_container_breach_halts_the_largest_process() -> None:
+    """With the container over the critical watermark, the bigger of two processes is halted."""
+    reader = FixedReader(reading(10.0, 16 * 1024 * MIB))
+    watchdog = SessionWatchdog(
+        memory_reader=reader, interval_s=0.1, registry=None, critical_watermark_percent=90
+    )
+    app = _app(reader, CollectorRegistry(), watchdog=watchdog)
+    with TestClient(app) as client:
+        small = client.post("/processes", params={"hold_mb": 8}).json()
+        large = client.post("/processes", params={"hold_mb": 64}).json()
+        _poll(client, f"/processes/{large['id']}", lambda b: b["rss_bytes"] is not None)
+        reader.reading = reading(95.0, 1024 * MIB)
+        body = _poll(client, f"/processes/{large['id']}", lambda b: not b["running"])
+        assert body["halt"]["reason"] == "container_headroom"
+        assert client.get(f"/processes/{small['id']}").json()["halt"] is None
+        pids = [small["pid"], large["pid"]]
+    # The demo ends its children at shutdown.
+    assert all(not psutil.pid_exists(pid) for pid in pids)
+
+
+def test_unguarded_demo_runs_processes_unwatched() -> None:
+    """Without the middleware there is no watchdog: the process runs and reports no figures."""
+    app = create_app(session_mb=0, guarded=False, registry=None)
+    with TestClient(app) as client:
+        body = client.post("/processes", params={"hold_mb": 1}).json()
+        assert (body["running"], body["peak_rss_bytes"], body["halt"]) == (True, None, None)
+    assert not psutil.pid_exists(body["pid"])
+
+
+def test_unknown_process_session_is_404() -> None:
+    """Asking about or growing a session that does not exist answers 404."""
+    app = create_app(session_mb=0, guarded=False, registry=None)
+    with TestClient(app) as client:
+        assert client.get("/processes/p99").status_code == 404
+        assert client.post("/processes/p99/grow", params={"mb": 1}).status_code == 404
+        assert client.delete("/processes/p99").status_code == 404
+
+
+@pytest.mark.parametrize("params", [{"hold_mb": -1}, {"budget_mb": 0}])
+def test_bad_parameters_are_422(params: dict[str, int]) -> None:
+    """Negative holds and zero budgets are refused before any process starts."""
+    app = create_app(session_mb=0, guarded=False, registry=None)
+    with TestClient(app) as client:
+        assert client.post("/processes", params=params).status_code == 422

@@ -107,6 +107,7 @@ def test_children_map_from_a_fake_proc(tmp_path: Path) -> None:
     _stat(tmp_path, 12, "x", "11")
     _stat(tmp_path, 13, "bad", "zz")
     (tmp_path / "14").mkdir()  # exited while scanned: no stat file
+    (tmp_path / "15" / "stat").mkdir(parents=True)  # opens, but reading fails
     (tmp_path / "self").mkdir()
     assert read_children_map(str(tmp_path)) == {0: [10], 10: [11], 11: [12]}
 
@@ -123,3 +124,16 @@ def test_descendant_loops_are_broken(spawn: Spawn) -> None:
     sample = sampler.sample({child.pid: [child.pid, 2**22 + 1], 2**22 + 1: [child.pid]}, 0.0)
     assert sample is not None
     assert sample.processes == 1
+
+
+def test_unreadable_status_means_not_alive(spawn: Spawn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When psutil may no longer read the process, it counts as gone rather than raising."""
+    child = spawn(0)
+    sampler = ProcessTreeSampler(child.pid, logical_cpus=1)
+    assert sampler.alive()
+
+    def denied(self: psutil.Process) -> str:
+        raise psutil.AccessDenied(self.pid)
+
+    monkeypatch.setattr(psutil.Process, "status", denied)
+    assert not sampler.alive()

@@ -1,0 +1,36 @@
+"""The README example works: a terminal session, echoed, then halted with a reason."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+from watchdogkit import TestClient
+
+
+@pytest.fixture
+def example(monkeypatch: pytest.MonkeyPatch) -> object:
+    for name in ("ADMISSION_WATCHDOG_INTERVAL_SECONDS", "ADMISSION_CRITICAL_WATERMARK_PERCENT"):
+        monkeypatch.delenv(name, raising=False)
+    import readme_example
+
+    return readme_example
+
+
+def test_readme_terminal_echoes_and_is_told_why_it_was_halted(example: object) -> None:
+    """Within budget the terminal echoes; over it the user is sent the halt reason."""
+    app = example.app  # type: ignore[attr-defined]
+    before = REGISTRY.get_sample_value(
+        "asgi_admission_sessions_halted_total", {"reason": "budget_exceeded"}
+    )
+    with TestClient(app) as client:
+        with client.websocket_connect("/terminal/roomy") as websocket:
+            websocket.send_text("hello")
+            assert websocket.receive_text() == "hello\n"
+        with client.websocket_connect("/terminal/tight?budget_mb=1") as websocket:
+            told = websocket.receive_json()
+        assert told["halted"] == "budget_exceeded"
+        assert "over its budget of 1 MiB" in told["message"]
+    after = REGISTRY.get_sample_value(
+        "asgi_admission_sessions_halted_total", {"reason": "budget_exceeded"}
+    )
+    assert after == (before or 0) + 1

@@ -45,8 +45,14 @@ class SessionLedger(Protocol):
         """The critical section for read-decide-reserve; not reentrant."""
         ...
 
-    def counts(self) -> tuple[int, int]:
-        """``(active, pending)``; call inside ``locked()`` for a consistent pair."""
+    def counts(self, own_active: int | None = None) -> tuple[int, int]:
+        """``(active, pending)``; call inside ``locked()`` for a consistent pair.
+
+        ``own_active`` is this process's count of active sessions when the app
+        reports it (``current_sessions``); it replaces the ledger's own count of
+        accepted WebSockets for this process, and a shared ledger publishes it so
+        that every worker's decision sees the container-wide total.
+        """
         ...
 
     def reserve(self) -> Reservation:
@@ -97,8 +103,8 @@ class InProcessLedger:
     def locked(self) -> threading.Lock:
         return self._lock
 
-    def counts(self) -> tuple[int, int]:
-        return self._active, self._pending
+    def counts(self, own_active: int | None = None) -> tuple[int, int]:
+        return self._active if own_active is None else own_active, self._pending
 
     def reserve(self) -> _InProcessReservation:
         self._pending += 1

@@ -312,6 +312,13 @@ class DecisionMetrics:
         if decision.state == "unavailable":
             self._telemetry()
 
+    def on_check(self, decision: CapacityDecision) -> None:
+        """Count what a readiness check did to the latch; it is not a decision."""
+        if decision.transition is not None:
+            self._transition[decision.transition]()
+        if decision.state == "unavailable":
+            self._telemetry()
+
     @property
     def live_sessions(self) -> bool:
         """Whether this exports session counts itself (the multiprocess ``livesum`` gauge)."""
@@ -382,15 +389,21 @@ def bound_collector(registry: CollectorRegistry) -> AdmissionCollector | None:
 class _Both:
     """Tells two observers of each decision: the metrics first, then the caller's own."""
 
-    __slots__ = ("_first", "_second")
+    __slots__ = ("_first", "_first_check", "_second", "_second_check")
 
     def __init__(self, first: DecisionObserver, second: DecisionObserver) -> None:
         self._first = first.on_decision
         self._second = second.on_decision
+        self._first_check = first.on_check
+        self._second_check = second.on_check
 
     def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
         self._first(kind, decision, seconds)
         self._second(kind, decision, seconds)
+
+    def on_check(self, decision: CapacityDecision) -> None:
+        self._first_check(decision)
+        self._second_check(decision)
 
 
 class _LiveSessions:
@@ -414,6 +427,9 @@ class _LiveSessions:
     def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
         self._metrics.on_decision(kind, decision, seconds)
         self.publish()
+
+    def on_check(self, decision: CapacityDecision) -> None:
+        self._metrics.on_check(decision)
 
 
 class _LiveReservation:
@@ -444,8 +460,8 @@ class _LiveLedger:
     def locked(self) -> AbstractContextManager[object]:
         return self._ledger.locked()
 
-    def counts(self) -> tuple[int, int]:
-        return self._ledger.counts()
+    def counts(self, own_active: int | None = None) -> tuple[int, int]:
+        return self._ledger.counts(own_active)
 
     def reserve(self) -> Reservation:
         return _LiveReservation(self._ledger.reserve(), self._publish)

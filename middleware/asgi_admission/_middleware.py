@@ -148,11 +148,10 @@ class AdmissionMiddleware:
 
     def session_counts(self) -> tuple[int, int]:
         """``(active, pending)``; active comes from ``current_sessions`` when given."""
+        current_sessions = self._current_sessions
+        own = None if current_sessions is None else current_sessions()
         with self._ledger.locked():
-            active, pending = self._ledger.counts()
-        if self._current_sessions is not None:
-            active = self._current_sessions()
-        return active, pending
+            return self._ledger.counts(own)
 
     # -- ASGI ---------------------------------------------------------------------
 
@@ -207,8 +206,12 @@ class AdmissionMiddleware:
         reservation: Reservation | None = None
         retry_after_s = 0
         with self._ledger.locked():
-            active, pending = self._ledger.counts()
-            current = active if self._current_sessions is None else self._current_sessions()
+            # The app's own count (current_sessions) replaces the ledger's count of
+            # accepted WebSockets; a shared ledger adds the other workers' counts.
+            current_sessions = self._current_sessions
+            current, pending = self._ledger.counts(
+                None if current_sessions is None else current_sessions()
+            )
             decision = self._controller.decide(self._read(), current, self._session_limit, pending)
             if kind is not None:
                 if decision.allowed:
@@ -220,6 +223,8 @@ class AdmissionMiddleware:
             self._blind = blind
         if kind is not None:
             self._observer.on_decision(kind, decision, time.perf_counter() - start)
+        else:
+            self._observer.on_check(decision)
         if blind_changed or decision.transition is not None:
             self._log_change(decision, blind_changed)
         return decision, reservation, retry_after_s, (current, pending, self._session_limit)

@@ -37,6 +37,13 @@ class DecisionObserver(Protocol):
 
     def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None: ...
 
+    def on_check(self, decision: CapacityDecision) -> None:
+        """The latch ran without a session at stake (the readiness path).
+
+        It may still have set or cleared the latch, or found telemetry missing.
+        """
+        ...
+
 
 class NullObserver:
     """Observes nothing; used when metrics are switched off (``registry=None``)."""
@@ -44,4 +51,7 @@ class NullObserver:
     __slots__ = ()
 
     def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
+        return None
+
+    def on_check(self, decision: CapacityDecision) -> None:
         return None

@@ -170,6 +170,7 @@ class SharedLedger:
         "_offset",
         "_pending",
         "_pid",
+        "_reported",
         "_row",
         "_slot",
         "_start",
@@ -193,6 +194,7 @@ class SharedLedger:
         self._pid = os.getpid()
         self._pending = 0
         self._active = 0
+        self._reported: int | None = None
         self._offset = 0
         self._start = 0
         self._row = b""
@@ -237,12 +239,23 @@ class SharedLedger:
 
     # -- SessionLedger -------------------------------------------------------------
 
-    def counts(self) -> tuple[int, int]:
-        """``(active, pending)`` of every live worker; call inside ``locked()``."""
+    def counts(self, own_active: int | None = None) -> tuple[int, int]:
+        """``(active, pending)`` of every live worker; call inside ``locked()``.
+
+        With ``own_active`` (the app's own count, ``current_sessions``) this worker
+        publishes that number as its active sessions instead of the WebSockets it
+        counted itself; other workers see the value it published at its latest
+        decision, which errs high (refusing, never over-admitting) while that
+        worker's sessions end without a new decision.
+        """
+        if own_active is not None and own_active != self._reported:
+            self._reported = max(0, own_active)
+            self._write_own()
         data = self._read()
+        active = self._active if self._reported is None else self._reported
+        pending = self._pending
         if data is None:
-            return self._active, self._pending
-        active, pending = self._active, self._pending
+            return active, pending
         own, fd = self._slot, self._fd
         if own >= 0 and data[self._offset : self._offset + _SLOT.size] != self._row:
             # Edited, or rebuilt (perhaps with fewer slots in use than this one).
@@ -292,6 +305,7 @@ class SharedLedger:
         """
         with self._lock:
             self._pending = self._active = 0
+            self._reported = None
             fd, self._fd = self._fd, -1
             if fd < 0:
                 return
@@ -313,6 +327,7 @@ class SharedLedger:
         self._slot = -1
         self._pid = os.getpid()
         self._pending = self._active = 0
+        self._reported = None
         self._row = b""
 
     # -- the file ------------------------------------------------------------------
@@ -428,7 +443,8 @@ class SharedLedger:
 
     def _write_own(self) -> None:
         if self._slot >= 0:
-            row = _SLOT.pack(self._pid, self._start, self._pending, self._active)
+            active = self._active if self._reported is None else self._reported
+            row = _SLOT.pack(self._pid, self._start, self._pending, active)
             self._row = row
             os.pwrite(self._fd, row, self._offset)
 

@@ -18,6 +18,7 @@ from ledgerkit import SPAWN, hold_sessions
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
 from asgi_admission import _shared_ledger as shared_ledger
+from asgi_admission._ledger import InProcessLedger
 from asgi_admission._shared_ledger import (
     FILE_NAME,
     LedgerEntry,
@@ -370,6 +371,71 @@ def test_two_guards_share_one_count(tmp_path: Path) -> None:
     assert guards[1].session_counts() == (0, 2)
     first[1].release()
     assert guards[1].session_counts() == (0, 1)
+
+
+def test_app_reported_actives_are_published_to_every_worker(
+    shared: tuple[str, list[SharedLedger]],
+) -> None:
+    """A worker's own active count (current_sessions) replaces its WebSocket count and
+    is added to the other workers' totals, including after the worker's sessions end."""
+    first, second = open_ledger(shared), open_ledger(shared)
+    with first.locked():
+        assert first.counts(3) == (3, 0)
+        first.reserve()  # pending: no WebSocket accepted
+    with second.locked():
+        assert second.counts(2) == (5, 1)
+    with first.locked():
+        assert first.counts(0) == (2, 1)
+    with second.locked():
+        assert second.counts(-4) == (0, 1)  # a negative report counts as none
+
+
+def test_in_process_ledger_takes_the_apps_count() -> None:
+    """Without a shared ledger the app's count simply replaces the WebSocket count."""
+    ledger = InProcessLedger()
+    with ledger.locked():
+        reservation = ledger.reserve()
+    reservation.activate()  # outside the critical section, as the middleware does
+    with ledger.locked():
+        assert ledger.counts() == (1, 0)
+        assert ledger.counts(7) == (7, 0)
+
+
+def test_two_guards_share_the_apps_own_counts(tmp_path: Path) -> None:
+    """max_sessions holds container-wide when each worker's app counts its own sessions."""
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    (cgroup / "memory.current").write_text(f"{100 * 2**20}\n")
+    (cgroup / "memory.max").write_text(f"{4096 * 2**20}\n")
+    (cgroup / "memory.stat").write_text("inactive_file 0\nactive_file 0\n")
+    config = AdmissionConfig(
+        shared_dir=str(tmp_path / "ledger"), cgroup_root=str(cgroup), max_sessions=3
+    )
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("not called")
+
+    own = [2, 0]
+    guards = [
+        AdmissionMiddleware(
+            app,
+            session_routes=["POST /s"],
+            config=config,
+            registry=None,
+            current_sessions=lambda i=i: own[i],  # type: ignore[misc]
+        )
+        for i in range(2)
+    ]
+    admitted = guards[0]._decide("http")  # publishes 2 active; 1 pending
+    assert admitted[1] is not None
+    refused = guards[1]._decide("http")
+    assert refused[1] is None
+    assert refused[0].reason == "session_limit"
+    assert guards[1].session_counts() == (2, 1)
+    admitted[1].release()
+    own[0] = 0
+    assert guards[0].session_counts() == (0, 0)
+    assert guards[1]._decide("http")[1] is not None
 
 
 def test_failed_claim_releases_the_critical_section(

@@ -16,9 +16,13 @@ from asgi_admission._observer import Kind, NullObserver
 class Recorder:
     def __init__(self) -> None:
         self.seen: list[tuple[Kind, CapacityDecision]] = []
+        self.checks: list[CapacityDecision] = []
 
     def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
         self.seen.append((kind, decision))
+
+    def on_check(self, decision: CapacityDecision) -> None:
+        self.checks.append(decision)
 
 
 class View:

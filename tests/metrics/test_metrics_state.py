@@ -178,3 +178,20 @@ def test_current_sessions_and_pending_follow_the_guard(registry: CollectorRegist
             assert value(registry, "sessions", state="pending") == 0
 
     anyio.run(scenario)
+
+
+def test_readiness_checks_count_latch_transitions(registry: CollectorRegistry) -> None:
+    """A readiness probe that sets or clears the latch is counted, but not as a decision."""
+    reader = SettableReader(used_mb=100, limit_mb=1000)
+    app = guarded_app(reader, registry, readiness_path="/ready")
+    reader.set_mb(850)
+    assert request(app, "GET", "/ready").status_code == 503
+    assert value(registry, "latch_transitions_total", to="pressured") == 1
+    reader.set_mb(100)
+    assert request(app, "GET", "/ready").status_code == 200
+    assert value(registry, "latch_transitions_total", to="normal") == 1
+    reader.lose()
+    assert request(app, "GET", "/ready").status_code == 200
+    assert value(registry, "telemetry_failures_total") == 1
+    assert value(registry, "decision_duration_seconds_count") == 0
+    assert decisions(registry, "http", "admitted", "none") == 0

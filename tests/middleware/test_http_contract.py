@@ -246,12 +246,17 @@ async def test_reader_that_raises_counts_as_blind(caplog: pytest.LogCaptureFixtu
 
 
 async def test_observer_sees_every_session_decision() -> None:
-    """The observer is told of each session decision with its kind and a duration."""
+    """The observer is told of each session decision with its kind and a duration,
+    and of each readiness check apart from them."""
     seen: list[tuple[str, bool, float]] = []
+    checks: list[str] = []
 
     class Recorder:
         def on_decision(self, kind, decision, seconds):  # type: ignore[no-untyped-def]
             seen.append((kind, decision.allowed, seconds))
+
+        def on_check(self, decision):  # type: ignore[no-untyped-def]
+            checks.append(decision.state)
 
     reader = SettableReader(used_mb=100)
     mw = guard(make_app(), reader, observer=Recorder(), readiness_path="/ready")
@@ -262,6 +267,7 @@ async def test_observer_sees_every_session_decision() -> None:
         reader.set_mb(900)
         await c.post("/sessions")
     assert [(k, a) for k, a, _ in seen] == [("http", True), ("http", False)]
+    assert checks == ["normal"]
     assert all(0 <= s < 1 for _, _, s in seen)
 
 

@@ -19,7 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=1,
-        help="uvicorn worker processes (1); each counts its own sessions",
+        help=(
+            "uvicorn worker processes (1); set ADMISSION_SHARED_DIR so that they count "
+            "sessions together"
+        ),
     )
     parser.add_argument("--log-level", default="info", help="uvicorn log level (info)")
 

@@ -140,7 +140,8 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
     while time.monotonic() < deadline:
         try:
             last = check()
-        except (httpx.HTTPError, OSError) as exc:
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            # ValueError: a server still starting may answer with something not JSON.
             last = exc
         else:
             if last:

@@ -107,3 +107,16 @@ def test_multiprocess_scrape_without_a_guard(multiproc: Path, registry: Collecto
     assert "asgi_admission_build_info" not in request(app, "GET", "/metrics").text
     only = request(app, "GET", "/metrics?name[]=nothing_total").text
     assert "worker_jobs" not in only
+
+
+def test_readiness_transitions_are_counted_in_multiprocess_mode(
+    multiproc: Path, registry: CollectorRegistry
+) -> None:
+    """A readiness probe that sets the latch is counted in the mmap-backed counters too."""
+    reader = SettableReader(used_mb=100, limit_mb=1000)
+    app = guarded_app(reader, registry, readiness_path="/ready")
+    reader.set_mb(900)
+    assert request(app, "GET", "/ready").status_code == 503
+    samples = scrape(app)
+    assert samples[("asgi_admission_latch_transitions_total", (("to", "pressured"),))] == 1
+    assert decisions(samples, "http") == 0

@@ -6,6 +6,16 @@ import shutil
 from pathlib import Path
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
+MIB = 1024 * 1024
+
+
+def write_v2_tree(root: Path, *, used_mb: int = 100, limit_mb: int = 4096) -> Path:
+    """A cgroup v2 directory whose figures never move: a deterministic reading."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "memory.current").write_text(f"{used_mb * MIB}\n")
+    (root / "memory.max").write_text(f"{limit_mb * MIB}\n")
+    (root / "memory.stat").write_text("anon 0\ninactive_file 0\nactive_file 0\n")
+    return root
 
 
 def copy_files(source: Path, dest: Path, *, prefix: str = "") -> Path:

@@ -15,10 +15,10 @@ Notes:
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Final, Literal
 
-from ._reading import MemoryReader, MemoryReading
+from ._reading import MemoryReader, MemoryReading, slot_setters
 
 State = Literal["normal", "pressured", "unavailable"]
 Reason = Literal["memory_pressure", "session_limit", "telemetry_unavailable"]
@@ -42,12 +42,9 @@ class CapacityDecision:
     transition: Literal["pressured", "normal"] | None = None
 
 
-# The generated __init__ of a frozen dataclass costs about 1 µs here (one
-# object.__setattr__ per field); decisions are made on the request path, so the
-# latch writes the slots directly. tests/test_latch.py checks it matches.
-_SETTERS = {
-    field.name: getattr(CapacityDecision, field.name).__set__ for field in fields(CapacityDecision)
-}
+# Decisions are made on the request path: written slot by slot (see slot_setters);
+# tests/test_latch.py checks the result equals the constructor's.
+_SETTERS = slot_setters(CapacityDecision)
 _set_allowed = _SETTERS["allowed"]
 _set_state = _SETTERS["state"]
 _set_memory = _SETTERS["memory"]

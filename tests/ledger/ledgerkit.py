@@ -22,6 +22,7 @@ import psutil
 
 from asgi_admission._ledger import Reservation
 from asgi_admission._shared_ledger import SharedLedger
+from cgroup_trees import write_v2_tree as write_v2_tree
 
 __all__ = [
     "MIB",
@@ -112,15 +113,6 @@ def free_port() -> int:
         return port
 
 
-def write_v2_tree(root: Path, *, used_mb: int, limit_mb: int) -> Path:
-    """A cgroup v2 directory whose figures never move: a deterministic reading."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "memory.current").write_text(f"{used_mb * MIB}\n")
-    (root / "memory.max").write_text(f"{limit_mb * MIB}\n")
-    (root / "memory.stat").write_text("anon 0\ninactive_file 0\nactive_file 0\n")
-    return root
-
-
 class Workers:
     """``uvicorn --workers N`` serving the demo, stopped with SIGTERM then SIGKILL."""
 
@@ -190,19 +182,28 @@ class Workers:
         self._log.close()
 
 
-async def burst(base_url: str, n: int, hold_s: float) -> list[int | str]:
-    """``n`` concurrent ``POST /sessions``, each on its own connection; statuses or errors."""
+async def burst(
+    base_url: str, n: int, hold_s: float, *, stagger_s: float = 0.01
+) -> list[int | str]:
+    """``n`` concurrent ``POST /sessions``, each on its own connection; statuses or errors.
+
+    The connections open ``stagger_s`` apart: workers share one listening socket,
+    and the first to wake drains every connection already waiting, so an instant
+    burst often lands on one worker. Staggered, idle workers race for each accept.
+    All are still open together, since each is held for ``hold_s``.
+    """
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
 
-        async def one() -> int | str:
+        async def one(index: int) -> int | str:
+            await asyncio.sleep(index * stagger_s)
             try:
                 response = await client.post("/sessions", params={"hold_s": hold_s})
             except httpx.HTTPError as exc:
                 return type(exc).__name__
             return response.status_code
 
-        return list(await asyncio.gather(*(one() for _ in range(n))))
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:

@@ -22,7 +22,10 @@ WORKERS = 4
 # session: 100 + (pending + 1) * 100 <= 800 admits while pending < 7, so K = 7.
 K = 7
 BURST = 28
-HOLD_S = 6.0
+# Long enough that the first burst's surviving sessions are still pending while the
+# second burst is decided, even by a worker uvicorn restarts after the SIGKILL (whose
+# imports take seconds on a loaded machine).
+HOLD_S = 10.0
 
 
 def serve(tmp_path: Path, name: str, *, shared_dir: Path | None) -> Workers:

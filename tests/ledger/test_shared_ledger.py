@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ledgerkit import SPAWN, hold_sessions
+from ledgerkit import SPAWN, hold_sessions, write_v2_tree
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
 from asgi_admission import _shared_ledger as shared_ledger
@@ -345,11 +345,7 @@ def test_start_time_of_a_missing_process_is_zero() -> None:
 
 def test_two_guards_share_one_count(tmp_path: Path) -> None:
     """Two middlewares configured with one shared_dir refuse by their combined count."""
-    cgroup = tmp_path / "cgroup"
-    cgroup.mkdir()
-    (cgroup / "memory.current").write_text(f"{100 * 2**20}\n")
-    (cgroup / "memory.max").write_text(f"{4096 * 2**20}\n")
-    (cgroup / "memory.stat").write_text("inactive_file 0\nactive_file 0\n")
+    cgroup = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=4096)
     config = AdmissionConfig(
         shared_dir=str(tmp_path / "ledger"), cgroup_root=str(cgroup), max_sessions=2
     )
@@ -403,11 +399,7 @@ def test_in_process_ledger_takes_the_apps_count() -> None:
 
 def test_two_guards_share_the_apps_own_counts(tmp_path: Path) -> None:
     """max_sessions holds container-wide when each worker's app counts its own sessions."""
-    cgroup = tmp_path / "cgroup"
-    cgroup.mkdir()
-    (cgroup / "memory.current").write_text(f"{100 * 2**20}\n")
-    (cgroup / "memory.max").write_text(f"{4096 * 2**20}\n")
-    (cgroup / "memory.stat").write_text("inactive_file 0\nactive_file 0\n")
+    cgroup = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=4096)
     config = AdmissionConfig(
         shared_dir=str(tmp_path / "ledger"), cgroup_root=str(cgroup), max_sessions=3
     )

@@ -21,6 +21,7 @@ from asgi_admission import (
     AdmissionMiddleware,
     MemoryReading,
 )
+from cgroup_trees import write_v2_tree as write_v2_tree
 
 with warnings.catch_warnings():
     # Starlette 1.x prefers the httpx2 fork for its TestClient and warns when it
@@ -94,15 +95,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def write_v2_tree(root: Path, *, used_mb: int = 100, limit_mb: int = 4096) -> Path:
-    """A cgroup v2 directory with the files the reader needs."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "memory.current").write_text(f"{used_mb * MIB}\n")
-    (root / "memory.max").write_text(f"{limit_mb * MIB}\n")
-    (root / "memory.stat").write_text("anon 0\ninactive_file 0\nactive_file 0\n")
-    return root
 
 
 class Server:

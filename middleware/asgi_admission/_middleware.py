@@ -21,6 +21,7 @@ Notes:
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from collections.abc import Callable, Iterable
 
@@ -99,6 +100,8 @@ class AdmissionMiddleware:
                 f"current_sessions must be a callable returning an int; got {current_sessions!r}."
             )
         self._current_sessions = current_sessions
+        # Whether current_sessions() failed last time, to log failure and recovery once.
+        self._count_failed = False
         if readiness_path is not None and not (
             isinstance(readiness_path, str) and readiness_path.startswith("/")
         ):
@@ -148,10 +151,34 @@ class AdmissionMiddleware:
 
     def session_counts(self) -> tuple[int, int]:
         """``(active, pending)``; active comes from ``current_sessions`` when given."""
-        current_sessions = self._current_sessions
-        own = None if current_sessions is None else current_sessions()
+        own = self._app_count()
         with self._ledger.locked():
             return self._ledger.counts(own)
+
+    def _app_count(self) -> int | None:
+        """``current_sessions()``, or ``None`` (the ledger's own count) when it fails.
+
+        A broken counter must not turn every session request into a 500: the memory
+        latch still guards, and the count falls back to the sessions this
+        middleware admitted itself until the app's counter answers again.
+        """
+        current_sessions = self._current_sessions
+        if current_sessions is None:
+            return None
+        try:
+            count = operator.index(current_sessions())
+        except Exception:
+            if not self._count_failed:
+                self._count_failed = True
+                logger.exception(
+                    "asgi-admission: current_sessions() failed or returned no whole number; "
+                    "counting the sessions this middleware admitted until it answers again."
+                )
+            return None
+        if self._count_failed:
+            self._count_failed = False
+            logger.info("asgi-admission: current_sessions() answers again.")
+        return count
 
     # -- ASGI ---------------------------------------------------------------------
 
@@ -208,10 +235,7 @@ class AdmissionMiddleware:
         with self._ledger.locked():
             # The app's own count (current_sessions) replaces the ledger's count of
             # accepted WebSockets; a shared ledger adds the other workers' counts.
-            current_sessions = self._current_sessions
-            current, pending = self._ledger.counts(
-                None if current_sessions is None else current_sessions()
-            )
+            current, pending = self._ledger.counts(self._app_count())
             decision = self._controller.decide(self._read(), current, self._session_limit, pending)
             if kind is not None:
                 if decision.allowed:

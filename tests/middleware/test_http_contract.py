@@ -149,6 +149,33 @@ async def test_current_sessions_callable_counts() -> None:
     assert mw.session_counts() == (2, 0)
 
 
+async def test_failing_current_sessions_falls_back_to_the_guards_own_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A current_sessions that raises or returns no whole number does not fail the request:
+    the guard counts its own sessions, logs the failure once and the recovery once."""
+    answers: list[object] = [RuntimeError("db down"), "3", 1]
+
+    def count() -> int:
+        answer = answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[return-value]
+
+    mw = guard(make_app(), SettableReader(), max_sessions=2, current_sessions=count)
+    with caplog.at_level(logging.INFO, logger="asgi_admission"):
+        async with client(mw) as c:
+            assert (await c.post("/sessions")).status_code == 200
+            answers.pop(0)
+            assert (await c.post("/sessions")).status_code == 200
+            assert mw.session_counts() == (0, 0)
+            answers.pop(0)
+            assert mw.session_counts() == (1, 0)
+    failures = [r for r in caplog.records if "current_sessions() failed" in r.getMessage()]
+    assert len(failures) == 1
+    assert "answers again" in caplog.text
+
+
 async def test_pending_until_streaming_response_finishes() -> None:
     """A streamed session response stays pending until its last chunk, not its first."""
     seen: list[tuple[int, int]] = []

@@ -257,6 +257,16 @@ class AdmissionMiddleware:
         memory = decision.memory
         if blind_changed:
             if decision.state == "unavailable":
+                if memory.available:
+                    # Readable, but nothing to take a percentage of: no memory limit.
+                    logger.warning(
+                        "asgi-admission: %s has no memory limit (working set %.1f MiB); "
+                        "admitting by the fixed session limit of %d until it has one.",
+                        memory.path or "the memory source",
+                        (memory.used_bytes or 0) / _MIB,
+                        self._session_limit,
+                    )
+                    return
                 logger.warning(
                     "asgi-admission: memory telemetry lost (%s); admitting by the fixed "
                     "session limit of %d until readings return.",

@@ -259,6 +259,18 @@ async def test_transitions_and_telemetry_logged_once(caplog: pytest.LogCaptureFi
     assert "telemetry recovered" in messages[3]
 
 
+async def test_unlimited_memory_is_logged_as_no_limit(caplog: pytest.LogCaptureFixture) -> None:
+    """A readable cgroup without a limit is reported as such, not as lost telemetry."""
+    reader = SettableReader(used_mb=100)
+    reader.limit = None
+    mw = guard(make_app(), reader)
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        async with client(mw) as c:
+            assert (await c.post("/sessions")).status_code == 200
+    assert "has no memory limit (working set 100.0 MiB)" in caplog.text
+    assert "telemetry lost" not in caplog.text
+
+
 async def test_reader_that_raises_counts_as_blind(caplog: pytest.LogCaptureFixture) -> None:
     """A custom reader that raises makes the guard fall back to the count cap, not fail."""
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import os
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,5 +51,17 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         log_level=args.log_level,
+        log_config=log_config(uvicorn.config.LOGGING_CONFIG),
     )
     return 0
+
+
+def log_config(base: dict[str, Any]) -> dict[str, Any]:
+    """uvicorn's logging, plus the guard's own messages (latch set and cleared) at INFO."""
+    config = copy.deepcopy(base)
+    config["loggers"]["asgi_admission"] = {
+        "handlers": ["default"],
+        "level": "INFO",
+        "propagate": False,
+    }
+    return config

@@ -78,6 +78,9 @@ def test_demo_command_runs_uvicorn(monkeypatch: pytest.MonkeyPatch) -> None:
     assert kwargs["factory"] is True
     assert (kwargs["host"], kwargs["port"], kwargs["workers"]) == ("127.0.0.1", 8123, 2)
     assert os.environ["DEMO_SESSION_MB"] == "5"
+    # The guard's latch messages reach the console at INFO; uvicorn's own config is untouched.
+    assert kwargs["log_config"]["loggers"]["asgi_admission"]["level"] == "INFO"
+    assert "asgi_admission" not in uvicorn.config.LOGGING_CONFIG["loggers"]
 
 
 @pytest.mark.parametrize("argv", [["demo", "--session-mb", "-1"], ["demo", "--workers", "0"]])

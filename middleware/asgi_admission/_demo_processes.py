@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Final
 
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import FastAPI, HTTPException, Query, Request, Response
 
 from ._watchdog import SessionWatchdog, WatchedSession, session_watchdog
 
@@ -159,7 +159,9 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
             pass
         return describe(child)
 
-    @app.delete("/processes/{session_id}", status_code=204)
+    @app.delete(
+        "/processes/{session_id}", status_code=204, response_class=Response, response_model=None
+    )
     async def close_process(session_id: str) -> None:
         sessions.get(session_id)
         await sessions.close(session_id)

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Query, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, HTTPException, Query, Response, WebSocket, WebSocketDisconnect
 from prometheus_client import REGISTRY
 
 from ._config import AdmissionConfig
@@ -132,7 +132,10 @@ def create_app(
             await asyncio.sleep(hold_s)
         return {"id": store.open(size)}
 
-    @app.delete("/sessions/{session_id}", status_code=204)
+    # No response model: FastAPI 0.115 takes "-> None" for one and refuses it on a 204.
+    @app.delete(
+        "/sessions/{session_id}", status_code=204, response_class=Response, response_model=None
+    )
     async def close_session(session_id: str) -> None:
         if not store.close(session_id):
             raise HTTPException(status_code=404, detail="no such session")

@@ -28,7 +28,9 @@ def multiproc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     value_class = values.MultiProcessValue(lambda: 4242)
     monkeypatch.setattr(values, "ValueClass", value_class)
     yield tmp_path
-    value_class.close_all_files()
+    close_all_files = getattr(value_class, "close_all_files", None)  # prometheus-client >= 0.21
+    if close_all_files is not None:
+        close_all_files()
 
 
 def scrape(app: Any) -> Samples:

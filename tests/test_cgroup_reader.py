@@ -467,7 +467,10 @@ def test_available_reading_matches_the_dataclass_constructor() -> None:
         "path",
         "limit_file",
         "pressure_some_avg10",
+        "exact",
     ]
+    bound = available_reading(1, 2, 1, 0, "cgroup-v1", "/p", "/p/f", exact=False)
+    assert bound == dataclasses.replace(slow, usage_bytes=1, reclaimable_bytes=0, exact=False)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.used_bytes = 5  # type: ignore[misc]
 

@@ -200,3 +200,28 @@ def test_removed_and_recreated_group_is_reopened(v1_group: Group) -> None:
     recovered = reader()
     assert (recovered.available, recovered.limit_bytes) == (True, 128 * MIB)
     assert reader().limit_bytes == 128 * MIB
+
+
+def test_bound_on_a_real_group_has_the_kernels_limit_and_usage(v1_group: Group) -> None:
+    """On this machine's v1 hierarchy (whole, no cgroup namespace) the bound reads the
+    group's exact limit and raw usage without memory.stat, and fast-path decisions match."""
+    v1_group.make()
+    child = start_child_in(v1_group)
+    assert tell(child) == "allocated\n"
+    reader = CgroupMemoryReader(v1_group.path)
+    full = reader()
+    bound = reader.read_bound()
+    usage = int((v1_group.path / "memory.usage_in_bytes").read_text())
+    assert bound is not None
+    assert (bound.limit_bytes, bound.exact, bound.path) == (LIMIT, False, str(v1_group.path))
+    assert bound.used_bytes is not None
+    assert full.used_bytes is not None
+    assert abs(bound.used_bytes - usage) <= TOLERANCE
+    assert bound.used_bytes >= full.used_bytes - TOLERANCE
+    latch = AdmissionController(reserve_bytes=64 * MIB, memory_reader=reader)
+    assert latch.evaluate(0, 4).memory.exact  # the first decision reads in full
+    fast = latch.evaluate(0, 4)
+    assert (fast.allowed, fast.state, fast.memory.exact) == (True, "normal", False)
+    assert json.loads(tell(child))["reading"]["limit_bytes"] == LIMIT  # its own report
+    assert tell(child) == ""
+    assert child.wait(timeout=30) == 0

@@ -290,6 +290,14 @@ class _Source:
         """A reading, or ``None`` when this source's files are not there at all."""
         raise NotImplementedError
 
+    def read_bound(self) -> MemoryReading | None:
+        """An upper bound of the working set with the exact limit, without ``memory.stat``.
+
+        ``None`` where this source cannot tell the effective limit exactly that way
+        (or anything is off): the caller then takes a full reading.
+        """
+        raise NotImplementedError
+
     def ancestor_files(self, marker: str) -> list[_Files]:
         if self.ancestors is None:
             self.ancestors = [
@@ -345,7 +353,10 @@ class _V2Source(_Source):
                 best, best_file = parsed, os.path.join(level.directory, name)
         return best, best_file, True
 
-    def read(self) -> MemoryReading | None:
+    def _measure(
+        self,
+    ) -> tuple[int, int | None, str | None, _Files] | MemoryReading | None:
+        """(usage, limit, the file that set it, the binding level), or what to report."""
         try:
             usage_raw = self.own.read("memory.current")
         except OSError:
@@ -368,6 +379,13 @@ class _V2Source(_Source):
         usage = _parse_bytes_value(usage_raw)
         if usage is None:
             return self.unavailable()
+        return usage, limit, limit_file, binding
+
+    def read(self) -> MemoryReading | None:
+        measured = self._measure()
+        if not isinstance(measured, tuple):
+            return measured
+        usage, limit, limit_file, binding = measured
         try:
             stat = binding.read("memory.stat")
         except OSError:
@@ -383,17 +401,39 @@ class _V2Source(_Source):
             limit_file,
         )
 
+    def read_bound(self) -> MemoryReading | None:
+        # Every limit v2 reads comes from the limit files themselves, so only the
+        # reclaimable cache (memory.stat) is left out: usage is the upper bound.
+        measured = self._measure()
+        if not isinstance(measured, tuple) or measured[1] is None:
+            return None
+        usage, limit, limit_file, binding = measured
+        return available_reading(
+            usage, limit, usage, 0, self.source, binding.directory, limit_file, exact=False
+        )
+
 
 class _V1Source(_Source):
     source: Source = "cgroup-v1"
     prefer_total = True
 
-    def __init__(self, directory: str, top: str | None, reclaimable: Reclaimable) -> None:
+    def __init__(
+        self,
+        directory: str,
+        top: str | None,
+        reclaimable: Reclaimable,
+        *,
+        whole_chain: bool = False,
+    ) -> None:
         super().__init__(directory, top, reclaimable)
         # The hot path reads these three every time: resolve them once.
         self.usage_file = self.own.file("memory.usage_in_bytes")
         self.limit_file = self.own.file("memory.limit_in_bytes")
         self.stat_file = self.own.file("memory.stat")
+        #: Every ancestor up to the hierarchy's root is visible below ``top`` (the
+        #: mount shows the whole hierarchy), so their limit files give the kernel's
+        #: hierarchical_memory_limit exactly, without memory.stat.
+        self.whole_chain = whole_chain and top is not None
 
     def read(self) -> MemoryReading | None:
         try:
@@ -433,6 +473,42 @@ class _V1Source(_Source):
             self.source,
             binding.directory,
             None if unlimited else limit_file,
+        )
+
+    def read_bound(self) -> MemoryReading | None:
+        # hierarchical_memory_limit is the least limit of the group and all its
+        # ancestors; read them directly, but only where all of them are visible (a
+        # container's view hides the ancestors and only memory.stat can tell).
+        if not self.whole_chain:
+            return None
+        chain = self.ancestor_files("memory.limit_in_bytes")
+        last = chain[-1].directory if chain else self.own.directory
+        if os.path.normpath(last) != os.path.normpath(self.top or ""):
+            return None  # the walk stopped short of the hierarchy's root: not all seen
+        try:
+            usage = _parse_bytes_value(self.usage_file.read())
+            limit = _parse_bytes_value(self.limit_file.read())
+            if usage is None or limit is None or limit <= 0:
+                return None
+            binding, limit_file = self.own, self.limit_file.path
+            # Nearest first and strictly less: the level read() would pick as binding.
+            for level in chain:
+                level_limit = _parse_bytes_value(level.read("memory.limit_in_bytes"))
+                if level_limit is None or level_limit <= 0:
+                    return None
+                if level_limit < limit:
+                    limit, binding = level_limit, level
+            if limit >= V1_UNLIMITED_FLOOR:
+                return None
+            if binding is not self.own:
+                usage = _parse_bytes_value(binding.read("memory.usage_in_bytes"))
+                if usage is None:
+                    return None
+                limit_file = os.path.join(binding.directory, "memory.limit_in_bytes")
+        except OSError:
+            return None
+        return available_reading(
+            usage, limit, usage, 0, self.source, binding.directory, limit_file, exact=False
         )
 
     def _binding_ancestor(self, limit: int) -> tuple[_Files, int, bytes] | None:
@@ -533,11 +609,16 @@ class CgroupLocation:
     #: ``"explicit"`` (root given), ``"discovered"`` or ``"fallback"``.
     how: Literal["explicit", "discovered", "fallback"]
     warnings: tuple[str, ...] = ()
+    #: The v1 mount shows the whole hierarchy (its root is ``/``) and our directory
+    #: lies inside it, so every ancestor's limit file is visible.
+    v1_whole_chain: bool = False
 
 
 def _resolve(
     path: str, mounts: list[_Mount], hostfs: str
-) -> tuple[tuple[str, str] | None, str | None]:
+) -> tuple[tuple[str, str] | None, str | None, bool]:
+    """((directory, mount point), a warning, whether the mount shows the whole hierarchy)."""
+
     def host(mount_point: str) -> str:
         return os.path.join(hostfs, mount_point.lstrip("/"))
 
@@ -547,7 +628,7 @@ def _resolve(
             mount_point = host(mount.mount_point)
             directory = os.path.join(mount_point, rel) if rel else mount_point
             if os.path.isdir(directory):
-                return (os.path.normpath(directory), mount_point), None
+                return (os.path.normpath(directory), mount_point), None, mount.root == "/"
     for mount in mounts:
         mount_point = host(mount.mount_point)
         if os.path.isdir(mount_point):
@@ -556,8 +637,35 @@ def _resolve(
                 f"cgroup path {path!r} does not resolve inside its mount "
                 f"(root {mount.root!r} at {mount.mount_point!r}); reading the mount point "
                 f"{mount_point!r} instead",
+                False,
             )
-    return None, None
+    return None, None, False
+
+
+#: The inode of the initial cgroup namespace (the kernel's PROC_CGROUP_INIT_INO). In any
+#: other namespace a mount root of "/" is the namespace's root, with ancestors hidden.
+INITIAL_CGROUP_NAMESPACE_INODE: Final = 0xEFFFFFFB
+
+
+def in_initial_cgroup_namespace(path: str = "/proc/self/ns/cgroup") -> bool:
+    """Whether this process sees the whole cgroup hierarchy (no cgroup namespace)."""
+    try:
+        return os.stat(path).st_ino == INITIAL_CGROUP_NAMESPACE_INODE
+    except OSError:
+        return False
+
+
+def whole_hierarchy_mount(directory: str, mounts: list[_Mount], hostfs: str = "/") -> str | None:
+    """The mount point of the cgroup v1 memory mount that shows its whole hierarchy and
+    holds ``directory``, if there is one: then every ancestor's limit file is visible."""
+    directory = os.path.normpath(directory)
+    for mount in mounts:
+        if mount.fstype != "cgroup" or "memory" not in mount.super_options or mount.root != "/":
+            continue
+        mount_point = os.path.normpath(os.path.join(hostfs, mount.mount_point.lstrip("/")))
+        if directory == mount_point or directory.startswith(mount_point + os.sep):
+            return mount_point
+    return None
 
 
 def discover_cgroup(
@@ -565,6 +673,7 @@ def discover_cgroup(
     proc_self_cgroup: str = "/proc/self/cgroup",
     mountinfo: str = "/proc/self/mountinfo",
     hostfs: str = "/",
+    cgroup_namespace: str = "/proc/self/ns/cgroup",
 ) -> CgroupLocation:
     """Find this process's own memory cgroup, v2 and v1, from ``/proc``.
 
@@ -583,13 +692,15 @@ def discover_cgroup(
         mounts = []
     warnings: list[str] = []
     v2 = v1 = None
+    v1_whole_chain = False
     if v2_path is not None:
-        v2, warning = _resolve(v2_path, [m for m in mounts if m.fstype == "cgroup2"], hostfs)
+        v2, warning, _ = _resolve(v2_path, [m for m in mounts if m.fstype == "cgroup2"], hostfs)
         if warning:
             warnings.append(warning)
     if v1_path is not None:
         v1_mounts = [m for m in mounts if m.fstype == "cgroup" and "memory" in m.super_options]
-        v1, warning = _resolve(v1_path, v1_mounts, hostfs)
+        v1, warning, v1_whole_chain = _resolve(v1_path, v1_mounts, hostfs)
+        v1_whole_chain = v1_whole_chain and in_initial_cgroup_namespace(cgroup_namespace)
         if warning:
             warnings.append(warning)
     if v2 is None and v1 is None:
@@ -600,7 +711,33 @@ def discover_cgroup(
             how="fallback",
             warnings=(f"could not find this process's cgroup; reading {fallback!r}",),
         )
-    return CgroupLocation(v2=v2, v1=v1, how="discovered", warnings=tuple(warnings))
+    return CgroupLocation(
+        v2=v2,
+        v1=v1,
+        how="discovered",
+        warnings=tuple(warnings),
+        v1_whole_chain=v1_whole_chain,
+    )
+
+
+def _whole_chain_tops(
+    root: str, mountinfo: str, hostfs: str, cgroup_namespace: str
+) -> dict[str, str]:
+    """For the v1 places under an explicit root, the mount point above which nothing is
+    hidden, where the mount shows the whole hierarchy; empty where unknown."""
+    if not in_initial_cgroup_namespace(cgroup_namespace):
+        return {}
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as f:
+            mounts = parse_mountinfo(f.read())
+    except OSError:
+        return {}
+    tops: dict[str, str] = {}
+    for directory in (os.path.join(root, "memory"), root):
+        top = whole_hierarchy_mount(directory, mounts, hostfs)
+        if top is not None:
+            tops[directory] = top
+    return tops
 
 
 class CgroupMemoryReader:
@@ -621,6 +758,7 @@ class CgroupMemoryReader:
         proc_self_cgroup: str = "/proc/self/cgroup",
         mountinfo: str = "/proc/self/mountinfo",
         hostfs: str = "/",
+        cgroup_namespace: str = "/proc/self/ns/cgroup",
     ) -> None:
         if reclaimable not in ("file", "inactive"):
             raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {reclaimable!r}.")
@@ -630,7 +768,10 @@ class CgroupMemoryReader:
             self.location = CgroupLocation(v2=(root, root), v1=None, how="explicit")
         else:
             self.location = discover_cgroup(
-                proc_self_cgroup=proc_self_cgroup, mountinfo=mountinfo, hostfs=hostfs
+                proc_self_cgroup=proc_self_cgroup,
+                mountinfo=mountinfo,
+                hostfs=hostfs,
+                cgroup_namespace=cgroup_namespace,
             )
         for warning in self.location.warnings:
             logger.warning("asgi-admission: %s.", warning)
@@ -639,6 +780,11 @@ class CgroupMemoryReader:
             self.root: str | None = fallback
         else:
             self.root = os.fspath(root) if root is not None else None
+        # Where an explicit root lies inside a v1 memory mount showing the whole
+        # hierarchy, the v1 sources there can read every ancestor's limit (read_bound).
+        self._v1_tops: dict[str, str] = {}
+        if self.root is not None:  # explicit or fallback root
+            self._v1_tops = _whole_chain_tops(self.root, mountinfo, hostfs, cgroup_namespace)
         self._lock = threading.Lock()
         self._sources: list[_Source] = []
         self._active: _Source | None = None
@@ -654,15 +800,25 @@ class CgroupMemoryReader:
         if self.root is not None:
             # Explicit (or fallback) root: v2 in it, then v1 in <root>/memory, then <root>.
             sources.append(_V2Source(self.root, None, self.reclaimable))
-            sources.append(_V1Source(os.path.join(self.root, "memory"), None, self.reclaimable))
-            sources.append(_V1Source(self.root, None, self.reclaimable))
+            for directory in (os.path.join(self.root, "memory"), self.root):
+                top = self._v1_tops.get(directory)
+                sources.append(
+                    _V1Source(directory, top, self.reclaimable, whole_chain=top is not None)
+                )
         else:
             if self.location.v2 is not None:
                 directory, top = self.location.v2
                 sources.append(_V2Source(directory, top, self.reclaimable))
             if self.location.v1 is not None:
                 directory, top = self.location.v1
-                sources.append(_V1Source(directory, top, self.reclaimable))
+                sources.append(
+                    _V1Source(
+                        directory,
+                        top,
+                        self.reclaimable,
+                        whole_chain=self.location.v1_whole_chain,
+                    )
+                )
         self._sources = sources
 
     def __call__(self) -> MemoryReading:
@@ -680,6 +836,19 @@ class CgroupMemoryReader:
                 if avg10 is not None:
                     reading = replace(reading, pressure_some_avg10=avg10)
             return reading
+
+    def read_bound(self) -> MemoryReading | None:
+        """An upper bound of the working set (raw usage) with the exact effective limit,
+        read without ``memory.stat``; ``None`` where that cannot be had exactly.
+
+        The latch admits on it only where the exact working set could not decide
+        otherwise, and takes a full reading everywhere else. Available on cgroup v2,
+        and on v1 where every ancestor is visible (no cgroup namespace, the mount
+        showing the whole hierarchy); never before the first full reading.
+        """
+        with self._lock:
+            active = self._active
+            return None if active is None else active.read_bound()
 
     def _read_locked(self) -> MemoryReading:
         active = self._active

@@ -10,11 +10,20 @@ Notes:
 - A reserve of R bytes makes the effective admission ceiling ``high - R``: one
   more session is only admitted while its reserve (and those of sessions already
   admitted but not yet started) still fits under the high watermark.
+- The fast path (``assess``): every condition of the latch is monotone in the
+  working set. So where the last decision was "normal" and an upper bound of the
+  working set (raw usage, from a reader's ``read_bound``, without the costly
+  ``memory.stat``) with the exact limit already admits without setting the
+  latch, the exact working set would have decided the same: admit, normal, no
+  transition. Anything else (near the ceiling, latched, blind, after a blind
+  decision) takes the full reading. Only ``decision.memory`` differs: the bound,
+  marked ``exact=False``.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -82,6 +91,7 @@ class AdmissionController:
     """
 
     __slots__ = (
+        "_last_state",
         "_lock",
         "_pressured",
         "high_watermark_percent",
@@ -111,6 +121,8 @@ class AdmissionController:
         self.reserve_bytes = int(reserve_bytes)
         self.memory_reader: MemoryReader = memory_reader or _default_reader()
         self._pressured = False
+        # The state of the last full decision: the fast path follows only "normal".
+        self._last_state: State | None = None
         self._lock = threading.Lock()
 
     @property
@@ -136,9 +148,43 @@ class AdmissionController:
         their memory yet: each holds a count slot and a reserve.
         """
         with self._lock:
-            return self.decide(
-                self.memory_reader(), current_sessions, session_limit, pending_sessions
-            )
+            return self.assess(current_sessions, session_limit, pending_sessions)
+
+    def assess(
+        self,
+        current_sessions: int,
+        session_limit: int,
+        pending_sessions: int = 0,
+        *,
+        read: Callable[[], MemoryReading] | None = None,
+    ) -> CapacityDecision:
+        """:meth:`evaluate` for callers that hold their own lock, with the fast path.
+
+        ``read`` replaces ``memory_reader`` for the full reading (the middleware
+        passes one that never raises). Where the reader offers ``read_bound`` and
+        the last decision was normal, a bound that admits is the decision.
+        """
+        used_slots = current_sessions + pending_sessions
+        if self._last_state == "normal" and used_slots < session_limit:
+            read_bound = getattr(self.memory_reader, "read_bound", None)
+            if read_bound is not None:
+                try:
+                    bound: MemoryReading | None = read_bound()
+                except Exception:
+                    bound = None
+                if bound is not None and self._admits_unchanged(bound, pending_sessions):
+                    return _decision(True, "normal", bound, None, None)
+        memory = (read or self.memory_reader)()
+        return self.decide(memory, current_sessions, session_limit, pending_sessions)
+
+    def _admits_unchanged(self, bound: MemoryReading, pending_sessions: int) -> bool:
+        """Whether the latch stays clear even at ``bound``'s (upper bound) working set."""
+        used, limit, percent = bound.used_bytes, bound.limit_bytes, bound.percent
+        if self._pressured or used is None or limit is None or percent is None:
+            return False
+        high = self.high_watermark_percent
+        needed = (pending_sessions + 1) * self.reserve_bytes
+        return percent < high and used + needed <= limit * high / 100
 
     def decide(
         self,
@@ -159,6 +205,7 @@ class AdmissionController:
             # Blind: fall back to the fixed cap and forget the latch, so that
             # recovering telemetry starts from a fresh evaluation.
             self._pressured = False
+            self._last_state = "unavailable"
             allowed = used_slots < session_limit
             return _decision(
                 allowed,
@@ -181,6 +228,7 @@ class AdmissionController:
         transition: Literal["pressured", "normal"] | None = None
         if self._pressured != was_pressured:
             transition = "pressured" if self._pressured else "normal"
+        self._last_state = "pressured" if self._pressured else "normal"
         if self._pressured:
             return _decision(False, "pressured", memory, "memory_pressure", transition)
         allowed = used_slots < session_limit

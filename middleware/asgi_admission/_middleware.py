@@ -236,7 +236,9 @@ class AdmissionMiddleware:
             # The app's own count (current_sessions) replaces the ledger's count of
             # accepted WebSockets; a shared ledger adds the other workers' counts.
             current, pending = self._ledger.counts(self._app_count())
-            decision = self._controller.decide(self._read(), current, self._session_limit, pending)
+            decision = self._controller.assess(
+                current, self._session_limit, pending, read=self._read
+            )
             if kind is not None:
                 if decision.allowed:
                     reservation = self._ledger.reserve()

@@ -35,6 +35,10 @@ class MemoryReading:
     limit_file: str | None = None
     #: PSI ``some avg10`` for this cgroup, in percent; ``None`` without PSI.
     pressure_some_avg10: float | None = None
+    #: ``False`` for an upper bound taken without ``memory.stat``: ``used_bytes`` is
+    #: then the raw usage, reclaimable cache not subtracted. The latch admits on such
+    #: a reading only where the exact working set could not have decided otherwise.
+    exact: bool = True
 
     @property
     def percent(self) -> float | None:
@@ -71,6 +75,7 @@ _set_source = _SLOT_SETTERS["source"]
 _set_path = _SLOT_SETTERS["path"]
 _set_limit_file = _SLOT_SETTERS["limit_file"]
 _set_pressure = _SLOT_SETTERS["pressure_some_avg10"]
+_set_exact = _SLOT_SETTERS["exact"]
 _new = object.__new__
 
 
@@ -82,6 +87,7 @@ def available_reading(
     source: Source,
     path: str,
     limit_file: str | None,
+    exact: bool = True,
 ) -> MemoryReading:
     """``MemoryReading(..., available=True)`` without the frozen-dataclass overhead."""
     reading: MemoryReading = _new(MemoryReading)
@@ -94,6 +100,7 @@ def available_reading(
     _set_path(reading, path)
     _set_limit_file(reading, limit_file)
     _set_pressure(reading, None)
+    _set_exact(reading, exact)
     return reading
 
 

@@ -492,7 +492,9 @@ class _V1Source(_Source):
                 return None
             binding, limit_file = self.own, self.limit_file.path
             # Nearest first and strictly less: the level read() would pick as binding.
-            for level in chain:
+            # The last level is the mount point, the hierarchy's root cgroup, whose
+            # limit v1 cannot set (the kernel refuses with EINVAL): it never binds.
+            for level in chain[:-1]:
                 level_limit = _parse_bytes_value(level.read("memory.limit_in_bytes"))
                 if level_limit is None or level_limit <= 0:
                     return None

@@ -87,6 +87,18 @@ def v1_hierarchy(tmp_path: Path, *, mount_root: str = "/") -> tuple[Path, Path, 
     return hostfs, proc_cgroup, mountinfo
 
 
+def discovered(
+    hostfs: Path, proc_cgroup: Path, mountinfo: Path, namespace: Path
+) -> CgroupMemoryReader:
+    """A reader that finds its cgroup in the tree ``v1_hierarchy`` built."""
+    return CgroupMemoryReader(
+        proc_self_cgroup=str(proc_cgroup),
+        mountinfo=str(mountinfo),
+        hostfs=str(hostfs),
+        cgroup_namespace=str(namespace),
+    )
+
+
 @pytest.fixture
 def initial_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A file standing in for /proc/self/ns/cgroup of the initial cgroup namespace."""
@@ -102,12 +114,7 @@ def test_v1_whole_hierarchy_bound_reads_the_ancestors_limits(
     """Seeing the whole hierarchy, the bound takes the least limit along the ancestry and
     that level's usage: what hierarchical_memory_limit and the full reading give."""
     hostfs, proc_cgroup, mountinfo = v1_hierarchy(tmp_path)
-    reader = CgroupMemoryReader(
-        proc_self_cgroup=str(proc_cgroup),
-        mountinfo=str(mountinfo),
-        hostfs=str(hostfs),
-        cgroup_namespace=str(initial_namespace),
-    )
+    reader = discovered(hostfs, proc_cgroup, mountinfo, initial_namespace)
     assert reader.location.v1_whole_chain
     full = reader()
     bound = reader.read_bound()
@@ -126,12 +133,7 @@ def test_v1_walk_that_stops_short_of_the_root_gives_no_bound(
     """If an intermediate level has no limit file, not every ancestor was seen: no bound."""
     hostfs, proc_cgroup, mountinfo = v1_hierarchy(tmp_path)
     (hostfs / "sys/fs/cgroup/memory/pod/memory.limit_in_bytes").unlink()
-    reader = CgroupMemoryReader(
-        proc_self_cgroup=str(proc_cgroup),
-        mountinfo=str(mountinfo),
-        hostfs=str(hostfs),
-        cgroup_namespace=str(initial_namespace),
-    )
+    reader = discovered(hostfs, proc_cgroup, mountinfo, initial_namespace)
     reader()
     assert reader.read_bound() is None
 
@@ -151,12 +153,7 @@ def test_v1_hidden_ancestors_mean_no_bound(
         hostfs, proc_cgroup, mountinfo = v1_hierarchy(tmp_path, mount_root="/pod")
         proc_cgroup.write_text("4:memory:/pod/pod/app\n")
         namespace = request.getfixturevalue("initial_namespace")
-    reader = CgroupMemoryReader(
-        proc_self_cgroup=str(proc_cgroup),
-        mountinfo=str(mountinfo),
-        hostfs=str(hostfs),
-        cgroup_namespace=str(namespace),
-    )
+    reader = discovered(hostfs, proc_cgroup, mountinfo, namespace)
     assert reader.location.warnings == ()
     assert reader.location.v1 is not None
     assert reader.location.v1[0].endswith("pod/app")
@@ -199,12 +196,7 @@ def test_v1_bound_declines_on_anything_odd(
 ) -> None:
     """Any unusable or missing figure, or no limit at all, means no bound (full reading)."""
     hostfs, proc_cgroup, mountinfo = v1_hierarchy(tmp_path)
-    reader = CgroupMemoryReader(
-        proc_self_cgroup=str(proc_cgroup),
-        mountinfo=str(mountinfo),
-        hostfs=str(hostfs),
-        cgroup_namespace=str(initial_namespace),
-    )
+    reader = discovered(hostfs, proc_cgroup, mountinfo, initial_namespace)
     reader()
     assert reader.read_bound() is not None
     target = hostfs / "sys/fs/cgroup/memory" / level / name

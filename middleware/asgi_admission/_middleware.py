@@ -95,6 +95,10 @@ class AdmissionMiddleware:
                 "session_predicate; without either it would guard nothing."
             )
         self._predicate = session_predicate
+        # __call__ runs on every request: most are a miss on one dict lookup, and only
+        # a predicate or a readiness path makes it look further.
+        self._http_routes = self._matcher.http_routes()
+        self._ws_routes = self._matcher.websocket_routes()
         if current_sessions is not None and not callable(current_sessions):
             raise ValueError(
                 f"current_sessions must be a callable returning an int; got {current_sessions!r}."
@@ -107,6 +111,7 @@ class AdmissionMiddleware:
         ):
             raise ValueError(f"readiness_path must start with '/'; got {readiness_path!r}.")
         self._readiness_path = readiness_path
+        self._look_further = session_predicate is not None or readiness_path is not None
 
         self._config = config if config is not None else AdmissionConfig.from_env()
         self._controller = controller if controller is not None else build_controller(self._config)
@@ -185,16 +190,20 @@ class AdmissionMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope_type = scope["type"]
         if scope_type == "http":
-            if self._matcher.matches(scope) or (
-                self._predicate is not None and self._predicate(scope)
-            ):
+            routes = self._http_routes.get(scope["method"])
+            if routes is not None and routes.matches(scope["path"]):
+                await self._guard_http(scope, receive, send)
+            elif not self._look_further:
+                await self.app(scope, receive, send)
+            elif self._predicate is not None and self._predicate(scope):
                 await self._guard_http(scope, receive, send)
             elif scope["path"] == self._readiness_path:
                 await self._readiness(scope, receive, send)
             else:
                 await self.app(scope, receive, send)
         elif scope_type == "websocket":
-            if self._matcher.matches(scope) or (
+            routes = self._ws_routes
+            if (routes is not None and routes.matches(scope["path"])) or (
                 self._predicate is not None and self._predicate(scope)
             ):
                 await self._guard_websocket(scope, receive, send)

@@ -25,7 +25,9 @@ _HTTP_METHODS: Final = frozenset(
 )
 
 
-class _MethodRoutes:
+class MethodRoutes:
+    """One method's session paths: a set of literal paths and one combined regex."""
+
     __slots__ = ("literal", "regex")
 
     def __init__(self, literal: frozenset[str], regex: re.Pattern[str] | None) -> None:
@@ -99,11 +101,11 @@ class RouteMatcher:
                 globs.setdefault(method, []).append(_glob_to_regex(path))
             else:
                 literal.setdefault(method, set()).add(path)
-        self._routes: dict[str, _MethodRoutes] = {}
+        self._routes: dict[str, MethodRoutes] = {}
         for method in literal.keys() | globs.keys():
             regexes = globs.get(method)
             regex = re.compile("|".join(f"(?:{r})" for r in regexes)) if regexes else None
-            self._routes[method] = _MethodRoutes(frozenset(literal.get(method, ())), regex)
+            self._routes[method] = MethodRoutes(frozenset(literal.get(method, ())), regex)
 
     def __bool__(self) -> bool:
         return bool(self._routes)
@@ -112,3 +114,11 @@ class RouteMatcher:
         """Whether this HTTP or WebSocket scope opens a session."""
         routes = self._routes.get(scope.get("method", WEBSOCKET))
         return routes is not None and routes.matches(scope["path"])
+
+    def http_routes(self) -> dict[str, MethodRoutes]:
+        """The compiled HTTP routes by method, for a caller that inlines the lookup."""
+        return {method: routes for method, routes in self._routes.items() if method != WEBSOCKET}
+
+    def websocket_routes(self) -> MethodRoutes | None:
+        """The compiled WebSocket routes, if any."""
+        return self._routes.get(WEBSOCKET)

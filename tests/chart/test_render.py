@@ -37,6 +37,9 @@ ENV_OF_VALUE = {
     "retryAfterSeconds": "ADMISSION_RETRY_AFTER_SECONDS",
     "memorySource": "ADMISSION_MEMORY_SOURCE",
     "cgroupRoot": "ADMISSION_CGROUP_ROOT",
+    "reclaimable": "ADMISSION_RECLAIMABLE",
+    "criticalWatermarkPercent": "ADMISSION_CRITICAL_WATERMARK_PERCENT",
+    "watchdogIntervalSeconds": "ADMISSION_WATCHDOG_INTERVAL_SECONDS",
 }
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -155,6 +158,15 @@ def test_resume_threshold_above_high_watermark_fails(helm: str) -> None:
     )
     assert proc.returncode != 0
     assert "resumeThresholdPercent is above admission.highWatermarkPercent" in proc.stderr
+
+
+def test_critical_watermark_not_above_high_fails(helm: str) -> None:
+    """A critical watermark at or below the high watermark fails the render with a sentence."""
+    proc = helm_template(
+        helm, "r", *MEMORY, "--set", "admission.criticalWatermarkPercent=80", check=False
+    )
+    assert proc.returncode != 0
+    assert "criticalWatermarkPercent is not above admission.highWatermarkPercent" in proc.stderr
 
 
 def test_selectors_hold_only_name_and_instance(rendered: dict[str, list[Manifest]]) -> None:

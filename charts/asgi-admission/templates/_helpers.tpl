@@ -144,4 +144,7 @@ schema is skipped. Included by the Deployment, which every render contains.
 {{- if gt (float64 .Values.admission.resumeThresholdPercent) (float64 .Values.admission.highWatermarkPercent) }}
 {{- fail "admission.resumeThresholdPercent is above admission.highWatermarkPercent: the latch resumes admitting below the high watermark, so the resume threshold must be at or below it." }}
 {{- end }}
+{{- if le (float64 .Values.admission.criticalWatermarkPercent) (float64 .Values.admission.highWatermarkPercent) }}
+{{- fail "admission.criticalWatermarkPercent is not above admission.highWatermarkPercent: the watchdog halts running sessions only after admission has stopped new ones, so the critical watermark must be higher." }}
+{{- end }}
 {{- end }}

@@ -33,24 +33,11 @@ from pathlib import Path
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
 from asgi_admission._ledger import InProcessLedger, Reservation, SessionLedger
 from asgi_admission._shared_ledger import SharedLedger, _held, _start_time
+from benchkit import timings_us
 
 MIB = 1024 * 1024
 TARGET_US = 20.0
 TARGET_RATIO = 2.0
-
-
-def timings_us(call: Callable[[], object], iterations: int) -> tuple[float, float]:
-    """(median, p99) in microseconds over ``iterations`` calls, after a warm-up."""
-    for _ in range(min(2000, iterations)):
-        call()
-    samples = []
-    clock = time.perf_counter_ns
-    for _ in range(iterations):
-        start = clock()
-        call()
-        samples.append(clock() - start)
-    samples.sort()
-    return statistics.median(samples) / 1000, samples[int(len(samples) * 0.99)] / 1000
 
 
 def timed_with_cleanup(
@@ -108,7 +95,7 @@ def ledger_cost(ledger: SessionLedger, iterations: int) -> tuple[float, float, f
             reservation = ledger.reserve()
         reservation.release()
 
-    return median, p99, timings_us(release, iterations)[0]
+    return median, p99, timings_us(release, iterations, warmup=2000)[0]
 
 
 def main() -> int:
@@ -164,7 +151,7 @@ def main() -> int:
             ("os.kill(pid, 0) (no reuse check)", lambda: os.kill(pid, 0)),
             ("flock LOCK_EX + LOCK_UN", lambda: (fcntl.flock(fd, 2), fcntl.flock(fd, 8))),
         ):
-            print(f"  {name:38} {timings_us(call, n)[0]:6.2f}")
+            print(f"  {name:38} {timings_us(call, n, warmup=2000)[0]:6.2f}")
         os.close(fd)
         for reservation in held:
             reservation.release()

@@ -32,7 +32,6 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -56,6 +55,7 @@ from asgi_admission import (
     CgroupMemoryReader,
     MemoryReading,
 )
+from benchkit import free_port, stop_process_group
 
 MIB = 1024 * 1024
 ROOT_ENV = "BENCH_CGROUP_ROOT"
@@ -241,13 +241,6 @@ def in_process(rounds: int, calls: int, root: str) -> dict[tuple[str, str], floa
 # -- (b) wrk against uvicorn ---------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def serve(factory: str, root: str) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     proc = subprocess.Popen(
@@ -277,16 +270,6 @@ def serve(factory: str, root: str) -> tuple[subprocess.Popen[bytes], int]:
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError(f"uvicorn {factory} did not start")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def wrk(port: int, route: str, seconds: int, script_dir: Path) -> float:
@@ -320,7 +303,7 @@ def under_uvicorn(seconds: int, root: str) -> dict[tuple[str, str], float]:
                     key = (factory.removesuffix("_app"), name)
                     results[key] = max(results.get(key, 0.0), rps)
             finally:
-                stop(proc)
+                stop_process_group(proc)
     return results
 
 

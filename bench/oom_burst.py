@@ -21,8 +21,6 @@ import contextlib
 import json
 import math
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from benchkit import free_port, stop_process_group
 
 MIB = 1024 * 1024
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -108,13 +108,6 @@ def oom_kills(group: Path) -> int:
         if key == "oom_kill":
             return int(value)
     return 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _wait_healthy(base_url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
@@ -214,14 +207,7 @@ def run_burst(
                 result.readmitted_after_close = _close_most_and_reopen(base_url, responses)
             return result
         finally:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            stop_process_group(proc)
 
 
 def _close_most_and_reopen(base_url: str, responses: list[httpx.Response | str]) -> bool:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from asgi_admission import AdmissionController, CgroupMemoryReader
+from benchkit import timings_us
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "tests" / "fixtures" / "cgroup"
@@ -78,20 +78,6 @@ def real_v1_group() -> Iterator[Path | None]:
                 time.sleep(0.05)
 
 
-def timings_us(call: Callable[[], object], iterations: int) -> tuple[float, float]:
-    """(median, p99) in microseconds over ``iterations`` calls, after a warm-up."""
-    for _ in range(min(1000, iterations)):
-        call()
-    samples = []
-    clock = time.perf_counter_ns
-    for _ in range(iterations):
-        start = clock()
-        call()
-        samples.append(clock() - start)
-    samples.sort()
-    return statistics.median(samples) / 1000, samples[int(len(samples) * 0.99)] / 1000
-
-
 def baseline(files: list[Path]) -> Callable[[], object]:
     """Open, read and close every file each time, as the reference did."""
 
@@ -107,9 +93,9 @@ def measure(name: str, root: Path, iterations: int) -> float:
     decision = controller.evaluate(0, 16)
     files = [Path(path) for path in reader.files()]
     assert files, f"{root}: the reader opened no files"
-    median, p99 = timings_us(lambda: controller.evaluate(0, 16), iterations)
-    read_only = timings_us(reader, iterations)
-    base_median, base_p99 = timings_us(baseline(files), iterations)
+    median, p99 = timings_us(lambda: controller.evaluate(0, 16), iterations, warmup=1000)
+    read_only = timings_us(reader, iterations, warmup=1000)
+    base_median, base_p99 = timings_us(baseline(files), iterations, warmup=1000)
     reader.close()
     print(
         f"{name:34} decision {median:6.2f} µs (p99 {p99:6.2f})  reading {read_only[0]:6.2f} µs  "

@@ -8,7 +8,6 @@ import multiprocessing
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import psutil
 from asgi_admission._ledger import Reservation
 from asgi_admission._shared_ledger import SharedLedger
 from cgroup_trees import write_v2_tree as write_v2_tree
+from processkit import free_port, stop_process_group
 
 __all__ = [
     "MIB",
@@ -106,13 +106,6 @@ MIB = 1024 * 1024
 V1_MOUNT = Path("/sys/fs/cgroup/memory")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class Workers:
     """``uvicorn --workers N`` serving the demo, stopped with SIGTERM then SIGKILL."""
 
@@ -171,14 +164,7 @@ class Workers:
         }
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:  # pragma: no cover - a hung shutdown
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_process_group(self.proc, timeout=15)
         self._log.close()
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from starlette.websockets import WebSocket
 
 from asgi_admission import AdmissionConfig, AdmissionController, AdmissionMiddleware, MemoryReading
 from asgi_admission._metrics_app import metrics_route
+from processkit import free_port as free_port
 
 MIB = 1024 * 1024
 
@@ -124,13 +124,6 @@ def promtool_check(promtool: str, exposition: bytes) -> subprocess.CompletedProc
         timeout=30,
         check=False,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import glob
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +14,8 @@ import pytest
 from metricskit import MIB, free_port, wait_until
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
+
+from processkit import stop_process_group
 
 pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
@@ -67,16 +68,6 @@ class Demo:
         return totals
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     root = tmp_path_factory.mktemp("served")
@@ -118,7 +109,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
         wait_until(lambda: len(glob.glob(str(multiproc / "counter_*.db"))) == 2, 30, "2 workers")
         yield server
     finally:
-        _stop(process)
+        stop_process_group(process)
 
 
 def test_two_workers_add_up_in_one_scrape(demo: Demo) -> None:
@@ -217,4 +208,4 @@ def test_real_prometheus_scrapes_the_demo(demo: Demo, prometheus: str, tmp_path:
         series = query("count by (kind, outcome, reason) (asgi_admission_decisions_total)")
         assert len(series) == 8  # every reachable combination, pre-initialised
     finally:
-        _stop(process)
+        stop_process_group(process)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import time
 import warnings
@@ -22,6 +19,8 @@ from asgi_admission import (
     MemoryReading,
 )
 from cgroup_trees import write_v2_tree as write_v2_tree
+from processkit import free_port as free_port
+from processkit import stop_process_group
 
 with warnings.catch_warnings():
     # Starlette 1.x prefers the httpx2 fork for its TestClient and warns when it
@@ -90,13 +89,6 @@ def guard(
     )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class Server:
     """A server subprocess on 127.0.0.1, stopped with SIGTERM then SIGKILL."""
 
@@ -127,12 +119,5 @@ class Server:
         raise RuntimeError(f"server not ready in {timeout}s:\n{self.log_path.read_text()}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_process_group(self.proc, timeout=10)
         self._log.close()

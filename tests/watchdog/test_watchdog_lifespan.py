@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from watchdog_app import build_app
 from watchdogkit import TestClient
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, SessionWatchdog
+from processkit import free_port
 
 HERE = Path(__file__).parent
 
@@ -80,17 +80,10 @@ def test_handlers_without_a_watchdog_get_a_clear_error() -> None:
     assert not app.state.watchdog.running
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.mark.real_server
 def test_real_uvicorn_runs_and_stops_the_watchdog(tmp_path: Path) -> None:
     """Under uvicorn the watchdog halts an over-budget child; SIGTERM leaves no task or process."""
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "uvicorn.log"
     with log.open("wb") as out:
         server = subprocess.Popen(

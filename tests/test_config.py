@@ -189,12 +189,6 @@ def test_invalid_config_in_code_raises_a_sentence(kwargs: dict[str, object], mes
         AdmissionConfig(**kwargs)  # type: ignore[arg-type]
 
 
-def test_ceiling_percent_is_high_minus_reserve_share() -> None:
-    """A reserve of R makes the admission ceiling high minus R (as a share of the limit)."""
-    config = AdmissionConfig(reserve_bytes=GIB)
-    assert config.ceiling_percent(10 * GIB) == pytest.approx(70.0)
-
-
 def test_factory_builds_cgroup_reader_and_controller(tmp_path: Path) -> None:
     """build_controller wires the thresholds and a cgroup reader for the configured root."""
     (tmp_path / "memory.current").write_text("100\n")

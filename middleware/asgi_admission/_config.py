@@ -86,10 +86,6 @@ class AdmissionConfig:
         if self.reclaimable not in get_args(Reclaimable):
             raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}.")
 
-    def ceiling_percent(self, limit_bytes: int) -> float:
-        """The working-set percentage above which one more session is refused."""
-        return self.high_watermark_percent - self.reserve_bytes * 100 / limit_bytes
-
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AdmissionConfig:
         """Build the configuration from ``ADMISSION_*`` (or legacy ``CODA_*``) variables.

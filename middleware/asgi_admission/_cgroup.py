@@ -434,6 +434,7 @@ class _V1Source(_Source):
         #: mount shows the whole hierarchy), so their limit files give the kernel's
         #: hierarchical_memory_limit exactly, without memory.stat.
         self.whole_chain = whole_chain and top is not None
+        self.chain_reaches_top: bool | None = None
 
     def read(self) -> MemoryReading | None:
         try:
@@ -482,9 +483,13 @@ class _V1Source(_Source):
         if not self.whole_chain:
             return None
         chain = self.ancestor_files("memory.limit_in_bytes")
-        last = chain[-1].directory if chain else self.own.directory
-        if os.path.normpath(last) != os.path.normpath(self.top or ""):
-            return None  # the walk stopped short of the hierarchy's root: not all seen
+        if self.chain_reaches_top is None:
+            # The walk is made once per source, so whether it reached the hierarchy's
+            # root (and so saw every ancestor) is settled once too.
+            last = chain[-1].directory if chain else self.own.directory
+            self.chain_reaches_top = os.path.normpath(last) == os.path.normpath(self.top or "")
+        if not self.chain_reaches_top:
+            return None
         try:
             usage = _parse_bytes_value(self.usage_file.read())
             limit = _parse_bytes_value(self.limit_file.read())

@@ -10,8 +10,9 @@ reads a cgroup v2 tree in a temporary directory through ``CgroupMemoryReader``
 (kept descriptors, ``os.pread``) with a generous limit (a real cgroup v1 memory
 group where the script may create one, as root on this project's machines), so
 every session is admitted (a "fixed" variant uses a constant reading, to show the
-guard's own cost apart from the reader's), and released when its response
-completes. Rounds are interleaved so machine drift hits every variant alike; the
+guard's own cost apart from the reader's; a "floor" reference does only what any
+guard must: one ``pread``, a count and a watched ``send``), and released when its
+response completes. Rounds are interleaved so machine drift hits every variant alike; the
 figures are medians of per-round means, and ratios to bare the medians of
 per-round ratios. (b) ``wrk`` against uvicorn on 127.0.0.1, bare and guarded,
 alternating, best of two runs each. Prints the ratios and the targets:
@@ -151,6 +152,45 @@ class PassThrough:
         await self.app(scope, receive, send)
 
 
+class Floor:
+    """A reference, not a guard: the least any guard of session requests must do.
+
+    One ``pread`` of the cgroup's usage, one pending count, and a watched ``send``
+    that gives the slot back when the response ends. No lock, limit, latch, ledger,
+    disconnect watch, refusal or metrics. Its cost is what reading the kernel and
+    knowing when a session request ends cost under a real server on this machine.
+    """
+
+    def __init__(self, app: Any, root: str) -> None:
+        self.app = app
+        self.pending = 0
+        names = ("memory.current", "memory.usage_in_bytes")
+        usage = next(os.path.join(root, n) for n in names if os.path.exists(os.path.join(root, n)))
+        self._fd = os.open(usage, os.O_RDONLY)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        int(os.pread(self._fd, 64, 0))
+        self.pending += 1
+        done = False
+
+        async def watched(message: Any) -> None:
+            nonlocal done
+            await send(message)
+            ended = message["type"] == "http.response.body" and not message.get("more_body")
+            if ended and not done:
+                done = True
+                self.pending -= 1
+
+        try:
+            await self.app(scope, receive, watched)
+        finally:
+            if not done:
+                self.pending -= 1
+
+
 def exporter(app: Any) -> Any:
     from starlette_exporter import PrometheusMiddleware
 
@@ -168,6 +208,10 @@ def guarded_app() -> Any:
 
 def guarded_fixed_app() -> Any:
     return guarded(base_app(), None)
+
+
+def floor_app() -> Any:
+    return Floor(base_app(), os.environ[ROOT_ENV])
 
 
 # -- (a) in-process ------------------------------------------------------------------
@@ -213,6 +257,7 @@ def in_process(rounds: int, calls: int, root: str) -> dict[tuple[str, str], floa
         "guard": guarded(base_app(), root),
         "guard+metrics": guarded(base_app(), root, CollectorRegistry()),
         "guard(fixed)": guarded(base_app(), None),
+        "floor": Floor(base_app(), root),
         "exporter": exporter(base_app()),
     }
     routes = {"plain": scope_for("GET", "/plain"), "session": scope_for("POST", "/sessions")}
@@ -293,7 +338,7 @@ def under_uvicorn(seconds: int, root: str) -> dict[tuple[str, str], float]:
     }
     results: dict[tuple[str, str], float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        factories = ("bare_app", "guarded_app", "guarded_fixed_app") * 2
+        factories = ("bare_app", "guarded_app", "guarded_fixed_app", "floor_app") * 2
         for factory in factories:
             proc, port = serve(factory, root)
             try:
@@ -328,6 +373,7 @@ def main() -> int:
                         "guard",
                         "guard+metrics",
                         "guard(fixed)",
+                        "floor",
                         "exporter",
                     )
                 )
@@ -338,6 +384,7 @@ def main() -> int:
         metrics_added = us("guard+metrics", "session") - us("bare", "session")
         exporter_session = us("exporter", "session") - us("bare", "session")
         fixed_added = us("guard(fixed)", "session") - us("bare", "session")
+        floor_added = us("floor", "session") - us("bare", "session")
         print(
             f"  off path: guard/bare = {t['guard/bare', 'plain']:.3f}"
             f" (target <= 1.03; an empty pass-through middleware is "
@@ -349,7 +396,8 @@ def main() -> int:
             " of exporter's added (target <= 0.25); with metrics "
             f"{metrics_added:.2f} µs = {metrics_added / exporter_session:.3f}; with a fixed "
             f"reading (the guard alone) {fixed_added:.2f} µs = "
-            f"{fixed_added / exporter_session:.3f}"
+            f"{fixed_added / exporter_session:.3f}; the floor (one pread, a count, a "
+            f"watched send) {floor_added:.2f} µs"
         )
         if shutil.which("wrk") is None:
             print("(b) skipped: wrk is not installed")
@@ -363,6 +411,16 @@ def main() -> int:
                 f"  {route:8}  bare {rps['bare', route]:8.0f}  guarded "
                 f"{rps['guarded', route]:8.0f}  ratio {ratio:.3f} ({note})"
             )
+        print("  for scale, as ratios to bare on the same routes:")
+        for name, label in (
+            ("guarded_fixed", "the guard over a constant reading (no reader)"),
+            ("floor", "the floor: one pread, a count, a watched send (no guard)"),
+        ):
+            ratios = "  ".join(
+                f"{route} {rps[name, route] / rps['bare', route]:.3f}"
+                for route in ("plain", "session", "spawn")
+            )
+            print(f"    {ratios}  {label}")
     return 0
 
 

@@ -1,4 +1,8 @@
-"""``read_bound``: raw usage with the exact limit, offered only where the limit is exact."""
+"""``read_bound``: raw usage with the exact limit, offered only where the limit is exact.
+
+Every check goes through :func:`bound_of`, which also holds ``read_bound_bytes`` (the
+same bound as bare numbers, for the middleware's lean admissions) to the same answer.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from asgi_admission import CgroupMemoryReader
+from asgi_admission import CgroupMemoryReader, MemoryReading
 from asgi_admission import _cgroup as cgroup
 
 GIB = 1024**3
+
+
+def bound_of(reader: CgroupMemoryReader) -> MemoryReading | None:
+    """``reader.read_bound()``, after checking ``read_bound_bytes`` gives the same bound."""
+    bound = reader.read_bound()
+    expected = None if bound is None else (bound.used_bytes, bound.limit_bytes)
+    assert reader.read_bound_bytes() == expected
+    if bound is not None:
+        assert bound.exact is False
+        assert bound.used_bytes == bound.usage_bytes
+    return bound
 
 
 def write(directory: Path, **files: int | str) -> Path:
@@ -26,9 +41,9 @@ def test_v2_bound_is_the_raw_usage_with_the_same_limit(
 ) -> None:
     """On v2 the bound is memory.current and the limit of the full reading, not exact."""
     reader = CgroupMemoryReader(fixture_copy("telegraf/v2"))
-    assert reader.read_bound() is None  # nothing before the first full reading
+    assert bound_of(reader) is None  # nothing before the first full reading
     full = reader()
-    bound = reader.read_bound()
+    bound = bound_of(reader)
     assert bound is not None
     assert (bound.used_bytes, bound.limit_bytes) == (13071106048, full.limit_bytes)
     assert (bound.exact, full.exact) == (False, True)
@@ -36,11 +51,21 @@ def test_v2_bound_is_the_raw_usage_with_the_same_limit(
     assert (bound.reclaimable_bytes, bound.limit_file) == (0, full.limit_file)
 
 
+def test_v2_bound_declines_when_usage_becomes_unreadable(tmp_path: Path) -> None:
+    """A v2 bound needs memory.current: gone after the first reading, there is none."""
+    tree = write(tmp_path / "cg", memory_current=GIB, memory_max=4 * GIB, memory_stat="anon 1")
+    reader = CgroupMemoryReader(tree)
+    assert reader().available
+    assert bound_of(reader) is not None
+    (tree / "memory.current").unlink()
+    assert bound_of(reader) is None
+
+
 def test_v2_unlimited_has_no_bound(fixture_copy: Callable[..., Path]) -> None:
     """Without a limit there is nothing the bound could decide: the full path handles it."""
     reader = CgroupMemoryReader(fixture_copy("elastic-agent-system-metrics/docker2-v2-dotdot"))
     assert reader().limit_bytes is None
-    assert reader.read_bound() is None
+    assert bound_of(reader) is None
 
 
 def test_v2_bound_compares_the_binding_ancestor(tmp_path: Path) -> None:
@@ -51,7 +76,7 @@ def test_v2_bound_compares_the_binding_ancestor(tmp_path: Path) -> None:
     (child / "memory.stat").write_text("inactive_file 0\nactive_file 0\n")
     reader = CgroupMemoryReader(child)
     reader()
-    bound = reader.read_bound()
+    bound = bound_of(reader)
     assert bound is not None
     assert (bound.used_bytes, bound.limit_bytes, bound.path) == (3 * GIB, 4 * GIB, str(parent))
 
@@ -63,7 +88,7 @@ def test_v1_tree_outside_any_cgroup_mount_has_no_bound(
     hierarchical_memory_limit tells its limit exactly."""
     reader = CgroupMemoryReader(fixture_copy("elastic-agent-system-metrics/amzn2-k8s-v1"))
     assert reader().limit_bytes == 2147483648
-    assert reader.read_bound() is None
+    assert bound_of(reader) is None
 
 
 def v1_hierarchy(tmp_path: Path, *, mount_root: str = "/") -> tuple[Path, Path, Path]:
@@ -117,14 +142,14 @@ def test_v1_whole_hierarchy_bound_reads_the_ancestors_limits(
     reader = discovered(hostfs, proc_cgroup, mountinfo, initial_namespace)
     assert reader.location.v1_whole_chain
     full = reader()
-    bound = reader.read_bound()
+    bound = bound_of(reader)
     assert bound is not None
     assert (full.limit_bytes, full.path) == (GIB, str(hostfs / "sys/fs/cgroup/memory/pod"))
     assert (bound.used_bytes, bound.limit_bytes, bound.path) == (900 * 2**20, GIB, full.path)
     assert bound.exact is False
     # An ancestor that cannot be read (or is missing its limit) means no bound.
     (hostfs / "sys/fs/cgroup/memory/pod/memory.limit_in_bytes").write_text("junk\n")
-    assert reader.read_bound() is None
+    assert bound_of(reader) is None
 
 
 def test_v1_walk_that_stops_short_of_the_root_gives_no_bound(
@@ -135,7 +160,7 @@ def test_v1_walk_that_stops_short_of_the_root_gives_no_bound(
     (hostfs / "sys/fs/cgroup/memory/pod/memory.limit_in_bytes").unlink()
     reader = discovered(hostfs, proc_cgroup, mountinfo, initial_namespace)
     reader()
-    assert reader.read_bound() is None
+    assert bound_of(reader) is None
 
 
 @pytest.mark.parametrize("why", ["cgroup namespace", "mount shows part of the hierarchy"])
@@ -159,7 +184,7 @@ def test_v1_hidden_ancestors_mean_no_bound(
     assert reader.location.v1[0].endswith("pod/app")
     assert not reader.location.v1_whole_chain
     assert reader().limit_bytes == GIB
-    assert reader.read_bound() is None
+    assert bound_of(reader) is None
 
 
 def test_explicit_root_inside_a_whole_mount_gets_the_bound(
@@ -172,7 +197,7 @@ def test_explicit_root_inside_a_whole_mount_gets_the_bound(
         app, mountinfo=str(mountinfo), hostfs=str(hostfs), cgroup_namespace=str(initial_namespace)
     )
     reader()
-    bound = reader.read_bound()
+    bound = bound_of(reader)
     assert bound is not None
     assert (bound.limit_bytes, bound.used_bytes) == (GIB, 900 * 2**20)
 
@@ -198,7 +223,7 @@ def test_v1_bound_declines_on_anything_odd(
     hostfs, proc_cgroup, mountinfo = v1_hierarchy(tmp_path)
     reader = discovered(hostfs, proc_cgroup, mountinfo, initial_namespace)
     reader()
-    assert reader.read_bound() is not None
+    assert bound_of(reader) is not None
     target = hostfs / "sys/fs/cgroup/memory" / level / name
     if name == "memory.limit_in_bytes":
         (target.parent / "app" / name).write_text(f"{content}\n")  # and the child's too
@@ -206,7 +231,7 @@ def test_v1_bound_declines_on_anything_odd(
         target.unlink()
     else:
         target.write_text(f"{content}\n")
-    assert reader.read_bound() is None
+    assert bound_of(reader) is None
 
 
 def test_explicit_root_without_a_mount_table_gets_no_bound(tmp_path: Path) -> None:
@@ -216,7 +241,7 @@ def test_explicit_root_without_a_mount_table_gets_no_bound(tmp_path: Path) -> No
         hostfs / "sys/fs/cgroup/memory/pod/app", mountinfo=str(tmp_path / "missing")
     )
     assert reader().limit_bytes == GIB
-    assert reader.read_bound() is None
+    assert bound_of(reader) is None
 
 
 def test_explicit_root_in_a_cgroup_namespace_gets_no_bound(tmp_path: Path) -> None:
@@ -231,4 +256,4 @@ def test_explicit_root_in_a_cgroup_namespace_gets_no_bound(tmp_path: Path) -> No
         cgroup_namespace=str(other),
     )
     assert reader().limit_bytes == GIB
-    assert reader.read_bound() is None
+    assert bound_of(reader) is None

@@ -7,6 +7,8 @@ import threading
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asgi_admission import AdmissionController, CapacityDecision, MemoryReading, read_cgroup_memory
 
@@ -283,3 +285,71 @@ def test_request_path_decision_matches_the_dataclass() -> None:
     ]
     with pytest.raises(dataclasses.FrozenInstanceError):
         decision.allowed = False  # type: ignore[misc]
+
+
+def _reference_decide(
+    pressured: bool, high: float, resume: float, reserve: int, memory: MemoryReading, pending: int
+) -> bool:
+    """SPEC §4's step 4 as the reference writes it, on MemoryReading.percent (rounded)."""
+    percent = memory.percent
+    assert percent is not None
+    assert memory.used_bytes is not None
+    assert memory.limit_bytes
+    reserve_fits = memory.used_bytes + (pending + 1) * reserve <= memory.limit_bytes * high / 100
+    if pressured:
+        return not (percent <= resume and reserve_fits)
+    return percent >= high or not reserve_fits
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    high=st.one_of(
+        st.sampled_from([80.0, 70.0, 90.0, 99.99, 100.0, 33.33]),
+        st.floats(min_value=1, max_value=100),
+    ),
+    gap=st.floats(min_value=0, max_value=50),
+    limit=st.integers(min_value=1, max_value=2**40),
+    fraction=st.floats(min_value=0, max_value=1.2),
+    nudge=st.integers(min_value=-3, max_value=3),
+    offset=st.integers(min_value=-9, max_value=9),
+    reserve=st.integers(min_value=0, max_value=2**20),
+    pending=st.integers(min_value=0, max_value=4),
+    pressured=st.booleans(),
+)
+def test_the_latch_compares_the_rounded_percent_exactly(
+    high: float,
+    gap: float,
+    limit: int,
+    fraction: float,
+    nudge: int,
+    offset: int,
+    reserve: int,
+    pending: int,
+    pressured: bool,
+) -> None:
+    """decide() skips round() away from the bounds; next to them it must agree to the byte."""
+    resume = max(0.01, high - gap)
+    # Aim at the bounds, up to 0.009 points either side (where rounding can flip the
+    # answer), and a few bytes off, as often as anywhere else.
+    near = offset * 0.001 / 100
+    aim = {0: fraction, 1: high / 100 + near, 2: resume / 100 + near}[nudge % 3]
+    used = max(0, int(limit * aim) + nudge)
+    memory = MemoryReading(used_bytes=used, limit_bytes=limit, available=True)
+    controller = AdmissionController(
+        high_watermark_percent=high, resume_threshold_percent=resume, reserve_bytes=reserve
+    )
+    controller._pressured = pressured
+    decision = controller.decide(memory, 0, 10, pending)
+    expected = _reference_decide(pressured, high, resume, reserve, memory, pending)
+    assert (decision.state == "pressured") is expected
+
+
+@pytest.mark.parametrize("bound", [80.0, 70.0, 80.0037, 66.666, 99.995, 0.01, 33.333333, 100.0])
+def test_rounded_comparisons_agree_with_round_next_to_the_bound(bound: float) -> None:
+    """Within a hundredth of a point either side, the shortcuts give round()'s answer."""
+    from asgi_admission._latch import _rounded_at_least, _rounded_at_most
+
+    for step in range(-40, 41):
+        percent = bound + step * 0.0005
+        assert _rounded_at_least(percent, bound) is (round(percent, 2) >= bound), percent
+        assert _rounded_at_most(percent, bound) is (round(percent, 2) <= bound), percent

@@ -80,7 +80,14 @@ def _digits(text: str | bytes) -> int | None:
 
 
 def _parse_bytes_value(data: bytes) -> int | None:
-    return _digits(data.strip())
+    # _digits inlined: this runs on every decision.
+    text = data.strip()
+    if not text.isdigit():
+        return None
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() accepts
+        return None
 
 
 _MALFORMED: Final = -1
@@ -290,13 +297,24 @@ class _Source:
         """A reading, or ``None`` when this source's files are not there at all."""
         raise NotImplementedError
 
-    def read_bound(self) -> MemoryReading | None:
+    def bound(self) -> tuple[int, int, _Files, str] | None:
         """An upper bound of the working set with the exact limit, without ``memory.stat``.
 
-        ``None`` where this source cannot tell the effective limit exactly that way
-        (or anything is off): the caller then takes a full reading.
+        ``(raw usage, limit, binding level, limit file)``; ``None`` where this source
+        cannot tell the effective limit exactly that way (or anything is off): the
+        caller then takes a full reading.
         """
         raise NotImplementedError
+
+    def read_bound(self) -> MemoryReading | None:
+        """:meth:`bound` as a reading marked ``exact=False``."""
+        found = self.bound()
+        if found is None:
+            return None
+        usage, limit, binding, limit_file = found
+        return available_reading(
+            usage, limit, usage, 0, self.source, binding.directory, limit_file, exact=False
+        )
 
     def ancestor_files(self, marker: str) -> list[_Files]:
         if self.ancestors is None:
@@ -401,16 +419,16 @@ class _V2Source(_Source):
             limit_file,
         )
 
-    def read_bound(self) -> MemoryReading | None:
+    def bound(self) -> tuple[int, int, _Files, str] | None:
         # Every limit v2 reads comes from the limit files themselves, so only the
         # reclaimable cache (memory.stat) is left out: usage is the upper bound.
         measured = self._measure()
-        if not isinstance(measured, tuple) or measured[1] is None:
+        if not isinstance(measured, tuple):
             return None
         usage, limit, limit_file, binding = measured
-        return available_reading(
-            usage, limit, usage, 0, self.source, binding.directory, limit_file, exact=False
-        )
+        if limit is None or limit_file is None:
+            return None
+        return usage, limit, binding, limit_file
 
 
 class _V1Source(_Source):
@@ -434,7 +452,9 @@ class _V1Source(_Source):
         #: mount shows the whole hierarchy), so their limit files give the kernel's
         #: hierarchical_memory_limit exactly, without memory.stat.
         self.whole_chain = whole_chain and top is not None
+        #: Whether that walk reached the hierarchy's root; settled at the first bound.
         self.chain_reaches_top: bool | None = None
+        self.bound_levels: list[_Files] | None = None
 
     def read(self) -> MemoryReading | None:
         try:
@@ -476,20 +496,34 @@ class _V1Source(_Source):
             None if unlimited else limit_file,
         )
 
-    def read_bound(self) -> MemoryReading | None:
-        # hierarchical_memory_limit is the least limit of the group and all its
-        # ancestors; read them directly, but only where all of them are visible (a
-        # container's view hides the ancestors and only memory.stat can tell).
+    def _bound_levels(self) -> list[_Files] | None:
+        """The ancestors whose limits ``read_bound`` reads, or ``None`` where it cannot.
+
+        hierarchical_memory_limit is the least limit of the group and all its
+        ancestors; they can be read directly only where all of them are visible (a
+        container's view hides them and only memory.stat can tell). The walk is made
+        once per source, so whether it reached the hierarchy's root is settled once.
+        The last level is the mount point, the hierarchy's root cgroup, whose limit
+        v1 cannot set (the kernel refuses with EINVAL): it never binds and is left out.
+        """
         if not self.whole_chain:
             return None
         chain = self.ancestor_files("memory.limit_in_bytes")
-        if self.chain_reaches_top is None:
-            # The walk is made once per source, so whether it reached the hierarchy's
-            # root (and so saw every ancestor) is settled once too.
-            last = chain[-1].directory if chain else self.own.directory
-            self.chain_reaches_top = os.path.normpath(last) == os.path.normpath(self.top or "")
-        if not self.chain_reaches_top:
+        last = chain[-1].directory if chain else self.own.directory
+        if os.path.normpath(last) != os.path.normpath(self.top or ""):
             return None
+        return chain[:-1]
+
+    def bound(self) -> tuple[int, int, _Files, str] | None:
+        levels = self.bound_levels
+        if levels is None:
+            if self.chain_reaches_top is False:
+                return None
+            levels = self._bound_levels()
+            self.chain_reaches_top = levels is not None
+            if levels is None:
+                return None
+            self.bound_levels = levels
         try:
             usage = _parse_bytes_value(self.usage_file.read())
             limit = _parse_bytes_value(self.limit_file.read())
@@ -497,9 +531,7 @@ class _V1Source(_Source):
                 return None
             binding, limit_file = self.own, self.limit_file.path
             # Nearest first and strictly less: the level read() would pick as binding.
-            # The last level is the mount point, the hierarchy's root cgroup, whose
-            # limit v1 cannot set (the kernel refuses with EINVAL): it never binds.
-            for level in chain[:-1]:
+            for level in levels:
                 level_limit = _parse_bytes_value(level.read("memory.limit_in_bytes"))
                 if level_limit is None or level_limit <= 0:
                     return None
@@ -514,9 +546,7 @@ class _V1Source(_Source):
                 limit_file = os.path.join(binding.directory, "memory.limit_in_bytes")
         except OSError:
             return None
-        return available_reading(
-            usage, limit, usage, 0, self.source, binding.directory, limit_file, exact=False
-        )
+        return usage, limit, binding, limit_file
 
     def _binding_ancestor(self, limit: int) -> tuple[_Files, int, bytes] | None:
         for level in self.ancestor_files("memory.limit_in_bytes"):
@@ -856,6 +886,17 @@ class CgroupMemoryReader:
         with self._lock:
             active = self._active
             return None if active is None else active.read_bound()
+
+    def read_bound_bytes(self) -> tuple[int, int] | None:
+        """:meth:`read_bound`'s ``(used_bytes, limit_bytes)`` without building a reading.
+
+        For a decision that needs no reading to show (the middleware's admissions
+        where nothing observes the reading); ``None`` exactly where ``read_bound`` is.
+        """
+        with self._lock:
+            active = self._active
+            found = None if active is None else active.bound()
+        return None if found is None else (found[0], found[1])
 
     def _read_locked(self) -> MemoryReading:
         active = self._active

@@ -18,6 +18,9 @@ Notes:
   transition. Anything else (near the ceiling, latched, blind, after a blind
   decision) takes the full reading. Only ``decision.memory`` differs: the bound,
   marked ``exact=False``.
+- ``admits_within_bound`` answers the same question with bare numbers (the
+  reader's ``read_bound_bytes``) and builds nothing, for a caller that has no one
+  to show the reading to; where it says no, ``assess(bound_tried=True)`` decides.
 """
 
 from __future__ import annotations
@@ -77,6 +80,27 @@ def _decision(
     return decision
 
 
+# The latch compares the percentage rounded to two decimals, as the reference does.
+# round() is slow (about 0.3 µs), and it can only move a value by 0.005: further
+# than 0.01 from the bound, the unrounded value gives the same answer.
+def _rounded_at_least(percent: float, bound: float) -> bool:
+    """``round(percent, 2) >= bound``."""
+    if percent >= bound + 0.01:
+        return True
+    if percent < bound - 0.01:
+        return False
+    return round(percent, 2) >= bound
+
+
+def _rounded_at_most(percent: float, bound: float) -> bool:
+    """``round(percent, 2) <= bound``."""
+    if percent <= bound - 0.01:
+        return True
+    if percent > bound + 0.01:
+        return False
+    return round(percent, 2) <= bound
+
+
 def _default_reader() -> MemoryReader:
     from ._cgroup import read_cgroup_memory
 
@@ -91,9 +115,12 @@ class AdmissionController:
     """
 
     __slots__ = (
+        "_bound_of",
         "_last_state",
         "_lock",
         "_pressured",
+        "_read_bound",
+        "_read_bound_bytes",
         "high_watermark_percent",
         "memory_reader",
         "reserve_bytes",
@@ -123,6 +150,11 @@ class AdmissionController:
         self._pressured = False
         # The state of the last full decision: the fast path follows only "normal".
         self._last_state: State | None = None
+        # memory_reader's read_bound and read_bound_bytes (None: it has none), looked
+        # up once per reader.
+        self._bound_of: object = None
+        self._read_bound: Callable[[], MemoryReading | None] | None = None
+        self._read_bound_bytes: Callable[[], tuple[int, int] | None] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -157,34 +189,83 @@ class AdmissionController:
         pending_sessions: int = 0,
         *,
         read: Callable[[], MemoryReading] | None = None,
+        bound_tried: bool = False,
     ) -> CapacityDecision:
         """:meth:`evaluate` for callers that hold their own lock, with the fast path.
 
         ``read`` replaces ``memory_reader`` for the full reading (the middleware
         passes one that never raises). Where the reader offers ``read_bound`` and
         the last decision was normal, a bound that admits is the decision.
+        ``bound_tried``: the caller has just had ``False`` from
+        :meth:`admits_within_bound` under the same lock, so a bound from the same
+        files would not admit either and is not read again.
         """
-        used_slots = current_sessions + pending_sessions
-        if self._last_state == "normal" and used_slots < session_limit:
-            read_bound = getattr(self.memory_reader, "read_bound", None)
-            if read_bound is not None:
+        if self._last_state == "normal" and current_sessions + pending_sessions < session_limit:
+            if self.memory_reader is not self._bound_of:
+                self._look_up_bounds()
+            read_bound = self._read_bound
+            if read_bound is not None and not (bound_tried and self._read_bound_bytes):
                 try:
                     bound: MemoryReading | None = read_bound()
                 except Exception:
                     bound = None
-                if bound is not None and self._admits_unchanged(bound, pending_sessions):
+                if (
+                    bound is not None
+                    and bound.used_bytes is not None
+                    and bound.limit_bytes is not None
+                    and bound.available
+                    and self._bound_admits(bound.used_bytes, bound.limit_bytes, pending_sessions)
+                ):
                     return _decision(True, "normal", bound, None, None)
         memory = (read or self.memory_reader)()
         return self.decide(memory, current_sessions, session_limit, pending_sessions)
 
-    def _admits_unchanged(self, bound: MemoryReading, pending_sessions: int) -> bool:
-        """Whether the latch stays clear even at ``bound``'s (upper bound) working set."""
-        used, limit, percent = bound.used_bytes, bound.limit_bytes, bound.percent
-        if self._pressured or used is None or limit is None or percent is None:
+    def admits_within_bound(
+        self, current_sessions: int, session_limit: int, pending_sessions: int = 0
+    ) -> bool:
+        """Whether :meth:`assess` would admit on the bound alone, with nothing built.
+
+        ``True``: admit; the state stays normal and the latch is untouched, exactly
+        as the fast path of ``assess`` decides. ``False``: call ``assess`` (with
+        ``bound_tried=True``) for the decision. For callers that hold their own
+        lock and need no reading to show for an admission (the middleware when
+        nothing observes it). Needs the reader's ``read_bound_bytes``.
+        """
+        if self._last_state != "normal" or current_sessions + pending_sessions >= session_limit:
+            return False
+        if self.memory_reader is not self._bound_of:
+            self._look_up_bounds()
+        read_bound_bytes = self._read_bound_bytes
+        if read_bound_bytes is None:
+            return False
+        try:
+            found = read_bound_bytes()
+        except Exception:
+            return False
+        return found is not None and self._bound_admits(found[0], found[1], pending_sessions)
+
+    def _look_up_bounds(self) -> None:
+        # memory_reader may be replaced: look its bound methods up again then.
+        reader = self.memory_reader
+        self._bound_of = reader
+        self._read_bound = getattr(reader, "read_bound", None)
+        self._read_bound_bytes = getattr(reader, "read_bound_bytes", None)
+
+    def _bound_admits(self, used: int, limit: int, pending_sessions: int) -> bool:
+        """Whether the latch stays clear even at an upper bound ``used`` of the working set.
+
+        The conditions of :meth:`decide` (percent rounded as ``MemoryReading.percent``
+        rounds it), which are monotone in the working set: where the bound admits,
+        so would the exact working set. Callers have checked that the last decision
+        was normal, so the latch is clear.
+        """
+        if limit <= 0:
             return False
         high = self.high_watermark_percent
-        needed = (pending_sessions + 1) * self.reserve_bytes
-        return percent < high and used + needed <= limit * high / 100
+        return (
+            not _rounded_at_least(used * 100 / limit, high)
+            and used + (pending_sessions + 1) * self.reserve_bytes <= limit * high / 100
+        )
 
     def decide(
         self,
@@ -200,8 +281,9 @@ class AdmissionController:
         """
         used_slots = current_sessions + pending_sessions
         was_pressured = self._pressured
-        percent = memory.percent
-        if memory.used_bytes is None or memory.limit_bytes is None or percent is None:
+        used, limit = memory.used_bytes, memory.limit_bytes
+        # Blind exactly where MemoryReading.percent is None (no reading, no limit).
+        if used is None or not limit or not memory.available:
             # Blind: fall back to the fixed cap and forget the latch, so that
             # recovering telemetry starts from a fresh evaluation.
             self._pressured = False
@@ -215,14 +297,14 @@ class AdmissionController:
                 "normal" if was_pressured else None,
             )
 
-        needed = (pending_sessions + 1) * self.reserve_bytes
-        reserve_fits = (
-            memory.used_bytes + needed <= memory.limit_bytes * self.high_watermark_percent / 100
-        )
+        high = self.high_watermark_percent
+        reserve_fits = used + (pending_sessions + 1) * self.reserve_bytes <= limit * high / 100
+        # Compared as MemoryReading.percent (rounded to two decimals) would be.
+        unrounded = used * 100 / limit
         if was_pressured:
-            if percent <= self.resume_threshold_percent and reserve_fits:
+            if reserve_fits and _rounded_at_most(unrounded, self.resume_threshold_percent):
                 self._pressured = False
-        elif percent >= self.high_watermark_percent or not reserve_fits:
+        elif not reserve_fits or _rounded_at_least(unrounded, high):
             self._pressured = True
 
         transition: Literal["pressured", "normal"] | None = None

@@ -42,7 +42,10 @@ class SessionLedger(Protocol):
     """The pending and active counts the latch decides with."""
 
     def locked(self) -> AbstractContextManager[object]:
-        """The critical section for read-decide-reserve; not reentrant."""
+        """The critical section for read-decide-reserve; not reentrant.
+
+        The same reusable context manager every time: the middleware asks once.
+        """
         ...
 
     def counts(self, own_active: int | None = None) -> tuple[int, int]:
@@ -76,6 +79,10 @@ class _InProcessReservation:
                 ledger._active += 1
 
     def release(self) -> None:
+        if self._state == _RELEASED:
+            # Settled for good (released is final), so no lock is needed to see it:
+            # the second of the middleware's release calls costs next to nothing.
+            return
         ledger = self._ledger
         with ledger._lock:
             if self._state == _PENDING:

@@ -312,6 +312,16 @@ class DecisionMetrics:
         if decision.state == "unavailable":
             self._telemetry()
 
+    def on_admitted(self, kind: Kind, seconds: float) -> None:
+        """:meth:`on_decision` for an admission decided on the bound alone.
+
+        The middleware takes that lane only with this observer (or none): an
+        admission in state normal with no transition, of which these metrics need
+        nothing more, so no decision is built for them.
+        """
+        self._incs[kind, True, None]()
+        self._observe(seconds)
+
     def on_check(self, decision: CapacityDecision) -> None:
         """Count what a readiness check did to the latch; it is not a decision."""
         if decision.transition is not None:

@@ -9,6 +9,11 @@ Notes:
   in between, so a burst of concurrent requests cannot all pass one reading.
   The latch and the counts are the one deliberate shared state; the lock also
   serialises the controller, whose ``decide`` expects its caller to hold one.
+- Most admissions are decided by an upper bound of the working set (raw usage
+  and the exact limit, two small reads) while the latch is clear and far from
+  the ceiling. Where no observer needs the reading (none, or this package's own
+  metrics) that admission builds no reading or decision object: it is the
+  session path's common case, and each object costs about half a microsecond.
 - Release exactly once: an HTTP session is pending until its last body chunk is
   sent (background tasks then run with the slot already free), the client
   disconnects, or the app returns or raises. A WebSocket is pending until the
@@ -32,8 +37,8 @@ from ._config import AdmissionConfig
 from ._factory import build_controller
 from ._latch import AdmissionController, CapacityDecision
 from ._ledger import Reservation, SessionLedger, build_ledger
-from ._metrics import instrument
-from ._observer import DecisionObserver, Kind
+from ._metrics import DecisionMetrics, instrument
+from ._observer import DecisionObserver, Kind, NullObserver
 from ._reading import UNAVAILABLE, MemoryReading
 from ._responses import (
     Refusal,
@@ -46,6 +51,9 @@ from ._routes import RouteMatcher
 from ._watchdog import SessionWatchdog, serve_lifespan
 
 logger = logging.getLogger("asgi_admission")
+
+#: What a refusal needs: the decision, the Retry-After delay, (active, pending, cap).
+Refused = tuple[CapacityDecision, int, tuple[int, int, int]]
 
 _MIB = 1024 * 1024
 
@@ -135,6 +143,18 @@ class AdmissionMiddleware:
         self._observer, self._ledger = instrument(
             self, self._ledger, registry=registry, observer=observer
         )
+        # Asked once for the decision path: the ledger's critical section (the same
+        # reusable context manager every time), whether anyone observes decisions (no
+        # clock read without metrics or an observer) and the never-raising reader.
+        self._locked = self._ledger.locked()
+        self._observed = not isinstance(self._observer, NullObserver)
+        self._safe_read = self._read
+        # Admissions the bound alone decides need no reading or decision built where
+        # no observer looks at them: none, or this package's own metrics.
+        self._on_admitted: Callable[[Kind, float], None] | None = None
+        if isinstance(self._observer, DecisionMetrics):
+            self._on_admitted = self._observer.on_admitted
+        self._lean = not self._observed or self._on_admitted is not None
 
     # -- AdmissionView ------------------------------------------------------------
 
@@ -231,38 +251,72 @@ class AdmissionMiddleware:
             # which falls back to the fixed session cap.
             return UNAVAILABLE
 
-    def _decide(
-        self, kind: Kind | None
-    ) -> tuple[CapacityDecision, Reservation | None, int, tuple[int, int, int]]:
+    def _admit(self, kind: Kind) -> Reservation | Refused:
         """Read, decide and (when admitted) reserve, atomically; no awaits here.
 
-        ``kind=None`` is the readiness probe: it runs the latch but reserves nothing.
+        The reservation, or what a refusal needs: the decision, the Retry-After
+        delay and the counts it was decided with.
         """
-        start = time.perf_counter()
-        reservation: Reservation | None = None
-        retry_after_s = 0
-        with self._ledger.locked():
+        observed = self._observed
+        start = time.perf_counter() if observed else 0.0
+        ledger = self._ledger
+        controller = self._controller
+        limit = self._session_limit
+        decision: CapacityDecision | None = None
+        with self._locked:
             # The app's own count (current_sessions) replaces the ledger's count of
             # accepted WebSockets; a shared ledger adds the other workers' counts.
-            current, pending = self._ledger.counts(self._app_count())
-            decision = self._controller.assess(
-                current, self._session_limit, pending, read=self._read
+            current, pending = ledger.counts(
+                None if self._current_sessions is None else self._app_count()
             )
-            if kind is not None:
-                if decision.allowed:
-                    reservation = self._ledger.reserve()
-                else:
-                    retry_after_s = self._retry_after.next_delay()
-            blind = decision.state == "unavailable"
-            blind_changed = blind != self._blind
-            self._blind = blind
-        if kind is not None:
+            # Where nothing needs to see the reading, the common admission (the
+            # bound alone admits) builds no reading or decision.
+            lean = self._lean and not self._blind
+            if lean and controller.admits_within_bound(current, limit, pending):
+                reservation: Reservation | None = ledger.reserve()
+            else:
+                decision = controller.assess(
+                    current, limit, pending, read=self._safe_read, bound_tried=lean
+                )
+                reservation = ledger.reserve() if decision.allowed else None
+                retry_after_s = 0 if decision.allowed else self._retry_after.next_delay()
+                blind_changed = self._note_blind(decision)
+        if decision is None:
+            if self._on_admitted is not None:
+                self._on_admitted(kind, time.perf_counter() - start)
+            assert reservation is not None
+            return reservation
+        if observed:
             self._observer.on_decision(kind, decision, time.perf_counter() - start)
-        else:
+        if blind_changed or decision.transition is not None:
+            self._log_change(decision, blind_changed)
+        if reservation is not None:
+            return reservation
+        return decision, retry_after_s, (current, pending, limit)
+
+    def _check(self) -> CapacityDecision:
+        """The readiness probe's latch evaluation: a decision that reserves nothing."""
+        ledger = self._ledger
+        with self._locked:
+            current, pending = ledger.counts(
+                None if self._current_sessions is None else self._app_count()
+            )
+            decision = self._controller.assess(
+                current, self._session_limit, pending, read=self._safe_read
+            )
+            blind_changed = self._note_blind(decision)
+        if self._observed:
             self._observer.on_check(decision)
         if blind_changed or decision.transition is not None:
             self._log_change(decision, blind_changed)
-        return decision, reservation, retry_after_s, (current, pending, self._session_limit)
+        return decision
+
+    def _note_blind(self, decision: CapacityDecision) -> bool:
+        """Record whether ``decision`` was blind; whether that changed. Under the lock."""
+        blind = decision.state == "unavailable"
+        changed = blind != self._blind
+        self._blind = blind
+        return changed
 
     def _log_change(self, decision: CapacityDecision, blind_changed: bool) -> None:
         memory = decision.memory
@@ -315,12 +369,13 @@ class AdmissionMiddleware:
     # -- session requests ---------------------------------------------------------
 
     async def _guard_http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        decision, reservation, retry_after_s, counts = self._decide("http")
-        if reservation is None:
+        outcome = self._admit("http")
+        if isinstance(outcome, tuple):
+            decision, retry_after_s, counts = outcome
             body = self._refusal.body(decision, retry_after_s, counts)
             await send_http_refusal(send, retry_after_s, body)
             return
-        release = reservation.release
+        release = outcome.release
 
         async def receive_watching() -> Message:
             message = await receive()
@@ -342,16 +397,17 @@ class AdmissionMiddleware:
             release()
 
     async def _guard_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        decision, reservation, retry_after_s, counts = self._decide("websocket")
-        if reservation is None:
+        outcome = self._admit("websocket")
+        if isinstance(outcome, tuple):
+            decision, retry_after_s, counts = outcome
             body = self._refusal.body(decision, retry_after_s, counts)
             denial = "websocket.http.response" in scope.get("extensions", {})
             await send_websocket_refusal(
                 receive, send, denial=denial, retry_after_s=retry_after_s, body=body
             )
             return
-        release = reservation.release
-        activate = reservation.activate
+        release = outcome.release
+        activate = outcome.activate
 
         async def receive_watching() -> Message:
             message = await receive()
@@ -379,7 +435,7 @@ class AdmissionMiddleware:
     # -- readiness ----------------------------------------------------------------
 
     async def _readiness(self, scope: Scope, receive: Receive, send: Send) -> None:
-        decision = self._decide(None)[0]
+        decision = self._check()
         ready = decision.state != "pressured"
         body = b'{"ready":true,"state":"%s"}' if ready else b'{"ready":false,"state":"%s"}'
         body = body % decision.state.encode()

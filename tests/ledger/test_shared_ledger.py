@@ -357,15 +357,15 @@ def test_two_guards_share_one_count(tmp_path: Path) -> None:
         AdmissionMiddleware(app, session_routes=["POST /s"], config=config, registry=None)
         for _ in range(2)
     ]
-    first = guards[0]._decide("http")
-    second = guards[1]._decide("http")
-    third = guards[0]._decide("http")
-    assert first[1] is not None
-    assert second[1] is not None
-    assert third[1] is None
+    first = guards[0]._admit("http")
+    second = guards[1]._admit("http")
+    third = guards[0]._admit("http")
+    assert not isinstance(first, tuple)
+    assert not isinstance(second, tuple)
+    assert isinstance(third, tuple)
     assert third[0].reason == "session_limit"
     assert guards[1].session_counts() == (0, 2)
-    first[1].release()
+    first.release()
     assert guards[1].session_counts() == (0, 1)
 
 
@@ -418,16 +418,16 @@ def test_two_guards_share_the_apps_own_counts(tmp_path: Path) -> None:
         )
         for i in range(2)
     ]
-    admitted = guards[0]._decide("http")  # publishes 2 active; 1 pending
-    assert admitted[1] is not None
-    refused = guards[1]._decide("http")
-    assert refused[1] is None
+    admitted = guards[0]._admit("http")  # publishes 2 active; 1 pending
+    assert not isinstance(admitted, tuple)
+    refused = guards[1]._admit("http")
+    assert isinstance(refused, tuple)
     assert refused[0].reason == "session_limit"
     assert guards[1].session_counts() == (2, 1)
-    admitted[1].release()
+    admitted.release()
     own[0] = 0
     assert guards[0].session_counts() == (0, 0)
-    assert guards[1]._decide("http")[1] is not None
+    assert not isinstance(guards[1]._admit("http"), tuple)
 
 
 def test_failed_claim_releases_the_critical_section(

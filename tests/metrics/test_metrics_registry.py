@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from metricskit import MIB, SettableReader, guarded_app, request
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
-from asgi_admission import AdmissionConfig, CapacityDecision, MemoryReading
+from asgi_admission import AdmissionConfig, CapacityDecision, CgroupMemoryReader, MemoryReading
 from asgi_admission._metrics import AdmissionCollector, DecisionMetrics, admission_metrics
 from asgi_admission._observer import Kind, NullObserver
+from cgroup_trees import write_v2_tree
 
 
 class Recorder:
@@ -85,6 +87,23 @@ def test_explicit_observer_is_told_as_well_as_the_metrics(registry: CollectorReg
     labels = {"kind": "http", "outcome": "admitted", "reason": "none"}
     assert registry.get_sample_value("asgi_admission_decisions_total", labels) == 1
     assert len(recorder.seen) == 1
+
+
+def test_an_observer_sees_every_decision_with_its_reading(
+    registry: CollectorRegistry, tmp_path: Path
+) -> None:
+    """With an ``observer=`` no admission skips building its decision: each one reaches
+    the observer with the reading it was decided on (the bound where that decided)."""
+    tree = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=1000)
+    recorder = Recorder()
+    app = guarded_app(CgroupMemoryReader(str(tree)), registry, observer=recorder)
+    for _ in range(3):
+        assert request(app, "POST", "/sessions").status_code == 201
+    readings = [decision.memory for _, decision in recorder.seen]
+    assert [(m.used_bytes, m.limit_bytes) for m in readings] == [(100 * MIB, 1000 * MIB)] * 3
+    assert [m.exact for m in readings] == [True, False, False]
+    labels = {"kind": "http", "outcome": "admitted", "reason": "none"}
+    assert registry.get_sample_value("asgi_admission_decisions_total", labels) == 3
 
 
 def test_decision_metrics_unregistered() -> None:

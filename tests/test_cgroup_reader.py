@@ -281,6 +281,25 @@ def test_missing_memory_stat_is_conservative(tmp_path: Path) -> None:
     assert CgroupMemoryReader(cg)().used_bytes == GIB
 
 
+def test_a_value_longer_than_the_first_buffer_is_read_whole(tmp_path: Path) -> None:
+    """Value files are read with a small buffer first; one that fills it (padding no
+    kernel writes) is read again whole, on the first reading and on kept descriptors."""
+    padded = " " * 100 + str(GIB)
+    for version in ("v1", "v2"):
+        if version == "v2":
+            cg = write(tmp_path / version, memory_current=padded, memory_max=2 * GIB)
+        else:
+            cg = write(
+                tmp_path / version,
+                memory_usage_in_bytes=padded,
+                memory_limit_in_bytes=" " * 70 + str(2 * GIB),
+            )
+        reader = CgroupMemoryReader(cg)
+        for _ in range(2):  # opened fresh, then re-read on the kept descriptors
+            reading = reader()
+            assert (reading.used_bytes, reading.limit_bytes) == (GIB, 2 * GIB), version
+
+
 def test_working_set_is_clamped_at_zero(tmp_path: Path) -> None:
     """File cache larger than usage (an inconsistent capture) clamps the working set at 0."""
     cg = write(

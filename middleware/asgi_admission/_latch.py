@@ -262,10 +262,11 @@ class AdmissionController:
         if limit <= 0:
             return False
         high = self.high_watermark_percent
-        return (
-            not _rounded_at_least(used * 100 / limit, high)
-            and used + (pending_sessions + 1) * self.reserve_bytes <= limit * high / 100
-        )
+        percent = used * 100 / limit
+        # _rounded_at_least's first test inlined: the common case is far below high.
+        if percent >= high - 0.01 and _rounded_at_least(percent, high):
+            return False
+        return used + (pending_sessions + 1) * self.reserve_bytes <= limit * high / 100
 
     def decide(
         self,

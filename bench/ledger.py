@@ -5,7 +5,7 @@
 Times, in one run and on the same fake cgroup v2 tree (in ``--dir``, memory-backed
 like the ledger file):
 
-- a whole decision, ``AdmissionMiddleware._decide("http")``: the lock, the
+- a whole decision, ``AdmissionMiddleware._admit("http")``: the lock, the
   counts, a memory reading, the latch and the reservation (released again
   outside the timed window), with the in-process ledger and with the shared one,
   the latter both alone and with 3 other "workers" holding sessions, so that
@@ -76,7 +76,8 @@ def decision_cost(config: AdmissionConfig, iterations: int) -> tuple[float, floa
     )
 
     def decide() -> Reservation | None:
-        return guard._decide("http")[1]
+        outcome = guard._admit("http")
+        return None if isinstance(outcome, tuple) else outcome
 
     assert decide() is not None, "the benchmark decision must admit"
     return timed_with_cleanup(decide, iterations)

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/metrics.py [--iterations 200000] [--scrapes 2000]
 
-Decision: times ``AdmissionMiddleware._decide("http")`` (read, latch, reserve,
+Decision: times ``AdmissionMiddleware._admit("http")`` (read, latch, reserve,
 observer) plus the release of its reservation, with a fixed in-memory reader so
 that only the guard's own work is measured, once with ``registry=None`` (no
 metrics) and once with a fresh registry, interleaved in rounds so that drift in
@@ -50,13 +50,13 @@ def guard(registry: CollectorRegistry | None) -> AdmissionMiddleware:
 
 
 def decision_loop(middleware: AdmissionMiddleware) -> Callable[[int], float]:
-    decide = middleware._decide
+    admit = middleware._admit
 
     def run(n: int) -> float:
         start = time.perf_counter()
         for _ in range(n):
-            reservation = decide("http")[1]
-            assert reservation is not None
+            reservation = admit("http")
+            assert not isinstance(reservation, tuple)
             reservation.release()
         return (time.perf_counter() - start) / n * 1e6
 

@@ -300,6 +300,13 @@ def test_a_value_longer_than_the_first_buffer_is_read_whole(tmp_path: Path) -> N
             assert (reading.used_bytes, reading.limit_bytes) == (GIB, 2 * GIB), version
 
 
+def test_a_value_with_more_digits_than_int_takes_is_unreadable(tmp_path: Path) -> None:
+    """A usage of 5000 digits (past Python's int() limit) gives unavailable, not an error."""
+    cg = write(tmp_path / "cg", memory_current="9" * 5000, memory_max=2 * GIB)
+    reading = CgroupMemoryReader(cg)()
+    assert (reading.available, reading.used_bytes) == (False, None)
+
+
 def test_working_set_is_clamped_at_zero(tmp_path: Path) -> None:
     """File cache larger than usage (an inconsistent capture) clamps the working set at 0."""
     cg = write(

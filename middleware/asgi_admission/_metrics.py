@@ -470,8 +470,8 @@ class _LiveLedger:
     def locked(self) -> AbstractContextManager[object]:
         return self._ledger.locked()
 
-    def counts(self, own_active: int | None = None) -> tuple[int, int]:
-        return self._ledger.counts(own_active)
+    def counts(self, own_active: int | None = None, *, exact: bool = True) -> tuple[int, int]:
+        return self._ledger.counts(own_active, exact=exact)
 
     def reserve(self) -> Reservation:
         return _LiveReservation(self._ledger.reserve(), self._publish)

@@ -266,17 +266,22 @@ class AdmissionMiddleware:
         with self._locked:
             # The app's own count (current_sessions) replaces the ledger's count of
             # accepted WebSockets; a shared ledger adds the other workers' counts.
-            current, pending = ledger.counts(
-                None if self._current_sessions is None else self._app_count()
-            )
-            # Where nothing needs to see the reading, the common admission (the
-            # bound alone admits) builds no reading or decision.
-            lean = self._lean and not self._blind
-            if lean and controller.admits_within_bound(current, limit, pending):
+            own = None if self._current_sessions is None else self._app_count()
+            # Where nothing needs to see the reading, the common admission (bounds
+            # of the counts and of the working set admit) builds no reading or
+            # decision. Every latch condition is monotone in both, so where the
+            # bounds admit, the exact figures would too.
+            tried = self._lean and not self._blind
+            admitted = False
+            if tried:
+                current, pending = ledger.counts(own, exact=False)
+                admitted = controller.admits_within_bound(current, limit, pending)
+            if admitted:
                 reservation: Reservation | None = ledger.reserve()
             else:
+                current, pending = ledger.counts(own)
                 decision = controller.assess(
-                    current, limit, pending, read=self._safe_read, bound_tried=lean
+                    current, limit, pending, read=self._safe_read, bound_tried=tried
                 )
                 reservation = ledger.reserve() if decision.allowed else None
                 retry_after_s = 0 if decision.allowed else self._retry_after.next_delay()

@@ -54,7 +54,6 @@ DEFAULT_CAPACITY: Final = 256
 
 _HEADER: Final = struct.Struct("=8sII")  # magic, capacity, slots in use
 _SLOT: Final = struct.Struct("=qqqq")  # pid, start time (clock ticks), pending, active
-_FIELDS: Final = 4
 # struct flock on 64-bit Linux: short type, short whence, (pad), off_t start,
 # off_t len, pid_t pid, (pad).
 _FLOCK: Final = struct.Struct("hhqqi4x")
@@ -98,7 +97,9 @@ def _slot_lock(fd: int, slot: int, command: int, lock_type: int) -> int:
 
 
 @functools.cache
+@functools.lru_cache(maxsize=1024)
 def _probe(slot: int) -> bytes:
+    # Packed once per slot: every decision probes each busy slot's lock.
     return _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, _slot_offset(slot), _SLOT.size, 0)
 
 
@@ -239,7 +240,7 @@ class SharedLedger:
 
     # -- SessionLedger -------------------------------------------------------------
 
-    def counts(self, own_active: int | None = None) -> tuple[int, int]:
+    def counts(self, own_active: int | None = None, *, exact: bool = True) -> tuple[int, int]:
         """``(active, pending)`` of every live worker; call inside ``locked()``.
 
         With ``own_active`` (the app's own count, ``current_sessions``) this worker
@@ -247,6 +248,11 @@ class SharedLedger:
         counted itself; other workers see the value it published at its latest
         decision, which errs high (refusing, never over-admitting) while that
         worker's sessions end without a new decision.
+
+        ``exact=False`` skips the liveness check of the other busy slots (a system
+        call each): a dead worker's sessions still count until an exact call
+        recovers them, so the figures are an upper bound, for a decision that
+        admits even so.
         """
         if own_active is not None and own_active != self._reported:
             self._reported = max(0, own_active)
@@ -257,7 +263,7 @@ class SharedLedger:
         if data is None:
             return active, pending
         own, fd = self._slot, self._fd
-        if own >= 0 and data[self._offset : self._offset + _SLOT.size] != self._row:
+        if own >= 0 and not data.startswith(self._row, self._offset):
             # Edited, or rebuilt (perhaps with fewer slots in use than this one).
             self._warn_once(
                 "own",
@@ -266,14 +272,13 @@ class SharedLedger:
                 self.path,
             )
             self._restore_own()
-        values = memoryview(data)[_HEADER.size :].cast("q").tolist()
-        slots = enumerate(zip(values[2::_FIELDS], values[3::_FIELDS], strict=True))
-        for slot, (slot_pending, slot_active) in slots:
+        rows = _SLOT.iter_unpack(memoryview(data)[_HEADER.size :])
+        for slot, (pid, _start, slot_pending, slot_active) in enumerate(rows):
             # Idle slots (most of them) cost one test; only busy ones get a liveness check.
             if not (slot_pending or slot_active) or slot == own:
                 continue
-            if fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot))[:2] == _UNLOCKED:
-                self._recover(slot, values[slot * _FIELDS], slot_pending, slot_active)
+            if exact and fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot)).startswith(_UNLOCKED):
+                self._recover(slot, pid, slot_pending, slot_active)
                 continue
             if slot_pending < 0 or slot_active < 0:
                 self._warn_once(
@@ -398,7 +403,7 @@ class SharedLedger:
         fd = self._fd
         want = _slot_offset(self._used)
         data = os.pread(fd, want, 0)
-        if len(data) == want and data[: _HEADER.size] == self._header:
+        if len(data) == want and data.startswith(self._header):
             return data
         problem = self._header_problem(data[: _HEADER.size])
         if problem is None:

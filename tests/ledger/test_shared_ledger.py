@@ -140,6 +140,43 @@ def test_killed_worker_is_recovered_by_the_next_decision(
     assert [e.pid for e in read_entries(shared[0])] == [os.getpid()]
 
 
+def test_counts_without_liveness_checks_are_an_upper_bound(
+    shared: tuple[str, list[SharedLedger]], tmp_path: Path
+) -> None:
+    """counts(exact=False) still counts a killed worker's sessions (never fewer than the
+    exact counts). A guard whose bound counts reach its cap takes the exact counts,
+    which recover the dead worker's sessions, and admits."""
+    ledger = open_ledger(shared)
+    cgroup = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=4096)
+    config = AdmissionConfig(shared_dir=shared[0], cgroup_root=str(cgroup), max_sessions=3)
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("not called")
+
+    guard = AdmissionMiddleware(app, session_routes=["POST /s"], config=config, registry=None)
+    ready = SPAWN.Event()
+    worker = SPAWN.Process(target=hold_sessions, args=(shared[0], 2, 1, ready))
+    worker.start()
+    try:
+        assert ready.wait(30)
+        with ledger.locked():
+            assert ledger.counts(exact=False) == ledger.counts() == (1, 2)
+        refused = guard._admit("http")  # 3 of 3 held by the live worker
+        assert isinstance(refused, tuple)
+        assert refused[0].reason == "session_limit"
+    finally:
+        assert worker.pid is not None
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join()
+    with ledger.locked():
+        assert ledger.counts(exact=False) == (1, 2)  # the bound: not checked, not recovered
+    admitted = guard._admit("http")  # the bound is at the cap; the exact counts are not
+    assert not isinstance(admitted, tuple)
+    with ledger.locked():  # recovered for every worker
+        assert ledger.counts(exact=False) == ledger.counts() == (0, 1)
+    admitted.release()
+
+
 def test_dead_slot_is_recovered_when_claimed(
     shared: tuple[str, list[SharedLedger]], caplog: pytest.LogCaptureFixture
 ) -> None:

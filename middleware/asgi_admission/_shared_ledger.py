@@ -40,6 +40,7 @@ import logging
 import os
 import struct
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from types import TracebackType
@@ -51,6 +52,8 @@ FILE_NAME: Final = "asgi-admission.ledger"
 MAGIC: Final = b"ASGIADM1"
 #: Slots in a new file: far more worker processes than one container runs.
 DEFAULT_CAPACITY: Final = 256
+#: How often (at most) a worker checks that its ledger file is still the one at the path.
+LINK_CHECK_INTERVAL_S: Final = 0.25
 
 _HEADER: Final = struct.Struct("=8sII")  # magic, capacity, slots in use
 _SLOT: Final = struct.Struct("=qqqq")  # pid, start time (clock ticks), pending, active
@@ -168,6 +171,7 @@ class SharedLedger:
         "_fd",
         "_header",
         "_lock",
+        "_next_link_check",
         "_offset",
         "_pending",
         "_pid",
@@ -190,6 +194,7 @@ class SharedLedger:
         self.path = os.path.join(directory, FILE_NAME)
         self._capacity = capacity
         self._lock = threading.Lock()
+        self._next_link_check = 0.0
         self._fd = -1
         self._slot = -1
         self._pid = os.getpid()
@@ -219,6 +224,14 @@ class SharedLedger:
         try:
             fd = self._fd if self._fd >= 0 else self._open()
             fcntl.flock(fd, fcntl.LOCK_EX)
+            now = time.monotonic()
+            if now >= self._next_link_check:
+                # Deleted or replaced under us (a tmp cleaner, an operator's rm)? The
+                # workers that open the path now would share nothing with this one.
+                # An fstat costs about 1 µs, so it is asked at most every quarter second.
+                self._next_link_check = now + LINK_CHECK_INTERVAL_S
+                if os.fstat(fd).st_nlink == 0:
+                    self._move_to_new_file(fd)
             if self._slot < 0:
                 self._claim()
         except BaseException:
@@ -336,6 +349,28 @@ class SharedLedger:
         self._row = b""
 
     # -- the file ------------------------------------------------------------------
+
+    def _move_to_new_file(self, fd: int) -> None:
+        """Leave a file that was unlinked for the one at ``path``; under the flock.
+
+        This worker's counts move with it (claimed afresh, written by ``_claim``);
+        the other workers follow at their own next decision, each with its counts.
+        """
+        logger.warning(
+            "asgi-admission: the shared session ledger %s was deleted or replaced; moving "
+            "this worker's sessions (%d pending, %d active) to the file now at that path. "
+            "Workers that have not decided since are not counted until they do.",
+            self.path,
+            self._pending,
+            self._active if self._reported is None else self._reported,
+        )
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        self._fd = -1
+        self._slot = -1
+        self._row = b""
+        os.close(fd)  # drops this worker's slot lock in the old file
+        _prepare_dir(os.path.dirname(self.path))  # in case the directory went too
+        fcntl.flock(self._open(), fcntl.LOCK_EX)
 
     def _open(self) -> int:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

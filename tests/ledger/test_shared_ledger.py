@@ -8,6 +8,7 @@ import os
 import signal
 import struct
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -520,3 +521,57 @@ def test_after_fork_the_ledger_starts_afresh(shared: tuple[str, list[SharedLedge
     gone.close()
     del gone
     shared_ledger._forked(ref)  # a ledger already collected: nothing to do
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced", "directory deleted"])
+def test_a_deleted_or_replaced_file_is_left_for_the_new_one_with_the_counts(
+    shared: tuple[str, list[SharedLedger]],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+) -> None:
+    """Workers whose ledger file was unlinked move to the file now at the path at their
+    next decision, each with its own counts, so the container-wide count heals."""
+    monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 0.0)
+    first, second = open_ledger(shared), open_ledger(shared)
+    with first.locked():
+        first.reserve()
+        first.reserve()
+    with second.locked():
+        second.reserve()
+    assert counts(first) == (0, 3)
+    path = Path(shared[0]) / FILE_NAME
+    if how == "deleted":
+        path.unlink()
+    elif how == "replaced":
+        fresh = path.with_name("fresh")
+        fresh.write_bytes(b"")
+        fresh.replace(path)
+    else:
+        path.unlink()
+        Path(shared[0]).rmdir()
+    newcomer = open_ledger(shared)  # a worker started after: it opens the new file
+    with newcomer.locked():
+        newcomer.reserve()
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        assert counts(first) == (0, 3)  # first moved; second has not decided since
+    assert "was deleted or replaced; moving this worker's sessions (2 pending" in caplog.text
+    assert counts(second) == (0, 4)  # second moved too: everyone counted again
+    assert counts(newcomer) == (0, 4)
+    assert sorted(e.pending for e in read_entries(shared[0])) == [1, 1, 2]
+
+
+def test_the_file_is_checked_at_most_every_quarter_second(
+    shared: tuple[str, list[SharedLedger]],
+) -> None:
+    """The unlink check (an fstat) runs at most every LINK_CHECK_INTERVAL_S, not per decision."""
+    first, second = open_ledger(shared), open_ledger(shared)
+    with second.locked():
+        second.reserve()
+    assert counts(first) == (0, 1)  # checked now
+    (Path(shared[0]) / FILE_NAME).unlink()
+    with open_ledger(shared).locked():
+        pass  # a new file at the path
+    assert counts(first) == (0, 1)  # within the interval: still the old file
+    time.sleep(shared_ledger.LINK_CHECK_INTERVAL_S + 0.05)
+    assert counts(first) == (0, 0)  # moved: the second worker has not followed yet

@@ -157,14 +157,18 @@ step = st.tuples(
 )
 
 
-@settings(max_examples=500, deadline=None)
-@given(
+# A latch's settings and a sequence of readings: what both fast paths are checked over.
+latch_sequences = given(
     high=st.integers(50, 100),
     gap=st.integers(0, 40),
     reserve=st.integers(0, 200),
     cap=st.integers(0, 12),
     steps=st.lists(step, min_size=2, max_size=25),
 )
+
+
+@settings(max_examples=500, deadline=None)
+@latch_sequences
 def test_fast_path_decides_exactly_as_the_full_reading_would(
     high: int, gap: int, reserve: int, cap: int, steps: list[tuple[int, int, int, int, int | None]]
 ) -> None:
@@ -211,13 +215,7 @@ class BytesBoundReader(BoundReader):
 
 
 @settings(max_examples=500, deadline=None)
-@given(
-    high=st.integers(50, 100),
-    gap=st.integers(0, 40),
-    reserve=st.integers(0, 200),
-    cap=st.integers(0, 12),
-    steps=st.lists(step, min_size=2, max_size=25),
-)
+@latch_sequences
 def test_admits_within_bound_then_assess_decides_as_the_full_reading_would(
     high: int, gap: int, reserve: int, cap: int, steps: list[tuple[int, int, int, int, int | None]]
 ) -> None:

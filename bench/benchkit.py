@@ -1,15 +1,23 @@
-"""Helpers shared by the benchmarks: timing calls, free ports, stopping servers."""
+"""Helpers shared by the benchmarks: timing calls, and the tests' helpers they reuse.
+
+The benchmarks run from a checkout, like the tests: free ports, stopping servers and
+fake cgroup v2 trees come from the tests' own helpers rather than copies of them.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
 import statistics
-import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from cgroup_trees import write_v2_tree
+from processkit import free_port, stop_process_group
+
+__all__ = ["free_port", "stop_process_group", "timings_us", "write_v2_tree"]
 
 
 def timings_us(call: Callable[[], object], iterations: int, *, warmup: int) -> tuple[float, float]:
@@ -24,24 +32,3 @@ def timings_us(call: Callable[[], object], iterations: int, *, warmup: int) -> t
         samples.append(clock() - start)
     samples.sort()
     return statistics.median(samples) / 1000, samples[int(len(samples) * 0.99)] / 1000
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def stop_process_group(proc: subprocess.Popen[bytes], *, timeout: float = 10) -> None:
-    """SIGTERM ``proc``'s process group, then SIGKILL it if it has not ended in ``timeout``."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()

@@ -33,9 +33,8 @@ from pathlib import Path
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
 from asgi_admission._ledger import InProcessLedger, Reservation, SessionLedger
 from asgi_admission._shared_ledger import SharedLedger, _held, _start_time
-from benchkit import timings_us
+from benchkit import timings_us, write_v2_tree
 
-MIB = 1024 * 1024
 TARGET_US = 20.0
 TARGET_RATIO = 2.0
 
@@ -56,14 +55,6 @@ def timed_with_cleanup(
             samples.append(elapsed)
     samples.sort()
     return statistics.median(samples) / 1000, samples[int(len(samples) * 0.99)] / 1000
-
-
-def write_v2_tree(root: Path) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "memory.current").write_text(f"{300 * MIB}\n")
-    (root / "memory.max").write_text(f"{4096 * MIB}\n")
-    (root / "memory.stat").write_text("anon 0\ninactive_file 0\nactive_file 0\n")
-    return root
 
 
 async def _app(scope: object, receive: object, send: object) -> None:
@@ -108,7 +99,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
         root = Path(scratch)
-        cgroup = write_v2_tree(root / "cgroup")
+        cgroup = write_v2_tree(root / "cgroup", used_mb=300, limit_mb=4096)
         base = AdmissionConfig(cgroup_root=str(cgroup), reserve_bytes=0, max_sessions=10**9)
         shared = AdmissionConfig(
             cgroup_root=str(cgroup),

@@ -56,18 +56,10 @@ from asgi_admission import (
     CgroupMemoryReader,
     MemoryReading,
 )
-from benchkit import free_port, stop_process_group
+from benchkit import free_port, stop_process_group, write_v2_tree
 
 MIB = 1024 * 1024
 ROOT_ENV = "BENCH_CGROUP_ROOT"
-
-
-def write_tree(root: Path) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "memory.current").write_text(f"{200 * MIB}\n")
-    (root / "memory.max").write_text(f"{64 * 1024 * MIB}\n")
-    (root / "memory.stat").write_text("anon 1\ninactive_file 0\nactive_file 0\n")
-    return root
 
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -86,7 +78,7 @@ def cgroup_root(tmp: str) -> Any:
         (group / "memory.limit_in_bytes").write_text(str(8 * 1024 * MIB))
     except OSError:
         print("reader: a cgroup v2 tree of regular files in a temporary directory")
-        yield str(write_tree(Path(tmp) / "cgroup"))
+        yield str(write_v2_tree(Path(tmp) / "cgroup", used_mb=200, limit_mb=64 * 1024))
         return
     print(f"reader: the real cgroup v1 memory group {group}")
     try:

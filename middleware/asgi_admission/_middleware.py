@@ -301,11 +301,8 @@ class AdmissionMiddleware:
 
     def _check(self) -> CapacityDecision:
         """The readiness probe's latch evaluation: a decision that reserves nothing."""
-        ledger = self._ledger
         with self._locked:
-            current, pending = ledger.counts(
-                None if self._current_sessions is None else self._app_count()
-            )
+            current, pending = self._ledger.counts(self._app_count())
             decision = self._controller.assess(
                 current, self._session_limit, pending, read=self._safe_read
             )

@@ -52,6 +52,28 @@ def counts(ledger: SharedLedger) -> tuple[int, int]:
         return ledger.counts()
 
 
+def guards_over(
+    tmp_path: Path, shared_dir: str, max_sessions: int, *options: dict[str, Any]
+) -> list[AdmissionMiddleware]:
+    """One middleware per ``options`` over one shared ledger: workers of one container.
+
+    They read a v2 tree far from any limit; their app is never called (the tests
+    drive ``_admit`` directly).
+    """
+    cgroup = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=4096)
+    config = AdmissionConfig(
+        shared_dir=shared_dir, cgroup_root=str(cgroup), max_sessions=max_sessions
+    )
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("not called")
+
+    return [
+        AdmissionMiddleware(app, session_routes=["POST /s"], config=config, registry=None, **each)
+        for each in options
+    ]
+
+
 def poke(directory: str, offset: int, data: bytes) -> None:
     """Write into the ledger file behind the ledgers' backs."""
     with open(os.path.join(directory, FILE_NAME), "r+b") as file:
@@ -148,13 +170,7 @@ def test_counts_without_liveness_checks_are_an_upper_bound(
     exact counts). A guard whose bound counts reach its cap takes the exact counts,
     which recover the dead worker's sessions, and admits."""
     ledger = open_ledger(shared)
-    cgroup = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=4096)
-    config = AdmissionConfig(shared_dir=shared[0], cgroup_root=str(cgroup), max_sessions=3)
-
-    async def app(scope: object, receive: object, send: object) -> None:
-        raise AssertionError("not called")
-
-    guard = AdmissionMiddleware(app, session_routes=["POST /s"], config=config, registry=None)
+    [guard] = guards_over(tmp_path, shared[0], 3, {})
     ready = SPAWN.Event()
     worker = SPAWN.Process(target=hold_sessions, args=(shared[0], 2, 1, ready))
     worker.start()
@@ -383,18 +399,7 @@ def test_start_time_of_a_missing_process_is_zero() -> None:
 
 def test_two_guards_share_one_count(tmp_path: Path) -> None:
     """Two middlewares configured with one shared_dir refuse by their combined count."""
-    cgroup = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=4096)
-    config = AdmissionConfig(
-        shared_dir=str(tmp_path / "ledger"), cgroup_root=str(cgroup), max_sessions=2
-    )
-
-    async def app(scope: object, receive: object, send: object) -> None:
-        raise AssertionError("not called")
-
-    guards = [
-        AdmissionMiddleware(app, session_routes=["POST /s"], config=config, registry=None)
-        for _ in range(2)
-    ]
+    guards = guards_over(tmp_path, str(tmp_path / "ledger"), 2, {}, {})
     first = guards[0]._admit("http")
     second = guards[1]._admit("http")
     third = guards[0]._admit("http")
@@ -437,25 +442,14 @@ def test_in_process_ledger_takes_the_apps_count() -> None:
 
 def test_two_guards_share_the_apps_own_counts(tmp_path: Path) -> None:
     """max_sessions holds container-wide when each worker's app counts its own sessions."""
-    cgroup = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=4096)
-    config = AdmissionConfig(
-        shared_dir=str(tmp_path / "ledger"), cgroup_root=str(cgroup), max_sessions=3
-    )
-
-    async def app(scope: object, receive: object, send: object) -> None:
-        raise AssertionError("not called")
-
     own = [2, 0]
-    guards = [
-        AdmissionMiddleware(
-            app,
-            session_routes=["POST /s"],
-            config=config,
-            registry=None,
-            current_sessions=lambda i=i: own[i],  # type: ignore[misc]
-        )
-        for i in range(2)
-    ]
+    guards = guards_over(
+        tmp_path,
+        str(tmp_path / "ledger"),
+        3,
+        {"current_sessions": lambda: own[0]},
+        {"current_sessions": lambda: own[1]},
+    )
     admitted = guards[0]._admit("http")  # publishes 2 active; 1 pending
     assert not isinstance(admitted, tuple)
     refused = guards[1]._admit("http")

@@ -465,9 +465,9 @@ class _V1Source(_Source):
         #: mount shows the whole hierarchy), so their limit files give the kernel's
         #: hierarchical_memory_limit exactly, without memory.stat.
         self.whole_chain = whole_chain and top is not None
-        #: Whether that walk reached the hierarchy's root; settled at the first bound.
-        self.chain_reaches_top: bool | None = None
-        self.bound_levels: list[_Files] | None = None
+        #: The ancestors ``bound`` reads, settled at the first bound: ``None`` until then,
+        #: ``False`` where the walk did not reach the hierarchy's root (no bound).
+        self.bound_levels: list[_Files] | Literal[False] | None = None
 
     def read(self) -> MemoryReading | None:
         try:
@@ -530,13 +530,10 @@ class _V1Source(_Source):
     def bound(self) -> tuple[int, int, _Files, str] | None:
         levels = self.bound_levels
         if levels is None:
-            if self.chain_reaches_top is False:
-                return None
-            levels = self._bound_levels()
-            self.chain_reaches_top = levels is not None
-            if levels is None:
-                return None
-            self.bound_levels = levels
+            found = self._bound_levels()
+            levels = self.bound_levels = False if found is None else found
+        if levels is False:
+            return None
         try:
             usage = _parse_bytes_value(self.usage_file.read())
             limit = _parse_bytes_value(self.limit_file.read())

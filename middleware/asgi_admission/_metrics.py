@@ -48,7 +48,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ._latch import AdmissionController, CapacityDecision
 from ._ledger import Reservation, SessionLedger
-from ._observer import AdmissionView, DecisionObserver, Kind, NullObserver
+from ._observer import AdmissionView, DecisionObserver, Kind
 from ._reading import MemoryReading
 
 logger = logging.getLogger("asgi_admission")
@@ -355,18 +355,18 @@ _bindings_lock = threading.Lock()
 
 def admission_metrics(
     view: AdmissionView, *, registry: CollectorRegistry | None = REGISTRY
-) -> DecisionMetrics | NullObserver:
+) -> DecisionMetrics | None:
     """Export ``view``'s state on ``registry`` and return the observer for its decisions.
 
     The first call for a registry registers the scrape-time collector and the
     decision counters there; later calls rebind the collector to the new
     ``view`` and return the same counters, so building a guard twice never
     raises "Duplicated timeseries". ``registry=None`` exports nothing and
-    returns a :class:`NullObserver`. In multiprocess mode session counts are
+    returns ``None``. In multiprocess mode session counts are
     per worker, so they go to a ``livesum`` gauge (see :meth:`DecisionMetrics.on_sessions`).
     """
     if registry is None:
-        return NullObserver()
+        return None
     with _bindings_lock:
         binding = _bindings.get(registry)
         if binding is not None:
@@ -483,20 +483,21 @@ def instrument(
     *,
     registry: CollectorRegistry | None = REGISTRY,
     observer: DecisionObserver | None = None,
-) -> tuple[DecisionObserver, SessionLedger]:
+) -> tuple[DecisionObserver | None, SessionLedger]:
     """The observer and ledger a guard should use to export its metrics on ``registry``.
 
-    ``registry=None`` exports nothing. An explicit ``observer`` is told of every
-    decision as well as the metrics (after them), so passing one never switches
-    metrics off. In multiprocess mode the ledger comes back wrapped so that the
-    ``livesum`` session gauge follows activations and releases.
+    ``registry=None`` exports nothing: no observer (``None``) unless one is given.
+    An explicit ``observer`` is told of every decision as well as the metrics (after
+    them), so passing one never switches metrics off. In multiprocess mode the
+    ledger comes back wrapped so that the ``livesum`` session gauge follows
+    activations and releases.
     """
     metrics = admission_metrics(view, registry=registry)
-    chosen: DecisionObserver = metrics
-    if isinstance(metrics, DecisionMetrics) and metrics.live_sessions:
+    chosen: DecisionObserver | None = metrics
+    if metrics is not None and metrics.live_sessions:
         live = _LiveSessions(metrics, view)
         chosen = live
         ledger = _LiveLedger(ledger, live.publish)
     if observer is not None:
-        chosen = observer if isinstance(metrics, NullObserver) else _Both(chosen, observer)
+        chosen = observer if chosen is None else _Both(chosen, observer)
     return chosen, ledger

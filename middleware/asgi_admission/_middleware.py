@@ -38,7 +38,7 @@ from ._factory import build_controller
 from ._latch import AdmissionController, CapacityDecision
 from ._ledger import Reservation, SessionLedger, build_ledger
 from ._metrics import DecisionMetrics, instrument
-from ._observer import DecisionObserver, Kind, NullObserver
+from ._observer import DecisionObserver, Kind
 from ._reading import UNAVAILABLE, MemoryReading
 from ._responses import (
     Refusal,
@@ -139,22 +139,21 @@ class AdmissionMiddleware:
         # telemetry loss and recovery once each.
         self._blind = False
         # Metrics on ``registry`` (None: none); an explicit ``observer`` is told as well.
-        self._observer: DecisionObserver
+        self._observer: DecisionObserver | None
         self._observer, self._ledger = instrument(
             self, self._ledger, registry=registry, observer=observer
         )
         # Asked once for the decision path: the ledger's critical section (the same
-        # reusable context manager every time), whether anyone observes decisions (no
-        # clock read without metrics or an observer) and the never-raising reader.
+        # reusable context manager every time) and the never-raising reader. Without
+        # an observer (no metrics, no observer=) the clock is not read either.
         self._locked = self._ledger.locked()
-        self._observed = not isinstance(self._observer, NullObserver)
         self._safe_read = self._read
         # Admissions the bound alone decides need no reading or decision built where
         # no observer looks at them: none, or this package's own metrics.
         self._on_admitted: Callable[[Kind, float], None] | None = None
         if isinstance(self._observer, DecisionMetrics):
             self._on_admitted = self._observer.on_admitted
-        self._lean = not self._observed or self._on_admitted is not None
+        self._lean = self._observer is None or self._on_admitted is not None
 
     # -- AdmissionView ------------------------------------------------------------
 
@@ -257,8 +256,8 @@ class AdmissionMiddleware:
         The reservation, or what a refusal needs: the decision, the Retry-After
         delay and the counts it was decided with.
         """
-        observed = self._observed
-        start = time.perf_counter() if observed else 0.0
+        observer = self._observer
+        start = time.perf_counter() if observer is not None else 0.0
         ledger = self._ledger
         controller = self._controller
         limit = self._session_limit
@@ -291,8 +290,8 @@ class AdmissionMiddleware:
                 self._on_admitted(kind, time.perf_counter() - start)
             assert reservation is not None
             return reservation
-        if observed:
-            self._observer.on_decision(kind, decision, time.perf_counter() - start)
+        if observer is not None:
+            observer.on_decision(kind, decision, time.perf_counter() - start)
         if blind_changed or decision.transition is not None:
             self._log_change(decision, blind_changed)
         if reservation is not None:
@@ -307,7 +306,7 @@ class AdmissionMiddleware:
                 current, self._session_limit, pending, read=self._safe_read
             )
             blind_changed = self._note_blind(decision)
-        if self._observed:
+        if self._observer is not None:
             self._observer.on_check(decision)
         if blind_changed or decision.transition is not None:
             self._log_change(decision, blind_changed)

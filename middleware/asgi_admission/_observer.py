@@ -43,15 +43,3 @@ class DecisionObserver(Protocol):
         It may still have set or cleared the latch, or found telemetry missing.
         """
         ...
-
-
-class NullObserver:
-    """Observes nothing; used when metrics are switched off (``registry=None``)."""
-
-    __slots__ = ()
-
-    def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
-        return None
-
-    def on_check(self, decision: CapacityDecision) -> None:
-        return None

@@ -122,6 +122,7 @@ class AdmissionController:
         "_read_bound",
         "_read_bound_bytes",
         "high_watermark_percent",
+        "last_bound_bytes",
         "memory_reader",
         "reserve_bytes",
         "resume_threshold_percent",
@@ -156,6 +157,9 @@ class AdmissionController:
         self._read_bound: Callable[[], MemoryReading | None] | None = None
         self._read_bound_bytes: Callable[[], tuple[int, int] | None] | None = None
         self._lock = threading.Lock()
+        #: The usage bound :meth:`admits_within_bound` last read (what settling
+        #: starts a session from when no reading was built).
+        self.last_bound_bytes: int | None = None
 
     @property
     def pressure_state(self) -> Literal["normal", "pressured"]:
@@ -242,7 +246,10 @@ class AdmissionController:
             found = read_bound_bytes()
         except Exception:
             return False
-        return found is not None and self._bound_admits(found[0], found[1], pending_sessions)
+        if found is None:
+            return False
+        self.last_bound_bytes = found[0]
+        return self._bound_admits(found[0], found[1], pending_sessions)
 
     def _look_up_bounds(self) -> None:
         # memory_reader may be replaced: look its bound methods up again then.

@@ -14,13 +14,14 @@ Notes:
   the ceiling. Where no observer needs the reading (none, or this package's own
   metrics) that admission builds no reading or decision object: it is the
   session path's common case, and each object costs about half a microsecond.
-- Release exactly once: an HTTP session is pending until its last body chunk is
-  sent (background tasks then run with the slot already free), the client
-  disconnects, or the app returns or raises. A WebSocket is pending until the
-  app sends ``websocket.accept``, then active until either side closes, the app
-  denies the handshake itself, or the app returns. ``Reservation.release`` is
-  idempotent, so every one of these paths calls it and the first one counts;
-  the ``finally`` around the app call also covers ``CancelledError``.
+- A reservation outlives its response (HTTP) or accept (WebSocket) until the
+  session's memory shows, its learned ramp time or the pending timeout passes,
+  or the app's ticket says (``_admission/keeper.py``, ``docs/reservations.md``).
+  Before that point a failure ends it at once: the client disconnects, or the
+  app returns or raises without a complete response; a WebSocket ends it when
+  either side closes, the app denies the handshake, or the app returns.
+  Releasing is idempotent, so every one of these paths calls it and the first
+  one counts; the ``finally`` around the app call also covers ``CancelledError``.
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ from collections.abc import Callable, Iterable
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ._admission.keeper import ReservationKeeper, apply, serve_with_keeper
+from ._admission.settling import Action, Settlement
+from ._admission.tickets import SCOPE_KEY, AdmissionTicket
 from ._config import AdmissionConfig
 from ._factory import build_controller
 from ._latch import AdmissionController, CapacityDecision
-from ._ledger import Reservation, SessionLedger, build_ledger
+from ._ledger import SessionLedger, build_ledger
 from ._metrics import DecisionMetrics, instrument
 from ._observer import DecisionObserver, Kind
 from ._reading import UNAVAILABLE, MemoryReading
@@ -154,6 +158,47 @@ class AdmissionMiddleware:
         if isinstance(self._observer, DecisionMetrics):
             self._on_admitted = self._observer.on_admitted
         self._lean = self._observer is None or self._on_admitted is not None
+        config = self._config
+        self._keeper = ReservationKeeper(
+            controller=self._controller,
+            locked=self._locked,
+            read=self._safe_read,
+            active_count=lambda: self._ledger.counts(self._app_count())[0],
+            route_of=self._matcher.pattern_of,
+            learning=config.reserve_learning,
+            min_reserve_bytes=config.reserve_min_bytes,
+            timeout_s=config.pending_timeout_s,
+            shared_dir=config.shared_dir,
+            on_reserve=self._on_reserve,
+            on_expired=self._on_expired,
+        )
+        self._refusal.learned = self._learned_details
+
+    def _on_reserve(self, reserve_bytes: int) -> None:
+        self._refusal.reserve_bytes = reserve_bytes
+        logger.info(
+            "asgi-admission: the session reserve is now %.1f MiB (configured %.1f MiB, "
+            "learning %s).",
+            reserve_bytes / _MIB,
+            self._keeper.configured_reserve_bytes / _MIB,
+            self._config.reserve_learning,
+        )
+
+    def _on_expired(self) -> None:
+        on_expired = getattr(self._observer, "on_pending_expired", None)
+        if on_expired is not None:
+            on_expired()
+
+    def _learned_details(self) -> list[dict[str, object]]:
+        return [
+            {
+                "route": estimate.route,
+                "footprint_bytes": estimate.footprint_bytes,
+                "ramp_s": round(estimate.ramp_s, 2),
+                "observations": estimate.observations,
+            }
+            for estimate in self._keeper.estimates()
+        ]
 
     # -- AdmissionView ------------------------------------------------------------
 
@@ -172,6 +217,11 @@ class AdmissionMiddleware:
     @property
     def retry_after(self) -> RetryAfterPolicy:
         return self._retry_after
+
+    @property
+    def keeper(self) -> ReservationKeeper:
+        """Settling, tickets and what was learned of the sessions."""
+        return self._keeper
 
     def session_counts(self) -> tuple[int, int]:
         """``(active, pending)``; active comes from ``current_sessions`` when given."""
@@ -234,7 +284,11 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The one place startup/shutdown hooks go: the session watchdog runs with the app.
+        # The one place startup/shutdown hooks go: the reservation sample and the
+        # session watchdog run with the app.
+        await serve_with_keeper(self._keeper, self._lifespan_app, scope, receive, send)
+
+    async def _lifespan_app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._watchdog is None:
             await self.app(scope, receive, send)
         else:
@@ -250,22 +304,37 @@ class AdmissionMiddleware:
             # which falls back to the fixed session cap.
             return UNAVAILABLE
 
-    def _admit(self, kind: Kind) -> Reservation | Refused:
+    def _admit(self, kind: Kind, scope: Scope | None = None) -> AdmissionTicket | Refused:
         """Read, decide and (when admitted) reserve, atomically; no awaits here.
 
-        The reservation, or what a refusal needs: the decision, the Retry-After
-        delay and the counts it was decided with.
+        The admitted session's ticket, or what a refusal needs: the decision, the
+        Retry-After delay and the counts it was decided with. ``scope`` names the
+        session's route (for learning).
         """
         observer = self._observer
         start = time.perf_counter() if observer is not None else 0.0
         ledger = self._ledger
         controller = self._controller
+        keeper = self._keeper
         limit = self._session_limit
         decision: CapacityDecision | None = None
+        settled: list[Action] = []
+        if keeper.settler.waiting and self._current_sessions is not None:
+            # The app counts fewer sessions than are waiting to settle: some ended.
+            count = self._app_count()
+            if count is not None and count < keeper.settler.waiting:
+                with self._locked:
+                    settled = keeper.settler.counted(count)
+                apply(settled)
+                settled = []
         with self._locked:
             # The app's own count (current_sessions) replaces the ledger's count of
             # accepted WebSockets; a shared ledger adds the other workers' counts.
             own = None if self._current_sessions is None else self._app_count()
+            if own is not None and keeper.settler.waiting:
+                # Sessions past their response are in the app's count already, and
+                # still pending until they settle: counted once, as pending.
+                own = max(0, own - keeper.settler.waiting)
             # Where nothing needs to see the reading, the common admission (bounds
             # of the counts and of the working set admit) builds no reading or
             # decision. Every latch condition is monotone in both, so where the
@@ -276,27 +345,47 @@ class AdmissionMiddleware:
                 current, pending = ledger.counts(own, exact=False)
                 admitted = controller.admits_within_bound(current, limit, pending)
             if admitted:
-                reservation: Reservation | None = ledger.reserve()
+                entry: Settlement | None = keeper.admitted(
+                    ledger.reserve(), kind, scope, controller.last_bound_bytes
+                )
+                if keeper.settler.unsettled > 1:
+                    settled += keeper.due()
             else:
                 current, pending = ledger.counts(own)
                 decision = controller.assess(
                     current, limit, pending, read=self._safe_read, bound_tried=tried
                 )
-                reservation = ledger.reserve() if decision.allowed else None
-                retry_after_s = 0 if decision.allowed else self._retry_after.next_delay()
+                memory = decision.memory
+                entry = None
+                if decision.allowed:
+                    entry = keeper.admitted(ledger.reserve(), kind, scope, memory.used_bytes)
+                    retry_after_s = 0
+                else:
+                    retry_after_s = self._retry_delay(decision)
+                settled += keeper.settle_with(memory) if memory.exact else keeper.due()
                 blind_changed = self._note_blind(decision)
+        if settled:
+            apply(settled)
         if decision is None:
             if self._on_admitted is not None:
                 self._on_admitted(kind, time.perf_counter() - start)
-            assert reservation is not None
-            return reservation
+            assert entry is not None
+            return AdmissionTicket(keeper, entry)
         if observer is not None:
             observer.on_decision(kind, decision, time.perf_counter() - start)
         if blind_changed or decision.transition is not None:
             self._log_change(decision, blind_changed)
-        if reservation is not None:
-            return reservation
+        if entry is not None:
+            return AdmissionTicket(keeper, entry)
         return decision, retry_after_s, (current, pending, limit)
+
+    def _retry_delay(self, decision: CapacityDecision) -> int:
+        """Retry-After for a refusal: from the rate of session ends when memory is short."""
+        if decision.reason == "memory_pressure":
+            wait = self._keeper.ends.expected_wait_s(time.monotonic())
+            if wait is not None:
+                return self._retry_after.delay_for(wait)
+        return self._retry_after.next_delay()
 
     def _check(self) -> CapacityDecision:
         """The readiness probe's latch evaluation: a decision that reserves nothing."""
@@ -370,35 +459,43 @@ class AdmissionMiddleware:
     # -- session requests ---------------------------------------------------------
 
     async def _guard_http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = self._admit("http")
+        outcome = self._admit("http", scope)
         if isinstance(outcome, tuple):
             decision, retry_after_s, counts = outcome
             body = self._refusal.body(decision, retry_after_s, counts)
             await send_http_refusal(send, retry_after_s, body)
             return
-        release = outcome.release
+        # The app finds its ticket in the scope: admission_ticket(request).
+        scope[SCOPE_KEY] = outcome
+        entry = outcome._entry
+        keeper = self._keeper
+        responded = False
 
         async def receive_watching() -> Message:
             message = await receive()
-            if message["type"] == "http.disconnect":
-                release()
+            if message["type"] == "http.disconnect" and not responded:
+                keeper.abandon(entry)
             return message
 
         async def send_watching(message: Message) -> None:
+            nonlocal responded
             await send(message)
             message_type = message["type"]
             if (
-                message_type == "http.response.body" and not message.get("more_body", False)
-            ) or message_type == "http.response.pathsend":
-                release()
+                (message_type == "http.response.body" and not message.get("more_body", False))
+                or message_type == "http.response.pathsend"
+            ) and not responded:
+                responded = True
+                keeper.respond(entry)
 
         try:
             await self.app(scope, receive_watching, send_watching)
         finally:
-            release()
+            if not responded:
+                keeper.abandon(entry)
 
     async def _guard_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = self._admit("websocket")
+        outcome = self._admit("websocket", scope)
         if isinstance(outcome, tuple):
             decision, retry_after_s, counts = outcome
             body = self._refusal.body(decision, retry_after_s, counts)
@@ -407,13 +504,15 @@ class AdmissionMiddleware:
                 receive, send, denial=denial, retry_after_s=retry_after_s, body=body
             )
             return
-        release = outcome.release
-        activate = outcome.activate
+        # The app finds its ticket in the scope: admission_ticket(request).
+        scope[SCOPE_KEY] = outcome
+        entry = outcome._entry
+        keeper = self._keeper
 
         async def receive_watching() -> Message:
             message = await receive()
             if message["type"] == "websocket.disconnect":
-                release()
+                keeper.abandon(entry, session_over=True)
             return message
 
         async def send_watching(message: Message) -> None:
@@ -424,14 +523,14 @@ class AdmissionMiddleware:
                 if message_type == "websocket.close" or message_type.startswith(
                     "websocket.http.response"
                 ):
-                    release()
+                    keeper.abandon(entry, session_over=True)
             if message_type == "websocket.accept":
-                activate()
+                keeper.respond(entry)
 
         try:
             await self.app(scope, receive_watching, send_watching)
         finally:
-            release()
+            keeper.abandon(entry, session_over=True)
 
     # -- readiness ----------------------------------------------------------------
 

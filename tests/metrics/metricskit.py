@@ -99,7 +99,7 @@ def guarded_app(
     app.add_middleware(
         AdmissionMiddleware,
         session_routes=["POST /sessions", "WS /terminal/*"],
-        config=AdmissionConfig(),
+        config=AdmissionConfig(pending_timeout_s=1e-9),
         controller=controller(reader),
         max_sessions=max_sessions,
         registry=registry,

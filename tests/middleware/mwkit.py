@@ -31,6 +31,10 @@ with warnings.catch_warnings():
 __all__ = ["MIB", "Server", "SettableReader", "TestClient", "controller", "free_port", "guard"]
 
 MIB = 1024 * 1024
+#: A pending timeout so short that a reservation ends with its response or accept, as
+#: an in-request session's does once its memory shows: these tests are about the
+#: request's lifecycle (tests/middleware/test_settling*.py are about settling).
+AT_RESPONSE_S = 1e-9
 
 
 class SettableReader:
@@ -82,7 +86,7 @@ def guard(
     return AdmissionMiddleware(
         app,
         session_routes=list(routes),
-        config=AdmissionConfig(retry_after_s=5),
+        config=AdmissionConfig(retry_after_s=5, pending_timeout_s=AT_RESPONSE_S),
         controller=controller(reader, reserve_mb=reserve_mb),
         max_sessions=max_sessions,
         **options,

@@ -121,7 +121,7 @@ def make_guard(percents: list[int]) -> AdmissionMiddleware:
     return AdmissionMiddleware(
         app,
         session_routes=["POST /s", "WS /w"],
-        config=AdmissionConfig(),
+        config=AdmissionConfig(pending_timeout_s=1e-9),
         controller=controller(lambda: next(readings), reserve_mb=20),
         max_sessions=30,
         registry=None,

@@ -1,0 +1,1 @@
+"""Admission: the latch, the ledgers, and the reservations that outlive a response."""

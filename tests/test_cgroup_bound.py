@@ -1,7 +1,7 @@
 """``read_bound``: raw usage with the exact limit, offered only where the limit is exact.
 
-Every check goes through :func:`bound_of`, which also holds ``read_bound_bytes`` (the
-same bound as bare numbers, for the middleware's lean admissions) to the same answer.
+Every check goes through :func:`bound_of`, which also holds each bound to the shape
+the latch's fast path relies on: not exact, the raw usage as the working set.
 """
 
 from __future__ import annotations
@@ -13,16 +13,14 @@ from pathlib import Path
 import pytest
 
 from asgi_admission import CgroupMemoryReader, MemoryReading
-from asgi_admission import _cgroup as cgroup
+from asgi_admission._memory import discover
 
 GIB = 1024**3
 
 
 def bound_of(reader: CgroupMemoryReader) -> MemoryReading | None:
-    """``reader.read_bound()``, after checking ``read_bound_bytes`` gives the same bound."""
+    """``reader.read_bound()``, checked to be marked inexact with the raw usage as used."""
     bound = reader.read_bound()
-    expected = None if bound is None else (bound.used_bytes, bound.limit_bytes)
-    assert reader.read_bound_bytes() == expected
     if bound is not None:
         assert bound.exact is False
         assert bound.used_bytes == bound.usage_bytes
@@ -129,7 +127,7 @@ def initial_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A file standing in for /proc/self/ns/cgroup of the initial cgroup namespace."""
     namespace = tmp_path / "ns-cgroup"
     namespace.write_text("")
-    monkeypatch.setattr(cgroup, "INITIAL_CGROUP_NAMESPACE_INODE", os.stat(namespace).st_ino)
+    monkeypatch.setattr(discover, "INITIAL_CGROUP_NAMESPACE_INODE", os.stat(namespace).st_ino)
     return namespace
 
 
@@ -204,7 +202,7 @@ def test_explicit_root_inside_a_whole_mount_gets_the_bound(
 
 def test_initial_namespace_check_tolerates_a_missing_file(tmp_path: Path) -> None:
     """An unreadable namespace link counts as a namespace: no fast path on v1."""
-    assert cgroup.in_initial_cgroup_namespace(str(tmp_path / "missing")) is False
+    assert discover.in_initial_cgroup_namespace(str(tmp_path / "missing")) is False
 
 
 @pytest.mark.parametrize(

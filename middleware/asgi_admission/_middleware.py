@@ -11,9 +11,7 @@ Notes:
   serialises the controller, whose ``decide`` expects its caller to hold one.
 - Most admissions are decided by an upper bound of the working set (raw usage
   and the exact limit, two small reads) while the latch is clear and far from
-  the ceiling. Where no observer needs the reading (none, or this package's own
-  metrics) that admission builds no reading or decision object: it is the
-  session path's common case, and each object costs about half a microsecond.
+  the ceiling: the latch's fast path (``AdmissionController.assess``).
 - A reservation outlives its response (HTTP) or accept (WebSocket) until the
   session's memory shows, its learned ramp time or the pending timeout passes,
   or the app's ticket says (``_admission/keeper.py``, ``docs/reservations.md``).
@@ -34,25 +32,25 @@ from collections.abc import Callable, Iterable
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._admission.keeper import ReservationKeeper, apply, serve_with_keeper
-from ._admission.settling import Action, Settlement
-from ._admission.tickets import SCOPE_KEY, AdmissionTicket
-from ._config import AdmissionConfig
-from ._factory import build_controller
-from ._latch import AdmissionController, CapacityDecision
-from ._ledger import SessionLedger, build_ledger
-from ._metrics import DecisionMetrics, instrument
-from ._observer import DecisionObserver, Kind
-from ._reading import UNAVAILABLE, MemoryReading
-from ._responses import (
+from asgi_admission._admission.keeper import ReservationKeeper, apply, serve_with_keeper
+from asgi_admission._admission.latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.ledger import SessionLedger, build_ledger
+from asgi_admission._admission.observer import DecisionObserver, Kind
+from asgi_admission._admission.settling import Action
+from asgi_admission._admission.tickets import SCOPE_KEY, AdmissionTicket
+from asgi_admission._config import AdmissionConfig
+from asgi_admission._factory import build_controller
+from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
+from asgi_admission._metrics.collector import instrument
+from asgi_admission._responses import (
     Refusal,
     RetryAfterPolicy,
     coerce_policy,
     send_http_refusal,
     send_websocket_refusal,
 )
-from ._routes import RouteMatcher
-from ._watchdog import SessionWatchdog, serve_lifespan
+from asgi_admission._routes import RouteMatcher
+from asgi_admission._watchdog.watchdog import SessionWatchdog, serve_lifespan
 
 logger = logging.getLogger("asgi_admission")
 
@@ -152,12 +150,6 @@ class AdmissionMiddleware:
         # an observer (no metrics, no observer=) the clock is not read either.
         self._locked = self._ledger.locked()
         self._safe_read = self._read
-        # Admissions the bound alone decides need no reading or decision built where
-        # no observer looks at them: none, or this package's own metrics.
-        self._on_admitted: Callable[[Kind, float], None] | None = None
-        if isinstance(self._observer, DecisionMetrics):
-            self._on_admitted = self._observer.on_admitted
-        self._lean = self._observer is None or self._on_admitted is not None
         config = self._config
         self._keeper = ReservationKeeper(
             controller=self._controller,
@@ -314,10 +306,8 @@ class AdmissionMiddleware:
         observer = self._observer
         start = time.perf_counter() if observer is not None else 0.0
         ledger = self._ledger
-        controller = self._controller
         keeper = self._keeper
         limit = self._session_limit
-        decision: CapacityDecision | None = None
         settled: list[Action] = []
         if keeper.settler.waiting and self._current_sessions is not None:
             # The app counts fewer sessions than are waiting to settle: some ended.
@@ -335,42 +325,21 @@ class AdmissionMiddleware:
                 # Sessions past their response are in the app's count already, and
                 # still pending until they settle: counted once, as pending.
                 own = max(0, own - keeper.settler.waiting)
-            # Where nothing needs to see the reading, the common admission (bounds
-            # of the counts and of the working set admit) builds no reading or
-            # decision. Every latch condition is monotone in both, so where the
-            # bounds admit, the exact figures would too.
-            tried = self._lean and not self._blind
-            admitted = False
-            if tried:
-                current, pending = ledger.counts(own, exact=False)
-                admitted = controller.admits_within_bound(current, limit, pending)
-            if admitted:
-                entry: Settlement | None = keeper.admitted(
-                    ledger.reserve(), kind, scope, controller.last_bound_bytes
-                )
-                if keeper.settler.unsettled > 1:
-                    settled += keeper.due()
+            current, pending = ledger.counts(own)
+            decision = self._controller.assess(current, limit, pending, read=self._safe_read)
+            memory = decision.memory
+            entry = None
+            if decision.allowed:
+                entry = keeper.admitted(ledger.reserve(), kind, scope, memory.used_bytes)
+                retry_after_s = 0
             else:
-                current, pending = ledger.counts(own)
-                decision = controller.assess(
-                    current, limit, pending, read=self._safe_read, bound_tried=tried
-                )
-                memory = decision.memory
-                entry = None
-                if decision.allowed:
-                    entry = keeper.admitted(ledger.reserve(), kind, scope, memory.used_bytes)
-                    retry_after_s = 0
-                else:
-                    retry_after_s = self._retry_delay(decision)
-                settled += keeper.settle_with(memory) if memory.exact else keeper.due()
-                blind_changed = self._note_blind(decision)
+                retry_after_s = self._retry_delay(decision)
+            # A fast-path decision reads a bound (usage with its cache), never
+            # used for settling: a look at the exact working set is due instead.
+            settled += keeper.settle_with(memory) if memory.exact else keeper.due()
+            blind_changed = self._note_blind(decision)
         if settled:
             apply(settled)
-        if decision is None:
-            if self._on_admitted is not None:
-                self._on_admitted(kind, time.perf_counter() - start)
-            assert entry is not None
-            return AdmissionTicket(keeper, entry)
         if observer is not None:
             observer.on_decision(kind, decision, time.perf_counter() - start)
         if blind_changed or decision.transition is not None:

@@ -1,1 +1,1 @@
-"""Admission: the latch, the ledgers, and the reservations that outlive a response."""
+"""Deciding admission: the latch, and the ledgers that count pending and active sessions."""

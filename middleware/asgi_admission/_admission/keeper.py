@@ -36,12 +36,14 @@ from typing import Final
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.end_rate import SessionEnds
+from asgi_admission._admission.latch import AdmissionController
 from asgi_admission._admission.learning import (
     WINDOW,
     RouteEstimate,
     SessionLearner,
     effective_reserve,
 )
+from asgi_admission._admission.ledger import Reservation
 from asgi_admission._admission.settling import (
     Action,
     Kind,
@@ -52,9 +54,7 @@ from asgi_admission._admission.settling import (
 )
 from asgi_admission._admission.shared_files import LearnedStore, SharedSettleQueue
 from asgi_admission._config import Learning
-from asgi_admission._latch import AdmissionController
-from asgi_admission._ledger import Reservation
-from asgi_admission._reading import MemoryReading
+from asgi_admission._memory.reading import MemoryReading
 
 logger = logging.getLogger("asgi_admission")
 

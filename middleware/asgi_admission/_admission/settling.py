@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
-from asgi_admission._ledger import Reservation
+from asgi_admission._admission.ledger import Reservation
 
 logger = logging.getLogger("asgi_admission")
 
@@ -164,7 +164,6 @@ class Settler:
 
     __slots__ = (
         "_entries",
-        "waiting",
         "_expected_bytes",
         "_last_used",
         "_on_expired",
@@ -173,6 +172,7 @@ class Settler:
         "_ramp_s",
         "_seq",
         "timeout_s",
+        "waiting",
     )
 
     def __init__(

@@ -18,9 +18,6 @@ Notes:
   transition. Anything else (near the ceiling, latched, blind, after a blind
   decision) takes the full reading. Only ``decision.memory`` differs: the bound,
   marked ``exact=False``.
-- ``admits_within_bound`` answers the same question with bare numbers (the
-  reader's ``read_bound_bytes``) and builds nothing, for a caller that has no one
-  to show the reading to; where it says no, ``assess(bound_tried=True)`` decides.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from ._reading import MemoryReader, MemoryReading, slot_setters
+from asgi_admission._memory.reading import MemoryReader, MemoryReading, slot_setters
 
 State = Literal["normal", "pressured", "unavailable"]
 Reason = Literal["memory_pressure", "session_limit", "telemetry_unavailable"]
@@ -102,7 +99,7 @@ def _rounded_at_most(percent: float, bound: float) -> bool:
 
 
 def _default_reader() -> MemoryReader:
-    from ._cgroup import read_cgroup_memory
+    from asgi_admission._memory.cgroup import read_cgroup_memory
 
     return read_cgroup_memory
 
@@ -120,9 +117,7 @@ class AdmissionController:
         "_lock",
         "_pressured",
         "_read_bound",
-        "_read_bound_bytes",
         "high_watermark_percent",
-        "last_bound_bytes",
         "memory_reader",
         "reserve_bytes",
         "resume_threshold_percent",
@@ -151,15 +146,10 @@ class AdmissionController:
         self._pressured = False
         # The state of the last full decision: the fast path follows only "normal".
         self._last_state: State | None = None
-        # memory_reader's read_bound and read_bound_bytes (None: it has none), looked
-        # up once per reader.
+        # memory_reader's read_bound (None: it has none), looked up once per reader.
         self._bound_of: object = None
         self._read_bound: Callable[[], MemoryReading | None] | None = None
-        self._read_bound_bytes: Callable[[], tuple[int, int] | None] | None = None
         self._lock = threading.Lock()
-        #: The usage bound :meth:`admits_within_bound` last read (what settling
-        #: starts a session from when no reading was built).
-        self.last_bound_bytes: int | None = None
 
     @property
     def pressure_state(self) -> Literal["normal", "pressured"]:
@@ -193,22 +183,18 @@ class AdmissionController:
         pending_sessions: int = 0,
         *,
         read: Callable[[], MemoryReading] | None = None,
-        bound_tried: bool = False,
     ) -> CapacityDecision:
         """:meth:`evaluate` for callers that hold their own lock, with the fast path.
 
         ``read`` replaces ``memory_reader`` for the full reading (the middleware
         passes one that never raises). Where the reader offers ``read_bound`` and
         the last decision was normal, a bound that admits is the decision.
-        ``bound_tried``: the caller has just had ``False`` from
-        :meth:`admits_within_bound` under the same lock, so a bound from the same
-        files would not admit either and is not read again.
         """
         if self._last_state == "normal" and current_sessions + pending_sessions < session_limit:
             if self.memory_reader is not self._bound_of:
                 self._look_up_bounds()
             read_bound = self._read_bound
-            if read_bound is not None and not (bound_tried and self._read_bound_bytes):
+            if read_bound is not None:
                 try:
                     bound: MemoryReading | None = read_bound()
                 except Exception:
@@ -224,39 +210,11 @@ class AdmissionController:
         memory = (read or self.memory_reader)()
         return self.decide(memory, current_sessions, session_limit, pending_sessions)
 
-    def admits_within_bound(
-        self, current_sessions: int, session_limit: int, pending_sessions: int = 0
-    ) -> bool:
-        """Whether :meth:`assess` would admit on the bound alone, with nothing built.
-
-        ``True``: admit; the state stays normal and the latch is untouched, exactly
-        as the fast path of ``assess`` decides. ``False``: call ``assess`` (with
-        ``bound_tried=True``) for the decision. For callers that hold their own
-        lock and need no reading to show for an admission (the middleware when
-        nothing observes it). Needs the reader's ``read_bound_bytes``.
-        """
-        if self._last_state != "normal" or current_sessions + pending_sessions >= session_limit:
-            return False
-        if self.memory_reader is not self._bound_of:
-            self._look_up_bounds()
-        read_bound_bytes = self._read_bound_bytes
-        if read_bound_bytes is None:
-            return False
-        try:
-            found = read_bound_bytes()
-        except Exception:
-            return False
-        if found is None:
-            return False
-        self.last_bound_bytes = found[0]
-        return self._bound_admits(found[0], found[1], pending_sessions)
-
     def _look_up_bounds(self) -> None:
         # memory_reader may be replaced: look its bound methods up again then.
         reader = self.memory_reader
         self._bound_of = reader
         self._read_bound = getattr(reader, "read_bound", None)
-        self._read_bound_bytes = getattr(reader, "read_bound_bytes", None)
 
     def _bound_admits(self, used: int, limit: int, pending_sessions: int) -> bool:
         """Whether the latch stays clear even at an upper bound ``used`` of the working set.

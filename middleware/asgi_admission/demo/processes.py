@@ -1,7 +1,9 @@
 """The demo's process sessions: a real child process per session, growing on request.
 
 ``POST /processes?hold_mb=&budget_mb=`` starts a child that holds ``hold_mb`` MiB and
-registers it with the session watchdog under a budget; ``POST
+registers it with the session watchdog under a budget (``&ramp_s=`` answers ``201`` as
+soon as the child is spawned and lets its memory arrive in steps over that many
+seconds, as a browser or a kernel booting after its request would); ``POST
 /processes/{id}/grow?mb=`` makes it hold more; ``GET /processes/{id}`` shows what the
 watchdog measured and, once it acted, why it halted the session; ``DELETE`` ends it.
 Watch a session pass its budget, or the container pass the critical watermark, and
@@ -16,11 +18,13 @@ import itertools
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
+from asgi_admission._admission.tickets import admission_ticket
 from asgi_admission._watchdog.watchdog import SessionWatchdog, WatchedSession, session_watchdog
 
 _MIB: Final = 1024 * 1024
@@ -28,14 +32,22 @@ DEFAULT_BUDGET_MB: Final = 512
 
 # Holds argv[1] MiB, then N more for each line N read on stdin, answering "ready"
 # each time; every page is written so the kernel really charges it.
+# Holds argv[1] MiB (reached in steps over argv[2] seconds, 0: at once), then N
+# more for each line N read on stdin, answering "ready" each time; every page is
+# written so the kernel really charges it.
 CHILD_SCRIPT: Final = """
-import sys
+import sys, time
 held = []
 def hold(mib):
     block = bytearray(mib * 1048576)
     block[::4096] = b"\\x01" * len(range(0, len(block), 4096))
     held.append(block)
-hold(int(sys.argv[1]))
+mib, ramp_s = int(sys.argv[1]), float(sys.argv[2])
+steps = 8 if ramp_s > 0 and mib >= 8 else 1
+for step in range(steps):
+    if step:
+        time.sleep(ramp_s / (steps - 1))
+    hold(mib // steps + (mib % steps if step == steps - 1 else 0))
 print("ready", flush=True)
 for line in sys.stdin:
     hold(int(line))
@@ -49,6 +61,8 @@ class _Child:
     process: asyncio.subprocess.Process
     watched: WatchedSession | None
     budget_mb: int
+    #: Reads the child's first "ready" while its memory ramps in after the response.
+    ramping: asyncio.Task[bytes] | None = None
 
 
 class ProcessSessions:
@@ -62,19 +76,32 @@ class ProcessSessions:
         return len(self._children)
 
     async def open(
-        self, watchdog: SessionWatchdog | None, *, hold_mb: int, budget_mb: int
+        self,
+        watchdog: SessionWatchdog | None,
+        *,
+        hold_mb: int,
+        budget_mb: int,
+        ramp_s: float = 0.0,
+        on_ready: Callable[[], None] | None = None,
     ) -> _Child:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
             CHILD_SCRIPT,
             str(hold_mb),
+            str(ramp_s),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
         assert process.stdout is not None
-        await process.stdout.readline()
+        ramping = None
+        if ramp_s:
+            ramping = asyncio.get_running_loop().create_task(process.stdout.readline())
+            if on_ready is not None:
+                ramping.add_done_callback(lambda _: on_ready())
+        else:
+            await process.stdout.readline()
         session_id = f"p{next(self._ids)}"
         watched = (
             None
@@ -83,7 +110,9 @@ class ProcessSessions:
                 process.pid, budget_bytes=budget_mb * _MIB, session_id=session_id
             )
         )
-        child = self._children[session_id] = _Child(session_id, process, watched, budget_mb)
+        child = self._children[session_id] = _Child(
+            session_id, process, watched, budget_mb, ramping
+        )
         return child
 
     def get(self, session_id: str) -> _Child:
@@ -96,6 +125,8 @@ class ProcessSessions:
         child = self._children.pop(session_id)
         if child.watched is not None:
             child.watched.unregister()
+        if child.ramping is not None:
+            child.ramping.cancel()
         if child.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.process.pid, signal.SIGKILL)
@@ -130,12 +161,32 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
         request: Request,
         hold_mb: int = Query(16, ge=0, le=4096),
         budget_mb: int = Query(DEFAULT_BUDGET_MB, ge=1, le=65536),
+        ramp_s: float = Query(0.0, ge=0, le=60),
+        ticket: bool = Query(False),
     ) -> dict[str, Any]:
         try:
             watchdog: SessionWatchdog | None = session_watchdog(request)
         except LookupError:  # the unguarded demo: processes run unwatched
             watchdog = None
-        return describe(await sessions.open(watchdog, hold_mb=hold_mb, budget_mb=budget_mb))
+        # With ?ticket=1 the session's reservation is held until its child is up.
+        held = admission_ticket(request) if ticket else None
+        if held is not None:
+            held.hold()
+        try:
+            child = await sessions.open(
+                watchdog,
+                hold_mb=hold_mb,
+                budget_mb=budget_mb,
+                ramp_s=ramp_s,
+                on_ready=None if held is None else held.started,
+            )
+        except BaseException:
+            if held is not None:
+                held.release()
+            raise
+        if held is not None and child.ramping is None:
+            held.started()
+        return describe(child)
 
     @app.get("/processes")
     async def list_processes() -> dict[str, Any]:
@@ -151,6 +202,8 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
         stdin, stdout = child.process.stdin, child.process.stdout
         assert stdin is not None
         assert stdout is not None
+        if child.ramping is not None:
+            await child.ramping
         try:
             stdin.write(f"{mb}\n".encode())
             await stdin.drain()

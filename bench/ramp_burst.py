@@ -112,20 +112,19 @@ def session_footprint(hold_mb: int) -> int:
 
     with memory_group(4096, "probe") as group:
         before = working_set_bytes(group)
-        child = subprocess.Popen(
+        with subprocess.Popen(
             ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)]
             + [sys.executable, "-c", CHILD_SCRIPT, str(hold_mb), "0"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-        )
-        try:
-            assert child.stdout is not None
-            child.stdout.readline()
-            time.sleep(0.2)
-            return working_set_bytes(group) - before
-        finally:
-            child.kill()
-            child.wait()
+        ) as child:
+            try:
+                assert child.stdout is not None
+                child.stdout.readline()
+                time.sleep(0.2)
+                return working_set_bytes(group) - before
+            finally:
+                child.kill()
 
 
 @dataclass

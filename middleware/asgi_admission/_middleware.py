@@ -162,7 +162,6 @@ class AdmissionMiddleware:
             timeout_s=config.pending_timeout_s,
             shared_dir=config.shared_dir,
             on_reserve=self._on_reserve,
-            on_expired=self._on_expired,
         )
         self._refusal.learned = self._learned_details
 
@@ -175,11 +174,6 @@ class AdmissionMiddleware:
             self._keeper.configured_reserve_bytes / _MIB,
             self._config.reserve_learning,
         )
-
-    def _on_expired(self) -> None:
-        on_expired = getattr(self._observer, "on_pending_expired", None)
-        if on_expired is not None:
-            on_expired()
 
     def _learned_details(self) -> list[dict[str, object]]:
         return [

@@ -96,7 +96,6 @@ class ReservationKeeper:
         timeout_s: float,
         shared_dir: str | None = None,
         on_reserve: Callable[[int], None] = lambda reserve: None,
-        on_expired: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._controller = controller
@@ -110,6 +109,8 @@ class ReservationKeeper:
         self.min_reserve_bytes = min_reserve_bytes
         self._on_reserve = on_reserve
         self._clock = clock
+        #: Held tickets never started that the timeout released, in this process.
+        self.expired_total = 0
         self._routes: dict[tuple[str, str], str] = {}
         self.learner = SessionLearner(timeout_s=timeout_s)
         self.ends = SessionEnds()
@@ -126,7 +127,7 @@ class ReservationKeeper:
             timeout_s=timeout_s,
             expected_bytes=self._expected_bytes,
             ramp_s=self._ramp_s,
-            on_expired=on_expired,
+            on_expired=self._expired,
         )
         self._next_refresh = 0.0
         self._next_look = 0.0
@@ -134,6 +135,9 @@ class ReservationKeeper:
         self._update_reserve()
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forked(ref))
+
+    def _expired(self) -> None:
+        self.expired_total += 1
 
     # -- what settling expects ------------------------------------------------------
 

@@ -363,6 +363,8 @@ def _warm_up(
             time.sleep(ramp_s + 1.8)  # the memory arrives, then the episode goes quiet
             learned = _learned_mb(base_url)
             if opened.status_code == 201:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(opened.json()["pid"], 9)  # ids are per worker: see below
                 client.delete(f"/processes/{opened.json()['id']}")
             time.sleep(0.5)
             if learned is not None and abs(learned - footprint_mb) <= 0.15 * footprint_mb:
@@ -376,15 +378,20 @@ def _end_all_and_reopen(
     params: dict[str, object],
     ramp_s: float,
 ) -> bool:
-    opened = [r.json()["id"] for r in responses if not isinstance(r, str) and r.status_code == 201]
+    opened = [r.json() for r in responses if not isinstance(r, str) and r.status_code == 201]
     with httpx.Client(base_url=base_url, timeout=30) as client:
-        for session_id in opened:
-            client.delete(f"/processes/{session_id}")
+        for session in opened:
+            # Session ids are per worker, and a DELETE may reach another worker: the
+            # child is ended directly, which frees its memory wherever it was opened.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(session["pid"], 9)
+            client.delete(f"/processes/{session['id']}")
         for _ in range(20):
             time.sleep(0.5)
             reopened = client.post("/processes", params=params)
             if reopened.status_code == 201:
-                client.delete(f"/processes/{reopened.json()['id']}")
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(reopened.json()["pid"], 9)
                 return True
     return False
 

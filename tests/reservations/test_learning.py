@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from reskit import MIB
 
 from asgi_admission._admission.learning import (
     WINDOW,
@@ -13,7 +14,6 @@ from asgi_admission._admission.learning import (
     effective_reserve,
     percentile,
 )
-from reskit import MIB
 
 ROUTE = "POST /sessions"
 
@@ -124,16 +124,18 @@ def test_an_episode_mixing_routes_teaches_nothing() -> None:
 def test_old_sessions_are_forgotten_as_new_ones_come() -> None:
     """After a window of smaller sessions the old, larger footprint is gone."""
     learner = SessionLearner()
-    for i in range(WINDOW):
+    for _i in range(WINDOW):
         learner.observe(ROUTE, footprint_bytes=200 * MIB, ramp_s=1.0)
-    for i in range(WINDOW // 2):
+    for _i in range(WINDOW // 2):
         learner.observe(ROUTE, footprint_bytes=50 * MIB, ramp_s=1.0)
     half = learner.estimate(ROUTE)
-    assert half is not None and half.footprint_bytes == 200 * MIB  # forgets slowly
-    for i in range(WINDOW // 2):
+    assert half is not None
+    assert half.footprint_bytes == 200 * MIB
+    for _i in range(WINDOW // 2):
         learner.observe(ROUTE, footprint_bytes=50 * MIB, ramp_s=1.0)
     estimate = learner.estimate(ROUTE)
-    assert estimate is not None and estimate.footprint_bytes == 50 * MIB
+    assert estimate is not None
+    assert estimate.footprint_bytes == 50 * MIB
 
 
 def test_memory_is_bounded_in_routes_and_observations() -> None:

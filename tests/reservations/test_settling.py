@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from reskit import MIB, apply, counts
 
 from asgi_admission._admission.ledger import InProcessLedger
 from asgi_admission._admission.settling import (
@@ -13,7 +14,6 @@ from asgi_admission._admission.settling import (
     Settlement,
     Settler,
 )
-from reskit import MIB, apply, counts
 
 R = 100 * MIB
 

@@ -23,9 +23,10 @@ Notes:
   starting point only holds the reservation longer.
 - A session that leaves the queue without showing its memory (its ramp time or
   the timeout passed, or its app said ``started()``) stays in the queue as a
-  placeholder, still counting its expected bytes for those behind it, until it
-  reaches the head and its memory shows or the timeout has passed since its
-  admission. A session that failed or ended (``release()``, an exception or a
+  placeholder, still counting its expected bytes, and moves to the front: its
+  memory may all be there already, ahead of older sessions still ramping, so
+  growth pays for it first. It leaves once its memory shows or the timeout has
+  passed since its admission. A session that failed or ended (``release()``, an exception or a
   disconnect before its response) leaves outright: no memory is expected of it.
 - Everything here runs inside the ledger's critical section, which also guards
   the queue when it is shared by the workers (``SharedSettleQueue``); what to do
@@ -420,9 +421,17 @@ class Settler:
         return [(entry.reservation, "release")]
 
     def _mark_placeholder(self, seq: int) -> None:
+        # A session that left without showing its memory may have all of it by
+        # now, ahead of older sessions still ramping: it moves to the front (behind
+        # the other placeholders) so that growth pays for it before crediting anyone.
         floor, records = self._queue.load()
-        for record in records:
+        for index, record in enumerate(records):
             if record.pid == self._pid and record.seq == seq:
                 record.placeholder = True
+                del records[index]
+                front = 0
+                while front < len(records) and records[front].placeholder:
+                    front += 1
+                records.insert(front, record)
                 self._queue.store(floor, records)
                 return

@@ -3,6 +3,7 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.tickets import AdmissionTicket, admission_ticket
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.cgroup import CgroupMemoryReader, read_cgroup_memory
 from asgi_admission._memory.host import HostMemoryReader
@@ -31,6 +32,7 @@ __all__ = [
     "AdmissionConfig",
     "AdmissionController",
     "AdmissionMiddleware",
+    "AdmissionTicket",
     "CapacityDecision",
     "CgroupMemoryReader",
     "DecisionMetrics",
@@ -43,6 +45,7 @@ __all__ = [
     "SessionWatchdog",
     "WatchedSession",
     "__version__",
+    "admission_ticket",
     "metrics_app",
     "metrics_route",
     "parse_cgroup_memory_value",

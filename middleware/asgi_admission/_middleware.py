@@ -155,7 +155,7 @@ class AdmissionMiddleware:
             controller=self._controller,
             locked=self._locked,
             read=self._safe_read,
-            active_count=lambda: self._ledger.counts(self._app_count())[0],
+            active_count=lambda: self._ledger.counts(self._own_count())[0],
             route_of=self._matcher.pattern_of,
             learning=config.reserve_learning,
             min_reserve_bytes=config.reserve_min_bytes,
@@ -211,9 +211,20 @@ class AdmissionMiddleware:
 
     def session_counts(self) -> tuple[int, int]:
         """``(active, pending)``; active comes from ``current_sessions`` when given."""
-        own = self._app_count()
+        own = self._own_count()
         with self._ledger.locked():
             return self._ledger.counts(own)
+
+    def _own_count(self) -> int | None:
+        """The app's count less its sessions still pending past their response.
+
+        A session whose response has ended is in the app's own count already and
+        still pending until it settles: it is counted once, as pending.
+        """
+        count = self._app_count()
+        if count is None:
+            return None
+        return max(0, count - self._keeper.settler.past_response)
 
     def _app_count(self) -> int | None:
         """``current_sessions()``, or ``None`` (the ledger's own count) when it fails.
@@ -306,7 +317,7 @@ class AdmissionMiddleware:
         if keeper.settler.waiting and self._current_sessions is not None:
             # The app counts fewer sessions than are waiting to settle: some ended.
             count = self._app_count()
-            if count is not None and count < keeper.settler.waiting:
+            if count is not None and count < keeper.settler.past_response:
                 with self._locked:
                     settled = keeper.settler.counted(count)
                 apply(settled)
@@ -314,11 +325,7 @@ class AdmissionMiddleware:
         with self._locked:
             # The app's own count (current_sessions) replaces the ledger's count of
             # accepted WebSockets; a shared ledger adds the other workers' counts.
-            own = None if self._current_sessions is None else self._app_count()
-            if own is not None and keeper.settler.waiting:
-                # Sessions past their response are in the app's count already, and
-                # still pending until they settle: counted once, as pending.
-                own = max(0, own - keeper.settler.waiting)
+            own = None if self._current_sessions is None else self._own_count()
             current, pending = ledger.counts(own)
             decision = self._controller.assess(current, limit, pending, read=self._safe_read)
             memory = decision.memory
@@ -353,7 +360,7 @@ class AdmissionMiddleware:
     def _check(self) -> CapacityDecision:
         """The readiness probe's latch evaluation: a decision that reserves nothing."""
         with self._locked:
-            current, pending = self._ledger.counts(self._app_count())
+            current, pending = self._ledger.counts(self._own_count())
             decision = self._controller.assess(
                 current, self._session_limit, pending, read=self._safe_read
             )

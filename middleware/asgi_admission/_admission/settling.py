@@ -55,6 +55,7 @@ Kind = Literal["http", "websocket"]
 Phase = Literal["request", "waiting", "held", "started", "done"]
 Outcome = Literal["release", "activate"]
 Action = tuple[Reservation, Outcome]
+_PAST_RESPONSE: Final = ("waiting", "held")
 
 
 @dataclass(slots=True)
@@ -173,6 +174,7 @@ class Settler:
         "_ramp_s",
         "_seq",
         "timeout_s",
+        "past_response",
         "waiting",
     )
 
@@ -200,6 +202,8 @@ class Settler:
         self._last_used: int | None = None
         #: This process's sessions past their response, not held, not yet settled.
         self.waiting = 0
+        #: Those and the held tickets past their response, not yet started.
+        self.past_response = 0
 
     @property
     def unsettled(self) -> int:
@@ -209,7 +213,7 @@ class Settler:
     def after_fork(self) -> None:
         """A forked worker starts with nothing of its parent's."""
         self._entries = {}
-        self.waiting = 0
+        self.waiting = self.past_response = 0
         self._pid = os.getpid()
         if isinstance(self._queue, LocalSettleQueue):
             self._queue = LocalSettleQueue()
@@ -292,7 +296,7 @@ class Settler:
         memory showed, and settle now (as placeholders: their memory is still
         expected by those behind them, in case it comes after all).
         """
-        ended = self.waiting - max(0, app_count)
+        ended = self.past_response - max(0, app_count)
         actions: list[Action] = []
         for entry in list(self._entries.values()):
             if ended <= 0:
@@ -333,6 +337,7 @@ class Settler:
 
     def _phase(self, entry: Settlement, phase: Phase) -> None:
         self.waiting += (phase == "waiting") - (entry.phase == "waiting")
+        self.past_response += (phase in _PAST_RESPONSE) - (entry.phase in _PAST_RESPONSE)
         entry.phase = phase
 
     def _attribute(

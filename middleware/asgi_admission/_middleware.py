@@ -165,13 +165,13 @@ class AdmissionMiddleware:
         )
         self._refusal.learned = self._learned_details
 
-    def _on_reserve(self, reserve_bytes: int) -> None:
+    def _on_reserve(self, reserve_bytes: int, configured_bytes: int) -> None:
         self._refusal.reserve_bytes = reserve_bytes
         logger.info(
             "asgi-admission: the session reserve is now %.1f MiB (configured %.1f MiB, "
             "learning %s).",
             reserve_bytes / _MIB,
-            self._keeper.configured_reserve_bytes / _MIB,
+            configured_bytes / _MIB,
             self._config.reserve_learning,
         )
 

@@ -95,7 +95,7 @@ class ReservationKeeper:
         min_reserve_bytes: int,
         timeout_s: float,
         shared_dir: str | None = None,
-        on_reserve: Callable[[int], None] = lambda reserve: None,
+        on_reserve: Callable[[int, int], None] = lambda reserve, configured: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._controller = controller
@@ -308,7 +308,7 @@ class ReservationKeeper:
         )
         if reserve != self._controller.reserve_bytes:
             self._controller.reserve_bytes = reserve
-            self._on_reserve(reserve)
+            self._on_reserve(reserve, self.configured_reserve_bytes)
 
     def _after_fork(self) -> None:
         self.settler.after_fork()

@@ -32,10 +32,10 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision
-from asgi_admission._admission.ledger import Reservation, SessionLedger, build_ledger
+from asgi_admission._admission.ledger import Reservation, SessionLedger
 from asgi_admission._admission.observer import DecisionObserver, Kind
 from asgi_admission._config import AdmissionConfig
-from asgi_admission._factory import build_controller
+from asgi_admission._factory import build_controller, build_ledger
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
 from asgi_admission._metrics.collector import instrument
 from asgi_admission._responses import (

@@ -25,17 +25,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Literal
 
+from asgi_admission._config import (
+    DEFAULT_HIGH_WATERMARK_PERCENT,
+    DEFAULT_RESERVE_BYTES,
+    DEFAULT_RESUME_THRESHOLD_PERCENT,
+    check_watermarks,
+)
+from asgi_admission._memory.cgroup import read_cgroup_memory
 from asgi_admission._memory.reading import MemoryReader, MemoryReading, slot_setters
 
 State = Literal["normal", "pressured", "unavailable"]
 Reason = Literal["memory_pressure", "session_limit", "telemetry_unavailable"]
-
-MIB: Final = 1024 * 1024
-DEFAULT_HIGH_WATERMARK_PERCENT: Final = 80.0
-DEFAULT_RESUME_THRESHOLD_PERCENT: Final = 70.0
-DEFAULT_RESERVE_BYTES: Final = 768 * MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +100,6 @@ def _rounded_at_most(percent: float, bound: float) -> bool:
     return round(percent, 2) <= bound
 
 
-def _default_reader() -> MemoryReader:
-    from asgi_admission._memory.cgroup import read_cgroup_memory
-
-    return read_cgroup_memory
-
-
 class AdmissionController:
     """High-watermark/resume hysteresis latch with per-session memory reserves.
 
@@ -131,18 +127,11 @@ class AdmissionController:
         reserve_bytes: int = DEFAULT_RESERVE_BYTES,
         memory_reader: MemoryReader | None = None,
     ) -> None:
-        if not 0 < resume_threshold_percent <= high_watermark_percent <= 100:
-            raise ValueError(
-                "resume_threshold_percent and high_watermark_percent must satisfy "
-                f"0 < resume <= high <= 100; got resume={resume_threshold_percent!r}, "
-                f"high={high_watermark_percent!r}."
-            )
-        if reserve_bytes < 0:
-            raise ValueError(f"reserve_bytes must be 0 or more; got {reserve_bytes!r}.")
+        check_watermarks(high_watermark_percent, resume_threshold_percent, reserve_bytes)
         self.high_watermark_percent = float(high_watermark_percent)
         self.resume_threshold_percent = float(resume_threshold_percent)
         self.reserve_bytes = int(reserve_bytes)
-        self.memory_reader: MemoryReader = memory_reader or _default_reader()
+        self.memory_reader: MemoryReader = memory_reader or read_cgroup_memory
         self._pressured = False
         # The state of the last full decision: the fast path follows only "normal".
         self._last_state: State | None = None

@@ -18,9 +18,6 @@ import threading
 from contextlib import AbstractContextManager
 from typing import Final, Protocol
 
-from asgi_admission._admission.shared_ledger import SharedLedger
-from asgi_admission._config import AdmissionConfig
-
 _PENDING: Final = 0
 _ACTIVE: Final = 1
 _RELEASED: Final = 2
@@ -116,14 +113,3 @@ class InProcessLedger:
     def reserve(self) -> _InProcessReservation:
         self._pending += 1
         return _InProcessReservation(self)
-
-
-def build_ledger(config: AdmissionConfig) -> SessionLedger:
-    """The ledger ``config`` asks for: shared by the workers when ``shared_dir`` is set.
-
-    Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when that directory
-    cannot be created or used.
-    """
-    if config.shared_dir is not None:
-        return SharedLedger(config.shared_dir)
-    return InProcessLedger()

@@ -41,10 +41,17 @@ import psutil
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from asgi_admission._config import AdmissionConfig, _number
+from asgi_admission import _env
+from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.reading import MemoryReader, MemoryReading
-from asgi_admission._watchdog.halt import HaltAction, HaltCallback, ProcessGroupHalt, SessionHalt
-from asgi_admission._watchdog.metrics import HaltReason, watchdog_metrics
+from asgi_admission._watchdog.halt import (
+    HaltAction,
+    HaltCallback,
+    HaltReason,
+    ProcessGroupHalt,
+    SessionHalt,
+)
+from asgi_admission._watchdog.metrics import watchdog_metrics
 from asgi_admission._watchdog.sampler import ProcessSample, ProcessTreeSampler, read_children_map
 
 if TYPE_CHECKING:
@@ -249,7 +256,9 @@ class SessionWatchdog:
         if config is None:
             config = AdmissionConfig.from_env(env)
         high = config.high_watermark_percent
-        critical = _number(env, ENV_CRITICAL_WATERMARK, DEFAULT_CRITICAL_WATERMARK_PERCENT, float)
+        critical = _env.number(
+            env, ENV_CRITICAL_WATERMARK, DEFAULT_CRITICAL_WATERMARK_PERCENT, float
+        )
         if not (math.isfinite(critical) and high < critical <= 100):
             fallback = (
                 DEFAULT_CRITICAL_WATERMARK_PERCENT
@@ -264,7 +273,7 @@ class SessionWatchdog:
                 fallback,
             )
             critical = fallback
-        interval = _number(env, ENV_INTERVAL, DEFAULT_INTERVAL_S, float)
+        interval = _env.number(env, ENV_INTERVAL, DEFAULT_INTERVAL_S, float)
         if not (math.isfinite(interval) and interval > 0):
             logger.warning(
                 "%s=%s must be above 0; using the default %s.",

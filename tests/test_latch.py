@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asgi_admission import AdmissionController, CapacityDecision, MemoryReading, read_cgroup_memory
+from asgi_admission import AdmissionController, CapacityDecision, MemoryReading
+from asgi_admission._memory.cgroup import read_cgroup_memory
 
 LIMIT = 1000  # bytes, so that percentages are easy to read off: used 800 is 80 %
 

@@ -80,10 +80,10 @@ class SessionHalt:
         return self.session.pid
 
 
-#: Carries out a halt. May return an awaitable, which the watchdog runs as a task.
+#: Carries out a halt (``SessionWatchdog(halt=...)``), or is told of one after it
+#: started (``on_halt=``, e.g. to tell the session's user why). May return an
+#: awaitable, which the watchdog runs as a task.
 HaltAction = Callable[[SessionHalt], "Awaitable[None] | None"]
-#: Told of every halt after the action started, e.g. to tell the session's user why.
-HaltCallback = Callable[[SessionHalt], "Awaitable[None] | None"]
 
 
 class _Target:

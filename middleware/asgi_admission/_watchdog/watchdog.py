@@ -46,7 +46,6 @@ from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.reading import MemoryReader, MemoryReading
 from asgi_admission._watchdog.halt import (
     HaltAction,
-    HaltCallback,
     HaltReason,
     ProcessGroupHalt,
     SessionHalt,
@@ -190,7 +189,7 @@ class SessionWatchdog:
         critical_watermark_percent: float = DEFAULT_CRITICAL_WATERMARK_PERCENT,
         interval_s: float = DEFAULT_INTERVAL_S,
         halt: HaltAction | None = None,
-        on_halt: HaltCallback | None = None,
+        on_halt: HaltAction | None = None,
         registry: CollectorRegistry | None = REGISTRY,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
@@ -241,7 +240,7 @@ class SessionWatchdog:
         config: AdmissionConfig | None = None,
         memory_reader: MemoryReader | None = None,
         halt: HaltAction | None = None,
-        on_halt: HaltCallback | None = None,
+        on_halt: HaltAction | None = None,
         registry: CollectorRegistry | None = REGISTRY,
     ) -> SessionWatchdog:
         """Build from ``ADMISSION_CRITICAL_WATERMARK_PERCENT`` and

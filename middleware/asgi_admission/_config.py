@@ -15,6 +15,8 @@ from asgi_admission._memory.reading import Reclaimable
 logger = logging.getLogger("asgi_admission")
 
 MemorySource = Literal["cgroup", "host"]
+#: How a refused WebSocket handshake is answered (see ``AdmissionConfig.websocket_refusal``).
+WebSocketRefusal = Literal["auto", "close", "deny"]
 
 MIB: Final = 1024 * 1024
 DEFAULT_HIGH_WATERMARK_PERCENT: Final = 80.0
@@ -37,6 +39,7 @@ ENV_RETRY_AFTER: Final = ("ADMISSION_RETRY_AFTER_SECONDS", None)
 ENV_MEMORY_SOURCE: Final = ("ADMISSION_MEMORY_SOURCE", None)
 ENV_SHARED_DIR: Final = ("ADMISSION_SHARED_DIR", None)
 ENV_RECLAIMABLE: Final = ("ADMISSION_RECLAIMABLE", None)
+ENV_WEBSOCKET_REFUSAL: Final = ("ADMISSION_WEBSOCKET_REFUSAL", None)
 
 
 def watermarks_consistent(high: float, resume: float) -> bool:
@@ -78,6 +81,11 @@ class AdmissionConfig:
     reclaimable: Reclaimable = "file"
     #: A directory shared by the workers of one container for the session ledger.
     shared_dir: str | None = None
+    #: How a refused WebSocket is told: ``"close"`` accepts and closes with 1013 and
+    #: the delay in the reason (what a browser's JavaScript can read), ``"deny"``
+    #: sends the 503 denial response where the server offers it, and ``"auto"``
+    #: closes for a handshake with an ``Origin`` header (a browser) and denies others.
+    websocket_refusal: WebSocketRefusal = "auto"
 
     def __post_init__(self) -> None:
         check_watermarks(
@@ -96,6 +104,11 @@ class AdmissionConfig:
             )
         if self.reclaimable not in get_args(Reclaimable):
             raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}.")
+        if self.websocket_refusal not in get_args(WebSocketRefusal):
+            raise ValueError(
+                "websocket_refusal must be 'auto', 'close' or 'deny'; "
+                f"got {self.websocket_refusal!r}."
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AdmissionConfig:
@@ -143,4 +156,7 @@ class AdmissionConfig:
             memory_source=_env.choice(env, ENV_MEMORY_SOURCE, get_args(MemorySource), "cgroup"),
             reclaimable=_env.choice(env, ENV_RECLAIMABLE, get_args(Reclaimable), "file"),
             shared_dir=_env.text(env, ENV_SHARED_DIR),
+            websocket_refusal=_env.choice(
+                env, ENV_WEBSOCKET_REFUSAL, get_args(WebSocketRefusal), "auto"
+            ),
         )

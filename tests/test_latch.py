@@ -1,4 +1,4 @@
-"""The latch (SPEC §4) over tables of reading sequences, its validation and its lock."""
+"""The latch over tables of reading sequences, its validation and its lock."""
 
 from __future__ import annotations
 
@@ -291,7 +291,8 @@ def test_request_path_decision_matches_the_dataclass() -> None:
 def _reference_decide(
     pressured: bool, high: float, resume: float, reserve: int, memory: MemoryReading, pending: int
 ) -> bool:
-    """SPEC §4's step 4 as the reference writes it, on MemoryReading.percent (rounded)."""
+    """The latch's set/clear step as the guard it replaced wrote it, on
+    MemoryReading.percent (rounded)."""
     percent = memory.percent
     assert percent is not None
     assert memory.used_bytes is not None

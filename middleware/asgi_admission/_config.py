@@ -26,7 +26,7 @@ DEFAULT_RESERVE_BYTES: Final = 768 * MIB
 DEFAULT_MAX_SESSIONS: Final = 16
 DEFAULT_RETRY_AFTER_S: Final = 5
 
-# (current name, legacy name accepted from the reference deployment or None)
+# (current name, legacy name from the deployment this guard replaced, or None)
 ENV_HIGH: Final = ("ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT", "CODA_MEMORY_HIGH_WATERMARK_PERCENT")
 ENV_RESUME: Final = (
     "ADMISSION_MEMORY_RESUME_THRESHOLD_PERCENT",

@@ -6,7 +6,7 @@ reading, it decides whether one more session may start.
 Notes:
 
 - The set and clear conditions are exact complements, so one evaluation can never
-  clear the latch and re-arm it (the reference's ``resource_capacity.py``).
+  clear the latch and re-arm it (docs/how-it-decides.md).
 - A reserve of R bytes makes the effective admission ceiling ``high - R``: one
   more session is only admitted while its reserve (and those of sessions already
   admitted but not yet started) still fits under the high watermark.
@@ -79,7 +79,8 @@ def _decision(
     return decision
 
 
-# The latch compares the percentage rounded to two decimals, as the reference does.
+# The latch compares the percentage rounded to two decimals, as the guard it replaced
+# did, so that both decide alike at the bounds.
 # round() is slow (about 0.3 µs), and it can only move a value by 0.005: further
 # than 0.01 from the bound, the unrounded value gives the same answer.
 def _rounded_at_least(percent: float, bound: float) -> bool:

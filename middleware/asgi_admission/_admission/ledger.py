@@ -7,7 +7,7 @@ activated (a WebSocket the app accepted) and released exactly once, from
 whichever of the ASGI events comes first; both methods are idempotent so the
 middleware can call them from every place a session can end.
 
-A ledger shared by several worker processes (SPEC §8, ``_shared_ledger``)
+A ledger shared by several worker processes (``shared_ledger.py``)
 implements the same ``SessionLedger`` protocol; the ASGI code only ever sees
 the protocol.
 """

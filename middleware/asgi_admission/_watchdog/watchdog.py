@@ -19,7 +19,8 @@ Notes:
   being halted counts as freeing its last RSS until its process is gone, so one
   breach does not halt a second session while the first is still exiting.
 - Only memory halts. CPU is measured and reported, never acted on: a busy half
-  second is the container runtime's to throttle (``budget.py``'s reasoning).
+  second is the container runtime's to throttle, and a CPU-bound session is not
+  a danger to its neighbours the way an out-of-memory kill is.
 - The peak RSS of every session goes into ``asgi_admission_session_memory_bytes``
   once, when it is halted or ends: the evidence for choosing the reserve.
 """

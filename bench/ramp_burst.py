@@ -113,8 +113,17 @@ def session_footprint(hold_mb: int) -> int:
     with memory_group(4096, "probe") as group:
         before = working_set_bytes(group)
         with subprocess.Popen(
-            ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)]
-            + [sys.executable, "-c", CHILD_SCRIPT, str(hold_mb), "0"],
+            [
+                "sh",
+                "-c",
+                'echo $$ > "$0/cgroup.procs" && exec "$@"',
+                str(group),
+                sys.executable,
+                "-c",
+                CHILD_SCRIPT,
+                str(hold_mb),
+                "0",
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         ) as child:
@@ -193,7 +202,8 @@ class _Tracer(threading.Thread):
 def _serve_argv(group: Path, port: int, workers: int, guarded: bool) -> list[str]:
     join = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)]
     if workers > 1:
-        return join + [
+        return [
+            *join,
             sys.executable,
             "-m",
             "uvicorn",
@@ -212,7 +222,7 @@ def _serve_argv(group: Path, port: int, workers: int, guarded: bool) -> list[str
         "uvicorn.run(create_app(guarded=sys.argv[1] == 'guarded'), host='127.0.0.1',\n"
         "            port=int(sys.argv[2]), log_level='warning')\n"
     )
-    return join + [sys.executable, "-c", serve, "guarded" if guarded else "bare", str(port)]
+    return [*join, sys.executable, "-c", serve, "guarded" if guarded else "bare", str(port)]
 
 
 def _wait_ready(base_url: str, proc: subprocess.Popen[bytes], workers: int) -> None:

@@ -32,6 +32,7 @@ def test_defaults_match_the_spec() -> None:
         reserve_learning="raise",
         reserve_min_bytes=16 * MIB,
         pending_timeout_s=120.0,
+        websocket_refusal="auto",
     )
 
 
@@ -50,6 +51,7 @@ def test_every_variable_is_read(caplog: pytest.LogCaptureFixture) -> None:
         "ADMISSION_SESSION_RESERVE_LEARNING": "Adapt",
         "ADMISSION_SESSION_RESERVE_MIN_MB": "32",
         "ADMISSION_PENDING_TIMEOUT_SECONDS": "30.5",
+        "ADMISSION_WEBSOCKET_REFUSAL": " Close ",
     }
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         config = AdmissionConfig.from_env(env)
@@ -66,6 +68,7 @@ def test_every_variable_is_read(caplog: pytest.LogCaptureFixture) -> None:
         reserve_learning="adapt",
         reserve_min_bytes=32 * MIB,
         pending_timeout_s=30.5,
+        websocket_refusal="close",
     )
     assert caplog.records == []
 
@@ -111,6 +114,7 @@ def test_current_name_wins_over_legacy(caplog: pytest.LogCaptureFixture) -> None
         ("ADMISSION_RETRY_AFTER_SECONDS", "0", "retry_after_s", 5),
         ("ADMISSION_MEMORY_SOURCE", "psutil", "memory_source", "cgroup"),
         ("ADMISSION_RECLAIMABLE", "all", "reclaimable", "file"),
+        ("ADMISSION_WEBSOCKET_REFUSAL", "1013", "websocket_refusal", "auto"),
     ],
 )
 def test_each_fallback_logs_one_warning_naming_the_variable(
@@ -199,6 +203,10 @@ def test_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
             {"pending_timeout_s": 0.0},
             "pending_timeout_s (ADMISSION_PENDING_TIMEOUT_SECONDS) must be a number of "
             "seconds above 0; got 0.0.",
+        ),
+        (
+            {"websocket_refusal": "reject"},
+            "websocket_refusal must be 'auto', 'close' or 'deny'; got 'reject'.",
         ),
     ],
 )

@@ -116,11 +116,6 @@ class RouteMatcher:
     def __bool__(self) -> bool:
         return bool(self._routes)
 
-    def matches(self, scope: Scope) -> bool:
-        """Whether this HTTP or WebSocket scope opens a session."""
-        routes = self._routes.get(scope.get("method", WEBSOCKET))
-        return routes is not None and routes.matches(scope["path"])
-
     def pattern_of(self, scope: Scope) -> str | None:
         """The first pattern that matches this scope, as it was given; ``None`` if none."""
         method = scope.get("method", WEBSOCKET) if scope["type"] == "http" else WEBSOCKET

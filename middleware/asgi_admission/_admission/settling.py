@@ -173,8 +173,8 @@ class Settler:
         "_queue",
         "_ramp_s",
         "_seq",
-        "timeout_s",
         "past_response",
+        "timeout_s",
         "waiting",
     )
 

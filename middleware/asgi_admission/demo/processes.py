@@ -24,8 +24,7 @@ from typing import Any, Final
 
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
-from asgi_admission._admission.tickets import admission_ticket
-from asgi_admission._watchdog.watchdog import SessionWatchdog, WatchedSession, session_watchdog
+from asgi_admission import SessionWatchdog, WatchedSession, admission_ticket, session_watchdog
 
 _MIB: Final = 1024 * 1024
 DEFAULT_BUDGET_MB: Final = 512
@@ -97,11 +96,20 @@ class ProcessSessions:
         assert process.stdout is not None
         ramping = None
         if ramp_s:
+            # The memory arrives after the response: the first "ready" is read later.
             ramping = asyncio.get_running_loop().create_task(process.stdout.readline())
             if on_ready is not None:
                 ramping.add_done_callback(lambda _: on_ready())
         else:
-            await process.stdout.readline()
+            try:
+                await process.stdout.readline()
+            except BaseException:
+                # Cancelled (the client left) or failed before the session was recorded:
+                # nothing else would ever stop this child.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                await asyncio.shield(process.wait())
+                raise
         session_id = f"p{next(self._ids)}"
         watched = (
             None

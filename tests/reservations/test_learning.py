@@ -196,3 +196,32 @@ def test_percentile_is_nearest_rank() -> None:
     """The 90th percentile of 1..10 is 9; of one value, that value."""
     assert percentile(range(1, 11)) == 9
     assert percentile([7]) == 7
+
+
+def test_steady_traffic_that_adds_nothing_learns_zero() -> None:
+    """Admissions every 0.1 s with a flat working set still end the episode: 0 bytes each."""
+    learner = SessionLearner()
+    t = 0.0
+    learner.on_admit(ROUTE, 300 * MIB, t)
+    while learner.observing:
+        t += 0.1
+        learner.on_admit(ROUTE, 300 * MIB, t)
+        learner.on_reading(300 * MIB, t)
+        assert t < 30
+    estimate = learner.estimate(ROUTE)
+    assert estimate is not None
+    assert estimate.footprint_bytes == 0
+
+
+def test_an_episode_in_which_a_session_ended_teaches_nothing() -> None:
+    """Memory freed by a session ending mid-episode makes the episode ambiguous."""
+    learner = SessionLearner()
+    learner.on_admit(ROUTE, 300 * MIB, 0.0)
+    learner.on_reading(350 * MIB, 0.5)
+    learner.on_session_end()
+    t = 0.5
+    while learner.observing:
+        t += 0.25
+        learner.on_reading(350 * MIB, t)
+    assert learner.estimates() == []
+    learner.on_session_end()  # no episode open: nothing to spoil

@@ -26,6 +26,7 @@ def make(
         timeout_s=timeout_s,
         expected_bytes=lambda route: R,
         ramp_s=lambda route: ramp_s,
+        min_ramp_s=lambda: ramp_s,
         on_expired=lambda: sink.append(1),
     )
     return settler, InProcessLedger()

@@ -28,12 +28,17 @@ class SessionEnds:
         self._ends: deque[float] = deque(maxlen=_KEEP)
         self._last_active: int | None = None
 
-    def on_active(self, active: int, now: float) -> None:
-        """The active count now; each one fewer than last time is a session that ended."""
+    def on_active(self, active: int, now: float) -> int:
+        """The active count now; each one fewer than last time is a session that ended.
+
+        Returns how many ended.
+        """
         last = self._last_active
         self._last_active = active
-        if last is not None and active < last:
-            self._ends.extend([now] * min(_KEEP, last - active))
+        if last is None or active >= last:
+            return 0
+        self._ends.extend([now] * min(_KEEP, last - active))
+        return last - active
 
     def expected_wait_s(self, now: float) -> float | None:
         """Seconds until the next session end is expected; ``None`` without evidence."""

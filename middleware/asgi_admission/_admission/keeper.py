@@ -112,6 +112,8 @@ class ReservationKeeper:
         #: Held tickets never started that the timeout released, in this process.
         self.expired_total = 0
         self._routes: dict[tuple[str, str], str] = {}
+        self._cached_version = -1
+        self._cached: dict[str, RouteEstimate] = {}
         self.learner = SessionLearner(timeout_s=timeout_s)
         self.ends = SessionEnds()
         self._store: LearnedStore | None = None
@@ -127,6 +129,7 @@ class ReservationKeeper:
             timeout_s=timeout_s,
             expected_bytes=self._expected_bytes,
             ramp_s=self._ramp_s,
+            min_ramp_s=self._min_ramp_s,
             on_expired=self._expired,
         )
         self._next_refresh = 0.0
@@ -142,23 +145,31 @@ class ReservationKeeper:
     # -- what settling expects ------------------------------------------------------
 
     def _expected_bytes(self, route: str) -> int:
-        if self.learning != "off":
-            estimate = self.learner.estimate(route)
-            if estimate is not None:
-                return estimate.footprint_bytes
-        return self._controller.reserve_bytes
+        estimate = self._learned().get(route)
+        return self._controller.reserve_bytes if estimate is None else estimate.footprint_bytes
 
     def _ramp_s(self, route: str) -> float | None:
-        if self.learning == "off":
-            return None
-        estimate = self.learner.estimate(route)
+        estimate = self._learned().get(route)
         if estimate is None or not estimate.ramp_s:
             return None
         return estimate.ramp_s * RAMP_MARGIN
 
+    def _min_ramp_s(self) -> float | None:
+        ramps = [e.ramp_s * RAMP_MARGIN for e in self._learned().values() if e.ramp_s]
+        return min(ramps, default=None)
+
+    def _learned(self) -> dict[str, RouteEstimate]:
+        # Percentiles are computed once per new observation, not on every decision.
+        version = self.learner.version
+        if self._cached_version != version:
+            self._cached_version = version
+            estimates = [] if self.learning == "off" else self.learner.estimates()
+            self._cached = {estimate.route: estimate for estimate in estimates}
+        return self._cached
+
     def estimates(self) -> list[RouteEstimate]:
         """What was learned, per route (empty with learning off)."""
-        return [] if self.learning == "off" else self.learner.estimates()
+        return list(self._learned().values())
 
     def route(self, scope: Scope | None) -> str:
         """The session pattern ``scope`` came by (``"predicate"`` when none matched)."""
@@ -250,7 +261,8 @@ class ReservationKeeper:
         """One look: settle and learn from a fresh reading, note session ends."""
         now = self._clock()
         with self._locked:
-            self.ends.on_active(self._active_count(), now)
+            if self.ends.on_active(self._active_count(), now):
+                self.learner.on_session_end()
             actions: list[Action] = []
             if self.settler.unsettled or self.learner.observing or self._queue_busy():
                 memory = self._read()

@@ -6,12 +6,14 @@ Notes:
   is open, at the working set that admission was decided with, and takes in
   every admission that follows while it is open. It watches the working set
   (the guard's own readings and its periodic sample: sessions need not be
-  processes) and ends once no admission and no new peak has come for a quiet
-  spell (at least ``QUIET_S``, longer for slow ramps), or at the pending timeout.
-  One observation is then ``(peak - start) / sessions`` bytes and the time from
-  the first admission until the working set first reached 90 % of that peak.
-  An episode that mixed routes teaches nothing (it cannot say whose memory was
-  whose).
+  processes) and ends once no new peak has come for a quiet spell (at least
+  ``QUIET_S``, longer for slow ramps) and no admission either, or, under steady
+  traffic, after ``BUSY_QUIET_SPELLS`` quiet spells without a new peak, or at
+  the pending timeout. One observation is then ``(peak - start) / sessions``
+  bytes, counting the sessions admitted up to the last new peak, and the time
+  from the first admission until the working set first reached 90 % of that
+  peak. An episode that mixed routes, or saw a session end (memory freed in the
+  middle of it), teaches nothing: it cannot say whose memory was whose.
 - Noise: other memory moving in the same group inflates or deflates an
   observation; sessions that free memory give 0. A high percentile of the
   recent observations (``PERCENTILE``) errs towards the larger footprint, which
@@ -37,6 +39,9 @@ WINDOW: Final = 32
 MAX_ROUTES: Final = 64
 PERCENTILE: Final = 0.9
 QUIET_S: Final = 1.0
+BUSY_QUIET_SPELLS: Final = 10
+#: Admissions one episode keeps the times of; beyond, it teaches nothing.
+_MAX_ADMISSIONS: Final = 4096
 #: A new peak must beat the last by this share of the growth so far (or 256 KiB).
 _PEAK_STEP: Final = 0.01
 _MIN_STEP: Final = 256 * 1024
@@ -63,6 +68,7 @@ def percentile(values: Iterable[float], share: float = PERCENTILE) -> float:
 
 class _Episode:
     __slots__ = (
+        "admitted",
         "base",
         "last_admit",
         "last_peak_at",
@@ -84,6 +90,7 @@ class _Episode:
         self.last_peak_at = now
         self.peaks: list[tuple[float, int]] = [(now, base)]
         self.mixed = False
+        self.admitted = [now]
 
 
 class SessionLearner:
@@ -123,8 +130,17 @@ class SessionLearner:
             return
         episode.sessions += 1
         episode.last_admit = now
+        if len(episode.admitted) < _MAX_ADMISSIONS:
+            episode.admitted.append(now)
+        else:
+            episode.mixed = True
         if route != episode.route:
             episode.mixed = True
+
+    def on_session_end(self) -> None:
+        """A session ended: memory freed in the open episode makes it teach nothing."""
+        if self._episode is not None:
+            self._episode.mixed = True
 
     def on_reading(self, used_bytes: int, now: float) -> None:
         """An exact working set; may close the episode and record an observation."""
@@ -143,8 +159,11 @@ class SessionLearner:
         elif used_bytes > episode.peak:
             episode.peak = used_bytes
         quiet = max(QUIET_S, 0.5 * (episode.last_peak_at - episode.start))
-        if now - max(episode.last_admit, episode.last_peak_at) >= quiet or (
-            now - episode.start >= self.timeout_s
+        since_peak = now - episode.last_peak_at
+        if (
+            (since_peak >= quiet and now - episode.last_admit >= quiet)
+            or since_peak >= BUSY_QUIET_SPELLS * quiet
+            or now - episode.start >= self.timeout_s
         ):
             self._episode = None
             if not episode.mixed:
@@ -154,9 +173,11 @@ class SessionLearner:
         growth = max(0, episode.peak - episode.base)
         reached = episode.base + 0.9 * growth
         ramp = next((t for t, used in episode.peaks if used >= reached), episode.last_peak_at)
+        # Sessions admitted after the last new peak added nothing that was seen.
+        sessions = max(1, sum(1 for t in episode.admitted if t <= episode.last_peak_at))
         self.observe(
             episode.route,
-            footprint_bytes=growth // episode.sessions,
+            footprint_bytes=growth // sessions,
             ramp_s=max(0.0, ramp - episode.start),
         )
 

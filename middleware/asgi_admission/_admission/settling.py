@@ -87,6 +87,11 @@ class SettleQueue(Protocol):
         """Whether the worker that queued a record still runs."""
         ...
 
+    @property
+    def shared(self) -> bool:
+        """Whether other workers' passes may take this worker's records off the queue."""
+        ...
+
 
 class LocalSettleQueue:
     """The queue of one process."""
@@ -105,6 +110,10 @@ class LocalSettleQueue:
 
     def owner_alive(self, pid: int) -> bool:
         return True
+
+    @property
+    def shared(self) -> bool:
+        return False
 
 
 class Settlement:
@@ -173,6 +182,7 @@ class Settler:
         "_queue",
         "_ramp_s",
         "_seq",
+        "_shortest_ramp_s",
         "past_response",
         "timeout_s",
         "waiting",
@@ -185,6 +195,7 @@ class Settler:
         timeout_s: float = DEFAULT_PENDING_TIMEOUT_S,
         expected_bytes: Callable[[str], int],
         ramp_s: Callable[[str], float | None] = lambda route: None,
+        min_ramp_s: Callable[[], float | None] = lambda: None,
         on_expired: Callable[[], None] = lambda: None,
     ) -> None:
         if not timeout_s > 0:
@@ -195,6 +206,7 @@ class Settler:
         self._queue = queue if queue is not None else LocalSettleQueue()
         self._expected_bytes = expected_bytes
         self._ramp_s = ramp_s
+        self._shortest_ramp_s = min_ramp_s
         self._on_expired = on_expired
         self._entries: dict[int, Settlement] = {}
         self._seq = itertools.count(1)
@@ -233,12 +245,15 @@ class Settler:
         seq = next(self._seq)
         entry = Settlement(seq, reservation, kind, route, now)
         self._entries[seq] = entry
+        expected = max(0, self._expected_bytes(route))
+        if not expected:
+            # Nothing to wait for (no reserve, or sessions of this route add nothing).
+            entry.visible = True
+            return entry
         base = used_bytes if used_bytes is not None else self._last_used
         if base is not None:
             floor, records = self._queue.load()
-            records.append(
-                QueueRecord(self._pid, seq, now, base, max(0, self._expected_bytes(route)))
-            )
+            records.append(QueueRecord(self._pid, seq, now, base, expected))
             self._queue.store(floor, records)
             entry.queued = True
         return entry
@@ -319,21 +334,35 @@ class Settler:
             floor, kept = self._attribute(floor, records, used_bytes, now, actions)
             self._queue.store(floor, kept)
         if self._entries:
-            known = {r.seq for r in self._queue.load()[1] if r.pid == self._pid}
+            if self._queue.shared:
+                actions += self._taken_by_others()
+            # Entries are in admission order and every time limit counts from
+            # admission: past the first one too young for the shortest limit, none
+            # is due.
+            horizon = now - min(self.timeout_s, self._min_ramp_s())
             for entry in list(self._entries.values()):
-                if entry.phase == "done":
-                    continue
-                if entry.queued and not entry.visible and entry.seq not in known:
-                    # Another worker's pass found its memory and took it off the queue.
-                    entry.visible = True
-                    if entry.phase == "waiting":
-                        actions += self._settle(entry)
-                        continue
+                if entry.admitted_at > horizon:
+                    break
                 if entry.phase in ("waiting", "held"):
                     actions += self._time_out(entry, now)
         return actions
 
+    def _taken_by_others(self) -> list[Action]:
+        """Own entries another worker's pass found visible and took off the shared queue."""
+        known = {r.seq for r in self._queue.load()[1] if r.pid == self._pid}
+        actions: list[Action] = []
+        for entry in list(self._entries.values()):
+            if entry.queued and not entry.visible and entry.seq not in known:
+                entry.visible = True
+                if entry.phase == "waiting":
+                    actions += self._settle(entry)
+        return actions
+
     # -- internals ---------------------------------------------------------------------
+
+    def _min_ramp_s(self) -> float:
+        shortest = self._shortest_ramp_s()
+        return self.timeout_s if shortest is None else shortest
 
     def _phase(self, entry: Settlement, phase: Phase) -> None:
         self.waiting += (phase == "waiting") - (entry.phase == "waiting")

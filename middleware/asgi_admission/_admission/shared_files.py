@@ -158,6 +158,10 @@ class SharedSettleQueue:
             return True
         return True
 
+    @property
+    def shared(self) -> bool:
+        return True
+
     def after_fork(self) -> None:
         # flock belongs to the open file description: a child opens its own.
         os.close(self._fd)

@@ -37,7 +37,6 @@ from asgi_admission._admission.keeper import ReservationKeeper, apply, serve_wit
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision
 from asgi_admission._admission.ledger import SessionLedger
 from asgi_admission._admission.observer import DecisionObserver, Kind
-from asgi_admission._admission.settling import Action
 from asgi_admission._admission.tickets import SCOPE_KEY, AdmissionTicket
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
@@ -331,15 +330,13 @@ class AdmissionMiddleware:
         ledger = self._ledger
         keeper = self._keeper
         limit = self._session_limit
-        settled: list[Action] = []
         if keeper.settler.waiting and self._current_sessions is not None:
             # The app counts fewer sessions than are waiting to settle: some ended.
             count = self._app_count()
             if count is not None and count < keeper.settler.past_response:
                 with self._locked:
-                    settled = keeper.settler.counted(count)
-                apply(settled)
-                settled = []
+                    ended = keeper.settler.counted(count)
+                apply(ended)
         with self._locked:
             # The app's own count (current_sessions) replaces the ledger's count of
             # accepted WebSockets; a shared ledger adds the other workers' counts.
@@ -355,7 +352,7 @@ class AdmissionMiddleware:
                 retry_after_s = self._retry_delay(decision)
             # A fast-path decision reads a bound (usage with its cache), never
             # used for settling: a look at the exact working set is due instead.
-            settled += keeper.settle_with(memory) if memory.exact else keeper.due()
+            settled = keeper.settle_with(memory) if memory.exact else keeper.due()
             blind_changed = self._note_blind(decision)
         if settled:
             apply(settled)

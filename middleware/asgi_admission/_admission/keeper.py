@@ -29,7 +29,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Final
 
@@ -66,7 +66,7 @@ RAMP_MARGIN: Final = 1.25
 _ROUTE_CACHE: Final = 1024
 
 
-def apply(actions: list[Action]) -> None:
+def apply(actions: Iterable[Action]) -> None:
     """Do what the settler decided; outside the ledger's lock."""
     for reservation, outcome in actions:
         if outcome == "release":
@@ -111,9 +111,10 @@ class ReservationKeeper:
         self._clock = clock
         #: Held tickets never started that the timeout released, in this process.
         self.expired_total = 0
-        self._routes: dict[tuple[str, str], str] = {}
+        self._routes: dict[tuple[str, str | None], str] = {}
         self._cached_version = -1
         self._cached: dict[str, RouteEstimate] = {}
+        self._expected: dict[str, int] = {}
         self.learner = SessionLearner(timeout_s=timeout_s)
         self.ends = SessionEnds()
         self._store: LearnedStore | None = None
@@ -130,6 +131,7 @@ class ReservationKeeper:
             expected_bytes=self._expected_bytes,
             ramp_s=self._ramp_s,
             min_ramp_s=self._min_ramp_s,
+            footprint_bytes=self._footprint_bytes,
             on_expired=self._expired,
         )
         self._next_refresh = 0.0
@@ -145,18 +147,30 @@ class ReservationKeeper:
     # -- what settling expects ------------------------------------------------------
 
     def _expected_bytes(self, route: str) -> int:
-        estimate = self._learned().get(route)
-        return self._controller.reserve_bytes if estimate is None else estimate.footprint_bytes
+        # The route's own reserve: the configured one, raised or replaced by what
+        # was learned of this route (a session smaller than it settles by its ramp).
+        # Asked on every admission: computed once per route and observation.
+        expected = self._expected.get(route)
+        if expected is None:
+            estimate = self._learned().get(route)
+            expected = self._expected[route] = effective_reserve(
+                self.configured_reserve_bytes,
+                () if estimate is None else (estimate,),
+                mode=self.learning,
+                min_bytes=self.min_reserve_bytes,
+            )
+        return expected
 
     def _ramp_s(self, route: str) -> float | None:
         estimate = self._learned().get(route)
-        if estimate is None or not estimate.ramp_s:
-            return None
-        return estimate.ramp_s * RAMP_MARGIN
+        return None if estimate is None else estimate.ramp_s * RAMP_MARGIN
+
+    def _footprint_bytes(self, route: str) -> int | None:
+        estimate = self._learned().get(route)
+        return None if estimate is None else estimate.footprint_bytes
 
     def _min_ramp_s(self) -> float | None:
-        ramps = [e.ramp_s * RAMP_MARGIN for e in self._learned().values() if e.ramp_s]
-        return min(ramps, default=None)
+        return min((e.ramp_s * RAMP_MARGIN for e in self._learned().values()), default=None)
 
     def _learned(self) -> dict[str, RouteEstimate]:
         # Percentiles are computed once per new observation, not on every decision.
@@ -165,6 +179,7 @@ class ReservationKeeper:
             self._cached_version = version
             estimates = [] if self.learning == "off" else self.learner.estimates()
             self._cached = {estimate.route: estimate for estimate in estimates}
+            self._expected = {}
         return self._cached
 
     def estimates(self) -> list[RouteEstimate]:
@@ -175,14 +190,15 @@ class ReservationKeeper:
         """The session pattern ``scope`` came by (``"predicate"`` when none matched)."""
         if scope is None:
             return "unnamed"
-        key = (scope.get("method", "WS"), scope["path"])
-        route = self._routes.get(key)
-        if route is None:
+        key = (scope["path"], scope.get("method"))
+        try:
+            return self._routes[key]
+        except KeyError:
             route = self._route_of(scope) or "predicate"
             if len(self._routes) >= _ROUTE_CACHE:
                 self._routes.clear()
             self._routes[key] = route
-        return route
+            return route
 
     # -- on the decision path (inside the ledger's lock) ------------------------------
 
@@ -194,32 +210,28 @@ class ReservationKeeper:
         route = self.route(scope)
         if self.learning != "off":
             self.learner.on_admit(route, used_bytes, now)
-        return self.settler.admit(
-            reservation,
-            kind=kind,
-            route=route,
-            used_bytes=used_bytes,
-            now=now,
-        )
+        return self.settler.admit(reservation, kind, route, used_bytes, now)
 
-    def due(self) -> list[Action]:
+    def due(self) -> Sequence[Action]:
         """Settle from a fresh reading when the last look is a sample interval old.
 
         For decisions that read no exact working set themselves: where the app
         runs without lifespan (no periodic sample), traffic still settles.
         """
+        if not self.settler.past_response:
+            return ()
         now = self._clock()
-        if not self.settler.unsettled or now < self._next_look:
-            return []
+        if now < self._next_look:
+            return ()
         memory = self._read()
         if not memory.available or memory.used_bytes is None:
             return self.settler.settle(None, now)
         return self._take(memory.used_bytes, now)
 
-    def settle_with(self, memory: MemoryReading) -> list[Action]:
+    def settle_with(self, memory: MemoryReading) -> Sequence[Action]:
         """A decision's own reading settles what it shows (exact readings only)."""
         if not memory.exact or memory.used_bytes is None or not memory.available:
-            return []
+            return ()
         return self._take(memory.used_bytes, self._clock())
 
     # -- the session's events (each takes the lock) -----------------------------------
@@ -312,6 +324,7 @@ class ReservationKeeper:
 
     def _update_reserve(self) -> None:
         self._learned_version = self.learner.version
+        self._expected = {}
         reserve = effective_reserve(
             self.configured_reserve_bytes,
             self.estimates(),

@@ -39,7 +39,7 @@ WINDOW: Final = 32
 MAX_ROUTES: Final = 64
 PERCENTILE: Final = 0.9
 QUIET_S: Final = 1.0
-BUSY_QUIET_SPELLS: Final = 10
+BUSY_QUIET_SPELLS: Final = 2
 #: Admissions one episode keeps the times of; beyond, it teaches nothing.
 _MAX_ADMISSIONS: Final = 4096
 #: A new peak must beat the last by this share of the growth so far (or 256 KiB).

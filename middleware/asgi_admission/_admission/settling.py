@@ -36,6 +36,7 @@ Notes:
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import os
@@ -167,7 +168,7 @@ class Settler:
     """Keeps reservations pending until each session's memory shows.
 
     ``expected_bytes(route)`` is what one session of ``route`` is expected to add
-    (the learned footprint, else the reserve); ``ramp_s(route)`` its learned ramp
+    (its reserve, 0 or more); ``ramp_s(route)`` its learned ramp
     time or ``None``. ``on_expired()`` is told of each held ticket the timeout
     released. Every method runs inside the ledger's critical section and returns
     the reservation changes to make once it is left.
@@ -176,6 +177,7 @@ class Settler:
     __slots__ = (
         "_entries",
         "_expected_bytes",
+        "_footprint_bytes",
         "_last_used",
         "_on_expired",
         "_pid",
@@ -196,6 +198,7 @@ class Settler:
         expected_bytes: Callable[[str], int],
         ramp_s: Callable[[str], float | None] = lambda route: None,
         min_ramp_s: Callable[[], float | None] = lambda: None,
+        footprint_bytes: Callable[[str], int | None] = lambda route: None,
         on_expired: Callable[[], None] = lambda: None,
     ) -> None:
         if not timeout_s > 0:
@@ -207,6 +210,7 @@ class Settler:
         self._expected_bytes = expected_bytes
         self._ramp_s = ramp_s
         self._shortest_ramp_s = min_ramp_s
+        self._footprint_bytes = footprint_bytes
         self._on_expired = on_expired
         self._entries: dict[int, Settlement] = {}
         self._seq = itertools.count(1)
@@ -233,19 +237,13 @@ class Settler:
     # -- the session's events ------------------------------------------------------
 
     def admit(
-        self,
-        reservation: Reservation,
-        *,
-        kind: Kind,
-        route: str,
-        used_bytes: int | None,
-        now: float,
+        self, reservation: Reservation, kind: Kind, route: str, used_bytes: int | None, now: float
     ) -> Settlement:
         """Queue a session just admitted, with the working set it was admitted at."""
         seq = next(self._seq)
         entry = Settlement(seq, reservation, kind, route, now)
         self._entries[seq] = entry
-        expected = max(0, self._expected_bytes(route))
+        expected = self._expected_bytes(route)
         if not expected:
             # Nothing to wait for (no reserve, or sessions of this route add nothing).
             entry.visible = True
@@ -295,7 +293,7 @@ class Settler:
         if entry.phase in ("request", "waiting", "held"):
             self._phase(entry, "started")
             self._entries.pop(entry.seq, None)
-            self._mark_placeholder(entry.seq)
+            self._mark_placeholder(entry)
             return [(entry.reservation, "activate")]
         return []
 
@@ -312,14 +310,16 @@ class Settler:
         expected by those behind them, in case it comes after all).
         """
         ended = self.past_response - max(0, app_count)
-        actions: list[Action] = []
-        for entry in list(self._entries.values()):
-            if ended <= 0:
+        oldest: list[Settlement] = []
+        for entry in self._entries.values():
+            if len(oldest) >= ended:
                 break
             if entry.phase == "waiting":
-                ended -= 1
-                self._mark_placeholder(entry.seq)
-                actions += self._settle(entry)
+                oldest.append(entry)
+        actions: list[Action] = []
+        for entry in oldest:
+            self._mark_placeholder(entry)
+            actions += self._settle(entry)
         return actions
 
     # -- the readings ----------------------------------------------------------------
@@ -340,11 +340,14 @@ class Settler:
             # admission: past the first one too young for the shortest limit, none
             # is due.
             horizon = now - min(self.timeout_s, self._min_ramp_s())
-            for entry in list(self._entries.values()):
+            due: list[Settlement] = []
+            for entry in self._entries.values():
                 if entry.admitted_at > horizon:
                     break
-                if entry.phase in ("waiting", "held"):
-                    actions += self._time_out(entry, now)
+                if entry.phase in _PAST_RESPONSE:
+                    due.append(entry)
+            for entry in due:
+                actions += self._time_out(entry, now)
         return actions
 
     def _taken_by_others(self) -> list[Action]:
@@ -401,7 +404,9 @@ class Settler:
         if not kept:
             floor = None
         # Dead workers' records further back are dropped too: their sessions are gone.
-        if any(not self._queue.owner_alive(r.pid) for r in kept if r.pid != self._pid):
+        if self._queue.shared and any(
+            not self._queue.owner_alive(r.pid) for r in kept if r.pid != self._pid
+        ):
             kept = [r for r in kept if r.pid == self._pid or self._queue.owner_alive(r.pid)]
         return floor, kept
 
@@ -419,17 +424,17 @@ class Settler:
                 self.timeout_s,
             )
             self._on_expired()
-            self._mark_placeholder(entry.seq)
+            self._mark_placeholder(entry)
             self._phase(entry, "done")
             entry.released = True
             self._entries.pop(entry.seq, None)
             return [(entry.reservation, "release")]
         if age >= self.timeout_s:
-            self._mark_placeholder(entry.seq)
+            self._mark_placeholder(entry)
             return self._settle(entry)
         ramp = self._ramp_s(entry.route)
         if ramp is not None and age >= ramp:
-            self._mark_placeholder(entry.seq)
+            self._mark_placeholder(entry)
             return self._settle(entry)
         return []
 
@@ -454,18 +459,32 @@ class Settler:
                     self._queue.store(floor if kept else None, kept)
         return [(entry.reservation, "release")]
 
-    def _mark_placeholder(self, seq: int) -> None:
+    def _mark_placeholder(self, entry: Settlement) -> None:
         # A session that left without showing its memory may have all of it by
         # now, ahead of older sessions still ramping: it moves to the front (behind
         # the other placeholders) so that growth pays for it before crediting anyone.
+        # It claims what a session of its route was learned to add, if less than its
+        # reserve; a claim of nothing leaves the queue at once.
+        if not entry.queued:
+            return
         floor, records = self._queue.load()
-        for index, record in enumerate(records):
-            if record.pid == self._pid and record.seq == seq:
-                record.placeholder = True
-                del records[index]
-                front = 0
-                while front < len(records) and records[front].placeholder:
-                    front += 1
-                records.insert(front, record)
-                self._queue.store(floor, records)
-                return
+        # Most changes concern recent sessions: search from the newest.
+        for index in range(len(records) - 1, -1, -1):
+            record = records[index]
+            if record.pid == self._pid and record.seq == entry.seq:
+                break
+        else:
+            return
+        del records[index]
+        footprint = self._footprint_bytes(entry.route)
+        if footprint is not None:
+            record.expected_bytes = min(record.expected_bytes, footprint)
+        if record.expected_bytes > 0:
+            record.placeholder = True
+            # Placeholders are a prefix of the queue.
+            records.insert(bisect.bisect_left(records, True, key=_not_placeholder), record)
+        self._queue.store(floor if records else None, records)
+
+
+def _not_placeholder(record: QueueRecord) -> bool:
+    return not record.placeholder

@@ -177,6 +177,9 @@ class AdmissionMiddleware:
             on_reserve=self._on_reserve,
         )
         self._refusal.learned = self._learned_details
+        if watchdog is not None:
+            # Sessions registered with the ticket's route teach the guard their peaks.
+            watchdog.on_peak = self._keeper.observe_peak
 
         # Starlette builds its stack inside out: what runs inside the guard exists now.
         if cors_inside(app):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import psutil
 from mwkit import MIB, SettableReader, TestClient, controller
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
@@ -186,3 +189,31 @@ def test_two_workers_share_the_settling_queue_and_what_they_learned(tmp_path: Pa
     # A restarted worker starts from what the container learned.
     third = build(reader, learning="raise", shared_dir=shared)
     assert third.keeper.estimates() == first.keeper.estimates()
+
+
+def test_the_watchdogs_peaks_teach_the_guard(tmp_path: Path) -> None:
+    """A session process registered with its ticket's route: its peak RSS is learned."""
+    from asgi_admission import SessionWatchdog
+
+    reader = SettableReader(used_mb=100)
+    watchdog = SessionWatchdog(config=AdmissionConfig(), memory_reader=reader, registry=None)
+    mw = build(reader, learning="raise", watchdog=watchdog)
+    with subprocess.Popen(
+        [sys.executable, "-c", "b = bytearray(40 << 20); b[::4096] = b'x' * (40 << 8); input()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+    ) as child:
+        try:
+            deadline = time.monotonic() + 10
+            while psutil.Process(child.pid).memory_info().rss < 40 << 20:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            watched = watchdog.register(child.pid, route="POST /sessions")
+            watchdog.sample_once()
+            watched.unregister()
+        finally:
+            child.kill()
+    [estimate] = mw.keeper.estimates()
+    assert estimate.route == "POST /sessions"
+    assert estimate.footprint_bytes >= 40 * MIB
+    assert mw.controller.reserve_bytes == estimate.footprint_bytes  # raised from 10 MiB

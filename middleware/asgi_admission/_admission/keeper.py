@@ -267,6 +267,14 @@ class ReservationKeeper:
         apply(actions)
         return True
 
+    def observe_peak(self, route: str, peak_bytes: int) -> None:
+        """The watchdog measured a session of ``route`` at ``peak_bytes`` (RSS) at most."""
+        if self.learning == "off":
+            return
+        with self._locked:
+            self.learner.observe(route, footprint_bytes=peak_bytes)
+            self._publish_learned()
+
     # -- the periodic sample ------------------------------------------------------------
 
     def sample(self) -> None:
@@ -306,15 +314,17 @@ class ReservationKeeper:
         self._next_look = now + SAMPLE_INTERVAL_S
         if self.learning != "off":
             self.learner.on_reading(used_bytes, now)
-            if self.learner.version != self._learned_version:
-                if self._store is not None:
-                    new = self.learner.take_new()
-                    if new:
-                        self.learner.merge(self._store.add(new))
-                else:
-                    self.learner.take_new()
-                self._update_reserve()
+            self._publish_learned()
         return self.settler.settle(used_bytes, now)
+
+    def _publish_learned(self) -> None:
+        """After new observations: share them (with a shared directory), update the reserve."""
+        if self.learner.version == self._learned_version:
+            return
+        new = self.learner.take_new()
+        if self._store is not None and new:
+            self.learner.merge(self._store.add(new))
+        self._update_reserve()
 
     def _refresh_shared(self) -> None:
         assert self._store is not None

@@ -82,6 +82,7 @@ class ProcessSessions:
         budget_mb: int,
         ramp_s: float = 0.0,
         on_ready: Callable[[], None] | None = None,
+        route: str | None = None,
     ) -> _Child:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -115,7 +116,7 @@ class ProcessSessions:
             None
             if watchdog is None
             else watchdog.register(
-                process.pid, budget_bytes=budget_mb * _MIB, session_id=session_id
+                process.pid, budget_bytes=budget_mb * _MIB, session_id=session_id, route=route
             )
         )
         child = self._children[session_id] = _Child(
@@ -176,8 +177,10 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
             watchdog: SessionWatchdog | None = session_watchdog(request)
         except LookupError:  # the unguarded demo: processes run unwatched
             watchdog = None
-        # With ?ticket=1 the session's reservation is held until its child is up.
-        held = admission_ticket(request) if ticket else None
+        # With ?ticket=1 the session's reservation is held until its child is up; the
+        # ticket's route lets the guard learn from the watchdog's peak of the child.
+        admitted = admission_ticket(request)
+        held = admitted if ticket else None
         if held is not None:
             held.hold()
         try:
@@ -187,6 +190,7 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
                 budget_mb=budget_mb,
                 ramp_s=ramp_s,
                 on_ready=None if held is None else held.started,
+                route=None if admitted is None else admitted.route,
             )
         except BaseException:
             if held is not None:

@@ -75,12 +75,23 @@ def open_private(path: str) -> int:
     return fd
 
 
+def prepare_dir(directory: str) -> None:
+    """Create the shared directory (``0700``) if needed; ``ValueError`` naming the setting."""
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(
+            f"ADMISSION_SHARED_DIR={directory!r} cannot be created: {exc.strerror or exc}."
+        ) from exc
+
+
 class SharedSettleQueue:
     """The settling queue of every worker, in one file; used inside the ledger's lock."""
 
     __slots__ = ("_fd", "path")
 
     def __init__(self, directory: str) -> None:
+        prepare_dir(directory)
         self.path = os.path.join(directory, SETTLING_FILE)
         self._fd = open_private(self.path)
         with self._exclusive():
@@ -180,6 +191,7 @@ class LearnedStore:
     __slots__ = ("path", "window")
 
     def __init__(self, directory: str, *, window: int) -> None:
+        prepare_dir(directory)
         self.path = os.path.join(directory, LEARNED_FILE)
         self.window = window
         os.close(open_private(self.path))

@@ -141,5 +141,5 @@ def test_no_learned_file_reads_as_none(tmp_path: Path) -> None:
 def test_a_shared_dir_that_cannot_be_created_names_the_setting(tmp_path: Path) -> None:
     """A shared directory under a regular file is an error naming ADMISSION_SHARED_DIR."""
     (tmp_path / "file").write_text("")
-    with pytest.raises(ValueError, match="ADMISSION_SHARED_DIR=.*cannot be created"):
+    with pytest.raises(ValueError, match=r"ADMISSION_SHARED_DIR=.*cannot be created"):
         SharedSettleQueue(str(tmp_path / "file" / "shared"))

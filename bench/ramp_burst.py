@@ -192,6 +192,7 @@ class _Tracer(threading.Thread):
         self.start_at = time.monotonic()
 
     def run(self) -> None:
+        self.start_at = time.monotonic()
         while not self.stop_event.wait(0.05):
             with contextlib.suppress(OSError, ValueError):
                 self.samples.append(

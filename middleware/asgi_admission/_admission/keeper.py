@@ -229,10 +229,18 @@ class ReservationKeeper:
         return self._take(memory.used_bytes, now)
 
     def settle_with(self, memory: MemoryReading) -> Sequence[Action]:
-        """A decision's own reading settles what it shows (exact readings only)."""
+        """A decision's own reading settles what it shows (exact readings only).
+
+        Used at once while sessions wait past their response; otherwise (for
+        learning) at most once per sample interval, so that a stream of decisions
+        costs no more than the sample would.
+        """
         if not memory.exact or memory.used_bytes is None or not memory.available:
             return ()
-        return self._take(memory.used_bytes, self._clock())
+        now = self._clock()
+        if not self.settler.past_response and now < self._next_look:
+            return ()
+        return self._take(memory.used_bytes, now)
 
     # -- the session's events (each takes the lock) -----------------------------------
 

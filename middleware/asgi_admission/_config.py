@@ -11,10 +11,9 @@ from typing import Final, Literal, TypeVar, get_args
 
 from asgi_admission._admission.latch import (
     DEFAULT_HIGH_WATERMARK_PERCENT,
-    DEFAULT_RESERVE_BYTES,
     DEFAULT_RESUME_THRESHOLD_PERCENT,
-    MIB,
 )
+from asgi_admission._admission.reserve import MIB
 from asgi_admission._memory.reading import Reclaimable
 
 logger = logging.getLogger("asgi_admission")
@@ -38,6 +37,19 @@ ENV_RETRY_AFTER: Final = ("ADMISSION_RETRY_AFTER_SECONDS", None)
 ENV_MEMORY_SOURCE: Final = ("ADMISSION_MEMORY_SOURCE", None)
 ENV_SHARED_DIR: Final = ("ADMISSION_SHARED_DIR", None)
 ENV_RECLAIMABLE: Final = ("ADMISSION_RECLAIMABLE", None)
+#: Each field of AdmissionConfig and the variables from_env reads it from (the
+#: documentation's configuration reference is checked against this).
+ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
+    "high_watermark_percent": ENV_HIGH,
+    "resume_threshold_percent": ENV_RESUME,
+    "reserve_bytes": ENV_RESERVE_MB,
+    "max_sessions": ENV_MAX_SESSIONS,
+    "retry_after_s": ENV_RETRY_AFTER,
+    "cgroup_root": ENV_CGROUP_ROOT,
+    "memory_source": ENV_MEMORY_SOURCE,
+    "reclaimable": ENV_RECLAIMABLE,
+    "shared_dir": ENV_SHARED_DIR,
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,12 +58,15 @@ class AdmissionConfig:
 
     ``reserve_bytes`` is the memory held back for each session admitted but not
     yet started, so the effective admission ceiling is the high watermark minus
-    one reserve (more while sessions are pending).
+    one reserve (more while sessions are pending); ``None`` derives it from the
+    memory limit found (an eighth of it, at most 768 MiB). ``max_sessions=0``
+    admits no session at all. The documentation's configuration reference
+    describes every field.
     """
 
     high_watermark_percent: float = DEFAULT_HIGH_WATERMARK_PERCENT
     resume_threshold_percent: float = DEFAULT_RESUME_THRESHOLD_PERCENT
-    reserve_bytes: int = DEFAULT_RESERVE_BYTES
+    reserve_bytes: int | None = None
     max_sessions: int = DEFAULT_MAX_SESSIONS
     retry_after_s: int = DEFAULT_RETRY_AFTER_S
     #: The cgroup directory to read; ``None`` finds this process's own cgroup.
@@ -71,8 +86,11 @@ class AdmissionConfig:
                 "resume_threshold_percent and high_watermark_percent must satisfy "
                 f"0 < resume <= high <= 100; got resume={resume!r}, high={high!r}."
             )
-        if self.reserve_bytes < 0:
-            raise ValueError(f"reserve_bytes must be 0 or more; got {self.reserve_bytes!r}.")
+        if self.reserve_bytes is not None and self.reserve_bytes < 0:
+            raise ValueError(
+                "reserve_bytes must be 0 or more, or None to derive it from the memory limit; "
+                f"got {self.reserve_bytes!r}."
+            )
         if self.max_sessions < 0:
             raise ValueError(f"max_sessions must be 0 or more; got {self.max_sessions!r}.")
         if self.retry_after_s < 1:
@@ -99,8 +117,8 @@ class AdmissionConfig:
         env = os.environ if environ is None else environ
         high = _number(env, ENV_HIGH, DEFAULT_HIGH_WATERMARK_PERCENT, float)
         resume = _number(env, ENV_RESUME, DEFAULT_RESUME_THRESHOLD_PERCENT, float)
-        reserve_mb = _number(env, ENV_RESERVE_MB, DEFAULT_RESERVE_BYTES // MIB, int)
-        if reserve_mb < 0:
+        reserve_mb = _reserve_mb(env)
+        if reserve_mb is not None and reserve_mb < 0:
             logger.warning(
                 "%s=%d is negative; using a reserve of 0 MB.",
                 _name(env, ENV_RESERVE_MB),
@@ -110,23 +128,22 @@ class AdmissionConfig:
         if not (math.isfinite(high) and math.isfinite(resume) and 0 < resume <= high <= 100):
             logger.warning(
                 "%s=%s and %s=%s are inconsistent (need 0 < resume <= high <= 100); "
-                "using the default watermarks %s/%s and reserve %d MB.",
+                "using the default watermarks %s/%s and a reserve derived from the limit.",
                 _name(env, ENV_HIGH),
                 high,
                 _name(env, ENV_RESUME),
                 resume,
                 DEFAULT_HIGH_WATERMARK_PERCENT,
                 DEFAULT_RESUME_THRESHOLD_PERCENT,
-                DEFAULT_RESERVE_BYTES // MIB,
             )
             high, resume = DEFAULT_HIGH_WATERMARK_PERCENT, DEFAULT_RESUME_THRESHOLD_PERCENT
-            reserve_mb = DEFAULT_RESERVE_BYTES // MIB
+            reserve_mb = None
         max_sessions = _number(env, ENV_MAX_SESSIONS, DEFAULT_MAX_SESSIONS, int, minimum=0)
         retry_after = _number(env, ENV_RETRY_AFTER, DEFAULT_RETRY_AFTER_S, int, minimum=1)
         return cls(
             high_watermark_percent=high,
             resume_threshold_percent=resume,
-            reserve_bytes=reserve_mb * MIB,
+            reserve_bytes=None if reserve_mb is None else reserve_mb * MIB,
             max_sessions=max_sessions,
             retry_after_s=retry_after,
             cgroup_root=_text(env, ENV_CGROUP_ROOT),
@@ -187,6 +204,22 @@ def _number(
         )
         return default
     return value
+
+
+def _reserve_mb(env: Mapping[str, str]) -> int | None:
+    """The reserve variable in MiB; ``None`` (derive it from the limit) when unset or malformed."""
+    raw = _raw(env, ENV_RESERVE_MB)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        logger.warning(
+            "%s=%r is not a whole number of MiB; deriving the reserve from the memory limit.",
+            _name(env, ENV_RESERVE_MB),
+            raw,
+        )
+        return None
 
 
 def _text(env: Mapping[str, str], names: tuple[str, str | None]) -> str | None:

@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 
 from asgi_admission import (
-    AdmissionConfig,
     AdmissionController,
     AdmissionMiddleware,
     MemoryReading,
@@ -82,10 +81,9 @@ def guard(
     return AdmissionMiddleware(
         app,
         session_routes=list(routes),
-        config=AdmissionConfig(retry_after_s=5),
         controller=controller(reader, reserve_mb=reserve_mb),
         max_sessions=max_sessions,
-        **options,
+        **{"retry_after": 5, **options},
     )
 
 

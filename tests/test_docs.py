@@ -27,8 +27,8 @@ from asgi_admission import (
     metrics_route,
 )
 from asgi_admission._config import ENVIRONMENT
-from asgi_admission._metrics.serving import ENV_METRICS_PORT
 from asgi_admission._watchdog.watchdog import ENV_CRITICAL_WATERMARK, ENV_INTERVAL
+from asgi_admission.demo import ENV_METRICS_PORT
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -203,3 +203,11 @@ def test_pages_cite_no_outside_documents(page: str) -> None:
     text = (DOCS / page).read_text(encoding="utf-8")
     for outside in ("SPEC.md", "seeds/", "resource_capacity.py", "budget.py"):
         assert outside not in text, outside
+
+
+def test_api_reference_lists_exactly_the_public_names() -> None:
+    """docs/reference.md documents each name of ``asgi_admission.__all__``, and no other."""
+    import asgi_admission
+
+    listed = re.findall(r"^::: asgi_admission\.(\w+)$", (DOCS / "reference.md").read_text(), re.M)
+    assert sorted(listed) == sorted(set(asgi_admission.__all__) - {"__version__"})

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Final
 
-MIB: Final = 1024 * 1024
+from asgi_admission._config import MIB
+
 #: The largest derived reserve, and the reserve shown while no limit is known.
 RESERVE_CAP_BYTES: Final = 768 * MIB
 #: A derived reserve is this fraction of the limit.

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from asgi_admission._admission.reserve import configured_reserve_bytes
+from asgi_admission._admission.reserve import derived_reserve_bytes
 from asgi_admission._config import (
     DEFAULT_HIGH_WATERMARK_PERCENT,
     DEFAULT_RESUME_THRESHOLD_PERCENT,
@@ -159,7 +159,8 @@ class AdmissionController:
         The configured ``reserve_bytes``, or (``None``) an eighth of the limit, at
         most 768 MiB. Every use of the reserve goes through here.
         """
-        return configured_reserve_bytes(self.reserve_bytes, limit_bytes)
+        reserve = self.reserve_bytes
+        return derived_reserve_bytes(limit_bytes) if reserve is None else reserve
 
     def ceiling_bytes(self, limit_bytes: int, pending_sessions: int = 0) -> float:
         """Working set above which one more session is refused (high minus reserves)."""

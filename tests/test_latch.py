@@ -389,15 +389,19 @@ def test_the_latch_compares_the_rounded_percent_exactly(
     controller = AdmissionController(
         high_watermark_percent=high, resume_threshold_percent=resume, reserve_bytes=reserve
     )
-    controller._pressured = pressured
+    if pressured:  # set the latch the way a reading does: at the limit
+        full = MemoryReading(used_bytes=limit, limit_bytes=limit, available=True)
+        controller.decide(full, 0, 10)
+        assert controller.pressure_state == "pressured"
     decision = controller.decide(memory, 0, 10, pending)
     expected = _reference_decide(pressured, high, resume, reserve, memory, pending)
     assert (decision.state == "pressured") is expected
 
 
 @pytest.mark.parametrize("bound", [80.0, 70.0, 80.0037, 66.666, 99.995, 0.01, 33.333333, 100.0])
-def test_rounded_comparisons_agree_with_round_next_to_the_bound(bound: float) -> None:
-    """Within a hundredth of a point either side, the shortcuts give round()'s answer."""
+def test_internal_rounded_comparisons_agree_with_round_next_to_the_bound(bound: float) -> None:
+    """Internal on purpose (the latch's private shortcuts): within a hundredth of a point
+    either side, they give round()'s answer."""
     from asgi_admission._admission.latch import _rounded_at_least, _rounded_at_most
 
     for step in range(-40, 41):

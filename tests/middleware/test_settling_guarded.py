@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import psutil
-from mwkit import MIB, SettableReader, TestClient, controller
+from mwkit import MIB, SettableReader, TestClient, controller, environment
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -35,19 +35,19 @@ def build(
     registry: CollectorRegistry | None = None,
     **options: object,
 ) -> AdmissionMiddleware:
-    return AdmissionMiddleware(
-        app(),
-        session_routes=["POST /sessions"],
-        config=AdmissionConfig(
-            reserve_learning=learning,  # type: ignore[arg-type]
-            shared_dir=shared_dir,
-            reserve_bytes=int(reserve_mb * MIB),
-        ),
-        controller=controller(reader, reserve_mb=reserve_mb),
-        max_sessions=100,
-        registry=registry,
-        **options,  # type: ignore[arg-type]
-    )
+    """The guard over ``reader``; its reservation settings come from the environment."""
+    settings = {"ADMISSION_SESSION_RESERVE_LEARNING": learning}
+    if shared_dir is not None:
+        settings["ADMISSION_SHARED_DIR"] = shared_dir
+    with environment(settings):
+        return AdmissionMiddleware(
+            app(),
+            session_routes=["POST /sessions"],
+            controller=controller(reader, reserve_mb=reserve_mb),
+            max_sessions=100,
+            registry=registry,
+            **options,  # type: ignore[arg-type]
+        )
 
 
 def wait_for(condition: object, timeout: float = 10.0) -> None:
@@ -88,13 +88,13 @@ def test_in_request_memory_settles_at_the_response() -> None:
         reader.set_mb(reader.used / MIB + 10)
         return PlainTextResponse("ok")
 
-    mw = AdmissionMiddleware(
-        Starlette(routes=[Route("/sessions", build_in_request, methods=["POST"])]),
-        session_routes=["POST /sessions"],
-        config=AdmissionConfig(reserve_learning="off"),
-        controller=controller(reader, reserve_mb=10),
-        registry=None,
-    )
+    with environment({"ADMISSION_SESSION_RESERVE_LEARNING": "off"}):
+        mw = AdmissionMiddleware(
+            Starlette(routes=[Route("/sessions", build_in_request, methods=["POST"])]),
+            session_routes=["POST /sessions"],
+            controller=controller(reader, reserve_mb=10),
+            registry=None,
+        )
     client = TestClient(mw)
     for _ in range(3):
         assert client.post("/sessions").status_code == 200
@@ -110,20 +110,20 @@ def test_learning_raises_the_reserve_and_shows_it() -> None:
     with TestClient(mw) as client:
         assert client.post("/sessions").status_code == 200
         reader.set_mb(150)
-        wait_for(lambda: mw.controller.reserve_bytes > 10 * MIB)
-        assert abs(mw.controller.reserve_bytes - 50 * MIB) <= MIB
+        wait_for(lambda: mw.controller.reserve_for(reader.limit) > 10 * MIB)
+        assert abs(mw.controller.reserve_for(reader.limit) - 50 * MIB) <= MIB
         footprint = registry.get_sample_value(
             "asgi_admission_session_footprint_bytes", {"route": "POST /sessions"}
         )
-        assert footprint == mw.controller.reserve_bytes
+        assert footprint == mw.controller.reserve_for(reader.limit)
         reader.set_mb(760)  # 800 MiB ceiling: one 50 MiB reserve no longer fits
         refused = client.post("/sessions")
         assert refused.status_code == 503
         body = refused.json()
-        assert body["memory"]["reserve_bytes"] == mw.controller.reserve_bytes
+        assert body["memory"]["reserve_bytes"] == mw.controller.reserve_for(reader.limit)
         [learned] = body["learned"]
         assert learned["route"] == "POST /sessions"
-        assert learned["footprint_bytes"] == mw.controller.reserve_bytes
+        assert learned["footprint_bytes"] == mw.controller.reserve_for(reader.limit)
         assert registry.get_sample_value("asgi_admission_admissible_sessions") == 0
 
 
@@ -135,7 +135,7 @@ def test_learning_off_keeps_the_configured_reserve() -> None:
         assert client.post("/sessions").status_code == 200
         reader.set_mb(150)
         time.sleep(1.6)
-        assert mw.controller.reserve_bytes == 10 * MIB
+        assert mw.controller.reserve_for(reader.limit) == 10 * MIB
         assert mw.keeper.estimates() == []
 
 
@@ -185,7 +185,8 @@ def test_two_workers_share_the_settling_queue_and_what_they_learned(tmp_path: Pa
     second.keeper._next_refresh = 0.0
     second.keeper.sample()
     assert second.keeper.estimates() == first.keeper.estimates()
-    assert second.controller.reserve_bytes == first.controller.reserve_bytes > 10 * MIB
+    learned = first.controller.reserve_for(reader.limit)
+    assert second.controller.reserve_for(reader.limit) == learned > 10 * MIB
     # A restarted worker starts from what the container learned.
     third = build(reader, learning="raise", shared_dir=shared)
     assert third.keeper.estimates() == first.keeper.estimates()
@@ -216,4 +217,4 @@ def test_the_watchdogs_peaks_teach_the_guard(tmp_path: Path) -> None:
     [estimate] = mw.keeper.estimates()
     assert estimate.route == "POST /sessions"
     assert estimate.footprint_bytes >= 40 * MIB
-    assert mw.controller.reserve_bytes == estimate.footprint_bytes  # raised from 10 MiB
+    assert mw.controller.reserve_for(reader.limit) == estimate.footprint_bytes  # raised from 10 MiB

@@ -101,7 +101,7 @@ def test_random_sessions_release_once_never_early_and_return_to_zero(
 ) -> None:
     """250 random sessions per example: once each, never early, counts back to zero."""
     rng = random.Random(seed)
-    settler = Settler(timeout_s=TIMEOUT, expected_bytes=lambda route: R)
+    settler = Settler(timeout_s=TIMEOUT)
     ledger = InProcessLedger()
     sims: list[Sim] = []
     now = 0.0
@@ -138,6 +138,7 @@ def test_random_sessions_release_once_never_early_and_return_to_zero(
                 route="POST /s",
                 used_bytes=working_set(),
                 now=now,
+                expected_bytes=R,
             )
         sims.append(
             Sim(

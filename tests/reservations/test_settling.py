@@ -24,7 +24,6 @@ def make(
     sink = expired if expired is not None else []
     settler = Settler(
         timeout_s=timeout_s,
-        expected_bytes=lambda route: R,
         ramp_s=lambda route: ramp_s,
         min_ramp_s=lambda: ramp_s,
         on_expired=lambda: sink.append(1),
@@ -42,6 +41,7 @@ def admit(
             route="POST /s",
             used_bytes=used,
             now=now,
+            expected_bytes=R,
         )
 
 
@@ -241,11 +241,16 @@ def test_records_of_a_dead_worker_are_dropped() -> None:
 
     queue = Queue()
     queue.store(500 * MIB, [QueueRecord(999_999, 1, 0.0, 500 * MIB, R)])
-    settler = Settler(queue=queue, expected_bytes=lambda route: R)
+    settler = Settler(queue=queue)
     ledger = InProcessLedger()
     with ledger.locked():
         entry = settler.admit(
-            ledger.reserve(), kind="http", route="POST /s", used_bytes=500 * MIB, now=0.0
+            ledger.reserve(),
+            kind="http",
+            route="POST /s",
+            used_bytes=500 * MIB,
+            now=0.0,
+            expected_bytes=R,
         )
     apply(settler.respond(entry, 0.1))
     apply(settler.settle(500 * MIB + R, 1.0))
@@ -256,4 +261,4 @@ def test_records_of_a_dead_worker_are_dropped() -> None:
 def test_a_timeout_of_zero_or_less_is_refused() -> None:
     """The pending timeout must be positive; the error names the variable."""
     with pytest.raises(ValueError, match="ADMISSION_PENDING_TIMEOUT_SECONDS"):
-        Settler(timeout_s=0, expected_bytes=lambda route: R)
+        Settler(timeout_s=0)

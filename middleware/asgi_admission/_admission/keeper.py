@@ -44,6 +44,7 @@ from asgi_admission._admission.learning import (
     effective_reserve,
 )
 from asgi_admission._admission.ledger import Reservation
+from asgi_admission._admission.reserve import derived_reserve_bytes
 from asgi_admission._admission.settling import (
     Action,
     Kind,
@@ -95,12 +96,10 @@ class ReservationKeeper:
         min_reserve_bytes: int,
         timeout_s: float,
         shared_dir: str | None = None,
-        on_reserve: Callable[[int, int], None] = lambda reserve, configured: None,
+        on_reserve: Callable[[int, int | None], None] = lambda learned, configured: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._controller = controller
-        #: The reserve the operator configured: what learning raises or replaces.
-        self.configured_reserve_bytes = controller.reserve_bytes
         self._locked = locked
         self._read = read
         self._active_count = active_count
@@ -114,7 +113,7 @@ class ReservationKeeper:
         self._routes: dict[tuple[str, str | None], str] = {}
         self._cached_version = -1
         self._cached: dict[str, RouteEstimate] = {}
-        self._expected: dict[str, int] = {}
+        self._expected: dict[tuple[str, int | None], int] = {}
         self.learner = SessionLearner(timeout_s=timeout_s)
         self.ends = SessionEnds()
         self._store: LearnedStore | None = None
@@ -128,7 +127,6 @@ class ReservationKeeper:
         self.settler = Settler(
             queue=queue,
             timeout_s=timeout_s,
-            expected_bytes=self._expected_bytes,
             ramp_s=self._ramp_s,
             min_ramp_s=self._min_ramp_s,
             footprint_bytes=self._footprint_bytes,
@@ -146,15 +144,18 @@ class ReservationKeeper:
 
     # -- what settling expects ------------------------------------------------------
 
-    def _expected_bytes(self, route: str) -> int:
-        # The route's own reserve: the configured one, raised or replaced by what
-        # was learned of this route (a session smaller than it settles by its ramp).
-        # Asked on every admission: computed once per route and observation.
-        expected = self._expected.get(route)
+    def _expected_bytes(self, route: str, limit_bytes: int | None) -> int:
+        # The route's own reserve: the one configured or derived from the limit,
+        # raised or replaced by what was learned of this route (a session smaller
+        # than it settles by its ramp). Asked on every admission: computed once per
+        # route, limit and observation.
+        key = (route, limit_bytes)
+        expected = self._expected.get(key)
         if expected is None:
             estimate = self._learned().get(route)
-            expected = self._expected[route] = effective_reserve(
-                self.configured_reserve_bytes,
+            base = self._controller.reserve_bytes
+            expected = self._expected[key] = effective_reserve(
+                derived_reserve_bytes(limit_bytes) if base is None else base,
                 () if estimate is None else (estimate,),
                 mode=self.learning,
                 min_bytes=self.min_reserve_bytes,
@@ -203,14 +204,21 @@ class ReservationKeeper:
     # -- on the decision path (inside the ledger's lock) ------------------------------
 
     def admitted(
-        self, reservation: Reservation, kind: Kind, scope: Scope | None, used_bytes: int | None
+        self,
+        reservation: Reservation,
+        kind: Kind,
+        scope: Scope | None,
+        used_bytes: int | None,
+        limit_bytes: int | None = None,
     ) -> Settlement:
-        """A reservation just made, at working set ``used_bytes`` (exact or a bound)."""
+        """A reservation just made, at working set ``used_bytes`` (exact or a bound)
+        under the memory limit ``limit_bytes``."""
         now = self._clock()
         route = self.route(scope)
         if self.learning != "off":
             self.learner.on_admit(route, used_bytes, now)
-        return self.settler.admit(reservation, kind, route, used_bytes, now)
+        expected = self._expected_bytes(route, limit_bytes)
+        return self.settler.admit(reservation, kind, route, used_bytes, now, expected)
 
     def due(self) -> Sequence[Action]:
         """Settle from a fresh reading when the last look is a sample interval old.
@@ -341,17 +349,19 @@ class ReservationKeeper:
             self._update_reserve()
 
     def _update_reserve(self) -> None:
+        """Hand the controller what was learned: it raises or replaces the reserve."""
         self._learned_version = self.learner.version
         self._expected = {}
-        reserve = effective_reserve(
-            self.configured_reserve_bytes,
-            self.estimates(),
-            mode=self.learning,
-            min_bytes=self.min_reserve_bytes,
-        )
-        if reserve != self._controller.reserve_bytes:
-            self._controller.reserve_bytes = reserve
-            self._on_reserve(reserve, self.configured_reserve_bytes)
+        largest = max((e.footprint_bytes for e in self.estimates()), default=None)
+        controller = self._controller
+        learned = None
+        if largest is not None and self.learning != "off":
+            learned = max(largest, self.min_reserve_bytes) if self.learning == "adapt" else largest
+        controller.learned_replaces = self.learning == "adapt"
+        if learned != controller.learned_reserve_bytes:
+            controller.learned_reserve_bytes = learned
+            if learned is not None:
+                self._on_reserve(learned, controller.reserve_bytes)
 
     def _after_fork(self) -> None:
         self.settler.after_fork()

@@ -176,7 +176,6 @@ class Settler:
 
     __slots__ = (
         "_entries",
-        "_expected_bytes",
         "_footprint_bytes",
         "_last_used",
         "_on_expired",
@@ -195,7 +194,6 @@ class Settler:
         *,
         queue: SettleQueue | None = None,
         timeout_s: float = DEFAULT_PENDING_TIMEOUT_S,
-        expected_bytes: Callable[[str], int],
         ramp_s: Callable[[str], float | None] = lambda route: None,
         min_ramp_s: Callable[[], float | None] = lambda: None,
         footprint_bytes: Callable[[str], int | None] = lambda route: None,
@@ -207,7 +205,6 @@ class Settler:
             )
         self.timeout_s = float(timeout_s)
         self._queue = queue if queue is not None else LocalSettleQueue()
-        self._expected_bytes = expected_bytes
         self._ramp_s = ramp_s
         self._shortest_ramp_s = min_ramp_s
         self._footprint_bytes = footprint_bytes
@@ -237,13 +234,20 @@ class Settler:
     # -- the session's events ------------------------------------------------------
 
     def admit(
-        self, reservation: Reservation, kind: Kind, route: str, used_bytes: int | None, now: float
+        self,
+        reservation: Reservation,
+        kind: Kind,
+        route: str,
+        used_bytes: int | None,
+        now: float,
+        expected_bytes: int,
     ) -> Settlement:
-        """Queue a session just admitted, with the working set it was admitted at."""
+        """Queue a session just admitted, with the working set it was admitted at and
+        what it is expected to add (its reserve, 0 or more)."""
         seq = next(self._seq)
         entry = Settlement(seq, reservation, kind, route, now)
         self._entries[seq] = entry
-        expected = self._expected_bytes(route)
+        expected = expected_bytes
         if not expected:
             # Nothing to wait for (no reserve, or sessions of this route add nothing).
             entry.visible = True

@@ -108,8 +108,7 @@ class WatchedSession:
         self.session_id = session_id
         self.budget_bytes = budget_bytes
         self.include_children = include_children
-        #: The session route it was admitted by (``ticket.route``), for learning.
-        self.route = route
+        self.route = route  # the session route it was admitted by, for learning
         self._last: ProcessSample | None = None
         self._peak: int | None = None
         self._halt: SessionHalt | None = None
@@ -224,9 +223,7 @@ class SessionWatchdog:
         self.interval_s = float(interval_s)
         self._halt_action: HaltAction = ProcessGroupHalt() if halt is None else halt
         self._on_halt = on_halt
-        #: Told ``(route, peak RSS)`` of each ended session registered with a route;
-        #: the middleware sets it so that the guard learns from the peaks.
-        self.on_peak: Callable[[str, int], None] | None = None
+        self.on_peak: Callable[[str, int], None] | None = None  # the guard learns the peaks
         self._metrics = watchdog_metrics(registry)
         self._clock = clock
         self._sleep = sleep
@@ -315,8 +312,7 @@ class SessionWatchdog:
         ``budget_bytes`` halts the session once its RSS (with its descendants' unless
         ``include_children=False``) exceeds it; ``None`` leaves it to the container
         check alone. A pid that is already gone gives a handle that has already ended.
-        ``route`` (the admission ticket's ``route``) lets the guard learn from the
-        session's peak what one session of that route costs.
+        ``route`` (the admission ticket's) lets the guard learn from the session's peak.
         """
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be above 0 or None; got {budget_bytes!r}.")
@@ -365,9 +361,8 @@ class SessionWatchdog:
         if not session._observed and session._peak is not None:
             session._observed = True
             self._metrics.session_memory.observe(session._peak)
-            on_peak = self.on_peak
-            if on_peak is not None and session.route is not None:
-                on_peak(session.route, session._peak)
+            if self.on_peak is not None and session.route is not None:
+                self.on_peak(session.route, session._peak)
 
     # -- sampling ----------------------------------------------------------------------
 

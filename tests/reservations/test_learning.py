@@ -225,3 +225,26 @@ def test_an_episode_in_which_a_session_ended_teaches_nothing() -> None:
         learner.on_reading(350 * MIB, t)
     assert learner.estimates() == []
     learner.on_session_end()  # no episode open: nothing to spoil
+
+
+@pytest.mark.parametrize(
+    ("configured", "learned", "replaces", "expected"),
+    [
+        (10 * MIB, None, False, 10 * MIB),  # nothing learned
+        (10 * MIB, 50 * MIB, False, 50 * MIB),  # raise: a larger footprint wins
+        (100 * MIB, 50 * MIB, False, 100 * MIB),  # raise: never below the configured one
+        (100 * MIB, 50 * MIB, True, 50 * MIB),  # adapt: the footprint replaces it
+        (None, 200 * MIB, False, 200 * MIB),  # derived (1 GiB / 8 = 128 MiB), raised
+        (None, 50 * MIB, False, 128 * MIB),
+    ],
+)
+def test_the_latch_reserve_takes_in_what_was_learned(
+    configured: int | None, learned: int | None, replaces: bool, expected: int
+) -> None:
+    """reserve_for applies the learned footprint to the configured or derived reserve."""
+    from asgi_admission import AdmissionController
+
+    controller = AdmissionController(reserve_bytes=configured, memory_reader=lambda: None)  # type: ignore[arg-type,return-value]
+    controller.learned_reserve_bytes = learned
+    controller.learned_replaces = replaces
+    assert controller.reserve_for(1024 * MIB) == expected

@@ -122,7 +122,7 @@ def session_footprint(hold_mb: int) -> int:
                 "-c",
                 CHILD_SCRIPT,
                 str(hold_mb),
-                "0",
+                *("4", "0", "0"),  # grown in 4 MiB steps, no pause, no ramp: at once
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -321,7 +321,9 @@ def run_ramp_burst(
             capacity = max(0, math.floor((ceiling - baseline) / footprint))
             tracer.start()
             responses = asyncio.run(_burst(base_url, sessions, params))
-            time.sleep(ramp_s + 1.5)  # every admitted session has built its memory
+            # Every admitted session has built its memory (the demo's child grows in
+            # 4 MiB steps 50 ms apart, so a ramp takes about a second more than ramp_s).
+            time.sleep(ramp_s + 2.5)
             statuses: list[int | str] = [
                 r if isinstance(r, str) else r.status_code for r in responses
             ]
@@ -371,7 +373,7 @@ def _warm_up(
     with httpx.Client(base_url=base_url, timeout=30) as client:
         for _ in range(WARMUPS + 2):
             opened = client.post("/processes", params={"hold_mb": hold_mb, "ramp_s": ramp_s})
-            time.sleep(ramp_s + 1.8)  # the memory arrives, then the episode goes quiet
+            time.sleep(ramp_s + 3.5)  # the memory arrives, then the episode goes quiet
             learned = _learned_mb(base_url)
             if opened.status_code == 201:
                 with contextlib.suppress(ProcessLookupError):

@@ -1,0 +1,61 @@
+"""Four uvicorn workers in one container share one session count through the ledger.
+
+The ledger lives on a memory-backed directory mounted as the chart mounts it (a tmpfs,
+like a ``medium: Memory`` emptyDir): whichever worker a request reaches, the container
+as a whole never admits more sessions than ``ADMISSION_MAX_SESSIONS``.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from containerkit import burst, running
+
+pytestmark = [pytest.mark.container, pytest.mark.usefixtures("podman_ready")]
+
+SHARED = "/run/asgi-admission/shared"
+MAX_SESSIONS = 5
+ENV = {
+    "DEMO_SESSION_MB": "8",
+    "ADMISSION_SESSION_RESERVE_MB": "8",
+    "ADMISSION_MAX_SESSIONS": str(MAX_SESSIONS),
+    "ADMISSION_SHARED_DIR": SHARED,
+}
+# The ledger file's header: magic, slot capacity, slots in use (one per worker that decided).
+HEADER = struct.Struct("=8sII")
+
+
+def slots_in_use(raw: bytes) -> int:
+    magic, _capacity, used = HEADER.unpack_from(raw)
+    assert magic == b"ASGIADM1"
+    return int(used)
+
+
+def test_four_workers_never_admit_more_than_the_cap_container_wide(image: str) -> None:
+    """24 openings at once over 4 workers: exactly the cap is admitted, then none at all."""
+    with running(
+        "workers",
+        env=ENV,
+        options=[f"--mount=type=tmpfs,destination={SHARED},tmpfs-size=16m"],
+        args=["demo", "--host", "0.0.0.0", "--port", "8000", "--workers", "4"],
+    ) as container:
+        first = burst(container.url, 24, hold_s=1.0)
+        assert first.admitted == MAX_SESSIONS, first.statuses
+        assert first.refused == 24 - MAX_SESSIONS
+        ledger = container.exec(
+            "python3",
+            "-c",
+            f"import sys; sys.stdout.buffer.write(open('{SHARED}/asgi-admission.ledger', 'rb')"
+            ".read(16))",
+        )
+        # More than one worker decided, so the cap held across processes, not within one.
+        assert slots_in_use(ledger.stdout.encode("latin-1")) >= 2
+        mounts = container.exec("cat", "/proc/mounts").stdout
+        assert any(
+            line.split()[1] == SHARED and line.split()[2] == "tmpfs" for line in mounts.splitlines()
+        )
+        # The admitted sessions are now active in their workers: nothing more fits.
+        second = burst(container.url, 8)
+        assert second.refused == 8, second.statuses
+        assert container.memory().oom_kills == 0

@@ -11,9 +11,7 @@ Notes:
   serialises the controller, whose ``decide`` expects its caller to hold one.
 - Most admissions are decided by an upper bound of the working set (raw usage
   and the exact limit, two small reads) while the latch is clear and far from
-  the ceiling. Where no observer needs the reading (none, or this package's own
-  metrics) that admission builds no reading or decision object: it is the
-  session path's common case, and each object costs about half a microsecond.
+  the ceiling: the latch's fast path (``AdmissionController.assess``).
 - Release exactly once: an HTTP session is pending until its last body chunk is
   sent (background tasks then run with the slot already free), the client
   disconnects, or the app returns or raises. A WebSocket is pending until the
@@ -39,7 +37,7 @@ from asgi_admission._admission.observer import DecisionObserver, Kind
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._factory import build_controller
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
-from asgi_admission._metrics.collector import DecisionMetrics, instrument
+from asgi_admission._metrics.collector import instrument
 from asgi_admission._responses import (
     Refusal,
     RetryAfterPolicy,
@@ -148,12 +146,6 @@ class AdmissionMiddleware:
         # an observer (no metrics, no observer=) the clock is not read either.
         self._locked = self._ledger.locked()
         self._safe_read = self._read
-        # Admissions the bound alone decides need no reading or decision built where
-        # no observer looks at them: none, or this package's own metrics.
-        self._on_admitted: Callable[[Kind, float], None] | None = None
-        if isinstance(self._observer, DecisionMetrics):
-            self._on_admitted = self._observer.on_admitted
-        self._lean = self._observer is None or self._on_admitted is not None
 
     # -- AdmissionView ------------------------------------------------------------
 
@@ -259,37 +251,16 @@ class AdmissionMiddleware:
         observer = self._observer
         start = time.perf_counter() if observer is not None else 0.0
         ledger = self._ledger
-        controller = self._controller
         limit = self._session_limit
-        decision: CapacityDecision | None = None
         with self._locked:
             # The app's own count (current_sessions) replaces the ledger's count of
             # accepted WebSockets; a shared ledger adds the other workers' counts.
             own = None if self._current_sessions is None else self._app_count()
-            # Where nothing needs to see the reading, the common admission (bounds
-            # of the counts and of the working set admit) builds no reading or
-            # decision. Every latch condition is monotone in both, so where the
-            # bounds admit, the exact figures would too.
-            tried = self._lean and not self._blind
-            admitted = False
-            if tried:
-                current, pending = ledger.counts(own, exact=False)
-                admitted = controller.admits_within_bound(current, limit, pending)
-            if admitted:
-                reservation: Reservation | None = ledger.reserve()
-            else:
-                current, pending = ledger.counts(own)
-                decision = controller.assess(
-                    current, limit, pending, read=self._safe_read, bound_tried=tried
-                )
-                reservation = ledger.reserve() if decision.allowed else None
-                retry_after_s = 0 if decision.allowed else self._retry_after.next_delay()
-                blind_changed = self._note_blind(decision)
-        if decision is None:
-            if self._on_admitted is not None:
-                self._on_admitted(kind, time.perf_counter() - start)
-            assert reservation is not None
-            return reservation
+            current, pending = ledger.counts(own)
+            decision = self._controller.assess(current, limit, pending, read=self._safe_read)
+            reservation = ledger.reserve() if decision.allowed else None
+            retry_after_s = 0 if decision.allowed else self._retry_after.next_delay()
+            blind_changed = self._note_blind(decision)
         if observer is not None:
             observer.on_decision(kind, decision, time.perf_counter() - start)
         if blind_changed or decision.transition is not None:

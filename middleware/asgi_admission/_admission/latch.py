@@ -18,9 +18,6 @@ Notes:
   transition. Anything else (near the ceiling, latched, blind, after a blind
   decision) takes the full reading. Only ``decision.memory`` differs: the bound,
   marked ``exact=False``.
-- ``admits_within_bound`` answers the same question with bare numbers (the
-  reader's ``read_bound_bytes``) and builds nothing, for a caller that has no one
-  to show the reading to; where it says no, ``assess(bound_tried=True)`` decides.
 """
 
 from __future__ import annotations
@@ -120,7 +117,6 @@ class AdmissionController:
         "_lock",
         "_pressured",
         "_read_bound",
-        "_read_bound_bytes",
         "high_watermark_percent",
         "memory_reader",
         "reserve_bytes",
@@ -150,11 +146,9 @@ class AdmissionController:
         self._pressured = False
         # The state of the last full decision: the fast path follows only "normal".
         self._last_state: State | None = None
-        # memory_reader's read_bound and read_bound_bytes (None: it has none), looked
-        # up once per reader.
+        # memory_reader's read_bound (None: it has none), looked up once per reader.
         self._bound_of: object = None
         self._read_bound: Callable[[], MemoryReading | None] | None = None
-        self._read_bound_bytes: Callable[[], tuple[int, int] | None] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -189,22 +183,18 @@ class AdmissionController:
         pending_sessions: int = 0,
         *,
         read: Callable[[], MemoryReading] | None = None,
-        bound_tried: bool = False,
     ) -> CapacityDecision:
         """:meth:`evaluate` for callers that hold their own lock, with the fast path.
 
         ``read`` replaces ``memory_reader`` for the full reading (the middleware
         passes one that never raises). Where the reader offers ``read_bound`` and
         the last decision was normal, a bound that admits is the decision.
-        ``bound_tried``: the caller has just had ``False`` from
-        :meth:`admits_within_bound` under the same lock, so a bound from the same
-        files would not admit either and is not read again.
         """
         if self._last_state == "normal" and current_sessions + pending_sessions < session_limit:
             if self.memory_reader is not self._bound_of:
                 self._look_up_bounds()
             read_bound = self._read_bound
-            if read_bound is not None and not (bound_tried and self._read_bound_bytes):
+            if read_bound is not None:
                 try:
                     bound: MemoryReading | None = read_bound()
                 except Exception:
@@ -220,36 +210,11 @@ class AdmissionController:
         memory = (read or self.memory_reader)()
         return self.decide(memory, current_sessions, session_limit, pending_sessions)
 
-    def admits_within_bound(
-        self, current_sessions: int, session_limit: int, pending_sessions: int = 0
-    ) -> bool:
-        """Whether :meth:`assess` would admit on the bound alone, with nothing built.
-
-        ``True``: admit; the state stays normal and the latch is untouched, exactly
-        as the fast path of ``assess`` decides. ``False``: call ``assess`` (with
-        ``bound_tried=True``) for the decision. For callers that hold their own
-        lock and need no reading to show for an admission (the middleware when
-        nothing observes it). Needs the reader's ``read_bound_bytes``.
-        """
-        if self._last_state != "normal" or current_sessions + pending_sessions >= session_limit:
-            return False
-        if self.memory_reader is not self._bound_of:
-            self._look_up_bounds()
-        read_bound_bytes = self._read_bound_bytes
-        if read_bound_bytes is None:
-            return False
-        try:
-            found = read_bound_bytes()
-        except Exception:
-            return False
-        return found is not None and self._bound_admits(found[0], found[1], pending_sessions)
-
     def _look_up_bounds(self) -> None:
         # memory_reader may be replaced: look its bound methods up again then.
         reader = self.memory_reader
         self._bound_of = reader
         self._read_bound = getattr(reader, "read_bound", None)
-        self._read_bound_bytes = getattr(reader, "read_bound_bytes", None)
 
     def _bound_admits(self, used: int, limit: int, pending_sessions: int) -> bool:
         """Whether the latch stays clear even at an upper bound ``used`` of the working set.

@@ -48,11 +48,8 @@ class SessionLedger(Protocol):
         """
         ...
 
-    def counts(self, own_active: int | None = None, *, exact: bool = True) -> tuple[int, int]:
+    def counts(self, own_active: int | None = None) -> tuple[int, int]:
         """``(active, pending)``; call inside ``locked()`` for a consistent pair.
-
-        ``exact=False`` allows an upper bound (never fewer than the exact counts)
-        where that is cheaper: a shared ledger then skips its liveness checks.
 
         ``own_active`` is this process's count of active sessions when the app
         reports it (``current_sessions``); it replaces the ledger's own count of
@@ -113,7 +110,7 @@ class InProcessLedger:
     def locked(self) -> threading.Lock:
         return self._lock
 
-    def counts(self, own_active: int | None = None, *, exact: bool = True) -> tuple[int, int]:
+    def counts(self, own_active: int | None = None) -> tuple[int, int]:
         return self._active if own_active is None else own_active, self._pending
 
     def reserve(self) -> _InProcessReservation:

@@ -9,6 +9,7 @@ ARG BASE_IMAGE=python:3.12-slim
 FROM ${BASE_IMAGE}
 ARG WHEELS=""
 
+LABEL org.opencontainers.image.title="asgi-admission-demo"
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from containerkit import BUSYBOX, build_image, unavailable_reason
+from containerkit import HELM_TEST_IMAGE, build_image, unavailable_reason
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +35,6 @@ def image(podman_ready: None) -> str:
 
 
 @pytest.fixture(scope="session")
-def busybox(image: str) -> str:
-    """The `helm test` pod's image, imported by scripts/image with the demo image."""
-    return BUSYBOX
+def helm_test_image(image: str) -> str:
+    """The `helm test` pod's image, tagged by scripts/image with the demo image."""
+    return HELM_TEST_IMAGE

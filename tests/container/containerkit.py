@@ -31,14 +31,14 @@ from processkit import free_port
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "deploy" / "podman" / "containers.conf"
 IMAGE = "localhost/asgi-admission-demo:dev"
-BUSYBOX = "localhost/asgi-admission-busybox:dev"
+HELM_TEST_IMAGE = "localhost/asgi-admission-helm-test:dev"
 MEMORY_V1 = Path("/sys/fs/cgroup/memory")
 MIB = 1024 * 1024
 LIMIT = 512 * MIB
 PREFIX = f"asgi-admission-test-{os.getpid()}"
 
 __all__ = [
-    "BUSYBOX",
+    "HELM_TEST_IMAGE",
     "IMAGE",
     "LIMIT",
     "MIB",
@@ -95,7 +95,7 @@ def unavailable_reason() -> str | None:
 
 
 def build_image() -> str:
-    """Runs scripts/image (base, wheels, image, busybox); returns the image name."""
+    """Runs scripts/image (base, wheels, image, helm test image); returns the image name."""
     proc = subprocess.run(
         ["bash", str(ROOT / "scripts" / "image")],
         capture_output=True,

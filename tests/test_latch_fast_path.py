@@ -123,7 +123,7 @@ def test_after_blind_decisions_the_full_reading_comes_first() -> None:
 
 
 def test_a_reader_without_read_bound_always_reads_in_full() -> None:
-    """Plain readers (any callable) keep the reference behaviour: one full reading each."""
+    """Plain readers (any callable) keep the plain behaviour: one full reading each."""
     calls = []
 
     def plain() -> MemoryReading:
@@ -137,7 +137,7 @@ def test_a_reader_without_read_bound_always_reads_in_full() -> None:
 
 
 def test_a_raising_reader_still_raises_from_evaluate() -> None:
-    """evaluate() does not swallow a custom reader's error (the reference does not)."""
+    """evaluate() does not swallow a custom reader's error (the caller handles it)."""
 
     def broken() -> MemoryReading:
         raise OSError("unreadable")

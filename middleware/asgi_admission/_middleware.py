@@ -27,15 +27,17 @@ import logging
 import operator
 import time
 from collections.abc import Callable, Iterable
+from typing import get_args
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision
-from asgi_admission._admission.ledger import Reservation, SessionLedger, build_ledger
+from asgi_admission._admission.ledger import Reservation, SessionLedger
 from asgi_admission._admission.observer import DecisionObserver, Kind
-from asgi_admission._config import AdmissionConfig
-from asgi_admission._factory import build_controller
+from asgi_admission._config import AdmissionConfig, WebSocketRefusal
+from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
+from asgi_admission._factory import build_controller, build_ledger
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
 from asgi_admission._metrics.collector import instrument
 from asgi_admission._responses import (
@@ -44,6 +46,7 @@ from asgi_admission._responses import (
     coerce_policy,
     send_http_refusal,
     send_websocket_refusal,
+    websocket_denial,
 )
 from asgi_admission._routes import RouteMatcher
 from asgi_admission._watchdog.watchdog import SessionWatchdog, serve_lifespan
@@ -66,6 +69,9 @@ class AdmissionMiddleware:
     WebSockets it admitted and that are still open. A ``watchdog``
     (``SessionWatchdog``) is started and stopped with the app's lifespan;
     handlers reach it with ``session_watchdog(request)``.
+    ``websocket_refusal`` (default: the config's, ``"auto"``) says how a refused
+    WebSocket is told: closed with 1013 and the delay in the reason where a
+    browser asks (``Origin``), the 503 denial response otherwise.
     """
 
     def __init__(
@@ -81,6 +87,7 @@ class AdmissionMiddleware:
         expose_details: bool = False,
         retry_after: RetryAfterPolicy | int | None = None,
         readiness_path: str | None = None,
+        websocket_refusal: WebSocketRefusal | None = None,
         observer: DecisionObserver | None = None,
         registry: CollectorRegistry | None = REGISTRY,
         watchdog: SessionWatchdog | None = None,
@@ -126,6 +133,13 @@ class AdmissionMiddleware:
             raise ValueError(f"max_sessions must be a whole number, 0 or more; got {limit!r}.")
         self._session_limit = limit
         self._retry_after = coerce_policy(retry_after, self._config.retry_after_s)
+        if websocket_refusal is None:
+            websocket_refusal = self._config.websocket_refusal
+        elif websocket_refusal not in get_args(WebSocketRefusal):
+            raise ValueError(
+                f"websocket_refusal must be 'auto', 'close' or 'deny'; got {websocket_refusal!r}."
+            )
+        self._websocket_refusal: WebSocketRefusal = websocket_refusal
         self._refusal = Refusal(
             expose_details=bool(expose_details),
             high=self._controller.high_watermark_percent,
@@ -146,6 +160,9 @@ class AdmissionMiddleware:
         # an observer (no metrics, no observer=) the clock is not read either.
         self._locked = self._ledger.locked()
         self._safe_read = self._read
+        # Starlette builds its stack inside out: what runs inside the guard exists now.
+        if cors_inside(app):
+            logger.warning(CORS_INSIDE_WARNING)
 
     # -- AdmissionView ------------------------------------------------------------
 
@@ -373,9 +390,14 @@ class AdmissionMiddleware:
         if isinstance(outcome, tuple):
             decision, retry_after_s, counts = outcome
             body = self._refusal.body(decision, retry_after_s, counts)
-            denial = "websocket.http.response" in scope.get("extensions", {})
             await send_websocket_refusal(
-                receive, send, denial=denial, retry_after_s=retry_after_s, body=body
+                scope,
+                receive,
+                send,
+                denial=websocket_denial(self._websocket_refusal, scope),
+                retry_after_s=retry_after_s,
+                reason=decision.reason or "session_limit",
+                body=body,
             )
             return
         release = outcome.release

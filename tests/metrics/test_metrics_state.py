@@ -1,4 +1,4 @@
-"""Every metric of SPEC §7 follows the guard through normal → pressured → normal."""
+"""Every exported metric follows the guard through normal → pressured → normal."""
 
 from __future__ import annotations
 

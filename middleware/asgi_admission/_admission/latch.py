@@ -6,7 +6,7 @@ reading, it decides whether one more session may start.
 Notes:
 
 - The set and clear conditions are exact complements, so one evaluation can never
-  clear the latch and re-arm it (the reference's ``resource_capacity.py``).
+  clear the latch and re-arm it (docs/how-it-decides.md).
 - A reserve of R bytes makes the effective admission ceiling ``high - R``: one
   more session is only admitted while its reserve (and those of sessions already
   admitted but not yet started) still fits under the high watermark.
@@ -25,17 +25,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Literal
 
+from asgi_admission._config import (
+    DEFAULT_HIGH_WATERMARK_PERCENT,
+    DEFAULT_RESERVE_BYTES,
+    DEFAULT_RESUME_THRESHOLD_PERCENT,
+    check_watermarks,
+)
+from asgi_admission._memory.cgroup import read_cgroup_memory
 from asgi_admission._memory.reading import MemoryReader, MemoryReading, slot_setters
 
 State = Literal["normal", "pressured", "unavailable"]
 Reason = Literal["memory_pressure", "session_limit", "telemetry_unavailable"]
-
-MIB: Final = 1024 * 1024
-DEFAULT_HIGH_WATERMARK_PERCENT: Final = 80.0
-DEFAULT_RESUME_THRESHOLD_PERCENT: Final = 70.0
-DEFAULT_RESERVE_BYTES: Final = 768 * MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +79,8 @@ def _decision(
     return decision
 
 
-# The latch compares the percentage rounded to two decimals, as the reference does.
+# The latch compares the percentage rounded to two decimals, as the guard it replaced
+# did, so that both decide alike at the bounds.
 # round() is slow (about 0.3 µs), and it can only move a value by 0.005: further
 # than 0.01 from the bound, the unrounded value gives the same answer.
 def _rounded_at_least(percent: float, bound: float) -> bool:
@@ -96,12 +99,6 @@ def _rounded_at_most(percent: float, bound: float) -> bool:
     if percent > bound + 0.01:
         return False
     return round(percent, 2) <= bound
-
-
-def _default_reader() -> MemoryReader:
-    from asgi_admission._memory.cgroup import read_cgroup_memory
-
-    return read_cgroup_memory
 
 
 class AdmissionController:
@@ -131,18 +128,11 @@ class AdmissionController:
         reserve_bytes: int = DEFAULT_RESERVE_BYTES,
         memory_reader: MemoryReader | None = None,
     ) -> None:
-        if not 0 < resume_threshold_percent <= high_watermark_percent <= 100:
-            raise ValueError(
-                "resume_threshold_percent and high_watermark_percent must satisfy "
-                f"0 < resume <= high <= 100; got resume={resume_threshold_percent!r}, "
-                f"high={high_watermark_percent!r}."
-            )
-        if reserve_bytes < 0:
-            raise ValueError(f"reserve_bytes must be 0 or more; got {reserve_bytes!r}.")
+        check_watermarks(high_watermark_percent, resume_threshold_percent, reserve_bytes)
         self.high_watermark_percent = float(high_watermark_percent)
         self.resume_threshold_percent = float(resume_threshold_percent)
         self.reserve_bytes = int(reserve_bytes)
-        self.memory_reader: MemoryReader = memory_reader or _default_reader()
+        self.memory_reader: MemoryReader = memory_reader or read_cgroup_memory
         self._pressured = False
         # The state of the last full decision: the fast path follows only "normal".
         self._last_state: State | None = None

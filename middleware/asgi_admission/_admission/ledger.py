@@ -7,7 +7,7 @@ activated (a WebSocket the app accepted) and released exactly once, from
 whichever of the ASGI events comes first; both methods are idempotent so the
 middleware can call them from every place a session can end.
 
-A ledger shared by several worker processes (SPEC §8, ``_shared_ledger``)
+A ledger shared by several worker processes (``shared_ledger.py``)
 implements the same ``SessionLedger`` protocol; the ASGI code only ever sees
 the protocol.
 """
@@ -17,9 +17,6 @@ from __future__ import annotations
 import threading
 from contextlib import AbstractContextManager
 from typing import Final, Protocol
-
-from asgi_admission._admission.shared_ledger import SharedLedger
-from asgi_admission._config import AdmissionConfig
 
 _PENDING: Final = 0
 _ACTIVE: Final = 1
@@ -116,14 +113,3 @@ class InProcessLedger:
     def reserve(self) -> _InProcessReservation:
         self._pending += 1
         return _InProcessReservation(self)
-
-
-def build_ledger(config: AdmissionConfig) -> SessionLedger:
-    """The ledger ``config`` asks for: shared by the workers when ``shared_dir`` is set.
-
-    Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when that directory
-    cannot be created or used.
-    """
-    if config.shared_dir is not None:
-        return SharedLedger(config.shared_dir)
-    return InProcessLedger()

@@ -1,4 +1,4 @@
-"""A session ledger shared by the worker processes of one container (SPEC §8).
+"""A session ledger shared by the worker processes of one container.
 
 Notes:
 

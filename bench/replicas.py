@@ -7,9 +7,10 @@ measures one replica's capacity C by filling it directly, then for each nginx se
 (``proxy_next_upstream error timeout http_503 non_idempotent`` with 3 tries, and
 nginx's default ``error timeout``) sends concurrent clients through nginx: 3C with
 every replica empty, and 2C with one replica already full (its users stay). A refused
-client waits the Retry-After it was given and tries again, up to the deadline. Reports sessions admitted, 503s the clients saw, OOM kills, the time until
-every client had a session, and the sessions admitted at the first try. Needs root,
-podman (scripts/setup) and helm; builds the image with scripts/image.
+client waits the Retry-After it was given and tries again, up to the deadline.
+Reports sessions admitted, 503s the clients saw, OOM kills, the time until every
+client had a session, and the sessions admitted at the first try. Needs root, podman
+(scripts/setup) and helm; builds the image with scripts/image.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,7 +108,7 @@ def build_image() -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def wait_http(url: str, *, timeout: float = 60, alive: Any = None) -> None:
+def wait_http(url: str, *, timeout: float = 60, alive: Callable[[], bool] | None = None) -> None:
     """Waits until ``url`` answers at all (any status); ``alive()`` False ends the wait."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

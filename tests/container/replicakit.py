@@ -12,7 +12,7 @@ import contextlib
 import math
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,7 +192,9 @@ def wanted_replicas(url: str, scaling: Autoscaling, *, current: int) -> Wanted:
     )
 
 
-def wait_for_scrape(url: str, promql: str, predicate: Any, *, timeout: float = 30) -> None:
+def wait_for_scrape(
+    url: str, promql: str, predicate: Callable[[list[float]], object], *, timeout: float = 30
+) -> None:
     """Waits until ``predicate(values)`` holds for the query's values (scrapes are 1 s)."""
     deadline = time.monotonic() + timeout
     values: list[float] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -30,7 +31,10 @@ from processkit import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "deploy" / "podman" / "containers.conf"
-IMAGE = "localhost/asgi-admission-demo:dev"
+# One tag per checkout (scripts/image builds :dev by default): the gates of several
+# clones on one machine each run the image of their own source.
+TAG = "dev-" + hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]
+IMAGE = f"localhost/asgi-admission-demo:{TAG}"
 HELM_TEST_IMAGE = "localhost/asgi-admission-helm-test:dev"
 MEMORY_V1 = Path("/sys/fs/cgroup/memory")
 MIB = 1024 * 1024
@@ -44,6 +48,7 @@ __all__ = [
     "MIB",
     "PREFIX",
     "ROOT",
+    "TAG",
     "Burst",
     "Container",
     "build_image",
@@ -102,6 +107,7 @@ def build_image() -> str:
         text=True,
         check=False,
         timeout=900,
+        env={**os.environ, "IMAGE": IMAGE},
     )
     if proc.returncode != 0:
         raise RuntimeError(f"scripts/image failed:\n{proc.stderr}")
@@ -238,15 +244,24 @@ class Burst:
         return self.statuses.count(503)
 
 
-def burst(url: str, count: int, *, hold_s: float = 0.0, timeout: float = 60) -> Burst:
-    """Opens ``count`` sessions at once with ``POST url/sessions?hold_s=``."""
+def burst(
+    url: str, count: int, *, hold_s: float = 0.0, stagger_s: float = 0.0, timeout: float = 60
+) -> Burst:
+    """Opens ``count`` sessions at once with ``POST url/sessions?hold_s=``.
+
+    ``stagger_s`` starts request ``i`` after ``i * stagger_s`` seconds: connections that
+    arrive together are all accepted by whichever uvicorn worker wakes first, staggered
+    ones are spread over the workers (and still overlap while each is held).
+    """
+
+    async def one(client: httpx.AsyncClient, i: int) -> httpx.Response:
+        await asyncio.sleep(i * stagger_s)
+        return await client.post(f"{url}/sessions", params={"hold_s": hold_s})
 
     async def run() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=count)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-            return await asyncio.gather(
-                *(client.post(f"{url}/sessions", params={"hold_s": hold_s}) for _ in range(count))
-            )
+            return await asyncio.gather(*(one(client, i) for i in range(count)))
 
     responses = asyncio.run(run())
     return Burst(

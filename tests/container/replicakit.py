@@ -19,13 +19,13 @@ from typing import Any
 
 import httpx
 from chartplay import RELEASE, PlayedPod, one, played, render
-from containerkit import container_memory, free_port, wait_http
+from containerkit import TAG, container_memory, free_port, wait_http
 
 from processkit import stop_process_group
 
 SESSION_MB = 64
 VALUES: dict[str, Any] = {
-    "image": {"repository": "localhost/asgi-admission-demo", "tag": "dev"},
+    "image": {"repository": "localhost/asgi-admission-demo", "tag": TAG},
     "resources": {"limits": {"memory": "512Mi"}, "requests": {"memory": "256Mi"}},
     "admission": {"sessionReserveMB": SESSION_MB, "maxSessions": 64, "retryAfterSeconds": 1},
     "extraEnv": [{"name": "DEMO_SESSION_MB", "value": str(SESSION_MB)}],

@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 import pytest
 from chartplay import RELEASE, one, played, render, run_helm_test_pod, server
-from containerkit import HELM_TEST_IMAGE, LIMIT, container_memory, podman, sample
+from containerkit import HELM_TEST_IMAGE, LIMIT, TAG, container_memory, podman, sample
 
 pytestmark = [pytest.mark.container, pytest.mark.usefixtures("podman_ready")]
 
 SESSION_MB = 64
 VALUES: dict[str, Any] = {
-    "image": {"repository": "localhost/asgi-admission-demo", "tag": "dev"},
+    "image": {"repository": "localhost/asgi-admission-demo", "tag": TAG},
     "replicaCount": 1,
     "resources": {"limits": {"memory": "512Mi"}, "requests": {"memory": "256Mi"}},
     "admission": {"sessionReserveMB": SESSION_MB, "maxSessions": 64, "retryAfterSeconds": 2},

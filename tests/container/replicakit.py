@@ -32,8 +32,8 @@ VALUES: dict[str, Any] = {
     # About five 64 MiB sessions fit in one replica: ask for a pod per four sessions.
     "autoscaling": {"keda": {"enabled": True, "threshold": "4", "minReplicaCount": 1}},
 }
-# ingress-nginx's own default is upstream-max-fails 0: a replica that answered 503 stays
-# in the rotation instead of being taken out for fail_timeout.
+# With http_503 listed, a 503 counts as a failed attempt: max_fails=0 (on each server)
+# keeps a replica that refused in the rotation instead of leaving it out for fail_timeout.
 RETRY = "proxy_next_upstream error timeout http_503 non_idempotent;\n"
 RETRY_TRIES = "proxy_next_upstream_tries 3;\n"
 

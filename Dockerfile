@@ -16,12 +16,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/asgi-admission/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
-# .dockerignore lets only pyproject.toml, README.md, CHANGELOG.md, middleware/ and
-# build/wheels/ into the context.
-COPY . /src
-RUN python3 -m venv /opt/asgi-admission \
+# The build context (.dockerignore lets in only pyproject.toml, README.md, CHANGELOG.md,
+# middleware/ and build/wheels/) is mounted for the install, not copied into a layer.
+RUN --mount=type=bind,target=/src,rw \
+    python3 -m venv /opt/asgi-admission \
     && pip install ${WHEELS:+--no-index --find-links "/src/$WHEELS"} "/src[demo]" \
-    && rm -rf /src \
     && groupadd --gid 10001 app \
     && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin app
 

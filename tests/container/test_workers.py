@@ -1,8 +1,9 @@
 """Four uvicorn workers in one container share one session count through the ledger.
 
 The ledger lives on a memory-backed directory mounted as the chart mounts it (a tmpfs,
-like a ``medium: Memory`` emptyDir): whichever worker a request reaches, the container
-as a whole never admits more sessions than ``ADMISSION_MAX_SESSIONS``.
+like a ``medium: Memory`` emptyDir): whichever worker a request reaches, a burst of
+overlapping openings is admitted up to ``ADMISSION_MAX_SESSIONS`` container-wide. Once
+those requests have ended, the cap does not hold yet (the strict xfail below).
 """
 
 from __future__ import annotations

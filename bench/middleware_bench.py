@@ -117,10 +117,13 @@ def fixed_reader() -> MemoryReading:
 
 def guarded(app: Any, root: str | None, registry: CollectorRegistry | None = None) -> Any:
     """The guard over ``root``'s cgroup files, or over a fixed reading when ``root`` is None."""
+    # The bench's sessions hold no memory, so they reserve none: a reserve would keep
+    # each one pending until that much memory showed (docs/reservations.md), and at
+    # thousands of sessions a second that is a pile of reservations, not a decision cost.
     controller = AdmissionController(
         high_watermark_percent=90,
         resume_threshold_percent=80,
-        reserve_bytes=MIB,
+        reserve_bytes=0,
         memory_reader=CgroupMemoryReader(root) if root is not None else fixed_reader,
     )
     return AdmissionMiddleware(

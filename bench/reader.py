@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -25,13 +26,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from asgi_admission import AdmissionController, CgroupMemoryReader
+from asgi_admission import (
+    AdmissionConfig,
+    AdmissionController,
+    AdmissionMiddleware,
+    CgroupMemoryReader,
+)
 from benchkit import timings_us
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "tests" / "fixtures" / "cgroup"
 V1_MOUNT = Path("/sys/fs/cgroup/memory")
 TARGET_MEDIAN_US = 10.0
+LEARNING_TARGET_US = 1.0
 
 _CHILD = (
     "import sys\n"
@@ -105,6 +112,45 @@ def measure(name: str, root: Path, iterations: int) -> float:
     return median
 
 
+async def _no_app(scope: object, receive: object, send: object) -> None:
+    raise AssertionError("not called")
+
+
+def admission_cost(root: Path, iterations: int, rounds: int = 5) -> tuple[float, float]:
+    """Median µs of one middleware admission and release, learning off and raise."""
+    guards = {
+        mode: AdmissionMiddleware(
+            _no_app,
+            session_routes=["POST /sessions"],
+            config=AdmissionConfig(
+                cgroup_root=str(root),
+                reserve_bytes=1024 * 1024,
+                reserve_learning=mode,  # type: ignore[arg-type]
+                max_sessions=10**9,
+            ),
+            registry=None,
+        )
+        for mode in ("off", "raise")
+    }
+    scope = {"type": "http", "method": "POST", "path": "/sessions"}
+
+    def admit_and_release(guard: AdmissionMiddleware) -> Callable[[], None]:
+        def call() -> None:
+            ticket = guard._admit("http", scope)
+            assert not isinstance(ticket, tuple), "the benchmark decision must admit"
+            ticket.release()
+
+        return call
+
+    medians: dict[str, list[float]] = {"off": [], "raise": []}
+    for _ in range(rounds):
+        for mode, guard in guards.items():
+            medians[mode].append(
+                timings_us(admit_and_release(guard), iterations // rounds, warmup=500)[0]
+            )
+    return statistics.median(medians["off"]), statistics.median(medians["raise"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=20000)
@@ -125,6 +171,15 @@ def main() -> int:
     if real is not None:
         verdict = "met" if real <= TARGET_MEDIAN_US else "MISSED"
         print(f"target <= {TARGET_MEDIAN_US:.0f} µs median on the real group: {verdict}")
+    with real_v1_group() as group:
+        root = group if group is not None else FIXTURES / "telegraf/v2"
+        off, on = admission_cost(root, args.iterations)
+        verdict = "met" if on - off <= LEARNING_TARGET_US else "MISSED"
+        print(
+            f"admission + release via the middleware ({'real v1 group' if group else root.name}): "
+            f"learning off {off:6.2f} µs, raise {on:6.2f} µs, +{on - off:5.2f} µs "
+            f"(target <= +{LEARNING_TARGET_US:.0f} µs: {verdict})"
+        )
     return 0
 
 

@@ -29,6 +29,9 @@ def test_defaults_match_the_spec() -> None:
         memory_source="cgroup",
         reclaimable="file",
         shared_dir=None,
+        reserve_learning="raise",
+        reserve_min_bytes=16 * MIB,
+        pending_timeout_s=120.0,
         websocket_refusal="auto",
     )
 
@@ -45,6 +48,9 @@ def test_every_variable_is_read(caplog: pytest.LogCaptureFixture) -> None:
         "ADMISSION_MEMORY_SOURCE": "HOST",
         "ADMISSION_SHARED_DIR": "/run/admission",
         "ADMISSION_RECLAIMABLE": "inactive",
+        "ADMISSION_SESSION_RESERVE_LEARNING": "Adapt",
+        "ADMISSION_SESSION_RESERVE_MIN_MB": "32",
+        "ADMISSION_PENDING_TIMEOUT_SECONDS": "30.5",
         "ADMISSION_WEBSOCKET_REFUSAL": " Close ",
     }
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
@@ -59,6 +65,9 @@ def test_every_variable_is_read(caplog: pytest.LogCaptureFixture) -> None:
         memory_source="host",
         reclaimable="inactive",
         shared_dir="/run/admission",
+        reserve_learning="adapt",
+        reserve_min_bytes=32 * MIB,
+        pending_timeout_s=30.5,
         websocket_refusal="close",
     )
     assert caplog.records == []
@@ -189,6 +198,16 @@ def test_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"memory_source": "disk"}, "memory_source must be 'cgroup' or 'host'; got 'disk'."),
         ({"reclaimable": "all"}, "reclaimable must be 'file' or 'inactive'; got 'all'."),
         (
+            {"reserve_learning": "more"},
+            "reserve_learning must be 'raise', 'adapt' or 'off'; got 'more'.",
+        ),
+        ({"reserve_min_bytes": -1}, "reserve_min_bytes must be 0 or more; got -1."),
+        (
+            {"pending_timeout_s": 0.0},
+            "pending_timeout_s (ADMISSION_PENDING_TIMEOUT_SECONDS) must be a number of "
+            "seconds above 0; got 0.0.",
+        ),
+        (
             {"websocket_refusal": "reject"},
             "websocket_refusal must be 'auto', 'close' or 'deny'; got 'reject'.",
         ),
@@ -247,3 +266,24 @@ def test_host_reader_unusable_is_unavailable(virtual_memory: object) -> None:
     """A host too small for the headroom, or psutil failing, reads as unavailable."""
     reading = HostMemoryReader(virtual_memory=virtual_memory)()  # type: ignore[arg-type]
     assert (reading.available, reading.source) == (False, "host")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "field", "default"),
+    [
+        ("ADMISSION_SESSION_RESERVE_LEARNING", "sometimes", "reserve_learning", "raise"),
+        ("ADMISSION_SESSION_RESERVE_MIN_MB", "-3", "reserve_min_bytes", 16 * MIB),
+        ("ADMISSION_PENDING_TIMEOUT_SECONDS", "-1", "pending_timeout_s", 120.0),
+        ("ADMISSION_PENDING_TIMEOUT_SECONDS", "nan", "pending_timeout_s", 120.0),
+        ("ADMISSION_PENDING_TIMEOUT_SECONDS", "soon", "pending_timeout_s", 120.0),
+    ],
+)
+def test_bad_reservation_settings_fall_back_with_one_warning(
+    caplog: pytest.LogCaptureFixture, name: str, value: str, field: str, default: object
+) -> None:
+    """A bad learning mode, floor or timeout falls back to its default, naming the variable."""
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        config = AdmissionConfig.from_env({name: value})
+    assert getattr(config, field) == default
+    assert len(caplog.records) == 1
+    assert name in caplog.records[0].getMessage()

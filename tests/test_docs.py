@@ -153,6 +153,9 @@ def exposition(fixture_copy: Callable[..., Path]) -> str:
         watchdog=watchdog,
         readiness_path="/ready",
     )
+    # A watched session of the route ended at a 64 MiB peak: something learned to show.
+    assert watchdog.on_peak is not None
+    watchdog.on_peak("POST /sessions", 64 * 1024 * 1024)
 
     async def scrape() -> str:
         transport = httpx.ASGITransport(app=guarded)

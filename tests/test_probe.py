@@ -14,6 +14,8 @@ import jsonschema
 import pytest
 
 from asgi_admission import HostMemoryReader, cli
+from asgi_admission._admission.learning import WINDOW
+from asgi_admission._admission.shared_files import LearnedStore
 from asgi_admission.cli import probe as probe_module
 from cgroup_trees import FIXTURES, copy_files
 
@@ -28,7 +30,7 @@ SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "required": [
         "schema", "exit_status", "problem", "source", "cgroup", "memory", "config", "ceiling",
-        "decision",
+        "decision", "learned",
     ],
     "properties": {
         "schema": {"const": 2},
@@ -113,6 +115,31 @@ SCHEMA: dict[str, Any] = {
                         "memory_pressure", "session_limit", "telemetry_unavailable",
                         "no_memory_limit", None,
                     ]
+                },
+            },
+        },
+        "learned": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["learning", "evidence", "note", "reserve_bytes", "routes"],
+            "properties": {
+                "learning": {"enum": ["raise", "adapt", "off"]},
+                "evidence": {"type": "boolean"},
+                "note": {"type": "string"},
+                "reserve_bytes": {"type": "integer"},
+                "routes": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["route", "footprint_bytes", "ramp_s", "observations"],
+                        "properties": {
+                            "route": {"type": "string"},
+                            "footprint_bytes": {"type": "integer"},
+                            "ramp_s": {"type": "number"},
+                            "observations": {"type": "integer"},
+                        },
+                    },
                 },
             },
         },
@@ -347,3 +374,31 @@ def test_unexpected_errors_exit_70_not_a_verdict(
     monkeypatch.setattr(probe_module, "probe", broken)
     assert cli.main(["probe"]) == 70
     assert capsys.readouterr().err == "asgi-admission probe: error: the disk went away\n"
+
+
+def test_what_the_service_learned_is_shown_from_the_shared_dir(
+    fixture_copy: Any, tmp_path: Path
+) -> None:
+    """With the service's shared directory, probe shows its learned footprints and the
+    reserve in use; without one, or before any session, it says it has no evidence."""
+    tree = str(fixture_copy("telegraf/v2"))
+    shared = tmp_path / "shared"
+    env = {"ADMISSION_SHARED_DIR": str(shared), "ADMISSION_SESSION_RESERVE_MB": "64"}
+    _, report = probe_json("--root", tree)
+    assert report["learned"]["evidence"] is False
+    assert "ADMISSION_SHARED_DIR is unset" in report["learned"]["note"]
+    shared.mkdir(mode=0o700)
+    _, report = probe_json("--root", tree, env=env)
+    assert report["learned"]["evidence"] is False
+    LearnedStore(str(shared), window=WINDOW).add([("POST /s", 100 * 1024**2, 2.0)])
+    _, report = probe_json("--root", tree, env=env)
+    learned = report["learned"]
+    assert learned["evidence"] is True
+    assert learned["reserve_bytes"] == 100 * 1024**2  # raised from 64 MiB
+    assert learned["routes"] == [
+        {"route": "POST /s", "footprint_bytes": 100 * 1024**2, "ramp_s": 2.0, "observations": 1}
+    ]
+    text = run_probe("--root", tree, env=env).stdout
+    assert "POST /s: 104857600 B (100.0 MiB) per session, ramp 2.00 s" in text
+    _, report = probe_json("--root", tree, env={**env, "ADMISSION_SESSION_RESERVE_LEARNING": "off"})
+    assert report["learned"]["evidence"] is False

@@ -9,6 +9,7 @@ from importlib import metadata as _metadata
 
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision
 from asgi_admission._admission.observer import DecisionObserver
+from asgi_admission._admission.tickets import AdmissionTicket, admission_ticket
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.host import HostMemoryReader
@@ -31,6 +32,7 @@ __all__ = [
     "AdmissionConfig",
     "AdmissionController",
     "AdmissionMiddleware",
+    "AdmissionTicket",
     "CapacityDecision",
     "CgroupMemoryReader",
     "DecisionObserver",
@@ -45,6 +47,7 @@ __all__ = [
     "SessionWatchdog",
     "WatchedSession",
     "__version__",
+    "admission_ticket",
     "metrics_app",
     "metrics_route",
     "serving_metrics",

@@ -15,6 +15,7 @@ from asgi_admission._memory.reading import Reclaimable
 logger = logging.getLogger("asgi_admission")
 
 MemorySource = Literal["cgroup", "host"]
+Learning = Literal["raise", "adapt", "off"]
 #: How a refused WebSocket handshake is answered (see ``AdmissionConfig.websocket_refusal``).
 WebSocketRefusal = Literal["auto", "close", "deny"]
 
@@ -24,6 +25,8 @@ DEFAULT_RESUME_THRESHOLD_PERCENT: Final = 70.0
 
 DEFAULT_MAX_SESSIONS: Final = 16
 DEFAULT_RETRY_AFTER_S: Final = 5
+DEFAULT_RESERVE_MIN_MB: Final = 16
+DEFAULT_PENDING_TIMEOUT_S: Final = 120.0
 
 # (current name, legacy name from the deployment this guard replaced, or None)
 ENV_HIGH: Final = ("ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT", "CODA_MEMORY_HIGH_WATERMARK_PERCENT")
@@ -38,6 +41,9 @@ ENV_RETRY_AFTER: Final = ("ADMISSION_RETRY_AFTER_SECONDS", None)
 ENV_MEMORY_SOURCE: Final = ("ADMISSION_MEMORY_SOURCE", None)
 ENV_SHARED_DIR: Final = ("ADMISSION_SHARED_DIR", None)
 ENV_RECLAIMABLE: Final = ("ADMISSION_RECLAIMABLE", None)
+ENV_LEARNING: Final = ("ADMISSION_SESSION_RESERVE_LEARNING", None)
+ENV_RESERVE_MIN_MB: Final = ("ADMISSION_SESSION_RESERVE_MIN_MB", None)
+ENV_PENDING_TIMEOUT: Final = ("ADMISSION_PENDING_TIMEOUT_SECONDS", None)
 ENV_WEBSOCKET_REFUSAL: Final = ("ADMISSION_WEBSOCKET_REFUSAL", None)
 #: Each field of AdmissionConfig and the variables from_env reads it from (the
 #: documentation's configuration reference is checked against this).
@@ -52,6 +58,9 @@ ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
     "reclaimable": ENV_RECLAIMABLE,
     "shared_dir": ENV_SHARED_DIR,
     "websocket_refusal": ENV_WEBSOCKET_REFUSAL,
+    "reserve_learning": ENV_LEARNING,
+    "reserve_min_bytes": ENV_RESERVE_MIN_MB,
+    "pending_timeout_s": ENV_PENDING_TIMEOUT,
 }
 
 
@@ -99,6 +108,15 @@ class AdmissionConfig:
     reclaimable: Reclaimable = "file"
     #: A directory shared by the workers of one container for the session ledger.
     shared_dir: str | None = None
+    #: What the guard learns of a session's footprint does to the reserve:
+    #: ``"raise"`` it (never below the configured one), ``"adapt"`` (replace it,
+    #: never below ``reserve_min_bytes``), or nothing (``"off"``).
+    reserve_learning: Learning = "raise"
+    #: The floor ``"adapt"`` never goes below.
+    reserve_min_bytes: int = DEFAULT_RESERVE_MIN_MB * MIB
+    #: The longest a reservation stays pending after its response, and a held
+    #: ticket never started before it is released.
+    pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S
     #: How a refused WebSocket is told: ``"close"`` accepts and closes with 1013 and
     #: the delay in the reason (what a browser's JavaScript can read), ``"deny"``
     #: sends the 503 denial response where the server offers it, and ``"auto"``
@@ -119,6 +137,20 @@ class AdmissionConfig:
         if self.memory_source not in get_args(MemorySource):
             raise ValueError(
                 f"memory_source must be 'cgroup' or 'host'; got {self.memory_source!r}."
+            )
+        if self.reserve_learning not in get_args(Learning):
+            raise ValueError(
+                "reserve_learning must be 'raise', 'adapt' or 'off'; "
+                f"got {self.reserve_learning!r}."
+            )
+        if self.reserve_min_bytes < 0:
+            raise ValueError(
+                f"reserve_min_bytes must be 0 or more; got {self.reserve_min_bytes!r}."
+            )
+        if not (math.isfinite(self.pending_timeout_s) and self.pending_timeout_s > 0):
+            raise ValueError(
+                "pending_timeout_s (ADMISSION_PENDING_TIMEOUT_SECONDS) must be a number of "
+                f"seconds above 0; got {self.pending_timeout_s!r}."
             )
         if self.reclaimable not in get_args(Reclaimable):
             raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}.")
@@ -163,6 +195,16 @@ class AdmissionConfig:
             reserve_mb = None
         max_sessions = _env.number(env, ENV_MAX_SESSIONS, DEFAULT_MAX_SESSIONS, int, minimum=0)
         retry_after = _env.number(env, ENV_RETRY_AFTER, DEFAULT_RETRY_AFTER_S, int, minimum=1)
+        min_mb = _env.number(env, ENV_RESERVE_MIN_MB, DEFAULT_RESERVE_MIN_MB, int, minimum=0)
+        timeout = _env.number(env, ENV_PENDING_TIMEOUT, DEFAULT_PENDING_TIMEOUT_S, float)
+        if not (math.isfinite(timeout) and timeout > 0):
+            logger.warning(
+                "%s=%r must be a number of seconds above 0; using the default %s.",
+                ENV_PENDING_TIMEOUT[0],
+                timeout,
+                DEFAULT_PENDING_TIMEOUT_S,
+            )
+            timeout = DEFAULT_PENDING_TIMEOUT_S
         return cls(
             high_watermark_percent=high,
             resume_threshold_percent=resume,
@@ -176,6 +218,9 @@ class AdmissionConfig:
             websocket_refusal=_env.choice(
                 env, ENV_WEBSOCKET_REFUSAL, get_args(WebSocketRefusal), "auto"
             ),
+            reserve_learning=_env.choice(env, ENV_LEARNING, get_args(Learning), "raise"),
+            reserve_min_bytes=min_mb * MIB,
+            pending_timeout_s=timeout,
         )
 
 

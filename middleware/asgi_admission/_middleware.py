@@ -12,13 +12,14 @@ Notes:
 - Most admissions are decided by an upper bound of the working set (raw usage
   and the exact limit, two small reads) while the latch is clear and far from
   the ceiling: the latch's fast path (``AdmissionController.assess``).
-- Release exactly once: an HTTP session is pending until its last body chunk is
-  sent (background tasks then run with the slot already free), the client
-  disconnects, or the app returns or raises. A WebSocket is pending until the
-  app sends ``websocket.accept``, then active until either side closes, the app
-  denies the handshake itself, or the app returns. ``Reservation.release`` is
-  idempotent, so every one of these paths calls it and the first one counts;
-  the ``finally`` around the app call also covers ``CancelledError``.
+- A reservation outlives its response (HTTP) or accept (WebSocket) until the
+  session's memory shows, its learned ramp time or the pending timeout passes,
+  or the app's ticket says (``_admission/keeper.py``, ``docs/reservations.md``).
+  Before that point a failure ends it at once: the client disconnects, or the
+  app returns or raises without a complete response; a WebSocket ends it when
+  either side closes, the app denies the handshake, or the app returns.
+  Releasing is idempotent, so every one of these paths calls it and the first
+  one counts; the ``finally`` around the app call also covers ``CancelledError``.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ from typing import get_args
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from asgi_admission._admission.keeper import ReservationKeeper, apply, serve_with_keeper
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision
-from asgi_admission._admission.ledger import Reservation, SessionLedger
+from asgi_admission._admission.ledger import SessionLedger
 from asgi_admission._admission.observer import DecisionObserver, Kind
 from asgi_admission._admission.reserve import never_admits
+from asgi_admission._admission.tickets import SCOPE_KEY, AdmissionTicket
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
 from asgi_admission._factory import build_controller, build_ledger
@@ -173,9 +176,52 @@ class AdmissionMiddleware:
         # an observer (no metrics, no observer=) the clock is not read either.
         self._locked = self._ledger.locked()
         self._safe_read = self._read
+        config = self._config
+        self._keeper = ReservationKeeper(
+            controller=self._controller,
+            locked=self._locked,
+            read=self._safe_read,
+            active_count=lambda: self._ledger.counts(self._own_count())[0],
+            route_of=self._matcher.pattern_of,
+            learning=config.reserve_learning,
+            min_reserve_bytes=config.reserve_min_bytes,
+            timeout_s=config.pending_timeout_s,
+            shared_dir=config.shared_dir,
+            on_reserve=self._on_reserve,
+        )
+        self._refusal.learned = self._learned_details
+        if watchdog is not None:
+            # Sessions registered with the ticket's route teach the guard their peaks.
+            watchdog.on_peak = self._keeper.observe_peak
+
         # Starlette builds its stack inside out: what runs inside the guard exists now.
         if cors_inside(app):
             logger.warning(CORS_INSIDE_WARNING)
+
+    def _on_reserve(self, learned_bytes: int, configured_bytes: int | None) -> None:
+        # Debug only: it changes with observations (the metrics show it); the latch's
+        # transitions and telemetry are what the log says at INFO and above.
+        logger.debug(
+            "asgi-admission: one session was learned to need %.1f MiB; with learning %s "
+            "that %s the reserve (%s).",
+            learned_bytes / _MIB,
+            self._config.reserve_learning,
+            "replaces" if self._config.reserve_learning == "adapt" else "sets a floor for",
+            "derived from the limit"
+            if configured_bytes is None
+            else f"configured {configured_bytes / _MIB:.1f} MiB",
+        )
+
+    def _learned_details(self) -> list[dict[str, object]]:
+        return [
+            {
+                "route": estimate.route,
+                "footprint_bytes": estimate.footprint_bytes,
+                "ramp_s": round(estimate.ramp_s, 2),
+                "observations": estimate.observations,
+            }
+            for estimate in self._keeper.estimates()
+        ]
 
     # -- AdmissionView ------------------------------------------------------------
 
@@ -195,11 +241,27 @@ class AdmissionMiddleware:
     def retry_after(self) -> RetryAfterPolicy:
         return self._retry_after
 
+    @property
+    def keeper(self) -> ReservationKeeper:
+        """Settling, tickets and what was learned of the sessions."""
+        return self._keeper
+
     def session_counts(self) -> tuple[int, int]:
         """``(active, pending)``; active comes from ``current_sessions`` when given."""
-        own = self._app_count()
+        own = self._own_count()
         with self._ledger.locked():
             return self._ledger.counts(own)
+
+    def _own_count(self) -> int | None:
+        """The app's count less its sessions still pending past their response.
+
+        A session whose response has ended is in the app's own count already and
+        still pending until it settles: it is counted once, as pending.
+        """
+        count = self._app_count()
+        if count is None:
+            return None
+        return max(0, count - self._keeper.settler.past_response)
 
     def _app_count(self) -> int | None:
         """``current_sessions()``, or ``None`` (the ledger's own count) when it fails.
@@ -256,7 +318,11 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The one place startup/shutdown hooks go: the session watchdog runs with the app.
+        # The one place startup/shutdown hooks go: the reservation sample and the
+        # session watchdog run with the app.
+        await serve_with_keeper(self._keeper, self._lifespan_app, scope, receive, send)
+
+    async def _lifespan_app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._watchdog is None:
             await self.app(scope, receive, send)
         else:
@@ -272,37 +338,66 @@ class AdmissionMiddleware:
             # which falls back to the fixed session cap.
             return UNAVAILABLE
 
-    def _admit(self, kind: Kind) -> Reservation | Refused:
+    def _admit(self, kind: Kind, scope: Scope | None = None) -> AdmissionTicket | Refused:
         """Read, decide and (when admitted) reserve, atomically; no awaits here.
 
-        The reservation, or what a refusal needs: the decision, the Retry-After
-        delay and the counts it was decided with.
+        The admitted session's ticket, or what a refusal needs: the decision, the
+        Retry-After delay and the counts it was decided with. ``scope`` names the
+        session's route (for learning).
         """
         observer = self._observer
         start = time.perf_counter() if observer is not None else 0.0
         ledger = self._ledger
+        keeper = self._keeper
         limit = self._session_limit
+        if keeper.settler.waiting and self._current_sessions is not None:
+            # The app counts fewer sessions than are waiting to settle: some ended.
+            count = self._app_count()
+            if count is not None and count < keeper.settler.past_response:
+                with self._locked:
+                    ended = keeper.settler.counted(count)
+                apply(ended)
         with self._locked:
             # The app's own count (current_sessions) replaces the ledger's count of
             # accepted WebSockets; a shared ledger adds the other workers' counts.
-            own = None if self._current_sessions is None else self._app_count()
+            own = None if self._current_sessions is None else self._own_count()
             current, pending = ledger.counts(own)
             decision = self._controller.assess(current, limit, pending, read=self._safe_read)
-            reservation = ledger.reserve() if decision.allowed else None
-            retry_after_s = 0 if decision.allowed else self._retry_after.next_delay()
+            memory = decision.memory
+            entry = None
+            if decision.allowed:
+                entry = keeper.admitted(
+                    ledger.reserve(), kind, scope, memory.used_bytes, memory.limit_bytes
+                )
+                retry_after_s = 0
+            else:
+                retry_after_s = self._retry_delay(decision)
+            # A fast-path decision reads a bound (usage with its cache), never
+            # used for settling: a look at the exact working set is due instead.
+            settled = keeper.settle_with(memory) if memory.exact else keeper.due()
             blind_changed = self._note_blind(decision)
+        if settled:
+            apply(settled)
         if observer is not None:
             observer.on_decision(kind, decision, time.perf_counter() - start)
         if blind_changed or decision.transition is not None:
             self._log_change(decision, blind_changed)
-        if reservation is not None:
-            return reservation
+        if entry is not None:
+            return AdmissionTicket(keeper, entry)
         return decision, retry_after_s, (current, pending, limit)
+
+    def _retry_delay(self, decision: CapacityDecision) -> int:
+        """Retry-After for a refusal: from the rate of session ends when memory is short."""
+        if decision.reason == "memory_pressure":
+            wait = self._keeper.ends.expected_wait_s(time.monotonic())
+            if wait is not None:
+                return self._retry_after.delay_for(wait)
+        return self._retry_after.next_delay()
 
     def _check(self) -> CapacityDecision:
         """The readiness probe's latch evaluation: a decision that reserves nothing."""
         with self._locked:
-            current, pending = self._ledger.counts(self._app_count())
+            current, pending = self._ledger.counts(self._own_count())
             decision = self._controller.assess(
                 current, self._session_limit, pending, read=self._safe_read
             )
@@ -388,35 +483,43 @@ class AdmissionMiddleware:
     # -- session requests ---------------------------------------------------------
 
     async def _guard_http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = self._admit("http")
+        outcome = self._admit("http", scope)
         if isinstance(outcome, tuple):
             decision, retry_after_s, counts = outcome
             body = self._refusal.body(decision, retry_after_s, counts)
             await send_http_refusal(send, retry_after_s, body)
             return
-        release = outcome.release
+        # The app finds its ticket in the scope: admission_ticket(request).
+        scope[SCOPE_KEY] = outcome
+        entry = outcome._entry
+        keeper = self._keeper
+        responded = False
 
         async def receive_watching() -> Message:
             message = await receive()
-            if message["type"] == "http.disconnect":
-                release()
+            if message["type"] == "http.disconnect" and not responded:
+                keeper.abandon(entry)
             return message
 
         async def send_watching(message: Message) -> None:
+            nonlocal responded
             await send(message)
             message_type = message["type"]
             if (
-                message_type == "http.response.body" and not message.get("more_body", False)
-            ) or message_type == "http.response.pathsend":
-                release()
+                (message_type == "http.response.body" and not message.get("more_body", False))
+                or message_type == "http.response.pathsend"
+            ) and not responded:
+                responded = True
+                keeper.respond(entry)
 
         try:
             await self.app(scope, receive_watching, send_watching)
         finally:
-            release()
+            if not responded:
+                keeper.abandon(entry)
 
     async def _guard_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = self._admit("websocket")
+        outcome = self._admit("websocket", scope)
         if isinstance(outcome, tuple):
             decision, retry_after_s, counts = outcome
             body = self._refusal.body(decision, retry_after_s, counts)
@@ -430,13 +533,15 @@ class AdmissionMiddleware:
                 body=body,
             )
             return
-        release = outcome.release
-        activate = outcome.activate
+        # The app finds its ticket in the scope: admission_ticket(request).
+        scope[SCOPE_KEY] = outcome
+        entry = outcome._entry
+        keeper = self._keeper
 
         async def receive_watching() -> Message:
             message = await receive()
             if message["type"] == "websocket.disconnect":
-                release()
+                keeper.abandon(entry, session_over=True)
             return message
 
         async def send_watching(message: Message) -> None:
@@ -447,14 +552,14 @@ class AdmissionMiddleware:
                 if message_type == "websocket.close" or message_type.startswith(
                     "websocket.http.response"
                 ):
-                    release()
+                    keeper.abandon(entry, session_over=True)
             if message_type == "websocket.accept":
-                activate()
+                keeper.respond(entry)
 
         try:
             await self.app(scope, receive_watching, send_watching)
         finally:
-            release()
+            keeper.abandon(entry, session_over=True)
 
     # -- readiness ----------------------------------------------------------------
 

@@ -133,6 +133,13 @@ class RetryAfterPolicy:
             delay *= self._rng.uniform(1 - self.jitter, 1 + self.jitter)
         return max(1, min(self.max_s, round(delay)))
 
+    def delay_for(self, seconds: float) -> int:
+        """Whole seconds to send for an expected wait of ``seconds``: jittered, 1 to ``max_s``."""
+        delay = seconds
+        if self.jitter:
+            delay *= self._rng.uniform(1 - self.jitter, 1 + self.jitter)
+        return max(1, min(self.max_s, round(delay)))
+
     def _adapt(self, now: float) -> None:
         last = self._last_refusal
         if last is not None:
@@ -166,7 +173,7 @@ def coerce_policy(retry_after: RetryAfterPolicy | int | None, base_s: int) -> Re
 class Refusal:
     """Builds the refusal for one decision; static headers are encoded once."""
 
-    __slots__ = ("_bodies", "expose_details", "high", "reserve_for", "resume")
+    __slots__ = ("_bodies", "expose_details", "high", "learned", "reserve_for", "resume")
 
     def __init__(
         self,
@@ -175,12 +182,15 @@ class Refusal:
         high: float,
         resume: float,
         reserve_for: Callable[[int | None], int],
+        learned: Callable[[], list[dict[str, object]]] | None = None,
     ) -> None:
         self.expose_details = expose_details
         self.high = high
         self.resume = resume
         #: The reserve at a given limit (``AdmissionController.reserve_for``).
         self.reserve_for = reserve_for
+        #: What the guard learned of its sessions, for the detailed body.
+        self.learned = learned
         self._bodies: dict[tuple[str, int], bytes] = {}
 
     def body(
@@ -209,6 +219,8 @@ class Refusal:
             },
             "sessions": {"active": counts[0], "pending": counts[1], "limit": counts[2]},
         }
+        if self.learned is not None:
+            details["learned"] = self.learned()
         return self._encode(reason, retry_after_s, details)
 
     @staticmethod

@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
+from starlette.types import Scope
+
 WEBSOCKET: Final = "WS"
 _HTTP_METHODS: Final = frozenset(
     {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
@@ -82,7 +84,7 @@ def parse_pattern(pattern: str) -> tuple[str, str]:
 class RouteMatcher:
     """Tells whether a scope opens a session, from patterns compiled once."""
 
-    __slots__ = ("_routes", "patterns")
+    __slots__ = ("_each", "_routes", "patterns")
 
     def __init__(self, patterns: Iterable[str]) -> None:
         if isinstance(patterns, str):
@@ -99,6 +101,12 @@ class RouteMatcher:
                 globs.setdefault(method, []).append(_glob_to_regex(path))
             else:
                 literal.setdefault(method, set()).add(path)
+        # Each pattern on its own, for telling which one a session came by.
+        self._each: list[tuple[str, str, re.Pattern[str]]] = []
+        for pattern in self.patterns:
+            method, path = parse_pattern(pattern)
+            regex_text = _glob_to_regex(path) if "*" in path else re.escape(path)
+            self._each.append((pattern, method, re.compile(regex_text)))
         self._routes: dict[str, MethodRoutes] = {}
         for method in literal.keys() | globs.keys():
             regexes = globs.get(method)
@@ -107,6 +115,15 @@ class RouteMatcher:
 
     def __bool__(self) -> bool:
         return bool(self._routes)
+
+    def pattern_of(self, scope: Scope) -> str | None:
+        """The first pattern that matches this scope, as it was given; ``None`` if none."""
+        method = scope.get("method", WEBSOCKET) if scope["type"] == "http" else WEBSOCKET
+        path = scope["path"]
+        for pattern, pattern_method, regex in self._each:
+            if pattern_method == method and regex.fullmatch(path) is not None:
+                return pattern
+        return None
 
     def http_routes(self) -> dict[str, MethodRoutes]:
         """The compiled HTTP routes by method, for a caller that inlines the lookup."""

@@ -38,6 +38,10 @@ EXPORTED_METRICS = {
         "decision_duration_seconds_sum",
         "decision_duration_seconds_count",
         "build_info",
+        "session_footprint_bytes",
+        "session_ramp_seconds",
+        "admissible_sessions",
+        "pending_expired_total",
     )
 }
 # Grafana's interval variables, replaced by a fixed duration before promtool parses them.
@@ -175,6 +179,8 @@ def test_queries_name_only_exported_metrics(rendered: dict[str, list[Manifest]])
         assert names <= EXPORTED_METRICS, f"{sorted(names - EXPORTED_METRICS)} in {expr!r}"
         used |= names
     assert "asgi_admission_decision_duration_seconds_bucket" in used
+    assert "asgi_admission_admissible_sessions" in used
+    assert "asgi_admission_session_footprint_bytes" in used
 
 
 @pytest.mark.parametrize(

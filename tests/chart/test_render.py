@@ -41,6 +41,9 @@ ENV_OF_VALUE = {
     "reclaimable": "ADMISSION_RECLAIMABLE",
     "criticalWatermarkPercent": "ADMISSION_CRITICAL_WATERMARK_PERCENT",
     "watchdogIntervalSeconds": "ADMISSION_WATCHDOG_INTERVAL_SECONDS",
+    "reserveLearning": "ADMISSION_SESSION_RESERVE_LEARNING",
+    "reserveMinMB": "ADMISSION_SESSION_RESERVE_MIN_MB",
+    "pendingTimeoutSeconds": "ADMISSION_PENDING_TIMEOUT_SECONDS",
 }
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -338,6 +341,20 @@ def test_keda_query_selects_this_release_only(rendered: dict[str, list[Manifest]
         'sum(asgi_admission_sessions{namespace="shop",'
         'pod=~"keda-asgi-admission-[a-z0-9]+-[a-z0-9]+"})'
     )
+
+
+def test_keda_can_scale_on_admissible_sessions(rendered: dict[str, list[Manifest]]) -> None:
+    """scaleOn admissible: the pods needed for the sessions in use plus the headroom,
+    in session units of this release's pods."""
+    trigger = one(rendered["keda-admissible"], "ScaledObject")["spec"]["triggers"][0]
+    sel = 'namespace="shop",pod=~"keda-admissible-asgi-admission-[a-z0-9]+-[a-z0-9]+"'
+    assert trigger["metadata"]["query"] == (
+        f"(sum(asgi_admission_sessions{{{sel}}}) + 6) / clamp_min("
+        f"(sum(asgi_admission_sessions{{{sel}}}) + "
+        f"sum(asgi_admission_admissible_sessions{{{sel}}})) / "
+        f"count(asgi_admission_admissible_sessions{{{sel}}}), 1)"
+    )
+    assert trigger["metadata"]["threshold"] == "1"
 
 
 def test_monitors_rules_and_dashboard_appear_only_when_enabled(

@@ -71,7 +71,7 @@ def test_crd_schemas_refuse_mistakes(
     rendered: dict[str, list[Manifest]], kind: str, path: tuple[object, ...], bad: Manifest
 ) -> None:
     """Each CRD schema refuses a misspelt or mistyped field, so it is strict where it matters."""
-    (original,) = (m for ms in rendered.values() for m in ms if m["kind"] == kind)
+    original = next(m for ms in rendered.values() for m in ms if m["kind"] == kind)
     broken = json.loads(json.dumps(original))
     node = broken
     for step in path:

@@ -52,6 +52,11 @@ def test_metric_types_and_labels(registry: CollectorRegistry) -> None:
         "telemetry_failures": ("counter", set()),
         "decision_duration_seconds": ("histogram", set()),
         "build_info": ("gauge", {"version"}),
+        # Learned per route: no sample (so no label) before the first session is observed.
+        "session_footprint_bytes": ("gauge", set()),
+        "session_ramp_seconds": ("gauge", set()),
+        "admissible_sessions": ("gauge", set()),
+        "pending_expired": ("counter", set()),
     }
     assert set(families) == {P + name for name in expected}
     for name, (kind, labels) in expected.items():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from asgi_admission import (
@@ -24,6 +26,26 @@ with warnings.catch_warnings():
 __all__ = ["MIB", "Server", "SettableReader", "TestClient", "controller", "free_port", "guard"]
 
 MIB = 1024 * 1024
+#: A pending timeout so short that a reservation ends with its response or accept, as
+#: an in-request session's does once its memory shows: these tests are about the
+#: request's lifecycle (tests/middleware/test_settling*.py are about settling).
+AT_RESPONSE = {"ADMISSION_PENDING_TIMEOUT_SECONDS": "1e-9"}
+
+
+@contextlib.contextmanager
+def environment(settings: dict[str, str]) -> Iterator[None]:
+    """``settings`` in ``os.environ`` while a guard is built (with ``controller=``, the
+    middleware reads its other settings from the environment), restored after."""
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class SettableReader:
@@ -72,10 +94,11 @@ def guard(
     max_sessions: int = 100,
     **options: Any,
 ) -> AdmissionMiddleware:
-    return AdmissionMiddleware(
-        app,
-        session_routes=list(routes),
-        controller=controller(reader, reserve_mb=reserve_mb),
-        max_sessions=max_sessions,
-        **{"retry_after": 5, **options},
-    )
+    with environment(AT_RESPONSE):
+        return AdmissionMiddleware(
+            app,
+            session_routes=list(routes),
+            controller=controller(reader, reserve_mb=reserve_mb),
+            max_sessions=max_sessions,
+            **{"retry_after": 5, **options},
+        )

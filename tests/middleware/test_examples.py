@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import time
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from mwkit import TestClient, write_v2_tree
+
+from asgi_admission import AdmissionMiddleware
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -54,3 +57,28 @@ def test_demo_service_example_serves_the_demo() -> None:
     with TestClient(module.app) as client:
         assert client.post("/sessions").status_code == 201
         assert client.post("/sessions").json()["reason"] == "session_limit"
+
+
+@pytest.mark.usefixtures("tight_env")
+def test_fastapi_tickets_example_holds_until_the_child_is_up() -> None:
+    """The ticket example's reservation is pending until its real child boots, then active."""
+    module = load("fastapi_tickets")
+    with TestClient(module.app) as client:
+        guard = client.app.middleware_stack  # built on the first request's lifespan
+        while not isinstance(guard, AdmissionMiddleware):
+            guard = guard.app
+        created = client.post("/sessions")
+        assert created.status_code == 201
+        session_id = created.json()["id"]
+        # Pending (the child boots in the background), and not counted twice.
+        assert guard.session_counts() == (0, 1)
+        deadline = time.monotonic() + 30
+        while guard.session_counts() != (1, 0):
+            assert time.monotonic() < deadline, guard.session_counts()
+            time.sleep(0.05)
+        process, ticket = module.sessions[session_id]
+        assert ticket.state == "active"
+        assert process.returncode is None
+        assert client.delete(f"/sessions/{session_id}").status_code == 204
+        assert ticket.state == "released"
+        assert guard.session_counts() == (0, 0)

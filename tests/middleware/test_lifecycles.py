@@ -8,7 +8,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mwkit import MIB, controller
+from mwkit import AT_RESPONSE, MIB, controller, environment
 
 from asgi_admission import AdmissionMiddleware, MemoryReading
 
@@ -118,13 +118,14 @@ def make_guard(percents: list[int]) -> AdmissionMiddleware:
             for p in percents
         ]
     )
-    return AdmissionMiddleware(
-        app,
-        session_routes=["POST /s", "WS /w"],
-        controller=controller(lambda: next(readings), reserve_mb=20),
-        max_sessions=30,
-        registry=None,
-    )
+    with environment(AT_RESPONSE):
+        return AdmissionMiddleware(
+            app,
+            session_routes=["POST /s", "WS /w"],
+            controller=controller(lambda: next(readings), reserve_mb=20),
+            max_sessions=30,
+            registry=None,
+        )
 
 
 async def play(mw: AdmissionMiddleware, plan: list[tuple[str, str]]) -> None:

@@ -121,6 +121,8 @@ class AdmissionController:
         "_pressured",
         "_read_bound",
         "high_watermark_percent",
+        "learned_replaces",
+        "learned_reserve_bytes",
         "memory_reader",
         "reserve_bytes",
         "resume_threshold_percent",
@@ -139,6 +141,11 @@ class AdmissionController:
         self.resume_threshold_percent = float(resume_threshold_percent)
         #: The configured reserve; ``None`` derives it from each reading's limit.
         self.reserve_bytes = None if reserve_bytes is None else int(reserve_bytes)
+        #: What the guard learned one session adds (``docs/reservations.md``): it
+        #: raises the reserve, or replaces it where ``learned_replaces``; ``None``:
+        #: nothing learned, or learning off.
+        self.learned_reserve_bytes: int | None = None
+        self.learned_replaces = False
         self.memory_reader: MemoryReader = memory_reader or read_cgroup_memory
         self._pressured = False
         # The state of the last full decision: the fast path follows only "normal".
@@ -157,10 +164,17 @@ class AdmissionController:
         """The reserve held back per session at this memory limit.
 
         The configured ``reserve_bytes``, or (``None``) an eighth of the limit, at
-        most 768 MiB. Every use of the reserve goes through here.
+        most 768 MiB; then what was learned of a session's footprint
+        (``learned_reserve_bytes``) raises it, or replaces it where
+        ``learned_replaces``. Every use of the reserve goes through here.
         """
         reserve = self.reserve_bytes
-        return derived_reserve_bytes(limit_bytes) if reserve is None else reserve
+        if reserve is None:
+            reserve = derived_reserve_bytes(limit_bytes)
+        learned = self.learned_reserve_bytes
+        if learned is None or (learned <= reserve and not self.learned_replaces):
+            return reserve
+        return learned
 
     def ceiling_bytes(self, limit_bytes: int, pending_sessions: int = 0) -> float:
         """Working set above which one more session is refused (high minus reserves)."""

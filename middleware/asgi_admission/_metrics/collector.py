@@ -44,7 +44,7 @@ from functools import cache
 from typing import Final
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, values
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision, has_no_limit
 from asgi_admission._admission.ledger import Reservation, SessionLedger
@@ -176,12 +176,32 @@ class AdmissionCollector:
             PREFIX + "sessions", "Sessions admitted, by state.", labels=("state",)
         )
         session_limit = _gauge("session_limit", "Fixed cap on active plus pending sessions.")
+        footprint = GaugeMetricFamily(
+            PREFIX + "session_footprint_bytes",
+            "Learned memory one session of the route adds to the working set (high percentile).",
+            labels=("route",),
+        )
+        ramp = GaugeMetricFamily(
+            PREFIX + "session_ramp_seconds",
+            "Learned time from admission until a session's memory has arrived (high percentile).",
+            labels=("route",),
+        )
+        admissible = _gauge(
+            "admissible_sessions",
+            "How many more sessions fit now, in sessions: the memory left under the "
+            "admission ceiling in reserves, within the session limit; 0 while latched.",
+        )
+        expired = CounterMetricFamily(
+            PREFIX + "pending_expired",
+            "Held session tickets never started, released by the pending timeout.",
+        )
         build = GaugeMetricFamily(
             PREFIX + "build_info", "asgi-admission version; always 1.", labels=("version",)
         )
         if describing:
             yield from (working_set, limit, reclaimable, ratio, stall, ceiling, high, resume)
             yield from (reserve, state, session_limit, build)
+            yield from (footprint, ramp, admissible, expired)
             if self.include_sessions:
                 yield sessions
             return
@@ -209,6 +229,18 @@ class AdmissionCollector:
                 sessions.add_metric(("pending",), counts[1])
                 yield sessions
 
+        keeper = getattr(view, "keeper", None)
+        if keeper is not None:
+            for estimate in keeper.estimates():
+                footprint.add_metric((estimate.route,), estimate.footprint_bytes)
+                ramp.add_metric((estimate.route,), estimate.ramp_s)
+            expired.add_metric((), keeper.expired_total)
+            yield from (footprint, ramp, expired)
+        if counts is not None:
+            room = admissible_sessions(controller, reading, counts, view.session_limit)
+            admissible.add_metric((), room)
+            yield admissible
+
         current = "unavailable"
         if reading is not None and reading.available and reading.used_bytes is not None:
             working_set.add_metric((), reading.used_bytes)
@@ -231,6 +263,33 @@ class AdmissionCollector:
         for name in STATES:
             state.add_metric((name,), 1 if name == current else 0)
         yield state
+
+
+def admissible_sessions(
+    controller: AdmissionController,
+    reading: MemoryReading | None,
+    counts: tuple[int, int],
+    session_limit: int,
+) -> int:
+    """How many more sessions the guard would admit now, one after another.
+
+    The session limit's room, and where memory is readable, the reserves that
+    still fit under the high watermark above the working set and the pending
+    reserves (none while the latch is set): what KEDA or an HPA can scale on.
+    """
+    active, pending = counts
+    room = max(0, session_limit - active - pending)
+    if reading is None or not reading.available or reading.used_bytes is None:
+        return room
+    if not reading.limit_bytes:
+        return room
+    if controller.pressure_state == "pressured":
+        return 0
+    reserve = controller.reserve_for(reading.limit_bytes)
+    if reserve <= 0:
+        return room
+    free = controller.ceiling_bytes(reading.limit_bytes, pending) + reserve - reading.used_bytes
+    return max(0, min(room, int(free // reserve)))
 
 
 class _Families:

@@ -87,6 +87,7 @@ class WatchedSession:
         "budget_bytes",
         "include_children",
         "pid",
+        "route",
         "session_id",
     )
 
@@ -99,6 +100,7 @@ class WatchedSession:
         session_id: str,
         budget_bytes: int | None,
         include_children: bool,
+        route: str | None = None,
     ) -> None:
         self._watchdog = watchdog
         self._sampler = sampler
@@ -106,6 +108,7 @@ class WatchedSession:
         self.session_id = session_id
         self.budget_bytes = budget_bytes
         self.include_children = include_children
+        self.route = route  # the session route it was admitted by, for learning
         self._last: ProcessSample | None = None
         self._peak: int | None = None
         self._halt: SessionHalt | None = None
@@ -220,6 +223,7 @@ class SessionWatchdog:
         self.interval_s = float(interval_s)
         self._halt_action: HaltAction = ProcessGroupHalt() if halt is None else halt
         self._on_halt = on_halt
+        self.on_peak: Callable[[str, int], None] | None = None  # the guard learns the peaks
         self._metrics = watchdog_metrics(registry)
         self._clock = clock
         self._sleep = sleep
@@ -301,12 +305,14 @@ class SessionWatchdog:
         budget_bytes: int | None = None,
         session_id: str | None = None,
         include_children: bool = True,
+        route: str | None = None,
     ) -> WatchedSession:
         """Watch the process ``pid`` for one session; returns its handle.
 
         ``budget_bytes`` halts the session once its RSS (with its descendants' unless
         ``include_children=False``) exceeds it; ``None`` leaves it to the container
         check alone. A pid that is already gone gives a handle that has already ended.
+        ``route`` (the admission ticket's) lets the guard learn from the session's peak.
         """
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be above 0 or None; got {budget_bytes!r}.")
@@ -323,6 +329,7 @@ class SessionWatchdog:
             session_id=str(pid) if session_id is None else session_id,
             budget_bytes=budget_bytes,
             include_children=include_children,
+            route=route,
         )
         if sampler is not None:
             with self._lock:
@@ -354,6 +361,8 @@ class SessionWatchdog:
         if not session._observed and session._peak is not None:
             session._observed = True
             self._metrics.session_memory.observe(session._peak)
+            if self.on_peak is not None and session.route is not None:
+                self.on_peak(session.route, session._peak)
 
     # -- sampling ----------------------------------------------------------------------
 

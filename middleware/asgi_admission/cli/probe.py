@@ -51,6 +51,14 @@ does not fit under the high watermark). Usage errors (a bad option, a
         "state": "normal" | "pressured" | "unavailable",
         "reason": "memory_pressure" | "session_limit" | "telemetry_unavailable"
                   | "no_memory_limit" | null
+      },
+      "learned": {                     # what the running service learned of its sessions
+        "learning": "raise" | "adapt" | "off",
+        "evidence": bool,              # false: no shared directory, file or observation
+        "note": str,                   # why there is no evidence, or where it came from
+        "reserve_bytes": int,          # the reserve the service uses with what it learned
+        "routes": [{"route": str, "footprint_bytes": int, "ramp_s": float,
+                    "observations": int}, ...]
       }
     }
 
@@ -68,7 +76,9 @@ from dataclasses import replace
 from typing import Any
 
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision, has_no_limit
+from asgi_admission._admission.learning import WINDOW, SessionLearner, effective_reserve
 from asgi_admission._admission.reserve import never_admits
+from asgi_admission._admission.shared_files import read_learned
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._factory import build_reader
 from asgi_admission._memory.cgroup import CgroupMemoryReader
@@ -210,7 +220,60 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
             "state": decision.state,
             "reason": decision.reason,
         },
+        "learned": learned(config, reserve),
     }
+
+
+def learned(config: AdmissionConfig, reserve_bytes: int) -> dict[str, Any]:
+    """What the running service learned, where its shared directory makes it readable.
+
+    ``reserve_bytes`` is the reserve at the limit read (configured or derived).
+    """
+    report: dict[str, Any] = {
+        "learning": config.reserve_learning,
+        "evidence": False,
+        "note": "",
+        "reserve_bytes": reserve_bytes,
+        "routes": [],
+    }
+    if config.reserve_learning == "off":
+        report["note"] = "no evidence: ADMISSION_SESSION_RESERVE_LEARNING=off"
+        return report
+    if config.shared_dir is None:
+        report["note"] = (
+            "no evidence: ADMISSION_SHARED_DIR is unset, so what the service learned stays "
+            "in its memory (see asgi_admission_session_footprint_bytes)"
+        )
+        return report
+    try:
+        observations = read_learned(config.shared_dir, window=WINDOW)
+    except (OSError, ValueError) as exc:
+        report["note"] = f"no evidence: {exc}"
+        return report
+    learner = SessionLearner()
+    learner.merge(observations or {})
+    estimates = learner.estimates()
+    if not estimates:
+        report["note"] = f"no evidence: no session observed yet in {config.shared_dir}"
+        return report
+    report["evidence"] = True
+    report["note"] = f"learned by the service's workers, from {config.shared_dir}"
+    report["reserve_bytes"] = effective_reserve(
+        reserve_bytes,
+        estimates,
+        mode=config.reserve_learning,
+        min_bytes=config.reserve_min_bytes,
+    )
+    report["routes"] = [
+        {
+            "route": e.route,
+            "footprint_bytes": e.footprint_bytes,
+            "ramp_s": round(e.ramp_s, 2),
+            "observations": e.observations,
+        }
+        for e in estimates
+    ]
+    return report
 
 
 def _limit_state(reading: MemoryReading) -> str:
@@ -279,6 +342,15 @@ def render(report: dict[str, Any]) -> str:
         f"one more session: {verdict}, state {decision['state']} "
         f"(sessions {decision['sessions']}, pending {decision['pending']})"
     )
+    learned = report["learned"]
+    lines.append(f"learned:         {learned['note']}")
+    for route in learned["routes"]:
+        lines.append(
+            f"  {route['route']}: {_size(route['footprint_bytes'])} per session, "
+            f"ramp {route['ramp_s']:.2f} s ({route['observations']} observations)"
+        )
+    if learned["evidence"]:
+        lines.append(f"reserve in use:  {_size(learned['reserve_bytes'])}")
     if report["problem"]:
         lines.append(f"error:           {report['problem']}")
     return "\n".join(lines)

@@ -1,7 +1,9 @@
 """The demo's process sessions: a real child process per session, growing on request.
 
 ``POST /processes?hold_mb=&budget_mb=`` starts a child that holds ``hold_mb`` MiB and
-registers it with the session watchdog under a budget; ``POST
+registers it with the session watchdog under a budget (``&ramp_s=`` answers ``201`` as
+soon as the child is spawned and lets its memory arrive in steps over that many
+seconds, as a browser or a kernel booting after its request would); ``POST
 /processes/{id}/grow?mb=`` makes it hold more; ``GET /processes/{id}`` shows what the
 watchdog measured and, once it acted, why it halted the session; ``DELETE`` ends it.
 Watch a session pass its budget, or the container pass the critical watermark, and
@@ -22,12 +24,13 @@ import itertools
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
-from asgi_admission import SessionWatchdog, WatchedSession, session_watchdog
+from asgi_admission import SessionWatchdog, WatchedSession, admission_ticket, session_watchdog
 
 _MIB: Final = 1024 * 1024
 DEFAULT_BUDGET_MB: Final = 512
@@ -38,7 +41,9 @@ GROWTH_PAUSE_S: Final = 0.05
 
 # Holds argv[1] MiB, then N more for each line N read on stdin, answering "ready"
 # each time; every page is written so the kernel really charges it, in steps of
-# argv[2] MiB argv[3] seconds apart.
+# argv[2] MiB argv[3] seconds apart. With argv[4] seconds above 0 the first argv[1]
+# MiB arrive in eight parts spread over that time instead (a session booting after
+# its response).
 CHILD_SCRIPT: Final = """
 import sys, time
 held = []
@@ -50,7 +55,14 @@ def hold(mib):
         held.append(block)
         mib -= step
         time.sleep(pause)
-hold(int(sys.argv[1]))
+mib, ramp_s = int(sys.argv[1]), float(sys.argv[4])
+if ramp_s > 0 and mib >= 8:
+    for part in range(8):
+        if part:
+            time.sleep(ramp_s / 7)
+        hold(mib // 8 + (mib % 8 if part == 7 else 0))
+else:
+    hold(mib)
 print("ready", flush=True)
 for line in sys.stdin:
     hold(int(line))
@@ -64,6 +76,8 @@ class _Child:
     process: asyncio.subprocess.Process
     watched: WatchedSession | None
     budget_mb: int
+    #: Reads the child's first "ready" while its memory ramps in after the response.
+    ramping: asyncio.Task[bytes] | None = None
 
 
 class ProcessSessions:
@@ -77,7 +91,14 @@ class ProcessSessions:
         return len(self._children)
 
     async def open(
-        self, watchdog: SessionWatchdog | None, *, hold_mb: int, budget_mb: int
+        self,
+        watchdog: SessionWatchdog | None,
+        *,
+        hold_mb: int,
+        budget_mb: int,
+        ramp_s: float = 0.0,
+        on_ready: Callable[[], None] | None = None,
+        route: str | None = None,
     ) -> _Child:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -86,29 +107,39 @@ class ProcessSessions:
             str(hold_mb),
             str(GROWTH_STEP_MB),
             str(GROWTH_PAUSE_S),
+            str(ramp_s),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
         assert process.stdout is not None
-        try:
-            await process.stdout.readline()
-        except BaseException:
-            # Cancelled (the client left) or failed before the session was recorded:
-            # nothing else would ever stop this child.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await asyncio.shield(process.wait())
-            raise
+        ramping = None
+        if ramp_s:
+            # The memory arrives after the response: the first "ready" is read later.
+            ramping = asyncio.get_running_loop().create_task(process.stdout.readline())
+            if on_ready is not None:
+                ramping.add_done_callback(lambda _: on_ready())
+        else:
+            try:
+                await process.stdout.readline()
+            except BaseException:
+                # Cancelled (the client left) or failed before the session was recorded:
+                # nothing else would ever stop this child.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                await asyncio.shield(process.wait())
+                raise
         session_id = f"p{next(self._ids)}"
         watched = (
             None
             if watchdog is None
             else watchdog.register(
-                process.pid, budget_bytes=budget_mb * _MIB, session_id=session_id
+                process.pid, budget_bytes=budget_mb * _MIB, session_id=session_id, route=route
             )
         )
-        child = self._children[session_id] = _Child(session_id, process, watched, budget_mb)
+        child = self._children[session_id] = _Child(
+            session_id, process, watched, budget_mb, ramping
+        )
         return child
 
     def get(self, session_id: str) -> _Child:
@@ -121,6 +152,8 @@ class ProcessSessions:
         child = self._children.pop(session_id)
         if child.watched is not None:
             child.watched.unregister()
+        if child.ramping is not None:
+            child.ramping.cancel()
         if child.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.process.pid, signal.SIGKILL)
@@ -186,12 +219,35 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
         request: Request,
         hold_mb: int = Query(16, ge=0, le=4096),
         budget_mb: int = Query(DEFAULT_BUDGET_MB, ge=1, le=65536),
+        ramp_s: float = Query(0.0, ge=0, le=60),
+        ticket: bool = Query(False),
     ) -> dict[str, Any]:
         try:
             watchdog: SessionWatchdog | None = session_watchdog(request)
         except LookupError:  # the unguarded demo: processes run unwatched
             watchdog = None
-        return describe(await sessions.open(watchdog, hold_mb=hold_mb, budget_mb=budget_mb))
+        # With ?ticket=1 the session's reservation is held until its child is up; the
+        # ticket's route lets the guard learn from the watchdog's peak of the child.
+        admitted = admission_ticket(request)
+        held = admitted if ticket else None
+        if held is not None:
+            held.hold()
+        try:
+            child = await sessions.open(
+                watchdog,
+                hold_mb=hold_mb,
+                budget_mb=budget_mb,
+                ramp_s=ramp_s,
+                on_ready=None if held is None else held.started,
+                route=None if admitted is None else admitted.route,
+            )
+        except BaseException:
+            if held is not None:
+                held.release()
+            raise
+        if held is not None and child.ramping is None:
+            held.started()
+        return describe(child)
 
     @app.get("/processes")
     async def list_processes() -> dict[str, Any]:
@@ -210,6 +266,8 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
         stdin, stdout = child.process.stdin, child.process.stdout
         assert stdin is not None
         assert stdout is not None
+        if child.ramping is not None:
+            await child.ramping
         try:
             stdin.write(f"{mb}\n".encode())
             await stdin.drain()

@@ -1,0 +1,469 @@
+"""Sessions whose memory arrives after their ``201``: a burst in a real memory group.
+
+    sudo .venv/bin/python bench/ramp_burst.py [--sessions 40] [--hold-mb 92] [--ramp-s 2]
+        [--workers 1] [--plot docs/img/ramp_burst.png]
+
+Needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory.
+Serves the demo under uvicorn inside a fresh memory group (768 MiB, no swap) and
+fires ``--sessions`` concurrent ``POST /processes?hold_mb=&ramp_s=``: each answers
+``201`` as soon as its child process is spawned, and the child's memory (the
+interpreter plus ``--hold-mb`` MiB) arrives in steps over ``--ramp-s`` seconds.
+Modes:
+
+- ``bare``: the app without the guard;
+- ``settle``: the guard, reserve set to one session's measured footprint, no app
+  help, learning off (settling alone holds each reservation until its memory shows);
+- ``learn``: reserve 12x too small, learning on (``raise``), after a few
+  sequential warm-up sessions;
+- ``ticket``: learning off, the app holds each session's ticket until its child is up.
+
+For each it prints the true capacity (what fits under the high watermark above
+the baseline), how many were admitted, the kernel's OOM kills, whether the
+server lived, whether every refusal was a 503 with ``Retry-After``, whether a
+session is admitted again once the others end, and (``learn``) how long until the
+learned footprint was within 15 % of the measured one. ``--plot`` writes a PNG
+of the working set over time, guarded (settle) against bare (needs matplotlib,
+a bench/docs dependency only). The tests in tests/middleware/test_ramp_burst.py
+run the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import httpx
+
+from benchkit import free_port, stop_process_group
+
+MIB = 1024 * 1024
+V1_MEMORY = Path("/sys/fs/cgroup/memory")
+HIGH_WATERMARK = 80.0
+RESUME = 70.0
+WARMUPS = 3
+
+Mode = Literal["bare", "settle", "learn", "ticket"]
+MODES: tuple[Mode, ...] = ("bare", "settle", "learn", "ticket")
+
+
+def available() -> bool:
+    """Whether this machine can run the burst: root and a writable v1 memory hierarchy."""
+    return (
+        os.geteuid() == 0
+        and (V1_MEMORY / "memory.limit_in_bytes").is_file()
+        and os.access(V1_MEMORY, os.W_OK)
+    )
+
+
+@contextlib.contextmanager
+def memory_group(limit_mb: int, tag: str) -> Iterator[Path]:
+    """A fresh v1 memory group (no swap either); its tasks killed and it removed on exit."""
+    group = V1_MEMORY / f"asgi-admission-ramp-{tag}-{os.getpid()}-{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit_mb * MIB))
+        swap = group / "memory.memsw.limit_in_bytes"
+        if swap.exists():
+            swap.write_text(str(limit_mb * MIB))
+        yield group
+    finally:
+        for _ in range(100):
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), 9)
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def working_set_bytes(group: Path) -> int:
+    usage = int((group / "memory.usage_in_bytes").read_text())
+    stats = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+    cache = int(stats.get("total_inactive_file", 0)) + int(stats.get("total_active_file", 0))
+    return max(0, usage - cache)
+
+
+def oom_kills(group: Path) -> int:
+    for line in (group / "memory.oom_control").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return 0
+
+
+def session_footprint(hold_mb: int) -> int:
+    """What one session's child adds to a memory group's working set, measured."""
+    from asgi_admission.demo.processes import CHILD_SCRIPT
+
+    with memory_group(4096, "probe") as group:
+        before = working_set_bytes(group)
+        with subprocess.Popen(
+            [
+                "sh",
+                "-c",
+                'echo $$ > "$0/cgroup.procs" && exec "$@"',
+                str(group),
+                sys.executable,
+                "-c",
+                CHILD_SCRIPT,
+                str(hold_mb),
+                *("4", "0", "0"),  # grown in 4 MiB steps, no pause, no ramp: at once
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        ) as child:
+            try:
+                assert child.stdout is not None
+                child.stdout.readline()
+                time.sleep(0.2)
+                return working_set_bytes(group) - before
+            finally:
+                child.kill()
+
+
+@dataclass
+class RampResult:
+    mode: Mode
+    workers: int
+    limit_mb: int
+    footprint_mb: float
+    baseline_mb: float
+    capacity: int
+    statuses: list[int | str]
+    oom_kills: int
+    server_alive: bool
+    retry_after_ok: bool
+    readmitted: bool | None = None
+    learned_within_15pct_s: float | None = None
+    learned_footprint_mb: float | None = None
+    trace: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def admitted(self) -> int:
+        return self.statuses.count(201)
+
+    @property
+    def refused(self) -> int:
+        return self.statuses.count(503)
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "workers": self.workers,
+            "limit_mb": self.limit_mb,
+            "footprint_mb": round(self.footprint_mb, 1),
+            "baseline_mb": self.baseline_mb,
+            "capacity": self.capacity,
+            "admitted": self.admitted,
+            "refused_503": self.refused,
+            "failed": len(self.statuses) - self.admitted - self.refused,
+            "oom_kills": self.oom_kills,
+            "server_alive": self.server_alive,
+            "retry_after_ok": self.retry_after_ok,
+            "readmitted_after_end": self.readmitted,
+            "learned_footprint_mb": self.learned_footprint_mb,
+            "learned_within_15pct_s": self.learned_within_15pct_s,
+        }
+
+
+class _Tracer(threading.Thread):
+    """Samples the group's working set every 50 ms, for the plot."""
+
+    def __init__(self, group: Path) -> None:
+        super().__init__(daemon=True)
+        self.group = group
+        self.samples: list[tuple[float, float]] = []
+        self.stop_event = threading.Event()
+        self.start_at = time.monotonic()
+
+    def run(self) -> None:
+        self.start_at = time.monotonic()
+        while not self.stop_event.wait(0.05):
+            with contextlib.suppress(OSError, ValueError):
+                self.samples.append(
+                    (time.monotonic() - self.start_at, working_set_bytes(self.group) / MIB)
+                )
+
+
+def _serve_argv(group: Path, port: int, workers: int, guarded: bool) -> list[str]:
+    join = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)]
+    if workers > 1:
+        return [
+            *join,
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "asgi_admission.demo:create_app",
+            "--factory",
+            "--workers",
+            str(workers),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ]
+    serve = (
+        "import sys, uvicorn\n"
+        "from asgi_admission.demo import create_app\n"
+        "uvicorn.run(create_app(guarded=sys.argv[1] == 'guarded'), host='127.0.0.1',\n"
+        "            port=int(sys.argv[2]), log_level='warning')\n"
+    )
+    return [*join, sys.executable, "-c", serve, "guarded" if guarded else "bare", str(port)]
+
+
+def _wait_ready(base_url: str, proc: subprocess.Popen[bytes], workers: int) -> None:
+    deadline = time.monotonic() + 60
+    ok = 0
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("the server exited before it was ready")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(base_url + "/health", timeout=1).status_code == 200:
+                ok += 1
+                # Several workers: give every one of them time to finish starting.
+                if ok >= (1 if workers == 1 else 10):
+                    return
+        time.sleep(0.2)
+    raise RuntimeError("the server did not become ready")
+
+
+async def _burst(base_url: str, n: int, params: dict[str, object]) -> list[httpx.Response | str]:
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=base_url, timeout=60, limits=limits) as client:
+
+        async def one(i: int) -> httpx.Response | str:
+            await asyncio.sleep(i * 0.005)  # spread over the workers' accept queues
+            try:
+                return await client.post("/processes", params=params)
+            except httpx.HTTPError as exc:
+                return type(exc).__name__
+
+        return await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def _learned_mb(base_url: str) -> float | None:
+    """The learned footprint the guard shows in a refusal's details (metrics otherwise)."""
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        text = httpx.get(base_url + "/metrics", timeout=5).text
+        for line in text.splitlines():
+            if line.startswith("asgi_admission_session_footprint_bytes{"):
+                return float(line.rsplit(" ", 1)[1]) / MIB
+    return None
+
+
+def run_ramp_burst(
+    mode: Mode,
+    *,
+    sessions: int = 40,
+    hold_mb: int = 92,
+    ramp_s: float = 2.0,
+    limit_mb: int = 768,
+    workers: int = 1,
+    footprint: int | None = None,
+    shared_dir: str | None = None,
+) -> RampResult:
+    """Serve the demo in a fresh memory group in ``mode``, fire the burst, report."""
+    footprint = footprint if footprint is not None else session_footprint(hold_mb)
+    footprint_mb = footprint / MIB
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    reserve_mb = math.ceil(footprint_mb) if mode != "learn" else max(1, round(footprint_mb / 12))
+    params: dict[str, object] = {"hold_mb": hold_mb, "ramp_s": ramp_s}
+    if mode == "ticket":
+        params["ticket"] = 1
+    with (
+        memory_group(limit_mb, mode) as group,
+        tempfile.TemporaryFile() as log,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        env = {
+            **os.environ,
+            "ADMISSION_CGROUP_ROOT": str(group),
+            "ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT": str(HIGH_WATERMARK),
+            "ADMISSION_MEMORY_RESUME_THRESHOLD_PERCENT": str(RESUME),
+            "ADMISSION_SESSION_RESERVE_MB": str(reserve_mb),
+            "ADMISSION_SESSION_RESERVE_LEARNING": "raise" if mode == "learn" else "off",
+            "ADMISSION_MAX_SESSIONS": "1000",
+        }
+        if workers > 1 or shared_dir is not None:
+            env["ADMISSION_SHARED_DIR"] = shared_dir or os.path.join(tmp, "shared")
+        proc = subprocess.Popen(
+            _serve_argv(group, port, workers, mode != "bare"),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        tracer = _Tracer(group)
+        try:
+            _wait_ready(base_url, proc, workers)
+            learned_at = learned = None
+            if mode == "learn":
+                learned_at, learned = _warm_up(base_url, hold_mb, ramp_s, footprint_mb)
+            time.sleep(0.5)
+            baseline = working_set_bytes(group)
+            ceiling = limit_mb * MIB * HIGH_WATERMARK / 100
+            capacity = max(0, math.floor((ceiling - baseline) / footprint))
+            tracer.start()
+            responses = asyncio.run(_burst(base_url, sessions, params))
+            # Every admitted session has built its memory (the demo's child grows in
+            # 4 MiB steps 50 ms apart, so a ramp takes about a second more than ramp_s).
+            time.sleep(ramp_s + 2.5)
+            statuses: list[int | str] = [
+                r if isinstance(r, str) else r.status_code for r in responses
+            ]
+            refusals = [r for r in responses if not isinstance(r, str) and r.status_code == 503]
+            retry_after_ok = all(
+                r.headers.get("retry-after", "").isdigit() and int(r.headers["retry-after"]) >= 1
+                for r in refusals
+            )
+            alive = proc.poll() is None
+            if alive:
+                with contextlib.suppress(httpx.HTTPError):
+                    alive = httpx.get(base_url + "/health", timeout=5).status_code == 200
+            result = RampResult(
+                mode=mode,
+                workers=workers,
+                limit_mb=limit_mb,
+                footprint_mb=footprint_mb,
+                baseline_mb=round(baseline / MIB, 1),
+                capacity=capacity,
+                statuses=statuses,
+                oom_kills=oom_kills(group),
+                server_alive=alive,
+                retry_after_ok=retry_after_ok,
+                learned_within_15pct_s=learned_at,
+                learned_footprint_mb=learned,
+            )
+            if mode != "bare" and alive:
+                result.readmitted = _end_all_and_reopen(base_url, responses, params, ramp_s)
+            tracer.stop_event.set()
+            tracer.join(timeout=2)
+            result.trace = tracer.samples
+            return result
+        finally:
+            tracer.stop_event.set()
+            stop_process_group(proc)
+
+
+def _warm_up(
+    base_url: str, hold_mb: int, ramp_s: float, footprint_mb: float
+) -> tuple[float | None, float | None]:
+    """Sequential sessions until the learned footprint is within 15 % (at most WARMUPS+2).
+
+    Returns the seconds that took (``None``: never) and the last learned footprint.
+    """
+    start = time.monotonic()
+    learned = None
+    with httpx.Client(base_url=base_url, timeout=30) as client:
+        for _ in range(WARMUPS + 2):
+            opened = client.post("/processes", params={"hold_mb": hold_mb, "ramp_s": ramp_s})
+            time.sleep(ramp_s + 3.5)  # the memory arrives, then the episode goes quiet
+            learned = _learned_mb(base_url)
+            if opened.status_code == 201:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(opened.json()["pid"], 9)  # ids are per worker: see below
+                client.delete(f"/processes/{opened.json()['id']}")
+            time.sleep(0.5)
+            if learned is not None and abs(learned - footprint_mb) <= 0.15 * footprint_mb:
+                return round(time.monotonic() - start, 1), round(learned, 1)
+    return None, None if learned is None else round(learned, 1)
+
+
+def _end_all_and_reopen(
+    base_url: str,
+    responses: list[httpx.Response | str],
+    params: dict[str, object],
+    ramp_s: float,
+) -> bool:
+    opened = [r.json() for r in responses if not isinstance(r, str) and r.status_code == 201]
+    with httpx.Client(base_url=base_url, timeout=30) as client:
+        for session in opened:
+            # Session ids are per worker, and a DELETE may reach another worker: the
+            # child is ended directly, which frees its memory wherever it was opened.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(session["pid"], 9)
+            client.delete(f"/processes/{session['id']}")
+        for _ in range(20):
+            time.sleep(0.5)
+            reopened = client.post("/processes", params=params)
+            if reopened.status_code == 201:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(reopened.json()["pid"], 9)
+                return True
+    return False
+
+
+def plot(results: list[RampResult], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    for result in results:
+        if result.trace:
+            times, used = zip(*result.trace, strict=True)
+            label = f"{result.mode}: {result.admitted} admitted, {result.oom_kills} OOM kills"
+            axes.plot(times, used, label=label)
+    limit = results[0].limit_mb
+    axes.axhline(limit, color="black", linestyle=":", label=f"limit {limit} MiB")
+    axes.axhline(limit * HIGH_WATERMARK / 100, color="grey", linestyle="--", label="high watermark")
+    axes.set_xlabel("seconds since the burst")
+    axes.set_ylabel("working set (MiB)")
+    axes.set_title("A burst of sessions whose memory arrives after their 201")
+    axes.legend(loc="lower right", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=40)
+    parser.add_argument("--hold-mb", type=int, default=92)
+    parser.add_argument("--ramp-s", type=float, default=2.0)
+    parser.add_argument("--limit-mb", type=int, default=768)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--plot", default=None, help="write a PNG of working set over time")
+    args = parser.parse_args()
+    if not available():
+        print("needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory")
+        return 2
+    footprint = session_footprint(args.hold_mb)
+    results = []
+    for mode in args.modes.split(","):
+        result = run_ramp_burst(
+            mode,  # type: ignore[arg-type]
+            sessions=args.sessions,
+            hold_mb=args.hold_mb,
+            ramp_s=args.ramp_s,
+            limit_mb=args.limit_mb,
+            workers=args.workers,
+            footprint=footprint,
+        )
+        results.append(result)
+        print(json.dumps(result.summary()), flush=True)
+    if args.plot:
+        plot([r for r in results if r.mode in ("bare", "settle")] or results, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,404 @@
+"""The reservations of one guard: settling, tickets, learning and the sample behind them.
+
+``ReservationKeeper`` ties together the :class:`Settler` (how long a reservation
+lasts), the :class:`SessionLearner` (what a session costs), the record of
+session ends (for ``Retry-After``) and, with ``ADMISSION_SHARED_DIR``, the files
+the workers share. The middleware calls it on the decision path (inside the
+ledger's lock: cheap), when a response ends or a WebSocket is accepted or
+closed, and from the lifespan (:meth:`run`, a periodic sample so that settling
+and learning never wait for traffic). Tickets call it from any thread.
+
+Notes:
+
+- Every change is made inside the ledger's critical section (its
+  ``threading.Lock``, and its ``flock`` when shared), and the reservations are
+  released or activated after it is left: they take the same lock.
+- The periodic sample reads memory only while something is unsettled or
+  being learned, and the active count (for the rate of session ends) every
+  time: a few microseconds, four times a second, on the event loop like any
+  decision. It never blocks on anything slower than the ledger's lock.
+- The reserve the latch uses is set here, from the configured reserve and
+  what was learned (``effective_reserve``), whenever an observation arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import Final
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from asgi_admission._admission.end_rate import SessionEnds
+from asgi_admission._admission.latch import AdmissionController
+from asgi_admission._admission.learning import (
+    WINDOW,
+    RouteEstimate,
+    SessionLearner,
+    effective_reserve,
+)
+from asgi_admission._admission.ledger import Reservation
+from asgi_admission._admission.reserve import derived_reserve_bytes
+from asgi_admission._admission.settling import (
+    Action,
+    Kind,
+    LocalSettleQueue,
+    Settlement,
+    SettleQueue,
+    Settler,
+)
+from asgi_admission._admission.shared_files import LearnedStore, SharedSettleQueue
+from asgi_admission._config import Learning
+from asgi_admission._memory.reading import MemoryReading
+
+logger = logging.getLogger("asgi_admission")
+
+SAMPLE_INTERVAL_S: Final = 0.25
+#: How often a worker takes in what the other workers learned.
+SHARED_REFRESH_S: Final = 2.0
+#: A learned ramp time is stretched this much before it settles a reservation.
+RAMP_MARGIN: Final = 1.25
+_ROUTE_CACHE: Final = 1024
+
+
+def apply(actions: Iterable[Action]) -> None:
+    """Do what the settler decided; outside the ledger's lock."""
+    for reservation, outcome in actions:
+        if outcome == "release":
+            reservation.release()
+        else:
+            reservation.activate()
+
+
+class ReservationKeeper:
+    """Settling, tickets and learning for one middleware (see the module notes).
+
+    ``locked`` is the ledger's critical section; ``read`` takes an exact reading
+    and never raises; ``active_count()`` is the container's active sessions
+    (called inside ``locked``); ``route_of(scope)`` names a session's route.
+    """
+
+    def __init__(
+        self,
+        *,
+        controller: AdmissionController,
+        locked: AbstractContextManager[object],
+        read: Callable[[], MemoryReading],
+        active_count: Callable[[], int],
+        route_of: Callable[[Scope], str | None],
+        learning: Learning,
+        min_reserve_bytes: int,
+        timeout_s: float,
+        shared_dir: str | None = None,
+        on_reserve: Callable[[int, int | None], None] = lambda learned, configured: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._controller = controller
+        self._locked = locked
+        self._read = read
+        self._active_count = active_count
+        self._route_of = route_of
+        self.learning: Learning = learning
+        self.min_reserve_bytes = min_reserve_bytes
+        self._on_reserve = on_reserve
+        self._clock = clock
+        #: Held tickets never started that the timeout released, in this process.
+        self.expired_total = 0
+        self._routes: dict[tuple[str, str | None], str] = {}
+        self._cached_version = -1
+        self._cached: dict[str, RouteEstimate] = {}
+        self._expected: dict[tuple[str, int | None], int] = {}
+        self.learner = SessionLearner(timeout_s=timeout_s)
+        self.ends = SessionEnds()
+        self._store: LearnedStore | None = None
+        queue: SettleQueue = LocalSettleQueue()
+        if shared_dir is not None:
+            queue = SharedSettleQueue(shared_dir)
+            if learning != "off":
+                self._store = LearnedStore(shared_dir, window=WINDOW)
+                self.learner.merge(self._store.load())
+        self._queue = queue
+        self.settler = Settler(
+            queue=queue,
+            timeout_s=timeout_s,
+            ramp_s=self._ramp_s,
+            min_ramp_s=self._min_ramp_s,
+            footprint_bytes=self._footprint_bytes,
+            on_expired=self._expired,
+        )
+        self._next_refresh = 0.0
+        self._next_look = 0.0
+        self._learned_version = -1
+        self._update_reserve()
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forked(ref))
+
+    def _expired(self) -> None:
+        self.expired_total += 1
+
+    # -- what settling expects ------------------------------------------------------
+
+    def _expected_bytes(self, route: str, limit_bytes: int | None) -> int:
+        # The route's own reserve: the one configured or derived from the limit,
+        # raised or replaced by what was learned of this route (a session smaller
+        # than it settles by its ramp). Asked on every admission: computed once per
+        # route, limit and observation.
+        key = (route, limit_bytes)
+        expected = self._expected.get(key)
+        if expected is None:
+            estimate = self._learned().get(route)
+            base = self._controller.reserve_bytes
+            expected = self._expected[key] = effective_reserve(
+                derived_reserve_bytes(limit_bytes) if base is None else base,
+                () if estimate is None else (estimate,),
+                mode=self.learning,
+                min_bytes=self.min_reserve_bytes,
+            )
+        return expected
+
+    def _ramp_s(self, route: str) -> float | None:
+        estimate = self._learned().get(route)
+        return None if estimate is None else estimate.ramp_s * RAMP_MARGIN
+
+    def _footprint_bytes(self, route: str) -> int | None:
+        estimate = self._learned().get(route)
+        return None if estimate is None else estimate.footprint_bytes
+
+    def _min_ramp_s(self) -> float | None:
+        return min((e.ramp_s * RAMP_MARGIN for e in self._learned().values()), default=None)
+
+    def _learned(self) -> dict[str, RouteEstimate]:
+        # Percentiles are computed once per new observation, not on every decision.
+        version = self.learner.version
+        if self._cached_version != version:
+            self._cached_version = version
+            estimates = [] if self.learning == "off" else self.learner.estimates()
+            self._cached = {estimate.route: estimate for estimate in estimates}
+            self._expected = {}
+        return self._cached
+
+    def estimates(self) -> list[RouteEstimate]:
+        """What was learned, per route (empty with learning off)."""
+        return list(self._learned().values())
+
+    def route(self, scope: Scope | None) -> str:
+        """The session pattern ``scope`` came by (``"predicate"`` when none matched)."""
+        if scope is None:
+            return "unnamed"
+        key = (scope["path"], scope.get("method"))
+        try:
+            return self._routes[key]
+        except KeyError:
+            route = self._route_of(scope) or "predicate"
+            if len(self._routes) >= _ROUTE_CACHE:
+                self._routes.clear()
+            self._routes[key] = route
+            return route
+
+    # -- on the decision path (inside the ledger's lock) ------------------------------
+
+    def admitted(
+        self,
+        reservation: Reservation,
+        kind: Kind,
+        scope: Scope | None,
+        used_bytes: int | None,
+        limit_bytes: int | None = None,
+    ) -> Settlement:
+        """A reservation just made, at working set ``used_bytes`` (exact or a bound)
+        under the memory limit ``limit_bytes``."""
+        now = self._clock()
+        route = self.route(scope)
+        if self.learning != "off":
+            self.learner.on_admit(route, used_bytes, now)
+        expected = self._expected_bytes(route, limit_bytes)
+        return self.settler.admit(reservation, kind, route, used_bytes, now, expected)
+
+    def due(self) -> Sequence[Action]:
+        """Settle from a fresh reading when the last look is a sample interval old.
+
+        For decisions that read no exact working set themselves: where the app
+        runs without lifespan (no periodic sample), traffic still settles.
+        """
+        if not self.settler.past_response:
+            return ()
+        now = self._clock()
+        if now < self._next_look:
+            return ()
+        memory = self._read()
+        if not memory.available or memory.used_bytes is None:
+            return self.settler.settle(None, now)
+        return self._take(memory.used_bytes, now)
+
+    def settle_with(self, memory: MemoryReading) -> Sequence[Action]:
+        """A decision's own reading settles what it shows (exact readings only).
+
+        Used at once while sessions wait past their response; otherwise (for
+        learning) at most once per sample interval, so that a stream of decisions
+        costs no more than the sample would.
+        """
+        if not memory.exact or memory.used_bytes is None or not memory.available:
+            return ()
+        now = self._clock()
+        if not self.settler.past_response and now < self._next_look:
+            return ()
+        return self._take(memory.used_bytes, now)
+
+    # -- the session's events (each takes the lock) -----------------------------------
+
+    def respond(self, entry: Settlement) -> None:
+        """The response ended or the WebSocket was accepted."""
+        with self._locked:
+            now = self._clock()
+            actions = self.settler.respond(entry, now)
+            if entry.phase == "waiting" and entry.queued:
+                # Work done inside the request is in the working set by now: a fresh
+                # reading lets such a session settle at once.
+                memory = self._read()
+                if memory.available and memory.used_bytes is not None:
+                    actions += self._take(memory.used_bytes, now)
+        apply(actions)
+
+    def abandon(self, entry: Settlement, *, session_over: bool = False) -> None:
+        """The request failed before its response, or the session ended."""
+        with self._locked:
+            actions = self.settler.abandon(entry, session_over=session_over)
+        apply(actions)
+
+    def ticket(self, operation: str, entry: Settlement) -> bool:
+        """``hold``, ``started`` or ``release`` for a ticket; whether hold took effect."""
+        with self._locked:
+            if operation == "hold":
+                return self.settler.hold(entry)
+            if operation == "started":
+                actions = self.settler.started(entry)
+            else:
+                actions = self.settler.release(entry)
+        apply(actions)
+        return True
+
+    def observe_peak(self, route: str, peak_bytes: int) -> None:
+        """The watchdog measured a session of ``route`` at ``peak_bytes`` (RSS) at most."""
+        if self.learning == "off":
+            return
+        with self._locked:
+            self.learner.observe(route, footprint_bytes=peak_bytes)
+            self._publish_learned()
+
+    # -- the periodic sample ------------------------------------------------------------
+
+    def sample(self) -> None:
+        """One look: settle and learn from a fresh reading, note session ends."""
+        now = self._clock()
+        with self._locked:
+            if self.ends.on_active(self._active_count(), now):
+                self.learner.on_session_end()
+            actions: list[Action] = []
+            if self.settler.unsettled or self.learner.observing or self._queue_busy():
+                memory = self._read()
+                if memory.available and memory.used_bytes is not None:
+                    actions = self._take(memory.used_bytes, now)
+                else:
+                    actions = self.settler.settle(None, now)
+            if self._store is not None and now >= self._next_refresh:
+                self._next_refresh = now + SHARED_REFRESH_S
+                self._refresh_shared()
+        apply(actions)
+
+    async def run(self, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+        """Sample every ``interval_s`` until cancelled (the lifespan runs this)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.sample()
+            except Exception:
+                logger.exception("asgi-admission: the reservation sample failed; trying again.")
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _queue_busy(self) -> bool:
+        # Other workers' sessions in a shared queue need this worker's samples too.
+        return isinstance(self._queue, SharedSettleQueue) and bool(self._queue.load()[1])
+
+    def _take(self, used_bytes: int, now: float) -> list[Action]:
+        self._next_look = now + SAMPLE_INTERVAL_S
+        if self.learning != "off":
+            self.learner.on_reading(used_bytes, now)
+            self._publish_learned()
+        return self.settler.settle(used_bytes, now)
+
+    def _publish_learned(self) -> None:
+        """After new observations: share them (with a shared directory), update the reserve."""
+        if self.learner.version == self._learned_version:
+            return
+        new = self.learner.take_new()
+        if self._store is not None and new:
+            self.learner.merge(self._store.add(new))
+        self._update_reserve()
+
+    def _refresh_shared(self) -> None:
+        assert self._store is not None
+        self.learner.merge(self._store.load())
+        if self.learner.version != self._learned_version:
+            self._update_reserve()
+
+    def _update_reserve(self) -> None:
+        """Hand the controller what was learned: it raises or replaces the reserve."""
+        self._learned_version = self.learner.version
+        self._expected = {}
+        largest = max((e.footprint_bytes for e in self.estimates()), default=None)
+        controller = self._controller
+        learned = None
+        if largest is not None and self.learning != "off":
+            learned = max(largest, self.min_reserve_bytes) if self.learning == "adapt" else largest
+        controller.learned_replaces = self.learning == "adapt"
+        if learned != controller.learned_reserve_bytes:
+            controller.learned_reserve_bytes = learned
+            if learned is not None:
+                self._on_reserve(learned, controller.reserve_bytes)
+
+    def _after_fork(self) -> None:
+        self.settler.after_fork()
+        if isinstance(self._queue, SharedSettleQueue):
+            self._queue.after_fork()
+
+
+async def serve_with_keeper(
+    keeper: ReservationKeeper, app: ASGIApp, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Run ``app``'s lifespan with the keeper's periodic sample from startup to shutdown."""
+    task: asyncio.Task[None] | None = None
+
+    async def send_and_track(message: Message) -> None:
+        nonlocal task
+        kind = message["type"]
+        if kind == "lifespan.startup.complete" and task is None:
+            task = asyncio.get_running_loop().create_task(keeper.run())
+        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+            await _stop(task)
+            task = None
+        await send(message)
+
+    try:
+        await app(scope, receive, send_and_track)
+    finally:
+        await _stop(task)
+
+
+async def _stop(task: asyncio.Task[None] | None) -> None:
+    if task is not None and not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _forked(ref: weakref.ReferenceType[ReservationKeeper]) -> None:
+    keeper = ref()
+    if keeper is not None:
+        keeper._after_fork()

@@ -1,0 +1,494 @@
+"""Settling: a session's reservation lasts until its memory shows in the working set.
+
+A session-opening request usually answers long before its session has built its
+memory (``201``, then the browser or kernel boots). The reservation made at
+admission therefore stays counted as pending past the response (HTTP) or the
+accept (WebSocket) until the session *settles*: its memory is visible, its
+learned ramp time has passed, or the pending timeout has.
+
+Notes:
+
+- Attribution is aggregate and first in, first out. Unsettled sessions wait in
+  admission order behind a *floor*, the working set already accounted for. The
+  head's memory is visible once the working set reaches ``floor + 0.9 x its
+  expected bytes``; it then leaves and the floor rises by its *whole* expected
+  bytes, so the next one must show its own memory on top. A session's floor is
+  never below the working set at its own admission: growth from before it
+  existed is never its own. Other memory growing can only make a session look
+  settled when it really is growing too, and memory freed (sessions ending) holds
+  the queue longer: a reservation may be held a little long, never released early.
+- Readings used here are exact working sets (never the usage bound of the fast
+  path, which includes cache and would overstate growth). Admission records the
+  working set it decided with, or the bound where that was all it read: a higher
+  starting point only holds the reservation longer.
+- A session that leaves the queue without showing its memory (its ramp time or
+  the timeout passed, or its app said ``started()``) stays in the queue as a
+  placeholder, still counting its expected bytes, and moves to the front: its
+  memory may all be there already, ahead of older sessions still ramping, so
+  growth pays for it first. It leaves once its memory shows or the timeout has
+  passed since its admission. A session that failed or ended (``release()``, an exception or a
+  disconnect before its response) leaves outright: no memory is expected of it.
+- Everything here runs inside the ledger's critical section, which also guards
+  the queue when it is shared by the workers (``SharedSettleQueue``); what to do
+  with the reservations (release, activate) is returned, to be done after the
+  lock is left, because the reservations take the same lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, Literal, Protocol
+
+from asgi_admission._admission.ledger import Reservation
+
+logger = logging.getLogger("asgi_admission")
+
+#: The share of its expected bytes a session's growth must show to settle.
+VISIBLE_FRACTION: Final = 0.9
+DEFAULT_PENDING_TIMEOUT_S: Final = 120.0
+
+Kind = Literal["http", "websocket"]
+Phase = Literal["request", "waiting", "held", "started", "done"]
+Outcome = Literal["release", "activate"]
+Action = tuple[Reservation, Outcome]
+_PAST_RESPONSE: Final = ("waiting", "held")
+
+
+@dataclass(slots=True)
+class QueueRecord:
+    """One unsettled session in the attribution queue (the file's row when shared)."""
+
+    pid: int
+    seq: int
+    admitted_at: float
+    base_bytes: int
+    expected_bytes: int
+    #: Left without showing its memory; still counts its expected bytes.
+    placeholder: bool = False
+
+
+class SettleQueue(Protocol):
+    """The attribution queue: in this process, or shared by the workers in a file.
+
+    Called only inside the ledger's critical section.
+    """
+
+    def load(self) -> tuple[int | None, list[QueueRecord]]:
+        """The floor (``None`` while empty) and the records in admission order."""
+        ...
+
+    def store(self, floor: int | None, records: list[QueueRecord]) -> None: ...
+
+    def owner_alive(self, pid: int) -> bool:
+        """Whether the worker that queued a record still runs."""
+        ...
+
+    @property
+    def shared(self) -> bool:
+        """Whether other workers' passes may take this worker's records off the queue."""
+        ...
+
+
+class LocalSettleQueue:
+    """The queue of one process."""
+
+    __slots__ = ("_floor", "_records")
+
+    def __init__(self) -> None:
+        self._floor: int | None = None
+        self._records: list[QueueRecord] = []
+
+    def load(self) -> tuple[int | None, list[QueueRecord]]:
+        return self._floor, self._records
+
+    def store(self, floor: int | None, records: list[QueueRecord]) -> None:
+        self._floor, self._records = floor, records
+
+    def owner_alive(self, pid: int) -> bool:
+        return True
+
+    @property
+    def shared(self) -> bool:
+        return False
+
+
+class Settlement:
+    """One admitted session's state, from admission until its reservation settles.
+
+    Owned by the :class:`Settler` that made it and changed only under the
+    ledger's lock.
+    """
+
+    __slots__ = (
+        "admitted_at",
+        "expired",
+        "held",
+        "kind",
+        "phase",
+        "queued",
+        "released",
+        "reservation",
+        "route",
+        "seq",
+        "visible",
+    )
+
+    def __init__(
+        self, seq: int, reservation: Reservation, kind: Kind, route: str, admitted_at: float
+    ) -> None:
+        self.seq = seq
+        self.reservation = reservation
+        self.kind = kind
+        self.route = route
+        self.admitted_at = admitted_at
+        self.phase: Phase = "request"
+        #: Its memory showed (it left the queue's head that way).
+        self.visible = False
+        #: An app's ticket holds it until ``started()`` or ``release()``.
+        self.held = False
+        self.expired = False
+        #: In the attribution queue (not when admitted with no reading to start from).
+        self.queued = False
+        #: Its reservation was given back (settled over HTTP, expired, released).
+        self.released = False
+
+    @property
+    def settle_outcome(self) -> Outcome:
+        # A WebSocket (or a ticket's session) counts as active once settled; an
+        # HTTP session's slot is given back (the app's count takes over).
+        return "activate" if self.kind == "websocket" else "release"
+
+
+class Settler:
+    """Keeps reservations pending until each session's memory shows.
+
+    ``expected_bytes(route)`` is what one session of ``route`` is expected to add
+    (its reserve, 0 or more); ``ramp_s(route)`` its learned ramp
+    time or ``None``. ``on_expired()`` is told of each held ticket the timeout
+    released. Every method runs inside the ledger's critical section and returns
+    the reservation changes to make once it is left.
+    """
+
+    __slots__ = (
+        "_entries",
+        "_footprint_bytes",
+        "_last_used",
+        "_on_expired",
+        "_pid",
+        "_queue",
+        "_ramp_s",
+        "_seq",
+        "_shortest_ramp_s",
+        "past_response",
+        "timeout_s",
+        "waiting",
+    )
+
+    def __init__(
+        self,
+        *,
+        queue: SettleQueue | None = None,
+        timeout_s: float = DEFAULT_PENDING_TIMEOUT_S,
+        ramp_s: Callable[[str], float | None] = lambda route: None,
+        min_ramp_s: Callable[[], float | None] = lambda: None,
+        footprint_bytes: Callable[[str], int | None] = lambda route: None,
+        on_expired: Callable[[], None] = lambda: None,
+    ) -> None:
+        if not timeout_s > 0:
+            raise ValueError(
+                f"ADMISSION_PENDING_TIMEOUT_SECONDS must be greater than 0; got {timeout_s!r}."
+            )
+        self.timeout_s = float(timeout_s)
+        self._queue = queue if queue is not None else LocalSettleQueue()
+        self._ramp_s = ramp_s
+        self._shortest_ramp_s = min_ramp_s
+        self._footprint_bytes = footprint_bytes
+        self._on_expired = on_expired
+        self._entries: dict[int, Settlement] = {}
+        self._seq = itertools.count(1)
+        self._pid = os.getpid()
+        self._last_used: int | None = None
+        #: This process's sessions past their response, not held, not yet settled.
+        self.waiting = 0
+        #: Those and the held tickets past their response, not yet started.
+        self.past_response = 0
+
+    @property
+    def unsettled(self) -> int:
+        """This process's sessions whose reservation has not settled yet."""
+        return len(self._entries)
+
+    def after_fork(self) -> None:
+        """A forked worker starts with nothing of its parent's."""
+        self._entries = {}
+        self.waiting = self.past_response = 0
+        self._pid = os.getpid()
+        if isinstance(self._queue, LocalSettleQueue):
+            self._queue = LocalSettleQueue()
+
+    # -- the session's events ------------------------------------------------------
+
+    def admit(
+        self,
+        reservation: Reservation,
+        kind: Kind,
+        route: str,
+        used_bytes: int | None,
+        now: float,
+        expected_bytes: int,
+    ) -> Settlement:
+        """Queue a session just admitted, with the working set it was admitted at and
+        what it is expected to add (its reserve, 0 or more)."""
+        seq = next(self._seq)
+        entry = Settlement(seq, reservation, kind, route, now)
+        self._entries[seq] = entry
+        expected = expected_bytes
+        if not expected:
+            # Nothing to wait for (no reserve, or sessions of this route add nothing).
+            entry.visible = True
+            return entry
+        base = used_bytes if used_bytes is not None else self._last_used
+        if base is not None:
+            floor, records = self._queue.load()
+            records.append(QueueRecord(self._pid, seq, now, base, expected))
+            self._queue.store(floor, records)
+            entry.queued = True
+        return entry
+
+    def respond(self, entry: Settlement, now: float) -> list[Action]:
+        """The response ended (HTTP) or the app accepted (WebSocket)."""
+        if entry.phase != "request":
+            return []
+        if entry.held:
+            self._phase(entry, "held")
+            return self._time_out(entry, now)
+        self._phase(entry, "waiting")
+        if entry.visible:
+            return self._settle(entry)
+        # Not queued (no reading to start from): it settles by time alone.
+        return self._time_out(entry, now)
+
+    def abandon(self, entry: Settlement, *, session_over: bool = False) -> list[Action]:
+        """The session failed before its response, or (``session_over``) it ended.
+
+        A held ticket outlives a failed request (its app decides, or the timeout
+        does), never the end of a WebSocket.
+        """
+        if not session_over and (entry.held or entry.phase == "started"):
+            return []
+        return self._drop(entry)
+
+    def hold(self, entry: Settlement) -> bool:
+        """An app's ticket takes over; ``False`` once the session has settled."""
+        if entry.phase in ("request", "waiting"):
+            entry.held = True
+            if entry.phase == "waiting":
+                self._phase(entry, "held")
+            return True
+        return entry.held and entry.phase != "done"
+
+    def started(self, entry: Settlement) -> list[Action]:
+        """The app says the session's memory is up: pending becomes active."""
+        if entry.phase in ("request", "waiting", "held"):
+            self._phase(entry, "started")
+            self._entries.pop(entry.seq, None)
+            self._mark_placeholder(entry)
+            return [(entry.reservation, "activate")]
+        return []
+
+    def release(self, entry: Settlement) -> list[Action]:
+        """The app ended or gave up the session."""
+        return self._drop(entry)
+
+    def counted(self, app_count: int) -> list[Action]:
+        """The app counts ``app_count`` sessions: fewer than are waiting means some ended.
+
+        Sessions past their response are in the app's own count; where that count
+        is below the number waiting, the oldest waiting ones ended before their
+        memory showed, and settle now (as placeholders: their memory is still
+        expected by those behind them, in case it comes after all).
+        """
+        ended = self.past_response - max(0, app_count)
+        oldest: list[Settlement] = []
+        for entry in self._entries.values():
+            if len(oldest) >= ended:
+                break
+            if entry.phase == "waiting":
+                oldest.append(entry)
+        actions: list[Action] = []
+        for entry in oldest:
+            self._mark_placeholder(entry)
+            actions += self._settle(entry)
+        return actions
+
+    # -- the readings ----------------------------------------------------------------
+
+    def settle(self, used_bytes: int | None, now: float) -> list[Action]:
+        """Attribute the working set ``used_bytes`` (exact) and settle what it shows."""
+        if used_bytes is not None:
+            self._last_used = used_bytes
+        floor, records = self._queue.load()
+        actions: list[Action] = []
+        if records:
+            floor, kept = self._attribute(floor, records, used_bytes, now, actions)
+            self._queue.store(floor, kept)
+        if self._entries:
+            if self._queue.shared:
+                actions += self._taken_by_others()
+            # Entries are in admission order and every time limit counts from
+            # admission: past the first one too young for the shortest limit, none
+            # is due.
+            horizon = now - min(self.timeout_s, self._min_ramp_s())
+            due: list[Settlement] = []
+            for entry in self._entries.values():
+                if entry.admitted_at > horizon:
+                    break
+                if entry.phase in _PAST_RESPONSE:
+                    due.append(entry)
+            for entry in due:
+                actions += self._time_out(entry, now)
+        return actions
+
+    def _taken_by_others(self) -> list[Action]:
+        """Own entries another worker's pass found visible and took off the shared queue."""
+        known = {r.seq for r in self._queue.load()[1] if r.pid == self._pid}
+        actions: list[Action] = []
+        for entry in list(self._entries.values()):
+            if entry.queued and not entry.visible and entry.seq not in known:
+                entry.visible = True
+                if entry.phase == "waiting":
+                    actions += self._settle(entry)
+        return actions
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _min_ramp_s(self) -> float:
+        shortest = self._shortest_ramp_s()
+        return self.timeout_s if shortest is None else shortest
+
+    def _phase(self, entry: Settlement, phase: Phase) -> None:
+        self.waiting += (phase == "waiting") - (entry.phase == "waiting")
+        self.past_response += (phase in _PAST_RESPONSE) - (entry.phase in _PAST_RESPONSE)
+        entry.phase = phase
+
+    def _attribute(
+        self,
+        floor: int | None,
+        records: list[QueueRecord],
+        used: int | None,
+        now: float,
+        actions: list[Action],
+    ) -> tuple[int | None, list[QueueRecord]]:
+        start = 0
+        count = len(records)
+        while start < count:
+            head = records[start]
+            if not self._queue.owner_alive(head.pid):
+                start += 1
+                continue
+            base = head.base_bytes if floor is None else max(floor, head.base_bytes)
+            shown = used is not None and used - base >= VISIBLE_FRACTION * head.expected_bytes
+            if not shown and not (head.placeholder and now - head.admitted_at >= self.timeout_s):
+                floor = base
+                break
+            floor = base + head.expected_bytes
+            start += 1
+            if head.pid == self._pid and not head.placeholder:
+                entry = self._entries.get(head.seq)
+                if entry is not None:
+                    entry.visible = True
+                    if entry.phase == "waiting":
+                        actions += self._settle(entry)
+        kept = records[start:] if start else records
+        if not kept:
+            floor = None
+        # Dead workers' records further back are dropped too: their sessions are gone.
+        if self._queue.shared and any(
+            not self._queue.owner_alive(r.pid) for r in kept if r.pid != self._pid
+        ):
+            kept = [r for r in kept if r.pid == self._pid or self._queue.owner_alive(r.pid)]
+        return floor, kept
+
+    def _time_out(self, entry: Settlement, now: float) -> list[Action]:
+        age = now - entry.admitted_at
+        if entry.phase == "held":
+            if age < self.timeout_s:
+                return []
+            entry.expired = True
+            logger.warning(
+                "asgi-admission: a session ticket (%s) was held for %.0f s and never "
+                "started; releasing its reservation (ADMISSION_PENDING_TIMEOUT_SECONDS=%g).",
+                entry.route,
+                age,
+                self.timeout_s,
+            )
+            self._on_expired()
+            self._mark_placeholder(entry)
+            self._phase(entry, "done")
+            entry.released = True
+            self._entries.pop(entry.seq, None)
+            return [(entry.reservation, "release")]
+        if age >= self.timeout_s:
+            self._mark_placeholder(entry)
+            return self._settle(entry)
+        ramp = self._ramp_s(entry.route)
+        if ramp is not None and age >= ramp:
+            self._mark_placeholder(entry)
+            return self._settle(entry)
+        return []
+
+    def _settle(self, entry: Settlement) -> list[Action]:
+        self._phase(entry, "done")
+        self._entries.pop(entry.seq, None)
+        outcome = entry.settle_outcome
+        entry.released = outcome == "release"
+        return [(entry.reservation, outcome)]
+
+    def _drop(self, entry: Settlement) -> list[Action]:
+        # Releasing is idempotent: a settled session (an active WebSocket, a started
+        # ticket) is released here too when it ends.
+        entry.released = True
+        if entry.phase != "done":
+            self._phase(entry, "done")
+            self._entries.pop(entry.seq, None)
+            if entry.queued:
+                floor, records = self._queue.load()
+                kept = [r for r in records if not (r.pid == self._pid and r.seq == entry.seq)]
+                if len(kept) != len(records):
+                    self._queue.store(floor if kept else None, kept)
+        return [(entry.reservation, "release")]
+
+    def _mark_placeholder(self, entry: Settlement) -> None:
+        # A session that left without showing its memory may have all of it by
+        # now, ahead of older sessions still ramping: it moves to the front (behind
+        # the other placeholders) so that growth pays for it before crediting anyone.
+        # It claims what a session of its route was learned to add, if less than its
+        # reserve; a claim of nothing leaves the queue at once.
+        if not entry.queued:
+            return
+        floor, records = self._queue.load()
+        # Most changes concern recent sessions: search from the newest.
+        for index in range(len(records) - 1, -1, -1):
+            record = records[index]
+            if record.pid == self._pid and record.seq == entry.seq:
+                break
+        else:
+            return
+        del records[index]
+        footprint = self._footprint_bytes(entry.route)
+        if footprint is not None:
+            record.expected_bytes = min(record.expected_bytes, footprint)
+        if record.expected_bytes > 0:
+            record.placeholder = True
+            # Placeholders are a prefix of the queue.
+            records.insert(bisect.bisect_left(records, True, key=_not_placeholder), record)
+        self._queue.store(floor if records else None, records)
+
+
+def _not_placeholder(record: QueueRecord) -> bool:
+    return not record.placeholder

@@ -1,0 +1,81 @@
+"""``AdmissionTicket``: the app's hold on its session's reservation.
+
+The guard keeps a reservation pending until the session's memory shows (see
+``docs/reservations.md``). An app that knows better when its session is up
+takes the ticket from the request and says so: ``hold()`` before the response
+ends keeps the reservation pending past it, ``started()`` moves it to active
+(the memory is up), ``release()`` gives it back (the session failed or ended).
+A held ticket never started is released after the pending timeout.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, Protocol
+
+from starlette.requests import HTTPConnection
+
+from asgi_admission._admission.settling import Settlement
+
+#: Where the middleware puts a guarded request's ticket in its ASGI scope.
+SCOPE_KEY: Final = "asgi_admission.ticket"
+
+TicketState = Literal["pending", "active", "released"]
+
+
+class _Keeper(Protocol):
+    """What a ticket calls: the guard's ``ReservationKeeper``."""
+
+    def ticket(self, operation: str, entry: Settlement) -> bool: ...
+
+
+class AdmissionTicket:
+    """One admitted session's reservation, for the app to hold, start or release.
+
+    All three methods are idempotent and thread-safe (a sync endpoint runs in a
+    thread pool), and work across workers with the shared ledger. After
+    ``started()``, call ``release()`` when the session ends (or let the app's
+    ``current_sessions`` count it): the guard counts it as active until then.
+    """
+
+    __slots__ = ("_entry", "_keeper")
+
+    def __init__(self, keeper: _Keeper, entry: Settlement) -> None:
+        self._keeper = keeper
+        self._entry = entry
+
+    @property
+    def route(self) -> str:
+        """The session route pattern this ticket was admitted by."""
+        return self._entry.route
+
+    @property
+    def state(self) -> TicketState:
+        """``pending`` until started (or settled), ``active``, or ``released``."""
+        entry = self._entry
+        if entry.released:
+            return "released"
+        if entry.phase in ("started", "done"):
+            return "active"
+        return "pending"
+
+    def hold(self) -> bool:
+        """Keep the reservation pending past the response until ``started()`` or ``release()``.
+
+        Call it before the response ends (or the WebSocket is accepted). Returns
+        ``False`` when it is too late: the reservation had already settled.
+        """
+        return self._keeper.ticket("hold", self._entry)
+
+    def started(self) -> None:
+        """The session's memory is up: its reservation becomes an active session."""
+        self._keeper.ticket("started", self._entry)
+
+    def release(self) -> None:
+        """The session failed or ended: give its reservation back."""
+        self._keeper.ticket("release", self._entry)
+
+
+def admission_ticket(connection: HTTPConnection) -> AdmissionTicket | None:
+    """The ticket of a request or WebSocket the guard admitted; ``None`` for any other."""
+    ticket = connection.scope.get(SCOPE_KEY)
+    return ticket if isinstance(ticket, AdmissionTicket) else None

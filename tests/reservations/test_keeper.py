@@ -1,0 +1,160 @@
+"""The keeper on its own: the sample, a failing reading, a fork, and the learned reserve."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+from reskit import MIB, counts
+
+from asgi_admission import AdmissionController, MemoryReading
+from asgi_admission._admission.keeper import ReservationKeeper, apply
+from asgi_admission._admission.ledger import InProcessLedger
+from asgi_admission._memory.reading import UNAVAILABLE
+
+
+class Memory:
+    """A reading the test sets; ``None`` is an unavailable one."""
+
+    def __init__(self, used_mb: float | None) -> None:
+        self.used_mb = used_mb
+
+    def __call__(self) -> MemoryReading:
+        if self.used_mb is None:
+            return UNAVAILABLE
+        return MemoryReading(
+            used_bytes=int(self.used_mb * MIB), limit_bytes=1000 * MIB, available=True
+        )
+
+
+def make(
+    memory: Memory, *, learning: str = "off", shared_dir: str | None = None, active: int = 0
+) -> tuple[ReservationKeeper, InProcessLedger]:
+    ledger = InProcessLedger()
+    controller = AdmissionController(reserve_bytes=10 * MIB, memory_reader=memory)
+    keeper = ReservationKeeper(
+        controller=controller,
+        locked=ledger.locked(),
+        read=memory,
+        active_count=lambda: active,
+        route_of=lambda scope: "POST /s",
+        learning=learning,  # type: ignore[arg-type]
+        min_reserve_bytes=16 * MIB,
+        timeout_s=120.0,
+        shared_dir=shared_dir,
+    )
+    return keeper, ledger
+
+
+def admit(keeper: ReservationKeeper, ledger: InProcessLedger, used_mb: float) -> object:
+    with ledger.locked():
+        return keeper.admitted(ledger.reserve(), "http", None, int(used_mb * MIB))
+
+
+def test_due_settles_without_a_sample_once_an_interval_has_passed() -> None:
+    """A decision that read no exact working set settles through due(), at most 4 times a second."""
+    memory = Memory(100)
+    keeper, ledger = make(memory)
+    entry = admit(keeper, ledger, 100)
+    keeper.respond(entry)  # type: ignore[arg-type]
+    assert counts(ledger) == (0, 1)
+    memory.used_mb = 110
+    keeper._next_look = 0.0  # a sample interval has passed since the response's reading
+    with ledger.locked():
+        actions = keeper.due()
+    apply(actions)
+    assert counts(ledger) == (0, 0)
+
+
+def test_an_unavailable_reading_settles_by_time_only() -> None:
+    """With no reading, due() and the sample settle nothing but what is timed out."""
+    memory = Memory(100)
+    keeper, ledger = make(memory)
+    entry = admit(keeper, ledger, 100)
+    keeper.respond(entry)  # type: ignore[arg-type]
+    memory.used_mb = None
+    keeper._next_look = 0.0
+    with ledger.locked():
+        apply(keeper.due())
+    keeper.sample()
+    assert counts(ledger) == (0, 1)
+
+
+def test_a_failing_sample_is_logged_and_the_loop_goes_on(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception in one sample is logged; the next sample still runs."""
+    keeper, _ = make(Memory(100))
+    calls = []
+    second = asyncio.Event()
+
+    def failing() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        second.set()
+
+    monkeypatch.setattr(keeper, "sample", failing)
+
+    async def run() -> None:
+        task = asyncio.create_task(keeper.run(0.001))
+        await asyncio.wait_for(second.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    with caplog.at_level(logging.ERROR, logger="asgi_admission"):
+        asyncio.run(run())
+    assert "the reservation sample failed" in caplog.text
+
+
+def test_session_ends_spoil_the_open_episode() -> None:
+    """The sample notices the active count falling: the open episode teaches nothing."""
+    memory = Memory(100)
+    active = [3]
+    keeper, ledger = make(memory, learning="raise")
+    keeper._active_count = lambda: active[0]
+    keeper.sample()
+    admit(keeper, ledger, 100)
+    assert keeper.learner.observing
+    active[0] = 2
+    keeper.sample()
+    memory.used_mb = 150
+    for _ in range(3):
+        keeper._next_look = 0.0
+        keeper.sample()
+    assert keeper.estimates() == []
+    assert keeper.ends.expected_wait_s(0.0) is None  # one end is no evidence yet
+
+
+def _child_sees_nothing(keeper: ReservationKeeper, result: multiprocessing.Queue) -> None:
+    result.put((keeper.settler.unsettled, keeper.settler.waiting, os.getpid()))
+
+
+def test_a_forked_worker_starts_with_none_of_its_parents_sessions(tmp_path: Path) -> None:
+    """After a fork the child's settler holds nothing of the parent's sessions."""
+    keeper, ledger = make(Memory(100), shared_dir=str(tmp_path / "shared"))
+    entry = admit(keeper, ledger, 100)
+    keeper.respond(entry)  # type: ignore[arg-type]
+    assert keeper.settler.unsettled == 1
+    context = multiprocessing.get_context("fork")
+    result = context.Queue()
+    child = context.Process(target=_child_sees_nothing, args=(keeper, result))
+    child.start()
+    unsettled, waiting, pid = result.get(timeout=30)
+    child.join(30)
+    assert (unsettled, waiting) == (0, 0)
+    assert pid != os.getpid()
+    assert keeper.settler.unsettled == 1
+
+
+def test_learning_off_ignores_the_watchdogs_peaks() -> None:
+    """With learning off a peak changes nothing."""
+    keeper, _ = make(Memory(100))
+    keeper.observe_peak("POST /s", 500 * MIB)
+    assert keeper.estimates() == []
+    assert keeper.route(None) == "unnamed"

@@ -1,0 +1,264 @@
+"""The settler: reservations outlive the response until the session's memory shows."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from reskit import MIB, apply, counts
+
+from asgi_admission._admission.ledger import InProcessLedger
+from asgi_admission._admission.settling import (
+    LocalSettleQueue,
+    QueueRecord,
+    Settlement,
+    Settler,
+)
+
+R = 100 * MIB
+
+
+def make(
+    *, timeout_s: float = 120.0, ramp_s: float | None = None, expired: list[int] | None = None
+) -> tuple[Settler, InProcessLedger]:
+    sink = expired if expired is not None else []
+    settler = Settler(
+        timeout_s=timeout_s,
+        ramp_s=lambda route: ramp_s,
+        min_ramp_s=lambda: ramp_s,
+        on_expired=lambda: sink.append(1),
+    )
+    return settler, InProcessLedger()
+
+
+def admit(
+    settler: Settler, ledger: InProcessLedger, used: int | None, now: float, kind: str = "http"
+) -> Settlement:
+    with ledger.locked():
+        return settler.admit(
+            ledger.reserve(),
+            kind=kind,  # type: ignore[arg-type]
+            route="POST /s",
+            used_bytes=used,
+            now=now,
+            expected_bytes=R,
+        )
+
+
+def test_in_request_memory_settles_at_the_response() -> None:
+    """Memory that arrived during the request settles the reservation at its response."""
+    settler, ledger = make()
+    entry = admit(settler, ledger, 500 * MIB, 0.0)
+    apply(settler.settle(500 * MIB + R, 0.5))
+    assert entry.visible
+    assert counts(ledger) == (0, 1)  # still inside its request
+    apply(settler.respond(entry, 0.6))
+    assert counts(ledger) == (0, 0)
+
+
+def test_memory_arriving_after_the_response_holds_the_reservation() -> None:
+    """After the response the reservation stays pending until 90 % of the reserve shows."""
+    settler, ledger = make()
+    entry = admit(settler, ledger, 500 * MIB, 0.0)
+    apply(settler.respond(entry, 0.1))
+    assert counts(ledger) == (0, 1)
+    apply(settler.settle(500 * MIB + int(0.5 * R), 1.0))
+    assert counts(ledger) == (0, 1)
+    apply(settler.settle(500 * MIB + int(0.9 * R), 2.0))
+    assert counts(ledger) == (0, 0)
+    assert entry.released
+
+
+def test_concurrent_sessions_are_attributed_first_in_first_out() -> None:
+    """Three sessions, one reserve of growth: only the oldest settles; the rest wait."""
+    settler, ledger = make()
+    entries = [admit(settler, ledger, 500 * MIB, 0.0) for _ in range(3)]
+    for entry in entries:
+        apply(settler.respond(entry, 0.1))
+    apply(settler.settle(500 * MIB + R, 1.0))
+    assert [e.released for e in entries] == [True, False, False]
+    apply(settler.settle(500 * MIB + int(1.95 * R), 1.5))
+    assert [e.released for e in entries] == [True, True, False]
+    apply(settler.settle(500 * MIB + 3 * R, 2.0))
+    assert counts(ledger) == (0, 0)
+
+
+def test_growth_from_before_admission_is_not_the_sessions_own() -> None:
+    """A session admitted at a higher working set must grow from there, not from the floor."""
+    settler, ledger = make()
+    first = admit(settler, ledger, 500 * MIB, 0.0)
+    apply(settler.respond(first, 0.1))
+    later = admit(settler, ledger, 900 * MIB, 0.2)  # others' memory arrived meanwhile
+    apply(settler.respond(later, 0.3))
+    apply(settler.settle(900 * MIB + int(0.5 * R), 1.0))
+    assert first.released  # its growth showed (and more)
+    assert not later.released  # the floor is max(500+R, 900): 0.5 R is not enough
+    apply(settler.settle(900 * MIB + R, 1.5))
+    assert later.released
+
+
+def test_memory_freed_meanwhile_only_holds_longer() -> None:
+    """Other sessions ending (the working set falls) never settles a reservation early."""
+    settler, ledger = make()
+    entry = admit(settler, ledger, 500 * MIB, 0.0)
+    apply(settler.respond(entry, 0.1))
+    apply(settler.settle(300 * MIB, 1.0))
+    assert not entry.released
+    apply(settler.settle(500 * MIB + R, 2.0))
+    assert entry.released
+
+
+def test_learned_ramp_time_settles_without_growth() -> None:
+    """Where a ramp time was learned, a reservation settles once it has passed."""
+    settler, ledger = make(ramp_s=2.0)
+    entry = admit(settler, ledger, 500 * MIB, 0.0)
+    apply(settler.respond(entry, 0.1))
+    apply(settler.settle(500 * MIB, 1.9))
+    assert not entry.released
+    apply(settler.settle(500 * MIB, 2.0))
+    assert entry.released
+    # Its reserve still counts for a session queued behind it (a placeholder).
+    second = admit(settler, ledger, 500 * MIB, 2.1)
+    apply(settler.respond(second, 2.1))
+    apply(settler.settle(500 * MIB + R, 2.5))
+    assert not second.released
+
+
+def test_the_pending_timeout_bounds_every_reservation() -> None:
+    """With no growth and no ramp learned, the timeout releases the reservation."""
+    settler, ledger = make(timeout_s=5.0)
+    entry = admit(settler, ledger, 500 * MIB, 0.0)
+    apply(settler.respond(entry, 0.1))
+    apply(settler.settle(500 * MIB, 4.9))
+    assert counts(ledger) == (0, 1)
+    apply(settler.settle(500 * MIB, 5.0))
+    assert counts(ledger) == (0, 0)
+    # The placeholder leaves the queue once the timeout has passed at the head.
+    apply(settler.settle(500 * MIB, 5.1))
+    assert settler._queue.load() == (None, [])
+
+
+def test_a_held_ticket_waits_for_started_even_when_memory_shows() -> None:
+    """A held ticket is pending until started() (then active), whatever the readings say."""
+    settler, ledger = make()
+    entry = admit(settler, ledger, 500 * MIB, 0.0)
+    assert settler.hold(entry)
+    apply(settler.respond(entry, 0.1))
+    apply(settler.settle(500 * MIB + 2 * R, 1.0))
+    assert counts(ledger) == (0, 1)
+    apply(settler.started(entry))
+    assert counts(ledger) == (1, 0)
+    apply(settler.started(entry))  # idempotent
+    assert counts(ledger) == (1, 0)
+    apply(settler.release(entry))
+    apply(settler.release(entry))
+    assert counts(ledger) == (0, 0)
+
+
+def test_a_held_ticket_never_started_expires_once_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The timeout releases a held ticket never started: one warning, one count."""
+    expired: list[int] = []
+    settler, ledger = make(timeout_s=3.0, expired=expired)
+    entry = admit(settler, ledger, 500 * MIB, 0.0)
+    settler.hold(entry)
+    apply(settler.respond(entry, 0.1))
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        apply(settler.settle(None, 3.0))
+        apply(settler.settle(None, 4.0))
+    assert counts(ledger) == (0, 0)
+    assert expired == [1]
+    assert entry.expired
+    assert sum("never started" in r.getMessage() for r in caplog.records) == 1
+    assert not settler.hold(entry)  # too late
+
+
+def test_hold_after_settling_is_refused() -> None:
+    """hold() on a reservation that already settled says so and changes nothing."""
+    settler, ledger = make()
+    entry = admit(settler, ledger, 500 * MIB, 0.0)
+    apply(settler.settle(500 * MIB + R, 0.1))
+    apply(settler.respond(entry, 0.2))
+    assert not settler.hold(entry)
+    assert counts(ledger) == (0, 0)
+
+
+def test_a_failed_request_releases_at_once_and_leaves_the_queue() -> None:
+    """An exception or disconnect before the response releases outright (no placeholder)."""
+    settler, ledger = make()
+    failed = admit(settler, ledger, 500 * MIB, 0.0)
+    behind = admit(settler, ledger, 500 * MIB, 0.0)
+    apply(settler.abandon(failed))
+    assert counts(ledger) == (0, 1)
+    apply(settler.respond(behind, 0.1))
+    apply(settler.settle(500 * MIB + R, 1.0))
+    assert behind.released
+
+
+def test_a_websocket_settles_to_active_and_its_close_releases() -> None:
+    """A WebSocket is pending until its memory shows, then active until it closes."""
+    settler, ledger = make()
+    entry = admit(settler, ledger, 500 * MIB, 0.0, kind="websocket")
+    apply(settler.respond(entry, 0.1))
+    assert counts(ledger) == (0, 1)
+    apply(settler.settle(500 * MIB + R, 1.0))
+    assert counts(ledger) == (1, 0)
+    apply(settler.abandon(entry, session_over=True))
+    assert counts(ledger) == (0, 0)
+
+
+def test_a_session_admitted_blind_settles_by_time() -> None:
+    """With no reading ever taken there is nothing to attribute: the timeout settles it."""
+    settler, ledger = make(timeout_s=2.0)
+    entry = admit(settler, ledger, None, 0.0)
+    assert not entry.queued
+    apply(settler.respond(entry, 0.1))
+    apply(settler.settle(None, 1.0))
+    assert counts(ledger) == (0, 1)
+    apply(settler.settle(None, 2.0))
+    assert counts(ledger) == (0, 0)
+
+
+def test_fewer_sessions_counted_by_the_app_settles_the_oldest_waiting() -> None:
+    """The app's count below the sessions waiting means some ended: the oldest settle."""
+    settler, ledger = make()
+    entries = [admit(settler, ledger, 500 * MIB, 0.0) for _ in range(3)]
+    for entry in entries:
+        apply(settler.respond(entry, 0.1))
+    assert settler.waiting == 3
+    apply(settler.counted(1))
+    assert [e.released for e in entries] == [True, True, False]
+    assert settler.waiting == 1
+
+
+def test_records_of_a_dead_worker_are_dropped() -> None:
+    """A shared queue's records whose worker died no longer hold the queue."""
+
+    class Queue(LocalSettleQueue):
+        def owner_alive(self, pid: int) -> bool:
+            return pid != 999_999
+
+    queue = Queue()
+    queue.store(500 * MIB, [QueueRecord(999_999, 1, 0.0, 500 * MIB, R)])
+    settler = Settler(queue=queue)
+    ledger = InProcessLedger()
+    with ledger.locked():
+        entry = settler.admit(
+            ledger.reserve(),
+            kind="http",
+            route="POST /s",
+            used_bytes=500 * MIB,
+            now=0.0,
+            expected_bytes=R,
+        )
+    apply(settler.respond(entry, 0.1))
+    apply(settler.settle(500 * MIB + R, 1.0))
+    assert entry.released
+    assert queue.load() == (None, [])
+
+
+def test_a_timeout_of_zero_or_less_is_refused() -> None:
+    """The pending timeout must be positive; the error names the variable."""
+    with pytest.raises(ValueError, match="ADMISSION_PENDING_TIMEOUT_SECONDS"):
+        Settler(timeout_s=0)

@@ -97,7 +97,7 @@ def test_lifespan_and_websocket_when_served_alone(registry: CollectorRegistry) -
 
 def test_separate_port(registry: CollectorRegistry, promtool: str) -> None:
     """``serving_metrics`` serves the registry on its own port for the length of the block."""
-    guarded_app(SettableReader(), registry).build_middleware_stack()
+    stack = guarded_app(SettableReader(), registry).build_middleware_stack()
     port = free_port()
     with serving_metrics(port, "127.0.0.1", registry=registry) as server:
         assert server is not None
@@ -107,6 +107,7 @@ def test_separate_port(registry: CollectorRegistry, promtool: str) -> None:
         assert promtool_check(promtool, response.content).returncode == 0
     with pytest.raises(httpx.ConnectError):  # stopped when the block ends
         httpx.get(f"http://127.0.0.1:{port}/metrics")
+    del stack  # the guard lived as long as its app: the metrics described it
 
 
 def test_separate_port_taken(registry: CollectorRegistry, tmp_path: Any) -> None:

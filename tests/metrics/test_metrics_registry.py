@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +62,38 @@ def test_building_twice_on_one_registry_shares_counters(registry: CollectorRegis
     generate_latest(registry)  # one family per name: the exposition is valid
 
 
+def test_every_live_guard_on_one_registry_is_described(registry: CollectorRegistry) -> None:
+    """Two guards on one registry both count: sessions and limits are their sums, the
+    state is pressured while either latch is set; a guard that is gone drops out."""
+    first, second = View(SettableReader(used_mb=100), counts=(1, 2)), View(SettableReader())
+    second._counts = (3, 0)
+    admission_metrics(first, registry=registry)
+    admission_metrics(second, registry=registry)
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(f"asgi_admission_{name}", labels)
+
+    assert (sample("sessions", state="active"), sample("sessions", state="pending")) == (4, 2)
+    assert sample("session_limit") == 14
+    assert sample("state", state="normal") == 1
+    first.controller.decide(MemoryReading(used_bytes=MIB, limit_bytes=MIB, available=True), 0, 7)
+    assert first.controller.pressure_state == "pressured"
+    assert sample("state", state="pressured") == 1
+    generate_latest(registry)  # still one family per name
+    del first
+    gc.collect()
+    assert (sample("sessions", state="active"), sample("session_limit")) == (3, 7)
+    assert sample("state", state="normal") == 1
+
+
 def test_default_registry_twice() -> None:
-    """Without ``registry=`` the global registry is used, and building twice is fine."""
-    for _ in range(2):
-        request(guarded_app(SettableReader(), REGISTRY), "POST", "/sessions")
+    """Without ``registry=`` the global registry is used, and building twice is fine:
+    once the first app is gone, the registry describes the second alone."""
+    apps = [guarded_app(SettableReader(), REGISTRY) for _ in range(2)]
+    for app in apps:
+        request(app, "POST", "/sessions")
+    del apps[0]
+    gc.collect()
     assert REGISTRY.get_sample_value("asgi_admission_session_limit") == 100
 
 

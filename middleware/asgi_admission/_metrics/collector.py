@@ -15,11 +15,12 @@ Notes:
   so ``rate()`` works from the first scrape.
 - "Duplicated timeseries": metrics belong to a registry, not to a guard. The
   counters are created once per registry (cached in a ``WeakKeyDictionary``) and
-  shared by every guard built on it, the way a module-level counter would be; the
-  registry's one scrape-time collector is rebound to the guard built last. So
-  building an app twice in one process, as tests do, never raises, and the
-  second app's gauges describe the second app. ``registry=None`` registers
-  nothing and shares nothing.
+  shared by every guard built on it, the way a module-level counter would be, and
+  the registry's one scrape-time collector describes every guard built on it that
+  is still alive (held weakly: an app built again replaces the old one once that
+  is gone). So building an app twice in one process, as tests do, never raises,
+  and two live guards are both counted. ``registry=None`` registers nothing and
+  shares nothing.
 - Multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``): counters and the histogram are
   written by prometheus_client to per-process mmap files and summed at scrape time
   by ``MultiProcessCollector``. The memory gauges describe the container, which
@@ -130,21 +131,43 @@ class AdmissionCollector:
     """
 
     def __init__(self, view: AdmissionView | None = None, *, include_sessions: bool = True) -> None:
-        self.view = view
+        # A view given here is held; the guards that add() themselves are held weakly,
+        # so a guard that is gone (an app built again) drops out of the figures.
+        self._held = view
+        self._guards: list[weakref.ref[AdmissionView]] = []
+        self._guards_lock = threading.Lock()
         self.include_sessions = include_sessions
+
+    def add(self, view: AdmissionView) -> None:
+        """Describe ``view`` too, for as long as it lives (each guard on a registry)."""
+        with self._guards_lock:
+            self._guards = [ref for ref in self._guards if ref() is not None]
+            self._guards.append(weakref.ref(view))
+
+    def views(self) -> list[AdmissionView]:
+        """The guards described, oldest first."""
+        with self._guards_lock:
+            live = [view for view in (ref() for ref in self._guards) if view is not None]
+        return live if self._held is None else [self._held, *live]
 
     def describe(self) -> list[Metric]:
         """The families this collector may export, for the registry's collision check."""
-        return list(self._families(None, None, describing=True))
+        return list(self._families([], None, describing=True))
 
     def collect(self) -> Iterator[Metric]:
-        """Take one fresh reading and yield every family it supports."""
-        view = self.view
-        reading = _read(view.controller) if view is not None else None
-        return self._families(view, reading, describing=False)
+        """Take one fresh reading and yield every family it supports.
+
+        With several guards on one registry (in one process, on one container) the
+        memory figures and thresholds are the newest guard's, the session counts,
+        limits, admissible sessions and expired tickets their sums, and the state
+        ``pressured`` while any guard's latch is set.
+        """
+        views = self.views()
+        reading = _read(views[-1].controller) if views else None
+        return self._families(views, reading, describing=False)
 
     def _families(
-        self, view: AdmissionView | None, reading: MemoryReading | None, *, describing: bool
+        self, views: list[AdmissionView], reading: MemoryReading | None, *, describing: bool
     ) -> Iterator[Metric]:
         working_set = _gauge(
             "memory_working_set_bytes",
@@ -208,36 +231,55 @@ class AdmissionCollector:
 
         build.add_metric((_version(),), 1)
         yield build
-        if view is None:
+        if not views:
             return
-        controller = view.controller
+        controller = views[-1].controller
         high.add_metric((), controller.high_watermark_percent / 100)
         resume.add_metric((), controller.resume_threshold_percent / 100)
         reserve.add_metric((), controller.reserve_for(reading.limit_bytes if reading else None))
         yield from (high, resume, reserve)
 
         counts: tuple[int, int] | None = None
+        limits = room = 0
         try:
-            counts = view.session_counts()
-            session_limit.add_metric((), view.session_limit)
+            for view in views:
+                active, pending = view_counts = view.session_counts()
+                counts = (
+                    (active, pending)
+                    if counts is None
+                    else (counts[0] + active, counts[1] + pending)
+                )
+                limits += view.session_limit
+                room += admissible_sessions(
+                    view.controller, reading, view_counts, view.session_limit
+                )
         except Exception:
+            counts = None
             logger.debug("asgi-admission: the guard's session counts failed", exc_info=True)
-        else:
+        if counts is not None:
+            session_limit.add_metric((), limits)
             yield session_limit
             if self.include_sessions:
                 sessions.add_metric(("active",), counts[0])
                 sessions.add_metric(("pending",), counts[1])
                 yield sessions
 
-        keeper = getattr(view, "keeper", None)
-        if keeper is not None:
-            for estimate in keeper.estimates():
-                footprint.add_metric((estimate.route,), estimate.footprint_bytes)
-                ramp.add_metric((estimate.route,), estimate.ramp_s)
-            expired.add_metric((), keeper.expired_total)
+        keepers = [k for k in (getattr(view, "keeper", None) for view in views) if k is not None]
+        if keepers:
+            learned: dict[str, tuple[int, float]] = {}
+            for keeper in keepers:
+                for estimate in keeper.estimates():
+                    known = learned.get(estimate.route, (0, 0.0))
+                    learned[estimate.route] = (
+                        max(known[0], estimate.footprint_bytes),
+                        max(known[1], estimate.ramp_s),
+                    )
+            for route, (footprint_bytes, ramp_s) in learned.items():
+                footprint.add_metric((route,), footprint_bytes)
+                ramp.add_metric((route,), ramp_s)
+            expired.add_metric((), sum(keeper.expired_total for keeper in keepers))
             yield from (footprint, ramp, expired)
         if counts is not None:
-            room = admissible_sessions(controller, reading, counts, view.session_limit)
             admissible.add_metric((), room)
             yield admissible
 
@@ -256,7 +298,8 @@ class AdmissionCollector:
                     / reading.limit_bytes,
                 )
                 yield from (limit, ratio, ceiling)
-                current = controller.pressure_state
+                pressured = any(v.controller.pressure_state == "pressured" for v in views)
+                current = "pressured" if pressured else "normal"
         if reading is not None and reading.pressure_some_avg10 is not None:
             stall.add_metric((), reading.pressure_some_avg10 / 100)
             yield stall
@@ -420,7 +463,7 @@ def admission_metrics(
     with _bindings_lock:
         binding = _bindings.get(registry)
         if binding is not None:
-            binding.collector.view = view
+            binding.collector.add(view)
             return binding.metrics
         multiprocess = multiprocess_dir() is not None
         if multiprocess and not _values_are_multiprocess():
@@ -433,7 +476,8 @@ def admission_metrics(
         # collector exports them once, where a livesum would add them once per worker.
         live_sessions = multiprocess and view.config.shared_dir is None
         metrics = DecisionMetrics(registry=registry, live_sessions=live_sessions)
-        collector = AdmissionCollector(view, include_sessions=not live_sessions)
+        collector = AdmissionCollector(include_sessions=not live_sessions)
+        collector.add(view)
         registry.register(collector)
         _bindings[registry] = _Binding(collector, metrics)
         return metrics

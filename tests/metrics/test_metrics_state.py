@@ -32,7 +32,7 @@ def test_metric_types_and_labels(registry: CollectorRegistry) -> None:
     """Each family of the table is exported with its type and its bounded label names."""
     reader = SettableReader()
     reader.psi = 1.5
-    guarded_app(reader, registry).build_middleware_stack()
+    _guard = guarded_app(reader, registry).build_middleware_stack()  # kept alive while read
     families = {m.name: m for m in registry.collect()}
     expected = {
         "memory_working_set_bytes": ("gauge", set()),
@@ -78,7 +78,9 @@ def test_counters_start_at_zero_for_every_reachable_combination(
     registry: CollectorRegistry,
 ) -> None:
     """Before any decision every kind × outcome × reason a decision can carry reads 0."""
-    guarded_app(SettableReader(), registry).build_middleware_stack()
+    _guard = guarded_app(
+        SettableReader(), registry
+    ).build_middleware_stack()  # kept alive while read
     for kind in ("http", "websocket"):
         assert decisions(registry, kind, "admitted", "none") == 0
         for reason in ("memory_pressure", "session_limit", "telemetry_unavailable"):
@@ -159,7 +161,9 @@ def test_telemetry_loss_and_session_limit(registry: CollectorRegistry) -> None:
 
 def test_unlimited_memory_has_no_limit_or_ratio(registry: CollectorRegistry) -> None:
     """While unlimited the limit, ratio and ceiling are absent and the state is unavailable."""
-    guarded_app(SettableReader(limit_mb=None), registry).build_middleware_stack()
+    _guard = guarded_app(
+        SettableReader(limit_mb=None), registry
+    ).build_middleware_stack()  # kept alive while read
     assert value(registry, "memory_working_set_bytes") == 100 * MIB
     for absent in ("memory_limit_bytes", "memory_usage_ratio", "admission_ceiling_ratio"):
         assert value(registry, absent) is None

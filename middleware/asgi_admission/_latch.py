@@ -33,7 +33,8 @@ from typing import Final, Literal
 from ._reading import MemoryReader, MemoryReading, slot_setters
 
 State = Literal["normal", "pressured", "unavailable"]
-Reason = Literal["memory_pressure", "session_limit", "telemetry_unavailable"]
+#: ``ledger_busy`` is the middleware's own: the shared ledger could not be had in time.
+Reason = Literal["memory_pressure", "session_limit", "telemetry_unavailable", "ledger_busy"]
 
 MIB: Final = 1024 * 1024
 DEFAULT_HIGH_WATERMARK_PERCENT: Final = 80.0

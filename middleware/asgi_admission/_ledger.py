@@ -45,6 +45,15 @@ class SessionLedger(Protocol):
         """The critical section for read-decide-reserve; not reentrant.
 
         The same reusable context manager every time: the middleware asks once.
+        A shared ledger waits a bounded time for it, then raises ``LedgerBusy``.
+        """
+        ...
+
+    def attempt(self) -> AbstractContextManager[object]:
+        """``locked()`` without waiting for another process: ``LedgerBusy`` if it is held.
+
+        For the event loop, which retries with awaits in between; the same
+        reusable context manager every time.
         """
         ...
 
@@ -111,6 +120,11 @@ class InProcessLedger:
         self._pending = 0
 
     def locked(self) -> threading.Lock:
+        return self._lock
+
+    def attempt(self) -> threading.Lock:
+        # Only this process's threads take it, each for microseconds and never
+        # across app code or I/O: waiting for it never stalls the loop.
         return self._lock
 
     def counts(self, own_active: int | None = None, *, exact: bool = True) -> tuple[int, int]:

@@ -80,6 +80,7 @@ OUTCOMES: Final = (
     (False, "memory_pressure", "rejected", "memory_pressure"),
     (False, "session_limit", "rejected", "session_limit"),
     (False, "telemetry_unavailable", "rejected", "telemetry_unavailable"),
+    (False, "ledger_busy", "rejected", "ledger_busy"),
 )
 
 
@@ -469,6 +470,9 @@ class _LiveLedger:
 
     def locked(self) -> AbstractContextManager[object]:
         return self._ledger.locked()
+
+    def attempt(self) -> AbstractContextManager[object]:
+        return self._ledger.attempt()
 
     def counts(self, own_active: int | None = None, *, exact: bool = True) -> tuple[int, int]:
         return self._ledger.counts(own_active, exact=exact)

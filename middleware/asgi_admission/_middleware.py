@@ -25,10 +25,12 @@ Notes:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import operator
 import time
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -48,6 +50,7 @@ from ._responses import (
     send_websocket_refusal,
 )
 from ._routes import RouteMatcher
+from ._shared_ledger import LOCK_WAIT_S, LedgerBusy, LedgerUnavailable
 from ._watchdog import SessionWatchdog, serve_lifespan
 
 logger = logging.getLogger("asgi_admission")
@@ -56,6 +59,7 @@ logger = logging.getLogger("asgi_admission")
 Refused = tuple[CapacityDecision, int, tuple[int, int, int]]
 
 _MIB = 1024 * 1024
+_T = TypeVar("_T")
 
 
 class AdmissionMiddleware:
@@ -64,7 +68,7 @@ class AdmissionMiddleware:
     ``session_routes`` are patterns such as ``"POST /sessions"`` or
     ``"WS /terminal/*"``; ``session_predicate(scope)`` may pick further requests.
     ``current_sessions()`` reports sessions the app tracks itself (it is called
-    under the lock: keep it cheap); without it the middleware counts the
+    before each decision, on the event loop: keep it cheap); without it the middleware counts the
     WebSockets it admitted and that are still open. A ``watchdog``
     (``SessionWatchdog``) is started and stopped with the app's lifespan;
     handlers reach it with ``session_watchdog(request)``.
@@ -114,6 +118,9 @@ class AdmissionMiddleware:
         self._current_sessions = current_sessions
         # Whether current_sessions() failed last time, to log failure and recovery once.
         self._count_failed = False
+        # Whether a ledger_busy refusal was logged (once per guard: the ledger logs
+        # its own outages and recoveries).
+        self._busy_logged = False
         if readiness_path is not None and not (
             isinstance(readiness_path, str) and readiness_path.startswith("/")
         ):
@@ -147,6 +154,7 @@ class AdmissionMiddleware:
         # reusable context manager every time) and the never-raising reader. Without
         # an observer (no metrics, no observer=) the clock is not read either.
         self._locked = self._ledger.locked()
+        self._attempt = self._ledger.attempt()
         self._safe_read = self._read
         # Admissions the bound alone decides need no reading or decision built where
         # no observer looks at them: none, or this package's own metrics.
@@ -174,9 +182,13 @@ class AdmissionMiddleware:
         return self._retry_after
 
     def session_counts(self) -> tuple[int, int]:
-        """``(active, pending)``; active comes from ``current_sessions`` when given."""
+        """``(active, pending)``; active comes from ``current_sessions`` when given.
+
+        With a shared ledger held by another worker this waits at most
+        ``LOCK_WAIT_S`` and then raises ``LedgerBusy`` (a scrape reports no counts).
+        """
         own = self._app_count()
-        with self._ledger.locked():
+        with self._locked:
             return self._ledger.counts(own)
 
     def _app_count(self) -> int | None:
@@ -250,11 +262,59 @@ class AdmissionMiddleware:
             # which falls back to the fixed session cap.
             return UNAVAILABLE
 
+    async def _when_free(self, step: Callable[[], _T]) -> _T:
+        """``step()`` (a critical section taken with ``attempt``), retried with awaits
+        while the ledger is held elsewhere; ``LedgerBusy`` after ``LOCK_WAIT_S``.
+
+        The event loop is never blocked on another worker's lock: a worker stopped
+        inside its critical section costs a refusal, not a frozen server.
+        """
+        try:
+            return step()
+        except LedgerBusy as exc:
+            if isinstance(exc, LedgerUnavailable):
+                raise
+        deadline = time.monotonic() + LOCK_WAIT_S
+        delay = 0.0005
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.02)
+            try:
+                return step()
+            except LedgerBusy as exc:
+                if isinstance(exc, LedgerUnavailable) or time.monotonic() >= deadline:
+                    raise
+
+    async def _decide(self, kind: Kind) -> Reservation | Refused:
+        """:meth:`_admit` without blocking the loop; a ``ledger_busy`` refusal when the
+        shared ledger cannot be had in time."""
+        try:
+            return await self._when_free(lambda: self._admit(kind))
+        except LedgerBusy as exc:
+            self._note_busy(exc)
+            decision = CapacityDecision(
+                allowed=False,
+                state=self._controller.pressure_state,
+                memory=UNAVAILABLE,
+                reason="ledger_busy",
+            )
+            if self._observer is not None:
+                self._observer.on_decision(kind, decision, 0.0)
+            return decision, self._retry_after.next_delay(), (0, 0, self._session_limit)
+
+    def _note_busy(self, exc: LedgerBusy) -> None:
+        if not self._busy_logged:
+            self._busy_logged = True
+            logger.warning(
+                "asgi-admission: refusing sessions with ledger_busy: %s. Logged once.", exc
+            )
+
     def _admit(self, kind: Kind) -> Reservation | Refused:
         """Read, decide and (when admitted) reserve, atomically; no awaits here.
 
         The reservation, or what a refusal needs: the decision, the Retry-After
-        delay and the counts it was decided with.
+        delay and the counts it was decided with. ``LedgerBusy`` when the shared
+        ledger is held by another worker right now (the caller retries).
         """
         observer = self._observer
         start = time.perf_counter() if observer is not None else 0.0
@@ -262,10 +322,11 @@ class AdmissionMiddleware:
         controller = self._controller
         limit = self._session_limit
         decision: CapacityDecision | None = None
-        with self._locked:
-            # The app's own count (current_sessions) replaces the ledger's count of
-            # accepted WebSockets; a shared ledger adds the other workers' counts.
-            own = None if self._current_sessions is None else self._app_count()
+        # The app's own count (current_sessions) replaces the ledger's count of
+        # accepted WebSockets; a shared ledger adds the other workers' counts. App
+        # code, so it is asked before the critical section, never inside it.
+        own = None if self._current_sessions is None else self._app_count()
+        with self._attempt:
             # Where nothing needs to see the reading, the common admission (bounds
             # of the counts and of the working set admit) builds no reading or
             # decision. Every latch condition is monotone in both, so where the
@@ -300,8 +361,9 @@ class AdmissionMiddleware:
 
     def _check(self) -> CapacityDecision:
         """The readiness probe's latch evaluation: a decision that reserves nothing."""
-        with self._locked:
-            current, pending = self._ledger.counts(self._app_count())
+        own = self._app_count()
+        with self._attempt:
+            current, pending = self._ledger.counts(own)
             decision = self._controller.assess(
                 current, self._session_limit, pending, read=self._safe_read
             )
@@ -370,7 +432,7 @@ class AdmissionMiddleware:
     # -- session requests ---------------------------------------------------------
 
     async def _guard_http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = self._admit("http")
+        outcome = await self._decide("http")
         if isinstance(outcome, tuple):
             decision, retry_after_s, counts = outcome
             body = self._refusal.body(decision, retry_after_s, counts)
@@ -398,7 +460,7 @@ class AdmissionMiddleware:
             release()
 
     async def _guard_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = self._admit("websocket")
+        outcome = await self._decide("websocket")
         if isinstance(outcome, tuple):
             decision, retry_after_s, counts = outcome
             body = self._refusal.body(decision, retry_after_s, counts)
@@ -436,10 +498,14 @@ class AdmissionMiddleware:
     # -- readiness ----------------------------------------------------------------
 
     async def _readiness(self, scope: Scope, receive: Receive, send: Send) -> None:
-        decision = self._check()
-        ready = decision.state != "pressured"
+        try:
+            state: str = (await self._when_free(self._check)).state
+        except LedgerBusy as exc:
+            self._note_busy(exc)
+            state = "ledger_busy"
+        ready = state not in ("pressured", "ledger_busy")
         body = b'{"ready":true,"state":"%s"}' if ready else b'{"ready":false,"state":"%s"}'
-        body = body % decision.state.encode()
+        body = body % state.encode()
         await send(
             {
                 "type": "http.response.start",

@@ -35,6 +35,7 @@ _TITLES: Final[dict[str, str]] = {
     "memory_pressure": "Not enough memory for a new session",
     "session_limit": "Session limit reached",
     "telemetry_unavailable": "Session limit reached",
+    "ledger_busy": "Session count unavailable",
 }
 _DETAILS: Final[dict[str, str]] = {
     "memory_pressure": (
@@ -44,6 +45,10 @@ _DETAILS: Final[dict[str, str]] = {
     "telemetry_unavailable": (
         "Memory readings are unavailable, so the service admits only up to its fixed "
         "session limit, which is reached."
+    ),
+    "ledger_busy": (
+        "The count of sessions shared by the service's workers could not be read in time, "
+        "so no new session is started."
     ),
 }
 _STATIC_HEADERS: Final = (

@@ -14,6 +14,21 @@ Notes:
   thread and every worker. ``flock`` belongs to an open file description, so
   each process opens its own: a fork child drops the inherited descriptor
   (``os.register_at_fork``) and reopens the file.
+- Nothing ever waits for the lock unboundedly: ``attempt()`` takes it only if it
+  is free right now (``LOCK_NB``) and raises :class:`LedgerBusy` otherwise, so the
+  middleware can retry with awaits in between and refuse once ``LOCK_WAIT_S`` has
+  passed (a worker stopped inside its critical section, a ``SIGSTOP``); ``locked()``
+  retries with short sleeps for at most ``LOCK_WAIT_S``, for callers off the loop.
+- Activations and releases never raise and are never lost: they change this
+  worker's counts in memory first, then write its slot if the lock is free at
+  once; otherwise (or if the file cannot be written: its directory deleted or
+  replaced) the slot is written at the next critical section, which also reopens
+  or rebuilds the file. A ledger that cannot be opened at all makes decisions
+  raise :class:`LedgerUnavailable` (logged once), which the middleware turns into
+  a refusal, until the directory is usable again.
+- The directory and the file are opened through ``_admission.safe_files``: never
+  through a symlink, created private (0700 / 0600), and refused when another user
+  owns them or may write to them.
 - The file is read and written with ``os.pread``/``os.pwrite``, not ``mmap``: a
   truncated file then gives a short read (rebuilt, with a warning) instead of a
   ``SIGBUS`` on the request path, for 0.1 µs more per decision.
@@ -33,6 +48,7 @@ Notes:
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import fcntl
 import functools
@@ -46,6 +62,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Final
 
+from asgi_admission._admission.safe_files import open_private_file
+
 logger = logging.getLogger("asgi_admission")
 
 FILE_NAME: Final = "asgi-admission.ledger"
@@ -54,6 +72,13 @@ MAGIC: Final = b"ASGIADM1"
 DEFAULT_CAPACITY: Final = 256
 #: How often (at most) a worker checks that its ledger file is still the one at the path.
 LINK_CHECK_INTERVAL_S: Final = 0.25
+#: How long a session decision may wait for the ledger before it is refused (``ledger_busy``).
+LOCK_WAIT_S: Final = 1.0
+#: After a release found the lock taken: when it tries again to write its slot.
+FLUSH_RETRY_S: Final = 0.05
+#: After a release found the file unusable (its directory gone): when it tries again.
+UNAVAILABLE_RETRY_S: Final = 1.0
+SETTING: Final = "ADMISSION_SHARED_DIR"
 
 _HEADER: Final = struct.Struct("=8sII")  # magic, capacity, slots in use
 _SLOT: Final = struct.Struct("=qqqq")  # pid, start time (clock ticks), pending, active
@@ -114,15 +139,12 @@ def _held(fd: int, slot: int) -> bool:
     return fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot))[:2] != _UNLOCKED
 
 
-def _prepare_dir(directory: str) -> None:
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(
-            f"ADMISSION_SHARED_DIR={directory!r} cannot be used for the shared session "
-            f"ledger: {exc.strerror or exc}. Point it at a writable, memory-backed "
-            "directory shared by the workers, such as /dev/shm/asgi-admission."
-        ) from exc
+class LedgerBusy(Exception):
+    """The shared ledger's lock could not be had in time: refuse, and let the client retry."""
+
+
+class LedgerUnavailable(LedgerBusy):
+    """The shared ledger's file cannot be opened or repaired right now (see the log)."""
 
 
 class _SharedReservation:
@@ -135,24 +157,48 @@ class _SharedReservation:
 
     def activate(self) -> None:
         ledger = self._ledger
-        with ledger:
-            if self._state == _PENDING and self._owner == ledger._pid:
-                self._state = _ACTIVE
-                ledger._pending = max(0, ledger._pending - 1)
-                ledger._active += 1
-                ledger._write_own()
+        with ledger._mem:
+            if self._state != _PENDING or self._owner != ledger._pid:
+                return
+            self._state = _ACTIVE
+            ledger._pending = max(0, ledger._pending - 1)
+            ledger._active += 1
+            ledger._dirty = True
+        ledger._flush()
 
     def release(self) -> None:
         ledger = self._ledger
-        with ledger:
-            if self._owner == ledger._pid:
-                if self._state == _PENDING:
-                    ledger._pending = max(0, ledger._pending - 1)
-                    ledger._write_own()
-                elif self._state == _ACTIVE:
-                    ledger._active = max(0, ledger._active - 1)
-                    ledger._write_own()
-            self._state = _RELEASED
+        with ledger._mem:
+            state, self._state = self._state, _RELEASED
+            if state == _RELEASED or self._owner != ledger._pid:
+                return
+            if state == _PENDING:
+                ledger._pending = max(0, ledger._pending - 1)
+            else:
+                ledger._active = max(0, ledger._active - 1)
+            ledger._dirty = True
+        ledger._flush()
+
+
+class _Critical:
+    """The critical section as a context manager: waits at most ``wait_s`` for it."""
+
+    __slots__ = ("_ledger", "_wait_s")
+
+    def __init__(self, ledger: SharedLedger, wait_s: float) -> None:
+        self._ledger = ledger
+        self._wait_s = wait_s
+
+    def __enter__(self) -> None:
+        self._ledger._enter(self._wait_s)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._ledger._exit()
 
 
 class SharedLedger:
@@ -167,10 +213,16 @@ class SharedLedger:
     __slots__ = (
         "__weakref__",
         "_active",
+        "_attempt",
+        "_broken",
         "_capacity",
+        "_dirty",
         "_fd",
+        "_flush_pending",
         "_header",
         "_lock",
+        "_locked",
+        "_mem",
         "_next_link_check",
         "_offset",
         "_pending",
@@ -181,6 +233,7 @@ class SharedLedger:
         "_start",
         "_used",
         "_warned",
+        "directory",
         "path",
     )
 
@@ -189,11 +242,18 @@ class SharedLedger:
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be 1 or more; got {capacity!r}.")
-        directory = os.fspath(directory)
-        _prepare_dir(directory)
-        self.path = os.path.join(directory, FILE_NAME)
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.path = os.path.join(self.directory, FILE_NAME)
         self._capacity = capacity
         self._lock = threading.Lock()
+        # Guards the in-memory counts alone, never held across I/O: releases take it
+        # from any thread without waiting for the critical section.
+        self._mem = threading.Lock()
+        self._dirty = False
+        self._flush_pending = False
+        self._broken = False
+        self._locked = _Critical(self, LOCK_WAIT_S)
+        self._attempt = _Critical(self, 0.0)
         self._next_link_check = 0.0
         self._fd = -1
         self._slot = -1
@@ -215,41 +275,126 @@ class SharedLedger:
 
     # -- the critical section ------------------------------------------------------
 
-    def locked(self) -> SharedLedger:
-        """The critical section: this process's lock, then the file's ``flock``."""
-        return self
+    def locked(self) -> _Critical:
+        """The critical section, waited for at most ``LOCK_WAIT_S`` (then ``LedgerBusy``).
 
-    def __enter__(self) -> None:
-        self._lock.acquire()
+        For callers off the event loop; the middleware uses :meth:`attempt`.
+        """
+        return self._locked
+
+    def attempt(self) -> _Critical:
+        """The critical section if it is free right now; ``LedgerBusy`` if not."""
+        return self._attempt
+
+    def _enter(self, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        if not (self._lock.acquire(timeout=wait_s) if wait_s > 0 else self._lock.acquire(False)):
+            raise LedgerBusy("another thread of this worker holds the shared ledger")
+        flocked = False
         try:
-            fd = self._fd if self._fd >= 0 else self._open()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            now = time.monotonic()
-            if now >= self._next_link_check:
-                # Deleted or replaced under us (a tmp cleaner, an operator's rm)? The
-                # workers that open the path now would share nothing with this one.
-                # An fstat costs about 1 µs, so it is asked at most every quarter second.
-                self._next_link_check = now + LINK_CHECK_INTERVAL_S
-                if os.fstat(fd).st_nlink == 0:
-                    self._move_to_new_file(fd)
-            if self._slot < 0:
-                self._claim()
+            try:
+                fd = self._fd if self._fd >= 0 else self._open()
+            except (OSError, ValueError) as exc:
+                raise self._unavailable(exc) from exc
+            delay = 0.0002
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() + delay > deadline:
+                        raise LedgerBusy(
+                            f"another worker held the shared ledger {self.path} for over "
+                            f"{wait_s:g} s"
+                        ) from None
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.005)
+            flocked = True
+            try:
+                self._repair()
+            except (OSError, ValueError) as exc:
+                raise self._unavailable(exc) from exc
         except BaseException:
-            if self._fd >= 0:
+            if flocked and self._fd >= 0:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             self._lock.release()
             raise
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def _repair(self) -> None:
+        """Under the flock: follow a replaced file, claim a slot, write a dirty slot."""
+        now = time.monotonic()
+        if now >= self._next_link_check:
+            # Deleted or replaced under us (a tmp cleaner, an operator's rm)? The
+            # workers that open the path now would share nothing with this one.
+            # An fstat costs about 1 µs, so it is asked at most every quarter second.
+            self._next_link_check = now + LINK_CHECK_INTERVAL_S
+            if os.fstat(self._fd).st_nlink == 0:
+                self._move_to_new_file(self._fd)
+        if self._slot < 0:
+            self._claim()
+        elif self._dirty:
+            self._write_own()
+        if self._broken:
+            self._broken = False
+            logger.warning(
+                "asgi-admission: the shared session ledger %s is usable again; this "
+                "worker's sessions (%d pending, %d active) are counted in it.",
+                self.path,
+                self._pending,
+                self._own_active(),
+            )
+
+    def _unavailable(self, exc: BaseException) -> LedgerUnavailable:
+        if not self._broken:
+            self._broken = True
+            logger.warning(
+                "asgi-admission: the shared session ledger %s is unusable (%s); this "
+                "worker keeps its counts in memory and refuses new sessions until the "
+                "file can be opened again.",
+                self.path,
+                exc,
+            )
+        return LedgerUnavailable(f"the shared session ledger {self.path} is unusable: {exc}")
+
+    def _exit(self) -> None:
         try:
+            if self._dirty and self._fd >= 0:
+                # A release that found the lock taken (this very section) left it to us.
+                self._write_own()
             fcntl.flock(self._fd, fcntl.LOCK_UN)
+        except OSError:
+            pass  # closed by a move that failed: there is no lock left to drop
         finally:
             self._lock.release()
+
+    def _flush(self) -> None:
+        """Write this worker's slot now if the lock is free at once; else soon, or at
+        the next critical section. Never raises: a release must not fail."""
+        try:
+            with self._attempt:
+                pass  # entering writes the dirty slot
+        except LedgerUnavailable:
+            self._flush_later(UNAVAILABLE_RETRY_S)  # logged once by _unavailable
+        except LedgerBusy:
+            self._flush_later(FLUSH_RETRY_S)
+        except Exception:
+            logger.exception("asgi-admission: writing the shared session ledger failed")
+            self._flush_later(UNAVAILABLE_RETRY_S)
+
+    def _flush_later(self, delay_s: float) -> None:
+        if self._flush_pending:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop in this thread: the next critical section writes it
+        self._flush_pending = True
+        loop.call_later(delay_s, self._flush_again)
+
+    def _flush_again(self) -> None:
+        self._flush_pending = False
+        if self._dirty:
+            self._flush()
 
     # -- SessionLedger -------------------------------------------------------------
 
@@ -267,12 +412,15 @@ class SharedLedger:
         recovers them, so the figures are an upper bound, for a decision that
         admits even so.
         """
-        if own_active is not None and own_active != self._reported:
-            self._reported = max(0, own_active)
+        if own_active != self._reported:
+            # None: no app count, or it failed; then this worker's own count stands,
+            # as with the in-process ledger, never the last figure the app reported.
+            self._reported = None if own_active is None else max(0, own_active)
             self._write_own()
         data = self._read()
-        active = self._active if self._reported is None else self._reported
-        pending = self._pending
+        with self._mem:
+            active = self._own_active()
+            pending = self._pending
         if data is None:
             return active, pending
         own, fd = self._slot, self._fd
@@ -310,9 +458,13 @@ class SharedLedger:
 
     def reserve(self) -> _SharedReservation:
         """A new pending reservation in this worker's slot; call inside ``locked()``."""
-        self._pending += 1
+        with self._mem:
+            self._pending += 1
         self._write_own()
         return _SharedReservation(self)
+
+    def _own_active(self) -> int:
+        return self._active if self._reported is None else self._reported
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -322,14 +474,17 @@ class SharedLedger:
         For shutdown and tests: a ledger used again after ``close`` reopens the file.
         """
         with self._lock:
-            self._pending = self._active = 0
+            with self._mem:
+                self._pending = self._active = 0
+                self._dirty = False
             self._reported = None
             fd, self._fd = self._fd, -1
             if fd < 0:
                 return
             try:
                 if self._slot >= 0:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    # Zeroing our own slot needs no flock (no one else writes a live
+                    # slot), and shutdown must not wait for another worker.
                     os.pwrite(fd, bytes(_SLOT.size), _slot_offset(self._slot))
             finally:
                 self._slot = -1
@@ -339,6 +494,8 @@ class SharedLedger:
         # The child shares the parent's open file description, and with it the
         # parent's flock and slot lock: it must open its own and count afresh.
         self._lock = threading.Lock()
+        self._mem = threading.Lock()
+        self._dirty = self._flush_pending = False
         if self._fd >= 0:
             os.close(self._fd)
         self._fd = -1
@@ -362,18 +519,25 @@ class SharedLedger:
             "Workers that have not decided since are not counted until they do.",
             self.path,
             self._pending,
-            self._active if self._reported is None else self._reported,
+            self._own_active(),
         )
         fcntl.flock(fd, fcntl.LOCK_UN)
         self._fd = -1
         self._slot = -1
         self._row = b""
         os.close(fd)  # drops this worker's slot lock in the old file
-        _prepare_dir(os.path.dirname(self.path))  # in case the directory went too
-        fcntl.flock(self._open(), fcntl.LOCK_EX)
+        # Made again if the directory went too; an error leaves _fd at -1, and the
+        # next critical section tries again.
+        new_fd = self._open()
+        try:
+            fcntl.flock(new_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Another worker is in the new file's critical section: ours is not
+            # exclusive there, so give up this time (the caller refuses, busy).
+            raise LedgerBusy(f"another worker holds the shared ledger {self.path}") from None
 
     def _open(self) -> int:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = open_private_file(self.directory, FILE_NAME, setting=SETTING)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -482,9 +646,11 @@ class SharedLedger:
         )
 
     def _write_own(self) -> None:
+        """Write this worker's slot from its counts; under the flock."""
         if self._slot >= 0:
-            active = self._active if self._reported is None else self._reported
-            row = _SLOT.pack(self._pid, self._start, self._pending, active)
+            with self._mem:
+                row = _SLOT.pack(self._pid, self._start, self._pending, self._own_active())
+                self._dirty = False
             self._row = row
             os.pwrite(self._fd, row, self._offset)
 
@@ -523,7 +689,7 @@ def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
     For operators and tests; it takes no lock, so counts may be mid-update.
     """
     path = os.path.join(os.fspath(directory), FILE_NAME)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         data = os.pread(fd, os.fstat(fd).st_size, 0)
         entries = []

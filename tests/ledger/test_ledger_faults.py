@@ -1,0 +1,224 @@
+"""The shared ledger under faults: a directory that goes away, a lock held elsewhere,
+a failing ``current_sessions``; through the middleware, as a server would drive it."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ledgerkit import write_v2_tree
+
+from asgi_admission import AdmissionConfig, AdmissionMiddleware
+from asgi_admission import _shared_ledger as shared_ledger
+from asgi_admission._shared_ledger import FILE_NAME, read_entries
+
+App = Callable[[Any, Any, Any], Any]
+
+
+@pytest.fixture
+def ledger_dir(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "ledger"
+    yield path
+    if path.is_file():
+        path.unlink()
+
+
+def guard(
+    tmp_path: Path, ledger_dir: Path, app: App, *, max_sessions: int = 10, **options: Any
+) -> AdmissionMiddleware:
+    cgroup = write_v2_tree(tmp_path / f"cgroup{time.monotonic_ns()}", used_mb=100, limit_mb=4096)
+    config = AdmissionConfig(
+        shared_dir=str(ledger_dir), cgroup_root=str(cgroup), max_sessions=max_sessions
+    )
+    return AdmissionMiddleware(
+        app, session_routes=["POST /s"], config=config, registry=None, **options
+    )
+
+
+async def ok_app(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def post(app: App, path: str = "/s") -> tuple[int, dict[bytes, bytes], bytes]:
+    """One HTTP request through ``app``: its status, headers and body."""
+    sent: list[dict[str, Any]] = []
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "headers": [],
+        "query_string": b"",
+        "asgi": {"version": "3.0"},
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], dict(start["headers"]), body
+
+
+def replace_with_a_file(directory: Path) -> None:
+    shutil.rmtree(directory)
+    directory.write_text("not a directory")
+
+
+def restore(directory: Path) -> None:
+    directory.unlink()
+    directory.mkdir(mode=0o700)
+
+
+def test_release_survives_the_directory_replaced_by_a_file(
+    tmp_path: Path,
+    ledger_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With the ledger directory deleted and a file at its path while sessions are in
+    flight, their releases raise nothing and are not lost: once the directory is back,
+    sessions are admitted again and the ledger counts none."""
+    monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 0.0)
+    gate = asyncio.Event()
+
+    async def slow_app(scope: Any, receive: Any, send: Any) -> None:
+        await gate.wait()
+        await ok_app(scope, receive, send)
+
+    middleware = guard(tmp_path, ledger_dir, slow_app, max_sessions=3)
+
+    async def scenario() -> list[int]:
+        in_flight = [asyncio.ensure_future(post(middleware)) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        assert middleware.session_counts() == (0, 3)
+        replace_with_a_file(ledger_dir)
+        gate.set()
+        statuses = [status for status, _, _ in await asyncio.gather(*in_flight)]
+        restore(ledger_dir)
+        statuses.append((await post(middleware))[0])
+        return statuses
+
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        statuses = asyncio.run(scenario())
+    assert statuses == [200, 200, 200, 200]
+    assert middleware.session_counts() == (0, 0)
+    assert [(e.pending, e.active) for e in read_entries(ledger_dir)] == [(0, 0)]
+    assert caplog.text.count("cannot be used") == 1  # logged once, not per release
+
+
+def test_decisions_refuse_while_the_directory_is_a_file(
+    tmp_path: Path, ledger_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the ledger cannot be opened, session requests get 503 ledger_busy with a
+    Retry-After, not a 500; requests that open no session pass."""
+    monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 0.0)
+    middleware = guard(tmp_path, ledger_dir, ok_app)
+    replace_with_a_file(ledger_dir)
+    status, headers, body = asyncio.run(post(middleware))
+    assert status == 503
+    assert int(headers[b"retry-after"]) >= 1
+    assert b'"reason":"ledger_busy"' in body
+    assert asyncio.run(post(middleware, "/other"))[0] == 200
+
+
+def test_app_count_is_asked_outside_the_critical_section(tmp_path: Path, ledger_dir: Path) -> None:
+    """current_sessions() runs while the ledger's cross-process lock is free, so a slow
+    app counter never holds up the other workers."""
+    held: list[bool] = []
+
+    def current_sessions() -> int:
+        fd = os.open(ledger_dir / FILE_NAME, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held.append(True)
+        else:
+            held.append(False)
+        finally:
+            os.close(fd)
+        return 0
+
+    middleware = guard(tmp_path, ledger_dir, ok_app, current_sessions=current_sessions)
+    assert asyncio.run(post(middleware))[0] == 200
+    assert held
+    assert not any(held)
+
+
+def test_a_lock_held_elsewhere_never_stalls_the_event_loop(
+    tmp_path: Path, ledger_dir: Path
+) -> None:
+    """While another worker holds the ledger lock for seconds, a session request gets 503
+    ledger_busy within the bounded wait and the event loop keeps running meanwhile."""
+    middleware = guard(tmp_path, ledger_dir, ok_app)
+    fd = os.open(ledger_dir / FILE_NAME, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another open file description: another worker
+    timer = threading.Timer(4.0, os.close, (fd,))
+    timer.start()
+
+    async def scenario() -> tuple[tuple[int, dict[bytes, bytes], bytes], float, float]:
+        worst = 0.0
+        done = False
+
+        async def ticker() -> None:
+            nonlocal worst
+            last = time.monotonic()
+            while not done:
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                worst = max(worst, now - last)
+                last = now
+
+        ticking = asyncio.ensure_future(ticker())
+        started = time.monotonic()
+        result = await post(middleware)
+        took = time.monotonic() - started
+        done = True
+        await ticking
+        return result, took, worst
+
+    try:
+        (status, headers, body), took, worst = asyncio.run(scenario())
+    finally:
+        timer.cancel()
+        timer.function(*timer.args)
+    assert status == 503
+    assert b'"reason":"ledger_busy"' in body
+    assert int(headers[b"retry-after"]) >= 1
+    assert took < 3.0  # refused within the bounded wait, not after the 4 s hold
+    assert worst < 0.5  # the loop kept turning (a blocking flock stalls it for seconds)
+    assert asyncio.run(post(middleware))[0] == 200  # lock free again: admitted
+
+
+def test_failing_app_count_falls_back_to_the_ledgers_own(tmp_path: Path, ledger_dir: Path) -> None:
+    """When current_sessions() starts failing, the worker stops publishing its last
+    reported count and counts what it admitted itself, as the in-process ledger does."""
+    reported: list[int | None] = [7]
+
+    def current_sessions() -> int:
+        value = reported[0]
+        if value is None:
+            raise RuntimeError("the app's counter broke")
+        return value
+
+    first = guard(tmp_path, ledger_dir, ok_app, current_sessions=current_sessions)
+    second = guard(tmp_path, ledger_dir, ok_app)
+    assert asyncio.run(post(first))[0] == 200
+    assert second.session_counts() == (7, 0)
+    reported[0] = None
+    assert asyncio.run(post(first))[0] == 200
+    assert first.session_counts() == (0, 0)
+    assert second.session_counts() == (0, 0)

@@ -31,8 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
-from asgi_admission._ledger import InProcessLedger, Reservation, SessionLedger
-from asgi_admission._shared_ledger import SharedLedger, _held, _start_time
+from asgi_admission._admission.ledger import InProcessLedger, Reservation, SessionLedger
+from asgi_admission._admission.shared_ledger import SharedLedger, _held, _start_time
 from benchkit import timings_us, write_v2_tree
 
 TARGET_US = 20.0

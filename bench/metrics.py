@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from asgi_admission import AdmissionConfig, AdmissionController, AdmissionMiddleware, MemoryReading
-from asgi_admission._metrics import DecisionMetrics
+from asgi_admission._metrics.collector import DecisionMetrics
 
 MIB = 1024 * 1024
 TARGET_ADDED_US = 2.0

@@ -22,7 +22,7 @@ import time
 from prometheus_client import CollectorRegistry
 
 from asgi_admission import AdmissionConfig, MemoryReading, SessionWatchdog
-from asgi_admission._sampler import read_children_map
+from asgi_admission._watchdog.sampler import read_children_map
 
 CHILD = (
     "import subprocess, sys\n"

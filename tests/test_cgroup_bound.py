@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from asgi_admission import CgroupMemoryReader, MemoryReading
-from asgi_admission import _cgroup as cgroup
+from asgi_admission._memory import discover
 
 GIB = 1024**3
 
@@ -129,7 +129,7 @@ def initial_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A file standing in for /proc/self/ns/cgroup of the initial cgroup namespace."""
     namespace = tmp_path / "ns-cgroup"
     namespace.write_text("")
-    monkeypatch.setattr(cgroup, "INITIAL_CGROUP_NAMESPACE_INODE", os.stat(namespace).st_ino)
+    monkeypatch.setattr(discover, "INITIAL_CGROUP_NAMESPACE_INODE", os.stat(namespace).st_ino)
     return namespace
 
 
@@ -204,7 +204,7 @@ def test_explicit_root_inside_a_whole_mount_gets_the_bound(
 
 def test_initial_namespace_check_tolerates_a_missing_file(tmp_path: Path) -> None:
     """An unreadable namespace link counts as a namespace: no fast path on v1."""
-    assert cgroup.in_initial_cgroup_namespace(str(tmp_path / "missing")) is False
+    assert discover.in_initial_cgroup_namespace(str(tmp_path / "missing")) is False
 
 
 @pytest.mark.parametrize(

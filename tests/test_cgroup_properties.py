@@ -9,7 +9,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asgi_admission import CgroupMemoryReader, parse_cgroup_memory_value
-from asgi_admission._cgroup import _stat_value, parse_pressure_some_avg10, reclaimable_file_bytes
+from asgi_admission._memory.parse import (
+    MALFORMED,
+    RECLAIMABLE_KEYS,
+    find_stat,
+    parse_pressure_some_avg10,
+    reclaimable_bytes,
+    stat_key,
+)
+
+
+def reclaimable_file_bytes(
+    stat: bytes, *, reclaimable: str = "file", prefer_total: bool = False
+) -> int:
+    """The reclaimable file cache the reader subtracts, for one mode and version."""
+    return reclaimable_bytes(stat, RECLAIMABLE_KEYS[reclaimable, prefer_total])
+
 
 SETTINGS = settings(max_examples=400, deadline=None)
 KEYS = [b"inactive_file", b"active_file", b"total_inactive_file", b"total_active_file"]
@@ -36,16 +51,16 @@ def test_value_parser_round_trips_integers(value: int, padding: str) -> None:
 @SETTINGS
 @given(st.binary(max_size=2048), st.sampled_from([*KEYS, b"hierarchical_memory_limit"]))
 def test_stat_value_never_raises(data: bytes, key: bytes) -> None:
-    """_stat_value on arbitrary bytes gives None, the malformed marker, or a count."""
-    value = _stat_value(data, key)
-    assert value is None or value >= -1
+    """find_stat on arbitrary bytes gives None, the malformed marker, or a count."""
+    value = find_stat(data, stat_key(key))
+    assert value is None or value == MALFORMED or value >= 0
 
 
 @SETTINGS
 @given(st.binary(max_size=2048), st.sampled_from(["file", "inactive"]), st.booleans())
 def test_reclaimable_never_raises(data: bytes, reclaimable: str, prefer_total: bool) -> None:
     """reclaimable_file_bytes on arbitrary bytes is a non-negative int."""
-    total = reclaimable_file_bytes(data, reclaimable=reclaimable, prefer_total=prefer_total)  # type: ignore[arg-type]
+    total = reclaimable_file_bytes(data, reclaimable=reclaimable, prefer_total=prefer_total)
     assert total >= 0
 
 
@@ -84,9 +99,9 @@ def test_garbage_counter_never_lowers_working_set(
     good = {k: str(v).encode() for k, v in valid.items()}
     bad = {**good, key: junk}
     kwargs = {"reclaimable": reclaimable, "prefer_total": prefer_total}
-    assert reclaimable_file_bytes(_stat_text(bad, filler), **kwargs) <= reclaimable_file_bytes(  # type: ignore[arg-type]
+    assert reclaimable_file_bytes(_stat_text(bad, filler), **kwargs) <= reclaimable_file_bytes(
         _stat_text(good, filler),
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
 
 

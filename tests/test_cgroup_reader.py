@@ -18,13 +18,9 @@ from asgi_admission import (
     parse_cgroup_memory_value,
     read_cgroup_memory,
 )
-from asgi_admission._cgroup import (
-    discover_cgroup,
-    parse_mountinfo,
-    parse_pressure_some_avg10,
-    parse_proc_cgroup,
-)
-from asgi_admission._reading import available_reading
+from asgi_admission._memory.discover import discover_cgroup, parse_mountinfo, parse_proc_cgroup
+from asgi_admission._memory.parse import parse_pressure_some_avg10
+from asgi_admission._memory.reading import available_reading
 from cgroup_trees import FIXTURES, copy_files
 
 MIB = 1024 * 1024

@@ -11,7 +11,7 @@ import pytest
 
 from asgi_admission import AdmissionConfig, CgroupMemoryReader, HostMemoryReader
 from asgi_admission._factory import build_controller, build_reader
-from asgi_admission._host import host_headroom_bytes
+from asgi_admission._memory.host import host_headroom_bytes
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

@@ -347,7 +347,7 @@ def test_the_latch_compares_the_rounded_percent_exactly(
 @pytest.mark.parametrize("bound", [80.0, 70.0, 80.0037, 66.666, 99.995, 0.01, 33.333333, 100.0])
 def test_rounded_comparisons_agree_with_round_next_to_the_bound(bound: float) -> None:
     """Within a hundredth of a point either side, the shortcuts give round()'s answer."""
-    from asgi_admission._latch import _rounded_at_least, _rounded_at_most
+    from asgi_admission._admission.latch import _rounded_at_least, _rounded_at_most
 
     for step in range(-40, 41):
         percent = bound + step * 0.0005

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from asgi_admission import HostMemoryReader, cli
-from asgi_admission import _probe as probe_module
+from asgi_admission.cli import probe as probe_module
 from cgroup_trees import FIXTURES, copy_files
 
 ELASTIC = FIXTURES / "elastic-agent-system-metrics"
@@ -22,7 +22,7 @@ NULLABLE_INT = {"type": ["integer", "null"]}
 NULLABLE_STR = {"type": ["string", "null"]}
 NULLABLE_NUM = {"type": ["number", "null"]}
 
-# The schema documented in asgi_admission/_probe.py's docstring.
+# The schema documented in asgi_admission/cli/probe.py's docstring.
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,

@@ -2,18 +2,24 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._cgroup import CgroupMemoryReader, parse_cgroup_memory_value, read_cgroup_memory
-from ._config import AdmissionConfig
-from ._halt import ProcessGroupHalt, SessionHalt
-from ._host import HostMemoryReader
-from ._latch import AdmissionController, CapacityDecision
-from ._metrics import AdmissionCollector, DecisionMetrics
-from ._metrics_app import metrics_app, metrics_route, serving_metrics, start_metrics_server
-from ._middleware import AdmissionMiddleware
-from ._reading import MemoryReading
-from ._responses import RetryAfterPolicy
-from ._sampler import ProcessSample
-from ._watchdog import SessionWatchdog, WatchedSession, session_watchdog
+from asgi_admission._admission.latch import AdmissionController, CapacityDecision
+from asgi_admission._config import AdmissionConfig
+from asgi_admission._memory.cgroup import CgroupMemoryReader, read_cgroup_memory
+from asgi_admission._memory.host import HostMemoryReader
+from asgi_admission._memory.parse import parse_cgroup_memory_value
+from asgi_admission._memory.reading import MemoryReading
+from asgi_admission._metrics.collector import AdmissionCollector, DecisionMetrics
+from asgi_admission._metrics.serving import (
+    metrics_app,
+    metrics_route,
+    serving_metrics,
+    start_metrics_server,
+)
+from asgi_admission._middleware import AdmissionMiddleware
+from asgi_admission._responses import RetryAfterPolicy
+from asgi_admission._watchdog.halt import ProcessGroupHalt, SessionHalt
+from asgi_admission._watchdog.sampler import ProcessSample
+from asgi_admission._watchdog.watchdog import SessionWatchdog, WatchedSession, session_watchdog
 
 try:
     __version__ = version("asgi-admission")

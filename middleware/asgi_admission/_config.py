@@ -9,17 +9,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, TypeVar, get_args
 
-from ._latch import (
+from asgi_admission._admission.latch import (
     DEFAULT_HIGH_WATERMARK_PERCENT,
     DEFAULT_RESERVE_BYTES,
     DEFAULT_RESUME_THRESHOLD_PERCENT,
     MIB,
 )
+from asgi_admission._memory.reading import Reclaimable
 
 logger = logging.getLogger("asgi_admission")
 
 MemorySource = Literal["cgroup", "host"]
-Reclaimable = Literal["file", "inactive"]
+
 
 DEFAULT_MAX_SESSIONS: Final = 16
 DEFAULT_RETRY_AFTER_S: Final = 5

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ._cgroup import CgroupMemoryReader
-from ._config import AdmissionConfig
-from ._host import HostMemoryReader
-from ._latch import AdmissionController
+from asgi_admission._admission.latch import AdmissionController
+from asgi_admission._config import AdmissionConfig
+from asgi_admission._memory.cgroup import CgroupMemoryReader
+from asgi_admission._memory.host import HostMemoryReader
 
 
 def build_reader(config: AdmissionConfig) -> CgroupMemoryReader | HostMemoryReader:

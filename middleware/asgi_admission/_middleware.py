@@ -35,23 +35,23 @@ from typing import TypeVar
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._config import AdmissionConfig
-from ._factory import build_controller
-from ._latch import AdmissionController, CapacityDecision
-from ._ledger import Reservation, SessionLedger, build_ledger
-from ._metrics import DecisionMetrics, instrument
-from ._observer import DecisionObserver, Kind
-from ._reading import UNAVAILABLE, MemoryReading
-from ._responses import (
+from asgi_admission._admission.latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.ledger import Reservation, SessionLedger, build_ledger
+from asgi_admission._admission.observer import DecisionObserver, Kind
+from asgi_admission._admission.shared_ledger import LOCK_WAIT_S, LedgerBusy, LedgerUnavailable
+from asgi_admission._config import AdmissionConfig
+from asgi_admission._factory import build_controller
+from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
+from asgi_admission._metrics.collector import DecisionMetrics, instrument
+from asgi_admission._responses import (
     Refusal,
     RetryAfterPolicy,
     coerce_policy,
     send_http_refusal,
     send_websocket_refusal,
 )
-from ._routes import RouteMatcher
-from ._shared_ledger import LOCK_WAIT_S, LedgerBusy, LedgerUnavailable
-from ._watchdog import SessionWatchdog, serve_lifespan
+from asgi_admission._routes import RouteMatcher
+from asgi_admission._watchdog.watchdog import SessionWatchdog, serve_lifespan
 
 logger = logging.getLogger("asgi_admission")
 

@@ -27,7 +27,7 @@ from typing import Final
 
 from starlette.types import Receive, Send
 
-from ._latch import CapacityDecision, Reason
+from asgi_admission._admission.latch import CapacityDecision, Reason
 
 PROBLEM_TYPE_PREFIX: Final = "urn:asgi-admission:problem:"
 

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import psutil
 
-from asgi_admission._ledger import Reservation
-from asgi_admission._shared_ledger import SharedLedger
+from asgi_admission._admission.ledger import Reservation
+from asgi_admission._admission.shared_ledger import SharedLedger
 from cgroup_trees import write_v2_tree as write_v2_tree
 from processkit import free_port, stop_process_group
 

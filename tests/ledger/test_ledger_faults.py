@@ -18,8 +18,8 @@ import pytest
 from ledgerkit import write_v2_tree
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
-from asgi_admission import _shared_ledger as shared_ledger
-from asgi_admission._shared_ledger import FILE_NAME, read_entries
+from asgi_admission._admission import shared_ledger
+from asgi_admission._admission.shared_ledger import FILE_NAME, read_entries
 
 App = Callable[[Any, Any, Any], Any]
 

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ledgerkit import SPAWN, random_worker
 
-from asgi_admission._ledger import InProcessLedger, Reservation
-from asgi_admission._shared_ledger import SharedLedger, read_entries
+from asgi_admission._admission.ledger import InProcessLedger, Reservation
+from asgi_admission._admission.shared_ledger import SharedLedger, read_entries
 
 # (ledger index, operation, which held reservation); indexes are taken modulo what exists.
 OPERATIONS = st.lists(

@@ -15,7 +15,7 @@ from asgi_admission._admission.safe_files import (
     open_private_dir,
     open_private_file,
 )
-from asgi_admission._shared_ledger import FILE_NAME, SharedLedger
+from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger
 from requirekit import require_root
 
 NOBODY = 65534

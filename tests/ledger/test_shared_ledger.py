@@ -18,9 +18,9 @@ import pytest
 from ledgerkit import SPAWN, hold_sessions, write_v2_tree
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
-from asgi_admission import _shared_ledger as shared_ledger
-from asgi_admission._ledger import InProcessLedger
-from asgi_admission._shared_ledger import (
+from asgi_admission._admission import shared_ledger
+from asgi_admission._admission.ledger import InProcessLedger
+from asgi_admission._admission.shared_ledger import (
     FILE_NAME,
     LedgerEntry,
     SharedLedger,

@@ -20,7 +20,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from asgi_admission import AdmissionConfig, AdmissionController, AdmissionMiddleware, MemoryReading
-from asgi_admission._metrics_app import metrics_route
+from asgi_admission._metrics.serving import metrics_route
 from processkit import free_port as free_port
 
 MIB = 1024 * 1024

@@ -13,7 +13,7 @@ from metricskit import SettableReader, free_port, guarded_app, promtool_check, r
 from prometheus_client import CollectorRegistry, Counter
 from starlette.applications import Starlette
 
-from asgi_admission._metrics_app import (
+from asgi_admission._metrics.serving import (
     metrics_app,
     metrics_port_from_env,
     metrics_route,
@@ -161,7 +161,7 @@ def test_multiprocess_dir_must_exist(registry: CollectorRegistry, tmp_path: Any)
 
 def test_gzip_body_is_really_gzip(registry: CollectorRegistry) -> None:
     """The compressed body decompresses to the plain exposition."""
-    from asgi_admission._metrics_app import render
+    from asgi_admission._metrics.serving import render
 
     body, headers = render(registry, "", "gzip", {})
     assert (b"content-encoding", b"gzip") in headers

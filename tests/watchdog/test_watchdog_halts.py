@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from watchdogkit import MIB, FixedReader, Recorder, Spawn, reading
 
 from asgi_admission import AdmissionConfig, MemoryReading
-from asgi_admission._halt import ProcessGroupHalt, SessionHalt
-from asgi_admission._watchdog import SessionWatchdog
+from asgi_admission._watchdog.halt import ProcessGroupHalt, SessionHalt
+from asgi_admission._watchdog.watchdog import SessionWatchdog
 
 
 def _watchdog(

@@ -9,7 +9,7 @@ import psutil
 import pytest
 from watchdogkit import MIB, Spawn, vm_rss_bytes
 
-from asgi_admission._sampler import ProcessTreeSampler, read_children_map
+from asgi_admission._watchdog.sampler import ProcessTreeSampler, read_children_map
 
 TOLERANCE = 4 * MIB
 

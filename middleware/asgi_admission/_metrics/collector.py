@@ -46,10 +46,10 @@ from typing import Final
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, values
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ._latch import AdmissionController, CapacityDecision
-from ._ledger import Reservation, SessionLedger
-from ._observer import AdmissionView, DecisionObserver, Kind
-from ._reading import MemoryReading
+from asgi_admission._admission.latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.ledger import Reservation, SessionLedger
+from asgi_admission._admission.observer import AdmissionView, DecisionObserver, Kind
+from asgi_admission._memory.reading import MemoryReading
 
 logger = logging.getLogger("asgi_admission")
 

@@ -61,10 +61,10 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from ._cgroup import CgroupMemoryReader
-from ._config import AdmissionConfig
-from ._factory import build_reader
-from ._latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.latch import AdmissionController, CapacityDecision
+from asgi_admission._config import AdmissionConfig
+from asgi_admission._factory import build_reader
+from asgi_admission._memory.cgroup import CgroupMemoryReader
 
 SCHEMA_VERSION = 1
 EXIT_STATUS = {"normal": 0, "pressured": 1, "unavailable": 2}

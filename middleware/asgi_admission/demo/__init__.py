@@ -6,7 +6,7 @@ the request open first, the window in which it is pending), ``DELETE
 /sessions/{id}`` frees it, ``WS /terminal/{id}`` is an echo session holding the
 same memory while connected, and ``/health`` always answers 200. ``/processes``
 sessions each run a real child process, watched by the session watchdog, whose
-memory grows on request (see ``_demo_processes``). Serve it with
+memory grows on request (see ``asgi_admission.demo.processes``). Serve it with
 ``asgi-admission demo`` or ``uvicorn asgi_admission.demo:create_app --factory``.
 """
 
@@ -22,12 +22,12 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Query, Response, WebSocket, WebSocketDisconnect
 from prometheus_client import REGISTRY
 
-from ._config import AdmissionConfig
-from ._demo_processes import ProcessSessions, add_process_routes
-from ._latch import AdmissionController
-from ._metrics_app import metrics_port_from_env, metrics_route, serving_metrics
-from ._middleware import AdmissionMiddleware
-from ._watchdog import SessionWatchdog
+from asgi_admission._admission.latch import AdmissionController
+from asgi_admission._config import AdmissionConfig
+from asgi_admission._metrics.serving import metrics_port_from_env, metrics_route, serving_metrics
+from asgi_admission._middleware import AdmissionMiddleware
+from asgi_admission._watchdog.watchdog import SessionWatchdog
+from asgi_admission.demo.processes import ProcessSessions, add_process_routes
 
 __all__ = ["SESSION_ROUTES", "SessionStore", "create_app"]
 

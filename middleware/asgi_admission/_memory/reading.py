@@ -7,6 +7,9 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal, Protocol
 
 Source = Literal["cgroup-v2", "cgroup-v1", "host"]
+#: Which file cache counts as reclaimable: both LRUs ("file", the default) or only
+#: ``inactive_file`` ("inactive", the kubelet's working set, as ``kubectl top`` shows).
+Reclaimable = Literal["file", "inactive"]
 
 
 @dataclass(frozen=True, slots=True)

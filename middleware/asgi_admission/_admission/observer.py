@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-from ._config import AdmissionConfig
-from ._latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.latch import AdmissionController, CapacityDecision
+from asgi_admission._config import AdmissionConfig
 
 Kind = Literal["http", "websocket"]
 

@@ -18,8 +18,8 @@ import threading
 from contextlib import AbstractContextManager
 from typing import Final, Protocol
 
-from ._config import AdmissionConfig
-from ._shared_ledger import SharedLedger
+from asgi_admission._admission.shared_ledger import SharedLedger
+from asgi_admission._config import AdmissionConfig
 
 _PENDING: Final = 0
 _ACTIVE: Final = 1

@@ -41,11 +41,11 @@ import psutil
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._config import AdmissionConfig, _number
-from ._halt import HaltAction, HaltCallback, ProcessGroupHalt, SessionHalt
-from ._reading import MemoryReader, MemoryReading
-from ._sampler import ProcessSample, ProcessTreeSampler, read_children_map
-from ._watchdog_metrics import HaltReason, watchdog_metrics
+from asgi_admission._config import AdmissionConfig, _number
+from asgi_admission._memory.reading import MemoryReader, MemoryReading
+from asgi_admission._watchdog.halt import HaltAction, HaltCallback, ProcessGroupHalt, SessionHalt
+from asgi_admission._watchdog.metrics import HaltReason, watchdog_metrics
+from asgi_admission._watchdog.sampler import ProcessSample, ProcessTreeSampler, read_children_map
 
 if TYPE_CHECKING:
     from starlette.requests import HTTPConnection
@@ -204,7 +204,7 @@ class SessionWatchdog:
         if not (math.isfinite(interval_s) and interval_s > 0):
             raise ValueError(f"interval_s must be a number of seconds above 0; got {interval_s!r}.")
         if memory_reader is None:
-            from ._factory import build_reader
+            from asgi_admission._factory import build_reader
 
             memory_reader = build_reader(config)
         self.config = config

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from ._reading import MemoryReading
+from asgi_admission._memory.reading import MemoryReading
 
 GIB: Final = 1024**3
 #: Kept free for the host: the greater of this share of RAM and ``HEADROOM_MIN_BYTES``.

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from ._reading import MemoryReader, MemoryReading, slot_setters
+from asgi_admission._memory.reading import MemoryReader, MemoryReading, slot_setters
 
 State = Literal["normal", "pressured", "unavailable"]
 #: ``ledger_busy`` is the middleware's own: the shared ledger could not be had in time.
@@ -103,7 +103,7 @@ def _rounded_at_most(percent: float, bound: float) -> bool:
 
 
 def _default_reader() -> MemoryReader:
-    from ._cgroup import read_cgroup_memory
+    from asgi_admission._memory.cgroup import read_cgroup_memory
 
     return read_cgroup_memory
 

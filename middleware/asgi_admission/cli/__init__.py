@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import __version__
+from asgi_admission import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,28 +21,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from . import _probe
+    from asgi_admission.cli import demo as demo_command
+    from asgi_admission.cli import probe as probe_command
 
     probe = sub.add_parser("probe", help="show what the guard sees and would decide now")
-    _probe.add_arguments(probe)
-    probe.set_defaults(run=_probe.run)
+    probe_command.add_arguments(probe)
+    probe.set_defaults(run=probe_command.run)
 
     demo = sub.add_parser("demo", help="serve the demo session service with uvicorn")
-    demo.set_defaults(run=_run_demo)
-    _add_demo_arguments(demo)
+    demo_command.add_arguments(demo)
+    demo.set_defaults(run=demo_command.run)
     return parser
-
-
-def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    from . import _demo_cli
-
-    _demo_cli.add_arguments(parser)
-
-
-def _run_demo(args: argparse.Namespace) -> int:
-    from . import _demo_cli
-
-    return _demo_cli.run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,7 +45,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"asgi-admission {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return code
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

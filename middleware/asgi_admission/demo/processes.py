@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
-from ._watchdog import SessionWatchdog, WatchedSession, session_watchdog
+from asgi_admission._watchdog.watchdog import SessionWatchdog, WatchedSession, session_watchdog
 
 _MIB: Final = 1024 * 1024
 DEFAULT_BUDGET_MB: Final = 512

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Final
 
 import psutil
 
-from ._reading import MemoryReading
-from ._watchdog_metrics import HaltReason
+from asgi_admission._memory.reading import MemoryReading
+from asgi_admission._watchdog.metrics import HaltReason
 
 if TYPE_CHECKING:
-    from ._watchdog import WatchedSession
+    from asgi_admission._watchdog.watchdog import WatchedSession
 
 DEFAULT_GRACE_S: Final = 5.0
 

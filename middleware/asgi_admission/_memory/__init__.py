@@ -1,0 +1,1 @@
+"""Reading memory: cgroup files, their parsing and discovery, and the opt-in host reader."""

@@ -1,0 +1,1 @@
+"""Prometheus metrics: the scrape-time collector, decision counters, and serving /metrics."""

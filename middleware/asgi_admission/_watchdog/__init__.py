@@ -1,0 +1,1 @@
+"""The session watchdog: per-session sampling, halts, and their metrics."""

@@ -48,3 +48,9 @@ def require_cgroup_v1() -> None:
 def require_root(why: str) -> None:
     """:func:`require` that the tests run as root, for ``why``."""
     require(os.geteuid() == 0, f"needs root: {why}")
+
+
+def require_markers(item: pytest.Item) -> None:
+    """What a test's markers say it needs: ``real_cgroup``, root and cgroup v1."""
+    if item.get_closest_marker("real_cgroup") is not None:
+        require_cgroup_v1()

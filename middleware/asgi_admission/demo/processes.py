@@ -155,7 +155,9 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
             stdin.write(f"{mb}\n".encode())
             await stdin.drain()
             await stdout.readline()
-        except ConnectionError:  # halted or gone: the description says which
+        except (ConnectionError, RuntimeError):
+            # Halted or gone (a closed pipe, or asyncio's "handler is closed" once the
+            # child has been reaped): the description says which.
             pass
         return describe(child)
 

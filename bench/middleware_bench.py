@@ -147,7 +147,7 @@ class PassThrough:
 class Floor:
     """A reference, not a guard: the least any guard of session requests must do.
 
-    One reading as SPEC §3 defines it at its cheapest (a ``pread`` each of the
+    One reading as docs/how-it-decides.md defines it at its cheapest (a ``pread`` each of the
     cgroup's usage and limit files, parsed), one pending count, and a watched
     ``send`` that gives the slot back when the response ends. No lock, latch,
     ledger, disconnect watch, refusal or metrics. Its cost is what reading the

@@ -8,7 +8,7 @@ creates, fills with a child process and removes again::
 
 Each case times ``AdmissionController(memory_reader=CgroupMemoryReader(root))
 .evaluate(0, 16)`` and, in the same run, a baseline that reads the same files
-the way the reference did (``Path.read_text`` each time, open/read/close), and
+the way the guard this replaced did (``Path.read_text`` each time, open/read/close), and
 prints medians and 99th percentiles in microseconds and their ratio. Fixture
 trees live on an ordinary filesystem, so their figures show the parsing cost
 more than the kernel's.
@@ -79,7 +79,7 @@ def real_v1_group() -> Iterator[Path | None]:
 
 
 def baseline(files: list[Path]) -> Callable[[], object]:
-    """Open, read and close every file each time, as the reference did."""
+    """Open, read and close every file each time, as the guard this replaced did."""
 
     def read() -> object:
         return [path.read_text() for path in files]

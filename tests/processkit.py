@@ -7,6 +7,10 @@ import os
 import signal
 import socket
 import subprocess
+import time
+from pathlib import Path
+
+import httpx
 
 
 def free_port() -> int:
@@ -28,3 +32,37 @@ def stop_process_group(proc: subprocess.Popen[bytes], *, timeout: float = 10) ->
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+class Server:
+    """A server subprocess on 127.0.0.1, stopped with SIGTERM then SIGKILL."""
+
+    def __init__(self, argv: list[str], port: int, env: dict[str, str], log: Path) -> None:
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self._log = log.open("wb")
+        self.proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.log_path = log
+
+    def wait_ready(self, path: str = "/health", timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log_path.read_text()}")
+            try:
+                if httpx.get(self.base_url + path, timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready in {timeout}s:\n{self.log_path.read_text()}")
+
+    def stop(self) -> None:
+        stop_process_group(self.proc, timeout=10)
+        self._log.close()

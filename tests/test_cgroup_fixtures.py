@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from asgi_admission import CgroupMemoryReader, read_cgroup_memory
+from asgi_admission import CgroupMemoryReader
+from asgi_admission._memory.cgroup import read_cgroup_memory
 from cgroup_trees import FIXTURES, copy_files
 
 ELASTIC = FIXTURES / "elastic-agent-system-metrics"

@@ -8,11 +8,12 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asgi_admission import CgroupMemoryReader, parse_cgroup_memory_value
+from asgi_admission import CgroupMemoryReader
 from asgi_admission._memory.parse import (
     MALFORMED,
     RECLAIMABLE_KEYS,
     find_stat,
+    parse_cgroup_memory_value,
     parse_pressure_some_avg10,
     reclaimable_bytes,
     stat_key,

@@ -12,14 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from asgi_admission import (
-    CgroupMemoryReader,
-    MemoryReading,
-    parse_cgroup_memory_value,
-    read_cgroup_memory,
-)
+from asgi_admission import CgroupMemoryReader, MemoryReading
+from asgi_admission._memory.cgroup import read_cgroup_memory
 from asgi_admission._memory.discover import discover_cgroup, parse_mountinfo, parse_proc_cgroup
-from asgi_admission._memory.parse import parse_pressure_some_avg10
+from asgi_admission._memory.parse import parse_cgroup_memory_value, parse_pressure_some_avg10
 from asgi_admission._memory.reading import available_reading
 from cgroup_trees import FIXTURES, copy_files
 

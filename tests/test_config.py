@@ -29,6 +29,7 @@ def test_defaults_match_the_spec() -> None:
         memory_source="cgroup",
         reclaimable="file",
         shared_dir=None,
+        websocket_refusal="auto",
     )
 
 
@@ -44,6 +45,7 @@ def test_every_variable_is_read(caplog: pytest.LogCaptureFixture) -> None:
         "ADMISSION_MEMORY_SOURCE": "HOST",
         "ADMISSION_SHARED_DIR": "/run/admission",
         "ADMISSION_RECLAIMABLE": "inactive",
+        "ADMISSION_WEBSOCKET_REFUSAL": " Close ",
     }
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         config = AdmissionConfig.from_env(env)
@@ -57,6 +59,7 @@ def test_every_variable_is_read(caplog: pytest.LogCaptureFixture) -> None:
         memory_source="host",
         reclaimable="inactive",
         shared_dir="/run/admission",
+        websocket_refusal="close",
     )
     assert caplog.records == []
 
@@ -102,6 +105,7 @@ def test_current_name_wins_over_legacy(caplog: pytest.LogCaptureFixture) -> None
         ("ADMISSION_RETRY_AFTER_SECONDS", "0", "retry_after_s", 5),
         ("ADMISSION_MEMORY_SOURCE", "psutil", "memory_source", "cgroup"),
         ("ADMISSION_RECLAIMABLE", "all", "reclaimable", "file"),
+        ("ADMISSION_WEBSOCKET_REFUSAL", "1013", "websocket_refusal", "auto"),
     ],
 )
 def test_each_fallback_logs_one_warning_naming_the_variable(
@@ -181,6 +185,10 @@ def test_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
         ),
         ({"memory_source": "disk"}, "memory_source must be 'cgroup' or 'host'; got 'disk'."),
         ({"reclaimable": "all"}, "reclaimable must be 'file' or 'inactive'; got 'all'."),
+        (
+            {"websocket_refusal": "reject"},
+            "websocket_refusal must be 'auto', 'close' or 'deny'; got 'reject'.",
+        ),
     ],
 )
 def test_invalid_config_in_code_raises_a_sentence(kwargs: dict[str, object], message: str) -> None:

@@ -1,20 +1,26 @@
-"""The public surface: exactly these names, each importable, and the version from metadata."""
+"""The public surface: exactly these names, each importable, nothing else leaked."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import types
 
 import asgi_admission
 
+#: Subpackages with a public name of their own, not part of the API: the command line
+#: (``asgi-admission``) and the demo service. They show as attributes once imported.
+SUBPACKAGES = {"cli", "demo"}
+
 EXPORTED = [
-    "AdmissionCollector",
     "AdmissionConfig",
     "AdmissionController",
     "AdmissionMiddleware",
     "CapacityDecision",
     "CgroupMemoryReader",
-    "DecisionMetrics",
+    "DecisionObserver",
+    "HaltAction",
     "HostMemoryReader",
+    "MemoryReader",
     "MemoryReading",
     "ProcessGroupHalt",
     "ProcessSample",
@@ -25,11 +31,8 @@ EXPORTED = [
     "__version__",
     "metrics_app",
     "metrics_route",
-    "parse_cgroup_memory_value",
-    "read_cgroup_memory",
     "serving_metrics",
     "session_watchdog",
-    "start_metrics_server",
 ]
 
 
@@ -46,8 +49,17 @@ def test_every_exported_name_imports() -> None:
     assert sorted(name for name in namespace if name != "__builtins__") == EXPORTED
     for name in EXPORTED:
         member = getattr(asgi_admission, name)
-        if name != "__version__":
+        if name not in {"__version__", "HaltAction"}:  # a string; a typing alias
             assert getattr(member, "__module__", "").startswith("asgi_admission")
+
+
+def test_no_other_public_attribute_leaks() -> None:
+    """Every attribute of the package without a leading underscore is in __all__
+    (as httpx checks its own): a helper imported into __init__ would show here."""
+    public = {name for name in vars(asgi_admission) if not name.startswith("_")}
+    for name in public & SUBPACKAGES:
+        assert isinstance(getattr(asgi_admission, name), types.ModuleType)
+    assert public - set(EXPORTED) - SUBPACKAGES == set()
 
 
 def test_version_comes_from_package_metadata() -> None:

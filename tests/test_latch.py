@@ -1,4 +1,4 @@
-"""The latch (SPEC §4) over tables of reading sequences, its validation and its lock."""
+"""The latch over tables of reading sequences, its validation and its lock."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asgi_admission import AdmissionController, CapacityDecision, MemoryReading, read_cgroup_memory
+from asgi_admission import AdmissionController, CapacityDecision, MemoryReading
+from asgi_admission._memory.cgroup import read_cgroup_memory
 
 LIMIT = 1000  # bytes, so that percentages are easy to read off: used 800 is 80 %
 
@@ -290,7 +291,8 @@ def test_request_path_decision_matches_the_dataclass() -> None:
 def _reference_decide(
     pressured: bool, high: float, resume: float, reserve: int, memory: MemoryReading, pending: int
 ) -> bool:
-    """SPEC §4's step 4 as the reference writes it, on MemoryReading.percent (rounded)."""
+    """The latch's set/clear step as the guard it replaced wrote it, on
+    MemoryReading.percent (rounded)."""
     percent = memory.percent
     assert percent is not None
     assert memory.used_bytes is not None

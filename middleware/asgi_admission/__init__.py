@@ -1,40 +1,42 @@
-"""Admission control for ASGI services that open memory-hungry sessions."""
+"""Admission control for ASGI services that open memory-hungry sessions.
 
-from importlib.metadata import PackageNotFoundError, version
+The public surface is exactly ``__all__``: what a user needs to build, configure,
+observe and extend the guard, the protocols of its extension points included.
+Everything else lives in private modules.
+"""
+
+from importlib import metadata as _metadata
 
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.observer import DecisionObserver
 from asgi_admission._config import AdmissionConfig
-from asgi_admission._memory.cgroup import CgroupMemoryReader, read_cgroup_memory
+from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.host import HostMemoryReader
-from asgi_admission._memory.parse import parse_cgroup_memory_value
-from asgi_admission._memory.reading import MemoryReading
-from asgi_admission._metrics.collector import AdmissionCollector, DecisionMetrics
-from asgi_admission._metrics.serving import (
-    metrics_app,
-    metrics_route,
-    serving_metrics,
-    start_metrics_server,
-)
+from asgi_admission._memory.reading import MemoryReader, MemoryReading
+from asgi_admission._metrics.serving import metrics_app, metrics_route, serving_metrics
 from asgi_admission._middleware import AdmissionMiddleware
 from asgi_admission._responses import RetryAfterPolicy
-from asgi_admission._watchdog.halt import ProcessGroupHalt, SessionHalt
+from asgi_admission._watchdog.halt import HaltAction, ProcessGroupHalt, SessionHalt
 from asgi_admission._watchdog.sampler import ProcessSample
 from asgi_admission._watchdog.watchdog import SessionWatchdog, WatchedSession, session_watchdog
 
 try:
-    __version__ = version("asgi-admission")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+    __version__ = _metadata.version("asgi-admission")
+except (
+    _metadata.PackageNotFoundError
+):  # pragma: no cover - running from a source tree without install
     __version__ = "0.0.0"
 
 __all__ = [
-    "AdmissionCollector",
     "AdmissionConfig",
     "AdmissionController",
     "AdmissionMiddleware",
     "CapacityDecision",
     "CgroupMemoryReader",
-    "DecisionMetrics",
+    "DecisionObserver",
+    "HaltAction",
     "HostMemoryReader",
+    "MemoryReader",
     "MemoryReading",
     "ProcessGroupHalt",
     "ProcessSample",
@@ -45,9 +47,6 @@ __all__ = [
     "__version__",
     "metrics_app",
     "metrics_route",
-    "parse_cgroup_memory_value",
-    "read_cgroup_memory",
     "serving_metrics",
     "session_watchdog",
-    "start_metrics_server",
 ]

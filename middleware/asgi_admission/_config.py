@@ -5,27 +5,28 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, Literal, TypeVar, get_args
+from typing import Final, Literal, get_args
 
-from asgi_admission._admission.latch import (
-    DEFAULT_HIGH_WATERMARK_PERCENT,
-    DEFAULT_RESERVE_BYTES,
-    DEFAULT_RESUME_THRESHOLD_PERCENT,
-    MIB,
-)
+from asgi_admission import _env
 from asgi_admission._memory.reading import Reclaimable
 
 logger = logging.getLogger("asgi_admission")
 
 MemorySource = Literal["cgroup", "host"]
+#: How a refused WebSocket handshake is answered (see ``AdmissionConfig.websocket_refusal``).
+WebSocketRefusal = Literal["auto", "close", "deny"]
 
+MIB: Final = 1024 * 1024
+DEFAULT_HIGH_WATERMARK_PERCENT: Final = 80.0
+DEFAULT_RESUME_THRESHOLD_PERCENT: Final = 70.0
+DEFAULT_RESERVE_BYTES: Final = 768 * MIB
 
 DEFAULT_MAX_SESSIONS: Final = 16
 DEFAULT_RETRY_AFTER_S: Final = 5
 
-# (current name, legacy name accepted from the reference deployment or None)
+# (current name, legacy name from the deployment this guard replaced, or None)
 ENV_HIGH: Final = ("ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT", "CODA_MEMORY_HIGH_WATERMARK_PERCENT")
 ENV_RESUME: Final = (
     "ADMISSION_MEMORY_RESUME_THRESHOLD_PERCENT",
@@ -38,6 +39,23 @@ ENV_RETRY_AFTER: Final = ("ADMISSION_RETRY_AFTER_SECONDS", None)
 ENV_MEMORY_SOURCE: Final = ("ADMISSION_MEMORY_SOURCE", None)
 ENV_SHARED_DIR: Final = ("ADMISSION_SHARED_DIR", None)
 ENV_RECLAIMABLE: Final = ("ADMISSION_RECLAIMABLE", None)
+ENV_WEBSOCKET_REFUSAL: Final = ("ADMISSION_WEBSOCKET_REFUSAL", None)
+
+
+def watermarks_consistent(high: float, resume: float) -> bool:
+    """Whether ``0 < resume <= high <= 100``, both finite."""
+    return math.isfinite(high) and math.isfinite(resume) and 0 < resume <= high <= 100
+
+
+def check_watermarks(high: float, resume: float, reserve_bytes: int) -> None:
+    """Raise ``ValueError`` naming the setting unless the latch's settings are usable."""
+    if not watermarks_consistent(high, resume):
+        raise ValueError(
+            "resume_threshold_percent and high_watermark_percent must satisfy "
+            f"0 < resume <= high <= 100; got resume={resume!r}, high={high!r}."
+        )
+    if reserve_bytes < 0:
+        raise ValueError(f"reserve_bytes must be 0 or more; got {reserve_bytes!r}.")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,16 +81,16 @@ class AdmissionConfig:
     reclaimable: Reclaimable = "file"
     #: A directory shared by the workers of one container for the session ledger.
     shared_dir: str | None = None
+    #: How a refused WebSocket is told: ``"close"`` accepts and closes with 1013 and
+    #: the delay in the reason (what a browser's JavaScript can read), ``"deny"``
+    #: sends the 503 denial response where the server offers it, and ``"auto"``
+    #: closes for a handshake with an ``Origin`` header (a browser) and denies others.
+    websocket_refusal: WebSocketRefusal = "auto"
 
     def __post_init__(self) -> None:
-        high, resume = self.high_watermark_percent, self.resume_threshold_percent
-        if not (math.isfinite(high) and math.isfinite(resume) and 0 < resume <= high <= 100):
-            raise ValueError(
-                "resume_threshold_percent and high_watermark_percent must satisfy "
-                f"0 < resume <= high <= 100; got resume={resume!r}, high={high!r}."
-            )
-        if self.reserve_bytes < 0:
-            raise ValueError(f"reserve_bytes must be 0 or more; got {self.reserve_bytes!r}.")
+        check_watermarks(
+            self.high_watermark_percent, self.resume_threshold_percent, self.reserve_bytes
+        )
         if self.max_sessions < 0:
             raise ValueError(f"max_sessions must be 0 or more; got {self.max_sessions!r}.")
         if self.retry_after_s < 1:
@@ -86,6 +104,11 @@ class AdmissionConfig:
             )
         if self.reclaimable not in get_args(Reclaimable):
             raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}.")
+        if self.websocket_refusal not in get_args(WebSocketRefusal):
+            raise ValueError(
+                "websocket_refusal must be 'auto', 'close' or 'deny'; "
+                f"got {self.websocket_refusal!r}."
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AdmissionConfig:
@@ -97,23 +120,23 @@ class AdmissionConfig:
         logs one warning naming the variable.
         """
         env = os.environ if environ is None else environ
-        high = _number(env, ENV_HIGH, DEFAULT_HIGH_WATERMARK_PERCENT, float)
-        resume = _number(env, ENV_RESUME, DEFAULT_RESUME_THRESHOLD_PERCENT, float)
-        reserve_mb = _number(env, ENV_RESERVE_MB, DEFAULT_RESERVE_BYTES // MIB, int)
+        high = _env.number(env, ENV_HIGH, DEFAULT_HIGH_WATERMARK_PERCENT, float)
+        resume = _env.number(env, ENV_RESUME, DEFAULT_RESUME_THRESHOLD_PERCENT, float)
+        reserve_mb = _env.number(env, ENV_RESERVE_MB, DEFAULT_RESERVE_BYTES // MIB, int)
         if reserve_mb < 0:
             logger.warning(
                 "%s=%d is negative; using a reserve of 0 MB.",
-                _name(env, ENV_RESERVE_MB),
+                _env.setting_name(env, ENV_RESERVE_MB),
                 reserve_mb,
             )
             reserve_mb = 0
-        if not (math.isfinite(high) and math.isfinite(resume) and 0 < resume <= high <= 100):
+        if not watermarks_consistent(high, resume):
             logger.warning(
                 "%s=%s and %s=%s are inconsistent (need 0 < resume <= high <= 100); "
                 "using the default watermarks %s/%s and reserve %d MB.",
-                _name(env, ENV_HIGH),
+                _env.setting_name(env, ENV_HIGH),
                 high,
-                _name(env, ENV_RESUME),
+                _env.setting_name(env, ENV_RESUME),
                 resume,
                 DEFAULT_HIGH_WATERMARK_PERCENT,
                 DEFAULT_RESUME_THRESHOLD_PERCENT,
@@ -121,97 +144,19 @@ class AdmissionConfig:
             )
             high, resume = DEFAULT_HIGH_WATERMARK_PERCENT, DEFAULT_RESUME_THRESHOLD_PERCENT
             reserve_mb = DEFAULT_RESERVE_BYTES // MIB
-        max_sessions = _number(env, ENV_MAX_SESSIONS, DEFAULT_MAX_SESSIONS, int, minimum=0)
-        retry_after = _number(env, ENV_RETRY_AFTER, DEFAULT_RETRY_AFTER_S, int, minimum=1)
+        max_sessions = _env.number(env, ENV_MAX_SESSIONS, DEFAULT_MAX_SESSIONS, int, minimum=0)
+        retry_after = _env.number(env, ENV_RETRY_AFTER, DEFAULT_RETRY_AFTER_S, int, minimum=1)
         return cls(
             high_watermark_percent=high,
             resume_threshold_percent=resume,
             reserve_bytes=reserve_mb * MIB,
             max_sessions=max_sessions,
             retry_after_s=retry_after,
-            cgroup_root=_text(env, ENV_CGROUP_ROOT),
-            memory_source=_choice(env, ENV_MEMORY_SOURCE, get_args(MemorySource), "cgroup"),
-            reclaimable=_choice(env, ENV_RECLAIMABLE, get_args(Reclaimable), "file"),
-            shared_dir=_text(env, ENV_SHARED_DIR),
+            cgroup_root=_env.text(env, ENV_CGROUP_ROOT),
+            memory_source=_env.choice(env, ENV_MEMORY_SOURCE, get_args(MemorySource), "cgroup"),
+            reclaimable=_env.choice(env, ENV_RECLAIMABLE, get_args(Reclaimable), "file"),
+            shared_dir=_env.text(env, ENV_SHARED_DIR),
+            websocket_refusal=_env.choice(
+                env, ENV_WEBSOCKET_REFUSAL, get_args(WebSocketRefusal), "auto"
+            ),
         )
-
-
-_N = TypeVar("_N", int, float)
-
-
-def _name(env: Mapping[str, str], names: tuple[str, str | None]) -> str:
-    """The variable actually in effect: the current name, or the legacy one if only it is set."""
-    current, legacy = names
-    if current not in env and legacy is not None and legacy in env:
-        return legacy
-    return current
-
-
-def _raw(env: Mapping[str, str], names: tuple[str, str | None]) -> str | None:
-    current, legacy = names
-    if current in env:
-        if legacy is not None and legacy in env:
-            logger.warning("%s is set, so the legacy %s is ignored.", current, legacy)
-        return env[current]
-    if legacy is not None and legacy in env:
-        logger.warning("%s is a legacy name; set %s instead.", legacy, current)
-        return env[legacy]
-    return None
-
-
-def _number(
-    env: Mapping[str, str],
-    names: tuple[str, str | None],
-    default: _N,
-    kind: Callable[[str], _N],
-    *,
-    minimum: _N | None = None,
-) -> _N:
-    raw = _raw(env, names)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = kind(raw.strip())
-    except ValueError:
-        logger.warning(
-            "%s=%r is not a valid number; using the default %s.", _name(env, names), raw, default
-        )
-        return default
-    if minimum is not None and value < minimum:
-        logger.warning(
-            "%s=%r is below the minimum %s; using the default %s.",
-            _name(env, names),
-            raw,
-            minimum,
-            default,
-        )
-        return default
-    return value
-
-
-def _text(env: Mapping[str, str], names: tuple[str, str | None]) -> str | None:
-    raw = _raw(env, names)
-    return raw.strip() or None if raw is not None else None
-
-
-_S = TypeVar("_S", bound=str)
-
-
-def _choice(
-    env: Mapping[str, str], names: tuple[str, str | None], choices: tuple[_S, ...], default: _S
-) -> _S:
-    raw = _raw(env, names)
-    if raw is None or not raw.strip():
-        return default
-    value = raw.strip().lower()
-    for choice in choices:
-        if value == choice:
-            return choice
-    logger.warning(
-        "%s=%r is not one of %s; using the default %r.",
-        _name(env, names),
-        raw,
-        ", ".join(choices),
-        default,
-    )
-    return default

@@ -1,8 +1,10 @@
-"""Building the reader and the latch a configuration describes."""
+"""Building the reader, the latch and the ledger a configuration describes."""
 
 from __future__ import annotations
 
 from asgi_admission._admission.latch import AdmissionController
+from asgi_admission._admission.ledger import InProcessLedger, SessionLedger
+from asgi_admission._admission.shared_ledger import SharedLedger
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.host import HostMemoryReader
@@ -23,3 +25,14 @@ def build_controller(config: AdmissionConfig) -> AdmissionController:
         reserve_bytes=config.reserve_bytes,
         memory_reader=build_reader(config),
     )
+
+
+def build_ledger(config: AdmissionConfig) -> SessionLedger:
+    """The ledger ``config`` asks for: shared by the workers when ``shared_dir`` is set.
+
+    Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when that directory
+    cannot be created or used.
+    """
+    if config.shared_dir is not None:
+        return SharedLedger(config.shared_dir)
+    return InProcessLedger()

@@ -11,9 +11,7 @@ Notes:
   serialises the controller, whose ``decide`` expects its caller to hold one.
 - Most admissions are decided by an upper bound of the working set (raw usage
   and the exact limit, two small reads) while the latch is clear and far from
-  the ceiling. Where no observer needs the reading (none, or this package's own
-  metrics) that admission builds no reading or decision object: it is the
-  session path's common case, and each object costs about half a microsecond.
+  the ceiling: the latch's fast path (``AdmissionController.assess``).
 - Release exactly once: an HTTP session is pending until its last body chunk is
   sent (background tasks then run with the slot already free), the client
   disconnects, or the app returns or raises. A WebSocket is pending until the
@@ -30,25 +28,27 @@ import logging
 import operator
 import time
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import TypeVar, get_args
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision
-from asgi_admission._admission.ledger import Reservation, SessionLedger, build_ledger
+from asgi_admission._admission.ledger import Reservation, SessionLedger
 from asgi_admission._admission.observer import DecisionObserver, Kind
 from asgi_admission._admission.shared_ledger import LOCK_WAIT_S, LedgerBusy, LedgerUnavailable
-from asgi_admission._config import AdmissionConfig
-from asgi_admission._factory import build_controller
+from asgi_admission._config import AdmissionConfig, WebSocketRefusal
+from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
+from asgi_admission._factory import build_controller, build_ledger
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
-from asgi_admission._metrics.collector import DecisionMetrics, instrument
+from asgi_admission._metrics.collector import instrument
 from asgi_admission._responses import (
     Refusal,
     RetryAfterPolicy,
     coerce_policy,
     send_http_refusal,
     send_websocket_refusal,
+    websocket_denial,
 )
 from asgi_admission._routes import RouteMatcher
 from asgi_admission._watchdog.watchdog import SessionWatchdog, serve_lifespan
@@ -72,6 +72,9 @@ class AdmissionMiddleware:
     WebSockets it admitted and that are still open. A ``watchdog``
     (``SessionWatchdog``) is started and stopped with the app's lifespan;
     handlers reach it with ``session_watchdog(request)``.
+    ``websocket_refusal`` (default: the config's, ``"auto"``) says how a refused
+    WebSocket is told: closed with 1013 and the delay in the reason where a
+    browser asks (``Origin``), the 503 denial response otherwise.
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class AdmissionMiddleware:
         expose_details: bool = False,
         retry_after: RetryAfterPolicy | int | None = None,
         readiness_path: str | None = None,
+        websocket_refusal: WebSocketRefusal | None = None,
         observer: DecisionObserver | None = None,
         registry: CollectorRegistry | None = REGISTRY,
         watchdog: SessionWatchdog | None = None,
@@ -135,6 +139,13 @@ class AdmissionMiddleware:
             raise ValueError(f"max_sessions must be a whole number, 0 or more; got {limit!r}.")
         self._session_limit = limit
         self._retry_after = coerce_policy(retry_after, self._config.retry_after_s)
+        if websocket_refusal is None:
+            websocket_refusal = self._config.websocket_refusal
+        elif websocket_refusal not in get_args(WebSocketRefusal):
+            raise ValueError(
+                f"websocket_refusal must be 'auto', 'close' or 'deny'; got {websocket_refusal!r}."
+            )
+        self._websocket_refusal: WebSocketRefusal = websocket_refusal
         self._refusal = Refusal(
             expose_details=bool(expose_details),
             high=self._controller.high_watermark_percent,
@@ -156,12 +167,9 @@ class AdmissionMiddleware:
         self._locked = self._ledger.locked()
         self._attempt = self._ledger.attempt()
         self._safe_read = self._read
-        # Admissions the bound alone decides need no reading or decision built where
-        # no observer looks at them: none, or this package's own metrics.
-        self._on_admitted: Callable[[Kind, float], None] | None = None
-        if isinstance(self._observer, DecisionMetrics):
-            self._on_admitted = self._observer.on_admitted
-        self._lean = self._observer is None or self._on_admitted is not None
+        # Starlette builds its stack inside out: what runs inside the guard exists now.
+        if cors_inside(app):
+            logger.warning(CORS_INSIDE_WARNING)
 
     # -- AdmissionView ------------------------------------------------------------
 
@@ -319,38 +327,17 @@ class AdmissionMiddleware:
         observer = self._observer
         start = time.perf_counter() if observer is not None else 0.0
         ledger = self._ledger
-        controller = self._controller
         limit = self._session_limit
-        decision: CapacityDecision | None = None
         # The app's own count (current_sessions) replaces the ledger's count of
         # accepted WebSockets; a shared ledger adds the other workers' counts. App
         # code, so it is asked before the critical section, never inside it.
         own = None if self._current_sessions is None else self._app_count()
         with self._attempt:
-            # Where nothing needs to see the reading, the common admission (bounds
-            # of the counts and of the working set admit) builds no reading or
-            # decision. Every latch condition is monotone in both, so where the
-            # bounds admit, the exact figures would too.
-            tried = self._lean and not self._blind
-            admitted = False
-            if tried:
-                current, pending = ledger.counts(own, exact=False)
-                admitted = controller.admits_within_bound(current, limit, pending)
-            if admitted:
-                reservation: Reservation | None = ledger.reserve()
-            else:
-                current, pending = ledger.counts(own)
-                decision = controller.assess(
-                    current, limit, pending, read=self._safe_read, bound_tried=tried
-                )
-                reservation = ledger.reserve() if decision.allowed else None
-                retry_after_s = 0 if decision.allowed else self._retry_after.next_delay()
-                blind_changed = self._note_blind(decision)
-        if decision is None:
-            if self._on_admitted is not None:
-                self._on_admitted(kind, time.perf_counter() - start)
-            assert reservation is not None
-            return reservation
+            current, pending = ledger.counts(own)
+            decision = self._controller.assess(current, limit, pending, read=self._safe_read)
+            reservation = ledger.reserve() if decision.allowed else None
+            retry_after_s = 0 if decision.allowed else self._retry_after.next_delay()
+            blind_changed = self._note_blind(decision)
         if observer is not None:
             observer.on_decision(kind, decision, time.perf_counter() - start)
         if blind_changed or decision.transition is not None:
@@ -464,9 +451,14 @@ class AdmissionMiddleware:
         if isinstance(outcome, tuple):
             decision, retry_after_s, counts = outcome
             body = self._refusal.body(decision, retry_after_s, counts)
-            denial = "websocket.http.response" in scope.get("extensions", {})
             await send_websocket_refusal(
-                receive, send, denial=denial, retry_after_s=retry_after_s, body=body
+                scope,
+                receive,
+                send,
+                denial=websocket_denial(self._websocket_refusal, scope),
+                retry_after_s=retry_after_s,
+                reason=decision.reason or "session_limit",
+                body=body,
             )
             return
         release = outcome.release

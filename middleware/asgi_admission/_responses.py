@@ -6,11 +6,15 @@ Notes:
   ``Cache-Control: no-store`` so no proxy replays a refusal, and an RFC 9457
   ``application/problem+json`` body. Memory figures are internals, so they go in
   the body only when the operator opts in (``expose_details=True``).
-- WebSocket: servers that offer the ``websocket.http.response`` extension let us
-  answer the handshake with that same 503. Elsewhere the only refusal a browser
-  can tell apart from "forbidden" is to accept and close at once with 1013 (Try
-  Again Later, RFC 6455 §7.4 / IANA registry) and the delay in the close reason;
-  closing before accepting turns into a bare 403 on every server.
+- WebSocket: a browser hides a failed handshake from JavaScript (the page sees
+  only close 1006), so a refusal a browser can act on is to accept and close at
+  once with 1013 (Try Again Later, RFC 6455 §7.4 / IANA registry) and the delay
+  in the close reason; closing before accepting turns into a bare 403 on every
+  server. The accept names the first subprotocol the client asked for: a browser
+  that asked for one and gets none fails the handshake, and the 1013 with it.
+  Programs read the 503 denial response (``websocket.http.response``) as they
+  read the HTTP one. ``websocket_refusal="auto"`` picks by the ``Origin`` header,
+  which every browser sends and most programs do not.
 - Jitter keeps refused clients from coming back in lockstep. The adaptive mode
   follows Kubernetes API Priority and Fairness: while refusals persist the delay
   grows (clients told to wait came back and were refused again), and once they
@@ -25,9 +29,10 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from starlette.types import Receive, Send
+from starlette.types import Receive, Scope, Send
 
 from asgi_admission._admission.latch import CapacityDecision, Reason
+from asgi_admission._config import WebSocketRefusal
 
 PROBLEM_TYPE_PREFIX: Final = "urn:asgi-admission:problem:"
 
@@ -234,15 +239,30 @@ async def send_http_refusal(send: Send, retry_after_s: int, body: bytes) -> None
     await send({"type": "http.response.body", "body": body})
 
 
-def close_reason(retry_after_s: int) -> str:
-    """The 1013 close reason: machine-readable first, within the 123-byte limit."""
-    return f"retry_after_s={retry_after_s}; session capacity exhausted, try again later"[
-        :_MAX_CLOSE_REASON
-    ]
+def close_reason(retry_after_s: int, reason: Reason) -> str:
+    """The 1013 close reason: ``retry_after_s=N; reason=R; <title>``, at most 123 bytes."""
+    text = f"retry_after_s={retry_after_s}; reason={reason}; {_TITLES[reason]}"
+    return text.encode()[:_MAX_CLOSE_REASON].decode(errors="ignore")
+
+
+def websocket_denial(mode: WebSocketRefusal, scope: Scope) -> bool:
+    """Whether to refuse this handshake with the 503 denial response, not accept + 1013."""
+    if mode == "close" or "websocket.http.response" not in (scope.get("extensions") or {}):
+        return False
+    if mode == "deny":
+        return True
+    return not any(name == b"origin" for name, _ in scope["headers"])
 
 
 async def send_websocket_refusal(
-    receive: Receive, send: Send, *, denial: bool, retry_after_s: int, body: bytes
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    *,
+    denial: bool,
+    retry_after_s: int,
+    reason: Reason,
+    body: bytes,
 ) -> None:
     # The server sends websocket.connect first; a client that already left gets nothing.
     message = await receive()
@@ -258,11 +278,14 @@ async def send_websocket_refusal(
         )
         await send({"type": "websocket.http.response.body", "body": body})
         return
-    await send({"type": "websocket.accept"})
+    subprotocols = scope.get("subprotocols") or ()
+    await send(
+        {"type": "websocket.accept", "subprotocol": subprotocols[0] if subprotocols else None}
+    )
     await send(
         {
             "type": "websocket.close",
             "code": WS_TRY_AGAIN_LATER,
-            "reason": close_reason(retry_after_s),
+            "reason": close_reason(retry_after_s, reason),
         }
     )

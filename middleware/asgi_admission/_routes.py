@@ -17,8 +17,6 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
-from starlette.types import Scope
-
 WEBSOCKET: Final = "WS"
 _HTTP_METHODS: Final = frozenset(
     {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
@@ -109,11 +107,6 @@ class RouteMatcher:
 
     def __bool__(self) -> bool:
         return bool(self._routes)
-
-    def matches(self, scope: Scope) -> bool:
-        """Whether this HTTP or WebSocket scope opens a session."""
-        routes = self._routes.get(scope.get("method", WEBSOCKET))
-        return routes is not None and routes.matches(scope["path"])
 
     def http_routes(self) -> dict[str, MethodRoutes]:
         """The compiled HTTP routes by method, for a caller that inlines the lookup."""

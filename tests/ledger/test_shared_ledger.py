@@ -163,12 +163,11 @@ def test_killed_worker_is_recovered_by_the_next_decision(
     assert [e.pid for e in read_entries(shared[0])] == [os.getpid()]
 
 
-def test_counts_without_liveness_checks_are_an_upper_bound(
+def test_a_killed_workers_sessions_stop_counting_against_the_cap(
     shared: tuple[str, list[SharedLedger]], tmp_path: Path
 ) -> None:
-    """counts(exact=False) still counts a killed worker's sessions (never fewer than the
-    exact counts). A guard whose bound counts reach its cap takes the exact counts,
-    which recover the dead worker's sessions, and admits."""
+    """A guard at its cap because of another worker's sessions admits again once that
+    worker is killed: its next decision recovers the dead worker's counts."""
     ledger = open_ledger(shared)
     [guard] = guards_over(tmp_path, shared[0], 3, {})
     ready = SPAWN.Event()
@@ -177,7 +176,7 @@ def test_counts_without_liveness_checks_are_an_upper_bound(
     try:
         assert ready.wait(30)
         with ledger.locked():
-            assert ledger.counts(exact=False) == ledger.counts() == (1, 2)
+            assert ledger.counts() == (1, 2)
         refused = guard._admit("http")  # 3 of 3 held by the live worker
         assert isinstance(refused, tuple)
         assert refused[0].reason == "session_limit"
@@ -185,12 +184,10 @@ def test_counts_without_liveness_checks_are_an_upper_bound(
         assert worker.pid is not None
         os.kill(worker.pid, signal.SIGKILL)
         worker.join()
-    with ledger.locked():
-        assert ledger.counts(exact=False) == (1, 2)  # the bound: not checked, not recovered
-    admitted = guard._admit("http")  # the bound is at the cap; the exact counts are not
+    admitted = guard._admit("http")
     assert not isinstance(admitted, tuple)
     with ledger.locked():  # recovered for every worker
-        assert ledger.counts(exact=False) == ledger.counts() == (0, 1)
+        assert ledger.counts() == (0, 1)
     admitted.release()
 
 

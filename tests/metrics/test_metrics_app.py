@@ -13,13 +13,9 @@ from metricskit import SettableReader, free_port, guarded_app, promtool_check, r
 from prometheus_client import CollectorRegistry, Counter
 from starlette.applications import Starlette
 
-from asgi_admission._metrics.serving import (
-    metrics_app,
-    metrics_port_from_env,
-    metrics_route,
-    serving_metrics,
-    start_metrics_server,
-)
+from asgi_admission import metrics_app, metrics_route, serving_metrics
+from asgi_admission._metrics.serving import start_metrics_server
+from asgi_admission.demo import metrics_port_from_env
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 

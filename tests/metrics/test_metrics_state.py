@@ -1,4 +1,4 @@
-"""Every metric of SPEC §7 follows the guard through normal → pressured → normal."""
+"""Every exported metric follows the guard through normal → pressured → normal."""
 
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ class CountingReader:
 
     def __init__(self, inner: CgroupMemoryReader) -> None:
         self.inner = inner
-        self.full = self.bounds = self.bound_bytes = 0
+        self.full = self.bounds = 0
 
     def __call__(self) -> MemoryReading:
         self.full += 1
@@ -218,16 +218,12 @@ class CountingReader:
         self.bounds += 1
         return self.inner.read_bound()
 
-    def read_bound_bytes(self) -> tuple[int, int] | None:
-        self.bound_bytes += 1
-        return self.inner.read_bound_bytes()
-
 
 def test_admissions_the_bound_decides_are_counted_and_timed(
     registry: CollectorRegistry, tmp_path: Path
 ) -> None:
-    """Admissions decided on the bound alone (no reading or decision built) are counted
-    and timed like any other; near the ceiling and while latched the reading is full."""
+    """Admissions decided on the bound alone (the latch's fast path) are counted and
+    timed like any other; near the ceiling and while latched the reading is full."""
     tree = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=1000)
     reader = CountingReader(CgroupMemoryReader(str(tree)))
     app = guarded_app(reader, registry)
@@ -237,19 +233,19 @@ def test_admissions_the_bound_decides_are_counted_and_timed(
 
     for _ in range(5):
         assert request(app, "POST", "/sessions").status_code == 201
-    assert (reader.full, reader.bound_bytes, reader.bounds) == (1, 4, 0)
+    assert (reader.full, reader.bounds) == (1, 4)
     assert decisions(registry, "http", "admitted", "none") == 5
     assert value(registry, "decision_duration_seconds_count") == 5
 
     set_mb(795)  # the bound with one reserve (805 MiB) passes the 800 MiB ceiling
     assert request(app, "POST", "/sessions").status_code == 503
-    assert (reader.full, reader.bound_bytes, reader.bounds) == (2, 5, 0)
+    assert (reader.full, reader.bounds) == (2, 5)
     assert value(registry, "latch_transitions_total", to="pressured") == 1
 
     set_mb(100)
     assert request(app, "POST", "/sessions").status_code == 201  # latched: read in full
     assert request(app, "POST", "/sessions").status_code == 201  # clear: the bound again
-    assert (reader.full, reader.bound_bytes) == (3, 6)
+    assert (reader.full, reader.bounds) == (3, 6)
     assert value(registry, "latch_transitions_total", to="normal") == 1
     assert decisions(registry, "http", "admitted", "none") == 7
     assert decisions(registry, "http", "rejected", "memory_pressure") == 1

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
 import warnings
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
-
-import httpx
 
 from asgi_admission import (
     AdmissionConfig,
@@ -19,8 +13,8 @@ from asgi_admission import (
     MemoryReading,
 )
 from cgroup_trees import write_v2_tree as write_v2_tree
+from processkit import Server as Server
 from processkit import free_port as free_port
-from processkit import stop_process_group
 
 with warnings.catch_warnings():
     # Starlette 1.x prefers the httpx2 fork for its TestClient and warns when it
@@ -87,37 +81,3 @@ def guard(
         max_sessions=max_sessions,
         **options,
     )
-
-
-class Server:
-    """A server subprocess on 127.0.0.1, stopped with SIGTERM then SIGKILL."""
-
-    def __init__(self, argv: list[str], port: int, env: dict[str, str], log: Path) -> None:
-        self.port = port
-        self.base_url = f"http://127.0.0.1:{port}"
-        self._log = log.open("wb")
-        self.proc = subprocess.Popen(
-            argv,
-            env={**os.environ, **env},
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.log_path = log
-
-    def wait_ready(self, path: str = "/health", timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log_path.read_text()}")
-            try:
-                if httpx.get(self.base_url + path, timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server not ready in {timeout}s:\n{self.log_path.read_text()}")
-
-    def stop(self) -> None:
-        stop_process_group(self.proc, timeout=10)
-        self._log.close()

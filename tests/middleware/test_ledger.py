@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from asgi_admission import AdmissionConfig
-from asgi_admission._admission.ledger import InProcessLedger, build_ledger
+from asgi_admission._admission.ledger import InProcessLedger
 from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger
+from asgi_admission._factory import build_ledger
 
 
 def test_reserve_activate_release_counts() -> None:

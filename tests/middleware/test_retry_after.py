@@ -7,7 +7,8 @@ import random
 import pytest
 
 from asgi_admission import RetryAfterPolicy
-from asgi_admission._responses import close_reason, coerce_policy
+from asgi_admission._admission.latch import Reason
+from asgi_admission._responses import _TITLES, close_reason, coerce_policy
 
 
 class Clock:
@@ -89,8 +90,10 @@ def test_coerce_policy() -> None:
         coerce_policy("5", 9)  # type: ignore[arg-type]
 
 
-def test_close_reason_fits_a_close_frame() -> None:
-    """The 1013 close reason starts with the delay and fits in 123 bytes."""
-    reason = close_reason(12)
-    assert reason.startswith("retry_after_s=12;")
-    assert len(reason.encode()) <= 123
+@pytest.mark.parametrize("reason", ["memory_pressure", "session_limit", "telemetry_unavailable"])
+def test_close_reason_fits_a_close_frame(reason: Reason) -> None:
+    """The 1013 close reason is the delay, the reason and the title, within 123 bytes."""
+    text = close_reason(12, reason)
+    assert text.startswith(f"retry_after_s=12; reason={reason}; ")
+    assert text.endswith(_TITLES[reason])
+    assert len(close_reason(10**9, reason).encode()) <= 123

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import pytest
-from mwkit import SettableReader, TestClient, guard
+from mwkit import SettableReader, TestClient, controller, guard
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from asgi_admission import AdmissionMiddleware
+from asgi_admission import AdmissionConfig, AdmissionMiddleware
 
 Message = dict[str, Any]
 
@@ -235,3 +237,102 @@ def test_unknown_scope_types_pass_through() -> None:
     mw = guard(app, SettableReader())
     asyncio.run(mw({"type": "custom"}, RawServer([]).receive, RawServer([]).send))
     assert seen == ["custom"]
+
+
+DENIAL = ["websocket.http.response.start", "websocket.http.response.body"]
+CLOSE = ["websocket.accept", "websocket.close"]
+
+
+def refuse(
+    mw: AdmissionMiddleware,
+    *,
+    origin: bool,
+    extension: bool = True,
+    subprotocols: tuple[str, ...] = (),
+) -> list[Message]:
+    """What a refused handshake is sent, with or without Origin and the denial extension."""
+    scope = ws_scope("/terminal/a", {"websocket.http.response": {}} if extension else None)
+    scope["headers"] = [(b"origin", b"http://127.0.0.1:9")] if origin else []
+    scope["subprotocols"] = list(subprotocols)
+    server = RawServer([{"type": "websocket.connect"}])
+    asyncio.run(mw(scope, server.receive, server.send))
+    return server.sent
+
+
+@pytest.mark.parametrize(
+    ("mode", "origin", "extension", "expected"),
+    [
+        ("auto", True, True, CLOSE),
+        ("auto", False, True, DENIAL),
+        ("auto", True, False, CLOSE),
+        ("auto", False, False, CLOSE),
+        ("close", True, True, CLOSE),
+        ("close", False, True, CLOSE),
+        ("close", False, False, CLOSE),
+        ("deny", True, True, DENIAL),
+        ("deny", False, True, DENIAL),
+        ("deny", True, False, CLOSE),
+    ],
+)
+def test_refusal_mode_picks_denial_or_1013(
+    mode: str, origin: bool, extension: bool, expected: list[str]
+) -> None:
+    """auto closes for a browser (Origin) and denies others; without the extension all close."""
+    mw = guard(never_called, SettableReader(used_mb=900), websocket_refusal=mode)
+    sent = refuse(mw, origin=origin, extension=extension)
+    assert [m["type"] for m in sent] == expected
+    if expected == CLOSE:
+        assert sent[1]["code"] == 1013
+        assert sent[1]["reason"].startswith("retry_after_s=")
+        assert "; reason=memory_pressure; Not enough memory for a new session" in sent[1]["reason"]
+    else:
+        assert sent[0]["status"] == 503
+
+
+def test_1013_accept_names_the_first_subprotocol_asked_for() -> None:
+    """A browser that asked for subprotocols fails a handshake naming none: accept the first."""
+    mw = guard(never_called, SettableReader(used_mb=900), websocket_refusal="close")
+    asked = refuse(mw, origin=True, subprotocols=("tty", "v2.tty"))
+    assert asked[0] == {"type": "websocket.accept", "subprotocol": "tty"}
+    assert refuse(mw, origin=True)[0] == {"type": "websocket.accept", "subprotocol": None}
+
+
+def test_refusal_mode_comes_from_the_config_unless_given() -> None:
+    """Without the keyword the config's websocket_refusal applies; the keyword overrides it."""
+    config = AdmissionConfig(websocket_refusal="close")
+    reader = SettableReader(used_mb=900)
+    from_config = AdmissionMiddleware(
+        never_called,
+        session_routes=["WS /terminal/*"],
+        config=config,
+        controller=controller(reader),
+        registry=None,
+    )
+    assert [m["type"] for m in refuse(from_config, origin=False)] == CLOSE
+    given = AdmissionMiddleware(
+        never_called,
+        session_routes=["WS /terminal/*"],
+        config=config,
+        controller=controller(reader),
+        registry=None,
+        websocket_refusal="deny",
+    )
+    assert [m["type"] for m in refuse(given, origin=True)] == DENIAL
+
+
+def test_unknown_refusal_mode_is_an_error_naming_it() -> None:
+    """A websocket_refusal that is not auto, close or deny raises a sentence naming it."""
+    message = "websocket_refusal must be 'auto', 'close' or 'deny'; got '1013'."
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        guard(never_called, SettableReader(), websocket_refusal="1013")
+
+
+@pytest.mark.parametrize("mode", ["auto", "close", "deny"])
+def test_every_refusal_mode_counts_the_same_rejection(mode: str) -> None:
+    """Whichever way a WebSocket is refused, the metrics count one rejected websocket decision."""
+    registry = CollectorRegistry()
+    mw = guard(never_called, SettableReader(used_mb=900), websocket_refusal=mode, registry=registry)
+    refuse(mw, origin=True)
+    refuse(mw, origin=False)
+    labels = {"kind": "websocket", "outcome": "rejected", "reason": "memory_pressure"}
+    assert registry.get_sample_value("asgi_admission_decisions_total", labels) == 2

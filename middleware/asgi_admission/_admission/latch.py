@@ -6,7 +6,7 @@ reading, it decides whether one more session may start.
 Notes:
 
 - The set and clear conditions are exact complements, so one evaluation can never
-  clear the latch and re-arm it (the reference's ``resource_capacity.py``).
+  clear the latch and re-arm it (docs/how-it-decides.md).
 - A reserve of R bytes makes the effective admission ceiling ``high - R``: one
   more session is only admitted while its reserve (and those of sessions already
   admitted but not yet started) still fits under the high watermark.
@@ -18,9 +18,6 @@ Notes:
   transition. Anything else (near the ceiling, latched, blind, after a blind
   decision) takes the full reading. Only ``decision.memory`` differs: the bound,
   marked ``exact=False``.
-- ``admits_within_bound`` answers the same question with bare numbers (the
-  reader's ``read_bound_bytes``) and builds nothing, for a caller that has no one
-  to show the reading to; where it says no, ``assess(bound_tried=True)`` decides.
 """
 
 from __future__ import annotations
@@ -28,18 +25,20 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Literal
 
+from asgi_admission._config import (
+    DEFAULT_HIGH_WATERMARK_PERCENT,
+    DEFAULT_RESERVE_BYTES,
+    DEFAULT_RESUME_THRESHOLD_PERCENT,
+    check_watermarks,
+)
+from asgi_admission._memory.cgroup import read_cgroup_memory
 from asgi_admission._memory.reading import MemoryReader, MemoryReading, slot_setters
 
 State = Literal["normal", "pressured", "unavailable"]
 #: ``ledger_busy`` is the middleware's own: the shared ledger could not be had in time.
 Reason = Literal["memory_pressure", "session_limit", "telemetry_unavailable", "ledger_busy"]
-
-MIB: Final = 1024 * 1024
-DEFAULT_HIGH_WATERMARK_PERCENT: Final = 80.0
-DEFAULT_RESUME_THRESHOLD_PERCENT: Final = 70.0
-DEFAULT_RESERVE_BYTES: Final = 768 * MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +80,8 @@ def _decision(
     return decision
 
 
-# The latch compares the percentage rounded to two decimals, as the reference does.
+# The latch compares the percentage rounded to two decimals, as the guard it replaced
+# did, so that both decide alike at the bounds.
 # round() is slow (about 0.3 µs), and it can only move a value by 0.005: further
 # than 0.01 from the bound, the unrounded value gives the same answer.
 def _rounded_at_least(percent: float, bound: float) -> bool:
@@ -102,12 +102,6 @@ def _rounded_at_most(percent: float, bound: float) -> bool:
     return round(percent, 2) <= bound
 
 
-def _default_reader() -> MemoryReader:
-    from asgi_admission._memory.cgroup import read_cgroup_memory
-
-    return read_cgroup_memory
-
-
 class AdmissionController:
     """High-watermark/resume hysteresis latch with per-session memory reserves.
 
@@ -121,7 +115,6 @@ class AdmissionController:
         "_lock",
         "_pressured",
         "_read_bound",
-        "_read_bound_bytes",
         "high_watermark_percent",
         "memory_reader",
         "reserve_bytes",
@@ -136,26 +129,17 @@ class AdmissionController:
         reserve_bytes: int = DEFAULT_RESERVE_BYTES,
         memory_reader: MemoryReader | None = None,
     ) -> None:
-        if not 0 < resume_threshold_percent <= high_watermark_percent <= 100:
-            raise ValueError(
-                "resume_threshold_percent and high_watermark_percent must satisfy "
-                f"0 < resume <= high <= 100; got resume={resume_threshold_percent!r}, "
-                f"high={high_watermark_percent!r}."
-            )
-        if reserve_bytes < 0:
-            raise ValueError(f"reserve_bytes must be 0 or more; got {reserve_bytes!r}.")
+        check_watermarks(high_watermark_percent, resume_threshold_percent, reserve_bytes)
         self.high_watermark_percent = float(high_watermark_percent)
         self.resume_threshold_percent = float(resume_threshold_percent)
         self.reserve_bytes = int(reserve_bytes)
-        self.memory_reader: MemoryReader = memory_reader or _default_reader()
+        self.memory_reader: MemoryReader = memory_reader or read_cgroup_memory
         self._pressured = False
         # The state of the last full decision: the fast path follows only "normal".
         self._last_state: State | None = None
-        # memory_reader's read_bound and read_bound_bytes (None: it has none), looked
-        # up once per reader.
+        # memory_reader's read_bound (None: it has none), looked up once per reader.
         self._bound_of: object = None
         self._read_bound: Callable[[], MemoryReading | None] | None = None
-        self._read_bound_bytes: Callable[[], tuple[int, int] | None] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -190,22 +174,18 @@ class AdmissionController:
         pending_sessions: int = 0,
         *,
         read: Callable[[], MemoryReading] | None = None,
-        bound_tried: bool = False,
     ) -> CapacityDecision:
         """:meth:`evaluate` for callers that hold their own lock, with the fast path.
 
         ``read`` replaces ``memory_reader`` for the full reading (the middleware
         passes one that never raises). Where the reader offers ``read_bound`` and
         the last decision was normal, a bound that admits is the decision.
-        ``bound_tried``: the caller has just had ``False`` from
-        :meth:`admits_within_bound` under the same lock, so a bound from the same
-        files would not admit either and is not read again.
         """
         if self._last_state == "normal" and current_sessions + pending_sessions < session_limit:
             if self.memory_reader is not self._bound_of:
                 self._look_up_bounds()
             read_bound = self._read_bound
-            if read_bound is not None and not (bound_tried and self._read_bound_bytes):
+            if read_bound is not None:
                 try:
                     bound: MemoryReading | None = read_bound()
                 except Exception:
@@ -221,36 +201,11 @@ class AdmissionController:
         memory = (read or self.memory_reader)()
         return self.decide(memory, current_sessions, session_limit, pending_sessions)
 
-    def admits_within_bound(
-        self, current_sessions: int, session_limit: int, pending_sessions: int = 0
-    ) -> bool:
-        """Whether :meth:`assess` would admit on the bound alone, with nothing built.
-
-        ``True``: admit; the state stays normal and the latch is untouched, exactly
-        as the fast path of ``assess`` decides. ``False``: call ``assess`` (with
-        ``bound_tried=True``) for the decision. For callers that hold their own
-        lock and need no reading to show for an admission (the middleware when
-        nothing observes it). Needs the reader's ``read_bound_bytes``.
-        """
-        if self._last_state != "normal" or current_sessions + pending_sessions >= session_limit:
-            return False
-        if self.memory_reader is not self._bound_of:
-            self._look_up_bounds()
-        read_bound_bytes = self._read_bound_bytes
-        if read_bound_bytes is None:
-            return False
-        try:
-            found = read_bound_bytes()
-        except Exception:
-            return False
-        return found is not None and self._bound_admits(found[0], found[1], pending_sessions)
-
     def _look_up_bounds(self) -> None:
         # memory_reader may be replaced: look its bound methods up again then.
         reader = self.memory_reader
         self._bound_of = reader
         self._read_bound = getattr(reader, "read_bound", None)
-        self._read_bound_bytes = getattr(reader, "read_bound_bytes", None)
 
     def _bound_admits(self, used: int, limit: int, pending_sessions: int) -> bool:
         """Whether the latch stays clear even at an upper bound ``used`` of the working set.

@@ -7,7 +7,7 @@ activated (a WebSocket the app accepted) and released exactly once, from
 whichever of the ASGI events comes first; both methods are idempotent so the
 middleware can call them from every place a session can end.
 
-A ledger shared by several worker processes (SPEC §8, ``_shared_ledger``)
+A ledger shared by several worker processes (``shared_ledger.py``)
 implements the same ``SessionLedger`` protocol; the ASGI code only ever sees
 the protocol.
 """
@@ -17,9 +17,6 @@ from __future__ import annotations
 import threading
 from contextlib import AbstractContextManager
 from typing import Final, Protocol
-
-from asgi_admission._admission.shared_ledger import SharedLedger
-from asgi_admission._config import AdmissionConfig
 
 _PENDING: Final = 0
 _ACTIVE: Final = 1
@@ -57,11 +54,8 @@ class SessionLedger(Protocol):
         """
         ...
 
-    def counts(self, own_active: int | None = None, *, exact: bool = True) -> tuple[int, int]:
+    def counts(self, own_active: int | None = None) -> tuple[int, int]:
         """``(active, pending)``; call inside ``locked()`` for a consistent pair.
-
-        ``exact=False`` allows an upper bound (never fewer than the exact counts)
-        where that is cheaper: a shared ledger then skips its liveness checks.
 
         ``own_active`` is this process's count of active sessions when the app
         reports it (``current_sessions``); it replaces the ledger's own count of
@@ -127,20 +121,9 @@ class InProcessLedger:
         # across app code or I/O: waiting for it never stalls the loop.
         return self._lock
 
-    def counts(self, own_active: int | None = None, *, exact: bool = True) -> tuple[int, int]:
+    def counts(self, own_active: int | None = None) -> tuple[int, int]:
         return self._active if own_active is None else own_active, self._pending
 
     def reserve(self) -> _InProcessReservation:
         self._pending += 1
         return _InProcessReservation(self)
-
-
-def build_ledger(config: AdmissionConfig) -> SessionLedger:
-    """The ledger ``config`` asks for: shared by the workers when ``shared_dir`` is set.
-
-    Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when that directory
-    cannot be created or used.
-    """
-    if config.shared_dir is not None:
-        return SharedLedger(config.shared_dir)
-    return InProcessLedger()

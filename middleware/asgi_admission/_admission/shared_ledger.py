@@ -1,4 +1,4 @@
-"""A session ledger shared by the worker processes of one container (SPEC §8).
+"""A session ledger shared by the worker processes of one container.
 
 Notes:
 
@@ -398,7 +398,7 @@ class SharedLedger:
 
     # -- SessionLedger -------------------------------------------------------------
 
-    def counts(self, own_active: int | None = None, *, exact: bool = True) -> tuple[int, int]:
+    def counts(self, own_active: int | None = None) -> tuple[int, int]:
         """``(active, pending)`` of every live worker; call inside ``locked()``.
 
         With ``own_active`` (the app's own count, ``current_sessions``) this worker
@@ -406,11 +406,6 @@ class SharedLedger:
         counted itself; other workers see the value it published at its latest
         decision, which errs high (refusing, never over-admitting) while that
         worker's sessions end without a new decision.
-
-        ``exact=False`` skips the liveness check of the other busy slots (a system
-        call each): a dead worker's sessions still count until an exact call
-        recovers them, so the figures are an upper bound, for a decision that
-        admits even so.
         """
         if own_active != self._reported:
             # None: no app count, or it failed; then this worker's own count stands,
@@ -438,7 +433,7 @@ class SharedLedger:
             # Idle slots (most of them) cost one test; only busy ones get a liveness check.
             if not (slot_pending or slot_active) or slot == own:
                 continue
-            if exact and fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot)).startswith(_UNLOCKED):
+            if fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot)).startswith(_UNLOCKED):
                 self._recover(slot, pid, slot_pending, slot_active)
                 continue
             if slot_pending < 0 or slot_active < 0:

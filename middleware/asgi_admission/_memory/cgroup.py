@@ -142,17 +142,6 @@ class CgroupMemoryReader:
             active = self._active
             return None if active is None else active.read_bound()
 
-    def read_bound_bytes(self) -> tuple[int, int] | None:
-        """:meth:`read_bound`'s ``(used_bytes, limit_bytes)`` without building a reading.
-
-        For a decision that needs no reading to show (the middleware's admissions
-        where nothing observes the reading); ``None`` exactly where ``read_bound`` is.
-        """
-        with self._lock:
-            active = self._active
-            found = None if active is None else active.bound()
-        return None if found is None else (found[0], found[1])
-
     def _read_locked(self) -> MemoryReading:
         active = self._active
         if active is not None:

@@ -313,16 +313,6 @@ class DecisionMetrics:
         if decision.state == "unavailable":
             self._telemetry()
 
-    def on_admitted(self, kind: Kind, seconds: float) -> None:
-        """:meth:`on_decision` for an admission decided on the bound alone.
-
-        The middleware takes that lane only with this observer (or none): an
-        admission in state normal with no transition, of which these metrics need
-        nothing more, so no decision is built for them.
-        """
-        self._incs[kind, True, None]()
-        self._observe(seconds)
-
     def on_check(self, decision: CapacityDecision) -> None:
         """Count what a readiness check did to the latch; it is not a decision."""
         if decision.transition is not None:
@@ -474,8 +464,8 @@ class _LiveLedger:
     def attempt(self) -> AbstractContextManager[object]:
         return self._ledger.attempt()
 
-    def counts(self, own_active: int | None = None, *, exact: bool = True) -> tuple[int, int]:
-        return self._ledger.counts(own_active, exact=exact)
+    def counts(self, own_active: int | None = None) -> tuple[int, int]:
+        return self._ledger.counts(own_active)
 
     def reserve(self) -> Reservation:
         return _LiveReservation(self._ledger.reserve(), self._publish)

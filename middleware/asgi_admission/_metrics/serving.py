@@ -50,8 +50,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("asgi_admission")
 
-ENV_METRICS_PORT: Final = "ADMISSION_METRICS_PORT"
-
 _ALLOW: Final = [(b"allow", b"GET, HEAD")]
 
 
@@ -233,18 +231,3 @@ def serving_metrics(
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
-
-
-def metrics_port_from_env(environ: Mapping[str, str] | None = None) -> int | None:
-    """``ADMISSION_METRICS_PORT`` as a port number, or ``None`` when unset or empty.
-
-    A malformed value raises ``ValueError`` rather than quietly serving the
-    metrics on the public port.
-    """
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_METRICS_PORT, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise ValueError(f"{ENV_METRICS_PORT}={raw!r} is not a TCP port number (1-65535).")
-    return int(raw)

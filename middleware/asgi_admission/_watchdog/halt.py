@@ -28,15 +28,33 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final, Literal, Protocol, get_args
 
 import psutil
 
 from asgi_admission._memory.reading import MemoryReading
-from asgi_admission._watchdog.metrics import HaltReason
 
-if TYPE_CHECKING:
-    from asgi_admission._watchdog.watchdog import WatchedSession
+HaltReason = Literal["budget_exceeded", "container_headroom"]
+HALT_REASONS: Final[tuple[HaltReason, ...]] = get_args(HaltReason)
+
+
+class HaltableSession(Protocol):
+    """What a halt needs of a watched session; ``WatchedSession`` is one."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def process(self) -> psutil.Process: ...
+
+    @property
+    def descendant_pids(self) -> tuple[int, ...]: ...
+
+    def is_running(self) -> bool: ...
+
 
 logger = logging.getLogger("asgi_admission")
 
@@ -47,7 +65,8 @@ DEFAULT_GRACE_S: Final = 5.0
 class SessionHalt:
     """Why and on what figures the watchdog halted a session; passed to ``halt`` and ``on_halt``."""
 
-    session: WatchedSession
+    #: The ``WatchedSession`` halted.
+    session: HaltableSession
     #: ``"budget_exceeded"``: over its own budget; ``"container_headroom"``: the
     #: container crossed the critical watermark and this was the largest session.
     reason: HaltReason
@@ -69,10 +88,10 @@ class SessionHalt:
         return self.session.pid
 
 
-#: Carries out a halt. May return an awaitable, which the watchdog runs as a task.
+#: Carries out a halt (``SessionWatchdog(halt=...)``), or is told of one after it
+#: started (``on_halt=``, e.g. to tell the session's user why). May return an
+#: awaitable, which the watchdog runs as a task.
 HaltAction = Callable[[SessionHalt], "Awaitable[None] | None"]
-#: Told of every halt after the action started, e.g. to tell the session's user why.
-HaltCallback = Callable[[SessionHalt], "Awaitable[None] | None"]
 
 
 class _Target:
@@ -149,7 +168,7 @@ class _Target:
         return False
 
 
-def _target(session: WatchedSession) -> _Target | None:
+def _target(session: HaltableSession) -> _Target | None:
     if not session.is_running():
         return None
     pid = session.pid

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Final, Literal, get_args
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-HaltReason = Literal["budget_exceeded", "container_headroom"]
-HALT_REASONS: Final[tuple[HaltReason, ...]] = get_args(HaltReason)
+from asgi_admission._watchdog.halt import HALT_REASONS
 
 #: 16 MiB to 16 GiB in powers of two: the range a session's peak plausibly spans.
 SESSION_MEMORY_BUCKETS: Final = tuple(float(2**n) for n in range(24, 35))

@@ -22,7 +22,8 @@ Notes:
   being halted counts as freeing its last RSS until its process is gone, so one
   breach does not halt a second session while the first is still exiting.
 - Only memory halts. CPU is measured and reported, never acted on: a busy half
-  second is the container runtime's to throttle (``budget.py``'s reasoning).
+  second is the container runtime's to throttle, and a CPU-bound session is not
+  a danger to its neighbours the way an out-of-memory kill is.
 - The peak RSS of every session goes into ``asgi_admission_session_memory_bytes``
   once, when it is halted or ends: the evidence for choosing the reserve.
 """
@@ -45,10 +46,16 @@ import psutil
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from asgi_admission._config import AdmissionConfig, _number
+from asgi_admission import _env
+from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.reading import MemoryReader, MemoryReading
-from asgi_admission._watchdog.halt import HaltAction, HaltCallback, ProcessGroupHalt, SessionHalt
-from asgi_admission._watchdog.metrics import HaltReason, watchdog_metrics
+from asgi_admission._watchdog.halt import (
+    HaltAction,
+    HaltReason,
+    ProcessGroupHalt,
+    SessionHalt,
+)
+from asgi_admission._watchdog.metrics import watchdog_metrics
 from asgi_admission._watchdog.sampler import ProcessSample, ProcessTreeSampler, read_children_map
 
 if TYPE_CHECKING:
@@ -196,7 +203,7 @@ class SessionWatchdog:
         critical_watermark_percent: float = DEFAULT_CRITICAL_WATERMARK_PERCENT,
         interval_s: float = DEFAULT_INTERVAL_S,
         halt: HaltAction | None = None,
-        on_halt: HaltCallback | None = None,
+        on_halt: HaltAction | None = None,
         registry: CollectorRegistry | None = REGISTRY,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
@@ -247,7 +254,7 @@ class SessionWatchdog:
         config: AdmissionConfig | None = None,
         memory_reader: MemoryReader | None = None,
         halt: HaltAction | None = None,
-        on_halt: HaltCallback | None = None,
+        on_halt: HaltAction | None = None,
         registry: CollectorRegistry | None = REGISTRY,
     ) -> SessionWatchdog:
         """Build from ``ADMISSION_CRITICAL_WATERMARK_PERCENT`` and
@@ -262,7 +269,9 @@ class SessionWatchdog:
         if config is None:
             config = AdmissionConfig.from_env(env)
         high = config.high_watermark_percent
-        critical = _number(env, ENV_CRITICAL_WATERMARK, DEFAULT_CRITICAL_WATERMARK_PERCENT, float)
+        critical = _env.number(
+            env, ENV_CRITICAL_WATERMARK, DEFAULT_CRITICAL_WATERMARK_PERCENT, float
+        )
         if not (math.isfinite(critical) and high < critical <= 100):
             fallback = (
                 DEFAULT_CRITICAL_WATERMARK_PERCENT
@@ -277,7 +286,7 @@ class SessionWatchdog:
                 fallback,
             )
             critical = fallback
-        interval = _number(env, ENV_INTERVAL, DEFAULT_INTERVAL_S, float)
+        interval = _env.number(env, ENV_INTERVAL, DEFAULT_INTERVAL_S, float)
         if not (math.isfinite(interval) and interval > 0):
             logger.warning(
                 "%s=%s must be above 0; using the default %s.",

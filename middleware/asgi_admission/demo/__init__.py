@@ -15,18 +15,21 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Query, Response, WebSocket, WebSocketDisconnect
 from prometheus_client import REGISTRY
 
-from asgi_admission._admission.latch import AdmissionController
-from asgi_admission._config import AdmissionConfig
-from asgi_admission._metrics.serving import metrics_port_from_env, metrics_route, serving_metrics
-from asgi_admission._middleware import AdmissionMiddleware
-from asgi_admission._watchdog.watchdog import SessionWatchdog
+from asgi_admission import (
+    AdmissionConfig,
+    AdmissionController,
+    AdmissionMiddleware,
+    SessionWatchdog,
+    metrics_route,
+    serving_metrics,
+)
 from asgi_admission.demo.processes import ProcessSessions, add_process_routes
 
 __all__ = ["SESSION_ROUTES", "SessionStore", "create_app"]
@@ -35,6 +38,7 @@ SESSION_ROUTES = ("POST /sessions", "WS /terminal/*", "POST /processes")
 DEFAULT_SESSION_MB = 64
 _PAGE = 4096
 _MIB = 1024 * 1024
+ENV_METRICS_PORT = "ADMISSION_METRICS_PORT"
 
 
 def hold_memory(n_bytes: int) -> bytearray:
@@ -64,6 +68,21 @@ class SessionStore:
 
     def ids(self) -> list[str]:
         return list(self._sessions)
+
+
+def metrics_port_from_env(environ: Mapping[str, str] | None = None) -> int | None:
+    """``ADMISSION_METRICS_PORT`` as a port number, or ``None`` when unset or empty.
+
+    A malformed value raises ``ValueError`` rather than quietly serving the
+    metrics on the public port.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_METRICS_PORT, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ValueError(f"{ENV_METRICS_PORT}={raw!r} is not a TCP port number (1-65535).")
+    return int(raw)
 
 
 def _env_session_mb() -> int:

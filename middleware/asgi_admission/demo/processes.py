@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
-from asgi_admission._watchdog.watchdog import SessionWatchdog, WatchedSession, session_watchdog
+from asgi_admission import SessionWatchdog, WatchedSession, session_watchdog
 
 _MIB: Final = 1024 * 1024
 DEFAULT_BUDGET_MB: Final = 512
@@ -74,7 +74,15 @@ class ProcessSessions:
             start_new_session=True,
         )
         assert process.stdout is not None
-        await process.stdout.readline()
+        try:
+            await process.stdout.readline()
+        except BaseException:
+            # Cancelled (the client left) or failed before the session was recorded:
+            # nothing else would ever stop this child.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await asyncio.shield(process.wait())
+            raise
         session_id = f"p{next(self._ids)}"
         watched = (
             None

@@ -1,0 +1,101 @@
+"""The package's layout: rooms by concept, no import cycle, short modules, a lean import."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import asgi_admission
+
+PACKAGE = Path(asgi_admission.__file__).parent
+MAX_LINES = 600
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that ``path`` imports, anywhere in it (TYPE_CHECKING too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module
+            if node.level:  # relative: resolve against this module's package
+                package = module_name(path).split(".")
+                if path.name != "__init__.py":
+                    package = package[:-1]
+                base = ".".join([*package[: len(package) - node.level + 1], node.module])
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if candidate in modules else base)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found & modules
+
+
+def library_graph() -> dict[str, set[str]]:
+    """Each library module's imports of other library modules; the package root, whose
+    __init__ only re-exports, and the demo are left out."""
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = set(paths)
+    return {
+        name: imports_of(path, modules) - {"asgi_admission", name}
+        for name, path in paths.items()
+        if name != "asgi_admission"
+    }
+
+
+def test_no_import_cycle() -> None:
+    """No module reaches itself through the package's imports, TYPE_CHECKING ones included."""
+    graph = library_graph()
+    cycles: list[list[str]] = []
+
+    def visit(name: str, stack: list[str]) -> None:
+        for target in sorted(graph.get(name, ())):
+            if target in stack:
+                cycles.append([*stack[stack.index(target) :], target])
+            elif target not in done:
+                visit(target, [*stack, target])
+        done.add(name)
+
+    done: set[str] = set()
+    for name in sorted(graph):
+        visit(name, [name])
+    assert cycles == []
+
+
+def test_the_library_never_imports_the_demo() -> None:
+    """Only the demo itself imports asgi_admission.demo: the library stands without it."""
+    importers = {
+        name
+        for name, targets in library_graph().items()
+        if any(t == "asgi_admission.demo" or t.startswith("asgi_admission.demo.") for t in targets)
+        and not name.startswith("asgi_admission.demo")
+    }
+    assert importers == set()
+
+
+def test_no_module_is_long() -> None:
+    """Every module stays short enough to read in one sitting."""
+    lengths = {
+        module_name(path): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")
+    }
+    assert {name: n for name, n in lengths.items() if n > MAX_LINES} == {}
+
+
+def test_importing_the_package_loads_no_web_framework_or_demo() -> None:
+    """`import asgi_admission` loads neither FastAPI, uvicorn nor the demo (in a fresh
+    interpreter, so nothing this test run imported counts)."""
+    code = (
+        "import sys, asgi_admission\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('fastapi', 'uvicorn') or m.startswith('asgi_admission.demo')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"

@@ -217,8 +217,31 @@ def test_failing_app_count_falls_back_to_the_ledgers_own(tmp_path: Path, ledger_
     first = guard(tmp_path, ledger_dir, ok_app, current_sessions=current_sessions)
     second = guard(tmp_path, ledger_dir, ok_app)
     assert asyncio.run(post(first))[0] == 200
-    assert second.session_counts() == (7, 0)
+    # 7 reported, plus the session just admitted until first publishes again.
+    assert second.session_counts() == (8, 0)
     reported[0] = None
     assert asyncio.run(post(first))[0] == 200
+    assert first.session_counts() == (0, 0)
+    assert second.session_counts() == (0, 0)
+
+
+def test_a_session_the_app_now_counts_stays_counted_for_the_other_workers(
+    tmp_path: Path, ledger_dir: Path
+) -> None:
+    """When a session request's response is sent, its pending reservation becomes one of
+    the app's reported sessions in the shared ledger: another worker never sees the
+    container-wide count dip below the sessions that exist (which over-admitted)."""
+    store: list[str] = []
+
+    async def opening_app(scope: Any, receive: Any, send: Any) -> None:
+        store.append("session")
+        await ok_app(scope, receive, send)
+
+    first = guard(tmp_path, ledger_dir, opening_app, current_sessions=lambda: len(store))
+    second = guard(tmp_path, ledger_dir, ok_app, max_sessions=2)
+    assert asyncio.run(post(first))[0] == 200
+    assert second.session_counts() == (1, 0)
+    assert asyncio.run(post(second))[0] == 200  # 1 + 1 of 2
+    store.clear()  # the session ends in the app; published at first's next decision
     assert first.session_counts() == (0, 0)
     assert second.session_counts() == (0, 0)

@@ -163,6 +163,8 @@ class _SharedReservation:
             self._state = _ACTIVE
             ledger._pending = max(0, ledger._pending - 1)
             ledger._active += 1
+            if ledger._reported is not None:
+                ledger._reported += 1  # see release
             ledger._dirty = True
         ledger._flush()
 
@@ -174,8 +176,17 @@ class _SharedReservation:
                 return
             if state == _PENDING:
                 ledger._pending = max(0, ledger._pending - 1)
+                if ledger._reported is not None:
+                    # The app counts its own sessions and publishes them only at this
+                    # worker's decisions. Its response sent, this session is presumably
+                    # one of them now: count it as reported until the next decision
+                    # publishes the app's figure, so that the total other workers see
+                    # errs high instead of dipping below the sessions that exist.
+                    ledger._reported += 1
             else:
                 ledger._active = max(0, ledger._active - 1)
+                if ledger._reported is not None:
+                    ledger._reported = max(0, ledger._reported - 1)
             ledger._dirty = True
         ledger._flush()
 
@@ -407,10 +418,13 @@ class SharedLedger:
         decision, which errs high (refusing, never over-admitting) while that
         worker's sessions end without a new decision.
         """
-        if own_active != self._reported:
-            # None: no app count, or it failed; then this worker's own count stands,
-            # as with the in-process ledger, never the last figure the app reported.
-            self._reported = None if own_active is None else max(0, own_active)
+        with self._mem:
+            changed = own_active != self._reported
+            if changed:
+                # None: no app count, or it failed; then this worker's own count
+                # stands, as with the in-process ledger, never the app's last figure.
+                self._reported = None if own_active is None else max(0, own_active)
+        if changed:
             self._write_own()
         data = self._read()
         with self._mem:

@@ -568,12 +568,25 @@ class Soak:
                 if not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
 
+    async def end_app_sessions(self) -> None:
+        """Delete the sessions the app still holds: those of abandoned requests (the demo
+        opens them anyway) and of deletes that never reached their worker."""
+        for _ in range(8 * self.workers):
+            limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+            async with httpx.AsyncClient(base_url=self.base, limits=limits, timeout=10) as client:
+                with contextlib.suppress(httpx.HTTPError):
+                    listed = await client.get("/sessions")
+                    for session_id in listed.json()["sessions"]:
+                        response = await client.delete(f"/sessions/{session_id}")
+                        self.record_status("cleanup", response.status_code)
+
     async def quiesce(self) -> tuple[int, int]:
         """Readiness probes until every worker has published its count; the totals."""
         pending = active = 0
         deadline = time.monotonic() + 20
         async with httpx.AsyncClient(base_url=self.base, timeout=10) as client:
             while time.monotonic() < deadline:
+                await self.end_app_sessions()
                 for _ in range(4 * self.workers):
                     with contextlib.suppress(httpx.HTTPError):
                         await client.get("/admission/ready", headers={"connection": "close"})

@@ -34,9 +34,14 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision
-from asgi_admission._admission.ledger import Reservation, SessionLedger
+from asgi_admission._admission.ledger import (
+    LOCK_WAIT_S,
+    LedgerBusy,
+    LedgerUnavailable,
+    Reservation,
+    SessionLedger,
+)
 from asgi_admission._admission.observer import DecisionObserver, Kind
-from asgi_admission._admission.shared_ledger import LOCK_WAIT_S, LedgerBusy, LedgerUnavailable
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
 from asgi_admission._factory import build_controller, build_ledger
@@ -51,7 +56,8 @@ from asgi_admission._responses import (
     websocket_denial,
 )
 from asgi_admission._routes import RouteMatcher
-from asgi_admission._watchdog.watchdog import SessionWatchdog, serve_lifespan
+from asgi_admission._watchdog.lifespan import serve_lifespan
+from asgi_admission._watchdog.watchdog import SessionWatchdog
 
 logger = logging.getLogger("asgi_admission")
 

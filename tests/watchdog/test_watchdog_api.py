@@ -14,8 +14,9 @@ from watchdogkit import MIB, FixedReader, Recorder, Spawn
 
 from asgi_admission import AdmissionConfig, CgroupMemoryReader, HostMemoryReader
 from asgi_admission._watchdog.halt import ProcessGroupHalt, SessionHalt
+from asgi_admission._watchdog.lifespan import session_watchdog
 from asgi_admission._watchdog.metrics import SESSION_MEMORY_BUCKETS, watchdog_metrics
-from asgi_admission._watchdog.watchdog import SessionWatchdog, session_watchdog
+from asgi_admission._watchdog.watchdog import SessionWatchdog
 
 
 @pytest.mark.parametrize(

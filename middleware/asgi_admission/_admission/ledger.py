@@ -15,12 +15,49 @@ the protocol.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Final, Protocol
 
 _PENDING: Final = 0
 _ACTIVE: Final = 1
 _RELEASED: Final = 2
+
+
+#: How long a session decision may wait for a shared ledger before it is refused
+#: (``ledger_busy``); critical sections take microseconds, so only a stuck worker
+#: (stopped inside one) makes anyone wait this long.
+LOCK_WAIT_S: Final = 1.0
+
+
+class LedgerBusy(Exception):
+    """The shared ledger's lock could not be had in time: refuse, and let the client retry."""
+
+
+class LedgerUnavailable(LedgerBusy):
+    """The shared ledger's file cannot be opened or repaired right now (see the log)."""
+
+
+class CriticalSection:
+    """A reusable context manager from an ``enter`` and an ``exit`` callable."""
+
+    __slots__ = ("_enter", "_exit")
+
+    def __init__(self, enter: Callable[[], None], exit: Callable[[], None]) -> None:
+        self._enter = enter
+        self._exit = exit
+
+    def __enter__(self) -> None:
+        self._enter()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._exit()
 
 
 class Reservation(Protocol):

@@ -2,44 +2,28 @@
 
 Notes:
 
-- One small file, ``<shared_dir>/asgi-admission.ledger``: a 16-byte header
-  (magic, slot capacity, slots in use) and fixed 32-byte slots of four int64s,
-  ``(pid, start_time, pending, active)``. Each worker process claims one slot
-  the first time it enters the critical section, so a ledger built before a
-  fork (gunicorn ``--preload``) claims nothing in the parent. The file lives in
-  a memory-backed directory (``/dev/shm``, a ``medium: Memory`` emptyDir): it
-  never touches a disk.
+- One small file (its layout and slot locks: ``ledger_file``). Each worker process
+  claims one slot the first time it enters the critical section, so a ledger
+  built before a fork (gunicorn ``--preload``) claims nothing in the parent.
 - The critical section is this process's ``threading.Lock`` and then an
   exclusive ``flock`` on the file, so read-decide-reserve is atomic across every
   thread and every worker. ``flock`` belongs to an open file description, so
   each process opens its own: a fork child drops the inherited descriptor
   (``os.register_at_fork``) and reopens the file.
-- Nothing ever waits for the lock unboundedly: ``attempt()`` takes it only if it
-  is free right now (``LOCK_NB``) and raises :class:`LedgerBusy` otherwise, so the
-  middleware can retry with awaits in between and refuse once ``LOCK_WAIT_S`` has
-  passed (a worker stopped inside its critical section, a ``SIGSTOP``); ``locked()``
-  retries with short sleeps for at most ``LOCK_WAIT_S``, for callers off the loop.
-- Activations and releases never raise and are never lost: they change this
-  worker's counts in memory first, then write its slot if the lock is free at
-  once; otherwise (or if the file cannot be written: its directory deleted or
-  replaced) the slot is written at the next critical section, which also reopens
-  or rebuilds the file. A ledger that cannot be opened at all makes decisions
-  raise :class:`LedgerUnavailable` (logged once), which the middleware turns into
-  a refusal, until the directory is usable again.
-- The directory and the file are opened through ``_admission.safe_files``: never
-  through a symlink, created private (0700 / 0600), and refused when another user
-  owns them or may write to them.
-- The file is read and written with ``os.pread``/``os.pwrite``, not ``mmap``: a
-  truncated file then gives a short read (rebuilt, with a warning) instead of a
-  ``SIGBUS`` on the request path, for 0.1 µs more per decision.
-- Liveness: a worker holds an exclusive OFD byte-range lock
-  (``F_OFD_SETLK``) on its own slot for as long as its descriptor is open, and
-  the kernel drops it when the process dies, ``SIGKILL`` included. A slot with
-  counts whose lock is free (``F_OFD_GETLK``) belongs to a dead worker: the
-  next decision zeroes it and logs what it recovered. Pid reuse cannot fool it,
-  and it costs 0.5 µs per slot with counts, against 7 µs for reading
-  ``/proc/<pid>/stat`` to compare start times (``bench/ledger.py``). The start
-  time is still stored, for people reading the file.
+- No unbounded wait for the lock: ``attempt()`` takes it only if it is free now
+  (``LOCK_NB``), else raises :class:`LedgerBusy`, and the middleware retries with
+  awaits until ``LOCK_WAIT_S`` (then refuses: a worker stopped inside its critical
+  section); ``locked()``, for callers off the loop, sleeps between tries instead.
+- Activations and releases never raise and are never lost: they change the
+  counts in memory, then write the slot if the lock is free at once, else soon or
+  at the next critical section (which also reopens or rebuilds the file). While
+  the file cannot be opened (its directory gone or replaced) decisions raise
+  :class:`LedgerUnavailable`, logged once, and the middleware refuses.
+- Files are opened through ``_admission.safe_files``: never through a symlink,
+  created private, refused when another user owns them or may write to them.
+- Liveness (``ledger_file``): a slot with counts whose OFD lock is free belongs
+  to a dead worker, ``SIGKILL`` included; the next decision zeroes it and logs
+  what it recovered.
 - Each worker keeps its own counts in memory and writes its slot from them; a
   slot that no longer says what this worker wrote (the file was rebuilt or
   edited) is rewritten, negative counts in other slots count as 0, and both are
@@ -54,97 +38,46 @@ import fcntl
 import functools
 import logging
 import os
-import struct
 import threading
 import time
 import weakref
-from dataclasses import dataclass
-from types import TracebackType
 from typing import Final
 
+from asgi_admission._admission.ledger import LOCK_WAIT_S, CriticalSection
+from asgi_admission._admission.ledger import LedgerBusy as LedgerBusy
+from asgi_admission._admission.ledger import LedgerUnavailable as LedgerUnavailable
+from asgi_admission._admission.ledger_file import (
+    _HEADER,
+    _SLOT,
+    _UNLOCKED,
+    MAGIC,
+    _probe,
+    _slot_lock,
+    _slot_offset,
+    _start_time,
+    flock_by,
+    header_problem,
+)
+from asgi_admission._admission.ledger_file import FILE_NAME as FILE_NAME
+from asgi_admission._admission.ledger_file import LedgerEntry as LedgerEntry
+from asgi_admission._admission.ledger_file import read_entries as read_entries
 from asgi_admission._admission.safe_files import open_private_file
 
 logger = logging.getLogger("asgi_admission")
 
-FILE_NAME: Final = "asgi-admission.ledger"
-MAGIC: Final = b"ASGIADM1"
 #: Slots in a new file: far more worker processes than one container runs.
 DEFAULT_CAPACITY: Final = 256
 #: How often (at most) a worker checks that its ledger file is still the one at the path.
 LINK_CHECK_INTERVAL_S: Final = 0.25
-#: How long a session decision may wait for the ledger before it is refused (``ledger_busy``).
-LOCK_WAIT_S: Final = 1.0
 #: After a release found the lock taken: when it tries again to write its slot.
 FLUSH_RETRY_S: Final = 0.05
 #: After a release found the file unusable (its directory gone): when it tries again.
 UNAVAILABLE_RETRY_S: Final = 1.0
 SETTING: Final = "ADMISSION_SHARED_DIR"
 
-_HEADER: Final = struct.Struct("=8sII")  # magic, capacity, slots in use
-_SLOT: Final = struct.Struct("=qqqq")  # pid, start time (clock ticks), pending, active
-# struct flock on 64-bit Linux: short type, short whence, (pad), off_t start,
-# off_t len, pid_t pid, (pad).
-_FLOCK: Final = struct.Struct("hhqqi4x")
-
 _PENDING: Final = 0
 _ACTIVE: Final = 1
 _RELEASED: Final = 2
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    """One claimed slot of a ledger file, as :func:`read_entries` finds it."""
-
-    slot: int
-    pid: int
-    start_time: int
-    pending: int
-    active: int
-    alive: bool
-
-
-def _start_time(pid: int | str = "self") -> int:
-    """Field 22 of ``/proc/<pid>/stat``: when the process started, in clock ticks."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rpartition(b")")[2].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _slot_offset(slot: int) -> int:
-    return _HEADER.size + slot * _SLOT.size
-
-
-def _slot_lock(fd: int, slot: int, command: int, lock_type: int) -> int:
-    """``fcntl`` an OFD lock over one slot; returns the lock type the kernel reports."""
-    request = _FLOCK.pack(lock_type, os.SEEK_SET, _slot_offset(slot), _SLOT.size, 0)
-    lock_type_now: int = _FLOCK.unpack(fcntl.fcntl(fd, command, request))[0]
-    return lock_type_now
-
-
-@functools.cache
-@functools.lru_cache(maxsize=1024)
-def _probe(slot: int) -> bytes:
-    # Packed once per slot: every decision probes each busy slot's lock.
-    return _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, _slot_offset(slot), _SLOT.size, 0)
-
-
-_UNLOCKED: Final = struct.pack("h", fcntl.F_UNLCK)
-
-
-def _held(fd: int, slot: int) -> bool:
-    """Whether another open file description holds ``slot``'s lock: its worker lives."""
-    return fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot))[:2] != _UNLOCKED
-
-
-class LedgerBusy(Exception):
-    """The shared ledger's lock could not be had in time: refuse, and let the client retry."""
-
-
-class LedgerUnavailable(LedgerBusy):
-    """The shared ledger's file cannot be opened or repaired right now (see the log)."""
 
 
 class _SharedReservation:
@@ -189,27 +122,6 @@ class _SharedReservation:
                     ledger._reported = max(0, ledger._reported - 1)
             ledger._dirty = True
         ledger._flush()
-
-
-class _Critical:
-    """The critical section as a context manager: waits at most ``wait_s`` for it."""
-
-    __slots__ = ("_ledger", "_wait_s")
-
-    def __init__(self, ledger: SharedLedger, wait_s: float) -> None:
-        self._ledger = ledger
-        self._wait_s = wait_s
-
-    def __enter__(self) -> None:
-        self._ledger._enter(self._wait_s)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._ledger._exit()
 
 
 class SharedLedger:
@@ -263,8 +175,8 @@ class SharedLedger:
         self._dirty = False
         self._flush_pending = False
         self._broken = False
-        self._locked = _Critical(self, LOCK_WAIT_S)
-        self._attempt = _Critical(self, 0.0)
+        self._locked = CriticalSection(functools.partial(self._enter, LOCK_WAIT_S), self._exit)
+        self._attempt = CriticalSection(functools.partial(self._enter, 0.0), self._exit)
         self._next_link_check = 0.0
         self._fd = -1
         self._slot = -1
@@ -286,14 +198,14 @@ class SharedLedger:
 
     # -- the critical section ------------------------------------------------------
 
-    def locked(self) -> _Critical:
+    def locked(self) -> CriticalSection:
         """The critical section, waited for at most ``LOCK_WAIT_S`` (then ``LedgerBusy``).
 
         For callers off the event loop; the middleware uses :meth:`attempt`.
         """
         return self._locked
 
-    def attempt(self) -> _Critical:
+    def attempt(self) -> CriticalSection:
         """The critical section if it is free right now; ``LedgerBusy`` if not."""
         return self._attempt
 
@@ -307,19 +219,10 @@ class SharedLedger:
                 fd = self._fd if self._fd >= 0 else self._open()
             except (OSError, ValueError) as exc:
                 raise self._unavailable(exc) from exc
-            delay = 0.0002
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() + delay > deadline:
-                        raise LedgerBusy(
-                            f"another worker held the shared ledger {self.path} for over "
-                            f"{wait_s:g} s"
-                        ) from None
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.005)
+            if not flock_by(fd, deadline):
+                raise LedgerBusy(
+                    f"another worker held the shared ledger {self.path} for over {wait_s:g} s"
+                )
             flocked = True
             try:
                 self._repair()
@@ -566,23 +469,11 @@ class SharedLedger:
             self._rebuild(None)
             return
         size = os.fstat(self._fd).st_size
-        problem = self._header_problem(header)
+        problem = header_problem(header, self._capacity)
         if problem is None and size < _slot_offset(self._capacity):
             problem = f"{size} bytes, shorter than its {self._capacity} slots"
         if problem is not None:
             self._rebuild(problem)
-
-    def _header_problem(self, header: bytes) -> str | None:
-        if len(header) < _HEADER.size:
-            return f"a header of {len(header)} bytes"
-        magic, capacity, used = _HEADER.unpack(header)
-        if magic != MAGIC:
-            return "no ledger header"
-        if capacity != self._capacity:
-            return f"{capacity} slots where {self._capacity} were expected"
-        if used > capacity:
-            return f"{used} slots in use of {capacity}"
-        return None
 
     def _rebuild(self, problem: str | None) -> None:
         if problem is not None:
@@ -613,7 +504,7 @@ class SharedLedger:
         data = os.pread(fd, want, 0)
         if len(data) == want and data.startswith(self._header):
             return data
-        problem = self._header_problem(data[: _HEADER.size])
+        problem = header_problem(data[: _HEADER.size], self._capacity)
         if problem is None:
             used = _HEADER.unpack_from(data)[2]
             if used != self._used:
@@ -690,22 +581,3 @@ def _forked(ref: weakref.ReferenceType[SharedLedger]) -> None:
     ledger = ref()
     if ledger is not None:
         ledger._after_fork()
-
-
-def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
-    """The claimed slots of the ledger file in ``directory``, with each owner's liveness.
-
-    For operators and tests; it takes no lock, so counts may be mid-update.
-    """
-    path = os.path.join(os.fspath(directory), FILE_NAME)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    try:
-        data = os.pread(fd, os.fstat(fd).st_size, 0)
-        entries = []
-        for slot in range(max(0, len(data) - _HEADER.size) // _SLOT.size):
-            pid, start_time, pending, active = _SLOT.unpack_from(data, _slot_offset(slot))
-            if pid or pending or active:
-                entries.append(LedgerEntry(slot, pid, start_time, pending, active, _held(fd, slot)))
-        return entries
-    finally:
-        os.close(fd)

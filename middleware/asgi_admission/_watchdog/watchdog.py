@@ -6,15 +6,13 @@ Notes:
   unregistering (or leaving the handle's ``with`` block) ends the session. Nothing
   is sampled after that, and a process that exits on its own ends its session the
   same way: it is the normal end of a session, not an error.
-- ``run()`` is a task on the application's event loop, started and stopped from
-  the lifespan by ``AdmissionMiddleware(watchdog=...)``. Each tick measures in a
-  thread of its own (``_measure``: one ``/proc`` scan when descendants are counted,
-  about 4 µs per process on the machine, and about 34 µs per session process), so
-  128 sessions never hold the loop for the tens of milliseconds that costs; only
-  the decisions (``_apply``: budgets, the container check, halts) run on the loop,
-  and they are cheap. ``sample_once()`` does both at once, synchronously, for tests
-  and plain code (``bench/watchdog.md``). Without a lifespan, call ``await
-  start()`` and ``await stop()`` yourself.
+- ``run()`` is a task on the application's event loop, started and stopped with
+  the lifespan (``lifespan.py``). Each tick measures in a thread of its own
+  (``_measure``: a ``/proc`` scan, about 4 µs per process on the machine, and
+  about 34 µs per session process), so many sessions never hold the loop; only
+  the cheap decisions (``_apply``) run on it. ``sample_once()`` does both,
+  synchronously, for tests (``bench/watchdog.md``). Without a lifespan, call
+  ``await start()`` and ``await stop()`` yourself.
 - Two reasons to halt, checked every tick: a session whose RSS exceeds its own
   budget (``budget_exceeded``), and, while the container's working set is at or
   above the critical watermark, the largest sessions first until the memory they
@@ -44,7 +42,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 import psutil
 from prometheus_client import REGISTRY, CollectorRegistry
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission import _env
 from asgi_admission._config import AdmissionConfig
@@ -59,7 +56,7 @@ from asgi_admission._watchdog.metrics import watchdog_metrics
 from asgi_admission._watchdog.sampler import ProcessSample, ProcessTreeSampler, read_children_map
 
 if TYPE_CHECKING:
-    from starlette.requests import HTTPConnection
+    pass
 
 logger = logging.getLogger("asgi_admission")
 
@@ -69,8 +66,6 @@ ENV_CRITICAL_WATERMARK: Final = ("ADMISSION_CRITICAL_WATERMARK_PERCENT", None)
 ENV_INTERVAL: Final = ("ADMISSION_WATCHDOG_INTERVAL_SECONDS", None)
 #: How long the measuring thread sleeps between sessions, so the loop gets the GIL.
 GIL_PAUSE_S: Final = 0.0001
-#: Where ``AdmissionMiddleware`` puts the watchdog in the lifespan state.
-STATE_KEY: Final = "asgi_admission.watchdog"
 
 _MIB: Final = 1024 * 1024
 
@@ -602,47 +597,3 @@ def _let_the_loop_run() -> None:
 
 async def _await(awaitable: Awaitable[None]) -> None:
     await awaitable
-
-
-async def serve_lifespan(
-    watchdog: SessionWatchdog, app: ASGIApp, scope: Scope, receive: Receive, send: Send
-) -> None:
-    """Run ``app``'s lifespan with the watchdog: started just before the server hears
-    that startup completed, stopped once the app's own shutdown has completed (its
-    hooks may still end sessions), and stopped in any case when the lifespan ends.
-
-    The watchdog also goes into the lifespan state, which servers copy into every
-    request's scope, so ``session_watchdog(request)`` finds it at no per-request cost.
-    """
-    state = scope.get("state")
-    if isinstance(state, dict):
-        state[STATE_KEY] = watchdog
-
-    async def send_and_track(message: Message) -> None:
-        kind = message["type"]
-        if kind == "lifespan.startup.complete":
-            await watchdog.start()
-        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-            await watchdog.stop()
-        await send(message)
-
-    try:
-        await app(scope, receive, send_and_track)
-    finally:
-        await watchdog.stop()
-
-
-def session_watchdog(connection: HTTPConnection) -> SessionWatchdog:
-    """The watchdog ``AdmissionMiddleware(watchdog=...)`` installed, from a request or WebSocket.
-
-    Raises ``LookupError`` when there is none (no watchdog configured, or the server
-    ran without lifespan).
-    """
-    state = connection.scope.get("state")
-    watchdog = state.get(STATE_KEY) if isinstance(state, dict) else None
-    if not isinstance(watchdog, SessionWatchdog):
-        raise LookupError(
-            "No session watchdog is installed: pass watchdog=SessionWatchdog(...) to "
-            "AdmissionMiddleware and serve the app with lifespan on."
-        )
-    return watchdog

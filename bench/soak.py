@@ -57,7 +57,8 @@ import httpx
 import psutil
 import websockets
 
-from asgi_admission._admission.shared_ledger import FILE_NAME, read_entries
+from asgi_admission._admission.ledger_file import FILE_NAME, header_problem, read_entries
+from asgi_admission._admission.shared_ledger import DEFAULT_CAPACITY
 from benchkit import free_port, stop_process_group
 
 MIB = 1024 * 1024
@@ -243,8 +244,12 @@ class Soak:
         return pids
 
     def ledger_totals(self) -> tuple[int, int]:
-        """(pending, active) over the live workers' slots; (0, 0) while there is no file."""
+        """(pending, active) over the live workers' slots; (0, 0) while there is no file
+        or while it holds a fault's garbage (the workers rebuild it)."""
         try:
+            with (self.ledger_dir / FILE_NAME).open("rb") as file:
+                if header_problem(file.read(16), DEFAULT_CAPACITY) is not None:
+                    return 0, 0
             entries = read_entries(self.ledger_dir)
         except OSError:
             return 0, 0

@@ -245,3 +245,36 @@ def test_a_session_the_app_now_counts_stays_counted_for_the_other_workers(
     store.clear()  # the session ends in the app; published at first's next decision
     assert first.session_counts() == (0, 0)
     assert second.session_counts() == (0, 0)
+
+
+def garble(directory: Path) -> None:
+    path = directory / FILE_NAME
+    path.write_bytes(os.urandom(path.stat().st_size))
+
+
+def test_the_heartbeat_restores_a_garbled_file_without_a_decision(
+    tmp_path: Path, ledger_dir: Path
+) -> None:
+    """After the ledger file is filled with garbage, each worker's heartbeat rebuilds it
+    and writes its sessions back within a few heartbeats, with no decision in between,
+    so the workers are missing from each other's counts only that long."""
+    gate = asyncio.Event()
+
+    async def slow_app(scope: Any, receive: Any, send: Any) -> None:
+        await gate.wait()
+        await ok_app(scope, receive, send)
+
+    first = guard(tmp_path, ledger_dir, slow_app)
+    second = guard(tmp_path, ledger_dir, slow_app)
+
+    async def scenario() -> list[tuple[int, int]]:
+        held = [asyncio.ensure_future(post(first)), asyncio.ensure_future(post(second))]
+        await asyncio.sleep(0.1)
+        garble(ledger_dir)
+        await asyncio.sleep(4 * shared_ledger.HEARTBEAT_S)
+        rows = [(e.pending, e.active) for e in read_entries(ledger_dir)]
+        gate.set()
+        await asyncio.gather(*held)
+        return rows
+
+    assert sorted(asyncio.run(scenario())) == [(1, 0), (1, 0)]

@@ -15,8 +15,12 @@ Notes:
   awaits until ``LOCK_WAIT_S`` (then refuses: a worker stopped inside its critical
   section); ``locked()``, for callers off the loop, sleeps between tries instead.
 - Activations and releases never raise and are never lost: they change the
-  counts in memory, then write the slot if the lock is free at once, else soon or
-  at the next critical section (which also reopens or rebuilds the file). While
+  counts in memory, then write the slot if the lock is free at once, else at the
+  next heartbeat or critical section (which also reopens or rebuilds the file).
+- A heartbeat every ``HEARTBEAT_S`` on the worker's event loop (started by its
+  first decision) does what a decision would: writes a dirty slot, follows a
+  deleted or replaced file, rewrites this worker's row in a rebuilt one. So after
+  such a fault a worker is missing from the others' counts for at most that long. While
   the file cannot be opened (its directory gone or replaced) decisions raise
   :class:`LedgerUnavailable`, logged once, and the middleware refuses.
 - Files are opened through ``_admission.safe_files``: never through a symlink,
@@ -69,10 +73,8 @@ logger = logging.getLogger("asgi_admission")
 DEFAULT_CAPACITY: Final = 256
 #: How often (at most) a worker checks that its ledger file is still the one at the path.
 LINK_CHECK_INTERVAL_S: Final = 0.25
-#: After a release found the lock taken: when it tries again to write its slot.
-FLUSH_RETRY_S: Final = 0.05
-#: After a release found the file unusable (its directory gone): when it tries again.
-UNAVAILABLE_RETRY_S: Final = 1.0
+#: How often a worker's heartbeat (on its event loop) checks the file without a decision.
+HEARTBEAT_S: Final = 0.25
 SETTING: Final = "ADMISSION_SHARED_DIR"
 
 _PENDING: Final = 0
@@ -137,11 +139,11 @@ class SharedLedger:
         "__weakref__",
         "_active",
         "_attempt",
+        "_beating",
         "_broken",
         "_capacity",
         "_dirty",
         "_fd",
-        "_flush_pending",
         "_header",
         "_lock",
         "_locked",
@@ -173,7 +175,7 @@ class SharedLedger:
         # from any thread without waiting for the critical section.
         self._mem = threading.Lock()
         self._dirty = False
-        self._flush_pending = False
+        self._beating = False
         self._broken = False
         self._locked = CriticalSection(functools.partial(self._enter, LOCK_WAIT_S), self._exit)
         self._attempt = CriticalSection(functools.partial(self._enter, 0.0), self._exit)
@@ -248,6 +250,7 @@ class SharedLedger:
             self._claim()
         elif self._dirty:
             self._write_own()
+        self._beat()
         if self._broken:
             self._broken = False
             logger.warning(
@@ -282,33 +285,43 @@ class SharedLedger:
             self._lock.release()
 
     def _flush(self) -> None:
-        """Write this worker's slot now if the lock is free at once; else soon, or at
-        the next critical section. Never raises: a release must not fail."""
+        """Write this worker's slot now if the lock is free at once; else at the next
+        heartbeat or critical section. Never raises: a release must not fail."""
         try:
             with self._attempt:
                 pass  # entering writes the dirty slot
-        except LedgerUnavailable:
-            self._flush_later(UNAVAILABLE_RETRY_S)  # logged once by _unavailable
         except LedgerBusy:
-            self._flush_later(FLUSH_RETRY_S)
+            self._beat()  # LedgerUnavailable included, logged once by _unavailable
         except Exception:
             logger.exception("asgi-admission: writing the shared session ledger failed")
-            self._flush_later(UNAVAILABLE_RETRY_S)
+            self._beat()
 
-    def _flush_later(self, delay_s: float) -> None:
-        if self._flush_pending:
+    def _beat(self) -> None:
+        """Keep the heartbeat scheduled on this thread's event loop, if it has one."""
+        if self._beating:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            return  # no loop in this thread: the next critical section writes it
-        self._flush_pending = True
-        loop.call_later(delay_s, self._flush_again)
+            return  # no loop here: the next critical section does the heartbeat's work
+        self._beating = True
+        loop.call_later(HEARTBEAT_S, self._heartbeat)
 
-    def _flush_again(self) -> None:
-        self._flush_pending = False
-        if self._dirty:
-            self._flush()
+    def _heartbeat(self) -> None:
+        """Write a dirty slot, follow a deleted or replaced file and put this worker's
+        row back into a rebuilt or edited one, without waiting for a decision: other
+        workers miss this worker's sessions for at most a heartbeat."""
+        self._beating = False
+        try:
+            with self._attempt:
+                data = self._read()
+                if data is not None:
+                    self._check_own_row(data)
+        except LedgerBusy:
+            pass  # held elsewhere, or unusable (logged once): the next beat tries again
+        except Exception:
+            logger.exception("asgi-admission: the shared session ledger's heartbeat failed")
+        self._beat()
 
     # -- SessionLedger -------------------------------------------------------------
 
@@ -336,15 +349,7 @@ class SharedLedger:
         if data is None:
             return active, pending
         own, fd = self._slot, self._fd
-        if own >= 0 and not data.startswith(self._row, self._offset):
-            # Edited, or rebuilt (perhaps with fewer slots in use than this one).
-            self._warn_once(
-                "own",
-                "asgi-admission: this worker's slot in %s was changed by someone else; "
-                "rewriting it from the worker's own counts.",
-                self.path,
-            )
-            self._restore_own()
+        self._check_own_row(data)
         rows = _SLOT.iter_unpack(memoryview(data)[_HEADER.size :])
         for slot, (pid, _start, slot_pending, slot_active) in enumerate(rows):
             # Idle slots (most of them) cost one test; only busy ones get a liveness check.
@@ -367,6 +372,17 @@ class SharedLedger:
             pending += slot_pending
             active += slot_active
         return active, pending
+
+    def _check_own_row(self, data: bytes) -> None:
+        if self._slot >= 0 and not data.startswith(self._row, self._offset):
+            # Edited, or rebuilt (perhaps with fewer slots in use than this one).
+            self._warn_once(
+                "own",
+                "asgi-admission: this worker's slot in %s was changed by someone else; "
+                "rewriting it from the worker's own counts.",
+                self.path,
+            )
+            self._restore_own()
 
     def reserve(self) -> _SharedReservation:
         """A new pending reservation in this worker's slot; call inside ``locked()``."""
@@ -407,7 +423,7 @@ class SharedLedger:
         # parent's flock and slot lock: it must open its own and count afresh.
         self._lock = threading.Lock()
         self._mem = threading.Lock()
-        self._dirty = self._flush_pending = False
+        self._dirty = self._beating = False
         if self._fd >= 0:
             os.close(self._fd)
         self._fd = -1

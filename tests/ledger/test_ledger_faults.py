@@ -278,3 +278,31 @@ def test_the_heartbeat_restores_a_garbled_file_without_a_decision(
         return rows
 
     assert sorted(asyncio.run(scenario())) == [(1, 0), (1, 0)]
+
+
+def test_after_a_rebuild_decisions_wait_for_the_others_to_re_register(
+    tmp_path: Path, ledger_dir: Path
+) -> None:
+    """A worker that finds the ledger file garbled rebuilds it and then waits (two
+    heartbeats, with awaits) before admitting, so it counts the other workers' sessions
+    again instead of admitting past max_sessions on a file that had lost them."""
+    gate = asyncio.Event()
+
+    async def slow_app(scope: Any, receive: Any, send: Any) -> None:
+        await gate.wait()
+        await ok_app(scope, receive, send)
+
+    first = guard(tmp_path, ledger_dir, slow_app, max_sessions=2)
+    second = guard(tmp_path, ledger_dir, slow_app, max_sessions=2)
+
+    async def scenario() -> int:
+        held = [asyncio.ensure_future(post(first)), asyncio.ensure_future(post(second))]
+        await asyncio.sleep(0.05)
+        garble(ledger_dir)
+        third = asyncio.ensure_future(post(first))  # decided right after the garbage
+        await asyncio.wait([third], timeout=3)
+        gate.set()  # an admitted third (the bug) would wait for this
+        await asyncio.gather(*held, third)
+        return third.result()[0]
+
+    assert asyncio.run(scenario()) == 503

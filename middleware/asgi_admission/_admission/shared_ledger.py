@@ -1,37 +1,28 @@
 """A session ledger shared by the worker processes of one container.
 
-Notes:
+Notes (the whole story, with the faults each part answers: ``docs/trust.md``):
 
-- One small file (its layout and slot locks: ``ledger_file``). Each worker process
-  claims one slot the first time it enters the critical section, so a ledger
-  built before a fork (gunicorn ``--preload``) claims nothing in the parent.
-- The critical section is this process's ``threading.Lock`` and then an
-  exclusive ``flock`` on the file, so read-decide-reserve is atomic across every
-  thread and every worker. ``flock`` belongs to an open file description, so
-  each process opens its own: a fork child drops the inherited descriptor
-  (``os.register_at_fork``) and reopens the file.
-- No unbounded wait for the lock: ``attempt()`` takes it only if it is free now
-  (``LOCK_NB``), else raises :class:`LedgerBusy`, and the middleware retries with
-  awaits until ``LOCK_WAIT_S`` (then refuses: a worker stopped inside its critical
-  section); ``locked()``, for callers off the loop, sleeps between tries instead.
-- Activations and releases never raise and are never lost: they change the
-  counts in memory, then write the slot if the lock is free at once, else at the
-  next heartbeat or critical section (which also reopens or rebuilds the file).
-- A heartbeat every ``HEARTBEAT_S`` on the worker's event loop (started by its
-  first decision) does what a decision would: writes a dirty slot, follows a
-  deleted or replaced file, rewrites this worker's row in a rebuilt one. So after
-  such a fault a worker is missing from the others' counts for at most that long. While
-  the file cannot be opened (its directory gone or replaced) decisions raise
-  :class:`LedgerUnavailable`, logged once, and the middleware refuses.
+- One small file (layout and slot locks: ``ledger_file``); a worker claims its slot
+  at its first critical section, so a ledger built before a fork claims nothing.
+- The critical section is this process's ``threading.Lock`` then an exclusive
+  ``flock`` on its own open file description (a fork child reopens the file), so
+  read-decide-reserve is atomic across threads and workers. No wait is unbounded:
+  ``attempt()`` raises :class:`LedgerBusy` unless the lock is free now (the
+  middleware retries with awaits, then refuses); ``locked()`` sleeps between tries
+  for at most ``LOCK_WAIT_S``.
+- Activations and releases never raise and are never lost: counts change in
+  memory first; the slot is written now if the lock is free, else by the next
+  heartbeat or critical section. While the file cannot be opened, decisions raise
+  :class:`LedgerUnavailable` (logged once).
+- A heartbeat every ``HEARTBEAT_S`` on the worker's loop writes a dirty slot,
+  follows a deleted or replaced file and rewrites its row in a rebuilt one. A
+  worker that finds the file rebuilt, replaced or its own row gone knows the
+  others' rows are lost too: for two heartbeats its ``reserve`` raises
+  ``LedgerBusy`` while they write theirs back.
+- A slot with counts whose OFD lock is free belongs to a dead worker, ``SIGKILL``
+  included: the next decision zeroes it. Negative counts in other slots count as 0.
 - Files are opened through ``_admission.safe_files``: never through a symlink,
   created private, refused when another user owns them or may write to them.
-- Liveness (``ledger_file``): a slot with counts whose OFD lock is free belongs
-  to a dead worker, ``SIGKILL`` included; the next decision zeroes it and logs
-  what it recovered.
-- Each worker keeps its own counts in memory and writes its slot from them; a
-  slot that no longer says what this worker wrote (the file was rebuilt or
-  edited) is rewritten, negative counts in other slots count as 0, and both are
-  logged once.
 """
 
 from __future__ import annotations
@@ -154,6 +145,7 @@ class SharedLedger:
         "_pid",
         "_reported",
         "_row",
+        "_settle_until",
         "_slot",
         "_start",
         "_used",
@@ -177,6 +169,7 @@ class SharedLedger:
         self._dirty = False
         self._beating = False
         self._broken = False
+        self._settle_until = 0.0
         self._locked = CriticalSection(functools.partial(self._enter, LOCK_WAIT_S), self._exit)
         self._attempt = CriticalSection(functools.partial(self._enter, 0.0), self._exit)
         self._next_link_check = 0.0
@@ -328,11 +321,9 @@ class SharedLedger:
     def counts(self, own_active: int | None = None) -> tuple[int, int]:
         """``(active, pending)`` of every live worker; call inside ``locked()``.
 
-        With ``own_active`` (the app's own count, ``current_sessions``) this worker
-        publishes that number as its active sessions instead of the WebSockets it
-        counted itself; other workers see the value it published at its latest
-        decision, which errs high (refusing, never over-admitting) while that
-        worker's sessions end without a new decision.
+        With ``own_active`` (the app's count, ``current_sessions``) this worker
+        publishes it as its active sessions instead of its own WebSocket count;
+        others see it as of this worker's latest decision (erring high).
         """
         with self._mem:
             changed = own_active != self._reported
@@ -375,6 +366,7 @@ class SharedLedger:
 
     def _check_own_row(self, data: bytes) -> None:
         if self._slot >= 0 and not data.startswith(self._row, self._offset):
+            self._settle()
             # Edited, or rebuilt (perhaps with fewer slots in use than this one).
             self._warn_once(
                 "own",
@@ -386,6 +378,8 @@ class SharedLedger:
 
     def reserve(self) -> _SharedReservation:
         """A new pending reservation in this worker's slot; call inside ``locked()``."""
+        if time.monotonic() < self._settle_until:
+            raise LedgerBusy(f"the shared ledger {self.path} was rebuilt; workers re-register")
         with self._mem:
             self._pending += 1
         self._write_own()
@@ -397,10 +391,8 @@ class SharedLedger:
     # -- lifecycle -----------------------------------------------------------------
 
     def close(self) -> None:
-        """Give this worker's slot back and close the file; counts held are dropped.
-
-        For shutdown and tests: a ledger used again after ``close`` reopens the file.
-        """
+        """Give this worker's slot back and close the file, dropping its counts; for
+        shutdown and tests (a ledger used again after ``close`` reopens the file)."""
         with self._lock:
             with self._mem:
                 self._pending = self._active = 0
@@ -441,6 +433,7 @@ class SharedLedger:
         This worker's counts move with it (claimed afresh, written by ``_claim``);
         the other workers follow at their own next decision, each with its counts.
         """
+        self._settle()
         logger.warning(
             "asgi-admission: the shared session ledger %s was deleted or replaced; moving "
             "this worker's sessions (%d pending, %d active) to the file now at that path. "
@@ -491,8 +484,12 @@ class SharedLedger:
         if problem is not None:
             self._rebuild(problem)
 
+    def _settle(self) -> None:
+        self._settle_until = time.monotonic() + 2 * HEARTBEAT_S
+
     def _rebuild(self, problem: str | None) -> None:
         if problem is not None:
+            self._settle()
             logger.warning(
                 "asgi-admission: the shared session ledger %s was unusable (%s); rebuilding "
                 "it. Other workers' sessions are not counted until each one decides again.",
@@ -573,9 +570,13 @@ class SharedLedger:
     def _restore_own(self) -> None:
         """Write this worker's slot and make sure the header counts it as in use."""
         self._write_own()
-        if self._slot >= self._used:
-            header = os.pread(self._fd, _HEADER.size, 0)
-            self._write_header(max(self._slot + 1, _HEADER.unpack(header)[2]))
+        # The file's header, not the cached one: a worker's first claim must not
+        # trust the cache's initial guess of one slot in use.
+        used = _HEADER.unpack(os.pread(self._fd, _HEADER.size, 0))[2]
+        if self._slot >= used:
+            self._write_header(self._slot + 1)
+        else:
+            self._set_used(used)
 
     def _recover(self, slot: int, pid: int, pending: int, active: int) -> None:
         logger.warning(

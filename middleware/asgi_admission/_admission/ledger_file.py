@@ -89,6 +89,64 @@ def _held(fd: int, slot: int) -> bool:
     return fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot))[:2] != _UNLOCKED
 
 
+class Settling:
+    """After a fault lost the other workers' rows: whether they are all back yet.
+
+    ``start`` counts the slots other live workers hold locks on in ``fd``; ``done`` is
+    true once as many slots here have a row and a lock again, or ``max_s`` has passed.
+    """
+
+    __slots__ = ("_others", "_until", "max_s")
+
+    def __init__(self, max_s: float) -> None:
+        self.max_s = max_s
+        self._until = 0.0
+        self._others = 0
+
+    def start(self, fd: int, capacity: int, own: int) -> None:
+        self._others = others_live(fd, capacity, own, with_rows=False)
+        self._until = time.monotonic() + self.max_s
+
+    def done(self, fd: int, capacity: int, own: int) -> bool:
+        if not self._until:
+            return True
+        if time.monotonic() < self._until and self._others > others_live(
+            fd, capacity, own, with_rows=True
+        ):
+            return False
+        self._until = 0.0
+        return True
+
+
+def file_problem(fd: int, capacity: int) -> str | None:
+    """What is wrong with the whole file: ``""`` when it is empty (new), else as
+    :func:`header_problem`, or too short for its slots."""
+    header = os.pread(fd, _HEADER.size, 0)
+    if not header:
+        return ""
+    problem = header_problem(header, capacity)
+    size = os.fstat(fd).st_size
+    if problem is None and size < _slot_offset(capacity):
+        problem = f"{size} bytes, shorter than its {capacity} slots"
+    return problem
+
+
+def others_live(fd: int, capacity: int, own: int, *, with_rows: bool) -> int:
+    """How many slots but ``own`` another live worker's lock holds (``with_rows``: and
+    whose row names a process); one ``fcntl`` per slot, so only for rare moments."""
+    data = os.pread(fd, _slot_offset(capacity), 0)
+    count = 0
+    for slot in range(capacity):
+        if slot == own:
+            continue
+        if with_rows:
+            offset = _slot_offset(slot)
+            if len(data) < offset + _SLOT.size or not _SLOT.unpack_from(data, offset)[0]:
+                continue
+        count += _held(fd, slot)
+    return count
+
+
 def flock_by(fd: int, deadline: float) -> bool:
     """Take ``fd``'s exclusive ``flock`` if it is free by ``deadline`` (``time.monotonic``).
 

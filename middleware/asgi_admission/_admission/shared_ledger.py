@@ -17,8 +17,8 @@ Notes (the whole story, with the faults each part answers: ``docs/trust.md``):
 - A heartbeat every ``HEARTBEAT_S`` on the worker's loop writes a dirty slot,
   follows a deleted or replaced file and rewrites its row in a rebuilt one. A
   worker that finds the file rebuilt, replaced or its own row gone knows the
-  others' rows are lost too: for two heartbeats its ``reserve`` raises
-  ``LedgerBusy`` while they write theirs back.
+  others' rows are lost too: its ``reserve`` raises ``LedgerBusy`` until every
+  worker that held a slot lock has a row again (at most ``SETTLE_MAX_S``).
 - A slot with counts whose OFD lock is free belongs to a dead worker, ``SIGKILL``
   included: the next decision zeroes it. Negative counts in other slots count as 0.
 - Files are opened through ``_admission.safe_files``: never through a symlink,
@@ -46,10 +46,12 @@ from asgi_admission._admission.ledger_file import (
     _SLOT,
     _UNLOCKED,
     MAGIC,
+    Settling,
     _probe,
     _slot_lock,
     _slot_offset,
     _start_time,
+    file_problem,
     flock_by,
     header_problem,
 )
@@ -66,6 +68,8 @@ DEFAULT_CAPACITY: Final = 256
 LINK_CHECK_INTERVAL_S: Final = 0.25
 #: How often a worker's heartbeat (on its event loop) checks the file without a decision.
 HEARTBEAT_S: Final = 0.25
+#: After a fault lost the other workers' rows: the longest wait for them to come back.
+SETTLE_MAX_S: Final = 2.0
 SETTING: Final = "ADMISSION_SHARED_DIR"
 
 _PENDING: Final = 0
@@ -145,7 +149,7 @@ class SharedLedger:
         "_pid",
         "_reported",
         "_row",
-        "_settle_until",
+        "_settling",
         "_slot",
         "_start",
         "_used",
@@ -169,7 +173,7 @@ class SharedLedger:
         self._dirty = False
         self._beating = False
         self._broken = False
-        self._settle_until = 0.0
+        self._settling = Settling(SETTLE_MAX_S)
         self._locked = CriticalSection(functools.partial(self._enter, LOCK_WAIT_S), self._exit)
         self._attempt = CriticalSection(functools.partial(self._enter, 0.0), self._exit)
         self._next_link_check = 0.0
@@ -366,7 +370,7 @@ class SharedLedger:
 
     def _check_own_row(self, data: bytes) -> None:
         if self._slot >= 0 and not data.startswith(self._row, self._offset):
-            self._settle()
+            self._settling.start(self._fd, self._capacity, self._slot)
             # Edited, or rebuilt (perhaps with fewer slots in use than this one).
             self._warn_once(
                 "own",
@@ -378,7 +382,7 @@ class SharedLedger:
 
     def reserve(self) -> _SharedReservation:
         """A new pending reservation in this worker's slot; call inside ``locked()``."""
-        if time.monotonic() < self._settle_until:
+        if not self._settling.done(self._fd, self._capacity, self._slot):
             raise LedgerBusy(f"the shared ledger {self.path} was rebuilt; workers re-register")
         with self._mem:
             self._pending += 1
@@ -431,9 +435,9 @@ class SharedLedger:
         """Leave a file that was unlinked for the one at ``path``; under the flock.
 
         This worker's counts move with it (claimed afresh, written by ``_claim``);
-        the other workers follow at their own next decision, each with its counts.
+        the others follow by their next heartbeat or decision, each with its counts.
         """
-        self._settle()
+        self._settling.start(fd, self._capacity, self._slot)
         logger.warning(
             "asgi-admission: the shared session ledger %s was deleted or replaced; moving "
             "this worker's sessions (%d pending, %d active) to the file now at that path. "
@@ -473,26 +477,16 @@ class SharedLedger:
         return fd
 
     def _check_file(self) -> None:
-        header = os.pread(self._fd, _HEADER.size, 0)
-        if not header:
-            self._rebuild(None)
-            return
-        size = os.fstat(self._fd).st_size
-        problem = header_problem(header, self._capacity)
-        if problem is None and size < _slot_offset(self._capacity):
-            problem = f"{size} bytes, shorter than its {self._capacity} slots"
+        problem = file_problem(self._fd, self._capacity)
         if problem is not None:
-            self._rebuild(problem)
-
-    def _settle(self) -> None:
-        self._settle_until = time.monotonic() + 2 * HEARTBEAT_S
+            self._rebuild(problem or None)
 
     def _rebuild(self, problem: str | None) -> None:
         if problem is not None:
-            self._settle()
+            self._settling.start(self._fd, self._capacity, self._slot)
             logger.warning(
                 "asgi-admission: the shared session ledger %s was unusable (%s); rebuilding "
-                "it. Other workers' sessions are not counted until each one decides again.",
+                "it. Each worker writes its sessions back at its next heartbeat or decision.",
                 self.path,
                 problem,
             )

@@ -104,7 +104,10 @@ class Settling:
         self._others = 0
 
     def start(self, fd: int, capacity: int, own: int) -> None:
-        self._others = others_live(fd, capacity, own, with_rows=False)
+        self.expect(others_live(fd, capacity, own, with_rows=False))
+
+    def expect(self, others: int) -> None:
+        self._others = others
         self._until = time.monotonic() + self.max_s
 
     def done(self, fd: int, capacity: int, own: int) -> bool:

@@ -54,6 +54,7 @@ from asgi_admission._admission.ledger_file import (
     file_problem,
     flock_by,
     header_problem,
+    others_live,
 )
 from asgi_admission._admission.ledger_file import FILE_NAME as FILE_NAME
 from asgi_admission._admission.ledger_file import LedgerEntry as LedgerEntry
@@ -437,7 +438,8 @@ class SharedLedger:
         This worker's counts move with it (claimed afresh, written by ``_claim``);
         the others follow by their next heartbeat or decision, each with its counts.
         """
-        self._settling.start(fd, self._capacity, self._slot)
+        # The workers still in the old file, plus those already in the new one.
+        others = others_live(fd, self._capacity, self._slot, with_rows=False)
         logger.warning(
             "asgi-admission: the shared session ledger %s was deleted or replaced; moving "
             "this worker's sessions (%d pending, %d active) to the file now at that path. "
@@ -454,6 +456,7 @@ class SharedLedger:
         # Made again if the directory went too; an error leaves _fd at -1, and the
         # next critical section tries again.
         new_fd = self._open()
+        self._settling.expect(others + others_live(new_fd, self._capacity, -1, with_rows=True))
         try:
             fcntl.flock(new_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -529,11 +529,15 @@ class Soak:
             await self.processes(budget_mb=65536, until_halted=True)
 
     async def faults(self) -> None:
+        """One fault every ``fault_every`` seconds on a fixed schedule (a fault's own
+        duration does not push the next one back), none in the last second."""
         index = 0
         loop = asyncio.get_running_loop()
-        end = loop.time() + self.seconds
+        start = loop.time()
+        end = start + self.seconds
         while True:
-            await asyncio.sleep(min(self.fault_every, max(0.0, end - loop.time())))
+            next_at = start + (index + 1) * self.fault_every
+            await asyncio.sleep(max(0.0, min(next_at, end) - loop.time()))
             if loop.time() >= end - 1:
                 return
             name = FAULTS[index % len(FAULTS)]

@@ -24,7 +24,7 @@ def test_a_short_soak_with_every_fault_has_no_violation() -> None:
     and garbled, the memory limit lowered and a session growing without bound: only
     2xx/404/503 answers, no traceback, no OOM kill, never more than max_sessions + 1
     counted, /health responsive, and every count back to zero at the end."""
-    result = soak.run_soak(seconds=48, fault_every=6)
+    result = soak.run_soak(seconds=45, fault_every=6)
     assert result.violations == []
     assert set(result.faults) == set(soak.FAULTS)
     assert result.sessions_admitted > 0

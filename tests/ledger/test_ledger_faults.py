@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from ledgerkit import write_v2_tree
+from prometheus_client import CollectorRegistry
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
 from asgi_admission._admission import shared_ledger
@@ -39,9 +40,8 @@ def guard(
     config = AdmissionConfig(
         shared_dir=str(ledger_dir), cgroup_root=str(cgroup), max_sessions=max_sessions
     )
-    return AdmissionMiddleware(
-        app, session_routes=["POST /s"], config=config, registry=None, **options
-    )
+    options.setdefault("registry", None)
+    return AdmissionMiddleware(app, session_routes=["POST /s"], config=config, **options)
 
 
 async def ok_app(scope: Any, receive: Any, send: Any) -> None:
@@ -124,15 +124,19 @@ def test_decisions_refuse_while_the_directory_is_a_file(
     tmp_path: Path, ledger_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While the ledger cannot be opened, session requests get 503 ledger_busy with a
-    Retry-After, not a 500; requests that open no session pass."""
+    Retry-After, not a 500, counted under that reason; requests that open no session
+    pass."""
     monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 0.0)
-    middleware = guard(tmp_path, ledger_dir, ok_app)
+    registry = CollectorRegistry()
+    middleware = guard(tmp_path, ledger_dir, ok_app, registry=registry)
     replace_with_a_file(ledger_dir)
     status, headers, body = asyncio.run(post(middleware))
     assert status == 503
     assert int(headers[b"retry-after"]) >= 1
     assert b'"reason":"ledger_busy"' in body
     assert asyncio.run(post(middleware, "/other"))[0] == 200
+    labels = {"kind": "http", "outcome": "rejected", "reason": "ledger_busy"}
+    assert registry.get_sample_value("asgi_admission_decisions_total", labels) == 1
 
 
 def test_app_count_is_asked_outside_the_critical_section(tmp_path: Path, ledger_dir: Path) -> None:
@@ -306,3 +310,21 @@ def test_after_a_rebuild_decisions_wait_for_the_others_to_re_register(
         return third.result()[0]
 
     assert asyncio.run(scenario()) == 503
+
+
+def test_readiness_says_ledger_busy_while_the_ledger_is_unusable(
+    tmp_path: Path, ledger_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The readiness path answers 503 with state ledger_busy while the shared ledger
+    cannot be opened, and ready again once it can."""
+    monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 0.0)
+    middleware = guard(tmp_path, ledger_dir, ok_app, readiness_path="/ready")
+    assert asyncio.run(post(middleware, "/ready"))[0] == 200
+    replace_with_a_file(ledger_dir)
+    status, _, body = asyncio.run(post(middleware, "/ready"))
+    assert (status, body) == (503, b'{"ready":false,"state":"ledger_busy"}')
+    restore(ledger_dir)
+    assert asyncio.run(post(middleware, "/ready"))[:3:2] == (
+        200,
+        b'{"ready":true,"state":"normal"}',
+    )

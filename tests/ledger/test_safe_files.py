@@ -154,3 +154,39 @@ def test_errors_name_the_callers_setting(tmp_path: Path) -> None:
     (tmp_path / "d" / "sub").mkdir()
     with pytest.raises(UnsafeFileError, match="cannot be opened"):
         open_private_file(str(tmp_path / "d"), "sub", setting="SOME_SETTING")
+
+
+def test_a_directory_that_cannot_be_opened_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An open refused by the kernel (say EACCES for another user) says so, naming it."""
+    real_open = os.open
+
+    def refusing(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if flags & os.O_DIRECTORY:
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", refusing)
+    with pytest.raises(UnsafeFileError, match=r"cannot be opened \(Permission denied\)"):
+        open_private_dir(str(tmp_path / "d"), setting="SOME_SETTING")
+
+
+def test_a_file_that_keeps_vanishing_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name that is missing when opened and present when created, twice over (a
+    race with someone deleting and recreating it), is refused rather than retried
+    forever."""
+    real_open = os.open
+
+    def racing(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if path == "figures" and flags & os.O_CREAT:
+            raise FileExistsError(17, "File exists")
+        if path == "figures":
+            raise FileNotFoundError(2, "No such file or directory")
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", racing)
+    with pytest.raises(UnsafeFileError, match="keeps appearing and disappearing"):
+        open_private_file(str(tmp_path / "d"), "figures", setting="SOME_SETTING")

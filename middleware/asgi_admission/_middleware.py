@@ -74,8 +74,9 @@ class AdmissionMiddleware:
     ``session_routes`` are patterns such as ``"POST /sessions"`` or
     ``"WS /terminal/*"``; ``session_predicate(scope)`` may pick further requests.
     ``current_sessions()`` reports sessions the app tracks itself (it is called
-    before each decision, on the event loop: keep it cheap); without it the middleware counts the
-    WebSockets it admitted and that are still open. A ``watchdog``
+    before each decision, on the event loop, outside the ledger's lock: keep it
+    cheap); without it the middleware counts the WebSockets it admitted and that
+    are still open. A ``watchdog``
     (``SessionWatchdog``) is started and stopped with the app's lifespan;
     handlers reach it with ``session_watchdog(request)``.
     ``websocket_refusal`` (default: the config's, ``"auto"``) says how a refused

@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
 from asgi_admission._admission import shared_ledger
-from asgi_admission._admission.shared_ledger import FILE_NAME, read_entries
+from asgi_admission._admission.ledger import LedgerBusy
+from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger, read_entries
 
 App = Callable[[Any, Any, Any], Any]
 
@@ -328,3 +329,28 @@ def test_readiness_says_ledger_busy_while_the_ledger_is_unusable(
         200,
         b'{"ready":true,"state":"normal"}',
     )
+
+
+def test_a_worker_left_in_a_deleted_file_does_not_take_the_movers_for_dead(
+    ledger_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker still reading a deleted ledger file, whose link check is not yet due,
+    sees the slot locks of workers that moved on as free: it follows them to the new
+    file instead of releasing their sessions as a dead worker's (an under-count)."""
+    first, second = SharedLedger(ledger_dir), SharedLedger(ledger_dir)
+    try:
+        for ledger in (first, second):
+            with ledger.locked():
+                ledger.reserve()
+        (ledger_dir / FILE_NAME).unlink()
+        first._next_link_check = 0.0  # first's check is due: it moves now
+        with first.locked():
+            assert first.counts() == (0, 1)
+        with pytest.raises(LedgerBusy, match="was replaced"), second.locked():
+            second.counts()
+        with second.locked():
+            assert second.counts() == (0, 2)
+        assert "exited holding" not in caplog.text
+    finally:
+        first.close()
+        second.close()

@@ -352,6 +352,9 @@ class SharedLedger:
             if not (slot_pending or slot_active) or slot == own:
                 continue
             if fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot)).startswith(_UNLOCKED):
+                if os.fstat(fd).st_nlink == 0:  # not dead: moved on to a new file
+                    self._next_link_check = 0.0  # so follow it now, and settle there
+                    raise LedgerBusy(f"the shared ledger {self.path} was replaced")
                 self._recover(slot, pid, slot_pending, slot_active)
                 continue
             if slot_pending < 0 or slot_active < 0:
@@ -500,8 +503,8 @@ class SharedLedger:
             self._restore_own()
 
     def _write_header(self, used: int) -> None:
-        os.pwrite(self._fd, _HEADER.pack(MAGIC, self._capacity, used), 0)
         self._set_used(used)
+        os.pwrite(self._fd, self._header, 0)
 
     def _set_used(self, used: int) -> None:
         self._used = used

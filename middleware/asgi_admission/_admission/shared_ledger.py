@@ -445,8 +445,8 @@ class SharedLedger:
         others = others_live(fd, self._capacity, self._slot, with_rows=False)
         logger.warning(
             "asgi-admission: the shared session ledger %s was deleted or replaced; moving "
-            "this worker's sessions (%d pending, %d active) to the file now at that path. "
-            "Workers that have not decided since are not counted until they do.",
+            "this worker's sessions (%d pending, %d active) to the file now at that path; "
+            "the other workers follow within a heartbeat.",
             self.path,
             self._pending,
             self._own_active(),

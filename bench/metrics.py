@@ -24,7 +24,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from asgi_admission import AdmissionConfig, AdmissionController, AdmissionMiddleware, MemoryReading
+from asgi_admission import AdmissionController, AdmissionMiddleware, MemoryReading
 from asgi_admission._metrics.collector import DecisionMetrics
 
 MIB = 1024 * 1024
@@ -42,7 +42,6 @@ def guard(registry: CollectorRegistry | None) -> AdmissionMiddleware:
     return AdmissionMiddleware(
         _app,
         session_routes=["POST /sessions"],
-        config=AdmissionConfig(),
         controller=AdmissionController(memory_reader=lambda: READING, reserve_bytes=10 * MIB),
         max_sessions=1_000_000,
         registry=registry,

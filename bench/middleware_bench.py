@@ -50,7 +50,6 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from asgi_admission import (
-    AdmissionConfig,
     AdmissionController,
     AdmissionMiddleware,
     CgroupMemoryReader,
@@ -127,7 +126,6 @@ def guarded(app: Any, root: str | None, registry: CollectorRegistry | None = Non
     return AdmissionMiddleware(
         app,
         session_routes=["POST /sessions", "POST /spawn", "WS /terminal/*"],
-        config=AdmissionConfig(),
         controller=controller,
         max_sessions=1_000_000,
         registry=registry,

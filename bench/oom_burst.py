@@ -1,6 +1,6 @@
 """Why the product exists: a burst of session openings in a 768 MiB memory group.
 
-    sudo .venv/bin/python bench/oom_burst.py [--sessions 40] [--session-mb 48]
+    sudo .venv/bin/python bench/oom_burst.py [--sessions 40] [--session-mb 48] [--plot PNG]
 
 Needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory.
 Runs the demo service under uvicorn inside a fresh memory group with a limit,
@@ -11,6 +11,10 @@ app (the kernel OOM-kills the server), then the same app guarded by
 ``AdmissionMiddleware`` with the reserve set to one session's size (no OOM
 kill; the burst is cut at the capacity the watermark leaves). The guarded run is
 also the real-cgroup end-to-end test (tests/middleware/test_cgroup_e2e.py).
+
+``--plot docs/img/burst.png`` also samples the group's working set every 20 ms
+during each burst and draws both runs over time (matplotlib, from the ``docs``
+extra): the picture on the documentation's front page.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -68,6 +73,8 @@ class BurstResult:
     retry_after_ok: bool
     readmitted_after_close: bool | None = None
     notes: list[str] = field(default_factory=list)
+    #: (seconds since the burst began, working set in bytes), when sampled.
+    samples: list[tuple[float, int]] = field(default_factory=list)
 
     @property
     def admitted(self) -> int:
@@ -100,6 +107,31 @@ def working_set_bytes(group: Path) -> int:
     stats = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
     cache = int(stats.get("total_inactive_file", 0)) + int(stats.get("total_active_file", 0))
     return max(0, usage - cache)
+
+
+@contextlib.contextmanager
+def sampling(group: Path, interval_s: float | None) -> Iterator[list[tuple[float, int]]]:
+    """The group's working set every ``interval_s`` from a thread while the block runs."""
+    samples: list[tuple[float, int]] = []
+    if interval_s is None:
+        yield samples
+        return
+    stop = threading.Event()
+    start = time.monotonic()
+
+    def sample() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                samples.append((time.monotonic() - start, working_set_bytes(group)))
+            stop.wait(interval_s)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join()
 
 
 def oom_kills(group: Path) -> int:
@@ -142,6 +174,7 @@ def run_burst(
     session_mb: int = 48,
     limit_mb: int = 768,
     hold_s: float = 1.0,
+    sample_interval_s: float | None = None,
 ) -> BurstResult:
     """Serve the demo in a fresh memory group, fire the burst, and report what happened."""
     port = free_port()
@@ -178,8 +211,9 @@ def run_burst(
             baseline = working_set_bytes(group)
             ceiling = limit_mb * MIB * HIGH_WATERMARK / 100
             capacity = max(0, math.floor((ceiling - baseline) / (session_mb * MIB)))
-            responses = asyncio.run(_burst(base_url, sessions, hold_s))
-            time.sleep(0.5)
+            with sampling(group, sample_interval_s) as samples:
+                responses = asyncio.run(_burst(base_url, sessions, hold_s))
+                time.sleep(0.5)
             statuses: list[int | str] = [
                 r if isinstance(r, str) else r.status_code for r in responses
             ]
@@ -202,6 +236,7 @@ def run_burst(
                 oom_kills=oom_kills(group),
                 server_alive=alive,
                 retry_after_ok=retry_after_ok,
+                samples=samples,
             )
             if guarded and alive:
                 result.readmitted_after_close = _close_most_and_reopen(base_url, responses)
@@ -219,22 +254,72 @@ def _close_most_and_reopen(base_url: str, responses: list[httpx.Response | str])
         return client.post("/sessions").status_code == 201
 
 
+def plot(results: list[BurstResult], path: Path) -> None:
+    """Draw each run's working set over time against the limit and the high watermark."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 4.2), dpi=120)
+    for result in results:
+        label = (
+            f"guarded: {result.admitted} admitted, {result.refused} refused, "
+            f"{result.oom_kills} OOM kills"
+            if result.guarded
+            else f"bare: {result.oom_kills} OOM kill(s), server "
+            f"{'alive' if result.server_alive else 'killed'}"
+        )
+        axes.plot(
+            [t for t, _ in result.samples],
+            [used / MIB for _, used in result.samples],
+            label=label,
+            color="tab:green" if result.guarded else "tab:red",
+        )
+    limit_mb = results[0].limit_mb
+    axes.axhline(limit_mb, color="black", linestyle="-", linewidth=1, label="memory limit")
+    axes.axhline(
+        limit_mb * HIGH_WATERMARK / 100,
+        color="grey",
+        linestyle="--",
+        linewidth=1,
+        label=f"high watermark ({HIGH_WATERMARK:.0f}%)",
+    )
+    axes.set_xlabel("seconds since the burst began")
+    axes.set_ylabel("working set of the server's cgroup (MiB)")
+    axes.set_title(
+        f"{len(results[0].statuses)} concurrent sessions of {results[0].session_mb} MiB "
+        f"in a {limit_mb} MiB cgroup"
+    )
+    axes.set_ylim(0, limit_mb * 1.1)
+    axes.legend(loc="lower right", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=40)
     parser.add_argument("--session-mb", type=int, default=48)
     parser.add_argument("--limit-mb", type=int, default=768)
+    parser.add_argument(
+        "--plot", type=Path, metavar="PNG", help="draw the working set over time into this file"
+    )
     args = parser.parse_args()
     if not available():
         print("needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory")
         return 2
+    results = []
     for guarded in (False, True):
         r = run_burst(
             guarded=guarded,
             sessions=args.sessions,
             session_mb=args.session_mb,
             limit_mb=args.limit_mb,
+            sample_interval_s=0.02 if args.plot else None,
         )
+        results.append(r)
         other = [s for s in r.statuses if s not in (201, 503)]
         print(
             json.dumps(
@@ -254,6 +339,9 @@ def main() -> int:
                 }
             )
         )
+    if args.plot:
+        plot(results, args.plot)
+        print(f"plotted to {args.plot}")
     return 0
 
 

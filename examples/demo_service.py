@@ -1,7 +1,7 @@
 """The demo session service, as ``asgi-admission demo`` serves it.
 
 Run it with ``uvicorn examples.demo_service:app`` from the repository root;
-settings come from the ``ADMISSION_*`` environment (see the README) and
+settings come from the ``ADMISSION_*`` environment (docs/configuration.md) and
 ``DEMO_SESSION_MB`` (the memory each session holds, default 64).
 """
 

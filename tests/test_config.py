@@ -22,7 +22,7 @@ def test_defaults_match_the_spec() -> None:
     assert AdmissionConfig.from_env({}) == AdmissionConfig(
         high_watermark_percent=80.0,
         resume_threshold_percent=70.0,
-        reserve_bytes=768 * MIB,
+        reserve_bytes=None,
         max_sessions=16,
         retry_after_s=5,
         cgroup_root=None,
@@ -98,8 +98,8 @@ def test_current_name_wins_over_legacy(caplog: pytest.LogCaptureFixture) -> None
     ("variable", "value", "field", "expected"),
     [
         ("ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT", "lots", "high_watermark_percent", 80.0),
-        ("ADMISSION_SESSION_RESERVE_MB", "1.5", "reserve_bytes", 768 * MIB),
-        ("CODA_BROWSER_SESSION_RESERVE_MB", "x", "reserve_bytes", 768 * MIB),
+        ("ADMISSION_SESSION_RESERVE_MB", "1.5", "reserve_bytes", None),
+        ("CODA_BROWSER_SESSION_RESERVE_MB", "x", "reserve_bytes", None),
         ("ADMISSION_SESSION_RESERVE_MB", "-5", "reserve_bytes", 0),
         ("ADMISSION_MAX_SESSIONS", "-1", "max_sessions", 16),
         ("ADMISSION_RETRY_AFTER_SECONDS", "0", "retry_after_s", 5),
@@ -136,12 +136,12 @@ def test_each_fallback_logs_one_warning_naming_the_variable(
 def test_inconsistent_watermarks_fall_back_to_defaults_and_default_reserve(
     caplog: pytest.LogCaptureFixture, env: dict[str, str]
 ) -> None:
-    """A self-inconsistent set restores the default watermarks and reserve; the guard stays on."""
+    """A self-inconsistent set restores the default watermarks and the derived reserve."""
     env = {**env, "ADMISSION_SESSION_RESERVE_MB": "64"}
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         config = AdmissionConfig.from_env(env)
     assert (config.high_watermark_percent, config.resume_threshold_percent) == (80.0, 70.0)
-    assert config.reserve_bytes == 768 * MIB
+    assert config.reserve_bytes is None
     assert len(caplog.records) == 1
     assert "ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT" in caplog.records[0].getMessage()
 
@@ -177,7 +177,10 @@ def test_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
             "resume_threshold_percent and high_watermark_percent must satisfy "
             "0 < resume <= high <= 100; got resume=70.0, high=inf.",
         ),
-        ({"reserve_bytes": -1}, "reserve_bytes must be 0 or more; got -1."),
+        (
+            {"reserve_bytes": -1},
+            "reserve_bytes must be 0 or more, or None to derive it from the memory limit; got -1.",
+        ),
         ({"max_sessions": -1}, "max_sessions must be 0 or more; got -1."),
         (
             {"retry_after_s": 0},

@@ -123,7 +123,8 @@ SEQUENCES: dict[str, tuple[float, float, int, list[Step]]] = {
         [
             Step(999, True, "unavailable", limit=None),
             Step(999, True, "unavailable", limit=0),
-            Step(999, False, "unavailable", "telemetry_unavailable", limit=None, cap=0),
+            Step(999, False, "unavailable", "no_memory_limit", limit=None, cap=0),
+            Step(999, False, "unavailable", "telemetry_unavailable", limit=0, cap=0),
         ],
     ),
     "blindness clears the latch, recovery starts afresh": (
@@ -216,7 +217,10 @@ UNUSED = MemoryReading(used_bytes=None, limit_bytes=None, available=False)
             "resume_threshold_percent and high_watermark_percent must satisfy "
             "0 < resume <= high <= 100; got resume=70.0, high=101.",
         ),
-        ({"reserve_bytes": -1}, "reserve_bytes must be 0 or more; got -1."),
+        (
+            {"reserve_bytes": -1},
+            "reserve_bytes must be 0 or more, or None to derive it from the memory limit; got -1.",
+        ),
     ],
     ids=["resume zero", "resume above high", "high above 100", "negative reserve"],
 )
@@ -231,7 +235,52 @@ def test_default_reader_is_read_cgroup_memory() -> None:
     controller = AdmissionController()
     assert controller.memory_reader is read_cgroup_memory
     assert (controller.high_watermark_percent, controller.resume_threshold_percent) == (80.0, 70.0)
-    assert controller.reserve_bytes == 768 * 1024 * 1024
+    assert controller.reserve_bytes is None
+    assert controller.reserve_for(512 * 1024 * 1024) == 64 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("configured_mib", "limit_mib", "reserve_mib"),
+    [
+        (None, 512, 64),
+        (None, 2048, 256),
+        (None, 6144, 768),
+        (None, 65536, 768),
+        (None, None, 768),
+        (100, 512, 100),
+        (0, 512, 0),
+        (2000, 512, 2000),
+    ],
+)
+def test_reserve_for_derives_an_eighth_of_the_limit_at_most_768_mib(
+    configured_mib: int | None, limit_mib: int | None, reserve_mib: int
+) -> None:
+    """Unset, the reserve is an eighth of the limit (at most 768 MiB); set, it is the setting."""
+    mib = 1024 * 1024
+    controller = AdmissionController(
+        reserve_bytes=None if configured_mib is None else configured_mib * mib,
+        memory_reader=lambda: UNUSED,
+    )
+    assert controller.reserve_for(None if limit_mib is None else limit_mib * mib) == (
+        reserve_mib * mib
+    )
+
+
+def test_derived_reserve_admits_sessions_in_a_small_container() -> None:
+    """In 512 MiB with the defaults, 64 MiB sessions are admitted up to the 80% ceiling."""
+    mib = 1024 * 1024
+    used = 34 * mib
+    controller = AdmissionController(
+        memory_reader=lambda: MemoryReading(used_bytes=used, limit_bytes=512 * mib, available=True)
+    )
+    admitted = 0
+    while controller.evaluate(admitted, 1000).allowed:
+        admitted += 1
+        used += 64 * mib
+    # One more session needs the working set plus a 64 MiB reserve within 80% of 512 MiB
+    # (409.6 MiB): admitted at 34, 98, 162, 226 and 290 MiB, refused at 354 MiB.
+    assert admitted == 5
+    assert controller.pressure_state == "pressured"
 
 
 def test_concurrent_evaluations_keep_transitions_balanced() -> None:
@@ -340,15 +389,19 @@ def test_the_latch_compares_the_rounded_percent_exactly(
     controller = AdmissionController(
         high_watermark_percent=high, resume_threshold_percent=resume, reserve_bytes=reserve
     )
-    controller._pressured = pressured
+    if pressured:  # set the latch the way a reading does: at the limit
+        full = MemoryReading(used_bytes=limit, limit_bytes=limit, available=True)
+        controller.decide(full, 0, 10)
+        assert controller.pressure_state == "pressured"
     decision = controller.decide(memory, 0, 10, pending)
     expected = _reference_decide(pressured, high, resume, reserve, memory, pending)
     assert (decision.state == "pressured") is expected
 
 
 @pytest.mark.parametrize("bound", [80.0, 70.0, 80.0037, 66.666, 99.995, 0.01, 33.333333, 100.0])
-def test_rounded_comparisons_agree_with_round_next_to_the_bound(bound: float) -> None:
-    """Within a hundredth of a point either side, the shortcuts give round()'s answer."""
+def test_internal_rounded_comparisons_agree_with_round_next_to_the_bound(bound: float) -> None:
+    """Internal on purpose (the latch's private shortcuts): within a hundredth of a point
+    either side, they give round()'s answer."""
     from asgi_admission._admission.latch import _rounded_at_least, _rounded_at_most
 
     for step in range(-40, 41):

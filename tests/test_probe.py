@@ -27,11 +27,13 @@ SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "required": [
-        "schema", "exit_status", "source", "cgroup", "memory", "config", "ceiling", "decision",
+        "schema", "exit_status", "problem", "source", "cgroup", "memory", "config", "ceiling",
+        "decision",
     ],
     "properties": {
-        "schema": {"const": 1},
-        "exit_status": {"enum": [0, 1, 2]},
+        "schema": {"const": 2},
+        "exit_status": {"enum": [0, 1, 2, 3]},
+        "problem": NULLABLE_STR,
         "source": {"enum": ["cgroup-v2", "cgroup-v1", "host", None]},
         "cgroup": {
             "oneOf": [
@@ -54,7 +56,7 @@ SCHEMA: dict[str, Any] = {
             "additionalProperties": False,
             "required": [
                 "available", "usage_bytes", "reclaimable_bytes", "reclaimable",
-                "working_set_bytes", "limit_bytes", "limit_file", "percent",
+                "working_set_bytes", "limit", "limit_bytes", "limit_file", "percent",
                 "pressure_some_avg10",
             ],
             "properties": {
@@ -63,6 +65,7 @@ SCHEMA: dict[str, Any] = {
                 "reclaimable_bytes": {"type": "integer", "minimum": 0},
                 "reclaimable": {"enum": ["file", "inactive"]},
                 "working_set_bytes": NULLABLE_INT,
+                "limit": {"enum": ["limited", "unlimited", "unreadable"]},
                 "limit_bytes": NULLABLE_INT,
                 "limit_file": NULLABLE_STR,
                 "percent": NULLABLE_NUM,
@@ -74,12 +77,13 @@ SCHEMA: dict[str, Any] = {
             "additionalProperties": False,
             "required": [
                 "high_watermark_percent", "resume_threshold_percent", "reserve_bytes",
-                "max_sessions", "memory_source",
+                "reserve_derived", "max_sessions", "memory_source",
             ],
             "properties": {
                 "high_watermark_percent": {"type": "number"},
                 "resume_threshold_percent": {"type": "number"},
                 "reserve_bytes": {"type": "integer"},
+                "reserve_derived": {"type": "boolean"},
                 "max_sessions": {"type": "integer"},
                 "memory_source": {"enum": ["cgroup", "host"]},
             },
@@ -105,7 +109,10 @@ SCHEMA: dict[str, Any] = {
                 "allowed": {"type": "boolean"},
                 "state": {"enum": ["normal", "pressured", "unavailable"]},
                 "reason": {
-                    "enum": ["memory_pressure", "session_limit", "telemetry_unavailable", None]
+                    "enum": [
+                        "memory_pressure", "session_limit", "telemetry_unavailable",
+                        "no_memory_limit", None,
+                    ]
                 },
             },
         },
@@ -201,14 +208,36 @@ def test_pressured_exits_1(fixture_copy: Any) -> None:
     assert report["decision"]["allowed"] is False
 
 
-def test_reserve_larger_than_headroom_exits_1_with_negative_ceiling(fixture_copy: Any) -> None:
-    """With a 512 MiB limit the default 768 MiB reserve can never fit: pressured, ceiling < 0."""
-    status, report = probe_json("--root", str(fixture_copy("local-firecracker-v1-hybrid")))
-    assert status == 1
+def test_reserve_that_can_never_fit_exits_3_naming_the_variable(fixture_copy: Any) -> None:
+    """With a 512 MiB limit a 768 MiB reserve can never fit: exit 3, the variable named."""
+    root = str(fixture_copy("local-firecracker-v1-hybrid"))
+    env = {"ADMISSION_SESSION_RESERVE_MB": "768"}
+    status, report = probe_json("--root", root, env=env)
+    assert status == 3
     assert report["source"] == "cgroup-v1"
+    assert report["memory"]["limit_bytes"] == 512 * 1024 * 1024
     assert report["ceiling"]["bytes"] < 0
-    result = run_probe("--root", str(fixture_copy("local-firecracker-v1-hybrid")))
+    assert report["problem"].startswith("ADMISSION_SESSION_RESERVE_MB (reserve_bytes) is 768 MiB")
+    assert "no session can ever be admitted" in report["problem"]
+    result = run_probe("--root", root, env=env)
+    assert result.returncode == 3
     assert "refuse (memory_pressure), state pressured" in result.stdout
+    assert "error:           ADMISSION_SESSION_RESERVE_MB (reserve_bytes) is 768 MiB" in (
+        result.stdout
+    )
+
+
+def test_default_reserve_is_derived_from_a_small_limit(fixture_copy: Any) -> None:
+    """Unset, the reserve is an eighth of the 512 MiB limit (64 MiB) and one more session fits."""
+    root = str(fixture_copy("local-firecracker-v1-hybrid"))
+    status, report = probe_json("--root", root)
+    assert status == 0
+    assert report["problem"] is None
+    assert report["config"]["reserve_bytes"] == 64 * 1024 * 1024
+    assert report["config"]["reserve_derived"] is True
+    assert report["ceiling"]["bytes"] == int(512 * 1024 * 1024 * 0.8 - 64 * 1024 * 1024)
+    text = run_probe("--root", root).stdout
+    assert "reserve 67108864 B (64.0 MiB) per session (derived from the limit)" in text
 
 
 def test_sessions_and_pending_inputs(fixture_copy: Any) -> None:
@@ -225,16 +254,24 @@ def test_sessions_and_pending_inputs(fixture_copy: Any) -> None:
     "name", ["elastic-agent-system-metrics/docker2-v2-dotdot", None], ids=["unlimited", "empty"]
 )
 def test_unavailable_exits_2(fixture_copy: Any, tmp_path: Path, name: str | None) -> None:
-    """No limit to take a percentage of, or nothing readable, exits 2 and says why."""
+    """No limit to take a percentage of, or nothing readable, exits 2 and says which."""
     root = fixture_copy(name) if name else tmp_path
-    status, report = probe_json("--root", str(root))
+    status, report = probe_json("--root", str(root), "--sessions", "16")
     assert status == 2
     assert report["decision"]["state"] == "unavailable"
     assert report["ceiling"] is None
     assert report["memory"]["available"] is (name is not None)
+    unlimited = name is not None
+    assert report["memory"]["limit"] == ("unlimited" if unlimited else "unreadable")
+    assert report["decision"]["reason"] == (
+        "no_memory_limit" if unlimited else "telemetry_unavailable"
+    )
     text = run_probe("--root", str(root)).stdout
     assert "ceiling:         none" in text
-    assert "limit:           none" in text
+    if unlimited:
+        assert "limit:           unlimited (no memory limit is set)" in text
+    else:
+        assert "limit:           unreadable (memory could not be read)" in text
 
 
 def test_discovery_of_a_moved_cgroup_reports_the_warning(tmp_path: Path) -> None:
@@ -264,9 +301,9 @@ def test_discovery_of_a_moved_cgroup_reports_the_warning(tmp_path: Path) -> None
     ],
 )
 def test_errors_are_one_clear_line(args: list[str], message: str) -> None:
-    """Bad arguments exit 2 with a one-line error naming the option, never a traceback."""
+    """Bad arguments exit 64 (EX_USAGE) with one line naming the option, never a traceback."""
     result = run_probe(*args)
-    assert result.returncode == 2
+    assert result.returncode == 64
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1
@@ -293,4 +330,20 @@ def test_host_source_in_process(
     assert (report["source"], report["cgroup"]) == ("host", None)
     assert report["memory"]["working_set_bytes"] == total - available
     assert cli.main(["probe", "--memory-source", "host"]) == 0
-    assert "cgroup:" not in capsys.readouterr().out
+    text = capsys.readouterr().out
+    for cgroup_only in ("cgroup:", "files read:", "reclaimable:", "PSI", "set by"):
+        assert cgroup_only not in text
+    assert "(all RAM minus the host headroom)" in text
+
+
+def test_unexpected_errors_exit_70_not_a_verdict(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unexpected failure exits 70 (EX_SOFTWARE) with one line, never 2 like a verdict."""
+
+    def broken(args: object) -> dict[str, Any]:
+        raise OSError("the disk went away")
+
+    monkeypatch.setattr(probe_module, "probe", broken)
+    assert cli.main(["probe"]) == 70
+    assert capsys.readouterr().err == "asgi-admission probe: error: the disk went away\n"

@@ -1,4 +1,4 @@
-"""The README's Python examples compile, and its quick start serves what it promises."""
+"""The README stays short, its Python examples run, and its links reach the documentation."""
 
 from __future__ import annotations
 
@@ -20,14 +20,44 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), 
 
 
 def test_readme_has_python_examples() -> None:
-    """The README shows at least the quick start and the watchdog in Python."""
-    assert len(BLOCKS) >= 2
+    """The README shows the quick start for FastAPI and for Starlette."""
+    assert len(BLOCKS) == 2
+    assert "from fastapi import FastAPI" in BLOCKS[0]
+    assert "from starlette.applications import Starlette" in BLOCKS[1]
+
+
+def test_readme_is_short_and_links_every_documentation_page() -> None:
+    """At most about 200 lines, with a working link to each page of the documentation site."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    pages = sorted(p.name for p in (README.parent / "docs").glob("*.md"))
+    for page in pages:
+        assert f"(docs/{page}" in text, page
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+        assert (README.parent / target).exists(), target
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_python_blocks_compile(index: int) -> None:
     """Every Python block in the README is valid Python."""
     compile(BLOCKS[index], f"README.md python block {index}", "exec")
+
+
+@pytest.mark.anyio
+async def test_starlette_quick_start_guards_sessions_and_serves_metrics(
+    fixture_copy: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Starlette quick start admits a session, answers readiness and serves /metrics."""
+    tree = fixture_copy("telegraf/v2")
+    monkeypatch.setenv("ADMISSION_CGROUP_ROOT", str(tree))
+    monkeypatch.setenv("ADMISSION_MAX_SESSIONS", "1")
+    namespace: dict[str, object] = {}
+    exec(BLOCKS[1], namespace)
+    transport = httpx.ASGITransport(app=namespace["app"])  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        assert (await client.post("/sessions")).status_code == 201
+        assert (await client.get("/admission/ready")).json()["state"] == "normal"
+        assert "asgi_admission_memory_usage_ratio" in (await client.get("/metrics")).text
 
 
 @pytest.mark.anyio

@@ -21,7 +21,6 @@ WebSocketRefusal = Literal["auto", "close", "deny"]
 MIB: Final = 1024 * 1024
 DEFAULT_HIGH_WATERMARK_PERCENT: Final = 80.0
 DEFAULT_RESUME_THRESHOLD_PERCENT: Final = 70.0
-DEFAULT_RESERVE_BYTES: Final = 768 * MIB
 
 DEFAULT_MAX_SESSIONS: Final = 16
 DEFAULT_RETRY_AFTER_S: Final = 5
@@ -40,6 +39,20 @@ ENV_MEMORY_SOURCE: Final = ("ADMISSION_MEMORY_SOURCE", None)
 ENV_SHARED_DIR: Final = ("ADMISSION_SHARED_DIR", None)
 ENV_RECLAIMABLE: Final = ("ADMISSION_RECLAIMABLE", None)
 ENV_WEBSOCKET_REFUSAL: Final = ("ADMISSION_WEBSOCKET_REFUSAL", None)
+#: Each field of AdmissionConfig and the variables from_env reads it from (the
+#: documentation's configuration reference is checked against this).
+ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
+    "high_watermark_percent": ENV_HIGH,
+    "resume_threshold_percent": ENV_RESUME,
+    "reserve_bytes": ENV_RESERVE_MB,
+    "max_sessions": ENV_MAX_SESSIONS,
+    "retry_after_s": ENV_RETRY_AFTER,
+    "cgroup_root": ENV_CGROUP_ROOT,
+    "memory_source": ENV_MEMORY_SOURCE,
+    "reclaimable": ENV_RECLAIMABLE,
+    "shared_dir": ENV_SHARED_DIR,
+    "websocket_refusal": ENV_WEBSOCKET_REFUSAL,
+}
 
 
 def watermarks_consistent(high: float, resume: float) -> bool:
@@ -47,15 +60,18 @@ def watermarks_consistent(high: float, resume: float) -> bool:
     return math.isfinite(high) and math.isfinite(resume) and 0 < resume <= high <= 100
 
 
-def check_watermarks(high: float, resume: float, reserve_bytes: int) -> None:
+def check_watermarks(high: float, resume: float, reserve_bytes: int | None) -> None:
     """Raise ``ValueError`` naming the setting unless the latch's settings are usable."""
     if not watermarks_consistent(high, resume):
         raise ValueError(
             "resume_threshold_percent and high_watermark_percent must satisfy "
             f"0 < resume <= high <= 100; got resume={resume!r}, high={high!r}."
         )
-    if reserve_bytes < 0:
-        raise ValueError(f"reserve_bytes must be 0 or more; got {reserve_bytes!r}.")
+    if reserve_bytes is not None and reserve_bytes < 0:
+        raise ValueError(
+            "reserve_bytes must be 0 or more, or None to derive it from the memory limit; "
+            f"got {reserve_bytes!r}."
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,12 +80,14 @@ class AdmissionConfig:
 
     ``reserve_bytes`` is the memory held back for each session admitted but not
     yet started, so the effective admission ceiling is the high watermark minus
-    one reserve (more while sessions are pending).
+    one reserve (more while sessions are pending); ``None`` derives it from the
+    memory limit found (an eighth of it, at most 768 MiB). ``max_sessions=0``
+    admits no session at all. docs/configuration.md describes every field.
     """
 
     high_watermark_percent: float = DEFAULT_HIGH_WATERMARK_PERCENT
     resume_threshold_percent: float = DEFAULT_RESUME_THRESHOLD_PERCENT
-    reserve_bytes: int = DEFAULT_RESERVE_BYTES
+    reserve_bytes: int | None = None
     max_sessions: int = DEFAULT_MAX_SESSIONS
     retry_after_s: int = DEFAULT_RETRY_AFTER_S
     #: The cgroup directory to read; ``None`` finds this process's own cgroup.
@@ -122,8 +140,8 @@ class AdmissionConfig:
         env = os.environ if environ is None else environ
         high = _env.number(env, ENV_HIGH, DEFAULT_HIGH_WATERMARK_PERCENT, float)
         resume = _env.number(env, ENV_RESUME, DEFAULT_RESUME_THRESHOLD_PERCENT, float)
-        reserve_mb = _env.number(env, ENV_RESERVE_MB, DEFAULT_RESERVE_BYTES // MIB, int)
-        if reserve_mb < 0:
+        reserve_mb = _reserve_mb(env)
+        if reserve_mb is not None and reserve_mb < 0:
             logger.warning(
                 "%s=%d is negative; using a reserve of 0 MB.",
                 _env.setting_name(env, ENV_RESERVE_MB),
@@ -133,23 +151,22 @@ class AdmissionConfig:
         if not watermarks_consistent(high, resume):
             logger.warning(
                 "%s=%s and %s=%s are inconsistent (need 0 < resume <= high <= 100); "
-                "using the default watermarks %s/%s and reserve %d MB.",
+                "using the default watermarks %s/%s and a reserve derived from the limit.",
                 _env.setting_name(env, ENV_HIGH),
                 high,
                 _env.setting_name(env, ENV_RESUME),
                 resume,
                 DEFAULT_HIGH_WATERMARK_PERCENT,
                 DEFAULT_RESUME_THRESHOLD_PERCENT,
-                DEFAULT_RESERVE_BYTES // MIB,
             )
             high, resume = DEFAULT_HIGH_WATERMARK_PERCENT, DEFAULT_RESUME_THRESHOLD_PERCENT
-            reserve_mb = DEFAULT_RESERVE_BYTES // MIB
+            reserve_mb = None
         max_sessions = _env.number(env, ENV_MAX_SESSIONS, DEFAULT_MAX_SESSIONS, int, minimum=0)
         retry_after = _env.number(env, ENV_RETRY_AFTER, DEFAULT_RETRY_AFTER_S, int, minimum=1)
         return cls(
             high_watermark_percent=high,
             resume_threshold_percent=resume,
-            reserve_bytes=reserve_mb * MIB,
+            reserve_bytes=None if reserve_mb is None else reserve_mb * MIB,
             max_sessions=max_sessions,
             retry_after_s=retry_after,
             cgroup_root=_env.text(env, ENV_CGROUP_ROOT),
@@ -160,3 +177,19 @@ class AdmissionConfig:
                 env, ENV_WEBSOCKET_REFUSAL, get_args(WebSocketRefusal), "auto"
             ),
         )
+
+
+def _reserve_mb(env: Mapping[str, str]) -> int | None:
+    """The reserve variable in MiB; ``None`` (derive it from the limit) when unset or malformed."""
+    raw = _env.raw_value(env, ENV_RESERVE_MB)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        logger.warning(
+            "%s=%r is not a whole number of MiB; deriving the reserve from the memory limit.",
+            _env.setting_name(env, ENV_RESERVE_MB),
+            raw,
+        )
+        return None

@@ -42,6 +42,7 @@ from asgi_admission._admission.ledger import (
     SessionLedger,
 )
 from asgi_admission._admission.observer import DecisionObserver, Kind
+from asgi_admission._admission.reserve import never_admits
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
 from asgi_admission._factory import build_controller, build_ledger
@@ -139,12 +140,22 @@ class AdmissionMiddleware:
         self._readiness_path = readiness_path
         self._look_further = session_predicate is not None or readiness_path is not None
 
+        if config is not None and controller is not None:
+            raise ValueError(
+                "Pass config or controller, not both: the controller carries its own "
+                "thresholds, reserve and reader, and config would describe different ones."
+            )
         self._config = config if config is not None else AdmissionConfig.from_env()
         self._controller = controller if controller is not None else build_controller(self._config)
         limit = self._config.max_sessions if max_sessions is None else max_sessions
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"max_sessions must be a whole number, 0 or more; got {limit!r}.")
         self._session_limit = limit
+        if limit == 0:
+            logger.warning(
+                "asgi-admission: max_sessions is 0, so every session request is refused "
+                "(reason session_limit) while other requests pass."
+            )
         self._retry_after = coerce_policy(retry_after, self._config.retry_after_s)
         if websocket_refusal is None:
             websocket_refusal = self._config.websocket_refusal
@@ -157,12 +168,14 @@ class AdmissionMiddleware:
             expose_details=bool(expose_details),
             high=self._controller.high_watermark_percent,
             resume=self._controller.resume_threshold_percent,
-            reserve_bytes=self._controller.reserve_bytes,
+            reserve_for=self._controller.reserve_for,
         )
         self._ledger: SessionLedger = build_ledger(self._config)
         # Shared, lock-protected: whether the last decision was blind, for logging
         # telemetry loss and recovery once each.
         self._blind = False
+        # Whether the ERROR for a configuration that can never admit has been logged.
+        self._never_admits_logged = False
         # Metrics on ``registry`` (None: none); an explicit ``observer`` is told as well.
         self._observer: DecisionObserver | None
         self._observer, self._ledger = instrument(
@@ -404,6 +417,7 @@ class AdmissionMiddleware:
                 memory.percent or 0.0,
             )
         if decision.transition == "pressured":
+            self._log_never_admits(memory)
             logger.warning(
                 "asgi-admission: memory pressure: refusing new sessions at working set "
                 "%.1f MiB of %.1f MiB (%.2f%%; high watermark %.1f%%, reserve %.1f MiB).",
@@ -411,7 +425,7 @@ class AdmissionMiddleware:
                 (memory.limit_bytes or 0) / _MIB,
                 memory.percent or 0.0,
                 self._controller.high_watermark_percent,
-                self._controller.reserve_bytes / _MIB,
+                self._controller.reserve_for(memory.limit_bytes) / _MIB,
             )
         elif decision.transition == "normal":
             logger.info(
@@ -422,6 +436,22 @@ class AdmissionMiddleware:
                 memory.percent or 0.0,
                 self._controller.resume_threshold_percent,
             )
+
+    def _log_never_admits(self, memory: MemoryReading) -> None:
+        # A latch that sets at the first reading of a limit may be set for good: a
+        # reserve the limit cannot hold. Said once, at ERROR, naming the setting.
+        if self._never_admits_logged:
+            return
+        controller = self._controller
+        problem = never_admits(
+            limit_bytes=memory.limit_bytes,
+            high_watermark_percent=controller.high_watermark_percent,
+            reserve_bytes=controller.reserve_for(memory.limit_bytes),
+            reserve_configured=controller.reserve_bytes is not None,
+        )
+        if problem is not None:
+            self._never_admits_logged = True
+            logger.error("asgi-admission: %s", problem)
 
     # -- session requests ---------------------------------------------------------
 

@@ -40,6 +40,7 @@ _TITLES: Final[dict[str, str]] = {
     "memory_pressure": "Not enough memory for a new session",
     "session_limit": "Session limit reached",
     "telemetry_unavailable": "Session limit reached",
+    "no_memory_limit": "Session limit reached",
     "ledger_busy": "Session count unavailable",
 }
 _DETAILS: Final[dict[str, str]] = {
@@ -50,6 +51,10 @@ _DETAILS: Final[dict[str, str]] = {
     "telemetry_unavailable": (
         "Memory readings are unavailable, so the service admits only up to its fixed "
         "session limit, which is reached."
+    ),
+    "no_memory_limit": (
+        "The service has no memory limit to measure against, so it admits only up to its "
+        "fixed session limit, which is reached."
     ),
     "ledger_busy": (
         "The count of sessions shared by the service's workers could not be read in time, "
@@ -166,15 +171,21 @@ def coerce_policy(retry_after: RetryAfterPolicy | int | None, base_s: int) -> Re
 class Refusal:
     """Builds the refusal for one decision; static headers are encoded once."""
 
-    __slots__ = ("_bodies", "expose_details", "high", "reserve_bytes", "resume")
+    __slots__ = ("_bodies", "expose_details", "high", "reserve_for", "resume")
 
     def __init__(
-        self, *, expose_details: bool, high: float, resume: float, reserve_bytes: int
+        self,
+        *,
+        expose_details: bool,
+        high: float,
+        resume: float,
+        reserve_for: Callable[[int | None], int],
     ) -> None:
         self.expose_details = expose_details
         self.high = high
         self.resume = resume
-        self.reserve_bytes = reserve_bytes
+        #: The reserve at a given limit (``AdmissionController.reserve_for``).
+        self.reserve_for = reserve_for
         self._bodies: dict[tuple[str, int], bytes] = {}
 
     def body(
@@ -199,7 +210,7 @@ class Refusal:
                 "percent": memory.percent,
                 "high_watermark_percent": self.high,
                 "resume_threshold_percent": self.resume,
-                "reserve_bytes": self.reserve_bytes,
+                "reserve_bytes": self.reserve_for(memory.limit_bytes),
             },
             "sessions": {"active": counts[0], "pending": counts[1], "limit": counts[2]},
         }

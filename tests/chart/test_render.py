@@ -14,6 +14,7 @@ from chartlib import (
     helm_template,
     of_kind,
     one,
+    parse_manifests,
     render,
     scenario_values,
     server_container,
@@ -65,9 +66,11 @@ def test_env_defaults_match_the_values_file(rendered: dict[str, list[Manifest]])
     admission = defaults()["admission"]
     assert isinstance(admission, dict)
     for key, name in ENV_OF_VALUE.items():
-        if key != "cgroupRoot":
+        if key not in ("cgroupRoot", "sessionReserveMB"):
             assert env[name] == str(admission[key]), name
+    assert admission["sessionReserveMB"] is None
     for absent in (
+        "ADMISSION_SESSION_RESERVE_MB",
         "ADMISSION_CGROUP_ROOT",
         "ADMISSION_SHARED_DIR",
         "ADMISSION_METRICS_PORT",
@@ -170,6 +173,73 @@ def test_critical_watermark_not_above_high_fails(helm: str) -> None:
     )
     assert proc.returncode != 0
     assert "criticalWatermarkPercent is not above admission.highWatermarkPercent" in proc.stderr
+
+
+def test_reserve_that_cannot_fit_the_limit_fails(helm: str) -> None:
+    """A 768 MiB reserve against a 512Mi limit fails the render, naming the value and the fix."""
+    proc = helm_template(
+        helm,
+        "r",
+        "--set",
+        "resources.limits.memory=512Mi",
+        "--set",
+        "admission.sessionReserveMB=768",
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "admission.sessionReserveMB=768 cannot fit under the high watermark (80%)" in (
+        proc.stderr
+    )
+    assert "resources.limits.memory=512Mi, which leaves 409.6 MiB" in proc.stderr
+    assert "(an eighth of it, 64 MiB here)" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("limit", "reserve", "fits"),
+    [
+        ("512Mi", "409", True),
+        ("512Mi", "410", False),
+        ("1G", "762", True),  # 1e9 B = 953.7 MiB; 80% = 762.9 MiB
+        ("1G", "763", False),
+        ("16Gi", "13107", True),
+        ("16Gi", "13108", False),
+        ("536870912", "409", True),
+        ("536870912", "410", False),
+    ],
+)
+def test_reserve_check_reads_memory_quantities(
+    helm: str, limit: str, reserve: str, fits: bool
+) -> None:
+    """The render compares the reserve with 80% of the limit in binary and decimal units."""
+    proc = helm_template(
+        helm,
+        "r",
+        "--set-string",
+        f"resources.limits.memory={limit}",
+        "--set",
+        f"admission.sessionReserveMB={reserve}",
+        check=False,
+    )
+    assert (proc.returncode == 0) is fits, proc.stderr
+    if fits:
+        assert (
+            env_of(server_container(parse_manifests(proc.stdout)))["ADMISSION_SESSION_RESERVE_MB"]
+            == reserve
+        )
+
+
+def test_default_reserve_renders_at_512mi(helm: str) -> None:
+    """With the default (derived) reserve a 512Mi pod renders, leaving the reserve unset."""
+    env = env_of(server_container(render(helm, "r", "--set", "resources.limits.memory=512Mi")))
+    assert "ADMISSION_SESSION_RESERVE_MB" not in env
+    assert env["ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT"] == "80"
+
+
+def test_chart_declares_its_licence() -> None:
+    """Chart.yaml carries the project's Apache-2.0 licence as annotations."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["annotations"]["licenses"] == "Apache-2.0"
+    assert chart["annotations"]["artifacthub.io/license"] == "Apache-2.0"
 
 
 def test_selectors_hold_only_name_and_instance(rendered: dict[str, list[Manifest]]) -> None:

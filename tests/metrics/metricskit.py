@@ -19,7 +19,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from asgi_admission import AdmissionConfig, AdmissionController, AdmissionMiddleware, MemoryReading
+from asgi_admission import AdmissionController, AdmissionMiddleware, MemoryReading
 from asgi_admission._metrics.serving import metrics_route
 from processkit import free_port as free_port
 
@@ -99,7 +99,6 @@ def guarded_app(
     app.add_middleware(
         AdmissionMiddleware,
         session_routes=["POST /sessions", "WS /terminal/*"],
-        config=AdmissionConfig(),
         controller=controller(reader),
         max_sessions=max_sessions,
         registry=registry,

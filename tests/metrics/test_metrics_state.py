@@ -162,6 +162,23 @@ def test_unlimited_memory_has_no_limit_or_ratio(registry: CollectorRegistry) -> 
     assert state(registry)["unavailable"] == 1
 
 
+def test_no_memory_limit_is_not_a_telemetry_failure(registry: CollectorRegistry) -> None:
+    """Unlimited memory: refusals at the cap say no_memory_limit and no failure is counted."""
+    reader = SettableReader(limit_mb=None)
+    app = guarded_app(reader, registry, max_sessions=0, readiness_path="/ready")
+    for _ in range(3):
+        assert request(app, "POST", "/sessions").status_code == 503
+    assert request(app, "GET", "/ready").status_code == 200
+    closed = websocket(app, "/terminal/x")[-1]
+    assert (closed["type"], closed["code"]) == ("websocket.close", 1013)
+    assert decisions(registry, "http", "rejected", "no_memory_limit") == 3
+    assert decisions(registry, "websocket", "rejected", "no_memory_limit") == 1
+    assert decisions(registry, "http", "rejected", "telemetry_unavailable") == 0
+    assert value(registry, "telemetry_failures_total") == 0
+    assert state(registry)["unavailable"] == 1
+    assert value(registry, "session_reserve_bytes") == 10 * MIB
+
+
 def test_current_sessions_and_pending_follow_the_guard(registry: CollectorRegistry) -> None:
     """``sessions`` reports the app's active count and the requests admitted but in flight."""
 

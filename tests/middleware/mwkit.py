@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from asgi_admission import (
-    AdmissionConfig,
     AdmissionController,
     AdmissionMiddleware,
     MemoryReading,
@@ -76,8 +75,7 @@ def guard(
     return AdmissionMiddleware(
         app,
         session_routes=list(routes),
-        config=AdmissionConfig(retry_after_s=5),
         controller=controller(reader, reserve_mb=reserve_mb),
         max_sessions=max_sessions,
-        **options,
+        **{"retry_after": 5, **options},
     )

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
-from mwkit import SettableReader, controller
+from mwkit import SettableReader, TestClient, controller
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from asgi_admission import AdmissionConfig, AdmissionController, AdmissionMiddleware
 
@@ -31,13 +36,67 @@ def test_defaults_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp
 def test_explicit_max_sessions_wins() -> None:
     """max_sessions given to the middleware overrides the config's."""
     mw = AdmissionMiddleware(
-        app,
-        session_routes=["POST /s"],
-        config=AdmissionConfig(max_sessions=3),
-        controller=controller(SettableReader()),
-        max_sessions=0,
+        app, session_routes=["POST /s"], config=AdmissionConfig(max_sessions=3), max_sessions=7
     )
-    assert mw.session_limit == 0
+    assert mw.session_limit == 7
+
+
+def test_explicit_scalars_win_over_the_environment_beside_a_controller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With controller=, max_sessions= and retry_after= win over the ADMISSION_* environment."""
+    monkeypatch.setenv("ADMISSION_MAX_SESSIONS", "3")
+    monkeypatch.setenv("ADMISSION_RETRY_AFTER_SECONDS", "9")
+    beside = controller(SettableReader())
+    mw = AdmissionMiddleware(
+        app, session_routes=["POST /s"], controller=beside, max_sessions=7, retry_after=2
+    )
+    assert (mw.session_limit, mw.retry_after.base_s, mw.controller) == (7, 2, beside)
+    from_env = AdmissionMiddleware(app, session_routes=["POST /s"], controller=beside)
+    assert (from_env.session_limit, from_env.retry_after.base_s) == (3, 9)
+
+
+def test_config_and_controller_are_mutually_exclusive() -> None:
+    """config= with controller= raises a sentence naming both, rather than mixing thresholds."""
+    with pytest.raises(ValueError, match=r"^Pass config or controller, not both: ") as raised:
+        AdmissionMiddleware(
+            app,
+            session_routes=["POST /s"],
+            config=AdmissionConfig(high_watermark_percent=95),
+            controller=AdmissionController(
+                high_watermark_percent=60,
+                resume_threshold_percent=50,
+                memory_reader=SettableReader(),
+            ),
+            max_sessions=9,
+            retry_after=2,
+        )
+    assert str(raised.value).endswith(".")
+
+
+def test_max_sessions_zero_refuses_every_session_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """max_sessions=0 is a drain: one warning at startup, every session refused, others pass."""
+
+    async def ok(request: Request) -> JSONResponse:
+        return JSONResponse({"ok": True})
+
+    service = Starlette(routes=[Route("/sessions", ok, methods=["POST"]), Route("/health", ok)])
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        mw = AdmissionMiddleware(
+            service,
+            session_routes=["POST /sessions"],
+            controller=controller(SettableReader()),
+            max_sessions=0,
+        )
+    warnings = [r.getMessage() for r in caplog.records if "max_sessions is 0" in r.getMessage()]
+    assert len(warnings) == 1
+    with TestClient(mw) as client:
+        refused = client.post("/sessions")
+        assert refused.status_code == 503
+        assert refused.json()["reason"] == "session_limit"
+        assert client.get("/health").status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -57,6 +116,4 @@ def test_explicit_max_sessions_wins() -> None:
 def test_bad_settings_raise(kwargs: dict[str, Any], message: str) -> None:
     """Each invalid setting fails at construction with a sentence naming it."""
     with pytest.raises(ValueError, match=message):
-        AdmissionMiddleware(
-            app, config=AdmissionConfig(), controller=controller(SettableReader()), **kwargs
-        )
+        AdmissionMiddleware(app, controller=controller(SettableReader()), **kwargs)

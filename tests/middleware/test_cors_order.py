@@ -14,7 +14,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from asgi_admission import AdmissionConfig, AdmissionMiddleware
+from asgi_admission import AdmissionMiddleware
 from asgi_admission._cors import cors_inside
 
 PAGE = "http://127.0.0.1:9"
@@ -25,8 +25,8 @@ def guard_options() -> dict[str, Any]:
     """A guard that refuses every session: the memory reading is over the high watermark."""
     return {
         "session_routes": ["POST /sessions"],
-        "config": AdmissionConfig(retry_after_s=5),
         "controller": controller(SettableReader(used_mb=900)),
+        "retry_after": 5,
         "registry": None,
     }
 

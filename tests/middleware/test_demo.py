@@ -9,7 +9,7 @@ import pytest
 import uvicorn
 from mwkit import SettableReader, TestClient, controller
 
-from asgi_admission import AdmissionConfig, cli
+from asgi_admission import cli
 from asgi_admission.demo import create_app, hold_memory
 
 
@@ -17,7 +17,6 @@ def test_demo_sessions_open_list_close_and_echo() -> None:
     """Sessions open, list and close; the terminal echoes; /health is always 200."""
     app = create_app(
         session_mb=1,
-        config=AdmissionConfig(),
         controller=controller(SettableReader()),
         registry=None,
     )
@@ -38,7 +37,6 @@ def test_demo_refuses_beyond_max_sessions() -> None:
     """With max_sessions=1 the second open session is refused with a 503."""
     app = create_app(
         session_mb=0,
-        config=AdmissionConfig(),
         controller=controller(SettableReader()),
         max_sessions=1,
         registry=None,
@@ -87,17 +85,17 @@ def test_demo_command_runs_uvicorn(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_demo_command_rejects_bad_arguments(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Bad demo arguments give exit code 2 and one line naming the option."""
-    assert cli.main(argv) == 2
+    """Bad demo arguments exit 64 (EX_USAGE) with one line naming the option."""
+    assert cli.main(argv) == 64
     assert "demo: error: --" in capsys.readouterr().err
 
 
 def test_demo_command_without_the_extra(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Without uvicorn installed the command says which extra to install."""
+    """Without uvicorn installed the command says which extra to install (exit 70)."""
     import sys
 
     monkeypatch.setitem(sys.modules, "uvicorn", None)
-    assert cli.main(["demo"]) == 2
+    assert cli.main(["demo"]) == 70
     assert "asgi-admission[demo]" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from asgi_admission import AdmissionConfig, AdmissionMiddleware, MemoryReading
+from asgi_admission import AdmissionController, AdmissionMiddleware, MemoryReading
 
 pytestmark = pytest.mark.anyio
 
@@ -118,6 +118,78 @@ async def test_blind_refusal_reason() -> None:
     assert response.json()["reason"] == "telemetry_unavailable"
 
 
+async def test_unlimited_refusal_has_its_own_reason_and_words() -> None:
+    """With a readable but unlimited cgroup the cap's refusal says no_memory_limit, plainly."""
+    reader = SettableReader()
+    reader.limit = None
+    mw = guard(make_app(), reader, max_sessions=0)
+    async with client(mw) as c:
+        response = await c.post("/sessions")
+    body = response.json()
+    assert (response.status_code, body["reason"]) == (503, "no_memory_limit")
+    assert body["type"].endswith(":no_memory_limit")
+    assert body["detail"].startswith("The service has no memory limit to measure against")
+    assert "unavailable" not in body["detail"]
+
+
+async def test_reserve_that_can_never_fit_is_logged_once_at_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A reserve at or above the ceiling of the limit found: one ERROR naming the variable."""
+    reader = SettableReader(used_mb=34, limit_mb=512)
+    mw = guard(make_app(), reader, reserve_mb=768)
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        async with client(mw) as c:
+            for _ in range(3):
+                assert (await c.post("/sessions")).status_code == 503
+            reader.available = False
+            await c.post("/sessions")
+            reader.available = True
+            assert (await c.post("/sessions")).status_code == 503
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert (
+        errors[0]
+        .getMessage()
+        .startswith(
+            "asgi-admission: ADMISSION_SESSION_RESERVE_MB (reserve_bytes) is 768 MiB, at or above "
+            "the admission ceiling of the memory limit 512.0 MiB (80% high watermark = 409.6 MiB)"
+        )
+    )
+    assert "unset it to derive the reserve from the limit (64 MiB here)" in errors[0].getMessage()
+
+
+async def test_derived_reserve_that_can_never_fit_names_the_high_watermark(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With the reserve derived, a high watermark too low for it is the setting named."""
+    reader = SettableReader(used_mb=1, limit_mb=512)
+    mw = AdmissionMiddleware(
+        make_app(),
+        session_routes=["POST /sessions"],
+        controller=AdmissionController(
+            high_watermark_percent=10, resume_threshold_percent=5, memory_reader=reader
+        ),
+    )
+    with caplog.at_level(logging.ERROR, logger="asgi_admission"):
+        async with client(mw) as c:
+            assert (await c.post("/sessions")).status_code == 503
+    (error,) = caplog.records
+    assert error.getMessage().startswith(
+        "asgi-admission: ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT (high_watermark_percent) is 10%"
+    )
+
+
+async def test_fitting_reserve_logs_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    """Ordinary memory pressure with a reserve that fits is a warning, never the sizing error."""
+    reader = SettableReader(used_mb=900, limit_mb=1000)
+    mw = guard(make_app(), reader)
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        async with client(mw) as c:
+            assert (await c.post("/sessions")).status_code == 503
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+
+
 async def test_non_session_requests_pass_without_reading() -> None:
     """Health checks and other routes reach the app even under pressure, with no reading."""
     reader = SettableReader(used_mb=990)
@@ -206,7 +278,6 @@ async def test_predicate_selects_sessions() -> None:
     mw = AdmissionMiddleware(
         make_app(),
         session_predicate=lambda scope: scope["path"] == "/other",
-        config=AdmissionConfig(),
         controller=controller(reader),
     )
     async with client(mw) as c:
@@ -326,7 +397,6 @@ async def test_fastapi_add_middleware() -> None:
     app.add_middleware(
         AdmissionMiddleware,
         session_routes=["POST /sessions"],
-        config=AdmissionConfig(),
         controller=controller(reader),
     )
     async with client(app) as c:

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mwkit import MIB, controller
 
-from asgi_admission import AdmissionConfig, AdmissionMiddleware, MemoryReading
+from asgi_admission import AdmissionMiddleware, MemoryReading
 
 Message = dict[str, Any]
 
@@ -121,7 +121,6 @@ def make_guard(percents: list[int]) -> AdmissionMiddleware:
     return AdmissionMiddleware(
         app,
         session_routes=["POST /s", "WS /w"],
-        config=AdmissionConfig(),
         controller=controller(lambda: next(readings), reserve_mb=20),
         max_sessions=30,
         registry=None,

@@ -14,7 +14,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from asgi_admission import AdmissionConfig, AdmissionMiddleware
+from asgi_admission import AdmissionMiddleware
 
 Message = dict[str, Any]
 
@@ -297,14 +297,16 @@ def test_1013_accept_names_the_first_subprotocol_asked_for() -> None:
     assert refuse(mw, origin=True)[0] == {"type": "websocket.accept", "subprotocol": None}
 
 
-def test_refusal_mode_comes_from_the_config_unless_given() -> None:
-    """Without the keyword the config's websocket_refusal applies; the keyword overrides it."""
-    config = AdmissionConfig(websocket_refusal="close")
+def test_refusal_mode_comes_from_the_config_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the keyword the config's websocket_refusal applies; the keyword overrides it.
+
+    With controller= the configuration is the environment's (config= cannot be given).
+    """
+    monkeypatch.setenv("ADMISSION_WEBSOCKET_REFUSAL", "close")
     reader = SettableReader(used_mb=900)
     from_config = AdmissionMiddleware(
         never_called,
         session_routes=["WS /terminal/*"],
-        config=config,
         controller=controller(reader),
         registry=None,
     )
@@ -312,7 +314,6 @@ def test_refusal_mode_comes_from_the_config_unless_given() -> None:
     given = AdmissionMiddleware(
         never_called,
         session_routes=["WS /terminal/*"],
-        config=config,
         controller=controller(reader),
         registry=None,
         websocket_refusal="deny",

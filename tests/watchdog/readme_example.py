@@ -1,4 +1,4 @@
-"""The README's watchdog example, verbatim apart from this docstring: a test runs it."""
+"""The documentation's watchdog example (docs/examples.md includes it); a test runs it."""
 
 import asyncio
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
@@ -42,13 +44,17 @@ def test_growing_past_the_budget_is_halted_and_counted() -> None:
         session = opened.json()
         path = f"/processes/{session['id']}"
         assert session["halt"] is None
-        grown = client.post(f"{path}/grow", params={"mb": 96}).json()
-        assert grown["running"] or grown["halt"] is not None
+        grown = client.post(f"{path}/grow", params={"mb": 96})
+        assert grown.status_code in (200, 409), grown.text
         body = _poll(client, path, lambda b: not b["running"])
         assert body["halt"]["reason"] == "budget_exceeded"
         assert "budget of 64 MiB" in body["halt"]["message"]
-        assert body["peak_rss_bytes"] > 96 * MIB
-        assert client.post(f"{path}/grow", params={"mb": 1}).json()["running"] is False
+        assert body["peak_rss_bytes"] > 64 * MIB  # past the budget: halted while growing
+        again = client.post(f"{path}/grow", params={"mb": 1})
+        assert again.status_code == 409
+        assert again.json()["detail"].startswith(
+            f"Session {session['id']} was halted by the watchdog (budget_exceeded): "
+        )
         metrics = client.get("/metrics").text
         assert 'asgi_admission_sessions_halted_total{reason="budget_exceeded"} 1.0' in metrics
         assert "asgi_admission_session_memory_bytes_count 1.0" in metrics
@@ -75,6 +81,20 @@ def test_container_breach_halts_the_largest_process() -> None:
         pids = [small["pid"], large["pid"]]
     # The demo ends its children at shutdown.
     assert all(not psutil.pid_exists(pid) for pid in pids)
+
+
+def test_growing_an_ended_process_is_410_not_500() -> None:
+    """A session whose process died by itself answers 410 Gone with how it ended."""
+    app = create_app(session_mb=0, guarded=False, registry=None)
+    with TestClient(app) as client:
+        body = client.post("/processes", params={"hold_mb": 1}).json()
+        os.kill(body["pid"], signal.SIGKILL)
+        gone = client.post(f"/processes/{body['id']}/grow", params={"mb": 1})
+        assert gone.status_code == 410, gone.text
+        assert gone.json()["detail"] == (
+            f"Session {body['id']}'s process has ended (killed by signal {int(signal.SIGKILL)})."
+        )
+        assert client.post(f"/processes/{body['id']}/grow", params={"mb": 1}).status_code == 410
 
 
 def test_unguarded_demo_runs_processes_unwatched() -> None:

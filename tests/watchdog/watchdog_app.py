@@ -114,8 +114,8 @@ def build_app(**watchdog_options: Any) -> Starlette:
             Middleware(
                 AdmissionMiddleware,
                 session_routes=["POST /sessions"],
-                config=config,
                 controller=AdmissionController(memory_reader=calm),
+                max_sessions=config.max_sessions,
                 registry=registry,
                 watchdog=watchdog,
             )

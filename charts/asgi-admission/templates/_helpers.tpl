@@ -147,4 +147,30 @@ schema is skipped. Included by the Deployment, which every render contains.
 {{- if le (float64 .Values.admission.criticalWatermarkPercent) (float64 .Values.admission.highWatermarkPercent) }}
 {{- fail "admission.criticalWatermarkPercent is not above admission.highWatermarkPercent: the watchdog halts running sessions only after admission has stopped new ones, so the critical watermark must be higher." }}
 {{- end }}
+{{- $reserve := .Values.admission.sessionReserveMB }}
+{{- $limit := dig "limits" "memory" "" (.Values.resources | default dict) }}
+{{- $limitMiB := include "asgi-admission.memoryMiB" $limit }}
+{{- if and (not (kindIs "invalid" $reserve)) $limitMiB }}
+{{- $high := float64 .Values.admission.highWatermarkPercent }}
+{{- $ceiling := divf (mulf (float64 $limitMiB) $high) 100.0 }}
+{{- if ge (float64 $reserve) $ceiling }}
+{{- $derived := divf (float64 $limitMiB) 8.0 }}
+{{- if gt $derived 768.0 }}{{- $derived = 768.0 }}{{- end }}
+{{- fail (printf "admission.sessionReserveMB=%v cannot fit under the high watermark (%v%%) of resources.limits.memory=%v, which leaves %.1f MiB: no session could ever be admitted and the pods would never become Ready. Set admission.sessionReserveMB below %.0f, or leave it unset (null) to derive the reserve from the limit (an eighth of it, %.0f MiB here)." (toString $reserve) $high (toString $limit) $ceiling (floor $ceiling) $derived) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A Kubernetes memory quantity ("512Mi", "4Gi", "1G", "536870912") in MiB, as a number;
+empty for a form it does not know (the API server then has the last word on it).
+*/}}
+{{- define "asgi-admission.memoryMiB" -}}
+{{- $quantity := toString . | trim }}
+{{- $number := regexFind "^[0-9]+([.][0-9]+)?" $quantity }}
+{{- $suffix := trimPrefix $number $quantity }}
+{{- $factors := dict "" 1.0 "k" 1000.0 "M" 1000000.0 "G" 1000000000.0 "T" 1000000000000.0 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 }}
+{{- if and $number (hasKey $factors $suffix) }}
+{{- divf (mulf (float64 $number) (get $factors $suffix)) 1048576.0 }}
+{{- end }}
 {{- end }}

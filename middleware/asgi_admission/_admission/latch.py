@@ -9,7 +9,8 @@ Notes:
   clear the latch and re-arm it (docs/how-it-decides.md).
 - A reserve of R bytes makes the effective admission ceiling ``high - R``: one
   more session is only admitted while its reserve (and those of sessions already
-  admitted but not yet started) still fits under the high watermark.
+  admitted but not yet started) still fits under the high watermark. R is
+  ``reserve_for(limit)``: the configured reserve, or one derived from the limit.
 - The fast path (``assess``): every condition of the latch is monotone in the
   working set. So where the last decision was "normal" and an upper bound of the
   working set (raw usage, from a reader's ``read_bound``, without the costly
@@ -27,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from asgi_admission._admission.reserve import derived_reserve_bytes
 from asgi_admission._config import (
     DEFAULT_HIGH_WATERMARK_PERCENT,
-    DEFAULT_RESERVE_BYTES,
     DEFAULT_RESUME_THRESHOLD_PERCENT,
     check_watermarks,
 )
@@ -38,7 +39,9 @@ from asgi_admission._memory.reading import MemoryReader, MemoryReading, slot_set
 
 State = Literal["normal", "pressured", "unavailable"]
 #: ``ledger_busy`` is the middleware's own: the shared ledger could not be had in time.
-Reason = Literal["memory_pressure", "session_limit", "telemetry_unavailable", "ledger_busy"]
+Reason = Literal[
+    "memory_pressure", "session_limit", "telemetry_unavailable", "no_memory_limit", "ledger_busy"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,11 @@ def _rounded_at_most(percent: float, bound: float) -> bool:
     return round(percent, 2) <= bound
 
 
+def has_no_limit(memory: MemoryReading) -> bool:
+    """Whether ``memory`` was read but is simply unlimited: blind, yet no telemetry failure."""
+    return memory.available and memory.used_bytes is not None and memory.limit_bytes is None
+
+
 class AdmissionController:
     """High-watermark/resume hysteresis latch with per-session memory reserves.
 
@@ -126,13 +134,14 @@ class AdmissionController:
         *,
         high_watermark_percent: float = DEFAULT_HIGH_WATERMARK_PERCENT,
         resume_threshold_percent: float = DEFAULT_RESUME_THRESHOLD_PERCENT,
-        reserve_bytes: int = DEFAULT_RESERVE_BYTES,
+        reserve_bytes: int | None = None,
         memory_reader: MemoryReader | None = None,
     ) -> None:
         check_watermarks(high_watermark_percent, resume_threshold_percent, reserve_bytes)
         self.high_watermark_percent = float(high_watermark_percent)
         self.resume_threshold_percent = float(resume_threshold_percent)
-        self.reserve_bytes = int(reserve_bytes)
+        #: The configured reserve; ``None`` derives it from each reading's limit.
+        self.reserve_bytes = None if reserve_bytes is None else int(reserve_bytes)
         self.memory_reader: MemoryReader = memory_reader or read_cgroup_memory
         self._pressured = False
         # The state of the last full decision: the fast path follows only "normal".
@@ -147,10 +156,19 @@ class AdmissionController:
         """Whether the latch is set right now."""
         return "pressured" if self._pressured else "normal"
 
+    def reserve_for(self, limit_bytes: int | None) -> int:
+        """The reserve held back per session at this memory limit.
+
+        The configured ``reserve_bytes``, or (``None``) an eighth of the limit, at
+        most 768 MiB. Every use of the reserve goes through here.
+        """
+        reserve = self.reserve_bytes
+        return derived_reserve_bytes(limit_bytes) if reserve is None else reserve
+
     def ceiling_bytes(self, limit_bytes: int, pending_sessions: int = 0) -> float:
         """Working set above which one more session is refused (high minus reserves)."""
         return limit_bytes * self.high_watermark_percent / 100 - (
-            (pending_sessions + 1) * self.reserve_bytes
+            (pending_sessions + 1) * self.reserve_for(limit_bytes)
         )
 
     def evaluate(
@@ -222,7 +240,7 @@ class AdmissionController:
         # _rounded_at_least's first test inlined: the common case is far below high.
         if percent >= high - 0.01 and _rounded_at_least(percent, high):
             return False
-        return used + (pending_sessions + 1) * self.reserve_bytes <= limit * high / 100
+        return used + (pending_sessions + 1) * self.reserve_for(limit) <= limit * high / 100
 
     def decide(
         self,
@@ -246,16 +264,16 @@ class AdmissionController:
             self._pressured = False
             self._last_state = "unavailable"
             allowed = used_slots < session_limit
+            reason: Reason | None = None
+            if not allowed:
+                # A readable cgroup that is simply unlimited is not a telemetry failure.
+                reason = "no_memory_limit" if has_no_limit(memory) else "telemetry_unavailable"
             return _decision(
-                allowed,
-                "unavailable",
-                memory,
-                None if allowed else "telemetry_unavailable",
-                "normal" if was_pressured else None,
+                allowed, "unavailable", memory, reason, "normal" if was_pressured else None
             )
 
         high = self.high_watermark_percent
-        reserve_fits = used + (pending_sessions + 1) * self.reserve_bytes <= limit * high / 100
+        reserve_fits = used + (pending_sessions + 1) * self.reserve_for(limit) <= limit * high / 100
         # Compared as MemoryReading.percent (rounded to two decimals) would be.
         unrounded = used * 100 / limit
         if was_pressured:

@@ -46,7 +46,7 @@ from typing import Final
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, values
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from asgi_admission._admission.latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.latch import AdmissionController, CapacityDecision, has_no_limit
 from asgi_admission._admission.ledger import Reservation, SessionLedger
 from asgi_admission._admission.observer import AdmissionView, DecisionObserver, Kind
 from asgi_admission._memory.reading import MemoryReading
@@ -80,6 +80,7 @@ OUTCOMES: Final = (
     (False, "memory_pressure", "rejected", "memory_pressure"),
     (False, "session_limit", "rejected", "session_limit"),
     (False, "telemetry_unavailable", "rejected", "telemetry_unavailable"),
+    (False, "no_memory_limit", "rejected", "no_memory_limit"),
     (False, "ledger_busy", "rejected", "ledger_busy"),
 )
 
@@ -193,7 +194,7 @@ class AdmissionCollector:
         controller = view.controller
         high.add_metric((), controller.high_watermark_percent / 100)
         resume.add_metric((), controller.resume_threshold_percent / 100)
-        reserve.add_metric((), controller.reserve_bytes)
+        reserve.add_metric((), controller.reserve_for(reading.limit_bytes if reading else None))
         yield from (high, resume, reserve)
 
         counts: tuple[int, int] | None = None
@@ -253,7 +254,7 @@ class _Families:
         )
         self.telemetry_failures = Counter(
             PREFIX + "telemetry_failures",
-            "Session decisions taken without a usable memory reading.",
+            "Session decisions taken because memory could not be read (not for no limit).",
             registry=registry,
         )
         self.duration = Histogram(
@@ -310,14 +311,14 @@ class DecisionMetrics:
         self._observe(seconds)
         if decision.transition is not None:
             self._transition[decision.transition]()
-        if decision.state == "unavailable":
+        if decision.state == "unavailable" and not has_no_limit(decision.memory):
             self._telemetry()
 
     def on_check(self, decision: CapacityDecision) -> None:
         """Count what a readiness check did to the latch; it is not a decision."""
         if decision.transition is not None:
             self._transition[decision.transition]()
-        if decision.state == "unavailable":
+        if decision.state == "unavailable" and not has_no_limit(decision.memory):
             self._telemetry()
 
     @property

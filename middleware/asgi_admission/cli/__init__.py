@@ -2,6 +2,8 @@
 
 Each subcommand lives in its own module with ``add_arguments(parser)`` and
 ``run(args) -> int``; errors are one clear line on stderr, never a traceback.
+Usage errors exit 64 (``EX_USAGE``) and anything else that fails 70
+(``EX_SOFTWARE``), so neither is mistaken for one of ``probe``'s verdicts.
 """
 
 from __future__ import annotations
@@ -9,12 +11,22 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from asgi_admission import __version__
+from asgi_admission.cli.errors import EX_SOFTWARE, EX_USAGE, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors exit ``EX_USAGE`` (its subparsers too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EX_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="asgi-admission",
         description="Memory admission control for ASGI session services.",
     )
@@ -41,7 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except KeyboardInterrupt:
         return 130
+    except UsageError as exc:
+        print(f"asgi-admission {args.command}: error: {exc}", file=sys.stderr)
+        return EX_USAGE
     except Exception as exc:  # one clear line, never a traceback
         print(f"asgi-admission {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return EX_SOFTWARE
     return code

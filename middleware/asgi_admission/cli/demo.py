@@ -7,6 +7,8 @@ import copy
 import os
 from typing import Any
 
+from asgi_admission.cli.errors import UsageError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
@@ -31,9 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.session_mb is not None and args.session_mb < 0:
-        raise ValueError(f"--session-mb must be 0 or more; got {args.session_mb}.")
+        raise UsageError(f"--session-mb must be 0 or more; got {args.session_mb}.")
     if args.workers < 1:
-        raise ValueError(f"--workers must be 1 or more; got {args.workers}.")
+        raise UsageError(f"--workers must be 1 or more; got {args.workers}.")
     try:
         import fastapi  # noqa: F401
         import uvicorn

@@ -6,14 +6,17 @@ It builds the reader and the thresholds the middleware would build (from the
 fresh latch about one more session given ``--sessions`` and ``--pending``.
 
 Exit status, so that it can serve as an exec probe: 0 normal, 1 pressured,
-2 telemetry unavailable (no readable cgroup, or no limit to take a percentage
-of) or an error.
+2 blind (memory unreadable, or no limit to take a percentage of), 3 a
+configuration that can never admit a session at the limit found (the reserve
+does not fit under the high watermark). Usage errors (a bad option, a
+``--root`` that is no directory) exit 64 (``EX_USAGE``), anything else 70.
 
 ``--json`` prints one object (all sizes in bytes, percentages 0-100)::
 
     {
-      "schema": 1,
-      "exit_status": 0 | 1 | 2,
+      "schema": 2,
+      "exit_status": 0 | 1 | 2 | 3,
+      "problem": str | null,           # why nothing can be admitted (exit status 3)
       "source": "cgroup-v2" | "cgroup-v1" | "host" | null,
       "cgroup": {                      # null with --memory-source host
         "how": "explicit" | "discovered" | "fallback",
@@ -27,6 +30,7 @@ of) or an error.
         "reclaimable_bytes": int,
         "reclaimable": "file" | "inactive",
         "working_set_bytes": int | null,
+        "limit": "limited" | "unlimited" | "unreadable",
         "limit_bytes": int | null,     # null: unlimited or unreadable
         "limit_file": str | null,      # the file (level) that set the limit
         "percent": float | null,
@@ -35,7 +39,8 @@ of) or an error.
       "config": {
         "high_watermark_percent": float,
         "resume_threshold_percent": float,
-        "reserve_bytes": int,
+        "reserve_bytes": int,          # the reserve at the limit found
+        "reserve_derived": bool,       # true: derived from the limit, not configured
         "max_sessions": int,
         "memory_source": "cgroup" | "host"
       },
@@ -44,7 +49,8 @@ of) or an error.
         "sessions": int, "pending": int,
         "allowed": bool,
         "state": "normal" | "pressured" | "unavailable",
-        "reason": "memory_pressure" | "session_limit" | "telemetry_unavailable" | null
+        "reason": "memory_pressure" | "session_limit" | "telemetry_unavailable"
+                  | "no_memory_limit" | null
       }
     }
 
@@ -61,13 +67,18 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from asgi_admission._admission.latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.latch import AdmissionController, CapacityDecision, has_no_limit
+from asgi_admission._admission.reserve import never_admits
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._factory import build_reader
 from asgi_admission._memory.cgroup import CgroupMemoryReader
+from asgi_admission._memory.reading import MemoryReading
+from asgi_admission.cli.errors import UsageError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 EXIT_STATUS = {"normal": 0, "pressured": 1, "unavailable": 2}
+#: The configuration can never admit a session at the limit found.
+EXIT_NEVER_ADMITS = 3
 
 
 def _count(text: str) -> int:
@@ -111,7 +122,7 @@ def _config(args: argparse.Namespace) -> AdmissionConfig:
     overrides: dict[str, Any] = {}
     if args.root is not None:
         if not os.path.isdir(args.root):
-            raise ValueError(f"--root {args.root!r} is not a directory.")
+            raise UsageError(f"--root {args.root!r} is not a directory.")
         overrides["cgroup_root"] = args.root
     if args.reclaimable is not None:
         overrides["reclaimable"] = args.reclaimable
@@ -148,6 +159,13 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         reserve_bytes=config.reserve_bytes,
         memory_reader=lambda: reading,
     )
+    reserve = controller.reserve_for(reading.limit_bytes)
+    problem = never_admits(
+        limit_bytes=reading.limit_bytes if reading.available else None,
+        high_watermark_percent=config.high_watermark_percent,
+        reserve_bytes=reserve,
+        reserve_configured=config.reserve_bytes is not None,
+    )
     decision: CapacityDecision = controller.evaluate(
         args.sessions, config.max_sessions, args.pending
     )
@@ -160,7 +178,8 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         }
     return {
         "schema": SCHEMA_VERSION,
-        "exit_status": EXIT_STATUS[decision.state],
+        "exit_status": EXIT_NEVER_ADMITS if problem else EXIT_STATUS[decision.state],
+        "problem": problem,
         "source": reading.source,
         "cgroup": cgroup,
         "memory": {
@@ -169,6 +188,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
             "reclaimable_bytes": reading.reclaimable_bytes,
             "reclaimable": config.reclaimable,
             "working_set_bytes": reading.used_bytes,
+            "limit": _limit_state(reading),
             "limit_bytes": reading.limit_bytes,
             "limit_file": reading.limit_file,
             "percent": reading.percent,
@@ -177,7 +197,8 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         "config": {
             "high_watermark_percent": config.high_watermark_percent,
             "resume_threshold_percent": config.resume_threshold_percent,
-            "reserve_bytes": config.reserve_bytes,
+            "reserve_bytes": reserve,
+            "reserve_derived": config.reserve_bytes is None,
             "max_sessions": config.max_sessions,
             "memory_source": config.memory_source,
         },
@@ -190,6 +211,12 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
             "reason": decision.reason,
         },
     }
+
+
+def _limit_state(reading: MemoryReading) -> str:
+    if reading.available and reading.limit_bytes:
+        return "limited"
+    return "unlimited" if has_no_limit(reading) else "unreadable"
 
 
 def _size(value: int | None) -> str:
@@ -207,27 +234,36 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"cgroup:          {cgroup['path'] or '-'} ({cgroup['how']})")
         lines.extend(f"warning:         {warning}" for warning in cgroup["warnings"])
         lines.append(f"files read:      {', '.join(cgroup['files']) or 'none'}")
-    subtracted = (
-        "inactive_file + active_file" if memory["reclaimable"] == "file" else "inactive_file"
-    )
-    lines += [
-        f"usage:           {_size(memory['usage_bytes'])}",
-        f"reclaimable:     {_size(memory['reclaimable_bytes'])} ({subtracted})",
-        f"working set:     {_size(memory['working_set_bytes'])}",
-    ]
-    if memory["limit_bytes"] is not None:
+    lines.append(f"usage:           {_size(memory['usage_bytes'])}")
+    if cgroup is not None:
+        # File cache and PSI are cgroup figures: host mode has neither.
+        subtracted = (
+            "inactive_file + active_file" if memory["reclaimable"] == "file" else "inactive_file"
+        )
+        lines.append(f"reclaimable:     {_size(memory['reclaimable_bytes'])} ({subtracted})")
+    lines.append(f"working set:     {_size(memory['working_set_bytes'])}")
+    if memory["limit"] == "limited":
         limit = _size(memory["limit_bytes"])
-        lines.append(f"limit:           {limit} set by {memory['limit_file']}")
+        origin = (
+            f"set by {memory['limit_file']}"
+            if cgroup is not None
+            else "(all RAM minus the host headroom)"
+        )
+        lines.append(f"limit:           {limit} {origin}")
+    elif memory["limit"] == "unlimited":
+        lines.append("limit:           unlimited (no memory limit is set)")
     else:
-        lines.append("limit:           none (unlimited or unreadable)")
+        lines.append("limit:           unreadable (memory could not be read)")
     percent = memory["percent"]
     lines.append(f"percent:         {'-' if percent is None else f'{percent:.2f} %'}")
-    psi = memory["pressure_some_avg10"]
-    lines.append(f"PSI some avg10:  {'not available' if psi is None else f'{psi:.2f} %'}")
+    if cgroup is not None:
+        psi = memory["pressure_some_avg10"]
+        lines.append(f"PSI some avg10:  {'not available' if psi is None else f'{psi:.2f} %'}")
+    derived = " (derived from the limit)" if config["reserve_derived"] else ""
     lines.append(
         f"thresholds:      high {config['high_watermark_percent']} %, "
         f"resume {config['resume_threshold_percent']} %, "
-        f"reserve {_size(config['reserve_bytes'])} per session, "
+        f"reserve {_size(config['reserve_bytes'])} per session{derived}, "
         f"max {config['max_sessions']} sessions"
     )
     ceiling = report["ceiling"]
@@ -243,6 +279,8 @@ def render(report: dict[str, Any]) -> str:
         f"one more session: {verdict}, state {decision['state']} "
         f"(sessions {decision['sessions']}, pending {decision['pending']})"
     )
+    if report["problem"]:
+        lines.append(f"error:           {report['problem']}")
     return "\n".join(lines)
 
 

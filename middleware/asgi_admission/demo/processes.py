@@ -6,6 +6,12 @@ registers it with the session watchdog under a budget; ``POST
 watchdog measured and, once it acted, why it halted the session; ``DELETE`` ends it.
 Watch a session pass its budget, or the container pass the critical watermark, and
 be halted. The children run in their own process groups and are ended at shutdown.
+
+A child grows in steps of 4 MiB at most 80 MiB a second, so that the watchdog,
+sampling every 0.5 s by default, sees it cross the line (40 MiB between samples;
+a 512 MiB container keeps 51 MiB above the 90% critical watermark) before the
+kernel's OOM killer has to act. Growing a session that was halted answers 409,
+one whose process has ended 410.
 """
 
 from __future__ import annotations
@@ -26,15 +32,24 @@ from asgi_admission import SessionWatchdog, WatchedSession, session_watchdog
 _MIB: Final = 1024 * 1024
 DEFAULT_BUDGET_MB: Final = 512
 
+#: The child grows by this much at a time, pausing GROWTH_PAUSE_S between steps.
+GROWTH_STEP_MB: Final = 4
+GROWTH_PAUSE_S: Final = 0.05
+
 # Holds argv[1] MiB, then N more for each line N read on stdin, answering "ready"
-# each time; every page is written so the kernel really charges it.
+# each time; every page is written so the kernel really charges it, in steps of
+# argv[2] MiB argv[3] seconds apart.
 CHILD_SCRIPT: Final = """
-import sys
+import sys, time
 held = []
+step, pause = int(sys.argv[2]), float(sys.argv[3])
 def hold(mib):
-    block = bytearray(mib * 1048576)
-    block[::4096] = b"\\x01" * len(range(0, len(block), 4096))
-    held.append(block)
+    while mib > 0:
+        block = bytearray(min(mib, step) * 1048576)
+        block[::4096] = b"\\x01" * len(range(0, len(block), 4096))
+        held.append(block)
+        mib -= step
+        time.sleep(pause)
 hold(int(sys.argv[1]))
 print("ready", flush=True)
 for line in sys.stdin:
@@ -69,6 +84,8 @@ class ProcessSessions:
             "-c",
             CHILD_SCRIPT,
             str(hold_mb),
+            str(GROWTH_STEP_MB),
+            str(GROWTH_PAUSE_S),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             start_new_session=True,
@@ -114,6 +131,37 @@ class ProcessSessions:
             await self.close(session_id)
 
 
+def ended(child: _Child) -> HTTPException | None:
+    """409 for a session the watchdog halted, 410 for one whose process is gone; else None."""
+    halt = None if child.watched is None else child.watched.halt
+    if halt is not None:
+        return HTTPException(
+            status_code=409,
+            detail=f"Session {child.session_id} was halted by the watchdog ({halt.reason}): "
+            f"{halt.message}",
+        )
+    code = child.process.returncode
+    if code is not None:
+        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        return HTTPException(
+            status_code=410,
+            detail=f"Session {child.session_id}'s process has ended ({how}).",
+        )
+    return None
+
+
+async def _ended_after_eof(child: _Child) -> HTTPException:
+    # The child closed its pipes: it is exiting. Wait for it, so the answer says why.
+    with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+        await asyncio.wait_for(child.process.wait(), timeout=5)
+    gone = ended(child)
+    if gone is not None:
+        return gone
+    return HTTPException(  # pragma: no cover - a child that closed stdout but lives on
+        status_code=410, detail=f"Session {child.session_id}'s process stopped answering."
+    )
+
+
 def describe(child: _Child) -> dict[str, Any]:
     watched = child.watched
     sample = None if watched is None else watched.last_sample
@@ -156,17 +204,20 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
     @app.post("/processes/{session_id}/grow")
     async def grow_process(session_id: str, mb: int = Query(ge=1, le=4096)) -> dict[str, Any]:
         child = sessions.get(session_id)
+        gone = ended(child)
+        if gone is not None:
+            raise gone
         stdin, stdout = child.process.stdin, child.process.stdout
         assert stdin is not None
         assert stdout is not None
         try:
             stdin.write(f"{mb}\n".encode())
             await stdin.drain()
-            await stdout.readline()
-        except (ConnectionError, RuntimeError):
-            # Halted or gone (a closed pipe, or asyncio's "handler is closed" once the
-            # child has been reaped): the description says which.
-            pass
+            answer = await stdout.readline()
+        except (ConnectionError, RuntimeError):  # the pipe closed under us: halted or gone
+            answer = b""
+        if not answer:
+            raise await _ended_after_eof(child)
         return describe(child)
 
     @app.delete(

@@ -1,0 +1,213 @@
+"""The documentation's reference pages agree with the code and with a real exposition."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from asgi_admission import (
+    AdmissionConfig,
+    AdmissionMiddleware,
+    CgroupMemoryReader,
+    SessionWatchdog,
+    metrics_route,
+)
+from asgi_admission._config import ENVIRONMENT
+from asgi_admission._watchdog.watchdog import ENV_CRITICAL_WATERMARK, ENV_INTERVAL
+from asgi_admission.demo import ENV_METRICS_PORT
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PACKAGE = ROOT / "middleware" / "asgi_admission"
+CODE = re.compile(r"`([^`]+)`")
+
+
+def tables(page: str) -> dict[str, list[dict[str, str]]]:
+    """Each table of ``page`` under the heading above it, as rows of {column: cell}."""
+    found: dict[str, list[dict[str, str]]] = {}
+    heading, header = "", None
+    for line in (DOCS / page).read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            heading, header = line.lstrip("#").strip(), None
+        elif line.startswith("|"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            if header is None:
+                header = cells
+            elif not set(line) <= set("|-: "):
+                found.setdefault(heading, []).append(dict(zip(header, cells, strict=True)))
+        else:
+            header = None
+    return found
+
+
+def first_code(cell: str) -> str:
+    match = CODE.search(cell)
+    assert match is not None, f"no `code` in {cell!r}"
+    return match.group(1)
+
+
+def literal(cell: str) -> object:
+    return ast.literal_eval(first_code(cell))
+
+
+def legacy(cell: str) -> str | None:
+    return None if cell == "—" else first_code(cell)
+
+
+CONFIGURATION = tables("configuration.md")
+
+
+def test_every_config_field_is_documented_with_its_variables_and_default() -> None:
+    """The AdmissionConfig table lists each field once, with its env, legacy name and default."""
+    rows = {first_code(row["argument"]): row for row in CONFIGURATION["`AdmissionConfig`"]}
+    fields = {field.name: field for field in dataclasses.fields(AdmissionConfig)}
+    assert list(rows) == list(fields)
+    assert set(ENVIRONMENT) == set(fields)
+    for name, row in rows.items():
+        current, old = ENVIRONMENT[name]
+        assert first_code(row["environment"]) == current, name
+        assert legacy(row["legacy name"]) == old, name
+        assert literal(row["default"]) == fields[name].default, name
+        assert row["meaning"].endswith("."), name
+
+
+def test_every_middleware_argument_is_documented_with_its_default() -> None:
+    """The AdmissionMiddleware table lists each keyword argument with its default."""
+    rows = {first_code(row["argument"]): row for row in CONFIGURATION["`AdmissionMiddleware`"]}
+    parameters = inspect.signature(AdmissionMiddleware.__init__).parameters
+    keywords = {n: p for n, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert list(rows) == list(keywords)
+    for name, row in rows.items():
+        default = keywords[name].default
+        if name == "registry":
+            assert first_code(row["default"]) == "REGISTRY"
+        else:
+            assert literal(row["default"]) == default, name
+
+
+def test_watchdog_settings_are_documented_with_their_defaults() -> None:
+    """The watchdog table gives each from_env variable and the constructor's default."""
+    rows = {first_code(row["argument"]): row for row in CONFIGURATION["`SessionWatchdog.from_env`"]}
+    parameters = inspect.signature(SessionWatchdog.__init__).parameters
+    expected = {"critical_watermark_percent": ENV_CRITICAL_WATERMARK, "interval_s": ENV_INTERVAL}
+    assert set(rows) == set(expected)
+    for name, (current, old) in expected.items():
+        assert first_code(rows[name]["environment"]) == current
+        assert legacy(rows[name]["legacy name"]) == old
+        assert literal(rows[name]["default"]) == parameters[name].default
+
+
+def test_every_variable_the_package_reads_is_documented() -> None:
+    """Each ADMISSION_* name in the package's source appears in a configuration table."""
+    documented = {
+        first_code(row["environment"])
+        for rows in CONFIGURATION.values()
+        for row in rows
+        if "environment" in row
+    }
+    used = {
+        name
+        for path in PACKAGE.rglob("*.py")
+        for name in re.findall(r"\bADMISSION_[A-Z_]*[A-Z]\b", path.read_text(encoding="utf-8"))
+    }
+    assert ENV_METRICS_PORT in documented
+    assert used <= documented, used - documented
+
+
+def exposition(fixture_copy: Callable[..., Path]) -> str:
+    """A real /metrics: a guard over a captured v2 cgroup (with PSI) and a watchdog, scraped."""
+    registry = CollectorRegistry()
+    tree = fixture_copy("telegraf/v2")
+    config = AdmissionConfig(cgroup_root=str(tree))
+
+    async def open_session(request: Request) -> JSONResponse:
+        return JSONResponse({"id": "1"}, status_code=201)
+
+    app = Starlette(
+        routes=[
+            Route("/sessions", open_session, methods=["POST"]),
+            metrics_route(registry=registry),
+        ]
+    )
+    watchdog = SessionWatchdog(config=config, memory_reader=CgroupMemoryReader(str(tree)),
+                               registry=registry)  # fmt: skip
+    guarded = AdmissionMiddleware(
+        app,
+        session_routes=["POST /sessions"],
+        config=config,
+        registry=registry,
+        watchdog=watchdog,
+        readiness_path="/ready",
+    )
+
+    async def scrape() -> str:
+        transport = httpx.ASGITransport(app=guarded)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            assert (await client.post("/sessions")).status_code == 201
+            assert (await client.get("/ready")).status_code == 200
+            return (await client.get("/metrics")).text
+
+    return anyio.run(scrape)
+
+
+def test_metrics_reference_matches_a_real_exposition(fixture_copy: Callable[..., Path]) -> None:
+    """Every documented metric is exported with its type and labels, and nothing undocumented."""
+    rows = {first_code(row["metric"]): row for row in tables("metrics.md")["Metrics"]}
+    exported: dict[str, tuple[str, set[str]]] = {}
+    for family in text_string_to_metric_families(exposition(fixture_copy)):
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = {key for sample in family.samples for key in sample.labels} - {"le"}
+        exported[name] = (family.type, labels)
+    # prometheus_client's *_created timestamps parse as families of their own.
+    exported = {
+        name: found
+        for name, found in exported.items()
+        if name.startswith("asgi_") and not name.endswith("_created")
+    }
+    assert set(rows) == set(exported)
+    for name, row in rows.items():
+        documented_labels = set(CODE.findall(row["labels"]))
+        assert (row["type"], documented_labels) == exported[name], name
+
+
+def test_refusal_reasons_are_all_documented() -> None:
+    """The decisions counter's reason values in the code are the ones the page lists."""
+    from asgi_admission._metrics.collector import OUTCOMES
+
+    row = next(
+        row
+        for row in tables("metrics.md")["Metrics"]
+        if first_code(row["metric"]) == "asgi_admission_decisions_total"
+    )
+    for _, _, _, label in OUTCOMES:
+        assert f"`{label}`" in row["meaning"], label
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("*.md")))
+def test_pages_cite_no_outside_documents(page: str) -> None:
+    """The pages cite the project's own docs, never the specification or the seeds."""
+    text = (DOCS / page).read_text(encoding="utf-8")
+    for outside in ("SPEC.md", "seeds/", "resource_capacity.py", "budget.py"):
+        assert outside not in text, outside
+
+
+def test_api_reference_lists_exactly_the_public_names() -> None:
+    """docs/reference.md documents each name of ``asgi_admission.__all__``, and no other."""
+    import asgi_admission
+
+    listed = re.findall(r"^::: asgi_admission\.(\w+)$", (DOCS / "reference.md").read_text(), re.M)
+    assert sorted(listed) == sorted(set(asgi_admission.__all__) - {"__version__"})

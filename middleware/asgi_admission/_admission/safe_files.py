@@ -122,10 +122,6 @@ def open_private_file(directory: str, name: str, *, setting: str) -> int:
                 break
             except FileExistsError:
                 continue
-        if fd < 0:
-            raise _refuse(setting, directory, path, "keeps appearing and disappearing")
-    except UnsafeFileError:
-        raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _refuse(setting, directory, path, "is a symlink") from exc
@@ -134,6 +130,8 @@ def open_private_file(directory: str, name: str, *, setting: str) -> int:
         ) from exc
     finally:
         os.close(dir_fd)
+    if fd < 0:
+        raise _refuse(setting, directory, path, "keeps appearing and disappearing")
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

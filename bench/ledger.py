@@ -32,7 +32,8 @@ from pathlib import Path
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
 from asgi_admission._admission.ledger import InProcessLedger, Reservation, SessionLedger
-from asgi_admission._admission.shared_ledger import SharedLedger, _held, _start_time
+from asgi_admission._admission.ledger_file import _held, _start_time
+from asgi_admission._admission.shared_ledger import SharedLedger
 from benchkit import timings_us, write_v2_tree
 
 TARGET_US = 20.0

@@ -1,6 +1,7 @@
-"""What one watchdog tick costs: per session, with and without descendants.
+"""What one watchdog tick costs, and what the running watchdog takes from the event loop.
 
     .venv/bin/python bench/watchdog.py [--ticks 200] [--sessions 1 4 16 64]
+        [--stall-sessions 128] [--stall-seconds 10] [--rounds 2]
 
 Starts N real idle children (each holding 8 MiB, each with one grandchild), registers
 them with a ``SessionWatchdog`` whose container reading is calm, and times
@@ -8,11 +9,19 @@ them with a ``SessionWatchdog`` whose container reading is calm, and times
 takes from the application every ``interval_s``. Also times the one ``/proc`` scan
 per tick that finding descendants needs, which grows with the number of processes
 on the machine, not with the sessions.
+
+Then the loop's stalls: an asyncio ticker sleeping 1 ms and recording how late each
+wake-up is (worst and p99), run for ``--stall-seconds`` with no watchdog (the
+baseline), with the running watchdog (its measuring in its own thread) watching
+``--stall-sessions`` sessions (a shell with one child each), and with the same
+tick run on the loop (``sample_once`` every 0.5 s, how it ran before). Rounds
+alternate the three so that machine noise hits each alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import subprocess
@@ -50,10 +59,98 @@ def _tick_times(watchdog: SessionWatchdog, ticks: int) -> list[float]:
     return times
 
 
+def _shells(count: int) -> list[subprocess.Popen[bytes]]:
+    """``count`` shells with one child each, in sessions of their own."""
+    return [
+        subprocess.Popen(["sh", "-c", "sleep 100000 & wait"], start_new_session=True)
+        for _ in range(count)
+    ]
+
+
+async def _lateness(seconds: float) -> list[float]:
+    """How late each 1 ms sleep of a ticker on this loop wakes up, for ``seconds``."""
+    late: list[float] = []
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while loop.time() < end:
+        started = time.perf_counter()
+        await asyncio.sleep(0.001)
+        late.append(time.perf_counter() - started - 0.001)
+    return late
+
+
+async def _on_loop(watchdog: SessionWatchdog) -> None:
+    # How the watchdog ticked before: the whole tick on the loop, every interval.
+    while True:
+        watchdog.sample_once()
+        await asyncio.sleep(watchdog.interval_s)
+
+
+async def _stall(mode: str, pids: list[int], seconds: float) -> list[float]:
+    watchdog = SessionWatchdog(
+        config=AdmissionConfig(), memory_reader=lambda: CALM, registry=CollectorRegistry()
+    )
+    if mode != "none":
+        for pid in pids:
+            watchdog.register(pid)
+    task = None
+    if mode == "thread":
+        await watchdog.start()
+    elif mode == "loop":
+        task = asyncio.ensure_future(_on_loop(watchdog))
+    try:
+        return await _lateness(seconds)
+    finally:
+        await watchdog.stop()
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def _p99_ms(late: list[float]) -> float:
+    return statistics.quantiles(late, n=100)[98] * 1e3
+
+
+def stall_table(sessions: int, seconds: float, rounds: int) -> None:
+    shells = _shells(sessions)
+    try:
+        time.sleep(0.5)  # every shell has started its child
+        pids = [shell.pid for shell in shells]
+        results: dict[str, list[float]] = {"none": [], "thread": [], "loop": []}
+        for _ in range(rounds):
+            for mode in results:
+                results[mode] += asyncio.run(_stall(mode, pids, seconds))
+    finally:
+        for shell in shells:
+            os.killpg(shell.pid, 9)
+            shell.wait()
+    base = results["none"]
+    print()
+    print(f"Event-loop stalls, {sessions} sessions (a shell with one child each), ")
+    print(f"{rounds} rounds of {seconds:g} s per mode, 1 ms ticker:")
+    print()
+    print("| watchdog | wake-ups | worst stall | p99 | worst vs none | p99 vs none |")
+    print("|---|---|---|---|---|---|")
+    labels = {
+        "none": "none",
+        "thread": "running (measures in a thread)",
+        "loop": "tick on the loop",
+    }
+    for mode, late in results.items():
+        worst, p99 = max(late) * 1e3, _p99_ms(late)
+        print(
+            f"| {labels[mode]} | {len(late)} | {worst:.1f} ms | {p99:.2f} ms | "
+            f"{worst - max(base) * 1e3:+.1f} ms | {p99 - _p99_ms(base):+.2f} ms |"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ticks", type=int, default=200)
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--stall-sessions", type=int, default=128)
+    parser.add_argument("--stall-seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
     scans = []
@@ -103,6 +200,7 @@ def main() -> int:
                 child.wait()
                 assert child.stdout is not None
                 child.stdout.close()
+    stall_table(args.stall_sessions, args.stall_seconds, args.rounds)
     return 0
 
 

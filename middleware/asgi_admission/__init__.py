@@ -18,8 +18,9 @@ from asgi_admission._metrics.serving import metrics_app, metrics_route, serving_
 from asgi_admission._middleware import AdmissionMiddleware
 from asgi_admission._responses import RetryAfterPolicy
 from asgi_admission._watchdog.halt import HaltAction, ProcessGroupHalt, SessionHalt
+from asgi_admission._watchdog.lifespan import session_watchdog
 from asgi_admission._watchdog.sampler import ProcessSample
-from asgi_admission._watchdog.watchdog import SessionWatchdog, WatchedSession, session_watchdog
+from asgi_admission._watchdog.watchdog import SessionWatchdog, WatchedSession
 
 try:
     __version__ = _metadata.version("asgi-admission")

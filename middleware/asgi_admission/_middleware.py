@@ -24,18 +24,24 @@ Notes:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import operator
 import time
 from collections.abc import Callable, Iterable
-from typing import get_args
+from typing import TypeVar, get_args
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.keeper import ReservationKeeper, apply, serve_with_keeper
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision
-from asgi_admission._admission.ledger import SessionLedger
+from asgi_admission._admission.ledger import (
+    LOCK_WAIT_S,
+    LedgerBusy,
+    LedgerUnavailable,
+    SessionLedger,
+)
 from asgi_admission._admission.observer import DecisionObserver, Kind
 from asgi_admission._admission.reserve import never_admits
 from asgi_admission._admission.tickets import SCOPE_KEY, AdmissionTicket
@@ -53,7 +59,8 @@ from asgi_admission._responses import (
     websocket_denial,
 )
 from asgi_admission._routes import RouteMatcher
-from asgi_admission._watchdog.watchdog import SessionWatchdog, serve_lifespan
+from asgi_admission._watchdog.lifespan import serve_lifespan
+from asgi_admission._watchdog.watchdog import SessionWatchdog
 
 logger = logging.getLogger("asgi_admission")
 
@@ -61,6 +68,7 @@ logger = logging.getLogger("asgi_admission")
 Refused = tuple[CapacityDecision, int, tuple[int, int, int]]
 
 _MIB = 1024 * 1024
+_T = TypeVar("_T")
 
 
 class AdmissionMiddleware:
@@ -69,8 +77,9 @@ class AdmissionMiddleware:
     ``session_routes`` are patterns such as ``"POST /sessions"`` or
     ``"WS /terminal/*"``; ``session_predicate(scope)`` may pick further requests.
     ``current_sessions()`` reports sessions the app tracks itself (it is called
-    under the lock: keep it cheap); without it the middleware counts the
-    WebSockets it admitted and that are still open. A ``watchdog``
+    before each decision, on the event loop, outside the ledger's lock: keep it
+    cheap); without it the middleware counts the WebSockets it admitted and that
+    are still open. A ``watchdog``
     (``SessionWatchdog``) is started and stopped with the app's lifespan;
     handlers reach it with ``session_watchdog(request)``.
     ``websocket_refusal`` (default: the config's, ``"auto"``) says how a refused
@@ -123,6 +132,9 @@ class AdmissionMiddleware:
         self._current_sessions = current_sessions
         # Whether current_sessions() failed last time, to log failure and recovery once.
         self._count_failed = False
+        # Whether a ledger_busy refusal was logged (once per guard: the ledger logs
+        # its own outages and recoveries).
+        self._busy_logged = False
         if readiness_path is not None and not (
             isinstance(readiness_path, str) and readiness_path.startswith("/")
         ):
@@ -175,13 +187,15 @@ class AdmissionMiddleware:
         # reusable context manager every time) and the never-raising reader. Without
         # an observer (no metrics, no observer=) the clock is not read either.
         self._locked = self._ledger.locked()
+        self._attempt = self._ledger.attempt()
         self._safe_read = self._read
         config = self._config
         self._keeper = ReservationKeeper(
             controller=self._controller,
-            locked=self._locked,
+            locked=self._attempt,
             read=self._safe_read,
-            active_count=lambda: self._ledger.counts(self._own_count())[0],
+            active_count=lambda own: self._ledger.counts(own)[0],
+            own_count=self._own_count,
             route_of=self._matcher.pattern_of,
             learning=config.reserve_learning,
             min_reserve_bytes=config.reserve_min_bytes,
@@ -247,9 +261,13 @@ class AdmissionMiddleware:
         return self._keeper
 
     def session_counts(self) -> tuple[int, int]:
-        """``(active, pending)``; active comes from ``current_sessions`` when given."""
+        """``(active, pending)``; active comes from ``current_sessions`` when given.
+
+        With a shared ledger held by another worker this waits at most
+        ``LOCK_WAIT_S`` and then raises ``LedgerBusy`` (a scrape reports no counts).
+        """
         own = self._own_count()
-        with self._ledger.locked():
+        with self._locked:
             return self._ledger.counts(own)
 
     def _own_count(self) -> int | None:
@@ -338,12 +356,60 @@ class AdmissionMiddleware:
             # which falls back to the fixed session cap.
             return UNAVAILABLE
 
+    async def _when_free(self, step: Callable[[], _T]) -> _T:
+        """``step()`` (a critical section taken with ``attempt``), retried with awaits
+        while the ledger is held elsewhere; ``LedgerBusy`` after ``LOCK_WAIT_S``.
+
+        The event loop is never blocked on another worker's lock: a worker stopped
+        inside its critical section costs a refusal, not a frozen server.
+        """
+        try:
+            return step()
+        except LedgerBusy as exc:
+            if isinstance(exc, LedgerUnavailable):
+                raise
+        deadline = time.monotonic() + LOCK_WAIT_S
+        delay = 0.0005
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.02)
+            try:
+                return step()
+            except LedgerBusy as exc:
+                if isinstance(exc, LedgerUnavailable) or time.monotonic() >= deadline:
+                    raise
+
+    async def _decide(self, kind: Kind, scope: Scope | None = None) -> AdmissionTicket | Refused:
+        """:meth:`_admit` without blocking the loop; a ``ledger_busy`` refusal when the
+        shared ledger cannot be had in time."""
+        try:
+            return await self._when_free(lambda: self._admit(kind, scope))
+        except LedgerBusy as exc:
+            self._note_busy(exc)
+            decision = CapacityDecision(
+                allowed=False,
+                state=self._controller.pressure_state,
+                memory=UNAVAILABLE,
+                reason="ledger_busy",
+            )
+            if self._observer is not None:
+                self._observer.on_decision(kind, decision, 0.0)
+            return decision, self._retry_after.next_delay(), (0, 0, self._session_limit)
+
+    def _note_busy(self, exc: LedgerBusy) -> None:
+        if not self._busy_logged:
+            self._busy_logged = True
+            logger.warning(
+                "asgi-admission: refusing sessions with ledger_busy: %s. Logged once.", exc
+            )
+
     def _admit(self, kind: Kind, scope: Scope | None = None) -> AdmissionTicket | Refused:
         """Read, decide and (when admitted) reserve, atomically; no awaits here.
 
         The admitted session's ticket, or what a refusal needs: the decision, the
         Retry-After delay and the counts it was decided with. ``scope`` names the
-        session's route (for learning).
+        session's route (for learning). ``LedgerBusy`` when the shared ledger is
+        held by another worker right now (the caller retries).
         """
         observer = self._observer
         start = time.perf_counter() if observer is not None else 0.0
@@ -354,13 +420,16 @@ class AdmissionMiddleware:
             # The app counts fewer sessions than are waiting to settle: some ended.
             count = self._app_count()
             if count is not None and count < keeper.settler.past_response:
-                with self._locked:
+                with self._attempt:
                     ended = keeper.settler.counted(count)
                 apply(ended)
-        with self._locked:
-            # The app's own count (current_sessions) replaces the ledger's count of
-            # accepted WebSockets; a shared ledger adds the other workers' counts.
-            own = None if self._current_sessions is None else self._own_count()
+        # The app's own count (current_sessions) replaces the ledger's count of
+        # accepted WebSockets; a shared ledger adds the other workers' counts. App
+        # code, so it is asked before the critical section, never inside it.
+        own = None if self._current_sessions is None else self._own_count()
+        with self._attempt:
+            # Session events kept while another worker held the ledger come first.
+            caught_up = keeper.catch_up() if keeper.deferred else ()
             current, pending = ledger.counts(own)
             decision = self._controller.assess(current, limit, pending, read=self._safe_read)
             memory = decision.memory
@@ -376,6 +445,8 @@ class AdmissionMiddleware:
             # used for settling: a look at the exact working set is due instead.
             settled = keeper.settle_with(memory) if memory.exact else keeper.due()
             blind_changed = self._note_blind(decision)
+        if caught_up:
+            apply(caught_up)
         if settled:
             apply(settled)
         if observer is not None:
@@ -396,8 +467,9 @@ class AdmissionMiddleware:
 
     def _check(self) -> CapacityDecision:
         """The readiness probe's latch evaluation: a decision that reserves nothing."""
-        with self._locked:
-            current, pending = self._ledger.counts(self._own_count())
+        own = self._own_count()
+        with self._attempt:
+            current, pending = self._ledger.counts(own)
             decision = self._controller.assess(
                 current, self._session_limit, pending, read=self._safe_read
             )
@@ -483,7 +555,7 @@ class AdmissionMiddleware:
     # -- session requests ---------------------------------------------------------
 
     async def _guard_http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = self._admit("http", scope)
+        outcome = await self._decide("http", scope)
         if isinstance(outcome, tuple):
             decision, retry_after_s, counts = outcome
             body = self._refusal.body(decision, retry_after_s, counts)
@@ -519,7 +591,7 @@ class AdmissionMiddleware:
                 keeper.abandon(entry)
 
     async def _guard_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = self._admit("websocket", scope)
+        outcome = await self._decide("websocket", scope)
         if isinstance(outcome, tuple):
             decision, retry_after_s, counts = outcome
             body = self._refusal.body(decision, retry_after_s, counts)
@@ -564,10 +636,14 @@ class AdmissionMiddleware:
     # -- readiness ----------------------------------------------------------------
 
     async def _readiness(self, scope: Scope, receive: Receive, send: Send) -> None:
-        decision = self._check()
-        ready = decision.state != "pressured"
+        try:
+            state: str = (await self._when_free(self._check)).state
+        except LedgerBusy as exc:
+            self._note_busy(exc)
+            state = "ledger_busy"
+        ready = state not in ("pressured", "ledger_busy")
         body = b'{"ready":true,"state":"%s"}' if ready else b'{"ready":false,"state":"%s"}'
-        body = body % decision.state.encode()
+        body = body % state.encode()
         await send(
             {
                 "type": "http.response.start",

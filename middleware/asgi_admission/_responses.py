@@ -41,6 +41,7 @@ _TITLES: Final[dict[str, str]] = {
     "session_limit": "Session limit reached",
     "telemetry_unavailable": "Session limit reached",
     "no_memory_limit": "Session limit reached",
+    "ledger_busy": "Session count unavailable",
 }
 _DETAILS: Final[dict[str, str]] = {
     "memory_pressure": (
@@ -54,6 +55,10 @@ _DETAILS: Final[dict[str, str]] = {
     "no_memory_limit": (
         "The service has no memory limit to measure against, so it admits only up to its "
         "fixed session limit, which is reached."
+    ),
+    "ledger_busy": (
+        "The count of sessions shared by the service's workers could not be read in time, "
+        "so no new session is started."
     ),
 }
 _STATIC_HEADERS: Final = (

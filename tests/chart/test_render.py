@@ -83,7 +83,8 @@ def test_env_defaults_match_the_values_file(rendered: dict[str, list[Manifest]])
 
 
 def test_shared_directories_are_memory_backed_mounts(rendered: dict[str, list[Manifest]]) -> None:
-    """The ledger and multiprocess dirs are sized tmpfs emptyDirs, mounted where the env points."""
+    """The ledger and multiprocess dirs are sized tmpfs emptyDirs, mounted where the env
+    points (the ledger in a subdirectory of its mount, which the guard makes private)."""
     manifests = rendered["full"]
     container = server_container(manifests)
     env = env_of(container)
@@ -92,11 +93,13 @@ def test_shared_directories_are_memory_backed_mounts(rendered: dict[str, list[Ma
     }
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     values = scenario_values("full")
-    for variable, size in (
-        ("ADMISSION_SHARED_DIR", values["multiWorker"]["sizeLimit"]),
-        ("PROMETHEUS_MULTIPROC_DIR", values["metrics"]["multiprocess"]["sizeLimit"]),
+    shared_mount, ledger = env["ADMISSION_SHARED_DIR"].rsplit("/", 1)
+    assert ledger == "ledger"
+    for mount_path, size in (
+        (shared_mount, values["multiWorker"]["sizeLimit"]),
+        (env["PROMETHEUS_MULTIPROC_DIR"], values["metrics"]["multiprocess"]["sizeLimit"]),
     ):
-        volume = volumes[mounts[env[variable]]]
+        volume = volumes[mounts[mount_path]]
         assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": size}
 
 

@@ -18,12 +18,15 @@ from containerkit import Container, burst, running
 pytestmark = [pytest.mark.container, pytest.mark.usefixtures("podman_ready")]
 
 SHARED = "/run/asgi-admission/shared"
+# A subdirectory, as the chart sets it: the tmpfs itself is writable by everyone (1777),
+# which the guard refuses for its ledger's own directory.
+LEDGER_DIR = f"{SHARED}/ledger"
 MAX_SESSIONS = 5
 ENV = {
     "DEMO_SESSION_MB": "8",
     "ADMISSION_SESSION_RESERVE_MB": "8",
     "ADMISSION_MAX_SESSIONS": str(MAX_SESSIONS),
-    "ADMISSION_SHARED_DIR": SHARED,
+    "ADMISSION_SHARED_DIR": LEDGER_DIR,
 }
 # The ledger file: a header (magic, slot capacity, slots in use), then one slot per worker
 # that decided: pid, start time, pending, active.
@@ -59,7 +62,7 @@ def test_four_workers_admit_exactly_the_cap_container_wide_during_a_burst(image:
         ledger = container.exec(
             "python3",
             "-c",
-            f"import sys; sys.stdout.write(open('{SHARED}/asgi-admission.ledger', 'rb')"
+            f"import sys; sys.stdout.write(open('{LEDGER_DIR}/asgi-admission.ledger', 'rb')"
             ".read().hex())",
         )
         # More than one worker decided, so the cap held across processes, not within one.

@@ -102,9 +102,9 @@ def test_shared_ledger_admits_exactly_k_and_survives_a_killed_worker(
         time.sleep(0.6)
         ledger = SharedLedger(shared_dir)
         with ledger.locked():
-            active, pending = ledger.counts()
-        assert pending == 0
-        assert 0 < active <= K
+            # No pending left; the K sessions the surviving workers' apps hold (the
+            # demo keeps them until deleted) count as active, container-wide.
+            assert ledger.counts() == (K, 0)
         ledger.close()
     finally:
         server.stop()

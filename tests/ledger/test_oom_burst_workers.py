@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
-from ledgerkit import MIB, V1_MOUNT, Workers, burst, memory_group, oom_kills
+from ledgerkit import MIB, Workers, burst, memory_group, oom_kills
 
 pytestmark = [
     pytest.mark.real_cgroup,
     pytest.mark.real_server,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not os.access(V1_MOUNT, os.W_OK),
-        reason="needs root and a writable cgroup v1 memory hierarchy",
-    ),
 ]
 
 LIMIT_MB = 1024

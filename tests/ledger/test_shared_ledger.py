@@ -462,14 +462,15 @@ def test_two_guards_share_the_apps_own_counts(tmp_path: Path) -> None:
 def test_failed_claim_releases_the_critical_section(
     shared: tuple[str, list[SharedLedger]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An unexpected error while claiming a slot propagates and leaves the ledger usable."""
+    """An unexpected error while claiming a slot is raised as LedgerUnavailable (the
+    middleware refuses) and leaves the ledger usable."""
     ledger = open_ledger(shared)
 
     def refuse(*args: object) -> int:
         raise OSError(errno.EINVAL, "no OFD locks here")
 
     monkeypatch.setattr(shared_ledger, "_slot_lock", refuse)
-    with pytest.raises(OSError, match="no OFD locks"), ledger.locked():
+    with pytest.raises(shared_ledger.LedgerUnavailable, match="no OFD locks"), ledger.locked():
         pass
     monkeypatch.undo()
     assert counts(ledger) == (0, 0)

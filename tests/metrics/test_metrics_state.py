@@ -83,7 +83,7 @@ def test_counters_start_at_zero_for_every_reachable_combination(
     ).build_middleware_stack()  # kept alive while read
     for kind in ("http", "websocket"):
         assert decisions(registry, kind, "admitted", "none") == 0
-        for reason in ("memory_pressure", "session_limit", "telemetry_unavailable"):
+        for reason in ("memory_pressure", "session_limit", "telemetry_unavailable", "ledger_busy"):
             assert decisions(registry, kind, "rejected", reason) == 0
     assert value(registry, "latch_transitions_total", to="pressured") == 0
     assert value(registry, "latch_transitions_total", to="normal") == 0

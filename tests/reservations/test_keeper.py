@@ -13,7 +13,7 @@ from reskit import MIB, counts
 
 from asgi_admission import AdmissionController, MemoryReading
 from asgi_admission._admission.keeper import ReservationKeeper, apply
-from asgi_admission._admission.ledger import InProcessLedger
+from asgi_admission._admission.ledger import InProcessLedger, LedgerBusy
 from asgi_admission._memory.reading import UNAVAILABLE
 
 
@@ -40,7 +40,7 @@ def make(
         controller=controller,
         locked=ledger.locked(),
         read=memory,
-        active_count=lambda: active,
+        active_count=lambda own: active,
         route_of=lambda scope: "POST /s",
         learning=learning,  # type: ignore[arg-type]
         min_reserve_bytes=16 * MIB,
@@ -117,7 +117,7 @@ def test_session_ends_spoil_the_open_episode() -> None:
     memory = Memory(100)
     active = [3]
     keeper, ledger = make(memory, learning="raise")
-    keeper._active_count = lambda: active[0]
+    keeper._active_count = lambda own: active[0]
     keeper.sample()
     admit(keeper, ledger, 100)
     assert keeper.learner.observing
@@ -158,3 +158,47 @@ def test_learning_off_ignores_the_watchdogs_peaks() -> None:
     keeper.observe_peak("POST /s", 500 * MIB)
     assert keeper.estimates() == []
     assert keeper.route(None) == "unnamed"
+
+
+class Busy:
+    """A ledger lock that another worker holds while ``held`` (an ``attempt()``)."""
+
+    def __init__(self, ledger: InProcessLedger) -> None:
+        self.inner = ledger.locked()
+        self.held = False
+
+    def __enter__(self) -> object:
+        if self.held:
+            raise LedgerBusy("held by another worker")
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.inner.__exit__(None, None, None)
+
+
+def test_events_wait_in_order_while_the_shared_ledger_is_held() -> None:
+    """While another worker holds the ledger, a response, a ticket's hold and its
+    release neither raise nor wait: they are kept, in order, and the next sample
+    applies them once the ledger is free (nothing lost, nothing released early)."""
+    memory = Memory(100)
+    keeper, ledger = make(memory)
+    lock = Busy(ledger)
+    keeper._locked = lock
+    with ledger.locked():
+        entry = keeper.admitted(ledger.reserve(), "http", None, 100 * MIB)
+    lock.held = True
+    assert keeper.ticket("hold", entry) is True  # taken on trust, applied first later
+    keeper.respond(entry)
+    assert keeper.deferred == 2
+    keeper.sample()  # still held: skipped, nothing applied
+    assert (keeper.deferred, counts(ledger)) == (2, (0, 1))
+    lock.held = False
+    keeper.sample()
+    assert keeper.deferred == 0
+    assert counts(ledger) == (0, 1)  # held past its response: still pending
+    lock.held = True
+    keeper.ticket("release", entry)
+    assert counts(ledger) == (0, 1)
+    lock.held = False
+    keeper.sample()
+    assert counts(ledger) == (0, 0)

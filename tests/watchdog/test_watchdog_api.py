@@ -14,8 +14,9 @@ from watchdogkit import MIB, FixedReader, Recorder, Spawn
 
 from asgi_admission import AdmissionConfig, CgroupMemoryReader, HostMemoryReader
 from asgi_admission._watchdog.halt import ProcessGroupHalt, SessionHalt
+from asgi_admission._watchdog.lifespan import session_watchdog
 from asgi_admission._watchdog.metrics import SESSION_MEMORY_BUCKETS, watchdog_metrics
-from asgi_admission._watchdog.watchdog import SessionWatchdog, session_watchdog
+from asgi_admission._watchdog.watchdog import SessionWatchdog
 
 
 @pytest.mark.parametrize(
@@ -277,9 +278,9 @@ async def test_run_samples_on_its_interval(spawn: Spawn, calm: FixedReader) -> N
     await watchdog.start()  # idempotent
     session = watchdog.register(child.pid)
     assert watchdog.running
-    for _ in range(50):
-        await asyncio.sleep(0)
-        if len(clock.sleeps) >= 3:
+    for _ in range(500):  # each tick measures in the watchdog's thread: real time
+        await asyncio.sleep(0.01)
+        if len(clock.sleeps) >= 3 and session.last_sample is not None:
             break
     await watchdog.stop()
     assert not watchdog.running

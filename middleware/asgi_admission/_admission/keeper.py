@@ -13,6 +13,11 @@ Notes:
 - Every change is made inside the ledger's critical section (its
   ``threading.Lock``, and its ``flock`` when shared), and the reservations are
   released or activated after it is left: they take the same lock.
+- The critical section is only ever tried (``attempt``): where another worker
+  holds the shared ledger, a session's event (its response, its end, a ticket)
+  is kept, in order, for the next sample, so neither the event loop nor a
+  response waits for another process and nothing is lost (docs/trust.md). The
+  app's own count is asked before the critical section, never inside it.
 - The periodic sample reads memory only while something is unsettled or
   being learned, and the active count (for the rate of session ends) every
   time: a few microseconds, four times a second, on the event loop like any
@@ -24,6 +29,7 @@ Notes:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -43,7 +49,7 @@ from asgi_admission._admission.learning import (
     SessionLearner,
     effective_reserve,
 )
-from asgi_admission._admission.ledger import Reservation
+from asgi_admission._admission.ledger import LedgerBusy, Reservation
 from asgi_admission._admission.reserve import derived_reserve_bytes
 from asgi_admission._admission.settling import (
     Action,
@@ -79,9 +85,12 @@ def apply(actions: Iterable[Action]) -> None:
 class ReservationKeeper:
     """Settling, tickets and learning for one middleware (see the module notes).
 
-    ``locked`` is the ledger's critical section; ``read`` takes an exact reading
-    and never raises; ``active_count()`` is the container's active sessions
-    (called inside ``locked``); ``route_of(scope)`` names a session's route.
+    ``locked`` is the ledger's critical section, tried without waiting (its
+    ``attempt``, which raises ``LedgerBusy`` while another worker holds it);
+    ``read`` takes an exact reading and never raises; ``own_count()`` is the
+    app's own count of its sessions (app code: asked outside ``locked``) and
+    ``active_count(own)`` the container's active sessions with it (inside
+    ``locked``); ``route_of(scope)`` names a session's route.
     """
 
     def __init__(
@@ -90,7 +99,8 @@ class ReservationKeeper:
         controller: AdmissionController,
         locked: AbstractContextManager[object],
         read: Callable[[], MemoryReading],
-        active_count: Callable[[], int],
+        active_count: Callable[[int | None], int],
+        own_count: Callable[[], int | None] = lambda: None,
         route_of: Callable[[Scope], str | None],
         learning: Learning,
         min_reserve_bytes: int,
@@ -103,6 +113,9 @@ class ReservationKeeper:
         self._locked = locked
         self._read = read
         self._active_count = active_count
+        self._own_count = own_count
+        #: Events kept while another worker held the shared ledger, oldest first.
+        self._deferred: collections.deque[Callable[[], Sequence[Action]]] = collections.deque()
         self._route_of = route_of
         self.learning: Learning = learning
         self.min_reserve_bytes = min_reserve_bytes
@@ -254,7 +267,8 @@ class ReservationKeeper:
 
     def respond(self, entry: Settlement) -> None:
         """The response ended or the WebSocket was accepted."""
-        with self._locked:
+
+        def step() -> Sequence[Action]:
             now = self._clock()
             actions = self.settler.respond(entry, now)
             if entry.phase == "waiting" and entry.queued:
@@ -263,53 +277,100 @@ class ReservationKeeper:
                 memory = self._read()
                 if memory.available and memory.used_bytes is not None:
                     actions += self._take(memory.used_bytes, now)
-        apply(actions)
+            return actions
+
+        self._now_or_later(step)
 
     def abandon(self, entry: Settlement, *, session_over: bool = False) -> None:
         """The request failed before its response, or the session ended."""
-        with self._locked:
-            actions = self.settler.abandon(entry, session_over=session_over)
-        apply(actions)
+        self._now_or_later(lambda: self.settler.abandon(entry, session_over=session_over))
 
     def ticket(self, operation: str, entry: Settlement) -> bool:
-        """``hold``, ``started`` or ``release`` for a ticket; whether hold took effect."""
-        with self._locked:
-            if operation == "hold":
-                return self.settler.hold(entry)
-            if operation == "started":
-                actions = self.settler.started(entry)
-            else:
-                actions = self.settler.release(entry)
-        apply(actions)
+        """``hold``, ``started`` or ``release`` for a ticket; whether hold took effect
+        (``True`` for one kept for later: it is applied before anything after it)."""
+        if operation == "hold":
+            held: list[bool] = []
+
+            def hold() -> Sequence[Action]:
+                held.append(self.settler.hold(entry))
+                return ()
+
+            self._now_or_later(hold)
+            return held[0] if held else True
+        if operation == "started":
+            self._now_or_later(lambda: self.settler.started(entry))
+        else:
+            self._now_or_later(lambda: self.settler.release(entry))
         return True
 
     def observe_peak(self, route: str, peak_bytes: int) -> None:
         """The watchdog measured a session of ``route`` at ``peak_bytes`` (RSS) at most."""
         if self.learning == "off":
             return
-        with self._locked:
+
+        def step() -> Sequence[Action]:
             self.learner.observe(route, footprint_bytes=peak_bytes)
             self._publish_learned()
+            return ()
+
+        self._now_or_later(step)
+
+    def _now_or_later(self, step: Callable[[], Sequence[Action]]) -> None:
+        """``step`` in the critical section, then what it decided; while another worker
+        holds the shared ledger (or earlier events wait), kept for the next sample."""
+        if not self._deferred:
+            try:
+                with self._locked:
+                    actions = step()
+            except LedgerBusy:
+                pass
+            else:
+                apply(actions)
+                return
+        self._deferred.append(step)
+
+    @property
+    def deferred(self) -> int:
+        """How many session events wait for the shared ledger (see :meth:`catch_up`)."""
+        return len(self._deferred)
+
+    def catch_up(self) -> list[Action]:
+        """Inside the critical section: the events kept for later, in order."""
+        actions: list[Action] = []
+        while self._deferred:
+            actions += self._deferred.popleft()()
+        return actions
 
     # -- the periodic sample ------------------------------------------------------------
 
     def sample(self) -> None:
-        """One look: settle and learn from a fresh reading, note session ends."""
+        """One look: settle and learn from a fresh reading, note session ends.
+
+        Skipped (until the next) while another worker holds the shared ledger.
+        """
         now = self._clock()
-        with self._locked:
-            if self.ends.on_active(self._active_count(), now):
-                self.learner.on_session_end()
-            actions: list[Action] = []
-            if self.settler.unsettled or self.learner.observing or self._queue_busy():
-                memory = self._read()
-                if memory.available and memory.used_bytes is not None:
-                    actions = self._take(memory.used_bytes, now)
-                else:
-                    actions = self.settler.settle(None, now)
-            if self._store is not None and now >= self._next_refresh:
-                self._next_refresh = now + SHARED_REFRESH_S
-                self._refresh_shared()
+        own = self._own_count()
+        try:
+            with self._locked:
+                actions = self._sample_locked(own, now)
+        except LedgerBusy:
+            return
         apply(actions)
+
+    def _sample_locked(self, own: int | None, now: float) -> list[Action]:
+        actions = self.catch_up()
+        if self.ends.on_active(self._active_count(own), now):
+            self.learner.on_session_end()
+        if self.settler.unsettled or self.learner.observing or self._queue_busy():
+            memory = self._read()
+            if memory.available and memory.used_bytes is not None:
+                actions += self._take(memory.used_bytes, now)
+            else:
+                actions += self.settler.settle(None, now)
+        if self._store is not None and now >= self._next_refresh:
+            self._next_refresh = now + SHARED_REFRESH_S
+            self._refresh_shared()
+        return actions
 
     async def run(self, interval_s: float = SAMPLE_INTERVAL_S) -> None:
         """Sample every ``interval_s`` until cancelled (the lifespan runs this)."""

@@ -38,7 +38,10 @@ from asgi_admission._memory.cgroup import read_cgroup_memory
 from asgi_admission._memory.reading import MemoryReader, MemoryReading, slot_setters
 
 State = Literal["normal", "pressured", "unavailable"]
-Reason = Literal["memory_pressure", "session_limit", "telemetry_unavailable", "no_memory_limit"]
+#: ``ledger_busy`` is the middleware's own: the shared ledger could not be had in time.
+Reason = Literal[
+    "memory_pressure", "session_limit", "telemetry_unavailable", "no_memory_limit", "ledger_busy"
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,12 +15,49 @@ the protocol.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Final, Protocol
 
 _PENDING: Final = 0
 _ACTIVE: Final = 1
 _RELEASED: Final = 2
+
+
+#: How long a session decision may wait for a shared ledger before it is refused
+#: (``ledger_busy``); critical sections take microseconds, so only a stuck worker
+#: (stopped inside one) makes anyone wait this long.
+LOCK_WAIT_S: Final = 1.0
+
+
+class LedgerBusy(Exception):
+    """The shared ledger's lock could not be had in time: refuse, and let the client retry."""
+
+
+class LedgerUnavailable(LedgerBusy):
+    """The shared ledger's file cannot be opened or repaired right now (see the log)."""
+
+
+class CriticalSection:
+    """A reusable context manager from an ``enter`` and an ``exit`` callable."""
+
+    __slots__ = ("_enter", "_exit")
+
+    def __init__(self, enter: Callable[[], None], exit: Callable[[], None]) -> None:
+        self._enter = enter
+        self._exit = exit
+
+    def __enter__(self) -> None:
+        self._enter()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._exit()
 
 
 class Reservation(Protocol):
@@ -42,6 +79,15 @@ class SessionLedger(Protocol):
         """The critical section for read-decide-reserve; not reentrant.
 
         The same reusable context manager every time: the middleware asks once.
+        A shared ledger waits a bounded time for it, then raises ``LedgerBusy``.
+        """
+        ...
+
+    def attempt(self) -> AbstractContextManager[object]:
+        """``locked()`` without waiting for another process: ``LedgerBusy`` if it is held.
+
+        For the event loop, which retries with awaits in between; the same
+        reusable context manager every time.
         """
         ...
 
@@ -105,6 +151,11 @@ class InProcessLedger:
         self._pending = 0
 
     def locked(self) -> threading.Lock:
+        return self._lock
+
+    def attempt(self) -> threading.Lock:
+        # Only this process's threads take it, each for microseconds and never
+        # across app code or I/O: waiting for it never stalls the loop.
         return self._lock
 
     def counts(self, own_active: int | None = None) -> tuple[int, int]:

@@ -1,128 +1,81 @@
 """A session ledger shared by the worker processes of one container.
 
-Notes:
+Notes (the whole story, with the faults each part answers: ``docs/trust.md``):
 
-- One small file, ``<shared_dir>/asgi-admission.ledger``: a 16-byte header
-  (magic, slot capacity, slots in use) and fixed 32-byte slots of four int64s,
-  ``(pid, start_time, pending, active)``. Each worker process claims one slot
-  the first time it enters the critical section, so a ledger built before a
-  fork (gunicorn ``--preload``) claims nothing in the parent. The file lives in
-  a memory-backed directory (``/dev/shm``, a ``medium: Memory`` emptyDir): it
-  never touches a disk.
-- The critical section is this process's ``threading.Lock`` and then an
-  exclusive ``flock`` on the file, so read-decide-reserve is atomic across every
-  thread and every worker. ``flock`` belongs to an open file description, so
-  each process opens its own: a fork child drops the inherited descriptor
-  (``os.register_at_fork``) and reopens the file.
-- The file is read and written with ``os.pread``/``os.pwrite``, not ``mmap``: a
-  truncated file then gives a short read (rebuilt, with a warning) instead of a
-  ``SIGBUS`` on the request path, for 0.1 µs more per decision.
-- Liveness: a worker holds an exclusive OFD byte-range lock
-  (``F_OFD_SETLK``) on its own slot for as long as its descriptor is open, and
-  the kernel drops it when the process dies, ``SIGKILL`` included. A slot with
-  counts whose lock is free (``F_OFD_GETLK``) belongs to a dead worker: the
-  next decision zeroes it and logs what it recovered. Pid reuse cannot fool it,
-  and it costs 0.5 µs per slot with counts, against 7 µs for reading
-  ``/proc/<pid>/stat`` to compare start times (``bench/ledger.py``). The start
-  time is still stored, for people reading the file.
-- Each worker keeps its own counts in memory and writes its slot from them; a
-  slot that no longer says what this worker wrote (the file was rebuilt or
-  edited) is rewritten, negative counts in other slots count as 0, and both are
-  logged once.
+- One small file (layout and slot locks: ``ledger_file``); a worker claims its slot
+  at its first critical section, so a ledger built before a fork claims nothing.
+- The critical section is this process's ``threading.Lock`` then an exclusive
+  ``flock`` on its own open file description (a fork child reopens the file), so
+  read-decide-reserve is atomic across threads and workers. No wait is unbounded:
+  ``attempt()`` raises :class:`LedgerBusy` unless the lock is free now (the
+  middleware retries with awaits, then refuses); ``locked()`` sleeps between tries
+  for at most ``LOCK_WAIT_S``.
+- Activations and releases never raise and are never lost: counts change in
+  memory first; the slot is written now if the lock is free, else by the next
+  heartbeat or critical section. While the file cannot be opened, decisions raise
+  :class:`LedgerUnavailable` (logged once).
+- A heartbeat every ``HEARTBEAT_S`` on the worker's loop writes a dirty slot,
+  follows a deleted or replaced file and rewrites its row in a rebuilt one. A
+  worker that finds the file rebuilt, replaced or its own row gone knows the
+  others' rows are lost too: its ``reserve`` raises ``LedgerBusy`` until every
+  worker that held a slot lock has a row again (at most ``SETTLE_MAX_S``).
+- A slot with counts whose OFD lock is free belongs to a dead worker, ``SIGKILL``
+  included: the next decision zeroes it. Negative counts in other slots count as 0.
+- Files are opened through ``_admission.safe_files``: never through a symlink,
+  created private, refused when another user owns them or may write to them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import fcntl
 import functools
 import logging
 import os
-import struct
 import threading
 import time
 import weakref
-from dataclasses import dataclass
-from types import TracebackType
 from typing import Final
+
+from asgi_admission._admission.ledger import LOCK_WAIT_S, CriticalSection
+from asgi_admission._admission.ledger import LedgerBusy as LedgerBusy
+from asgi_admission._admission.ledger import LedgerUnavailable as LedgerUnavailable
+from asgi_admission._admission.ledger_file import (
+    _HEADER,
+    _SLOT,
+    _UNLOCKED,
+    MAGIC,
+    Settling,
+    _probe,
+    _slot_lock,
+    _slot_offset,
+    _start_time,
+    file_problem,
+    flock_by,
+    header_problem,
+    others_live,
+)
+from asgi_admission._admission.ledger_file import FILE_NAME as FILE_NAME
+from asgi_admission._admission.ledger_file import LedgerEntry as LedgerEntry
+from asgi_admission._admission.ledger_file import read_entries as read_entries
+from asgi_admission._admission.safe_files import open_private_file
 
 logger = logging.getLogger("asgi_admission")
 
-FILE_NAME: Final = "asgi-admission.ledger"
-MAGIC: Final = b"ASGIADM1"
 #: Slots in a new file: far more worker processes than one container runs.
 DEFAULT_CAPACITY: Final = 256
 #: How often (at most) a worker checks that its ledger file is still the one at the path.
 LINK_CHECK_INTERVAL_S: Final = 0.25
-
-_HEADER: Final = struct.Struct("=8sII")  # magic, capacity, slots in use
-_SLOT: Final = struct.Struct("=qqqq")  # pid, start time (clock ticks), pending, active
-# struct flock on 64-bit Linux: short type, short whence, (pad), off_t start,
-# off_t len, pid_t pid, (pad).
-_FLOCK: Final = struct.Struct("hhqqi4x")
+#: How often a worker's heartbeat (on its event loop) checks the file without a decision.
+HEARTBEAT_S: Final = 0.25
+#: After a fault lost the other workers' rows: the longest wait for them to come back.
+SETTLE_MAX_S: Final = 2.0
+SETTING: Final = "ADMISSION_SHARED_DIR"
 
 _PENDING: Final = 0
 _ACTIVE: Final = 1
 _RELEASED: Final = 2
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    """One claimed slot of a ledger file, as :func:`read_entries` finds it."""
-
-    slot: int
-    pid: int
-    start_time: int
-    pending: int
-    active: int
-    alive: bool
-
-
-def _start_time(pid: int | str = "self") -> int:
-    """Field 22 of ``/proc/<pid>/stat``: when the process started, in clock ticks."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rpartition(b")")[2].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _slot_offset(slot: int) -> int:
-    return _HEADER.size + slot * _SLOT.size
-
-
-def _slot_lock(fd: int, slot: int, command: int, lock_type: int) -> int:
-    """``fcntl`` an OFD lock over one slot; returns the lock type the kernel reports."""
-    request = _FLOCK.pack(lock_type, os.SEEK_SET, _slot_offset(slot), _SLOT.size, 0)
-    lock_type_now: int = _FLOCK.unpack(fcntl.fcntl(fd, command, request))[0]
-    return lock_type_now
-
-
-@functools.cache
-@functools.lru_cache(maxsize=1024)
-def _probe(slot: int) -> bytes:
-    # Packed once per slot: every decision probes each busy slot's lock.
-    return _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, _slot_offset(slot), _SLOT.size, 0)
-
-
-_UNLOCKED: Final = struct.pack("h", fcntl.F_UNLCK)
-
-
-def _held(fd: int, slot: int) -> bool:
-    """Whether another open file description holds ``slot``'s lock: its worker lives."""
-    return fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot))[:2] != _UNLOCKED
-
-
-def _prepare_dir(directory: str) -> None:
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(
-            f"ADMISSION_SHARED_DIR={directory!r} cannot be used for the shared session "
-            f"ledger: {exc.strerror or exc}. Point it at a writable, memory-backed "
-            "directory shared by the workers, such as /dev/shm/asgi-admission."
-        ) from exc
 
 
 class _SharedReservation:
@@ -135,24 +88,38 @@ class _SharedReservation:
 
     def activate(self) -> None:
         ledger = self._ledger
-        with ledger:
-            if self._state == _PENDING and self._owner == ledger._pid:
-                self._state = _ACTIVE
-                ledger._pending = max(0, ledger._pending - 1)
-                ledger._active += 1
-                ledger._write_own()
+        with ledger._mem:
+            if self._state != _PENDING or self._owner != ledger._pid:
+                return
+            self._state = _ACTIVE
+            ledger._pending = max(0, ledger._pending - 1)
+            ledger._active += 1
+            if ledger._reported is not None:
+                ledger._reported += 1  # see release
+            ledger._dirty = True
+        ledger._flush()
 
     def release(self) -> None:
         ledger = self._ledger
-        with ledger:
-            if self._owner == ledger._pid:
-                if self._state == _PENDING:
-                    ledger._pending = max(0, ledger._pending - 1)
-                    ledger._write_own()
-                elif self._state == _ACTIVE:
-                    ledger._active = max(0, ledger._active - 1)
-                    ledger._write_own()
-            self._state = _RELEASED
+        with ledger._mem:
+            state, self._state = self._state, _RELEASED
+            if state == _RELEASED or self._owner != ledger._pid:
+                return
+            if state == _PENDING:
+                ledger._pending = max(0, ledger._pending - 1)
+                if ledger._reported is not None:
+                    # The app counts its own sessions and publishes them only at this
+                    # worker's decisions. Its response sent, this session is presumably
+                    # one of them now: count it as reported until the next decision
+                    # publishes the app's figure, so that the total other workers see
+                    # errs high instead of dipping below the sessions that exist.
+                    ledger._reported += 1
+            else:
+                ledger._active = max(0, ledger._active - 1)
+                if ledger._reported is not None:
+                    ledger._reported = max(0, ledger._reported - 1)
+            ledger._dirty = True
+        ledger._flush()
 
 
 class SharedLedger:
@@ -167,20 +134,28 @@ class SharedLedger:
     __slots__ = (
         "__weakref__",
         "_active",
+        "_attempt",
+        "_beating",
+        "_broken",
         "_capacity",
+        "_dirty",
         "_fd",
         "_header",
         "_lock",
+        "_locked",
+        "_mem",
         "_next_link_check",
         "_offset",
         "_pending",
         "_pid",
         "_reported",
         "_row",
+        "_settling",
         "_slot",
         "_start",
         "_used",
         "_warned",
+        "directory",
         "path",
     )
 
@@ -189,11 +164,19 @@ class SharedLedger:
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be 1 or more; got {capacity!r}.")
-        directory = os.fspath(directory)
-        _prepare_dir(directory)
-        self.path = os.path.join(directory, FILE_NAME)
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.path = os.path.join(self.directory, FILE_NAME)
         self._capacity = capacity
         self._lock = threading.Lock()
+        # Guards the in-memory counts alone, never held across I/O: releases take it
+        # from any thread without waiting for the critical section.
+        self._mem = threading.Lock()
+        self._dirty = False
+        self._beating = False
+        self._broken = False
+        self._settling = Settling(SETTLE_MAX_S)
+        self._locked = CriticalSection(functools.partial(self._enter, LOCK_WAIT_S), self._exit)
+        self._attempt = CriticalSection(functools.partial(self._enter, 0.0), self._exit)
         self._next_link_check = 0.0
         self._fd = -1
         self._slot = -1
@@ -215,77 +198,163 @@ class SharedLedger:
 
     # -- the critical section ------------------------------------------------------
 
-    def locked(self) -> SharedLedger:
-        """The critical section: this process's lock, then the file's ``flock``."""
-        return self
+    def locked(self) -> CriticalSection:
+        """The critical section, waited for at most ``LOCK_WAIT_S`` (then ``LedgerBusy``).
 
-    def __enter__(self) -> None:
-        self._lock.acquire()
+        For callers off the event loop; the middleware uses :meth:`attempt`.
+        """
+        return self._locked
+
+    def attempt(self) -> CriticalSection:
+        """The critical section if it is free right now; ``LedgerBusy`` if not."""
+        return self._attempt
+
+    def _enter(self, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        if not (self._lock.acquire(timeout=wait_s) if wait_s > 0 else self._lock.acquire(False)):
+            raise LedgerBusy("another thread of this worker holds the shared ledger")
+        flocked = False
         try:
-            fd = self._fd if self._fd >= 0 else self._open()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            now = time.monotonic()
-            if now >= self._next_link_check:
-                # Deleted or replaced under us (a tmp cleaner, an operator's rm)? The
-                # workers that open the path now would share nothing with this one.
-                # An fstat costs about 1 µs, so it is asked at most every quarter second.
-                self._next_link_check = now + LINK_CHECK_INTERVAL_S
-                if os.fstat(fd).st_nlink == 0:
-                    self._move_to_new_file(fd)
-            if self._slot < 0:
-                self._claim()
+            try:
+                fd = self._fd if self._fd >= 0 else self._open()
+            except (OSError, ValueError) as exc:
+                raise self._unavailable(exc) from exc
+            if not flock_by(fd, deadline):
+                raise LedgerBusy(
+                    f"another worker held the shared ledger {self.path} for over {wait_s:g} s"
+                )
+            flocked = True
+            try:
+                self._repair()
+            except (OSError, ValueError) as exc:
+                raise self._unavailable(exc) from exc
         except BaseException:
-            if self._fd >= 0:
+            if flocked and self._fd >= 0:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             self._lock.release()
             raise
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def _repair(self) -> None:
+        """Under the flock: follow a replaced file, claim a slot, write a dirty slot."""
+        now = time.monotonic()
+        if now >= self._next_link_check:
+            # Deleted or replaced under us (a tmp cleaner, an operator's rm)? The
+            # workers that open the path now would share nothing with this one.
+            # An fstat costs about 1 µs, so it is asked at most every quarter second.
+            self._next_link_check = now + LINK_CHECK_INTERVAL_S
+            if os.fstat(self._fd).st_nlink == 0:
+                self._move_to_new_file(self._fd)
+        if self._slot < 0:
+            self._claim()
+        elif self._dirty:
+            self._write_own()
+        self._beat()
+        if self._broken:
+            self._broken = False
+            logger.warning(
+                "asgi-admission: the shared session ledger %s is usable again; this "
+                "worker's sessions (%d pending, %d active) are counted in it.",
+                self.path,
+                self._pending,
+                self._own_active(),
+            )
+
+    def _unavailable(self, exc: BaseException) -> LedgerUnavailable:
+        if not self._broken:
+            self._broken = True
+            logger.warning(
+                "asgi-admission: the shared session ledger %s is unusable (%s); this "
+                "worker keeps its counts in memory and refuses new sessions until the "
+                "file can be opened again.",
+                self.path,
+                exc,
+            )
+        return LedgerUnavailable(f"the shared session ledger {self.path} is unusable: {exc}")
+
+    def _exit(self) -> None:
         try:
+            if self._dirty and self._fd >= 0:
+                # A release that found the lock taken (this very section) left it to us.
+                self._write_own()
             fcntl.flock(self._fd, fcntl.LOCK_UN)
+        except OSError:
+            pass  # closed by a move that failed: there is no lock left to drop
         finally:
             self._lock.release()
+
+    def _flush(self) -> None:
+        """Write this worker's slot now if the lock is free at once; else at the next
+        heartbeat or critical section. Never raises: a release must not fail."""
+        try:
+            with self._attempt:
+                pass  # entering writes the dirty slot
+        except LedgerBusy:
+            self._beat()  # LedgerUnavailable included, logged once by _unavailable
+        except Exception:
+            logger.exception("asgi-admission: writing the shared session ledger failed")
+            self._beat()
+
+    def _beat(self) -> None:
+        """Keep the heartbeat scheduled on this thread's event loop, if it has one."""
+        if self._beating:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop here: the next critical section does the heartbeat's work
+        self._beating = True
+        loop.call_later(HEARTBEAT_S, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        """Write a dirty slot, follow a deleted or replaced file and put this worker's
+        row back into a rebuilt or edited one, without waiting for a decision: other
+        workers miss this worker's sessions for at most a heartbeat."""
+        self._beating = False
+        try:
+            with self._attempt:
+                data = self._read()
+                if data is not None:
+                    self._check_own_row(data)
+        except LedgerBusy:
+            pass  # held elsewhere, or unusable (logged once): the next beat tries again
+        except Exception:
+            logger.exception("asgi-admission: the shared session ledger's heartbeat failed")
+        self._beat()
 
     # -- SessionLedger -------------------------------------------------------------
 
     def counts(self, own_active: int | None = None) -> tuple[int, int]:
         """``(active, pending)`` of every live worker; call inside ``locked()``.
 
-        With ``own_active`` (the app's own count, ``current_sessions``) this worker
-        publishes that number as its active sessions instead of the WebSockets it
-        counted itself; other workers see the value it published at its latest
-        decision, which errs high (refusing, never over-admitting) while that
-        worker's sessions end without a new decision.
+        With ``own_active`` (the app's count, ``current_sessions``) this worker
+        publishes it as its active sessions instead of its own WebSocket count;
+        others see it as of this worker's latest decision (erring high).
         """
-        if own_active is not None and own_active != self._reported:
-            self._reported = max(0, own_active)
+        with self._mem:
+            changed = own_active != self._reported
+            if changed:
+                # None: no app count, or it failed; then this worker's own count
+                # stands, as with the in-process ledger, never the app's last figure.
+                self._reported = None if own_active is None else max(0, own_active)
+        if changed:
             self._write_own()
         data = self._read()
-        active = self._active if self._reported is None else self._reported
-        pending = self._pending
+        with self._mem:
+            active = self._own_active()
+            pending = self._pending
         if data is None:
             return active, pending
         own, fd = self._slot, self._fd
-        if own >= 0 and not data.startswith(self._row, self._offset):
-            # Edited, or rebuilt (perhaps with fewer slots in use than this one).
-            self._warn_once(
-                "own",
-                "asgi-admission: this worker's slot in %s was changed by someone else; "
-                "rewriting it from the worker's own counts.",
-                self.path,
-            )
-            self._restore_own()
+        self._check_own_row(data)
         rows = _SLOT.iter_unpack(memoryview(data)[_HEADER.size :])
         for slot, (pid, _start, slot_pending, slot_active) in enumerate(rows):
             # Idle slots (most of them) cost one test; only busy ones get a liveness check.
             if not (slot_pending or slot_active) or slot == own:
                 continue
             if fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot)).startswith(_UNLOCKED):
+                if os.fstat(fd).st_nlink == 0:  # not dead: moved on to a new file
+                    self._next_link_check = 0.0  # so follow it now, and settle there
+                    raise LedgerBusy(f"the shared ledger {self.path} was replaced")
                 self._recover(slot, pid, slot_pending, slot_active)
                 continue
             if slot_pending < 0 or slot_active < 0:
@@ -303,28 +372,47 @@ class SharedLedger:
             active += slot_active
         return active, pending
 
+    def _check_own_row(self, data: bytes) -> None:
+        if self._slot >= 0 and not data.startswith(self._row, self._offset):
+            self._settling.start(self._fd, self._capacity, self._slot)
+            # Edited, or rebuilt (perhaps with fewer slots in use than this one).
+            self._warn_once(
+                "own",
+                "asgi-admission: this worker's slot in %s was changed by someone else; "
+                "rewriting it from the worker's own counts.",
+                self.path,
+            )
+            self._restore_own()
+
     def reserve(self) -> _SharedReservation:
         """A new pending reservation in this worker's slot; call inside ``locked()``."""
-        self._pending += 1
+        if not self._settling.done(self._fd, self._capacity, self._slot):
+            raise LedgerBusy(f"the shared ledger {self.path} was rebuilt; workers re-register")
+        with self._mem:
+            self._pending += 1
         self._write_own()
         return _SharedReservation(self)
+
+    def _own_active(self) -> int:
+        return self._active if self._reported is None else self._reported
 
     # -- lifecycle -----------------------------------------------------------------
 
     def close(self) -> None:
-        """Give this worker's slot back and close the file; counts held are dropped.
-
-        For shutdown and tests: a ledger used again after ``close`` reopens the file.
-        """
+        """Give this worker's slot back and close the file, dropping its counts; for
+        shutdown and tests (a ledger used again after ``close`` reopens the file)."""
         with self._lock:
-            self._pending = self._active = 0
+            with self._mem:
+                self._pending = self._active = 0
+                self._dirty = False
             self._reported = None
             fd, self._fd = self._fd, -1
             if fd < 0:
                 return
             try:
                 if self._slot >= 0:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    # Zeroing our own slot needs no flock (no one else writes a live
+                    # slot), and shutdown must not wait for another worker.
                     os.pwrite(fd, bytes(_SLOT.size), _slot_offset(self._slot))
             finally:
                 self._slot = -1
@@ -334,6 +422,8 @@ class SharedLedger:
         # The child shares the parent's open file description, and with it the
         # parent's flock and slot lock: it must open its own and count afresh.
         self._lock = threading.Lock()
+        self._mem = threading.Lock()
+        self._dirty = self._beating = False
         if self._fd >= 0:
             os.close(self._fd)
         self._fd = -1
@@ -349,26 +439,36 @@ class SharedLedger:
         """Leave a file that was unlinked for the one at ``path``; under the flock.
 
         This worker's counts move with it (claimed afresh, written by ``_claim``);
-        the other workers follow at their own next decision, each with its counts.
+        the others follow by their next heartbeat or decision, each with its counts.
         """
+        # The workers still in the old file, plus those already in the new one.
+        others = others_live(fd, self._capacity, self._slot, with_rows=False)
         logger.warning(
             "asgi-admission: the shared session ledger %s was deleted or replaced; moving "
-            "this worker's sessions (%d pending, %d active) to the file now at that path. "
-            "Workers that have not decided since are not counted until they do.",
+            "this worker's sessions (%d pending, %d active) to the file now at that path; "
+            "the other workers follow within a heartbeat.",
             self.path,
             self._pending,
-            self._active if self._reported is None else self._reported,
+            self._own_active(),
         )
         fcntl.flock(fd, fcntl.LOCK_UN)
         self._fd = -1
         self._slot = -1
         self._row = b""
         os.close(fd)  # drops this worker's slot lock in the old file
-        _prepare_dir(os.path.dirname(self.path))  # in case the directory went too
-        fcntl.flock(self._open(), fcntl.LOCK_EX)
+        # Made again if the directory went too; an error leaves _fd at -1, and the
+        # next critical section tries again.
+        new_fd = self._open()
+        self._settling.expect(others + others_live(new_fd, self._capacity, -1, with_rows=True))
+        try:
+            fcntl.flock(new_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Another worker is in the new file's critical section: ours is not
+            # exclusive there, so give up this time (the caller refuses, busy).
+            raise LedgerBusy(f"another worker holds the shared ledger {self.path}") from None
 
     def _open(self) -> int:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = open_private_file(self.directory, FILE_NAME, setting=SETTING)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -383,34 +483,16 @@ class SharedLedger:
         return fd
 
     def _check_file(self) -> None:
-        header = os.pread(self._fd, _HEADER.size, 0)
-        if not header:
-            self._rebuild(None)
-            return
-        size = os.fstat(self._fd).st_size
-        problem = self._header_problem(header)
-        if problem is None and size < _slot_offset(self._capacity):
-            problem = f"{size} bytes, shorter than its {self._capacity} slots"
+        problem = file_problem(self._fd, self._capacity)
         if problem is not None:
-            self._rebuild(problem)
-
-    def _header_problem(self, header: bytes) -> str | None:
-        if len(header) < _HEADER.size:
-            return f"a header of {len(header)} bytes"
-        magic, capacity, used = _HEADER.unpack(header)
-        if magic != MAGIC:
-            return "no ledger header"
-        if capacity != self._capacity:
-            return f"{capacity} slots where {self._capacity} were expected"
-        if used > capacity:
-            return f"{used} slots in use of {capacity}"
-        return None
+            self._rebuild(problem or None)
 
     def _rebuild(self, problem: str | None) -> None:
         if problem is not None:
+            self._settling.start(self._fd, self._capacity, self._slot)
             logger.warning(
                 "asgi-admission: the shared session ledger %s was unusable (%s); rebuilding "
-                "it. Other workers' sessions are not counted until each one decides again.",
+                "it. Each worker writes its sessions back at its next heartbeat or decision.",
                 self.path,
                 problem,
             )
@@ -421,8 +503,8 @@ class SharedLedger:
             self._restore_own()
 
     def _write_header(self, used: int) -> None:
-        os.pwrite(self._fd, _HEADER.pack(MAGIC, self._capacity, used), 0)
         self._set_used(used)
+        os.pwrite(self._fd, self._header, 0)
 
     def _set_used(self, used: int) -> None:
         self._used = used
@@ -435,7 +517,7 @@ class SharedLedger:
         data = os.pread(fd, want, 0)
         if len(data) == want and data.startswith(self._header):
             return data
-        problem = self._header_problem(data[: _HEADER.size])
+        problem = header_problem(data[: _HEADER.size], self._capacity)
         if problem is None:
             used = _HEADER.unpack_from(data)[2]
             if used != self._used:
@@ -477,18 +559,24 @@ class SharedLedger:
         )
 
     def _write_own(self) -> None:
+        """Write this worker's slot from its counts; under the flock."""
         if self._slot >= 0:
-            active = self._active if self._reported is None else self._reported
-            row = _SLOT.pack(self._pid, self._start, self._pending, active)
+            with self._mem:
+                row = _SLOT.pack(self._pid, self._start, self._pending, self._own_active())
+                self._dirty = False
             self._row = row
             os.pwrite(self._fd, row, self._offset)
 
     def _restore_own(self) -> None:
         """Write this worker's slot and make sure the header counts it as in use."""
         self._write_own()
-        if self._slot >= self._used:
-            header = os.pread(self._fd, _HEADER.size, 0)
-            self._write_header(max(self._slot + 1, _HEADER.unpack(header)[2]))
+        # The file's header, not the cached one: a worker's first claim must not
+        # trust the cache's initial guess of one slot in use.
+        used = _HEADER.unpack(os.pread(self._fd, _HEADER.size, 0))[2]
+        if self._slot >= used:
+            self._write_header(self._slot + 1)
+        else:
+            self._set_used(used)
 
     def _recover(self, slot: int, pid: int, pending: int, active: int) -> None:
         logger.warning(
@@ -510,22 +598,3 @@ def _forked(ref: weakref.ReferenceType[SharedLedger]) -> None:
     ledger = ref()
     if ledger is not None:
         ledger._after_fork()
-
-
-def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
-    """The claimed slots of the ledger file in ``directory``, with each owner's liveness.
-
-    For operators and tests; it takes no lock, so counts may be mid-update.
-    """
-    path = os.path.join(os.fspath(directory), FILE_NAME)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = os.pread(fd, os.fstat(fd).st_size, 0)
-        entries = []
-        for slot in range(max(0, len(data) - _HEADER.size) // _SLOT.size):
-            pid, start_time, pending, active = _SLOT.unpack_from(data, _slot_offset(slot))
-            if pid or pending or active:
-                entries.append(LedgerEntry(slot, pid, start_time, pending, active, _held(fd, slot)))
-        return entries
-    finally:
-        os.close(fd)

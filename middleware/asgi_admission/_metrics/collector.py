@@ -82,6 +82,7 @@ OUTCOMES: Final = (
     (False, "session_limit", "rejected", "session_limit"),
     (False, "telemetry_unavailable", "rejected", "telemetry_unavailable"),
     (False, "no_memory_limit", "rejected", "no_memory_limit"),
+    (False, "ledger_busy", "rejected", "ledger_busy"),
 )
 
 
@@ -563,6 +564,9 @@ class _LiveLedger:
 
     def locked(self) -> AbstractContextManager[object]:
         return self._ledger.locked()
+
+    def attempt(self) -> AbstractContextManager[object]:
+        return self._ledger.attempt()
 
     def counts(self, own_active: int | None = None) -> tuple[int, int]:
         return self._ledger.counts(own_active)

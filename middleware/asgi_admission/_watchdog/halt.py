@@ -11,12 +11,18 @@ Notes:
   never with ``time.sleep`` or a thread. When the watchdog stops, pending escalations
   are cancelled and kill at once, so shutdown leaves no halted process running.
 - A process that is already gone is not an error at any step.
+- Nor is one we may not signal (``PermissionError``: it changed user, or a
+  security module says no). A refused existence check (``killpg(pgid, 0)``) means
+  "cannot tell", so the escalation goes on to SIGKILL after the grace period; a
+  refused SIGTERM or SIGKILL means "cannot signal". Each is logged once per halt,
+  and the session stays marked halted until its process is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import signal
@@ -49,6 +55,8 @@ class HaltableSession(Protocol):
 
     def is_running(self) -> bool: ...
 
+
+logger = logging.getLogger("asgi_admission")
 
 DEFAULT_GRACE_S: Final = 5.0
 
@@ -89,24 +97,47 @@ HaltAction = Callable[[SessionHalt], "Awaitable[None] | None"]
 class _Target:
     """Whom to signal: a whole process group, or a list of processes."""
 
-    __slots__ = ("pgid", "processes")
+    __slots__ = ("_warned", "pgid", "processes", "session_id")
 
-    def __init__(self, pgid: int | None, processes: list[psutil.Process]) -> None:
+    def __init__(self, pgid: int | None, processes: list[psutil.Process], session_id: str) -> None:
         self.pgid = pgid
         self.processes = processes
+        self.session_id = session_id
+        self._warned: set[str] = set()
+
+    def _warn_once(self, key: str, message: str, *args: object) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message, *args)
+
+    def _cannot_signal(self, sig: int, whom: str) -> None:
+        self._warn_once(
+            "signal",
+            "asgi-admission: cannot signal session %s (%s, %s: permission denied); it stays "
+            "marked halted until its process is gone.",
+            self.session_id,
+            whom,
+            signal.Signals(sig).name,
+        )
 
     def send(self, sig: int) -> bool:
-        """Signal everyone; false when nobody was left to receive it."""
+        """Signal everyone; false when nobody was left to receive it or none could be."""
         if self.pgid is not None:
             try:
                 os.killpg(self.pgid, sig)
             except ProcessLookupError:
+                return False
+            except PermissionError:
+                self._cannot_signal(sig, f"process group {self.pgid}")
                 return False
             return True
         delivered = False
         for process in self.processes:
             try:
                 process.send_signal(sig)  # psutil refuses a pid that was reused
+            except psutil.AccessDenied:
+                self._cannot_signal(sig, f"pid {process.pid}")
+                continue
             except psutil.Error:
                 continue
             delivered = True
@@ -116,7 +147,20 @@ class _Target:
         if self.pgid is not None:
             # Signal 0 checks existence; an unreaped zombie still counts, and a
             # SIGKILL to it after the grace period is harmless.
-            return self.send(0)
+            try:
+                os.killpg(self.pgid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                # Cannot tell: assume it runs, so the SIGKILL is still tried.
+                self._warn_once(
+                    "alive",
+                    "asgi-admission: cannot tell whether session %s (process group %d) still "
+                    "runs (permission denied); sending SIGKILL after the grace period.",
+                    self.session_id,
+                    self.pgid,
+                )
+            return True
         for process in self.processes:
             with contextlib.suppress(psutil.Error):  # gone between the two calls
                 if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
@@ -133,14 +177,14 @@ def _target(session: HaltableSession) -> _Target | None:
     except ProcessLookupError:
         return None
     if pgid == pid and pgid != os.getpgrp():
-        return _Target(pgid, [])
+        return _Target(pgid, [], session.session_id)
     processes = [session.process]
     for child in session.descendant_pids:
         try:
             processes.append(psutil.Process(child))
         except psutil.Error:
             continue
-    return _Target(None, processes)
+    return _Target(None, processes, session.session_id)
 
 
 class ProcessGroupHalt:

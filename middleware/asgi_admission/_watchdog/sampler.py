@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -29,6 +29,9 @@ import psutil
 
 #: Enough for any /proc/<pid>/stat line (52 fields of at most 20 digits and a 16-byte name).
 _STAT_READ: Final = 4096
+
+#: How many ``/proc`` entries ``read_children_map`` reads between two pauses.
+PAUSE_EVERY: Final = 32
 
 #: Parent pid -> the pids of its children, for every process on the machine.
 ChildrenMap = Mapping[int, Sequence[int]]
@@ -48,14 +51,22 @@ class ProcessSample:
     at: float
 
 
-def read_children_map(proc: str = "/proc") -> dict[int, list[int]]:
-    """Map every parent pid to its children's pids by reading ``<proc>/<pid>/stat``."""
+def read_children_map(
+    proc: str = "/proc", *, pause: Callable[[], None] | None = None
+) -> dict[int, list[int]]:
+    """Map every parent pid to its children's pids by reading ``<proc>/<pid>/stat``.
+
+    ``pause`` is called after every ``PAUSE_EVERY`` processes (the watchdog's
+    thread lets the event loop's thread have the GIL there).
+    """
     children: defaultdict[int, list[int]] = defaultdict(list)
     try:
         names = os.listdir(proc)
     except OSError:
         return children
-    for name in names:
+    for index, name in enumerate(names):
+        if pause is not None and index % PAUSE_EVERY == PAUSE_EVERY - 1:
+            pause()
         if not name.isdigit():
             continue
         # os.open/os.read rather than open(): half the cost, and this runs for every

@@ -6,11 +6,12 @@ Notes:
   unregistering (or leaving the handle's ``with`` block) ends the session. Nothing
   is sampled after that, and a process that exits on its own ends its session the
   same way: it is the normal end of a session, not an error.
-- It owns no thread. ``run()`` is a task on the application's event loop, started
-  and stopped from the lifespan by ``AdmissionMiddleware(watchdog=...)``, and each
-  tick is one synchronous ``sample_once()`` that tests call directly: about 34 µs per
-  process plus one ``/proc`` scan (about 4 µs per process on the machine) when
-  descendants are counted (``bench/watchdog.md``). Without a lifespan, call
+- ``run()`` is a task on the application's event loop, started and stopped with
+  the lifespan (``lifespan.py``). Each tick measures in a thread of its own
+  (``_measure``: a ``/proc`` scan, about 4 µs per process on the machine, and
+  about 34 µs per session process), so many sessions never hold the loop; only
+  the cheap decisions (``_apply``) run on it. ``sample_once()`` does both,
+  synchronously, for tests (``bench/watchdog.md``). Without a lifespan, call
   ``await start()`` and ``await stop()`` yourself.
 - Two reasons to halt, checked every tick: a session whose RSS exceeds its own
   budget (``budget_exceeded``), and, while the container's working set is at or
@@ -34,13 +35,13 @@ import math
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 import psutil
 from prometheus_client import REGISTRY, CollectorRegistry
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission import _env
 from asgi_admission._config import AdmissionConfig
@@ -55,7 +56,7 @@ from asgi_admission._watchdog.metrics import watchdog_metrics
 from asgi_admission._watchdog.sampler import ProcessSample, ProcessTreeSampler, read_children_map
 
 if TYPE_CHECKING:
-    from starlette.requests import HTTPConnection
+    pass
 
 logger = logging.getLogger("asgi_admission")
 
@@ -63,10 +64,17 @@ DEFAULT_CRITICAL_WATERMARK_PERCENT: Final = 90.0
 DEFAULT_INTERVAL_S: Final = 0.5
 ENV_CRITICAL_WATERMARK: Final = ("ADMISSION_CRITICAL_WATERMARK_PERCENT", None)
 ENV_INTERVAL: Final = ("ADMISSION_WATCHDOG_INTERVAL_SECONDS", None)
-#: Where ``AdmissionMiddleware`` puts the watchdog in the lifespan state.
-STATE_KEY: Final = "asgi_admission.watchdog"
+#: How long the measuring thread sleeps between sessions, so the loop gets the GIL.
+GIL_PAUSE_S: Final = 0.0001
 
 _MIB: Final = 1024 * 1024
+
+
+#: A halted session that still runs, in a tick's measurements.
+_STILL: Final = "still running"
+#: One session's measurement: the session, whether it was halted, and its sample
+#: (``None``: the process has gone; ``_STILL``: halted and still running).
+_Measured = tuple["WatchedSession", bool, "ProcessSample | str | None"]
 
 
 class WatchedSession:
@@ -374,27 +382,51 @@ class SessionWatchdog:
         sessions = self.sessions
         if not sessions:
             return ()
+        return self._apply(sessions, self._measure(sessions))
+
+    def _measure(
+        self, sessions: Sequence[WatchedSession], pause: Callable[[], None] | None = None
+    ) -> list[_Measured]:
+        """The system calls of a tick, safe in a thread: each session's sample, or
+        ``None`` for a process that has gone. Changes no session.
+
+        ``pause`` is called between sessions and every few ``/proc`` entries.
+        """
         now = self._clock()
         children = (
-            read_children_map(self._proc)
+            read_children_map(self._proc, pause=pause)
             if any(s.include_children and s._halt is None for s in sessions)
             else None
         )
-        halts: list[SessionHalt] = []
+        measured: list[_Measured] = []
         for session in sessions:
+            if pause is not None:
+                pause()
             sampler = session._sampler
             assert sampler is not None  # only live sessions are in the table
-            if session._ended:  # unregistered during this tick (a callback, another thread)
+            if session._ended:
                 continue
             if session._halt is not None:
                 # Halted: only wait for it to go; its RSS no longer decides anything.
-                if not sampler.alive():
-                    self._drop(session)
+                measured.append((session, True, None if not sampler.alive() else _STILL))
                 continue
             sample = sampler.sample(children if session.include_children else None, now)
-            if sample is None:
-                self._drop(session)
+            measured.append((session, False, sample))
+        return measured
+
+    def _apply(
+        self, sessions: Sequence[WatchedSession], measured: list[_Measured]
+    ) -> tuple[SessionHalt, ...]:
+        """The decisions of a tick, on the loop: record samples, end sessions, halt."""
+        halts: list[SessionHalt] = []
+        for session, was_halted, sample in measured:
+            if session._ended:  # unregistered meanwhile (a callback, another thread)
                 continue
+            if was_halted or sample is None:
+                if sample is None:
+                    self._drop(session)
+                continue
+            assert isinstance(sample, ProcessSample)
             session._last = sample
             if session._peak is None or sample.rss_bytes > session._peak:
                 session._peak = sample.rss_bytes
@@ -524,14 +556,28 @@ class SessionWatchdog:
         return self._task is not None
 
     async def run(self) -> None:
-        """Sample every ``interval_s`` until cancelled; ``start()`` runs this as a task."""
-        while True:
-            started = self._clock()
-            try:
-                self.sample_once()
-            except Exception:
-                logger.exception("The session watchdog's tick failed; it will try again.")
-            await self._sleep(max(0.0, self.interval_s - (self._clock() - started)))
+        """Sample every ``interval_s`` until cancelled; ``start()`` runs this as a task.
+
+        The measuring runs in one thread of its own, the decisions on the loop.
+        """
+        loop = asyncio.get_running_loop()
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asgi-admission-watchdog")
+        try:
+            while True:
+                started = self._clock()
+                try:
+                    sessions = self.sessions
+                    if sessions:
+                        measured = await loop.run_in_executor(
+                            executor, self._measure, sessions, _let_the_loop_run
+                        )
+                        self._apply(sessions, measured)
+                except Exception:
+                    logger.exception("The session watchdog's tick failed; it will try again.")
+                await self._sleep(max(0.0, self.interval_s - (self._clock() - started)))
+        finally:
+            # A tick still measuring finishes in its thread; nothing waits for it.
+            executor.shutdown(wait=False, cancel_futures=True)
 
     async def start(self) -> None:
         """Start sampling on the running event loop; a no-op if already started."""
@@ -552,49 +598,11 @@ class SessionWatchdog:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
+def _let_the_loop_run() -> None:
+    # A sleep, however short, hands the GIL to the event loop's thread if it waits
+    # for it; without one, the loop could wait a whole switch interval (5 ms).
+    time.sleep(GIL_PAUSE_S)
+
+
 async def _await(awaitable: Awaitable[None]) -> None:
     await awaitable
-
-
-async def serve_lifespan(
-    watchdog: SessionWatchdog, app: ASGIApp, scope: Scope, receive: Receive, send: Send
-) -> None:
-    """Run ``app``'s lifespan with the watchdog: started just before the server hears
-    that startup completed, stopped once the app's own shutdown has completed (its
-    hooks may still end sessions), and stopped in any case when the lifespan ends.
-
-    The watchdog also goes into the lifespan state, which servers copy into every
-    request's scope, so ``session_watchdog(request)`` finds it at no per-request cost.
-    """
-    state = scope.get("state")
-    if isinstance(state, dict):
-        state[STATE_KEY] = watchdog
-
-    async def send_and_track(message: Message) -> None:
-        kind = message["type"]
-        if kind == "lifespan.startup.complete":
-            await watchdog.start()
-        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-            await watchdog.stop()
-        await send(message)
-
-    try:
-        await app(scope, receive, send_and_track)
-    finally:
-        await watchdog.stop()
-
-
-def session_watchdog(connection: HTTPConnection) -> SessionWatchdog:
-    """The watchdog ``AdmissionMiddleware(watchdog=...)`` installed, from a request or WebSocket.
-
-    Raises ``LookupError`` when there is none (no watchdog configured, or the server
-    ran without lifespan).
-    """
-    state = connection.scope.get("state")
-    watchdog = state.get(STATE_KEY) if isinstance(state, dict) else None
-    if not isinstance(watchdog, SessionWatchdog):
-        raise LookupError(
-            "No session watchdog is installed: pass watchdog=SessionWatchdog(...) to "
-            "AdmissionMiddleware and serve the app with lifespan on."
-        )
-    return watchdog

@@ -1,0 +1,56 @@
+"""``require``: what a test needs from the machine, skipped locally and failed in CI.
+
+A test that needs root, a writable cgroup v1 memory hierarchy, a tool or a free
+port to run a server may skip on a developer's laptop, but in CI (``CI=true``) a
+missing part is a broken runner, and a green run without the tests that matter
+would be a lie: there the same call fails the test, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+V1_MEMORY = Path("/sys/fs/cgroup/memory")
+
+
+def in_ci() -> bool:
+    """Whether this is a CI run (``CI`` set to ``true`` or ``1``, as CI services do)."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def require(condition: bool, why: str) -> None:
+    """Skip the calling test unless ``condition``; under ``CI=true`` fail it instead."""
+    if condition:
+        return
+    if in_ci():
+        pytest.fail(f"CI=true and this test cannot run: {why}", pytrace=False)
+    pytest.skip(why)
+
+
+def cgroup_v1_problem() -> str | None:
+    """Why memory groups cannot be made under /sys/fs/cgroup/memory here, or ``None``."""
+    if not (V1_MEMORY / "memory.limit_in_bytes").exists():
+        return f"no cgroup v1 memory hierarchy at {V1_MEMORY}"
+    if os.geteuid() != 0 or not os.access(V1_MEMORY, os.W_OK):
+        return f"needs root to create memory groups under {V1_MEMORY}"
+    return None
+
+
+def require_cgroup_v1() -> None:
+    """:func:`require` root and a writable cgroup v1 memory hierarchy."""
+    problem = cgroup_v1_problem()
+    require(problem is None, str(problem))
+
+
+def require_root(why: str) -> None:
+    """:func:`require` that the tests run as root, for ``why``."""
+    require(os.geteuid() == 0, f"needs root: {why}")
+
+
+def require_markers(item: pytest.Item) -> None:
+    """What a test's markers say it needs: ``real_cgroup``, root and cgroup v1."""
+    if item.get_closest_marker("real_cgroup") is not None:
+        require_cgroup_v1()

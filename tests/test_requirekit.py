@@ -1,0 +1,66 @@
+"""``require``: a missing machine part skips a test locally and fails it under CI=true."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import requirekit
+from requirekit import cgroup_v1_problem, require, require_cgroup_v1, require_markers
+
+
+def test_met_requirements_do_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A condition that holds neither skips nor fails, in CI or not."""
+    for value in ("true", ""):
+        monkeypatch.setenv("CI", value)
+        require(True, "never shown")
+
+
+def test_unmet_requirement_skips_locally(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without CI=true a missing part skips the test, saying why."""
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no widget here"):
+        require(False, "no widget here")
+
+
+@pytest.mark.parametrize("value", ["true", "TRUE", "1"])
+def test_unmet_requirement_fails_in_ci(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """Under CI=true the same missing part fails the test instead of skipping it."""
+    monkeypatch.setenv("CI", value)
+    with pytest.raises(pytest.fail.Exception, match="CI=true and this test cannot run: no widget"):
+        require(False, "no widget here")
+
+
+def test_a_machine_without_cgroup_v1_fails_real_cgroup_tests_in_ci(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where no v1 memory hierarchy is mounted, the real-cgroup requirement names it,
+    and fails under CI=true."""
+    monkeypatch.setattr(requirekit, "V1_MEMORY", tmp_path)
+    assert cgroup_v1_problem() == f"no cgroup v1 memory hierarchy at {tmp_path}"
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="no cgroup v1 memory hierarchy"):
+        require_cgroup_v1()
+
+
+class _Marked:
+    """Just enough of a pytest item for the setup hook: is it marked real_cgroup?"""
+
+    def __init__(self, marked: bool) -> None:
+        self.marked = marked
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if self.marked and name == "real_cgroup" else None
+
+
+def test_real_cgroup_tests_fail_in_ci_without_a_hierarchy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suite's setup hook (require_markers) fails every real_cgroup test under
+    CI=true on a machine without cgroup v1, and leaves unmarked tests alone."""
+    monkeypatch.setattr(requirekit, "V1_MEMORY", tmp_path)
+    monkeypatch.setenv("CI", "true")
+    require_markers(_Marked(False))  # type: ignore[arg-type]
+    with pytest.raises(pytest.fail.Exception, match="no cgroup v1 memory hierarchy"):
+        require_markers(_Marked(True))  # type: ignore[arg-type]

@@ -164,6 +164,9 @@ def oom_kills(group: Path) -> int:
     return 0
 
 
+PENDING_TIMEOUT_S = 5
+
+
 class Soak:
     """One soak run: the server, the load, the faults and the checks."""
 
@@ -194,6 +197,9 @@ class Soak:
             "ADMISSION_CGROUP_ROOT": str(group),
             "ADMISSION_SHARED_DIR": str(self.ledger_dir),
             "ADMISSION_SESSION_RESERVE_MB": "64",
+            # Sessions that never show their memory (abandoned, halted, refused work)
+            # are released by the pending timeout: short enough for the quiesce check.
+            "ADMISSION_PENDING_TIMEOUT_SECONDS": str(PENDING_TIMEOUT_S),
             "ADMISSION_MAX_SESSIONS": str(MAX_SESSIONS),
             "DEMO_SESSION_MB": str(SESSION_MB),
         }

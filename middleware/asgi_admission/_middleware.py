@@ -24,7 +24,6 @@ Notes:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import operator
 import time
@@ -34,13 +33,13 @@ from typing import TypeVar, get_args
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from asgi_admission._admission.decision_log import log_change
 from asgi_admission._admission.keeper import ReservationKeeper, apply, serve_with_keeper
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision
 from asgi_admission._admission.ledger import (
-    LOCK_WAIT_S,
     LedgerBusy,
-    LedgerUnavailable,
     SessionLedger,
+    when_free,
 )
 from asgi_admission._admission.observer import DecisionObserver, Kind
 from asgi_admission._admission.reserve import never_admits
@@ -356,34 +355,11 @@ class AdmissionMiddleware:
             # which falls back to the fixed session cap.
             return UNAVAILABLE
 
-    async def _when_free(self, step: Callable[[], _T]) -> _T:
-        """``step()`` (a critical section taken with ``attempt``), retried with awaits
-        while the ledger is held elsewhere; ``LedgerBusy`` after ``LOCK_WAIT_S``.
-
-        The event loop is never blocked on another worker's lock: a worker stopped
-        inside its critical section costs a refusal, not a frozen server.
-        """
-        try:
-            return step()
-        except LedgerBusy as exc:
-            if isinstance(exc, LedgerUnavailable):
-                raise
-        deadline = time.monotonic() + LOCK_WAIT_S
-        delay = 0.0005
-        while True:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.02)
-            try:
-                return step()
-            except LedgerBusy as exc:
-                if isinstance(exc, LedgerUnavailable) or time.monotonic() >= deadline:
-                    raise
-
     async def _decide(self, kind: Kind, scope: Scope | None = None) -> AdmissionTicket | Refused:
         """:meth:`_admit` without blocking the loop; a ``ledger_busy`` refusal when the
         shared ledger cannot be had in time."""
         try:
-            return await self._when_free(lambda: self._admit(kind, scope))
+            return await when_free(lambda: self._admit(kind, scope))
         except LedgerBusy as exc:
             self._note_busy(exc)
             decision = CapacityDecision(
@@ -427,9 +403,12 @@ class AdmissionMiddleware:
         # accepted WebSockets; a shared ledger adds the other workers' counts. App
         # code, so it is asked before the critical section, never inside it.
         own = None if self._current_sessions is None else self._own_count()
+        if keeper.deferred:
+            # Session events kept while another worker held the ledger count first.
+            with self._attempt:
+                caught_up = keeper.catch_up()
+            apply(caught_up)
         with self._attempt:
-            # Session events kept while another worker held the ledger come first.
-            caught_up = keeper.catch_up() if keeper.deferred else ()
             current, pending = ledger.counts(own)
             decision = self._controller.assess(current, limit, pending, read=self._safe_read)
             memory = decision.memory
@@ -445,14 +424,14 @@ class AdmissionMiddleware:
             # used for settling: a look at the exact working set is due instead.
             settled = keeper.settle_with(memory) if memory.exact else keeper.due()
             blind_changed = self._note_blind(decision)
-        if caught_up:
-            apply(caught_up)
         if settled:
             apply(settled)
         if observer is not None:
             observer.on_decision(kind, decision, time.perf_counter() - start)
         if blind_changed or decision.transition is not None:
-            self._log_change(decision, blind_changed)
+            if decision.transition == "pressured":
+                self._log_never_admits(decision.memory)
+            log_change(decision, blind_changed, self._controller, self._session_limit)
         if entry is not None:
             return AdmissionTicket(keeper, entry)
         return decision, retry_after_s, (current, pending, limit)
@@ -477,7 +456,9 @@ class AdmissionMiddleware:
         if self._observer is not None:
             self._observer.on_check(decision)
         if blind_changed or decision.transition is not None:
-            self._log_change(decision, blind_changed)
+            if decision.transition == "pressured":
+                self._log_never_admits(decision.memory)
+            log_change(decision, blind_changed, self._controller, self._session_limit)
         return decision
 
     def _note_blind(self, decision: CapacityDecision) -> bool:
@@ -486,55 +467,6 @@ class AdmissionMiddleware:
         changed = blind != self._blind
         self._blind = blind
         return changed
-
-    def _log_change(self, decision: CapacityDecision, blind_changed: bool) -> None:
-        memory = decision.memory
-        if blind_changed:
-            if decision.state == "unavailable":
-                if memory.available:
-                    # Readable, but nothing to take a percentage of: no memory limit.
-                    logger.warning(
-                        "asgi-admission: %s has no memory limit (working set %.1f MiB); "
-                        "admitting by the fixed session limit of %d until it has one.",
-                        memory.path or "the memory source",
-                        (memory.used_bytes or 0) / _MIB,
-                        self._session_limit,
-                    )
-                    return
-                logger.warning(
-                    "asgi-admission: memory telemetry lost (%s); admitting by the fixed "
-                    "session limit of %d until readings return.",
-                    memory.path or "no readable cgroup memory files",
-                    self._session_limit,
-                )
-                return
-            logger.info(
-                "asgi-admission: memory telemetry recovered: working set %.1f MiB of "
-                "%.1f MiB (%.2f%%).",
-                (memory.used_bytes or 0) / _MIB,
-                (memory.limit_bytes or 0) / _MIB,
-                memory.percent or 0.0,
-            )
-        if decision.transition == "pressured":
-            self._log_never_admits(memory)
-            logger.warning(
-                "asgi-admission: memory pressure: refusing new sessions at working set "
-                "%.1f MiB of %.1f MiB (%.2f%%; high watermark %.1f%%, reserve %.1f MiB).",
-                (memory.used_bytes or 0) / _MIB,
-                (memory.limit_bytes or 0) / _MIB,
-                memory.percent or 0.0,
-                self._controller.high_watermark_percent,
-                self._controller.reserve_for(memory.limit_bytes) / _MIB,
-            )
-        elif decision.transition == "normal":
-            logger.info(
-                "asgi-admission: memory pressure cleared: admitting sessions again at "
-                "working set %.1f MiB of %.1f MiB (%.2f%%; resume threshold %.1f%%).",
-                (memory.used_bytes or 0) / _MIB,
-                (memory.limit_bytes or 0) / _MIB,
-                memory.percent or 0.0,
-                self._controller.resume_threshold_percent,
-            )
 
     def _log_never_admits(self, memory: MemoryReading) -> None:
         # A latch that sets at the first reading of a limit may be set for good: a
@@ -637,7 +569,7 @@ class AdmissionMiddleware:
 
     async def _readiness(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            state: str = (await self._when_free(self._check)).state
+            state: str = (await when_free(self._check)).state
         except LedgerBusy as exc:
             self._note_busy(exc)
             state = "ledger_busy"

@@ -38,8 +38,13 @@ def guard(
     tmp_path: Path, ledger_dir: Path, app: App, *, max_sessions: int = 10, **options: Any
 ) -> AdmissionMiddleware:
     cgroup = write_v2_tree(tmp_path / f"cgroup{time.monotonic_ns()}", used_mb=100, limit_mb=4096)
+    # The fixture's memory never moves, so a session would stay pending until the pending
+    # timeout (docs/reservations.md): a timeout of ~0 settles each one at its response.
     config = AdmissionConfig(
-        shared_dir=str(ledger_dir), cgroup_root=str(cgroup), max_sessions=max_sessions
+        shared_dir=str(ledger_dir),
+        cgroup_root=str(cgroup),
+        max_sessions=max_sessions,
+        pending_timeout_s=1e-9,
     )
     options.setdefault("registry", None)
     return AdmissionMiddleware(app, session_routes=["POST /s"], config=config, **options)

@@ -14,15 +14,18 @@ the protocol.
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeVar
 
-_PENDING: Final = 0
-_ACTIVE: Final = 1
-_RELEASED: Final = 2
+#: A reservation's states, shared by the in-process and the shared ledger.
+PENDING: Final = 0
+ACTIVE: Final = 1
+RELEASED: Final = 2
 
 
 #: How long a session decision may wait for a shared ledger before it is refused
@@ -111,28 +114,28 @@ class _InProcessReservation:
 
     def __init__(self, ledger: InProcessLedger) -> None:
         self._ledger = ledger
-        self._state = _PENDING
+        self._state = PENDING
 
     def activate(self) -> None:
         ledger = self._ledger
         with ledger._lock:
-            if self._state == _PENDING:
-                self._state = _ACTIVE
+            if self._state == PENDING:
+                self._state = ACTIVE
                 ledger._pending -= 1
                 ledger._active += 1
 
     def release(self) -> None:
-        if self._state == _RELEASED:
+        if self._state == RELEASED:
             # Settled for good (released is final), so no lock is needed to see it:
             # the second of the middleware's release calls costs next to nothing.
             return
         ledger = self._ledger
         with ledger._lock:
-            if self._state == _PENDING:
+            if self._state == PENDING:
                 ledger._pending -= 1
-            elif self._state == _ACTIVE:
+            elif self._state == ACTIVE:
                 ledger._active -= 1
-            self._state = _RELEASED
+            self._state = RELEASED
 
 
 class InProcessLedger:
@@ -164,3 +167,30 @@ class InProcessLedger:
     def reserve(self) -> _InProcessReservation:
         self._pending += 1
         return _InProcessReservation(self)
+
+
+_T = TypeVar("_T")
+
+
+async def when_free(step: Callable[[], _T]) -> _T:
+    """``step()`` (a critical section taken with ``attempt``), retried with awaits
+    while the ledger is held elsewhere; ``LedgerBusy`` after ``LOCK_WAIT_S``.
+
+    The event loop is never blocked on another worker's lock: a worker stopped
+    inside its critical section costs a refusal, not a frozen server.
+    """
+    try:
+        return step()
+    except LedgerBusy as exc:
+        if isinstance(exc, LedgerUnavailable):
+            raise
+    deadline = time.monotonic() + LOCK_WAIT_S
+    delay = 0.0005
+    while True:
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.02)
+        try:
+            return step()
+        except LedgerBusy as exc:
+            if isinstance(exc, LedgerUnavailable) or time.monotonic() >= deadline:
+                raise

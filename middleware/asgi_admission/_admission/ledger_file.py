@@ -74,7 +74,6 @@ def _slot_lock(fd: int, slot: int, command: int, lock_type: int) -> int:
     return lock_type_now
 
 
-@functools.cache
 @functools.lru_cache(maxsize=1024)
 def _probe(slot: int) -> bytes:
     # Packed once per slot: every decision probes each busy slot's lock.

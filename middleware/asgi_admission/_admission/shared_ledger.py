@@ -38,16 +38,15 @@ import time
 import weakref
 from typing import Final
 
-from asgi_admission._admission.ledger import LOCK_WAIT_S, CriticalSection
+from asgi_admission._admission.ledger import ACTIVE, LOCK_WAIT_S, PENDING, RELEASED, CriticalSection
 from asgi_admission._admission.ledger import LedgerBusy as LedgerBusy
 from asgi_admission._admission.ledger import LedgerUnavailable as LedgerUnavailable
 from asgi_admission._admission.ledger_file import (
     _HEADER,
     _SLOT,
-    _UNLOCKED,
     MAGIC,
     Settling,
-    _probe,
+    _held,
     _slot_lock,
     _slot_offset,
     _start_time,
@@ -73,10 +72,6 @@ HEARTBEAT_S: Final = 0.25
 SETTLE_MAX_S: Final = 2.0
 SETTING: Final = "ADMISSION_SHARED_DIR"
 
-_PENDING: Final = 0
-_ACTIVE: Final = 1
-_RELEASED: Final = 2
-
 
 class _SharedReservation:
     __slots__ = ("_ledger", "_owner", "_state")
@@ -84,14 +79,14 @@ class _SharedReservation:
     def __init__(self, ledger: SharedLedger) -> None:
         self._ledger = ledger
         self._owner = ledger._pid
-        self._state = _PENDING
+        self._state = PENDING
 
     def activate(self) -> None:
         ledger = self._ledger
         with ledger._mem:
-            if self._state != _PENDING or self._owner != ledger._pid:
+            if self._state != PENDING or self._owner != ledger._pid:
                 return
-            self._state = _ACTIVE
+            self._state = ACTIVE
             ledger._pending = max(0, ledger._pending - 1)
             ledger._active += 1
             if ledger._reported is not None:
@@ -102,10 +97,10 @@ class _SharedReservation:
     def release(self) -> None:
         ledger = self._ledger
         with ledger._mem:
-            state, self._state = self._state, _RELEASED
-            if state == _RELEASED or self._owner != ledger._pid:
+            state, self._state = self._state, RELEASED
+            if state == RELEASED or self._owner != ledger._pid:
                 return
-            if state == _PENDING:
+            if state == PENDING:
                 ledger._pending = max(0, ledger._pending - 1)
                 if ledger._reported is not None:
                     # The app counts its own sessions and publishes them only at this
@@ -351,7 +346,7 @@ class SharedLedger:
             # Idle slots (most of them) cost one test; only busy ones get a liveness check.
             if not (slot_pending or slot_active) or slot == own:
                 continue
-            if fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot)).startswith(_UNLOCKED):
+            if not _held(fd, slot):
                 if os.fstat(fd).st_nlink == 0:  # not dead: moved on to a new file
                     self._next_link_check = 0.0  # so follow it now, and settle there
                     raise LedgerBusy(f"the shared ledger {self.path} was replaced")

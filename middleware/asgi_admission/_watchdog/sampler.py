@@ -20,6 +20,7 @@ Notes:
 from __future__ import annotations
 
 import os
+import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -172,3 +173,13 @@ class ProcessTreeSampler:
             processes=count,
             at=at,
         )
+
+
+#: How long the measuring thread sleeps between sessions, so the loop gets the GIL.
+GIL_PAUSE_S: Final = 0.0001
+
+
+def let_the_loop_run() -> None:
+    # A sleep, however short, hands the GIL to the event loop's thread if it waits
+    # for it; without one, the loop could wait a whole switch interval (5 ms).
+    time.sleep(GIL_PAUSE_S)

@@ -53,7 +53,12 @@ from asgi_admission._watchdog.halt import (
     SessionHalt,
 )
 from asgi_admission._watchdog.metrics import watchdog_metrics
-from asgi_admission._watchdog.sampler import ProcessSample, ProcessTreeSampler, read_children_map
+from asgi_admission._watchdog.sampler import (
+    ProcessSample,
+    ProcessTreeSampler,
+    let_the_loop_run,
+    read_children_map,
+)
 
 if TYPE_CHECKING:
     pass
@@ -64,8 +69,6 @@ DEFAULT_CRITICAL_WATERMARK_PERCENT: Final = 90.0
 DEFAULT_INTERVAL_S: Final = 0.5
 ENV_CRITICAL_WATERMARK: Final = ("ADMISSION_CRITICAL_WATERMARK_PERCENT", None)
 ENV_INTERVAL: Final = ("ADMISSION_WATCHDOG_INTERVAL_SECONDS", None)
-#: How long the measuring thread sleeps between sessions, so the loop gets the GIL.
-GIL_PAUSE_S: Final = 0.0001
 
 _MIB: Final = 1024 * 1024
 
@@ -569,7 +572,7 @@ class SessionWatchdog:
                     sessions = self.sessions
                     if sessions:
                         measured = await loop.run_in_executor(
-                            executor, self._measure, sessions, _let_the_loop_run
+                            executor, self._measure, sessions, let_the_loop_run
                         )
                         self._apply(sessions, measured)
                 except Exception:
@@ -596,12 +599,6 @@ class SessionWatchdog:
         for item in pending:
             item.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-
-
-def _let_the_loop_run() -> None:
-    # A sleep, however short, hands the GIL to the event loop's thread if it waits
-    # for it; without one, the loop could wait a whole switch interval (5 ms).
-    time.sleep(GIL_PAUSE_S)
 
 
 async def _await(awaitable: Awaitable[None]) -> None:

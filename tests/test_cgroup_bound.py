@@ -15,6 +15,9 @@ import pytest
 from asgi_admission import CgroupMemoryReader, MemoryReading
 from asgi_admission._memory import discover
 
+#: Internal on purpose: the reader's cgroup discovery (initial cgroup namespace), on fixture trees.
+INTERNAL = "the reader's cgroup discovery (initial cgroup namespace), on fixture trees"
+
 GIB = 1024**3
 
 

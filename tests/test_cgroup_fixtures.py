@@ -13,6 +13,9 @@ from asgi_admission import CgroupMemoryReader
 from asgi_admission._memory.cgroup import read_cgroup_memory
 from cgroup_trees import FIXTURES, copy_files
 
+#: Internal on purpose: the per-root reader cache behind the latch's default reader.
+INTERNAL = "the per-root reader cache behind the latch's default reader"
+
 ELASTIC = FIXTURES / "elastic-agent-system-metrics"
 
 # (fixture dir, file prefix, usage, limit, default working set, kubelet working set, source)

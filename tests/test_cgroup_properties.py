@@ -19,6 +19,9 @@ from asgi_admission._memory.parse import (
     stat_key,
 )
 
+#: Internal on purpose: the memory.stat and value parsers, property-tested on their own.
+INTERNAL = "the memory.stat and value parsers, property-tested on their own"
+
 
 def reclaimable_file_bytes(
     stat: bytes, *, reclaimable: str = "file", prefer_total: bool = False

@@ -19,6 +19,9 @@ from asgi_admission._memory.parse import parse_cgroup_memory_value, parse_pressu
 from asgi_admission._memory.reading import available_reading
 from cgroup_trees import FIXTURES, copy_files
 
+#: Internal on purpose: cgroup discovery, parsing and the reader cache, on fixture trees.
+INTERNAL = "cgroup discovery, parsing and the reader cache, on fixture trees"
+
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 V1_UNLIMITED = "9223372036854771712"

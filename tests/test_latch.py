@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 from asgi_admission import AdmissionController, CapacityDecision, MemoryReading
 from asgi_admission._memory.cgroup import read_cgroup_memory
 
+#: Internal on purpose: the latch's default reader and its rounding shortcuts.
+INTERNAL = "the latch's default reader and its rounding shortcuts"
+
 LIMIT = 1000  # bytes, so that percentages are easy to read off: used 800 is 80 %
 
 

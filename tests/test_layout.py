@@ -100,3 +100,24 @@ def test_importing_the_package_loads_no_web_framework_or_demo() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_tests_that_reach_into_private_modules_say_so() -> None:
+    """A test module that imports a private module names the internal it is about
+    (``INTERNAL = "..."``); everything else goes through the public API."""
+    tests = Path(__file__).parent
+    unmarked = []
+    for path in sorted(tests.rglob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        private = any(
+            isinstance(node, ast.ImportFrom) and (node.module or "").startswith("asgi_admission._")
+            for node in ast.walk(tree)
+        )
+        named = any(
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "INTERNAL" for t in node.targets)
+            for node in tree.body
+        )
+        if private and not named:
+            unmarked.append(str(path.relative_to(tests)))
+    assert unmarked == []

@@ -19,6 +19,9 @@ from asgi_admission._admission.shared_files import LearnedStore
 from asgi_admission.cli import probe as probe_module
 from cgroup_trees import FIXTURES, copy_files
 
+#: Internal on purpose: the probe command's module, called in-process as well as run.
+INTERNAL = "the probe command's module, called in-process as well as run"
+
 ELASTIC = FIXTURES / "elastic-agent-system-metrics"
 NULLABLE_INT = {"type": ["integer", "null"]}
 NULLABLE_STR = {"type": ["string", "null"]}

@@ -23,6 +23,9 @@ from asgi_admission._admission import shared_ledger
 from asgi_admission._admission.ledger import LedgerBusy
 from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger, read_entries
 
+#: Internal on purpose: the shared ledger's file and timings, faulted on purpose.
+INTERNAL = "the shared ledger's file and timings, faulted on purpose"
+
 App = Callable[[Any, Any, Any], Any]
 
 

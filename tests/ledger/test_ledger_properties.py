@@ -12,6 +12,9 @@ from ledgerkit import SPAWN, random_worker
 from asgi_admission._admission.ledger import InProcessLedger, Reservation
 from asgi_admission._admission.shared_ledger import SharedLedger, read_entries
 
+#: Internal on purpose: the shared ledger's file format and recovery, below the middleware.
+INTERNAL = "the shared ledger's file format and recovery, below the middleware"
+
 # (ledger index, operation, which held reservation); indexes are taken modulo what exists.
 OPERATIONS = st.lists(
     st.tuples(

@@ -15,6 +15,9 @@ from ledgerkit import Workers, burst, wait_for, write_v2_tree
 
 from asgi_admission._admission.shared_ledger import SharedLedger, read_entries
 
+#: Internal on purpose: the shared ledger's file, read to check what the workers counted.
+INTERNAL = "the shared ledger's file, read to check what the workers counted"
+
 pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 WORKERS = 4

@@ -18,6 +18,9 @@ from asgi_admission._admission.safe_files import (
 from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger
 from requirekit import require_root
 
+#: Internal on purpose: the safe opener for files in the shared directory.
+INTERNAL = "the safe opener for files in the shared directory"
+
 NOBODY = 65534
 
 

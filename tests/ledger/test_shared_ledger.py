@@ -28,6 +28,9 @@ from asgi_admission._admission.shared_ledger import (
     read_entries,
 )
 
+#: Internal on purpose: the shared ledger's file format, locks and recovery.
+INTERNAL = "the shared ledger's file format, locks and recovery"
+
 SLOT = struct.Struct("=qqqq")
 HEADER_SIZE = 16
 

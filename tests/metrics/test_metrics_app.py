@@ -17,6 +17,9 @@ from asgi_admission import metrics_app, metrics_route, serving_metrics
 from asgi_admission._metrics.serving import start_metrics_server
 from asgi_admission.demo import metrics_port_from_env
 
+#: Internal on purpose: the metrics renderer and the separate-port server below serving_metrics.
+INTERNAL = "the metrics renderer and the separate-port server below serving_metrics"
+
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 

@@ -17,6 +17,9 @@ from starlette.routing import Route
 from asgi_admission import AdmissionMiddleware
 from asgi_admission._cors import cors_inside
 
+#: Internal on purpose: the walk down the app chain that finds CORSMiddleware.
+INTERNAL = "the walk down the app chain that finds CORSMiddleware"
+
 PAGE = "http://127.0.0.1:9"
 CORS_OPTIONS: dict[str, Any] = {"allow_origins": [PAGE], "expose_headers": ["Retry-After"]}
 

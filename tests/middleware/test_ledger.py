@@ -12,6 +12,9 @@ from asgi_admission._admission.ledger import InProcessLedger
 from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger
 from asgi_admission._factory import build_ledger
 
+#: Internal on purpose: the ledger the factory builds for a configuration.
+INTERNAL = "the ledger the factory builds for a configuration"
+
 
 def test_reserve_activate_release_counts() -> None:
     """A reservation is pending, then active, then gone; repeated calls change nothing."""

@@ -6,6 +6,9 @@ import pytest
 
 from asgi_admission._routes import RouteMatcher
 
+#: Internal on purpose: the route matcher's compiled tables.
+INTERNAL = "the route matcher's compiled tables"
+
 
 def http(method: str, path: str) -> dict[str, object]:
     return {"type": "http", "method": method, "path": path}

@@ -16,6 +16,9 @@ from asgi_admission._admission.keeper import ReservationKeeper, apply
 from asgi_admission._admission.ledger import InProcessLedger, LedgerBusy
 from asgi_admission._memory.reading import UNAVAILABLE
 
+#: Internal on purpose: the reservation keeper, as a unit below the middleware.
+INTERNAL = "the reservation keeper, as a unit below the middleware"
+
 
 class Memory:
     """A reading the test sets; ``None`` is an unavailable one."""

@@ -15,6 +15,9 @@ from asgi_admission._admission.learning import (
     percentile,
 )
 
+#: Internal on purpose: the session learner, on synthetic readings.
+INTERNAL = "the session learner, on synthetic readings"
+
 ROUTE = "POST /sessions"
 
 

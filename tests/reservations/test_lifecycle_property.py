@@ -23,6 +23,9 @@ from reskit import MIB, apply, counts
 from asgi_admission._admission.ledger import InProcessLedger, Reservation
 from asgi_admission._admission.settling import VISIBLE_FRACTION, Settlement, Settler
 
+#: Internal on purpose: the settler and keeper, driven through random lifecycles.
+INTERNAL = "the settler and keeper, driven through random lifecycles"
+
 R = 100 * MIB
 SESSIONS = 250
 EXAMPLES = 40

@@ -15,6 +15,9 @@ from asgi_admission._admission.settling import (
     Settler,
 )
 
+#: Internal on purpose: the settler's attribution, on tables of readings.
+INTERNAL = "the settler's attribution, on tables of readings"
+
 R = 100 * MIB
 
 

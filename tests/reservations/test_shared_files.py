@@ -19,6 +19,9 @@ from asgi_admission._admission.shared_files import (
     read_learned,
 )
 
+#: Internal on purpose: the files the workers share for settling and learning.
+INTERNAL = "the files the workers share for settling and learning"
+
 
 def test_a_new_file_is_private(tmp_path: Path) -> None:
     """Files are created 0600."""

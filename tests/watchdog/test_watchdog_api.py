@@ -12,11 +12,19 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 from watchdogkit import MIB, FixedReader, Recorder, Spawn
 
-from asgi_admission import AdmissionConfig, CgroupMemoryReader, HostMemoryReader
-from asgi_admission._watchdog.halt import ProcessGroupHalt, SessionHalt
-from asgi_admission._watchdog.lifespan import session_watchdog
+from asgi_admission import (
+    AdmissionConfig,
+    CgroupMemoryReader,
+    HostMemoryReader,
+    ProcessGroupHalt,
+    SessionHalt,
+    SessionWatchdog,
+    session_watchdog,
+)
 from asgi_admission._watchdog.metrics import SESSION_MEMORY_BUCKETS, watchdog_metrics
-from asgi_admission._watchdog.watchdog import SessionWatchdog
+
+#: Internal on purpose: the watchdog's per-registry metrics cache.
+INTERNAL = "the watchdog's per-registry metrics cache"
 
 
 @pytest.mark.parametrize(

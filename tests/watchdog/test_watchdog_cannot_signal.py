@@ -16,6 +16,9 @@ from watchdogkit import MIB, FixedReader, Spawn
 from asgi_admission import AdmissionConfig, ProcessGroupHalt, SessionWatchdog
 from asgi_admission._watchdog import halt as halt_module
 
+#: Internal on purpose: the halt's handling of refused signals.
+INTERNAL = "the halt's handling of refused signals"
+
 
 def refusing(refused: Callable[[int], bool]) -> Callable[[int, int], None]:
     """``os.killpg`` as the kernel answers it when the group's owner is another user."""

@@ -13,9 +13,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from watchdogkit import MIB, FixedReader, Recorder, Spawn, reading
 
-from asgi_admission import AdmissionConfig, MemoryReading
-from asgi_admission._watchdog.halt import ProcessGroupHalt, SessionHalt
-from asgi_admission._watchdog.watchdog import SessionWatchdog
+from asgi_admission import (
+    AdmissionConfig,
+    MemoryReading,
+    ProcessGroupHalt,
+    SessionHalt,
+    SessionWatchdog,
+)
 
 
 def _watchdog(

@@ -13,6 +13,9 @@ from watchdogkit import MIB, FixedReader, Spawn
 from asgi_admission import AdmissionConfig, SessionWatchdog
 from asgi_admission._watchdog.sampler import ProcessTreeSampler
 
+#: Internal on purpose: the watchdog's measuring thread.
+INTERNAL = "the watchdog's measuring thread"
+
 
 @pytest.mark.anyio
 async def test_sampling_runs_off_the_loop_and_halts_on_it(

@@ -11,6 +11,9 @@ from watchdogkit import MIB, Spawn, vm_rss_bytes
 
 from asgi_admission._watchdog.sampler import ProcessTreeSampler, read_children_map
 
+#: Internal on purpose: the process-tree sampler.
+INTERNAL = "the process-tree sampler"
+
 TOLERANCE = 4 * MIB
 
 

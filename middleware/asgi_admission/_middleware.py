@@ -179,9 +179,7 @@ class AdmissionMiddleware:
         self._never_admits_logged = False
         # Metrics on ``registry`` (None: none); an explicit ``observer`` is told as well.
         self._observer: DecisionObserver | None
-        self._observer, self._ledger = instrument(
-            self, self._ledger, registry=registry, observer=observer
-        )
+        self._observer = instrument(self, self._ledger, registry=registry, observer=observer)
         # Asked once for the decision path: the ledger's critical section (the same
         # reusable context manager every time) and the never-raising reader. Without
         # an observer (no metrics, no observer=) the clock is not read either.

@@ -108,6 +108,10 @@ class SessionLedger(Protocol):
         """A new pending reservation; call inside ``locked()``."""
         ...
 
+    #: Called after any of this process's reservations is activated or released,
+    #: outside the critical section (the multiprocess metrics republish the counts).
+    on_change: Callable[[], None] | None
+
 
 class _InProcessReservation:
     __slots__ = ("_ledger", "_state")
@@ -119,10 +123,13 @@ class _InProcessReservation:
     def activate(self) -> None:
         ledger = self._ledger
         with ledger._lock:
-            if self._state == PENDING:
-                self._state = ACTIVE
-                ledger._pending -= 1
-                ledger._active += 1
+            if self._state != PENDING:
+                return
+            self._state = ACTIVE
+            ledger._pending -= 1
+            ledger._active += 1
+        if ledger.on_change is not None:
+            ledger.on_change()
 
     def release(self) -> None:
         if self._state == RELEASED:
@@ -135,7 +142,11 @@ class _InProcessReservation:
                 ledger._pending -= 1
             elif self._state == ACTIVE:
                 ledger._active -= 1
+            else:
+                return
             self._state = RELEASED
+        if ledger.on_change is not None:
+            ledger.on_change()
 
 
 class InProcessLedger:
@@ -146,12 +157,14 @@ class InProcessLedger:
     another thread may share the middleware.
     """
 
-    __slots__ = ("_active", "_lock", "_pending")
+    __slots__ = ("_active", "_lock", "_pending", "on_change")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active = 0
         self._pending = 0
+        #: Called after a reservation's activation or release, outside the lock.
+        self.on_change: Callable[[], None] | None = None
 
     def locked(self) -> threading.Lock:
         return self._lock

@@ -36,6 +36,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Final
 
 from asgi_admission._admission.ledger import ACTIVE, LOCK_WAIT_S, PENDING, RELEASED, CriticalSection
@@ -93,6 +94,8 @@ class _SharedReservation:
                 ledger._reported += 1  # see release
             ledger._dirty = True
         ledger._flush()
+        if ledger.on_change is not None:
+            ledger.on_change()
 
     def release(self) -> None:
         ledger = self._ledger
@@ -115,6 +118,8 @@ class _SharedReservation:
                     ledger._reported = max(0, ledger._reported - 1)
             ledger._dirty = True
         ledger._flush()
+        if ledger.on_change is not None:
+            ledger.on_change()
 
 
 class SharedLedger:
@@ -151,6 +156,7 @@ class SharedLedger:
         "_used",
         "_warned",
         "directory",
+        "on_change",
         "path",
     )
 
@@ -166,6 +172,8 @@ class SharedLedger:
         # Guards the in-memory counts alone, never held across I/O: releases take it
         # from any thread without waiting for the critical section.
         self._mem = threading.Lock()
+        #: Called after a reservation's activation or release, outside the lock.
+        self.on_change: Callable[[], None] | None = None
         self._dirty = False
         self._beating = False
         self._broken = False

@@ -40,7 +40,6 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from functools import cache
 from typing import Final
 
@@ -48,7 +47,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision, has_no_limit
-from asgi_admission._admission.ledger import Reservation, SessionLedger
+from asgi_admission._admission.ledger import SessionLedger
 from asgi_admission._admission.observer import AdmissionView, DecisionObserver, Kind
 from asgi_admission._memory.reading import MemoryReading
 
@@ -537,65 +536,27 @@ class _LiveSessions:
         self._metrics.on_check(decision)
 
 
-class _LiveReservation:
-    __slots__ = ("_publish", "_reservation")
-
-    def __init__(self, reservation: Reservation, publish: Callable[[], None]) -> None:
-        self._reservation = reservation
-        self._publish = publish
-
-    def activate(self) -> None:
-        self._reservation.activate()
-        self._publish()
-
-    def release(self) -> None:
-        self._reservation.release()
-        self._publish()
-
-
-class _LiveLedger:
-    """A ``SessionLedger`` whose reservations republish the counts when they change."""
-
-    __slots__ = ("_ledger", "_publish")
-
-    def __init__(self, ledger: SessionLedger, publish: Callable[[], None]) -> None:
-        self._ledger = ledger
-        self._publish = publish
-
-    def locked(self) -> AbstractContextManager[object]:
-        return self._ledger.locked()
-
-    def attempt(self) -> AbstractContextManager[object]:
-        return self._ledger.attempt()
-
-    def counts(self, own_active: int | None = None) -> tuple[int, int]:
-        return self._ledger.counts(own_active)
-
-    def reserve(self) -> Reservation:
-        return _LiveReservation(self._ledger.reserve(), self._publish)
-
-
 def instrument(
     view: AdmissionView,
     ledger: SessionLedger,
     *,
     registry: CollectorRegistry | None = REGISTRY,
     observer: DecisionObserver | None = None,
-) -> tuple[DecisionObserver | None, SessionLedger]:
-    """The observer and ledger a guard should use to export its metrics on ``registry``.
+) -> DecisionObserver | None:
+    """The observer a guard should tell of its decisions to export its metrics on ``registry``.
 
     ``registry=None`` exports nothing: no observer (``None``) unless one is given.
     An explicit ``observer`` is told of every decision as well as the metrics (after
     them), so passing one never switches metrics off. In multiprocess mode the
-    ledger comes back wrapped so that the ``livesum`` session gauge follows
-    activations and releases.
+    ledger's ``on_change`` republishes the ``livesum`` session gauge after every
+    activation and release.
     """
     metrics = admission_metrics(view, registry=registry)
     chosen: DecisionObserver | None = metrics
     if metrics is not None and metrics.live_sessions:
         live = _LiveSessions(metrics, view)
         chosen = live
-        ledger = _LiveLedger(ledger, live.publish)
+        ledger.on_change = live.publish
     if observer is not None:
         chosen = observer if chosen is None else _Both(chosen, observer)
-    return chosen, ledger
+    return chosen

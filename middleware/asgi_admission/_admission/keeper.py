@@ -68,8 +68,10 @@ logger = logging.getLogger("asgi_admission")
 SAMPLE_INTERVAL_S: Final = 0.25
 #: How often a worker takes in what the other workers learned.
 SHARED_REFRESH_S: Final = 2.0
-#: A learned ramp time is stretched this much before it settles a reservation.
-RAMP_MARGIN: Final = 1.25
+#: A learned ramp time is stretched this much before it settles a reservation: under
+#: CPU contention a burst ramps slower than the sessions it was learned from, and a
+#: reservation held a little long costs less than one released before its memory.
+RAMP_MARGIN: Final = 2.0
 _ROUTE_CACHE: Final = 1024
 
 

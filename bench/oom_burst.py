@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from benchkit import free_port, stop_process_group
+from benchkit import free_port, memory_group, oom_kills, stop_process_group, working_set_bytes
 
 MIB = 1024 * 1024
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -86,30 +86,6 @@ class BurstResult:
 
 
 @contextlib.contextmanager
-def memory_group(limit_mb: int) -> Iterator[Path]:
-    """A fresh v1 memory group with a hard limit; removed (after its tasks die) on exit."""
-    group = V1_MEMORY / f"asgi-admission-burst-{os.getpid()}-{time.monotonic_ns()}"
-    group.mkdir()
-    try:
-        (group / "memory.limit_in_bytes").write_text(str(limit_mb * MIB))
-        yield group
-    finally:
-        for _ in range(50):
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
-
-
-def working_set_bytes(group: Path) -> int:
-    usage = int((group / "memory.usage_in_bytes").read_text())
-    stats = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
-    cache = int(stats.get("total_inactive_file", 0)) + int(stats.get("total_active_file", 0))
-    return max(0, usage - cache)
-
-
-@contextlib.contextmanager
 def sampling(group: Path, interval_s: float | None) -> Iterator[list[tuple[float, int]]]:
     """The group's working set every ``interval_s`` from a thread while the block runs."""
     samples: list[tuple[float, int]] = []
@@ -132,14 +108,6 @@ def sampling(group: Path, interval_s: float | None) -> Iterator[list[tuple[float
     finally:
         stop.set()
         thread.join()
-
-
-def oom_kills(group: Path) -> int:
-    for line in (group / "memory.oom_control").read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    return 0
 
 
 def _wait_healthy(base_url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
@@ -179,7 +147,7 @@ def run_burst(
     """Serve the demo in a fresh memory group, fire the burst, and report what happened."""
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    with memory_group(limit_mb) as group, tempfile.TemporaryFile() as log:
+    with memory_group(limit_mb, "burst", swap_too=False) as group, tempfile.TemporaryFile() as log:
         env = {
             **os.environ,
             "ADMISSION_CGROUP_ROOT": str(group),

@@ -40,14 +40,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import httpx
 
-from benchkit import free_port, stop_process_group
+from benchkit import free_port, memory_group, oom_kills, stop_process_group, working_set_bytes
 
 MIB = 1024 * 1024
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -68,49 +67,11 @@ def available() -> bool:
     )
 
 
-@contextlib.contextmanager
-def memory_group(limit_mb: int, tag: str) -> Iterator[Path]:
-    """A fresh v1 memory group (no swap either); its tasks killed and it removed on exit."""
-    group = V1_MEMORY / f"asgi-admission-ramp-{tag}-{os.getpid()}-{time.monotonic_ns()}"
-    group.mkdir()
-    try:
-        (group / "memory.limit_in_bytes").write_text(str(limit_mb * MIB))
-        swap = group / "memory.memsw.limit_in_bytes"
-        if swap.exists():
-            swap.write_text(str(limit_mb * MIB))
-        yield group
-    finally:
-        for _ in range(100):
-            for pid in (group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), 9)
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
-
-
-def working_set_bytes(group: Path) -> int:
-    usage = int((group / "memory.usage_in_bytes").read_text())
-    stats = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
-    cache = int(stats.get("total_inactive_file", 0)) + int(stats.get("total_active_file", 0))
-    return max(0, usage - cache)
-
-
-def oom_kills(group: Path) -> int:
-    for line in (group / "memory.oom_control").read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    return 0
-
-
 def session_footprint(hold_mb: int) -> int:
     """What one session's child adds to a memory group's working set, measured."""
     from asgi_admission.demo.processes import CHILD_SCRIPT
 
-    with memory_group(4096, "probe") as group:
+    with memory_group(4096, "ramp_probe") as group:
         before = working_set_bytes(group)
         with subprocess.Popen(
             [
@@ -287,7 +248,7 @@ def run_ramp_burst(
     if mode == "ticket":
         params["ticket"] = 1
     with (
-        memory_group(limit_mb, mode) as group,
+        memory_group(limit_mb, f"ramp_{mode}") as group,
         tempfile.TemporaryFile() as log,
         tempfile.TemporaryDirectory() as tmp,
     ):

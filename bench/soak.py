@@ -49,7 +49,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +59,7 @@ import websockets
 
 from asgi_admission._admission.ledger_file import FILE_NAME, header_problem, read_entries
 from asgi_admission._admission.shared_ledger import DEFAULT_CAPACITY
-from benchkit import free_port, stop_process_group
+from benchkit import free_port, memory_group, oom_kills, stop_process_group
 
 MIB = 1024 * 1024
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -131,37 +130,6 @@ class SoakResult:
     health_p99_ms: float = 0.0
     health_worst_ms: float = 0.0
     violations: list[str] = field(default_factory=list)
-
-
-@contextlib.contextmanager
-def memory_group(limit_mb: int) -> Iterator[Path]:
-    """A fresh v1 memory group named after this process; its tasks killed and it removed."""
-    group = V1_MEMORY / f"asgi_admission_soak_{os.getpid()}_{time.monotonic_ns()}"
-    group.mkdir()
-    try:
-        (group / "memory.limit_in_bytes").write_text(str(limit_mb * MIB))
-        swap = group / "memory.memsw.limit_in_bytes"
-        if swap.exists():
-            swap.write_text(str(limit_mb * MIB))
-        yield group
-    finally:
-        for pid in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-        for _ in range(200):
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.05)
-
-
-def oom_kills(group: Path) -> int:
-    for line in (group / "memory.oom_control").read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    return 0
 
 
 PENDING_TIMEOUT_S = 5
@@ -657,7 +625,7 @@ class Soak:
             violations.append("the load never both admitted and refused a session")
 
     def run(self) -> SoakResult:
-        with memory_group(LIMIT_MB) as group:
+        with memory_group(LIMIT_MB, "soak") as group:
             oom_before = oom_kills(group)
             self.start_server(group)
             try:

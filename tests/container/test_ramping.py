@@ -19,6 +19,8 @@ import httpx
 import pytest
 from containerkit import MIB, Container, inspect, running
 
+from cgroupkit import working_set_bytes
+
 pytestmark = [pytest.mark.container, pytest.mark.usefixtures("podman_ready")]
 
 MEMORY_V1 = Path("/sys/fs/cgroup/memory")
@@ -41,12 +43,8 @@ def env(reserve_mb: int) -> dict[str, str]:
 
 
 def working_set(container: Container) -> int:
-    """The container group's working set: usage less file cache, as bench/ramp_burst.py."""
-    group = MEMORY_V1 / inspect(container.name)["State"]["CgroupPath"].lstrip("/")
-    usage = int((group / "memory.usage_in_bytes").read_text())
-    stats = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
-    cache = int(stats.get("total_inactive_file", 0)) + int(stats.get("total_active_file", 0))
-    return max(0, usage - cache)
+    """The container group's working set: usage less file cache, as the guard counts it."""
+    return working_set_bytes(MEMORY_V1 / inspect(container.name)["State"]["CgroupPath"].lstrip("/"))
 
 
 def session_footprint() -> int:

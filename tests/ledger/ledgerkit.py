@@ -7,11 +7,10 @@ import contextlib
 import multiprocessing
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from multiprocessing.synchronize import Barrier, Event
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,8 @@ import psutil
 from asgi_admission._admission.ledger import Reservation
 from asgi_admission._admission.shared_ledger import SharedLedger
 from cgroup_trees import write_v2_tree as write_v2_tree
+from cgroupkit import memory_group as _memory_group
+from cgroupkit import oom_kills as oom_kills
 from processkit import free_port, stop_process_group
 
 __all__ = [
@@ -200,32 +201,6 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
-@contextlib.contextmanager
-def memory_group(limit_mb: int) -> Iterator[Path]:
-    """A fresh cgroup v1 memory group with ``limit_mb`` and no swap; removed afterwards."""
-    group = V1_MOUNT / f"asgi_admission_ledger_{os.getpid()}_{time.monotonic_ns()}"
-    group.mkdir()
-    try:
-        (group / "memory.limit_in_bytes").write_text(str(limit_mb * MIB))
-        swap = group / "memory.memsw.limit_in_bytes"
-        if swap.exists():
-            swap.write_text(str(limit_mb * MIB))
-        yield group
-    finally:
-        for pid in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-        for _ in range(100):
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.05)
-
-
-def oom_kills(group: Path) -> int:
-    for line in (group / "memory.oom_control").read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    raise AssertionError(f"{group}: no oom_kill count in memory.oom_control")
+def memory_group(limit_mb: int) -> contextlib.AbstractContextManager[Path]:
+    """A fresh memory group for the ledger's OOM tests (see cgroupkit)."""
+    return _memory_group(limit_mb, "ledger")

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cgroupkit import oom_kills
 from processkit import free_port, stop_process_group
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -50,14 +51,6 @@ def group() -> Iterator[Path]:
                 break
             except OSError:
                 time.sleep(0.1)
-
-
-def oom_kills(group: Path) -> int:
-    for line in (group / "memory.oom_control").read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    return 0
 
 
 @contextlib.contextmanager

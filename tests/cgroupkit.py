@@ -1,0 +1,57 @@
+"""Real cgroup v1 memory groups for the tests and benches that need the kernel's own
+counters: make one, read its working set and OOM kills, and always remove it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+V1_MEMORY = Path("/sys/fs/cgroup/memory")
+MIB = 1024 * 1024
+
+
+@contextlib.contextmanager
+def memory_group(limit_mb: int, name: str, *, swap_too: bool = True) -> Iterator[Path]:
+    """A fresh v1 memory group ``asgi_admission_<name>_<pid>_<ns>`` limited to
+    ``limit_mb`` (and its swap too, where the kernel counts swap, unless ``swap_too``
+    is false); on exit its tasks are killed and it is removed, even after a failure."""
+    group = V1_MEMORY / f"asgi_admission_{name}_{os.getpid()}_{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit_mb * MIB))
+        swap = group / "memory.memsw.limit_in_bytes"
+        if swap_too and swap.exists():
+            swap.write_text(str(limit_mb * MIB))
+        yield group
+    finally:
+        for _ in range(200):
+            with contextlib.suppress(OSError):
+                for pid in (group / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+def working_set_bytes(group: Path) -> int:
+    """The group's usage less its file cache, as the guard computes it."""
+    usage = int((group / "memory.usage_in_bytes").read_text())
+    stats = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+    cache = int(stats.get("total_inactive_file", 0)) + int(stats.get("total_active_file", 0))
+    return max(0, usage - cache)
+
+
+def oom_kills(group: Path) -> int:
+    """How many processes the kernel's OOM killer has killed in ``group``."""
+    for line in (group / "memory.oom_control").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    raise AssertionError(f"{group}: no oom_kill count in memory.oom_control")

@@ -273,7 +273,10 @@ class AdmissionMiddleware:
         A session whose response has ended is in the app's own count already and
         still pending until it settles: it is counted once, as pending.
         """
-        count = self._app_count()
+        return self._less_waiting(self._app_count())
+
+    def _less_waiting(self, count: int | None) -> int | None:
+        """The app's ``count`` less its sessions still pending past their response."""
         if count is None:
             return None
         return max(0, count - self._keeper.settler.past_response)
@@ -390,22 +393,21 @@ class AdmissionMiddleware:
         ledger = self._ledger
         keeper = self._keeper
         limit = self._session_limit
-        if keeper.settler.waiting and self._current_sessions is not None:
-            # The app counts fewer sessions than are waiting to settle: some ended.
-            count = self._app_count()
-            if count is not None and count < keeper.settler.past_response:
-                with self._attempt:
-                    ended = keeper.settler.counted(count)
-                apply(ended)
         # The app's own count (current_sessions) replaces the ledger's count of
         # accepted WebSockets; a shared ledger adds the other workers' counts. App
-        # code, so it is asked before the critical section, never inside it.
-        own = None if self._current_sessions is None else self._own_count()
+        # code, so it is asked once, before the critical section, never inside it.
+        count = None if self._current_sessions is None else self._app_count()
+        if count is not None and keeper.settler.waiting and count < keeper.settler.past_response:
+            # The app counts fewer sessions than are waiting to settle: some ended.
+            with self._attempt:
+                ended = keeper.settler.counted(count)
+            apply(ended)
         if keeper.deferred:
             # Session events kept while another worker held the ledger count first.
             with self._attempt:
                 caught_up = keeper.catch_up()
             apply(caught_up)
+        own = self._less_waiting(count)
         with self._attempt:
             current, pending = ledger.counts(own)
             decision = self._controller.assess(current, limit, pending, read=self._safe_read)

@@ -84,6 +84,18 @@ ALLOWED_STATUSES = frozenset({200, 201, 204, 404, 503})
 GROWN = frozenset({200, 404, 409, 410})
 
 
+def traceback_summaries(log: str, limit: int = 3) -> list[str]:
+    """The last frame and the exception line of the first ``limit`` tracebacks in ``log``,
+    so a failed run (in CI, where the log is gone) still says what raised where."""
+    summaries = []
+    for block in log.split("Traceback (most recent call last):")[1 : limit + 1]:
+        lines = [line.rstrip() for line in block.splitlines() if line.strip()]
+        frames = [line.strip() for line in lines if line.lstrip().startswith("File ")]
+        ending = next((line for line in lines if not line.startswith((" ", "\t"))), "?")
+        summaries.append(f"{frames[-1] if frames else '?'}: {ending}")
+    return summaries
+
+
 def available() -> str | None:
     """Why the soak cannot run here, or ``None``."""
     if not (V1_MEMORY / "memory.limit_in_bytes").is_file():
@@ -613,7 +625,10 @@ class Soak:
         if result.health_p99_ms > HEALTH_P99_BUDGET_S * 1e3:
             violations.append(f"/health p99 {result.health_p99_ms:.0f} ms over 1 s")
         if result.tracebacks:
-            violations.append(f"{result.tracebacks} tracebacks in the server log {self.log_path}")
+            violations.append(
+                f"{result.tracebacks} tracebacks in the server log {self.log_path}: "
+                + " | ".join(traceback_summaries(log))
+            )
         if result.oom_kills:
             violations.append(f"{result.oom_kills} OOM kills in the memory group")
         if result.leaked_pending or result.leaked_active:

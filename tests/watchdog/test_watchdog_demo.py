@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -14,6 +16,7 @@ from watchdogkit import MIB, FixedReader, TestClient, reading
 
 from asgi_admission import AdmissionController, SessionWatchdog
 from asgi_admission.demo import create_app
+from asgi_admission.demo.processes import CHILD_SCRIPT
 
 
 def _poll(client: TestClient, path: str, done: Any, timeout: float = 10.0) -> dict[str, Any]:
@@ -121,3 +124,24 @@ def test_bad_parameters_are_422(params: dict[str, int]) -> None:
     app = create_app(session_mb=0, guarded=False, registry=None)
     with TestClient(app) as client:
         assert client.post("/processes", params=params).status_code == 422
+
+
+def test_a_child_whose_worker_is_gone_exits_quietly() -> None:
+    """A process session's child answering a worker that was killed (its pipe closed)
+    exits with status 0 and no BrokenPipeError traceback in the server's log."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD_SCRIPT, "1", "1", "0", "0"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdin is not None
+    assert child.stdout is not None
+    assert child.stderr is not None
+    assert child.stdout.readline() == b"ready\n"
+    child.stdout.close()  # the worker is gone: nobody reads the next answer
+    child.stdin.write(b"1\n")
+    child.stdin.close()
+    assert child.wait(timeout=10) == 0
+    assert child.stderr.read() == b""
+    child.stderr.close()

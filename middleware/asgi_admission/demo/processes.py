@@ -43,10 +43,17 @@ GROWTH_PAUSE_S: Final = 0.05
 # each time; every page is written so the kernel really charges it, in steps of
 # argv[2] MiB argv[3] seconds apart. With argv[4] seconds above 0 the first argv[1]
 # MiB arrive in eight parts spread over that time instead (a session booting after
-# its response).
+# its response). When the worker that reads its answers is gone (killed), it exits
+# quietly instead of printing a BrokenPipeError traceback into the server's log.
 CHILD_SCRIPT: Final = """
-import sys, time
+import os, sys, time
 held = []
+def answer():
+    try:
+        print("ready", flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
 step, pause = int(sys.argv[2]), float(sys.argv[3])
 def hold(mib):
     while mib > 0:
@@ -63,10 +70,10 @@ if ramp_s > 0 and mib >= 8:
         hold(mib // 8 + (mib % 8 if part == 7 else 0))
 else:
     hold(mib)
-print("ready", flush=True)
+answer()
 for line in sys.stdin:
     hold(int(line))
-    print("ready", flush=True)
+    answer()
 """
 
 

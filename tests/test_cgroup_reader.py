@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import pickle
 import shutil
 import threading
 from collections.abc import Callable
@@ -478,6 +479,9 @@ def test_available_reading_matches_the_dataclass_constructor() -> None:
         limit_file="/p/f",
     )
     assert fast == slow
+    assert type(fast) is MemoryReading
+    assert hash(fast) == hash(slow)
+    assert pickle.loads(pickle.dumps(fast)) == slow
     assert [f.name for f in dataclasses.fields(MemoryReading)] == [
         "used_bytes",
         "limit_bytes",

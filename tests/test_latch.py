@@ -327,6 +327,7 @@ def test_request_path_decision_matches_the_dataclass() -> None:
     decision = AdmissionController(reserve_bytes=0, memory_reader=lambda: reading).evaluate(0, 1)
     expected = CapacityDecision(True, "normal", reading, None, None)
     assert decision == expected
+    assert type(decision) is CapacityDecision
     assert hash(decision) == hash(expected)
     assert repr(decision) == repr(expected)
     assert [f.name for f in dataclasses.fields(CapacityDecision)] == [

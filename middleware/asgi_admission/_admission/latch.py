@@ -35,7 +35,7 @@ from asgi_admission._config import (
     check_watermarks,
 )
 from asgi_admission._memory.cgroup import read_cgroup_memory
-from asgi_admission._memory.reading import MemoryReader, MemoryReading, slot_setters
+from asgi_admission._memory.reading import MemoryReader, MemoryReading, draft_class
 
 State = Literal["normal", "pressured", "unavailable"]
 #: ``ledger_busy`` is the middleware's own: the shared ledger could not be had in time.
@@ -57,14 +57,10 @@ class CapacityDecision:
     transition: Literal["pressured", "normal"] | None = None
 
 
-# Decisions are made on the request path: written slot by slot (see slot_setters);
+# Decisions are made on the request path: written as a draft (see draft_class);
 # tests/test_latch.py checks the result equals the constructor's.
-_SETTERS = slot_setters(CapacityDecision)
-_set_allowed = _SETTERS["allowed"]
-_set_state = _SETTERS["state"]
-_set_memory = _SETTERS["memory"]
-_set_reason = _SETTERS["reason"]
-_set_transition = _SETTERS["transition"]
+_Draft = draft_class(CapacityDecision)
+_new = object.__new__
 
 
 def _decision(
@@ -74,13 +70,15 @@ def _decision(
     reason: Reason | None,
     transition: Literal["pressured", "normal"] | None,
 ) -> CapacityDecision:
-    decision: CapacityDecision = object.__new__(CapacityDecision)
-    _set_allowed(decision, allowed)
-    _set_state(decision, state)
-    _set_memory(decision, memory)
-    _set_reason(decision, reason)
-    _set_transition(decision, transition)
-    return decision
+    decision = _new(_Draft)
+    decision.allowed = allowed
+    decision.state = state
+    decision.memory = memory
+    decision.reason = reason
+    decision.transition = transition
+    decision.__class__ = CapacityDecision
+    built: CapacityDecision = decision
+    return built
 
 
 # The latch compares the percentage rounded to two decimals, as the guard it replaced

@@ -6,7 +6,7 @@ Notes:
   reports it as ``hierarchical_memory_limit``; on v2 we walk up to the mount root,
   counting ``memory.high`` too (the kernel throttles hard at it). Where an ancestor
   binds, its usage is what the limit is compared with, since siblings count too.
-- ``bound()`` is the fast path's upper bound of the working set: raw usage and the
+- ``read_bound()`` is the fast path's upper bound of the working set: raw usage and the
   exact limit, without ``memory.stat``.
 """
 
@@ -53,24 +53,14 @@ class CgroupSource:
         """A reading, or ``None`` when this source's files are not there at all."""
         raise NotImplementedError
 
-    def bound(self) -> tuple[int, int, KeptFiles, str] | None:
-        """An upper bound of the working set with the exact limit, without ``memory.stat``.
+    def read_bound(self) -> MemoryReading | None:
+        """An upper bound of the working set (raw usage) with the exact limit, without
+        ``memory.stat``, as a reading marked ``exact=False``.
 
-        ``(raw usage, limit, binding level, limit file)``; ``None`` where this source
-        cannot tell the effective limit exactly that way (or anything is off): the
-        caller then takes a full reading.
+        ``None`` where this source cannot tell the effective limit exactly that way
+        (or anything is off): the caller then takes a full reading.
         """
         raise NotImplementedError
-
-    def read_bound(self) -> MemoryReading | None:
-        """:meth:`bound` as a reading marked ``exact=False``."""
-        found = self.bound()
-        if found is None:
-            return None
-        usage, limit, binding, limit_file = found
-        return available_reading(
-            usage, limit, usage, 0, self.source, binding.directory, limit_file, exact=False
-        )
 
     def ancestor_files(self, marker: str) -> list[KeptFiles]:
         if self.ancestors is None:
@@ -175,7 +165,7 @@ class V2Source(CgroupSource):
             limit_file,
         )
 
-    def bound(self) -> tuple[int, int, KeptFiles, str] | None:
+    def read_bound(self) -> MemoryReading | None:
         # Every limit v2 reads comes from the limit files themselves, so only the
         # reclaimable cache (memory.stat) is left out: usage is the upper bound.
         measured = self._measure()
@@ -184,7 +174,9 @@ class V2Source(CgroupSource):
         usage, limit, limit_file, binding = measured
         if limit is None or limit_file is None:
             return None
-        return usage, limit, binding, limit_file
+        return available_reading(
+            usage, limit, usage, 0, self.source, binding.directory, limit_file, exact=False
+        )
 
 
 class V1Source(CgroupSource):
@@ -270,7 +262,7 @@ class V1Source(CgroupSource):
             return None
         return chain[:-1]
 
-    def bound(self) -> tuple[int, int, KeptFiles, str] | None:
+    def read_bound(self) -> MemoryReading | None:
         levels = self.bound_levels
         if levels is None:
             found = self._bound_levels()
@@ -299,7 +291,9 @@ class V1Source(CgroupSource):
                 limit_file = os.path.join(binding.directory, "memory.limit_in_bytes")
         except OSError:
             return None
-        return usage, limit, binding, limit_file
+        return available_reading(
+            usage, limit, usage, 0, self.source, binding.directory, limit_file, exact=False
+        )
 
     def _binding_ancestor(self, limit: int) -> tuple[KeptFiles, int, bytes] | None:
         for level in self.ancestor_files("memory.limit_in_bytes"):

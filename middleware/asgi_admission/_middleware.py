@@ -356,11 +356,14 @@ class AdmissionMiddleware:
             # which falls back to the fixed session cap.
             return UNAVAILABLE
 
-    async def _decide(self, kind: Kind, scope: Scope | None = None) -> AdmissionTicket | Refused:
-        """:meth:`_admit` without blocking the loop; a ``ledger_busy`` refusal when the
-        shared ledger cannot be had in time."""
+    async def _decide_later(
+        self, kind: Kind, scope: Scope | None, tried: LedgerBusy
+    ) -> AdmissionTicket | Refused:
+        """:meth:`_admit` after a first attempt raised ``tried``, retried without
+        blocking the loop; a ``ledger_busy`` refusal when the shared ledger cannot be
+        had in time."""
         try:
-            return await when_free(lambda: self._admit(kind, scope))
+            return await when_free(lambda: self._admit(kind, scope), tried=tried)
         except LedgerBusy as exc:
             self._note_busy(exc)
             decision = CapacityDecision(
@@ -487,7 +490,11 @@ class AdmissionMiddleware:
     # -- session requests ---------------------------------------------------------
 
     async def _guard_http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = await self._decide("http", scope)
+        # Tried once here first: a free ledger (the common case) costs no coroutine.
+        try:
+            outcome = self._admit("http", scope)
+        except LedgerBusy as exc:
+            outcome = await self._decide_later("http", scope, exc)
         if isinstance(outcome, tuple):
             decision, retry_after_s, counts = outcome
             body = self._refusal.body(decision, retry_after_s, counts)
@@ -523,7 +530,11 @@ class AdmissionMiddleware:
                 keeper.abandon(entry)
 
     async def _guard_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = await self._decide("websocket", scope)
+        # Tried once here first: a free ledger (the common case) costs no coroutine.
+        try:
+            outcome = self._admit("websocket", scope)
+        except LedgerBusy as exc:
+            outcome = await self._decide_later("websocket", scope, exc)
         if isinstance(outcome, tuple):
             decision, retry_after_s, counts = outcome
             body = self._refusal.body(decision, retry_after_s, counts)

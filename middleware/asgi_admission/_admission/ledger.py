@@ -185,18 +185,22 @@ class InProcessLedger:
 _T = TypeVar("_T")
 
 
-async def when_free(step: Callable[[], _T]) -> _T:
+async def when_free(step: Callable[[], _T], *, tried: LedgerBusy | None = None) -> _T:
     """``step()`` (a critical section taken with ``attempt``), retried with awaits
     while the ledger is held elsewhere; ``LedgerBusy`` after ``LOCK_WAIT_S``.
 
+    ``tried`` is what the caller's own first attempt raised (the request path tries
+    once without a coroutine of its own): the retries follow at once.
     The event loop is never blocked on another worker's lock: a worker stopped
     inside its critical section costs a refusal, not a frozen server.
     """
-    try:
-        return step()
-    except LedgerBusy as exc:
-        if isinstance(exc, LedgerUnavailable):
-            raise
+    if tried is None:
+        try:
+            return step()
+        except LedgerBusy as exc:
+            tried = exc
+    if isinstance(tried, LedgerUnavailable):
+        raise tried
     deadline = time.monotonic() + LOCK_WAIT_S
     delay = 0.0005
     while True:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -269,19 +270,28 @@ class ReservationKeeper:
 
     def respond(self, entry: Settlement) -> None:
         """The response ended or the WebSocket was accepted."""
+        # Once a session request: _now_or_later's steps, without a closure.
+        if not self._deferred:
+            try:
+                with self._locked:
+                    actions = self._responded(entry)
+            except LedgerBusy:
+                pass
+            else:
+                apply(actions)
+                return
+        self._deferred.append(functools.partial(self._responded, entry))
 
-        def step() -> Sequence[Action]:
-            now = self._clock()
-            actions = self.settler.respond(entry, now)
-            if entry.phase == "waiting" and entry.queued:
-                # Work done inside the request is in the working set by now: a fresh
-                # reading lets such a session settle at once.
-                memory = self._read()
-                if memory.available and memory.used_bytes is not None:
-                    actions += self._take(memory.used_bytes, now)
-            return actions
-
-        self._now_or_later(step)
+    def _responded(self, entry: Settlement) -> Sequence[Action]:
+        now = self._clock()
+        actions = self.settler.respond(entry, now)
+        if entry.phase == "waiting" and entry.queued:
+            # Work done inside the request is in the working set by now: a fresh
+            # reading lets such a session settle at once.
+            memory = self._read()
+            if memory.available and memory.used_bytes is not None:
+                actions += self._take(memory.used_bytes, now)
+        return actions
 
     def abandon(self, entry: Settlement, *, session_over: bool = False) -> None:
         """The request failed before its response, or the session ended."""

@@ -264,6 +264,11 @@ class Settler:
         """The response ended (HTTP) or the app accepted (WebSocket)."""
         if entry.phase != "request":
             return []
+        if entry.visible and not entry.held:
+            # Its memory showed already, or none was expected: from the request
+            # straight to settled (as through "waiting", whose counts it would leave
+            # as they were).
+            return self._settle(entry)
         if entry.held:
             self._phase(entry, "held")
             return self._time_out(entry, now)

@@ -399,18 +399,22 @@ class AdmissionMiddleware:
         # The app's own count (current_sessions) replaces the ledger's count of
         # accepted WebSockets; a shared ledger adds the other workers' counts. App
         # code, so it is asked once, before the critical section, never inside it.
-        count = None if self._current_sessions is None else self._app_count()
-        if count is not None and keeper.settler.waiting and count < keeper.settler.past_response:
-            # The app counts fewer sessions than are waiting to settle: some ended.
-            with self._attempt:
-                ended = keeper.settler.counted(count)
-            apply(ended)
+        settler = keeper.settler
+        own = None
+        if self._current_sessions is not None:
+            count = self._app_count()
+            if count is not None:
+                if settler.waiting and count < settler.past_response:
+                    # The app counts fewer sessions than are waiting to settle: some ended.
+                    with self._attempt:
+                        ended = settler.counted(count)
+                    apply(ended)
+                own = self._less_waiting(count)
         if keeper.deferred:
             # Session events kept while another worker held the ledger count first.
             with self._attempt:
                 caught_up = keeper.catch_up()
             apply(caught_up)
-        own = self._less_waiting(count)
         with self._attempt:
             current, pending = ledger.counts(own)
             decision = self._controller.assess(current, limit, pending, read=self._safe_read)
@@ -424,8 +428,14 @@ class AdmissionMiddleware:
             else:
                 retry_after_s = self._retry_delay(decision)
             # A fast-path decision reads a bound (usage with its cache), never
-            # used for settling: a look at the exact working set is due instead.
-            settled = keeper.settle_with(memory) if memory.exact else keeper.due()
+            # used for settling: a look at the exact working set is due instead
+            # (none while no session waits past its response).
+            if memory.exact:
+                settled = keeper.settle_with(memory)
+            elif settler.past_response:
+                settled = keeper.due()
+            else:
+                settled = ()
             blind_changed = self._note_blind(decision)
         if settled:
             apply(settled)

@@ -8,8 +8,13 @@
 ARG BASE_IMAGE=python:3.12-slim
 FROM ${BASE_IMAGE}
 ARG WHEELS=""
+# A digest of the build context (scripts/image computes it). The install below reads the
+# context through a bind mount, which is not part of the layer cache's key: without this
+# label ahead of it, a rebuild after a source change would reuse the old installed layer.
+ARG SOURCE_DIGEST=""
 
-LABEL org.opencontainers.image.title="asgi-admission-demo"
+LABEL org.opencontainers.image.title="asgi-admission-demo" \
+      io.asgi-admission.source-digest="${SOURCE_DIGEST}"
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \

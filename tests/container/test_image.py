@@ -6,12 +6,14 @@ Retry-After, and the kernel never OOM-kills anything in the container's group.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import subprocess
 from typing import Literal
 
 import httpx
 import pytest
-from containerkit import LIMIT, MIB, burst, podman, running, sample
+from containerkit import LIMIT, MIB, ROOT, burst, podman, running, sample
 
 pytestmark = [pytest.mark.container, pytest.mark.usefixtures("podman_ready")]
 
@@ -25,6 +27,36 @@ ENV = {
     "ADMISSION_RETRY_AFTER_SECONDS": "2",
 }
 HIGH_WATERMARK = 0.80
+PACKAGE = ROOT / "middleware" / "asgi_admission"
+# Prints "path digest" for each module of the package installed in the image.
+INSTALLED_DIGESTS = """
+import hashlib, pathlib, asgi_admission
+root = pathlib.Path(asgi_admission.__file__).parent
+for path in sorted(root.rglob("*.py")):
+    print(path.relative_to(root).as_posix(), hashlib.sha256(path.read_bytes()).hexdigest())
+"""
+
+
+def test_the_image_runs_this_checkouts_code(image: str) -> None:
+    """Every module installed in the image is the checkout's own, byte for byte, and the
+    image carries the digest of its build context: a source change rebuilds the install
+    (its bind mount is not in the layer cache's key), so no test runs a stale image."""
+    config = json.loads(podman("image", "inspect", image).stdout)[0]
+    digest = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "source-digest")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert config["Config"]["Labels"]["io.asgi-admission.source-digest"] == digest
+    installed = podman(
+        "run", "--rm", "--network=none", "--entrypoint=python3", image, "-c", INSTALLED_DIGESTS
+    ).stdout.splitlines()
+    checkout = [
+        f"{path.relative_to(PACKAGE).as_posix()} {hashlib.sha256(path.read_bytes()).hexdigest()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+    ]
+    assert installed == checkout
 
 
 def test_image_runs_as_a_numeric_non_root_user_with_a_healthcheck(image: str) -> None:

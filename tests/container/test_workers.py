@@ -2,8 +2,8 @@
 
 The ledger lives on a memory-backed directory mounted as the chart mounts it (a tmpfs,
 like a ``medium: Memory`` emptyDir): whichever worker a request reaches, a burst of
-overlapping openings is admitted up to ``ADMISSION_MAX_SESSIONS`` container-wide. Once
-those requests have ended, the cap does not hold yet (the strict xfail below).
+overlapping openings is admitted up to ``ADMISSION_MAX_SESSIONS`` container-wide, and
+the sessions those requests opened still count once the requests have ended.
 """
 
 from __future__ import annotations
@@ -74,14 +74,6 @@ def test_four_workers_admit_exactly_the_cap_container_wide_during_a_burst(image:
         assert container.memory().oom_kills == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "known bug: a worker publishes the app's session count (current_sessions) only at "
-        "its own decisions, so a session an HTTP request opened is missing from the "
-        "container-wide count once its request ends, until that worker decides again"
-    ),
-)
 def test_sessions_opened_earlier_still_count_against_the_cap_in_other_workers(
     image: str,
 ) -> None:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from adapterkit import hpa_wanted, quantity, readme_rules
 from chartlib import one, render, require_tool
 
+from adapterkit import hpa_wanted, quantity, readme_rules
 from processkit import free_port, stop_process_group
 
 pytestmark = [pytest.mark.real_server, pytest.mark.slow]

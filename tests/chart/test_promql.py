@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 import yaml
-from adapterkit import KNOWN_PLACEHOLDERS, readme_rules
 from chartlib import CHART, HERE, Manifest, of_kind
+
+from adapterkit import KNOWN_PLACEHOLDERS, readme_rules
 
 ALERTS = CHART / "files" / "alerts.yaml"
 DASHBOARD = CHART / "files" / "dashboard.json"

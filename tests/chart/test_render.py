@@ -360,6 +360,26 @@ def test_keda_can_scale_on_admissible_sessions(rendered: dict[str, list[Manifest
     assert trigger["metadata"]["threshold"] == "1"
 
 
+@pytest.mark.parametrize(
+    ("keda", "threshold"),
+    [
+        ({}, "12"),
+        ({"scaleOn": "admissible"}, "1"),
+        ({"scaleOn": "admissible", "threshold": "2"}, "2"),
+        ({"threshold": 8}, "8"),
+    ],
+)
+def test_keda_threshold_goes_with_scale_on_unless_set(
+    helm: str, keda: dict[str, object], threshold: str
+) -> None:
+    """An empty threshold takes the one of its scaleOn (12 sessions per pod, or 1 pod's
+    worth): flipping scaleOn alone never keeps the other mode's target."""
+    settings = json.dumps({"enabled": True, **keda})
+    manifests = render(helm, "keda", *MEMORY, "--set-json", f"autoscaling.keda={settings}")
+    trigger = one(manifests, "ScaledObject")["spec"]["triggers"][0]
+    assert trigger["metadata"]["threshold"] == threshold
+
+
 def hpa_metric(manifests: list[Manifest]) -> Manifest:
     metrics: list[Manifest] = one(manifests, "HorizontalPodAutoscaler")["spec"]["metrics"]
     assert len(metrics) == 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import math
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,14 +19,10 @@ from typing import Any
 
 import httpx
 from chartplay import RELEASE, PlayedPod, one, played, render
-from containerkit import ROOT, TAG, container_memory, free_port, wait_http
+from containerkit import TAG, container_memory, free_port, wait_http
 
-from processkit import stop_process_group
-
-# The chart tests' reading of the README's prometheus-adapter rules, also when only
-# tests/container is collected.
-sys.path.insert(0, str(ROOT / "tests" / "chart"))
 from adapterkit import AdapterRule, hpa_wanted, quantity, readme_rules
+from processkit import stop_process_group
 
 SESSION_MB = 64
 VALUES: dict[str, Any] = {

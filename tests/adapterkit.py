@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-README = Path(__file__).resolve().parents[2] / "charts" / "asgi-admission" / "README.md"
+README = Path(__file__).resolve().parents[1] / "charts" / "asgi-admission" / "README.md"
 # The fenced YAML block of the README's "Autoscaling" section that starts with `rules:`.
 RULES_BLOCK = re.compile(r"```yaml\n(\s*rules:\n.*?)\s*```", re.S)
 PLACEHOLDER = re.compile(r"<<\s*\.(\w+)\s*>>")

@@ -28,9 +28,11 @@ the demo answers by design) and every WebSocket is accepted or refused (503 or c
 connection error counts only while a worker is being killed or stopped; no traceback
 in the server's log; the ledger never counts more than ``max_sessions + 1`` sessions;
 no OOM kill in the group; ``/health`` p99 under 1 s and the worst ``/health`` outside
-a stopped or killed worker's window under 3 s. At the end the load stops and the
-ledger's counts must come back to zero (readiness probes make every worker publish
-its own count). Exit status 1 on any violation; ``--json`` writes the figures.
+a stopped or killed worker's window under 3 s; no worker's event loop stalled over 1 s
+outside such a window (each worker runs a probe, ``bench/soak_app.py``). At the end
+the load stops and the ledger's counts must come back to zero (readiness probes make
+every worker publish its own count). Exit status 1 on any violation; ``--json``
+writes the figures.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ import httpx
 import psutil
 import websockets
 
+import soak_app
 from asgi_admission._admission.ledger_file import FILE_NAME, header_problem, read_entries
 from asgi_admission._admission.shared_ledger import DEFAULT_CAPACITY
 from benchkit import free_port, memory_group, oom_kills, stop_process_group
@@ -79,6 +82,8 @@ FAULTS = (
 FAULT_GRACE_S = 3.0
 HEALTH_P99_BUDGET_S = 1.0
 HEALTH_WORST_BUDGET_S = 3.0
+#: The worst event-loop stall of any worker outside a fault window.
+LOOP_STALL_BUDGET_S = 1.0
 ALLOWED_STATUSES = frozenset({200, 201, 204, 404, 503})
 #: What growing a process session may answer: grown, halted (409), or ended (410).
 GROWN = frozenset({200, 404, 409, 410})
@@ -141,6 +146,12 @@ class SoakResult:
     max_client_sessions: int = 0
     health_p99_ms: float = 0.0
     health_worst_ms: float = 0.0
+    #: The workers' event loops: the worst stall outside the fault windows, and how many
+    #: stalls there (over soak_app.REPORT_S) lasted more than 100 ms.
+    loop_stall_worst_ms: float = 0.0
+    loop_stalls_over_100ms: int = 0
+    #: The worst inside them: a worker SIGSTOPped for 2 s shows it (the probe works).
+    loop_stall_in_faults_ms: float = 0.0
     violations: list[str] = field(default_factory=list)
 
 
@@ -166,6 +177,7 @@ class Soak:
         self.stopping = False
         self.rng = random.Random(12)
         self.group = Path()
+        self.stall_dir = work / "stalls"
         self.proc: subprocess.Popen[bytes] | None = None
 
     # -- the server ------------------------------------------------------------------
@@ -183,12 +195,16 @@ class Soak:
             "ADMISSION_MAX_SESSIONS": str(MAX_SESSIONS),
             "DEMO_SESSION_MB": str(SESSION_MB),
         }
+        self.stall_dir.mkdir(exist_ok=True)
+        env[soak_app.SETTING] = str(self.stall_dir)
         argv = [
             sys.executable,
             "-m",
             "uvicorn",
-            "asgi_admission.demo:create_app",
+            "soak_app:create_app",
             "--factory",
+            "--app-dir",
+            str(Path(__file__).resolve().parent),
             "--workers",
             str(self.workers),
             "--port",
@@ -606,6 +622,13 @@ class Soak:
             result.health_worst_ms = max(health) * 1e3
         result.max_ledger_sessions = max(phase.max_ledger for phase in self.phases)
         result.oom_kills = oom_kills(self.group) - oom_before
+        stalls: list[float] = []
+        in_faults: list[float] = []
+        for ended, lag in soak_app.read_stalls(self.stall_dir):
+            (in_faults if self.in_fault_window(ended) else stalls).append(lag)
+        result.loop_stall_worst_ms = round(max(stalls, default=0.0) * 1e3, 1)
+        result.loop_stalls_over_100ms = sum(lag > 0.1 for lag in stalls)
+        result.loop_stall_in_faults_ms = round(max(in_faults, default=0.0) * 1e3, 1)
         log = self.log_path.read_text(errors="replace")
         result.tracebacks = log.count("Traceback (most recent call last)")
         violations = result.violations
@@ -622,6 +645,11 @@ class Soak:
                 violations.append(
                     f"{where}: /health took {max(phase.health_s):.2f} s outside a fault window"
                 )
+        if result.loop_stall_worst_ms > LOOP_STALL_BUDGET_S * 1e3:
+            violations.append(
+                f"a worker's event loop stalled {result.loop_stall_worst_ms:.0f} ms outside "
+                f"a fault window (budget {LOOP_STALL_BUDGET_S * 1e3:.0f} ms)"
+            )
         if result.health_p99_ms > HEALTH_P99_BUDGET_S * 1e3:
             violations.append(f"/health p99 {result.health_p99_ms:.0f} ms over 1 s")
         if result.tracebacks:

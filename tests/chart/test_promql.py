@@ -13,6 +13,8 @@ import pytest
 import yaml
 from chartlib import CHART, HERE, Manifest, of_kind
 
+from adapterkit import KNOWN_PLACEHOLDERS, readme_rules
+
 ALERTS = CHART / "files" / "alerts.yaml"
 DASHBOARD = CHART / "files" / "dashboard.json"
 ALERT_TESTS = HERE / "promtool" / "alerts_test.yaml"
@@ -181,6 +183,62 @@ def test_queries_name_only_exported_metrics(rendered: dict[str, list[Manifest]])
     assert "asgi_admission_decision_duration_seconds_bucket" in used
     assert "asgi_admission_admissible_sessions" in used
     assert "asgi_admission_session_footprint_bytes" in used
+
+
+def adapter_exprs() -> dict[str, str]:
+    """Each README prometheus-adapter rule's query, as the adapter fills it for one pod and
+    for several, by a name saying which."""
+    exprs = {}
+    for metric, rule in readme_rules().items():
+        for pods in (["web-5d8f7c9b4-a1b2c"], ["web-5d8f7c9b4-a1b2c", "web-5d8f7c9b4-d3e4f"]):
+            exprs[f"{metric} for {len(pods)} pod(s)"] = rule.query(namespace="shop", pods=pods)
+    return exprs
+
+
+def test_adapter_rules_serve_every_hpa_metric(rendered: dict[str, list[Manifest]]) -> None:
+    """The chart README has a prometheus-adapter rule for each pods metric the HPA can use,
+    filled only from the placeholders the adapter knows."""
+    rules = readme_rules()
+    hpa_values = yaml.safe_load((CHART / "values.yaml").read_text())["autoscaling"]["hpa"]
+    metrics = {hpa_values[mode]["metricName"] for mode in ("memory", "admissible")}
+    metrics |= {
+        metric["pods"]["metric"]["name"]
+        for manifests in rendered.values()
+        for hpa in of_kind(manifests, "HorizontalPodAutoscaler")
+        for metric in hpa["spec"]["metrics"]
+    }
+    assert metrics == {"asgi_admission_memory_usage_ratio", "asgi_admission_session_fullness"}
+    assert metrics <= set(rules)
+    for rule in rules.values():
+        assert rule.placeholders() <= KNOWN_PLACEHOLDERS, rule
+        assert "<<" not in rule.query(namespace="shop", pods=["p"]), rule
+
+
+def test_adapter_rules_parse(promtool: str, tmp_path: Path) -> None:
+    """Each README prometheus-adapter rule, filled as the adapter fills it, parses as PromQL."""
+    exprs = adapter_exprs()
+    rules = [
+        {"record": f"chart:adapter_{i}:check", "expr": expr}
+        for i, expr in enumerate(exprs.values())
+    ]
+    path = tmp_path / "adapter.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "adapter", "rules": rules}]}))
+    proc = run(promtool, "check", "rules", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in proc.stdout
+
+
+def test_adapter_rules_name_only_exported_metrics() -> None:
+    """The README's prometheus-adapter rules select only metrics the middleware exports; the
+    fullness rule reads both the admissible sessions and the sessions in use."""
+    for name, expr in adapter_exprs().items():
+        names = metric_names(expr)
+        assert names <= EXPORTED_METRICS, f"{sorted(names - EXPORTED_METRICS)} in {name}: {expr}"
+        if name.startswith("asgi_admission_session_fullness"):
+            assert names == {
+                "asgi_admission_admissible_sessions",
+                "asgi_admission_sessions",
+            }, expr
 
 
 @pytest.mark.parametrize(

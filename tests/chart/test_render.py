@@ -360,6 +360,129 @@ def test_keda_can_scale_on_admissible_sessions(rendered: dict[str, list[Manifest
     assert trigger["metadata"]["threshold"] == "1"
 
 
+@pytest.mark.parametrize(
+    ("keda", "threshold"),
+    [
+        ({}, "12"),
+        ({"scaleOn": "admissible"}, "1"),
+        ({"scaleOn": "admissible", "threshold": "2"}, "2"),
+        ({"threshold": 8}, "8"),
+    ],
+)
+def test_keda_threshold_goes_with_scale_on_unless_set(
+    helm: str, keda: dict[str, object], threshold: str
+) -> None:
+    """An empty threshold takes the one of its scaleOn (12 sessions per pod, or 1 pod's
+    worth): flipping scaleOn alone never keeps the other mode's target."""
+    settings = json.dumps({"enabled": True, **keda})
+    manifests = render(helm, "keda", *MEMORY, "--set-json", f"autoscaling.keda={settings}")
+    trigger = one(manifests, "ScaledObject")["spec"]["triggers"][0]
+    assert trigger["metadata"]["threshold"] == threshold
+
+
+def hpa_metric(manifests: list[Manifest]) -> Manifest:
+    metrics: list[Manifest] = one(manifests, "HorizontalPodAutoscaler")["spec"]["metrics"]
+    assert len(metrics) == 1
+    return metrics[0]
+
+
+def pods_metric(name: str, target: str) -> Manifest:
+    return {
+        "type": "Pods",
+        "pods": {
+            "metric": {"name": name},
+            "target": {"type": "AverageValue", "averageValue": target},
+        },
+    }
+
+
+def test_hpa_scales_on_memory_by_default(rendered: dict[str, list[Manifest]]) -> None:
+    """Without scaleOn the HPA keeps its pods metric: the memory usage ratio, target 0.6."""
+    assert "scaleOn" not in scenario_values("full")["autoscaling"]["hpa"]
+    assert hpa_metric(rendered["full"]) == pods_metric("asgi_admission_memory_usage_ratio", "600m")
+
+
+def test_hpa_can_scale_on_admissible_sessions(rendered: dict[str, list[Manifest]]) -> None:
+    """scaleOn admissible: the HPA's pods metric is the session fullness, target 0.7."""
+    hpa = one(rendered["hpa-admissible"], "HorizontalPodAutoscaler")
+    assert hpa_metric(rendered["hpa-admissible"]) == pods_metric(
+        "asgi_admission_session_fullness", "700m"
+    )
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        # Flipping scaleOn alone brings that mode's metric and target along.
+        (["scaleOn=admissible"], ("asgi_admission_session_fullness", "700m")),
+        # A tuned memory target does not leak into the admissible mode, nor back.
+        (
+            ["scaleOn=admissible", "memory.targetAverageValue=500m"],
+            ("asgi_admission_session_fullness", "700m"),
+        ),
+        (
+            ["scaleOn=memory", "admissible.targetAverageValue=800m"],
+            ("asgi_admission_memory_usage_ratio", "600m"),
+        ),
+        (
+            ["scaleOn=admissible", "admissible.targetAverageValue=800m"],
+            ("asgi_admission_session_fullness", "800m"),
+        ),
+        (
+            ["scaleOn=admissible", "admissible.metricName=shop_session_fullness"],
+            ("shop_session_fullness", "700m"),
+        ),
+    ],
+)
+def test_hpa_takes_the_metric_and_target_of_its_scale_on(
+    helm: str, settings: list[str], expected: tuple[str, str]
+) -> None:
+    """The HPA's metric and target come from the block scaleOn names, as a pair."""
+    args = [
+        arg
+        for setting in ["enabled=true", *settings]
+        for arg in (
+            "--set-string" if "Value=" in setting else "--set",
+            f"autoscaling.hpa.{setting}",
+        )
+    ]
+    manifests = render(helm, "r", *MEMORY, *args)
+    assert hpa_metric(manifests) == pods_metric(*expected)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--set", "autoscaling.hpa.scaleOn=sessions"],
+            "at '/autoscaling/hpa/scaleOn': value must be one of 'memory', 'admissible'",
+        ),
+        (
+            ["--set", "autoscaling.hpa.scaleOn=sessions", "--skip-schema-validation"],
+            'autoscaling.hpa.scaleOn is "sessions": it must be "memory"',
+        ),
+        (
+            ["--set", "autoscaling.hpa.metricName=asgi_admission_session_fullness"],
+            "at '/autoscaling/hpa': additional properties 'metricName' not allowed",
+        ),
+        (
+            ["--set", "autoscaling.hpa.admissible.targetAverageValue=most"],
+            "/autoscaling/hpa/admissible/targetAverageValue",
+        ),
+    ],
+)
+def test_bad_hpa_settings_fail_the_render(helm: str, args: list[str], message: str) -> None:
+    """A scaleOn other than memory or admissible fails the render naming the setting (by the
+    schema, and by the template when the schema is skipped), as do the old flat metric keys
+    and a target that is not a quantity."""
+    proc = helm_template(
+        helm, "r", *MEMORY, "--set", "autoscaling.hpa.enabled=true", *args, check=False
+    )
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
 def test_monitors_rules_and_dashboard_appear_only_when_enabled(
     rendered: dict[str, list[Manifest]],
 ) -> None:

@@ -21,6 +21,7 @@ import httpx
 from chartplay import RELEASE, PlayedPod, one, played, render
 from containerkit import TAG, container_memory, free_port, wait_http
 
+from adapterkit import AdapterRule, hpa_wanted, quantity, readme_rules
 from processkit import stop_process_group
 
 SESSION_MB = 64
@@ -87,14 +88,22 @@ def nginx(workdir: Path, *, upstreams: list[int], retries: bool) -> Iterator[str
 
 
 @dataclass(frozen=True, slots=True)
+class HpaMetric:
+    """One way the chart's HPA can scale: the README's prometheus-adapter rule serving
+    its pods metric, and the target average the chart renders for it."""
+
+    rule: AdapterRule
+    target: float
+
+
+@dataclass(frozen=True, slots=True)
 class Autoscaling:
-    """The chart's autoscaling targets: KEDA's query and threshold, the HPA's target."""
+    """The chart's autoscaling targets: KEDA's query and threshold, the HPA's metrics by
+    ``autoscaling.hpa.scaleOn``."""
 
     keda_query: str
     keda_threshold: float
-    hpa_metric: str
-    hpa_target: float
-    pod_regex: str
+    hpa: dict[str, HpaMetric]
     fullname: str
 
     def pod_names(self, count: int) -> list[str]:
@@ -105,15 +114,18 @@ class Autoscaling:
 def autoscaling() -> Autoscaling:
     scaled_object = one(render(VALUES), "ScaledObject")
     keda = scaled_object["spec"]["triggers"][0]["metadata"]
-    hpa_values = {**VALUES, "autoscaling": {"hpa": {"enabled": True}}}
-    hpa = one(render(hpa_values), "HorizontalPodAutoscaler")["spec"]["metrics"][0]["pods"]
-    target = hpa["target"]["averageValue"]
+    rules = readme_rules()
+    hpa = {}
+    for scale_on in ("memory", "admissible"):
+        values = {**VALUES, "autoscaling": {"hpa": {"enabled": True, "scaleOn": scale_on}}}
+        pods = one(render(values), "HorizontalPodAutoscaler")["spec"]["metrics"][0]["pods"]
+        hpa[scale_on] = HpaMetric(
+            rule=rules[pods["metric"]["name"]], target=quantity(pods["target"]["averageValue"])
+        )
     return Autoscaling(
         keda_query=keda["query"],
         keda_threshold=float(keda["threshold"]),
-        hpa_metric=hpa["metric"]["name"],
-        hpa_target=int(target.removesuffix("m")) / 1000 if target.endswith("m") else float(target),
-        pod_regex=keda["query"].split('pod=~"', 1)[1].split('"', 1)[0],
+        hpa=hpa,
         fullname=scaled_object["metadata"]["name"],
     )
 
@@ -170,25 +182,31 @@ class Wanted:
 
     keda: int
     hpa: int
+    hpa_admissible: int
     sessions: float
     ratios: tuple[float, ...]
+    fullness: tuple[float, ...]
 
 
 def wanted_replicas(url: str, scaling: Autoscaling, *, current: int) -> Wanted:
-    """KEDA: ceil(query / threshold). HPA: ceil(current * mean ratio / target) over the
-    pods metric the chart README's prometheus-adapter rule serves."""
+    """KEDA: ceil(query / threshold). The HPA, on each of its metrics: ceil(sum of the
+    per-pod values / target), the values being what the chart README's prometheus-adapter
+    rule serves for the ``current`` pods, evaluated by this Prometheus."""
     (sessions,) = [value for _, value in query(url, scaling.keda_query)] or [0.0]
-    adapter = (
-        f'max by (namespace, pod) ({scaling.hpa_metric}{{namespace="default",'
-        f'pod=~"{scaling.pod_regex}"}})'
-    )
-    ratios = tuple(value for _, value in query(url, adapter))
-    mean = sum(ratios) / len(ratios) if ratios else 0.0
+    pods = scaling.pod_names(current)
+    served = {
+        scale_on: tuple(
+            value for _, value in query(url, metric.rule.query(namespace="default", pods=pods))
+        )
+        for scale_on, metric in scaling.hpa.items()
+    }
     return Wanted(
         keda=math.ceil(sessions / scaling.keda_threshold),
-        hpa=math.ceil(current * mean / scaling.hpa_target),
+        hpa=hpa_wanted(served["memory"], target=scaling.hpa["memory"].target),
+        hpa_admissible=hpa_wanted(served["admissible"], target=scaling.hpa["admissible"].target),
         sessions=sessions,
-        ratios=ratios,
+        ratios=served["memory"],
+        fullness=served["admissible"],
     )
 
 

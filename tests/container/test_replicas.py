@@ -1,5 +1,6 @@
 """Three replicas behind Debian's nginx, configured as the chart README tells ingress-nginx
-users, and a real Prometheus evaluating the chart's autoscaling queries.
+users, and a real Prometheus evaluating the chart's autoscaling queries (KEDA's, and the
+HPA's prometheus-adapter rules of the chart README, on memory and on session fullness).
 
 With ``proxy_next_upstream ... http_503 non_idempotent`` a refused session request is
 tried on the next replica, so clients see 503 only once every replica is full; without
@@ -68,6 +69,7 @@ def test_retries_through_nginx_refuse_only_when_all_replicas_are_full(
             full = wanted_replicas(prom, scaling, current=3)
             assert full.keda > 3, full
             assert full.hpa > 3, full
+            assert full.hpa_admissible > 3, full
 
             # Without retries: the full replica's 503 reaches the client while others
             # still have room (a later request is admitted).
@@ -83,5 +85,7 @@ def test_retries_through_nginx_refuse_only_when_all_replicas_are_full(
             after = wanted_replicas(prom, scaling, current=3)
             assert after.keda < 3, after
             assert after.hpa < 3, after
+            assert after.hpa_admissible < 3, after
             assert idle.keda < 3
+            assert idle.hpa_admissible < 3, idle
         assert oom_kills(pods) == 0

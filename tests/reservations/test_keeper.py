@@ -6,6 +6,7 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -205,3 +206,22 @@ def test_events_wait_in_order_while_the_shared_ledger_is_held() -> None:
     lock.held = False
     keeper.sample()
     assert counts(ledger) == (0, 0)
+
+
+def test_what_was_learned_survives_the_shared_directory_being_deleted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The shared directory deleted under a running worker: a watchdog peak is still
+    learned (no error), and the next refresh writes what the worker knows back into the
+    file made again, so a worker starting now learns it too."""
+    shared = tmp_path / "shared"
+    keeper, _ = make(Memory(100), learning="raise", shared_dir=str(shared))
+    keeper.observe_peak("POST /s", 300 * MIB)
+    shutil.rmtree(shared)
+    keeper.observe_peak("POST /s", 310 * MIB)
+    assert [e.observations for e in keeper.estimates()] == [2]
+    (shared / "asgi-admission.learned").unlink()
+    keeper._refresh_shared()
+    fresh, _ = make(Memory(100), learning="raise", shared_dir=str(shared))
+    assert fresh.estimates() == keeper.estimates()
+    assert "Traceback" not in caplog.text

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 from reskit import MIB
 
+from asgi_admission._admission import shared_files
 from asgi_admission._admission.settling import QueueRecord
 from asgi_admission._admission.shared_files import (
     LEARNED_FILE,
     SETTLING_FILE,
     LearnedStore,
     SharedSettleQueue,
-    open_private,
     read_learned,
 )
 
@@ -23,49 +24,75 @@ from asgi_admission._admission.shared_files import (
 INTERNAL = "the files the workers share for settling and learning"
 
 
-def test_a_new_file_is_private(tmp_path: Path) -> None:
-    """Files are created 0600."""
-    fd = open_private(str(tmp_path / "f"))
-    os.close(fd)
-    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o600
+@pytest.mark.parametrize("name", [SETTLING_FILE, LEARNED_FILE])
+def test_new_files_are_private(tmp_path: Path, name: str) -> None:
+    """The directory is made 0700 and each file 0600."""
+    shared = tmp_path / "shared"
+    opened = open_both(shared)
+    assert shared.stat().st_mode & 0o777 == 0o700
+    assert (shared / name).stat().st_mode & 0o777 == 0o600
+    opened.close()
 
 
-def test_a_symlink_is_refused(tmp_path: Path) -> None:
-    """A symlink planted in the shared directory is not followed."""
-    (tmp_path / "target").write_text("")
-    (tmp_path / "f").symlink_to(tmp_path / "target")
-    with pytest.raises(ValueError, match=r"ADMISSION_SHARED_DIR.*symbolic link"):
-        open_private(str(tmp_path / "f"))
+@pytest.mark.parametrize("name", [SETTLING_FILE, LEARNED_FILE])
+def test_a_symlink_is_refused(tmp_path: Path, name: str) -> None:
+    """A symlink planted in the shared directory is not followed: its target is untouched."""
+    (tmp_path / "target").write_text("precious")
+    (tmp_path / name).symlink_to(tmp_path / "target")
+    with pytest.raises(ValueError, match=r"ADMISSION_SHARED_DIR=.*is a symlink"):
+        open_both(tmp_path)
+    assert (tmp_path / "target").read_text() == "precious"
 
 
-def test_a_file_others_may_read_is_refused(tmp_path: Path) -> None:
-    """A file open to other users is refused, naming the setting."""
-    path = tmp_path / "f"
+@pytest.mark.parametrize("name", [SETTLING_FILE, LEARNED_FILE])
+def test_a_file_others_may_write_is_refused(tmp_path: Path, name: str) -> None:
+    """A file other users may write to is refused, naming the setting."""
+    path = tmp_path / name
     path.write_text("")
-    path.chmod(0o644)
-    with pytest.raises(ValueError, match=r"ADMISSION_SHARED_DIR.*lets other users in"):
-        open_private(str(path))
+    path.chmod(0o666)
+    with pytest.raises(ValueError, match=r"ADMISSION_SHARED_DIR=.*other users may write"):
+        open_both(tmp_path)
 
 
-def test_a_file_of_another_user_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", [SETTLING_FILE, LEARNED_FILE])
+def test_a_file_of_another_user_is_refused(tmp_path: Path, name: str) -> None:
     """A file owned by another user is refused."""
     if os.geteuid() != 0:
         if os.environ.get("CI") == "true":
             pytest.fail("changing a file's owner needs root")
         pytest.skip("changing a file's owner needs root")
-    path = tmp_path / "f"
+    path = tmp_path / name
     path.write_text("")
     path.chmod(0o600)
     os.chown(path, 65534, 65534)
     with pytest.raises(ValueError, match="owned by uid 65534"):
-        open_private(str(path))
+        open_both(tmp_path)
 
 
-def test_a_directory_in_its_place_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", [SETTLING_FILE, LEARNED_FILE])
+def test_a_directory_in_its_place_is_refused(tmp_path: Path, name: str) -> None:
     """Something that is not a regular file cannot be opened as one."""
-    (tmp_path / "f").mkdir(mode=0o700)
-    with pytest.raises(ValueError, match="ADMISSION_SHARED_DIR"):
-        open_private(str(tmp_path / "f"))
+    (tmp_path / name).mkdir(mode=0o700)
+    with pytest.raises(ValueError, match=r"ADMISSION_SHARED_DIR=.*Is a directory"):
+        open_both(tmp_path)
+
+
+class Opened:
+    def __init__(self, queue: SharedSettleQueue, store: LearnedStore) -> None:
+        self.queue, self.store = queue, store
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+def open_both(directory: Path) -> Opened:
+    """Both shared files of ``directory``, as a worker opens them."""
+    queue = SharedSettleQueue(str(directory))
+    try:
+        return Opened(queue, LearnedStore(str(directory), window=4))
+    except BaseException:
+        queue.close()
+        raise
 
 
 def test_the_settling_queue_round_trips(tmp_path: Path) -> None:
@@ -146,3 +173,87 @@ def test_a_shared_dir_that_cannot_be_created_names_the_setting(tmp_path: Path) -
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match=r"ADMISSION_SHARED_DIR=.*cannot be created"):
         SharedSettleQueue(str(tmp_path / "file" / "shared"))
+
+
+def test_the_learned_file_survives_its_directory_being_deleted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The directory deleted under a running service is made again and the file refilled
+    from what the worker knows (which holds the new observation), without an error."""
+    shared = tmp_path / "shared"
+    store = LearnedStore(str(shared), window=8)
+    store.add([("POST /s", 10 * MIB, 1.0)])
+    shutil.rmtree(shared)
+    known = {"POST /s": {"footprints": [10.0 * MIB, 20.0 * MIB], "ramps": [1.0]}}
+    merged = store.add([("POST /s", 20 * MIB, None)], known=known)
+    assert merged == known
+    assert LearnedStore(str(shared), window=8).load() == known
+    assert (shared / LEARNED_FILE).stat().st_mode & 0o777 == 0o600
+    assert caplog.text == ""
+
+
+def test_a_learned_file_that_cannot_be_used_is_logged_once_and_retried(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With a regular file where the directory was, adding and refreshing answer None with
+    one warning; once the directory is back, they work again and say so."""
+    shared = tmp_path / "shared"
+    store = LearnedStore(str(shared), window=8)
+    store.add([("POST /s", 10 * MIB, 1.0)])
+    shutil.rmtree(shared)
+    shared.write_text("in the way")
+    assert store.add([("POST /s", 20 * MIB, None)]) is None
+    assert store.refresh() is None
+    assert caplog.text.count("each worker keeps what it learns") == 1
+    assert "ADMISSION_SHARED_DIR" in caplog.text
+    shared.unlink()
+    assert store.refresh() == {}
+    assert "usable again" in caplog.text
+    assert store.add([("POST /s", 30 * MIB, None)]) == {
+        "POST /s": {"footprints": [30.0 * MIB], "ramps": []}
+    }
+
+
+def test_the_settling_queue_follows_its_file_deleted_with_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two workers' queues on a file deleted with its directory: the first to look makes
+    it again and carries the rows over, the second adds none twice, and a worker that
+    opens the path now sees them all."""
+    monkeypatch.setattr(shared_files, "LINK_CHECK_INTERVAL_S", 0.0)
+    shared = tmp_path / "shared"
+    first = SharedSettleQueue(str(shared))
+    second = SharedSettleQueue(str(shared))
+    records = [
+        QueueRecord(os.getpid(), 1, 2.5, 100 * MIB, 50 * MIB, False),
+        QueueRecord(os.getpid(), 2, 3.5, 110 * MIB, 50 * MIB, True),
+    ]
+    first.store(90 * MIB, records)
+    shutil.rmtree(shared)
+    ordered = [records[1], records[0]]  # placeholders first
+    assert first.load() == (90 * MIB, ordered)
+    assert second.load() == (90 * MIB, ordered)
+    third = SharedSettleQueue(str(shared))
+    assert third.load() == (90 * MIB, ordered)
+    assert caplog.text.count("moved to the file now at that path") == 2
+    for queue in (first, second, third):
+        queue.close()
+
+
+def test_the_settling_queue_keeps_working_when_its_directory_cannot_be_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A regular file where the directory was: a fork hook and later loads do not raise;
+    the worker goes on with the file it has and says so once."""
+    monkeypatch.setattr(shared_files, "LINK_CHECK_INTERVAL_S", 0.0)
+    shared = tmp_path / "shared"
+    queue = SharedSettleQueue(str(shared))
+    records = [QueueRecord(os.getpid(), 1, 2.5, 100 * MIB, 50 * MIB, False)]
+    queue.store(None, records)
+    shutil.rmtree(shared)
+    shared.write_text("in the way")
+    queue.after_fork()
+    assert queue.load() == (None, records)
+    assert queue.load() == (None, records)
+    assert caplog.text.count("cannot be made again") == 1
+    queue.close()

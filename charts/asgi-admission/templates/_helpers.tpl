@@ -135,6 +135,9 @@ schema is skipped. Included by the Deployment, which every render contains.
 {{- if and .Values.autoscaling.hpa.enabled .Values.autoscaling.keda.enabled }}
 {{- fail "autoscaling.hpa.enabled and autoscaling.keda.enabled are both true: KEDA creates and manages its own HorizontalPodAutoscaler for the Deployment, so enable only one of them." }}
 {{- end }}
+{{- if not (has .Values.autoscaling.hpa.scaleOn (list "memory" "admissible")) }}
+{{- fail (printf "autoscaling.hpa.scaleOn is %q: it must be \"memory\" (the pods' memory usage ratio) or \"admissible\" (the pods' session fullness)." (toString .Values.autoscaling.hpa.scaleOn)) }}
+{{- end }}
 {{- if and .Values.metrics.serviceMonitor.enabled .Values.metrics.podMonitor.enabled }}
 {{- fail "metrics.serviceMonitor.enabled and metrics.podMonitor.enabled are both true: each pod would be scraped twice and every series duplicated, so enable only one of them." }}
 {{- end }}

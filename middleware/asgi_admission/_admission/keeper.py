@@ -412,12 +412,20 @@ class ReservationKeeper:
             return
         new = self.learner.take_new()
         if self._store is not None and new:
-            self.learner.merge(self._store.add(new))
+            merged = self._store.add(new, known=self.learner.observations())
+            if merged is not None:  # None: the file is unusable for now (logged once)
+                self.learner.merge(merged)
         self._update_reserve()
 
     def _refresh_shared(self) -> None:
         assert self._store is not None
-        self.learner.merge(self._store.load())
+        loaded = self._store.refresh()
+        if loaded is not None and not loaded and self.learner.observations():
+            # The file was deleted and made again: this worker writes back what it knows.
+            loaded = self._store.add([], known=self.learner.observations())
+        if loaded is None:
+            return  # unusable for now (logged once): this worker keeps what it learned
+        self.learner.merge(loaded)
         if self.learner.version != self._learned_version:
             self._update_reserve()
 

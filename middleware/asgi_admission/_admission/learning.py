@@ -226,6 +226,16 @@ class SessionLearner:
             for route, values in self._footprints.items()
         }
 
+    def observations(self) -> dict[str, dict[str, list[float]]]:
+        """Everything this learner holds, in the shape of the shared file."""
+        return {
+            route: {
+                "footprints": [float(v) for v in footprints],
+                "ramps": [float(v) for v in self._ramps.get(route, ())],
+            }
+            for route, footprints in self._footprints.items()
+        }
+
     def merge(self, observations: dict[str, dict[str, list[float]]]) -> None:
         """Replace this learner's observations with the shared file's (already merged)."""
         footprints: dict[str, deque[int]] = {}

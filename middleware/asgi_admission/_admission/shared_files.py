@@ -8,92 +8,69 @@ learned file, under its own ``flock``.
 
 Notes:
 
-- ``open_private`` opens them with the care a shared directory needs: no
-  symlink is followed (``O_NOFOLLOW``), a new file is ``0600``, and an existing
-  one must be a regular file owned by this user and closed to everyone else,
-  else the error names ``ADMISSION_SHARED_DIR``. It is one function so that a
-  project-wide safe-open helper can replace it.
+- They are opened as the ledger is (``safe_files.open_private_file``): relative to
+  the checked directory, no symlink followed, a new file ``0600``, an existing one a
+  regular file of this user that no one else may write to, else the error names
+  ``ADMISSION_SHARED_DIR``.
 - A malformed settling file is rebuilt empty (reservations in it then settle by
   time); a malformed learned file is replaced (what it held is learned again).
+- Once the service runs, a fault never raises out of them: the directory deleted (a
+  tmp cleaner, an operator's ``rm``) is recreated, as the ledger does; a settling file
+  deleted or replaced is followed, its rows carried over; a learned file that cannot be
+  used is logged once and retried, each worker keeping what it learned meanwhile.
+  Startup still fails with the error naming ``ADMISSION_SHARED_DIR``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import logging
 import os
-import stat
 import struct
+import time
 from collections.abc import Iterator
 from typing import Final
 
+from asgi_admission._admission.safe_files import open_private_file
 from asgi_admission._admission.settling import QueueRecord
 
 logger = logging.getLogger("asgi_admission")
 
 SETTLING_FILE: Final = "asgi-admission.settling"
 LEARNED_FILE: Final = "asgi-admission.learned"
+SETTING: Final = "ADMISSION_SHARED_DIR"
 SETTLING_MAGIC: Final = b"ASGISET1"
 #: Rows in the settling file: far more unsettled sessions than one container holds.
 SETTLING_CAPACITY: Final = 4096
+
+#: How often (at most) a worker checks that its settling file is still the one at the path.
+LINK_CHECK_INTERVAL_S: Final = 0.25
 
 _HEADER: Final = struct.Struct("=8sIIq")  # magic, capacity, rows in use, floor (-1: none)
 _ROW: Final = struct.Struct("=qqdqq?7x")  # pid, seq, admitted at, base, expected, placeholder
 
 
-def open_private(path: str) -> int:
-    """Open (or create, ``0600``) a file of the shared directory, refusing what is unsafe.
-
-    Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` for a symlink, a file
-    that is not regular, one owned by another user, or one others may read.
-    """
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        why = "it is a symbolic link" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
-        raise ValueError(
-            f"ADMISSION_SHARED_DIR: cannot open {path}: {why}. Point ADMISSION_SHARED_DIR at "
-            "a directory only this service's user can write."
-        ) from exc
-    info = os.fstat(fd)
-    problem = None
-    if not stat.S_ISREG(info.st_mode):
-        problem = "it is not a regular file"
-    elif info.st_uid != os.geteuid():
-        problem = f"it is owned by uid {info.st_uid}, not by this process's uid {os.geteuid()}"
-    elif info.st_mode & 0o077:
-        problem = f"its mode {stat.S_IMODE(info.st_mode):04o} lets other users in"
-    if problem is not None:
-        os.close(fd)
-        raise ValueError(
-            f"ADMISSION_SHARED_DIR: refusing {path}: {problem}. Remove it, or point "
-            "ADMISSION_SHARED_DIR at a directory only this service's user can write."
-        )
-    return fd
-
-
-def prepare_dir(directory: str) -> None:
-    """Create the shared directory (``0700``) if needed; ``ValueError`` naming the setting."""
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(
-            f"ADMISSION_SHARED_DIR={directory!r} cannot be created: {exc.strerror or exc}."
-        ) from exc
+def _open(directory: str, name: str) -> int:
+    """Open (or create, ``0600``) ``name`` in the shared directory, making the directory
+    (``0700``) if it is missing: a deleted one is made again. ``ValueError`` naming
+    ``ADMISSION_SHARED_DIR`` for what is unsafe (a symlink, not a regular file, another
+    user's, writable by others), as for the ledger itself."""
+    return open_private_file(directory, name, setting=SETTING)
 
 
 class SharedSettleQueue:
     """The settling queue of every worker, in one file; used inside the ledger's lock."""
 
-    __slots__ = ("_fd", "path")
+    __slots__ = ("_broken", "_directory", "_fd", "_next_check", "path")
 
     def __init__(self, directory: str) -> None:
-        prepare_dir(directory)
+        self._directory = directory
         self.path = os.path.join(directory, SETTLING_FILE)
-        self._fd = open_private(self.path)
+        self._fd = _open(directory, SETTLING_FILE)
+        self._next_check = time.monotonic() + LINK_CHECK_INTERVAL_S
+        self._broken = False
         with self._exclusive():
             header = os.pread(self._fd, _HEADER.size, 0)
             if not self._usable(header):
@@ -125,6 +102,15 @@ class SharedSettleQueue:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def load(self) -> tuple[int | None, list[QueueRecord]]:
+        now = time.monotonic()
+        if now >= self._next_check:
+            # An fstat costs about 1 µs: asked at most every LINK_CHECK_INTERVAL_S.
+            self._next_check = now + LINK_CHECK_INTERVAL_S
+            if os.fstat(self._fd).st_nlink == 0:
+                self._follow()
+        return self._load()
+
+    def _load(self) -> tuple[int | None, list[QueueRecord]]:
         header = os.pread(self._fd, _HEADER.size, 0)
         if not self._usable(header):
             self._reset("an unreadable header")
@@ -158,6 +144,43 @@ class SharedSettleQueue:
         )
         os.pwrite(self._fd, header + rows, 0)
 
+    def _follow(self) -> None:
+        """The file was deleted or replaced: move to the one at the path now, carrying
+        over the rows it lacks (the other workers do the same, so none is lost). If it
+        cannot be opened, the old file still serves this worker; logged once."""
+        try:
+            fd = _open(self._directory, SETTLING_FILE)
+        except (OSError, ValueError) as exc:
+            if not self._broken:
+                self._broken = True
+                logger.warning(
+                    "asgi-admission: the shared settling queue %s was deleted and cannot be "
+                    "made again (%s); this worker settles its own sessions until it can.",
+                    self.path,
+                    exc,
+                )
+            return
+        floor, records = self._load()
+        old, self._fd = self._fd, fd
+        self._broken = False
+        with self._exclusive():
+            header = os.pread(fd, _HEADER.size, 0)
+            if not self._usable(header):
+                self._reset(None)
+            new_floor, new_records = self._load()
+            known = {(r.pid, r.seq) for r in new_records}
+            moved = [r for r in records if (r.pid, r.seq) not in known]
+            if moved:
+                # Placeholders first (they are a prefix), then in admission order.
+                merged = sorted(new_records + moved, key=_queue_order)
+                self.store(new_floor if new_floor is not None else floor, merged)
+        os.close(old)
+        logger.warning(
+            "asgi-admission: the shared settling queue %s was deleted or replaced; this "
+            "worker moved to the file now at that path.",
+            self.path,
+        )
+
     def owner_alive(self, pid: int) -> bool:
         if pid == os.getpid():
             return True
@@ -174,9 +197,16 @@ class SharedSettleQueue:
         return True
 
     def after_fork(self) -> None:
-        # flock belongs to the open file description: a child opens its own.
+        # flock belongs to the open file description: a child opens its own. Never
+        # raises (a fork hook has no caller to tell): if the file cannot be opened now,
+        # the child keeps the parent's and looks again at its next load.
+        try:
+            fd = _open(self._directory, SETTLING_FILE)
+        except (OSError, ValueError):
+            self._next_check = 0.0
+            return
         os.close(self._fd)
-        self._fd = open_private(self.path)
+        self._fd = fd
 
     def close(self) -> None:
         os.close(self._fd)
@@ -188,29 +218,67 @@ Observations = dict[str, dict[str, list[float]]]
 class LearnedStore:
     """What the workers learned, per route, in one JSON file that outlives them."""
 
-    __slots__ = ("path", "window")
+    __slots__ = ("_broken", "_directory", "path", "window")
 
     def __init__(self, directory: str, *, window: int) -> None:
-        prepare_dir(directory)
+        self._directory = directory
         self.path = os.path.join(directory, LEARNED_FILE)
         self.window = window
-        os.close(open_private(self.path))
+        self._broken = False
+        os.close(_open(directory, LEARNED_FILE))
 
     def load(self) -> Observations:
-        """The observations in the file; empty when it has none or is unreadable."""
-        fd = open_private(self.path)
+        """The observations in the file; empty when it has none or is unreadable.
+
+        ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when the file cannot be opened
+        (at startup and for ``probe``); a running service uses :meth:`refresh`.
+        """
+        fd = _open(self._directory, LEARNED_FILE)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
             return self._parse(_read_all(fd))
         finally:
             os.close(fd)
 
-    def add(self, new: list[tuple[str, int, float | None]]) -> Observations:
-        """Append ``(route, footprint, ramp)`` observations; the merged result."""
-        fd = open_private(self.path)
+    def refresh(self) -> Observations | None:
+        """:meth:`load` for a running service: ``None`` when the file cannot be used now."""
+        fd = self._open()
+        if fd is None:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            return self._parse(_read_all(fd))
+        finally:
+            os.close(fd)
+
+    def add(
+        self,
+        new: list[tuple[str, int, float | None]],
+        *,
+        known: Observations | None = None,
+    ) -> Observations | None:
+        """Append ``(route, footprint, ramp)`` observations; the merged result, or
+        ``None`` when the file cannot be used now (logged once until it can).
+
+        ``known``, all this worker has learned (``new`` included), refills a file found
+        empty (deleted and made again): what the workers learned is not lost with it.
+        """
+        fd = self._open()
+        if fd is None:
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             merged = self._parse(_read_all(fd))
+            if not merged and known:
+                # ``known`` holds ``new`` already.
+                merged = {
+                    route: {
+                        "footprints": list(values["footprints"])[-self.window :],
+                        "ramps": list(values["ramps"])[-self.window :],
+                    }
+                    for route, values in known.items()
+                }
+                new = []
             for route, footprint, ramp in new:
                 values = merged.setdefault(route, {"footprints": [], "ramps": []})
                 values["footprints"] = [*values["footprints"], float(footprint)][-self.window :]
@@ -220,8 +288,34 @@ class LearnedStore:
             os.ftruncate(fd, 0)
             os.pwrite(fd, data, 0)
             return merged
+        except OSError as exc:
+            self._unusable(exc)
+            return None
         finally:
             os.close(fd)
+
+    def _open(self) -> int | None:
+        try:
+            fd = _open(self._directory, LEARNED_FILE)
+        except (OSError, ValueError) as exc:
+            self._unusable(exc)
+            return None
+        if self._broken:
+            self._broken = False
+            logger.warning(
+                "asgi-admission: the learned-sessions file %s is usable again.", self.path
+            )
+        return fd
+
+    def _unusable(self, exc: BaseException) -> None:
+        if not self._broken:
+            self._broken = True
+            logger.warning(
+                "asgi-admission: the learned-sessions file %s cannot be used (%s); each "
+                "worker keeps what it learns and shares it once the file can be used again.",
+                self.path,
+                exc,
+            )
 
     def _parse(self, data: bytes) -> Observations:
         if not data.strip():
@@ -242,6 +336,10 @@ class LearnedStore:
                 self.path,
             )
             return {}
+
+
+def _queue_order(record: QueueRecord) -> tuple[bool, float]:
+    return not record.placeholder, record.admitted_at
 
 
 def _read_all(fd: int) -> bytes:

@@ -400,21 +400,19 @@ class AdmissionMiddleware:
         # accepted WebSockets; a shared ledger adds the other workers' counts. App
         # code, so it is asked once, before the critical section, never inside it.
         settler = keeper.settler
-        own = None
-        if self._current_sessions is not None:
-            count = self._app_count()
-            if count is not None:
-                if settler.waiting and count < settler.past_response:
-                    # The app counts fewer sessions than are waiting to settle: some ended.
-                    with self._attempt:
-                        ended = settler.counted(count)
-                    apply(ended)
-                own = self._less_waiting(count)
+        count = None if self._current_sessions is None else self._app_count()
+        if count is not None and settler.waiting and count < settler.past_response:
+            # The app counts fewer sessions than are waiting to settle: some ended.
+            with self._attempt:
+                ended = settler.counted(count)
+            apply(ended)
         if keeper.deferred:
             # Session events kept while another worker held the ledger count first.
             with self._attempt:
                 caught_up = keeper.catch_up()
             apply(caught_up)
+        # Netted out after the events above, which change the sessions waiting.
+        own = None if count is None else self._less_waiting(count)
         with self._attempt:
             current, pending = ledger.counts(own)
             decision = self._controller.assess(current, limit, pending, read=self._safe_read)

@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 from reskit import MIB, counts
 
-from asgi_admission import AdmissionController, MemoryReading
+from asgi_admission import (
+    AdmissionController,
+    AdmissionMiddleware,
+    AdmissionTicket,
+    MemoryReading,
+)
 from asgi_admission._admission.keeper import ReservationKeeper, apply
 from asgi_admission._admission.ledger import InProcessLedger, LedgerBusy
 from asgi_admission._memory.reading import UNAVAILABLE
@@ -225,3 +230,37 @@ def test_what_was_learned_survives_the_shared_directory_being_deleted(
     fresh, _ = make(Memory(100), learning="raise", shared_dir=str(shared))
     assert fresh.estimates() == keeper.estimates()
     assert "Traceback" not in caplog.text
+
+
+def test_a_decision_nets_out_the_apps_count_after_the_kept_events() -> None:
+    """A response kept while the ledger was held is applied before the app's count is
+    netted out: the session is counted once (pending), so one more fits under a cap of two."""
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("not called")
+
+    store: list[str] = []
+    guard = AdmissionMiddleware(
+        app,
+        session_routes=["POST /s"],
+        controller=AdmissionController(reserve_bytes=10 * MIB, memory_reader=Memory(100)),
+        current_sessions=lambda: len(store),
+        max_sessions=2,
+        registry=None,
+    )
+    scope = {"type": "http", "method": "POST", "path": "/s"}
+    first = guard._admit("http", scope)
+    assert isinstance(first, AdmissionTicket)
+    store.append("first")  # the app counts its session once it has answered
+    keeper = guard.keeper
+    ledger = guard._ledger
+    assert isinstance(ledger, InProcessLedger)
+    lock = Busy(ledger)
+    keeper._locked = lock
+    lock.held = True
+    keeper.respond(first._entry)  # kept: its memory has not shown yet
+    assert keeper.deferred == 1
+    lock.held = False
+    second = guard._admit("http", scope)
+    assert keeper.deferred == 0
+    assert isinstance(second, AdmissionTicket), second

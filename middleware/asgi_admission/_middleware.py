@@ -359,9 +359,8 @@ class AdmissionMiddleware:
     async def _decide_later(
         self, kind: Kind, scope: Scope | None, tried: LedgerBusy
     ) -> AdmissionTicket | Refused:
-        """:meth:`_admit` after a first attempt raised ``tried``, retried without
-        blocking the loop; a ``ledger_busy`` refusal when the shared ledger cannot be
-        had in time."""
+        """:meth:`_admit` retried without blocking the loop after the caller's first try
+        raised ``tried`` (a free ledger costs no coroutine); else a ``ledger_busy`` refusal."""
         try:
             return await when_free(lambda: self._admit(kind, scope), tried=tried)
         except LedgerBusy as exc:
@@ -399,20 +398,18 @@ class AdmissionMiddleware:
         # The app's own count (current_sessions) replaces the ledger's count of
         # accepted WebSockets; a shared ledger adds the other workers' counts. App
         # code, so it is asked once, before the critical section, never inside it.
-        settler = keeper.settler
         count = None if self._current_sessions is None else self._app_count()
-        if count is not None and settler.waiting and count < settler.past_response:
+        if count is not None and keeper.settler.waiting and count < keeper.settler.past_response:
             # The app counts fewer sessions than are waiting to settle: some ended.
             with self._attempt:
-                ended = settler.counted(count)
+                ended = keeper.settler.counted(count)
             apply(ended)
         if keeper.deferred:
             # Session events kept while another worker held the ledger count first.
             with self._attempt:
                 caught_up = keeper.catch_up()
             apply(caught_up)
-        # Netted out after the events above, which change the sessions waiting.
-        own = None if count is None else self._less_waiting(count)
+        own = None if count is None else self._less_waiting(count)  # after the events above
         with self._attempt:
             current, pending = ledger.counts(own)
             decision = self._controller.assess(current, limit, pending, read=self._safe_read)
@@ -426,14 +423,8 @@ class AdmissionMiddleware:
             else:
                 retry_after_s = self._retry_delay(decision)
             # A fast-path decision reads a bound (usage with its cache), never
-            # used for settling: a look at the exact working set is due instead
-            # (none while no session waits past its response).
-            if memory.exact:
-                settled = keeper.settle_with(memory)
-            elif settler.past_response:
-                settled = keeper.due()
-            else:
-                settled = ()
+            # used for settling: a look at the exact working set is due instead.
+            settled = keeper.settle_with(memory) if memory.exact else keeper.due()
             blind_changed = self._note_blind(decision)
         if settled:
             apply(settled)
@@ -498,7 +489,6 @@ class AdmissionMiddleware:
     # -- session requests ---------------------------------------------------------
 
     async def _guard_http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Tried once here first: a free ledger (the common case) costs no coroutine.
         try:
             outcome = self._admit("http", scope)
         except LedgerBusy as exc:
@@ -538,7 +528,6 @@ class AdmissionMiddleware:
                 keeper.abandon(entry)
 
     async def _guard_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Tried once here first: a free ledger (the common case) costs no coroutine.
         try:
             outcome = self._admit("websocket", scope)
         except LedgerBusy as exc:

@@ -8,6 +8,9 @@ import pytest
 
 from asgi_admission._admission.ledger import LedgerBusy, LedgerUnavailable, when_free
 
+#: Internal on purpose: the ledger's retry helper, which has no public API.
+INTERNAL = "the ledger's retry helper, which has no public API"
+
 
 def test_a_busy_first_attempt_is_retried_after_an_await() -> None:
     """With the caller's LedgerBusy, the step runs again only after the loop got a turn."""

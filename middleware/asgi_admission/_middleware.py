@@ -198,6 +198,7 @@ class AdmissionMiddleware:
             min_reserve_bytes=config.reserve_min_bytes,
             timeout_s=config.pending_timeout_s,
             shared_dir=config.shared_dir,
+            ledger_is_current=getattr(self._ledger, "is_current", None),
             on_reserve=self._on_reserve,
         )
         self._refusal.learned = self._learned_details

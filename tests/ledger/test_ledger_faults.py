@@ -19,7 +19,7 @@ from ledgerkit import write_v2_tree
 from prometheus_client import CollectorRegistry
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
-from asgi_admission._admission import shared_ledger
+from asgi_admission._admission import shared_files, shared_ledger
 from asgi_admission._admission.ledger import LedgerBusy
 from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger, read_entries
 
@@ -362,3 +362,29 @@ def test_a_worker_left_in_a_deleted_file_does_not_take_the_movers_for_dead(
     finally:
         first.close()
         second.close()
+
+
+def test_the_ledger_says_whether_it_counts_in_the_file_at_its_path(
+    ledger_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """is_current (what the settling queue asks before it follows a deleted file): true
+    in the file at the path, false once that was deleted, true again after the move."""
+    monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 0.0)
+    ledger = SharedLedger(str(ledger_dir))
+    with ledger.locked():
+        ledger.counts()
+        assert ledger.is_current()
+    shutil.rmtree(ledger_dir)
+    assert not ledger.is_current()
+    with ledger.locked():  # the next critical section moves to the file made again
+        assert ledger.is_current()
+    ledger.close()
+
+
+def test_the_guards_settling_queue_asks_its_own_ledger(tmp_path: Path, ledger_dir: Path) -> None:
+    """With a shared directory, the settling queue follows a deleted file only when the
+    guard's own ledger has moved (it is handed that ledger's is_current)."""
+    middleware = guard(tmp_path, ledger_dir, ok_app)
+    queue = middleware.keeper._queue
+    assert isinstance(queue, shared_files.SharedSettleQueue)
+    assert queue._may_follow == middleware._ledger.is_current  # type: ignore[attr-defined]

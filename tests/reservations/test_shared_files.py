@@ -257,3 +257,43 @@ def test_the_settling_queue_keeps_working_when_its_directory_cannot_be_made(
     assert queue.load() == (None, records)
     assert caplog.text.count("cannot be made again") == 1
     queue.close()
+
+
+def test_only_this_workers_rows_move_to_the_new_settling_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that follows late carries over its own rows only: another worker's row,
+    which that worker may have dropped in the new file since, does not come back."""
+    monkeypatch.setattr(shared_files, "LINK_CHECK_INTERVAL_S", 0.0)
+    shared = tmp_path / "shared"
+    queue = SharedSettleQueue(str(shared))
+    own = QueueRecord(os.getpid(), 1, 2.5, 100 * MIB, 50 * MIB, False)
+    others = QueueRecord(os.getppid(), 7, 2.0, 100 * MIB, 50 * MIB, False)
+    queue.store(None, [others, own])
+    shutil.rmtree(shared)
+    assert queue.load() == (None, [own])
+    queue.close()
+
+
+def test_the_settling_queue_waits_for_its_ledger_to_move(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue is used under the ledger's lock: while this worker's ledger is still
+    the deleted file, the queue stays in its deleted file too (the workers already in
+    the new ledger write the new queue under a lock this worker does not hold); once
+    the ledger has moved, so does the queue, with its rows."""
+    monkeypatch.setattr(shared_files, "LINK_CHECK_INTERVAL_S", 0.0)
+    shared = tmp_path / "shared"
+    ledger_moved = False
+    queue = SharedSettleQueue(str(shared), may_follow=lambda: ledger_moved)
+    own = QueueRecord(os.getpid(), 1, 2.5, 100 * MIB, 50 * MIB, False)
+    queue.store(None, [own])
+    shutil.rmtree(shared)
+    newcomer = SharedSettleQueue(str(shared))
+    assert queue.load() == (None, [own])  # still the old file
+    assert newcomer.load() == (None, [])  # the new file: untouched
+    ledger_moved = True
+    assert queue.load() == (None, [own])
+    assert newcomer.load() == (None, [own])
+    queue.close()
+    newcomer.close()

@@ -109,6 +109,7 @@ class ReservationKeeper:
         min_reserve_bytes: int,
         timeout_s: float,
         shared_dir: str | None = None,
+        ledger_is_current: Callable[[], bool] | None = None,
         on_reserve: Callable[[int, int | None], None] = lambda learned, configured: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -135,7 +136,7 @@ class ReservationKeeper:
         self._store: LearnedStore | None = None
         queue: SettleQueue = LocalSettleQueue()
         if shared_dir is not None:
-            queue = SharedSettleQueue(shared_dir)
+            queue = SharedSettleQueue(shared_dir, may_follow=ledger_is_current)
             if learning != "off":
                 self._store = LearnedStore(shared_dir, window=WINDOW)
                 self.learner.merge(self._store.load())

@@ -30,7 +30,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from asgi_admission._admission.safe_files import open_private_file
@@ -63,9 +63,14 @@ def _open(directory: str, name: str) -> int:
 class SharedSettleQueue:
     """The settling queue of every worker, in one file; used inside the ledger's lock."""
 
-    __slots__ = ("_broken", "_directory", "_fd", "_next_check", "path")
+    __slots__ = ("_broken", "_directory", "_fd", "_may_follow", "_next_check", "path")
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, *, may_follow: Callable[[], bool] | None = None) -> None:
+        # Whether this worker's ledger is the file now at its path. The queue is used
+        # under the ledger's lock, so it may move to a new file only once the ledger
+        # has: until then the workers already in the new ledger would write the new
+        # queue under a lock this worker does not hold.
+        self._may_follow = may_follow
         self._directory = directory
         self.path = os.path.join(directory, SETTLING_FILE)
         self._fd = _open(directory, SETTLING_FILE)
@@ -107,8 +112,19 @@ class SharedSettleQueue:
             # An fstat costs about 1 µs: asked at most every LINK_CHECK_INTERVAL_S.
             self._next_check = now + LINK_CHECK_INTERVAL_S
             if os.fstat(self._fd).st_nlink == 0:
-                self._follow()
+                if self._following_allowed():
+                    self._follow()
+                else:
+                    self._next_check = 0.0  # look again at the next load
         return self._load()
+
+    def _following_allowed(self) -> bool:
+        if self._may_follow is None:
+            return True
+        try:
+            return self._may_follow()
+        except OSError:
+            return False
 
     def _load(self) -> tuple[int | None, list[QueueRecord]]:
         header = os.pread(self._fd, _HEADER.size, 0)
@@ -146,8 +162,9 @@ class SharedSettleQueue:
 
     def _follow(self) -> None:
         """The file was deleted or replaced: move to the one at the path now, carrying
-        over the rows it lacks (the other workers do the same, so none is lost). If it
-        cannot be opened, the old file still serves this worker; logged once."""
+        over this worker's own rows (each live worker carries its own: a row another
+        worker has since dropped must not come back). If it cannot be opened, the old
+        file still serves this worker; logged once."""
         try:
             fd = _open(self._directory, SETTLING_FILE)
         except (OSError, ValueError) as exc:
@@ -169,7 +186,8 @@ class SharedSettleQueue:
                 self._reset(None)
             new_floor, new_records = self._load()
             known = {(r.pid, r.seq) for r in new_records}
-            moved = [r for r in records if (r.pid, r.seq) not in known]
+            pid = os.getpid()
+            moved = [r for r in records if r.pid == pid and (r.pid, r.seq) not in known]
             if moved:
                 # Placeholders first (they are a prefix), then in admission order.
                 merged = sorted(new_records + moved, key=_queue_order)

@@ -396,6 +396,11 @@ class SharedLedger:
         self._write_own()
         return _SharedReservation(self)
 
+    def is_current(self) -> bool:
+        """Whether this worker counts in the file at the path, not in one deleted or
+        replaced that it has not left yet; inside ``locked()`` (its fd is open)."""
+        return self._fd >= 0 and os.fstat(self._fd).st_nlink > 0
+
     def _own_active(self) -> int:
         return self._active if self._reported is None else self._reported
 

@@ -297,3 +297,27 @@ def test_the_settling_queue_waits_for_its_ledger_to_move(
     assert newcomer.load() == (None, [own])
     queue.close()
     newcomer.close()
+
+
+def test_every_worker_adds_what_it_knows_to_a_learned_file_made_again(tmp_path: Path) -> None:
+    """The learned file deleted with its directory: the first worker to see it made
+    again writes what it knows, and another worker, which had learned more since the
+    first last looked, adds what the file lacks (its larger footprint is not lost);
+    what both knew is not counted twice."""
+    shared = tmp_path / "shared"
+    first = LearnedStore(str(shared), window=8)
+    second = LearnedStore(str(shared), window=8)
+    first.add([("POST /s", 100 * MIB, None)])
+    second.add([("POST /s", 300 * MIB, None)])
+    stale = {"POST /s": {"footprints": [100.0 * MIB], "ramps": []}}
+    current = {"POST /s": {"footprints": [100.0 * MIB, 300.0 * MIB], "ramps": []}}
+    shutil.rmtree(shared)
+    assert first.refresh() == {}
+    assert first.moved
+    assert first.add([], known=stale) == stale
+    assert second.refresh() == stale
+    assert second.moved
+    assert second.add([], known=current) == current
+    assert first.refresh() == current
+    assert not first.moved  # the same file as its last write: nothing to add
+    assert LearnedStore(str(shared), window=8).load() == current

@@ -421,8 +421,9 @@ class ReservationKeeper:
     def _refresh_shared(self) -> None:
         assert self._store is not None
         loaded = self._store.refresh()
-        if loaded is not None and not loaded and self.learner.observations():
-            # The file was deleted and made again: this worker writes back what it knows.
+        if loaded is not None and self._store.moved:
+            # Another file than last time (deleted and made again, or replaced): this
+            # worker adds what it knows that the file lacks, before taking it in.
             loaded = self._store.add([], known=self.learner.observations())
         if loaded is None:
             return  # unusable for now (logged once): this worker keeps what it learned

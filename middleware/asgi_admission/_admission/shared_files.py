@@ -23,11 +23,13 @@ Notes:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import json
 import logging
 import os
+import secrets
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -236,14 +238,21 @@ Observations = dict[str, dict[str, list[float]]]
 class LearnedStore:
     """What the workers learned, per route, in one JSON file that outlives them."""
 
-    __slots__ = ("_broken", "_directory", "path", "window")
+    __slots__ = ("_broken", "_directory", "_identity", "moved", "path", "window")
 
     def __init__(self, directory: str, *, window: int) -> None:
         self._directory = directory
         self.path = os.path.join(directory, LEARNED_FILE)
         self.window = window
         self._broken = False
-        os.close(_open(directory, LEARNED_FILE))
+        #: Whether the last refresh found another file than this worker last wrote or
+        #: read (deleted and made again, or replaced): then it adds what it knows.
+        self.moved = False
+        fd = _open(directory, LEARNED_FILE)
+        try:
+            self._identity: str | None = _file_id(_read_all(fd))
+        finally:
+            os.close(fd)
 
     def load(self) -> Observations:
         """The observations in the file; empty when it has none or is unreadable.
@@ -265,7 +274,9 @@ class LearnedStore:
             return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
-            return self._parse(_read_all(fd))
+            data = _read_all(fd)
+            self.moved = _file_id(data) != self._identity
+            return self._parse(data)
         finally:
             os.close(fd)
 
@@ -278,39 +289,57 @@ class LearnedStore:
         """Append ``(route, footprint, ramp)`` observations; the merged result, or
         ``None`` when the file cannot be used now (logged once until it can).
 
-        ``known``, all this worker has learned (``new`` included), refills a file found
-        empty (deleted and made again): what the workers learned is not lost with it.
+        ``known``, all this worker has learned (``new`` included), goes into a file
+        other than the one this worker last used (deleted and made again, or
+        replaced): each worker adds what the file lacks of it, so what any of them
+        learned is not lost with the old file.
         """
         fd = self._open()
         if fd is None:
             return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            merged = self._parse(_read_all(fd))
-            if not merged and known:
-                # ``known`` holds ``new`` already.
-                merged = {
-                    route: {
-                        "footprints": list(values["footprints"])[-self.window :],
-                        "ramps": list(values["ramps"])[-self.window :],
-                    }
-                    for route, values in known.items()
-                }
-                new = []
+            data = _read_all(fd)
+            merged = self._parse(data)
+            identity = _file_id(data)
+            if known is not None and identity != self._identity:
+                self._add_missing(merged, known)
+                new = []  # in known already
             for route, footprint, ramp in new:
                 values = merged.setdefault(route, {"footprints": [], "ramps": []})
                 values["footprints"] = [*values["footprints"], float(footprint)][-self.window :]
                 if ramp is not None:
                     values["ramps"] = [*values["ramps"], float(ramp)][-self.window :]
-            data = json.dumps({"version": 1, "routes": merged}, separators=(",", ":")).encode()
+            # A file without an id is new (or unreadable): it gets one, which tells the
+            # workers that used another file to add what they know (inode numbers are
+            # reused, so they cannot tell a file made again from the one before).
+            identity = identity or secrets.token_hex(8)
+            document = {"version": 1, "id": identity, "routes": merged}
+            data = json.dumps(document, separators=(",", ":")).encode()
             os.ftruncate(fd, 0)
             os.pwrite(fd, data, 0)
+            self._identity, self.moved = identity, False
             return merged
         except OSError as exc:
             self._unusable(exc)
             return None
         finally:
             os.close(fd)
+
+    def _add_missing(self, merged: Observations, known: Observations) -> None:
+        """Append to ``merged`` the values of ``known`` it lacks, counted as multisets:
+        what both hold (shared before the file changed) is not added twice."""
+        for route, values in known.items():
+            into = merged.setdefault(route, {"footprints": [], "ramps": []})
+            for key in ("footprints", "ramps"):
+                held = collections.Counter(into[key])
+                missing = []
+                for value in values.get(key, []):
+                    if held[value] > 0:
+                        held[value] -= 1
+                    else:
+                        missing.append(float(value))
+                into[key] = [*into[key], *missing][-self.window :]
 
     def _open(self) -> int | None:
         try:
@@ -358,6 +387,15 @@ class LearnedStore:
 
 def _queue_order(record: QueueRecord) -> tuple[bool, float]:
     return not record.placeholder, record.admitted_at
+
+
+def _file_id(data: bytes) -> str | None:
+    """The id a learned file was given when it was first written; ``None`` for none."""
+    try:
+        found = json.loads(data).get("id")
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
 
 
 def _read_all(fd: int) -> bytes:

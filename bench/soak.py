@@ -29,7 +29,8 @@ connection error counts only while a worker is being killed or stopped; no trace
 in the server's log; the ledger never counts more than ``max_sessions + 1`` sessions;
 no OOM kill in the group; ``/health`` p99 under 1 s and the worst ``/health`` outside
 a stopped or killed worker's window under 3 s; no worker's event loop stalled over 1 s
-outside such a window (each worker runs a probe, ``bench/soak_app.py``). At the end
+except while that worker itself was stopped or just restarted, and every live worker's
+loop still ticking at the end (each worker runs a probe, ``bench/soak_app.py``). At the end
 the load stops and the ledger's counts must come back to zero (readiness probes make
 every worker publish its own count). Exit status 1 on any violation; ``--json``
 writes the figures.
@@ -84,6 +85,10 @@ HEALTH_P99_BUDGET_S = 1.0
 HEALTH_WORST_BUDGET_S = 3.0
 #: The worst event-loop stall of any worker outside a fault window.
 LOOP_STALL_BUDGET_S = 1.0
+#: A live worker whose loop has not ticked (its probe's heartbeat) for this long is frozen.
+LOOP_SILENCE_BUDGET_S = 5.0
+#: Stalls in a worker's first seconds (a worker restarted after a kill) are not counted.
+STARTUP_GRACE_S = 5.0
 ALLOWED_STATUSES = frozenset({200, 201, 204, 404, 503})
 #: What growing a process session may answer: grown, halted (409), or ended (410).
 GROWN = frozenset({200, 404, 409, 410})
@@ -173,6 +178,8 @@ class Soak:
         self.phases: list[Phase] = [Phase("start", time.monotonic())]
         self.statuses: Counter[str] = Counter()
         self.fault_windows: list[tuple[float, float]] = []
+        #: The workers stopped: (pid, from, to); only their own stalls then are excused.
+        self.stops: list[tuple[int, float, float]] = []
         self.client_sessions = 0
         self.stopping = False
         self.rng = random.Random(12)
@@ -501,6 +508,7 @@ class Soak:
             now = time.monotonic()
             self.fault_windows.append((now, now + 2.0))
             victim = self.rng.choice(workers)
+            self.stops.append((victim, now, now + 2.0))
             os.kill(victim, signal.SIGSTOP)
             try:
                 await asyncio.sleep(2.0)
@@ -614,6 +622,7 @@ class Soak:
 
     def check(self, oom_before: int) -> None:
         result = self.result
+        violations = result.violations
         result.statuses = dict(sorted(self.statuses.items()))
         result.requests = sum(self.statuses.values())
         health = [s for phase in self.phases for s in phase.health_s]
@@ -623,15 +632,30 @@ class Soak:
         result.max_ledger_sessions = max(phase.max_ledger for phase in self.phases)
         result.oom_kills = oom_kills(self.group) - oom_before
         stalls: list[float] = []
-        in_faults: list[float] = []
-        for ended, lag in soak_app.read_stalls(self.stall_dir):
-            (in_faults if self.in_fault_window(ended) else stalls).append(lag)
+        stopped: list[float] = []
+        probes = soak_app.read_probes(self.stall_dir)
+        for pid, probe in probes.items():
+            for ended, lag in probe.stalls:
+                if ended - lag < probe.started + STARTUP_GRACE_S:
+                    continue  # a worker restarted after a kill imports and warms up
+                excused = any(
+                    victim == pid and start <= ended <= end + FAULT_GRACE_S
+                    for victim, start, end in self.stops
+                )
+                (stopped if excused else stalls).append(lag)
         result.loop_stall_worst_ms = round(max(stalls, default=0.0) * 1e3, 1)
         result.loop_stalls_over_100ms = sum(lag > 0.1 for lag in stalls)
-        result.loop_stall_in_faults_ms = round(max(in_faults, default=0.0) * 1e3, 1)
+        result.loop_stall_in_faults_ms = round(max(stopped, default=0.0) * 1e3, 1)
+        now = time.monotonic()
+        for pid in self.worker_pids():
+            probe = probes.get(pid)
+            silent = now - probe.last_beat if probe is not None else float("inf")
+            if silent > LOOP_SILENCE_BUDGET_S:
+                violations.append(
+                    f"worker pid {pid}'s event loop has not ticked for {silent:.1f} s"
+                )
         log = self.log_path.read_text(errors="replace")
         result.tracebacks = log.count("Traceback (most recent call last)")
-        violations = result.violations
         for number, phase in enumerate(self.phases):
             where = f"phase {number} ({phase.fault})"
             if phase.unexpected:

@@ -367,6 +367,7 @@ def test_keda_can_scale_on_admissible_sessions(rendered: dict[str, list[Manifest
         ({"scaleOn": "admissible"}, "1"),
         ({"scaleOn": "admissible", "threshold": "2"}, "2"),
         ({"threshold": 8}, "8"),
+        ({"scaleOn": "admissible", "threshold": None}, "1"),
     ],
 )
 def test_keda_threshold_goes_with_scale_on_unless_set(
@@ -469,6 +470,13 @@ def test_hpa_takes_the_metric_and_target_of_its_scale_on(
         (
             ["--set", "autoscaling.hpa.admissible.targetAverageValue=most"],
             "/autoscaling/hpa/admissible/targetAverageValue",
+        ),
+        (
+            [
+                *("--set", "autoscaling.hpa.scaleOn=admissible"),
+                *("--set", "autoscaling.hpa.admissible=null"),
+            ],
+            "autoscaling.hpa.admissible needs its metricName and targetAverageValue",
         ),
     ],
 )

@@ -138,6 +138,13 @@ schema is skipped. Included by the Deployment, which every render contains.
 {{- if not (has .Values.autoscaling.hpa.scaleOn (list "memory" "admissible")) }}
 {{- fail (printf "autoscaling.hpa.scaleOn is %q: it must be \"memory\" (the pods' memory usage ratio) or \"admissible\" (the pods' session fullness)." (toString .Values.autoscaling.hpa.scaleOn)) }}
 {{- end }}
+{{- if .Values.autoscaling.hpa.enabled }}
+{{- $mode := toString .Values.autoscaling.hpa.scaleOn }}
+{{- $metric := get .Values.autoscaling.hpa $mode | default dict }}
+{{- if not (and $metric.metricName $metric.targetAverageValue) }}
+{{- fail (printf "autoscaling.hpa.%s needs its metricName and targetAverageValue (autoscaling.hpa.scaleOn is %q): set them, or leave the block at the chart's default." $mode $mode) }}
+{{- end }}
+{{- end }}
 {{- if and .Values.metrics.serviceMonitor.enabled .Values.metrics.podMonitor.enabled }}
 {{- fail "metrics.serviceMonitor.enabled and metrics.podMonitor.enabled are both true: each pod would be scraped twice and every series duplicated, so enable only one of them." }}
 {{- end }}

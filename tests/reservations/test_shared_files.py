@@ -321,3 +321,29 @@ def test_every_worker_adds_what_it_knows_to_a_learned_file_made_again(tmp_path: 
     assert first.refresh() == current
     assert not first.moved  # the same file as its last write: nothing to add
     assert LearnedStore(str(shared), window=8).load() == current
+
+
+def test_a_new_settling_file_that_fails_under_a_worker_leaves_it_in_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writing the new file fails (a full disk): the load still answers from the old
+    file, raises nothing, and the worker moves once writing works again."""
+    monkeypatch.setattr(shared_files, "LINK_CHECK_INTERVAL_S", 0.0)
+    shared = tmp_path / "shared"
+    queue = SharedSettleQueue(str(shared))
+    own = QueueRecord(os.getpid(), 1, 2.5, 100 * MIB, 50 * MIB, False)
+    queue.store(None, [own])
+    shutil.rmtree(shared)
+    pwrite = os.pwrite
+
+    def full(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    assert queue.load() == (None, [own])
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    assert queue.load() == (None, [own])
+    newcomer = SharedSettleQueue(str(shared))
+    assert newcomer.load() == (None, [own])
+    queue.close()
+    newcomer.close()

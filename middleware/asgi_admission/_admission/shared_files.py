@@ -181,19 +181,26 @@ class SharedSettleQueue:
             return
         floor, records = self._load()
         old, self._fd = self._fd, fd
+        try:
+            with self._exclusive():
+                header = os.pread(fd, _HEADER.size, 0)
+                if not self._usable(header):
+                    self._reset(None)
+                new_floor, new_records = self._load()
+                known = {(r.pid, r.seq) for r in new_records}
+                pid = os.getpid()
+                moved = [r for r in records if r.pid == pid and (r.pid, r.seq) not in known]
+                if moved:
+                    # Placeholders first (they are a prefix), then in admission order.
+                    merged = sorted(new_records + moved, key=_queue_order)
+                    self.store(new_floor if new_floor is not None else floor, merged)
+        except OSError:
+            # The new file failed under us (a full disk): stay in the old one for now.
+            self._fd = old
+            os.close(fd)
+            self._next_check = 0.0
+            return
         self._broken = False
-        with self._exclusive():
-            header = os.pread(fd, _HEADER.size, 0)
-            if not self._usable(header):
-                self._reset(None)
-            new_floor, new_records = self._load()
-            known = {(r.pid, r.seq) for r in new_records}
-            pid = os.getpid()
-            moved = [r for r in records if r.pid == pid and (r.pid, r.seq) not in known]
-            if moved:
-                # Placeholders first (they are a prefix), then in admission order.
-                merged = sorted(new_records + moved, key=_queue_order)
-                self.store(new_floor if new_floor is not None else floor, merged)
         os.close(old)
         logger.warning(
             "asgi-admission: the shared settling queue %s was deleted or replaced; this "

@@ -127,6 +127,23 @@ def test_learned_ramp_time_settles_without_growth() -> None:
     assert not second.released
 
 
+def test_no_reservation_settles_by_time_while_memory_is_still_arriving() -> None:
+    """Past its learned ramp time, a session whose memory is visibly still coming in (the
+    working set growing fast: sessions ramp slower in a burst on a busy machine than the
+    ramp learned from calmer ones) keeps its reservation until growth has been quiet for
+    a second, or its memory shows."""
+    settler, ledger = make(ramp_s=1.0, timeout_s=10.0)
+    entry = admit(settler, ledger, 500 * MIB, 0.0)
+    apply(settler.respond(entry, 0.1))
+    for step in range(1, 6):  # 10 MiB every 0.3 s: 33 MiB/s, still short of the 90 %
+        apply(settler.settle(500 * MIB + step * 10 * MIB, 0.3 * step))
+        assert not entry.released, step
+    apply(settler.settle(550 * MIB, 2.4))  # quiet since 1.5 s, but not for a second yet
+    assert not entry.released
+    apply(settler.settle(550 * MIB, 2.6))
+    assert entry.released
+
+
 def test_the_pending_timeout_bounds_every_reservation() -> None:
     """With no growth and no ramp learned, the timeout releases the reservation."""
     settler, ledger = make(timeout_s=5.0)

@@ -51,6 +51,14 @@ logger = logging.getLogger("asgi_admission")
 #: The share of its expected bytes a session's growth must show to settle.
 VISIBLE_FRACTION: Final = 0.9
 DEFAULT_PENDING_TIMEOUT_S: Final = 120.0
+#: A working set growing at least this fast (over readings at least GROWTH_WINDOW_S
+#: apart) is memory still arriving: no session settles by its ramp time until it has
+#: been quiet for GROWTH_QUIET_S. Sessions ramp slower when many start at once on a
+#: busy machine than the ramp learned from calmer ones; releasing them by time while
+#: their memory is visibly still coming would admit a burst past capacity.
+GROWING_BYTES_PER_S: Final = 16 * 1024 * 1024
+GROWTH_WINDOW_S: Final = 0.25
+GROWTH_QUIET_S: Final = 1.0
 
 Kind = Literal["http", "websocket"]
 Phase = Literal["request", "waiting", "held", "started", "done"]
@@ -177,6 +185,8 @@ class Settler:
     __slots__ = (
         "_entries",
         "_footprint_bytes",
+        "_growing_until",
+        "_growth_ref",
         "_last_used",
         "_on_expired",
         "_pid",
@@ -213,6 +223,8 @@ class Settler:
         self._seq = itertools.count(1)
         self._pid = os.getpid()
         self._last_used: int | None = None
+        self._growth_ref: tuple[int, float] | None = None
+        self._growing_until = 0.0
         #: This process's sessions past their response, not held, not yet settled.
         self.waiting = 0
         #: Those and the held tickets past their response, not yet started.
@@ -337,6 +349,7 @@ class Settler:
         """Attribute the working set ``used_bytes`` (exact) and settle what it shows."""
         if used_bytes is not None:
             self._last_used = used_bytes
+            self._note_growth(used_bytes, now)
         floor, records = self._queue.load()
         actions: list[Action] = []
         if records:
@@ -358,6 +371,14 @@ class Settler:
             for entry in due:
                 actions += self._time_out(entry, now)
         return actions
+
+    def _note_growth(self, used_bytes: int, now: float) -> None:
+        ref = self._growth_ref
+        if ref is not None and now - ref[1] < GROWTH_WINDOW_S:
+            return
+        if ref is not None and (used_bytes - ref[0]) / (now - ref[1]) >= GROWING_BYTES_PER_S:
+            self._growing_until = now + GROWTH_QUIET_S
+        self._growth_ref = (used_bytes, now)
 
     def _taken_by_others(self) -> list[Action]:
         """Own entries another worker's pass found visible and took off the shared queue."""
@@ -442,7 +463,7 @@ class Settler:
             self._mark_placeholder(entry)
             return self._settle(entry)
         ramp = self._ramp_s(entry.route)
-        if ramp is not None and age >= ramp:
+        if ramp is not None and age >= ramp and now >= self._growing_until:
             self._mark_placeholder(entry)
             return self._settle(entry)
         return []

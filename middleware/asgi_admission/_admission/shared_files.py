@@ -267,25 +267,16 @@ class LearnedStore:
         ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when the file cannot be opened
         (at startup and for ``probe``); a running service uses :meth:`refresh`.
         """
-        fd = _open(self._directory, LEARNED_FILE)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            return self._parse(_read_all(fd))
-        finally:
-            os.close(fd)
+        return self._parse(_read_shared(_open(self._directory, LEARNED_FILE)))
 
     def refresh(self) -> Observations | None:
         """:meth:`load` for a running service: ``None`` when the file cannot be used now."""
         fd = self._open()
         if fd is None:
             return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            data = _read_all(fd)
-            self.moved = _file_id(data) != self._identity
-            return self._parse(data)
-        finally:
-            os.close(fd)
+        data = _read_shared(fd)
+        self.moved = _file_id(data) != self._identity
+        return self._parse(data)
 
     def add(
         self,
@@ -403,6 +394,15 @@ def _file_id(data: bytes) -> str | None:
     except (ValueError, AttributeError):
         return None
     return found if isinstance(found, str) else None
+
+
+def _read_shared(fd: int) -> bytes:
+    """All of ``fd`` under a shared ``flock``; closes it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return _read_all(fd)
+    finally:
+        os.close(fd)
 
 
 def _read_all(fd: int) -> bytes:

@@ -6,22 +6,29 @@ memory groups and fake cgroup v2 trees come from the tests' own helpers rather t
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from cgroup_trees import write_v2_tree
-from cgroupkit import memory_group, oom_kills, working_set_bytes
+from cgroupkit import joining, memory_group, oom_kills, working_set_bytes
 from processkit import free_port, stop_process_group
 
 __all__ = [
+    "burst_outcome",
     "free_port",
+    "joining",
     "memory_group",
     "oom_kills",
+    "server_alive",
     "stop_process_group",
     "timings_us",
     "working_set_bytes",
@@ -41,3 +48,25 @@ def timings_us(call: Callable[[], object], iterations: int, *, warmup: int) -> t
         samples.append(clock() - start)
     samples.sort()
     return statistics.median(samples) / 1000, samples[int(len(samples) * 0.99)] / 1000
+
+
+def burst_outcome(responses: Sequence[httpx.Response | str]) -> tuple[list[int | str], bool]:
+    """A burst's statuses (a string for a request that failed) and whether every 503
+    carried a whole ``Retry-After`` of at least one second."""
+    statuses: list[int | str] = [r if isinstance(r, str) else r.status_code for r in responses]
+    refusals = [r for r in responses if not isinstance(r, str) and r.status_code == 503]
+    retry_after_ok = all(
+        r.headers.get("retry-after", "").isdigit() and int(r.headers["retry-after"]) >= 1
+        for r in refusals
+    )
+    return statuses, retry_after_ok
+
+
+def server_alive(proc: subprocess.Popen[bytes], base_url: str) -> bool:
+    """Whether the server process still runs, and does not answer ``/health`` with
+    anything but 200 (a health request that fails outright leaves it counted alive)."""
+    if proc.poll() is not None:
+        return False
+    with contextlib.suppress(httpx.HTTPError):
+        return httpx.get(base_url + "/health", timeout=5).status_code == 200
+    return True

@@ -36,7 +36,16 @@ from pathlib import Path
 
 import httpx
 
-from benchkit import free_port, memory_group, oom_kills, stop_process_group, working_set_bytes
+from benchkit import (
+    burst_outcome,
+    free_port,
+    joining,
+    memory_group,
+    oom_kills,
+    server_alive,
+    stop_process_group,
+    working_set_bytes,
+)
 
 MIB = 1024 * 1024
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -160,10 +169,7 @@ def run_burst(
         # The shell joins the group first, so the server and everything it
         # allocates are charged to it from the start.
         argv = [
-            "sh",
-            "-c",
-            'echo $$ > "$0/cgroup.procs" && exec "$@"',
-            str(group),
+            *joining(group),
             sys.executable,
             "-c",
             _SERVE,
@@ -182,18 +188,8 @@ def run_burst(
             with sampling(group, sample_interval_s) as samples:
                 responses = asyncio.run(_burst(base_url, sessions, hold_s))
                 time.sleep(0.5)
-            statuses: list[int | str] = [
-                r if isinstance(r, str) else r.status_code for r in responses
-            ]
-            refusals = [r for r in responses if not isinstance(r, str) and r.status_code == 503]
-            retry_after_ok = all(
-                r.headers.get("retry-after", "").isdigit() and int(r.headers["retry-after"]) >= 1
-                for r in refusals
-            )
-            alive = proc.poll() is None
-            if alive:
-                with contextlib.suppress(httpx.HTTPError):
-                    alive = httpx.get(base_url + "/health", timeout=5).status_code == 200
+            statuses, retry_after_ok = burst_outcome(responses)
+            alive = server_alive(proc, base_url)
             result = BurstResult(
                 guarded=guarded,
                 limit_mb=limit_mb,

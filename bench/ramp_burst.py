@@ -46,7 +46,16 @@ from typing import Literal
 
 import httpx
 
-from benchkit import free_port, memory_group, oom_kills, stop_process_group, working_set_bytes
+from benchkit import (
+    burst_outcome,
+    free_port,
+    joining,
+    memory_group,
+    oom_kills,
+    server_alive,
+    stop_process_group,
+    working_set_bytes,
+)
 
 MIB = 1024 * 1024
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -75,10 +84,7 @@ def session_footprint(hold_mb: int) -> int:
         before = working_set_bytes(group)
         with subprocess.Popen(
             [
-                "sh",
-                "-c",
-                'echo $$ > "$0/cgroup.procs" && exec "$@"',
-                str(group),
+                *joining(group),
                 sys.executable,
                 "-c",
                 CHILD_SCRIPT,
@@ -162,7 +168,7 @@ class _Tracer(threading.Thread):
 
 
 def _serve_argv(group: Path, port: int, workers: int, guarded: bool) -> list[str]:
-    join = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)]
+    join = joining(group)
     if workers > 1:
         return [
             *join,
@@ -285,18 +291,8 @@ def run_ramp_burst(
             # Every admitted session has built its memory (the demo's child grows in
             # 4 MiB steps 50 ms apart, so a ramp takes about a second more than ramp_s).
             time.sleep(ramp_s + 2.5)
-            statuses: list[int | str] = [
-                r if isinstance(r, str) else r.status_code for r in responses
-            ]
-            refusals = [r for r in responses if not isinstance(r, str) and r.status_code == 503]
-            retry_after_ok = all(
-                r.headers.get("retry-after", "").isdigit() and int(r.headers["retry-after"]) >= 1
-                for r in refusals
-            )
-            alive = proc.poll() is None
-            if alive:
-                with contextlib.suppress(httpx.HTTPError):
-                    alive = httpx.get(base_url + "/health", timeout=5).status_code == 200
+            statuses, retry_after_ok = burst_outcome(responses)
+            alive = server_alive(proc, base_url)
             result = RampResult(
                 mode=mode,
                 workers=workers,

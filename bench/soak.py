@@ -63,7 +63,7 @@ import websockets
 import soak_app
 from asgi_admission._admission.ledger_file import FILE_NAME, header_problem, read_entries
 from asgi_admission._admission.shared_ledger import DEFAULT_CAPACITY
-from benchkit import free_port, memory_group, oom_kills, stop_process_group
+from benchkit import free_port, joining, memory_group, oom_kills, stop_process_group
 
 MIB = 1024 * 1024
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -220,7 +220,7 @@ class Soak:
             "warning",
         ]
         # Join the group before exec, so every worker (and restarted one) is charged to it.
-        argv = ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *argv]
+        argv = [*joining(group), *argv]
         self.log_path = self.work / "server.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(

@@ -40,6 +40,12 @@ def memory_group(limit_mb: int, name: str, *, swap_too: bool = True) -> Iterator
                 time.sleep(0.05)
 
 
+def joining(group: Path) -> list[str]:
+    """The argv prefix of a command run inside ``group``: a shell moves itself into the
+    group, then execs the rest, so the command and all it allocates are charged there."""
+    return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)]
+
+
 def working_set_bytes(group: Path) -> int:
     """The group's usage less its file cache, as the guard computes it."""
     usage = int((group / "memory.usage_in_bytes").read_text())

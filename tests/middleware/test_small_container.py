@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cgroupkit import oom_kills
+from cgroupkit import joining, oom_kills
 from processkit import free_port, stop_process_group
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -65,10 +65,7 @@ def demo_in(group: Path, tmp_path: Path, **settings: str) -> Iterator[tuple[str,
     env.update(settings)
     log = tmp_path / f"demo-{port}.log"
     argv = [
-        "sh",
-        "-c",
-        'echo $$ > "$0/cgroup.procs" && exec "$@"',
-        str(group),
+        *joining(group),
         sys.executable,
         "-m",
         "asgi_admission.cli",

@@ -27,6 +27,8 @@ DEFAULT_MAX_SESSIONS: Final = 16
 DEFAULT_RETRY_AFTER_S: Final = 5
 DEFAULT_RESERVE_MIN_MB: Final = 16
 DEFAULT_PENDING_TIMEOUT_S: Final = 120.0
+DEFAULT_BODY_TIMEOUT_S: Final = 10.0
+DEFAULT_BODY_BUFFER_KB: Final = 64
 
 # (current name, legacy name from the deployment this guard replaced, or None)
 ENV_HIGH: Final = ("ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT", "CODA_MEMORY_HIGH_WATERMARK_PERCENT")
@@ -45,6 +47,8 @@ ENV_LEARNING: Final = ("ADMISSION_SESSION_RESERVE_LEARNING", None)
 ENV_RESERVE_MIN_MB: Final = ("ADMISSION_SESSION_RESERVE_MIN_MB", None)
 ENV_PENDING_TIMEOUT: Final = ("ADMISSION_PENDING_TIMEOUT_SECONDS", None)
 ENV_WEBSOCKET_REFUSAL: Final = ("ADMISSION_WEBSOCKET_REFUSAL", None)
+ENV_BODY_TIMEOUT: Final = ("ADMISSION_BODY_TIMEOUT_SECONDS", None)
+ENV_BODY_BUFFER_KB: Final = ("ADMISSION_BODY_BUFFER_KB", None)
 #: Each field of AdmissionConfig and the variables from_env reads it from (the
 #: documentation's configuration reference is checked against this).
 ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
@@ -61,6 +65,8 @@ ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
     "reserve_learning": ENV_LEARNING,
     "reserve_min_bytes": ENV_RESERVE_MIN_MB,
     "pending_timeout_s": ENV_PENDING_TIMEOUT,
+    "body_timeout_s": ENV_BODY_TIMEOUT,
+    "body_buffer_bytes": ENV_BODY_BUFFER_KB,
 }
 
 
@@ -122,6 +128,13 @@ class AdmissionConfig:
     #: sends the 503 denial response where the server offers it, and ``"auto"``
     #: closes for a handshake with an ``Origin`` header (a browser) and denies others.
     websocket_refusal: WebSocketRefusal = "auto"
+    #: How long a session request's body may take to arrive: the guard decides once
+    #: it has, so a slow client holds no reservation while it sends (a ``408`` past
+    #: this); a body larger than ``body_buffer_bytes`` gives its reservation back
+    #: if it is not all there by then.
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    #: How much of a session request's body the guard reads before deciding.
+    body_buffer_bytes: int = DEFAULT_BODY_BUFFER_KB * 1024
 
     def __post_init__(self) -> None:
         check_watermarks(
@@ -151,6 +164,16 @@ class AdmissionConfig:
             raise ValueError(
                 "pending_timeout_s (ADMISSION_PENDING_TIMEOUT_SECONDS) must be a number of "
                 f"seconds above 0; got {self.pending_timeout_s!r}."
+            )
+        if not (math.isfinite(self.body_timeout_s) and self.body_timeout_s > 0):
+            raise ValueError(
+                "body_timeout_s (ADMISSION_BODY_TIMEOUT_SECONDS) must be a number of "
+                f"seconds above 0; got {self.body_timeout_s!r}."
+            )
+        if self.body_buffer_bytes < 0:
+            raise ValueError(
+                "body_buffer_bytes (ADMISSION_BODY_BUFFER_KB) must be 0 or more; "
+                f"got {self.body_buffer_bytes!r}."
             )
         if self.reclaimable not in get_args(Reclaimable):
             raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}.")
@@ -196,15 +219,9 @@ class AdmissionConfig:
         max_sessions = _env.number(env, ENV_MAX_SESSIONS, DEFAULT_MAX_SESSIONS, int, minimum=0)
         retry_after = _env.number(env, ENV_RETRY_AFTER, DEFAULT_RETRY_AFTER_S, int, minimum=1)
         min_mb = _env.number(env, ENV_RESERVE_MIN_MB, DEFAULT_RESERVE_MIN_MB, int, minimum=0)
-        timeout = _env.number(env, ENV_PENDING_TIMEOUT, DEFAULT_PENDING_TIMEOUT_S, float)
-        if not (math.isfinite(timeout) and timeout > 0):
-            logger.warning(
-                "%s=%r must be a number of seconds above 0; using the default %s.",
-                ENV_PENDING_TIMEOUT[0],
-                timeout,
-                DEFAULT_PENDING_TIMEOUT_S,
-            )
-            timeout = DEFAULT_PENDING_TIMEOUT_S
+        timeout = _seconds(env, ENV_PENDING_TIMEOUT, DEFAULT_PENDING_TIMEOUT_S)
+        body_timeout = _seconds(env, ENV_BODY_TIMEOUT, DEFAULT_BODY_TIMEOUT_S)
+        buffer_kb = _env.number(env, ENV_BODY_BUFFER_KB, DEFAULT_BODY_BUFFER_KB, int, minimum=0)
         return cls(
             high_watermark_percent=high,
             resume_threshold_percent=resume,
@@ -221,7 +238,23 @@ class AdmissionConfig:
             reserve_learning=_env.choice(env, ENV_LEARNING, get_args(Learning), "raise"),
             reserve_min_bytes=min_mb * MIB,
             pending_timeout_s=timeout,
+            body_timeout_s=body_timeout,
+            body_buffer_bytes=buffer_kb * 1024,
         )
+
+
+def _seconds(env: Mapping[str, str], names: _env.EnvNames, default: float) -> float:
+    """A number of seconds above 0 from ``names``; the default (with one warning) otherwise."""
+    value = _env.number(env, names, default, float)
+    if not (math.isfinite(value) and value > 0):
+        logger.warning(
+            "%s=%r must be a number of seconds above 0; using the default %s.",
+            names[0],
+            value,
+            default,
+        )
+        return default
+    return value
 
 
 def _reserve_mb(env: Mapping[str, str]) -> int | None:

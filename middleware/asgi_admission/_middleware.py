@@ -12,14 +12,14 @@ Notes:
 - Most admissions are decided by an upper bound of the working set (raw usage
   and the exact limit, two small reads) while the latch is clear and far from
   the ceiling: the latch's fast path (``AdmissionController.assess``).
+- An HTTP session request's body is read before the decision (``_body.py``):
+  a client still sending it holds nothing, and one that takes longer than
+  ``ADMISSION_BODY_TIMEOUT_SECONDS`` gets a ``408``.
 - A reservation outlives its response (HTTP) or accept (WebSocket) until the
   session's memory shows, its learned ramp time or the pending timeout passes,
   or the app's ticket says (``_admission/keeper.py``, ``docs/reservations.md``).
-  Before that point a failure ends it at once: the client disconnects, or the
-  app returns or raises without a complete response; a WebSocket ends it when
-  either side closes, the app denies the handshake, or the app returns.
-  Releasing is idempotent, so every one of these paths calls it and the first
-  one counts; the ``finally`` around the app call also covers ``CancelledError``.
+  A request that opened nothing (an error answer) or failed before that point
+  gives it back at once (``_watching.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar, get_args
 
 from prometheus_client import REGISTRY, CollectorRegistry
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asgi_admission._admission.decision_log import log_change
 from asgi_admission._admission.keeper import ReservationKeeper, apply, serve_with_keeper
@@ -44,6 +44,7 @@ from asgi_admission._admission.ledger import (
 from asgi_admission._admission.observer import DecisionObserver, Kind
 from asgi_admission._admission.reserve import never_admits
 from asgi_admission._admission.tickets import SCOPE_KEY, AdmissionTicket
+from asgi_admission._body import read_body
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
 from asgi_admission._factory import build_controller, build_ledger
@@ -54,12 +55,14 @@ from asgi_admission._responses import (
     RetryAfterPolicy,
     coerce_policy,
     send_http_refusal,
+    send_request_timeout,
     send_websocket_refusal,
     websocket_denial,
 )
 from asgi_admission._routes import RouteMatcher
 from asgi_admission._watchdog.lifespan import serve_lifespan
 from asgi_admission._watchdog.watchdog import SessionWatchdog
+from asgi_admission._watching import run_http, run_websocket
 
 logger = logging.getLogger("asgi_admission")
 
@@ -197,6 +200,9 @@ class AdmissionMiddleware:
             learning=config.reserve_learning,
             min_reserve_bytes=config.reserve_min_bytes,
             timeout_s=config.pending_timeout_s,
+            # A body larger than the buffer may take the body timeout to arrive, and
+            # keeps its reservation for that long if it does.
+            request_timeout_s=max(config.pending_timeout_s, config.body_timeout_s),
             shared_dir=config.shared_dir,
             ledger_is_current=getattr(self._ledger, "is_current", None),
             on_reserve=self._on_reserve,
@@ -490,43 +496,43 @@ class AdmissionMiddleware:
     # -- session requests ---------------------------------------------------------
 
     async def _guard_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The body first: a client still sending it holds nothing (_body.py).
+        config = self._config
+        started = time.monotonic()
+        body, arrival = await read_body(
+            receive, buffer_bytes=config.body_buffer_bytes, timeout_s=config.body_timeout_s
+        )
+        if arrival == "disconnected":
+            return
+        keeper = self._keeper
+        if arrival == "timed_out":
+            keeper.count_failure("http", "body_timeout")
+            await send_request_timeout(send, config.body_timeout_s)
+            return
         try:
             outcome = self._admit("http", scope)
         except LedgerBusy as exc:
             outcome = await self._decide_later("http", scope, exc)
         if isinstance(outcome, tuple):
             decision, retry_after_s, counts = outcome
-            body = self._refusal.body(decision, retry_after_s, counts)
-            await send_http_refusal(send, retry_after_s, body)
+            body_text = self._refusal.body(decision, retry_after_s, counts)
+            await send_http_refusal(send, retry_after_s, body_text)
             return
         # The app finds its ticket in the scope: admission_ticket(request).
         scope[SCOPE_KEY] = outcome
-        entry = outcome._entry
-        keeper = self._keeper
-        responded = False
-
-        async def receive_watching() -> Message:
-            message = await receive()
-            if message["type"] == "http.disconnect" and not responded:
-                keeper.abandon(entry)
-            return message
-
-        async def send_watching(message: Message) -> None:
-            nonlocal responded
-            await send(message)
-            message_type = message["type"]
-            if (
-                (message_type == "http.response.body" and not message.get("more_body", False))
-                or message_type == "http.response.pathsend"
-            ) and not responded:
-                responded = True
-                keeper.respond(entry)
-
-        try:
-            await self.app(scope, receive_watching, send_watching)
-        finally:
-            if not responded:
-                keeper.abandon(entry)
+        rest_due_in_s = None
+        if arrival == "partial":
+            rest_due_in_s = config.body_timeout_s - (time.monotonic() - started)
+        await run_http(
+            self.app,
+            scope,
+            receive,
+            send,
+            keeper=keeper,
+            entry=outcome._entry,
+            body=body,
+            rest_due_in_s=rest_due_in_s,
+        )
 
     async def _guard_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -548,31 +554,9 @@ class AdmissionMiddleware:
             return
         # The app finds its ticket in the scope: admission_ticket(request).
         scope[SCOPE_KEY] = outcome
-        entry = outcome._entry
-        keeper = self._keeper
-
-        async def receive_watching() -> Message:
-            message = await receive()
-            if message["type"] == "websocket.disconnect":
-                keeper.abandon(entry, session_over=True)
-            return message
-
-        async def send_watching(message: Message) -> None:
-            message_type = message["type"]
-            try:
-                await send(message)
-            finally:
-                if message_type == "websocket.close" or message_type.startswith(
-                    "websocket.http.response"
-                ):
-                    keeper.abandon(entry, session_over=True)
-            if message_type == "websocket.accept":
-                keeper.respond(entry)
-
-        try:
-            await self.app(scope, receive_watching, send_watching)
-        finally:
-            keeper.abandon(entry, session_over=True)
+        await run_websocket(
+            self.app, scope, receive, send, keeper=self._keeper, entry=outcome._entry
+        )
 
     # -- readiness ----------------------------------------------------------------
 

@@ -262,6 +262,33 @@ async def send_http_refusal(send: Send, retry_after_s: int, body: bytes) -> None
     await send({"type": "http.response.body", "body": body})
 
 
+async def send_request_timeout(send: Send, timeout_s: float) -> None:
+    """``408`` for a session request whose body did not arrive in time; the connection
+    closes, since the rest of the body may still be on its way."""
+    body = json.dumps(
+        {
+            "type": PROBLEM_TYPE_PREFIX + "body_timeout",
+            "title": "Request body not received in time",
+            "status": 408,
+            "detail": f"The request's body did not arrive within {timeout_s:g} seconds.",
+            "reason": "body_timeout",
+        },
+        separators=(",", ":"),
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 408,
+            "headers": [
+                *_STATIC_HEADERS,
+                (b"connection", b"close"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 def close_reason(retry_after_s: int, reason: Reason) -> str:
     """The 1013 close reason: ``retry_after_s=N; reason=R; <title>``, at most 123 bytes."""
     text = f"retry_after_s={retry_after_s}; reason={reason}; {_TITLES[reason]}"

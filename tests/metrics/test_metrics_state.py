@@ -57,6 +57,7 @@ def test_metric_types_and_labels(registry: CollectorRegistry) -> None:
         "session_ramp_seconds": ("gauge", set()),
         "admissible_sessions": ("gauge", set()),
         "pending_expired": ("counter", set()),
+        "session_requests_failed": ("counter", {"kind", "cause"}),
     }
     assert set(families) == {P + name for name in expected}
     for name, (kind, labels) in expected.items():

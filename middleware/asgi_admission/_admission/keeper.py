@@ -38,7 +38,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from typing import Final
+from typing import Final, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -75,6 +75,10 @@ SHARED_REFRESH_S: Final = 2.0
 RAMP_MARGIN: Final = 2.0
 _ROUTE_CACHE: Final = 1024
 
+#: Why a session request opened nothing: the app answered with an error status, or
+#: its body had not arrived by ``ADMISSION_BODY_TIMEOUT_SECONDS``.
+FailureCause = Literal["error_status", "body_timeout"]
+
 
 def apply(actions: Iterable[Action]) -> None:
     """Do what the settler decided; outside the ledger's lock."""
@@ -108,6 +112,7 @@ class ReservationKeeper:
         learning: Learning,
         min_reserve_bytes: int,
         timeout_s: float,
+        request_timeout_s: float | None = None,
         shared_dir: str | None = None,
         ledger_is_current: Callable[[], bool] | None = None,
         on_reserve: Callable[[int, int | None], None] = lambda learned, configured: None,
@@ -127,6 +132,8 @@ class ReservationKeeper:
         self._clock = clock
         #: Held tickets never started that the timeout released, in this process.
         self.expired_total = 0
+        #: Session requests that opened nothing, by kind and cause, in this process.
+        self.failed: dict[tuple[Kind, FailureCause], int] = {}
         self._routes: dict[tuple[str, str | None], str] = {}
         self._cached_version = -1
         self._cached: dict[str, RouteEstimate] = {}
@@ -144,6 +151,7 @@ class ReservationKeeper:
         self.settler = Settler(
             queue=queue,
             timeout_s=timeout_s,
+            request_timeout_s=request_timeout_s,
             ramp_s=self._ramp_s,
             min_ramp_s=self._min_ramp_s,
             footprint_bytes=self._footprint_bytes,
@@ -293,6 +301,21 @@ class ReservationKeeper:
             if memory.available and memory.used_bytes is not None:
                 actions += self._take(memory.used_bytes, now)
         return actions
+
+    def fail(self, entry: Settlement, cause: FailureCause) -> None:
+        """The request opened nothing (an error answer, a body that came too late): its
+        reservation goes back whatever its ticket said, and nothing is learned from it."""
+        self.count_failure(entry.kind, cause)
+
+        def step() -> Sequence[Action]:
+            self.learner.on_failed(entry.admitted_at)
+            return self.settler.release(entry)
+
+        self._now_or_later(step)
+
+    def count_failure(self, kind: Kind, cause: FailureCause) -> None:
+        """One more session request of ``kind`` that opened nothing, for the metrics."""
+        self.failed[kind, cause] = self.failed.get((kind, cause), 0) + 1
 
     def abandon(self, entry: Settlement, *, session_over: bool = False) -> None:
         """The request failed before its response, or the session ended."""

@@ -137,6 +137,20 @@ class SessionLearner:
         if route != episode.route:
             episode.mixed = True
 
+    def on_failed(self, admitted_at: float) -> None:
+        """The session admitted at ``admitted_at`` opened nothing (an error answer):
+        the open episode no longer counts it."""
+        episode = self._episode
+        if episode is None:
+            return
+        try:
+            episode.admitted.remove(admitted_at)
+        except ValueError:
+            return  # admitted before this episode (or beyond what it keeps)
+        episode.sessions -= 1
+        if not episode.admitted:
+            self._episode = None
+
     def on_session_end(self) -> None:
         """A session ended: memory freed in the open episode makes it teach nothing."""
         if self._episode is not None:

@@ -175,6 +175,8 @@ class Settlement:
 class Settler:
     """Keeps reservations pending until each session's memory shows.
 
+    ``timeout_s`` bounds a reservation past its response and a held ticket;
+    ``request_timeout_s`` (default the same) one whose request is still in progress.
     ``expected_bytes(route)`` is what one session of ``route`` is expected to add
     (its reserve, 0 or more); ``ramp_s(route)`` its learned ramp
     time or ``None``. ``on_expired()`` is told of each held ticket the timeout
@@ -195,6 +197,7 @@ class Settler:
         "_seq",
         "_shortest_ramp_s",
         "past_response",
+        "request_timeout_s",
         "timeout_s",
         "waiting",
     )
@@ -204,6 +207,7 @@ class Settler:
         *,
         queue: SettleQueue | None = None,
         timeout_s: float = DEFAULT_PENDING_TIMEOUT_S,
+        request_timeout_s: float | None = None,
         ramp_s: Callable[[str], float | None] = lambda route: None,
         min_ramp_s: Callable[[], float | None] = lambda: None,
         footprint_bytes: Callable[[str], int | None] = lambda route: None,
@@ -214,6 +218,8 @@ class Settler:
                 f"ADMISSION_PENDING_TIMEOUT_SECONDS must be greater than 0; got {timeout_s!r}."
             )
         self.timeout_s = float(timeout_s)
+        #: The longest a request still in progress holds its reservation (from admission).
+        self.request_timeout_s = self.timeout_s if request_timeout_s is None else request_timeout_s
         self._queue = queue if queue is not None else LocalSettleQueue()
         self._ramp_s = ramp_s
         self._shortest_ramp_s = min_ramp_s
@@ -366,7 +372,9 @@ class Settler:
             for entry in self._entries.values():
                 if entry.admitted_at > horizon:
                     break
-                if entry.phase in _PAST_RESPONSE:
+                if entry.phase in _PAST_RESPONSE or (
+                    entry.phase == "request" and now - entry.admitted_at >= self.request_timeout_s
+                ):
                     due.append(entry)
             for entry in due:
                 actions += self._time_out(entry, now)
@@ -442,6 +450,15 @@ class Settler:
 
     def _time_out(self, entry: Settlement, now: float) -> list[Action]:
         age = now - entry.admitted_at
+        if entry.phase == "request":
+            # A request still in progress past the timeout (a response the client
+            # does not read, an app that never answers) holds nothing any longer:
+            # whatever memory it built is expected of it as a placeholder.
+            self._mark_placeholder(entry)
+            self._phase(entry, "done")
+            entry.released = True
+            self._entries.pop(entry.seq, None)
+            return [(entry.reservation, "release")]
         if entry.phase == "held":
             if age < self.timeout_s:
                 return []

@@ -41,11 +41,12 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from functools import cache
-from typing import Final
+from typing import Final, get_args
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from asgi_admission._admission.keeper import FailureCause
 from asgi_admission._admission.latch import AdmissionController, CapacityDecision, has_no_limit
 from asgi_admission._admission.ledger import SessionLedger
 from asgi_admission._admission.observer import AdmissionView, DecisionObserver, Kind
@@ -73,6 +74,7 @@ DURATION_BUCKETS: Final = (
 )
 
 KINDS: Final[tuple[Kind, ...]] = ("http", "websocket")
+FAILURE_CAUSES: Final = get_args(FailureCause)
 STATES: Final = ("normal", "pressured", "unavailable")
 #: ``(allowed, reason)`` pairs a decision can carry, with their label values.
 OUTCOMES: Final = (
@@ -218,13 +220,19 @@ class AdmissionCollector:
             PREFIX + "pending_expired",
             "Held session tickets never started, released by the pending timeout.",
         )
+        failed = CounterMetricFamily(
+            PREFIX + "session_requests_failed",
+            "Session requests that opened nothing and hold no reservation: the app answered "
+            "an error (error_status), or the body did not arrive in time (body_timeout).",
+            labels=("kind", "cause"),
+        )
         build = GaugeMetricFamily(
             PREFIX + "build_info", "asgi-admission version; always 1.", labels=("version",)
         )
         if describing:
             yield from (working_set, limit, reclaimable, ratio, stall, ceiling, high, resume)
             yield from (reserve, state, session_limit, build)
-            yield from (footprint, ramp, admissible, expired)
+            yield from (footprint, ramp, admissible, expired, failed)
             if self.include_sessions:
                 yield sessions
             return
@@ -278,7 +286,12 @@ class AdmissionCollector:
                 footprint.add_metric((route,), footprint_bytes)
                 ramp.add_metric((route,), ramp_s)
             expired.add_metric((), sum(keeper.expired_total for keeper in keepers))
-            yield from (footprint, ramp, expired)
+            for kind in KINDS:
+                for cause in FAILURE_CAUSES:
+                    failed.add_metric(
+                        (kind, cause), sum(k.failed.get((kind, cause), 0) for k in keepers)
+                    )
+            yield from (footprint, ramp, expired, failed)
         if counts is not None:
             admissible.add_metric((), room)
             yield admissible

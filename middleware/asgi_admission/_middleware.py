@@ -54,6 +54,7 @@ from asgi_admission._responses import (
     RetryAfterPolicy,
     coerce_policy,
     send_http_refusal,
+    send_readiness,
     send_websocket_refusal,
     websocket_denial,
 )
@@ -582,20 +583,4 @@ class AdmissionMiddleware:
         except LedgerBusy as exc:
             self._note_busy(exc)
             state = "ledger_busy"
-        ready = state not in ("pressured", "ledger_busy")
-        body = b'{"ready":true,"state":"%s"}' if ready else b'{"ready":false,"state":"%s"}'
-        body = body % state.encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200 if ready else 503,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"cache-control", b"no-store"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send(
-            {"type": "http.response.body", "body": body if scope["method"] != "HEAD" else b""}
-        )
+        await send_readiness(send, state, head=scope["method"] == "HEAD")

@@ -58,7 +58,7 @@ from asgi_admission._responses import (
     send_websocket_refusal,
     websocket_denial,
 )
-from asgi_admission._routes import RouteMatcher
+from asgi_admission._routes import RouteMatcher, route_path
 from asgi_admission._watchdog.lifespan import serve_lifespan
 from asgi_admission._watchdog.watchdog import SessionWatchdog
 
@@ -314,19 +314,26 @@ class AdmissionMiddleware:
         scope_type = scope["type"]
         if scope_type == "http":
             routes = self._http_routes.get(scope["method"])
-            if routes is not None and routes.matches(scope["path"]):
+            if routes is None and not self._look_further:
+                await self.app(scope, receive, send)
+                return
+            # Patterns name the route the app routes: the path less a root_path prefix,
+            # looked for only where a server or a Mount set one.
+            path = route_path(scope) if scope.get("root_path") else scope["path"]
+            if routes is not None and routes.matches(path):
                 await self._guard_http(scope, receive, send)
             elif not self._look_further:
                 await self.app(scope, receive, send)
             elif self._predicate is not None and self._predicate(scope):
                 await self._guard_http(scope, receive, send)
-            elif scope["path"] == self._readiness_path:
+            elif path == self._readiness_path:
                 await self._readiness(scope, receive, send)
             else:
                 await self.app(scope, receive, send)
         elif scope_type == "websocket":
             routes = self._ws_routes
-            if (routes is not None and routes.matches(scope["path"])) or (
+            path = route_path(scope) if scope.get("root_path") else scope["path"]
+            if (routes is not None and routes.matches(path)) or (
                 self._predicate is not None and self._predicate(scope)
             ):
                 await self._guard_websocket(scope, receive, send)

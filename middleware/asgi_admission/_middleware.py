@@ -141,6 +141,8 @@ class AdmissionMiddleware:
             raise ValueError(f"readiness_path must start with '/'; got {readiness_path!r}.")
         self._readiness_path = readiness_path
         self._look_further = session_predicate is not None or readiness_path is not None
+        # Whether the patterns were checked for a root_path prefix (at the first one seen).
+        self._prefix_checked = False
 
         if config is not None and controller is not None:
             raise ValueError(
@@ -319,7 +321,7 @@ class AdmissionMiddleware:
                 return
             # Patterns name the route the app routes: the path less a root_path prefix,
             # looked for only where a server or a Mount set one.
-            path = route_path(scope) if scope.get("root_path") else scope["path"]
+            path = self._route_path(scope) if scope.get("root_path") else scope["path"]
             if routes is not None and routes.matches(path):
                 await self._guard_http(scope, receive, send)
             elif not self._look_further:
@@ -332,7 +334,7 @@ class AdmissionMiddleware:
                 await self.app(scope, receive, send)
         elif scope_type == "websocket":
             routes = self._ws_routes
-            path = route_path(scope) if scope.get("root_path") else scope["path"]
+            path = self._route_path(scope) if scope.get("root_path") else scope["path"]
             if (routes is not None and routes.matches(path)) or (
                 self._predicate is not None and self._predicate(scope)
             ):
@@ -343,6 +345,16 @@ class AdmissionMiddleware:
             await self._lifespan(scope, receive, send)
         else:
             await self.app(scope, receive, send)
+
+    def _route_path(self, scope: Scope) -> str:
+        """The route of a scope with a ``root_path``; at the first one, a warning for
+        patterns written with that prefix in them (they would match nothing)."""
+        if not self._prefix_checked:
+            self._prefix_checked = True
+            problem = self._matcher.prefixed(scope["root_path"])
+            if problem is not None:
+                logger.warning("asgi-admission: %s", problem)
+        return route_path(scope)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The one place startup/shutdown hooks go: the reservation sample and the

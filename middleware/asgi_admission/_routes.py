@@ -149,6 +149,28 @@ class RouteMatcher:
                 return pattern
         return None
 
+    def prefixed(self, root_path: str) -> str | None:
+        """What to say of the patterns whose path starts with ``root_path``, the prefix
+        the app is served under: written with the prefix, they match no route the app
+        routes (unless it routes the prefix twice). ``None`` when none does."""
+        prefix = root_path.rstrip("/")
+        if not prefix:
+            return None
+        found = []
+        for pattern in self.patterns:
+            method, path = parse_pattern(pattern)
+            if path == prefix or path.startswith(prefix + "/"):
+                found.append((pattern, f"{method} {path[len(prefix) :] or '/'}"))
+        if not found:
+            return None
+        return (
+            f"the session routes {', '.join(repr(p) for p, _ in found)} start with the "
+            f"prefix {root_path!r} the app is served under (its root_path), but a session "
+            "route names the route as the app routes it, without the prefix: "
+            f"{', '.join(repr(r) for _, r in found)}. Unless the app routes the prefix "
+            "twice, those patterns guard nothing."
+        )
+
     def http_routes(self) -> dict[str, MethodRoutes]:
         """The compiled HTTP routes by method, for a caller that inlines the lookup."""
         return {method: routes for method, routes in self._routes.items() if method != WEBSOCKET}

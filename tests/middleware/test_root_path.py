@@ -8,6 +8,7 @@ and older servers' with the prefix in ``root_path`` only.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -184,3 +185,38 @@ def test_a_session_is_named_by_its_route() -> None:
     assert keeper.route(http("POST", "/api/sessions", "/api")) == "POST /sessions"
     assert keeper.route(http("POST", "/api/sessions", None)) == "POST /api/sessions"
     assert keeper.route(http("POST", "/sessions", "/api")) == "POST /sessions"
+
+
+def test_a_pattern_with_the_prefix_in_it_is_warned_of_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Patterns written with the prefix (``POST /api/sessions`` under root_path /api)
+    match no route: the first request under a root_path logs one warning naming them
+    and the routes to write instead, and later requests log nothing."""
+    inner = Inner()
+    routes = ["POST /api/sessions", "WS /api/terminal/*", "POST /jobs", "POST /apix"]
+    mw = guard(inner, SettableReader(used_mb=900), routes=routes)
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        for _ in range(3):
+            assert call(mw, http("POST", "/api/sessions", "/api"))[0]["status"] == 200
+    warnings = [r.getMessage() for r in caplog.records if "prefix" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    named = "'POST /api/sessions', 'WS /api/terminal/*' start with the prefix '/api'"
+    assert named in warnings[0]
+    assert "'POST /sessions', 'WS /terminal/*'." in warnings[0]
+    assert "jobs" not in warnings[0]
+    assert "apix" not in warnings[0]
+    assert inner.reached == 3
+
+
+def test_no_warning_for_patterns_without_the_prefix(caplog: pytest.LogCaptureFixture) -> None:
+    """Patterns that name routes log nothing under a root_path, and a pattern that looks
+    prefixed logs nothing while requests come without one."""
+    right = guard(Inner(), SettableReader(), routes=["POST /sessions"])
+    looks_prefixed = guard(Inner(), SettableReader(), routes=["POST /api/sessions"])
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        call(right, http("POST", "/api/other", "/api"))
+        call(right, http("POST", "/api/sessions", "/api"))
+        call(looks_prefixed, http("POST", "/api/sessions", None))
+        call(looks_prefixed, http("POST", "/api/sessions", ""))
+    assert [r for r in caplog.records if "prefix" in r.getMessage()] == []

@@ -55,11 +55,12 @@ from asgi_admission._responses import (
     RetryAfterPolicy,
     coerce_policy,
     send_http_refusal,
+    send_readiness,
     send_request_timeout,
     send_websocket_refusal,
     websocket_denial,
 )
-from asgi_admission._routes import RouteMatcher
+from asgi_admission._routes import RouteMatcher, route_path
 from asgi_admission._watchdog.lifespan import serve_lifespan
 from asgi_admission._watchdog.watchdog import SessionWatchdog
 from asgi_admission._watching import run_http, run_websocket
@@ -143,6 +144,8 @@ class AdmissionMiddleware:
             raise ValueError(f"readiness_path must start with '/'; got {readiness_path!r}.")
         self._readiness_path = readiness_path
         self._look_further = session_predicate is not None or readiness_path is not None
+        # Whether the patterns were checked for a root_path prefix (at the first one seen).
+        self._prefix_checked = False
 
         if config is not None and controller is not None:
             raise ValueError(
@@ -319,19 +322,26 @@ class AdmissionMiddleware:
         scope_type = scope["type"]
         if scope_type == "http":
             routes = self._http_routes.get(scope["method"])
-            if routes is not None and routes.matches(scope["path"]):
+            if routes is None and not self._look_further:
+                await self.app(scope, receive, send)
+                return
+            # Patterns name the route the app routes: the path less a root_path prefix,
+            # looked for only where a server or a Mount set one.
+            path = self._route_path(scope) if scope.get("root_path") else scope["path"]
+            if routes is not None and routes.matches(path):
                 await self._guard_http(scope, receive, send)
             elif not self._look_further:
                 await self.app(scope, receive, send)
             elif self._predicate is not None and self._predicate(scope):
                 await self._guard_http(scope, receive, send)
-            elif scope["path"] == self._readiness_path:
+            elif path == self._readiness_path:
                 await self._readiness(scope, receive, send)
             else:
                 await self.app(scope, receive, send)
         elif scope_type == "websocket":
             routes = self._ws_routes
-            if (routes is not None and routes.matches(scope["path"])) or (
+            path = self._route_path(scope) if scope.get("root_path") else scope["path"]
+            if (routes is not None and routes.matches(path)) or (
                 self._predicate is not None and self._predicate(scope)
             ):
                 await self._guard_websocket(scope, receive, send)
@@ -341,6 +351,16 @@ class AdmissionMiddleware:
             await self._lifespan(scope, receive, send)
         else:
             await self.app(scope, receive, send)
+
+    def _route_path(self, scope: Scope) -> str:
+        """The route of a scope with a ``root_path``; at the first one, a warning for
+        patterns written with that prefix in them (they would match nothing)."""
+        if not self._prefix_checked:
+            self._prefix_checked = True
+            problem = self._matcher.prefixed(scope["root_path"])
+            if problem is not None:
+                logger.warning("asgi-admission: %s", problem)
+        return route_path(scope)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The one place startup/shutdown hooks go: the reservation sample and the
@@ -566,20 +586,4 @@ class AdmissionMiddleware:
         except LedgerBusy as exc:
             self._note_busy(exc)
             state = "ledger_busy"
-        ready = state not in ("pressured", "ledger_busy")
-        body = b'{"ready":true,"state":"%s"}' if ready else b'{"ready":false,"state":"%s"}'
-        body = body % state.encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200 if ready else 503,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"cache-control", b"no-store"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send(
-            {"type": "http.response.body", "body": body if scope["method"] != "HEAD" else b""}
-        )
+        await send_readiness(send, state, head=scope["method"] == "HEAD")

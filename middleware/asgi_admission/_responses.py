@@ -1,4 +1,4 @@
-"""What a refused client receives, and how long it is told to wait.
+"""What a refused client receives, and how long it is told to wait; the readiness answer.
 
 Notes:
 
@@ -287,6 +287,26 @@ async def send_request_timeout(send: Send, timeout_s: float) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def send_readiness(send: Send, state: str, *, head: bool) -> None:
+    """The readiness answer: 200 while sessions can be admitted, 503 while latched or
+    while the shared ledger is held, with the latch state in a small JSON body."""
+    ready = state not in ("pressured", "ledger_busy")
+    body = b'{"ready":true,"state":"%s"}' if ready else b'{"ready":false,"state":"%s"}'
+    body = body % state.encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200 if ready else 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"cache-control", b"no-store"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body if not head else b""})
 
 
 def close_reason(retry_after_s: int, reason: Reason) -> str:

@@ -9,6 +9,9 @@ Notes:
 - Matching runs on every request, so it is laid out for the common miss: one dict
   lookup on the method (WebSocket scopes have no ``method`` and look up ``WS``),
   then a set lookup for literal paths and one combined regex for globs.
+- A pattern names the route as the app routes it: the request path less the
+  ``root_path`` prefix a server (``uvicorn --root-path``) or a ``Mount`` put in front
+  of it (:func:`route_path`), as Starlette's router strips it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,26 @@ WEBSOCKET: Final = "WS"
 _HTTP_METHODS: Final = frozenset(
     {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
 )
+
+
+def route_path(scope: Scope) -> str:
+    """The path the app routes: ``scope["path"]`` less its ``root_path`` prefix.
+
+    What Starlette's router matches its routes against. A server or a ``Mount`` that
+    follows the ASGI spec puts the prefix in both ``root_path`` and ``path``; an older
+    server leaves it out of ``path``, which then is the route already. So the prefix
+    goes only when the path starts with it as whole segments: ``/apix/sessions`` under
+    ``/api`` stays as it is.
+    """
+    path: str = scope["path"]
+    root_path: str = scope.get("root_path", "")
+    if not root_path or not path.startswith(root_path):
+        return path
+    if len(path) == len(root_path):
+        return ""
+    if path[len(root_path)] == "/":
+        return path[len(root_path) :]
+    return path
 
 
 class MethodRoutes:
@@ -117,13 +140,36 @@ class RouteMatcher:
         return bool(self._routes)
 
     def pattern_of(self, scope: Scope) -> str | None:
-        """The first pattern that matches this scope, as it was given; ``None`` if none."""
+        """The first pattern that matches this scope's route, as it was given; ``None``
+        if none."""
         method = scope.get("method", WEBSOCKET) if scope["type"] == "http" else WEBSOCKET
-        path = scope["path"]
+        path = route_path(scope)
         for pattern, pattern_method, regex in self._each:
             if pattern_method == method and regex.fullmatch(path) is not None:
                 return pattern
         return None
+
+    def prefixed(self, root_path: str) -> str | None:
+        """What to say of the patterns whose path starts with ``root_path``, the prefix
+        the app is served under: written with the prefix, they match no route the app
+        routes (unless it routes the prefix twice). ``None`` when none does."""
+        prefix = root_path.rstrip("/")
+        if not prefix:
+            return None
+        found = []
+        for pattern in self.patterns:
+            method, path = parse_pattern(pattern)
+            if path == prefix or path.startswith(prefix + "/"):
+                found.append((pattern, f"{method} {path[len(prefix) :] or '/'}"))
+        if not found:
+            return None
+        return (
+            f"the session routes {', '.join(repr(p) for p, _ in found)} start with the "
+            f"prefix {root_path!r} the app is served under (its root_path), but a session "
+            "route names the route as the app routes it, without the prefix: "
+            f"{', '.join(repr(r) for _, r in found)}. Unless the app routes the prefix "
+            "twice, those patterns guard nothing."
+        )
 
     def http_routes(self) -> dict[str, MethodRoutes]:
         """The compiled HTTP routes by method, for a caller that inlines the lookup."""

@@ -63,6 +63,7 @@ from asgi_admission._admission.settling import (
 from asgi_admission._admission.shared_files import LearnedStore, SharedSettleQueue
 from asgi_admission._config import Learning
 from asgi_admission._memory.reading import MemoryReading
+from asgi_admission._routes import route_path
 
 logger = logging.getLogger("asgi_admission")
 
@@ -213,10 +214,11 @@ class ReservationKeeper:
         return list(self._learned().values())
 
     def route(self, scope: Scope | None) -> str:
-        """The session pattern ``scope`` came by (``"predicate"`` when none matched)."""
+        """The session pattern ``scope`` came by (``"predicate"`` when none matched),
+        cached by the route the app routes (the path less its ``root_path``)."""
         if scope is None:
             return "unnamed"
-        key = (scope["path"], scope.get("method"))
+        key = (route_path(scope), scope.get("method"))
         try:
             return self._routes[key]
         except KeyError:

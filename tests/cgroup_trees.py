@@ -18,6 +18,17 @@ def write_v2_tree(root: Path, *, used_mb: int = 100, limit_mb: int = 4096) -> Pa
     return root
 
 
+def write_v1_tree(root: Path, *, used_mb: int = 100, limit_mb: int = 4096) -> Path:
+    """A cgroup v1 memory directory whose figures never move: a deterministic reading."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "memory.usage_in_bytes").write_text(f"{used_mb * MIB}\n")
+    (root / "memory.limit_in_bytes").write_text(f"{limit_mb * MIB}\n")
+    (root / "memory.stat").write_text(
+        f"hierarchical_memory_limit {limit_mb * MIB}\ntotal_inactive_file 0\ntotal_active_file 0\n"
+    )
+    return root
+
+
 def copy_files(source: Path, dest: Path, *, prefix: str = "") -> Path:
     """Copy ``source``'s files named ``<prefix>memory.*`` into ``dest`` without the prefix."""
     dest.mkdir(parents=True, exist_ok=True)

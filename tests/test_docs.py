@@ -135,7 +135,9 @@ def exposition(fixture_copy: Callable[..., Path]) -> str:
     """A real /metrics: a guard over a captured v2 cgroup (with PSI) and a watchdog, scraped."""
     registry = CollectorRegistry()
     tree = fixture_copy("telegraf/v2")
-    config = AdmissionConfig(cgroup_root=str(tree))
+    # A count cap, so that asgi_admission_session_limit is exported: without one it is
+    # absent while memory is readable.
+    config = AdmissionConfig(cgroup_root=str(tree), max_sessions=16)
 
     async def open_session(request: Request) -> JSONResponse:
         return JSONResponse({"id": "1"}, status_code=201)

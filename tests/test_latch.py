@@ -30,7 +30,7 @@ class Step:
     transition: str | None = None
     current: int = 0
     pending: int = 0
-    cap: int = 16
+    cap: int | None = 16
     limit: int | None = LIMIT
     available: bool = True
 
@@ -102,6 +102,46 @@ SEQUENCES: dict[str, tuple[float, float, int, list[Step]]] = {
             Step(100, False, "normal", "session_limit", current=16),
             Step(100, False, "normal", "session_limit", current=15, pending=1),
             Step(100, True, "normal", current=14, pending=1),
+        ],
+    ),
+    "no count cap while readable: memory alone decides": (
+        80,
+        70,
+        100,
+        [
+            Step(100, True, "normal", current=1000, cap=None),
+            Step(100, True, "normal", current=5, pending=5, cap=None),
+            Step(201, False, "pressured", "memory_pressure", "pressured", pending=5, cap=None),
+        ],
+    ),
+    "no count cap while blind: the fallback of 16": (
+        80,
+        70,
+        100,
+        [
+            Step(None, True, "unavailable", available=False, limit=None, current=15, cap=None),
+            Step(
+                None,
+                False,
+                "unavailable",
+                "telemetry_unavailable",
+                available=False,
+                limit=None,
+                current=15,
+                pending=1,
+                cap=None,
+            ),
+            Step(999, True, "unavailable", limit=None, current=15, cap=None),
+            Step(999, False, "unavailable", "no_memory_limit", limit=None, current=16, cap=None),
+        ],
+    ),
+    "a set count cap binds while blind too, above the fallback": (
+        80,
+        70,
+        100,
+        [
+            Step(999, True, "unavailable", limit=None, current=19, cap=20),
+            Step(999, False, "unavailable", "no_memory_limit", limit=None, current=20, cap=20),
         ],
     ),
     "latched refuses even with free slots": (
@@ -412,3 +452,24 @@ def test_internal_rounded_comparisons_agree_with_round_next_to_the_bound(bound: 
         percent = bound + step * 0.0005
         assert _rounded_at_least(percent, bound) is (round(percent, 2) >= bound), percent
         assert _rounded_at_most(percent, bound) is (round(percent, 2) <= bound), percent
+
+
+def test_memory_room_counts_the_reserves_that_still_fit() -> None:
+    """memory_room is the reserves that fit under the high watermark above the working set
+    and the pending ones; 0 while latched, None blind or with no reserve below high."""
+    reading = MemoryReading(used_bytes=300, limit_bytes=LIMIT, available=True)
+    latch = AdmissionController(reserve_bytes=100, memory_reader=lambda: reading)
+    assert latch.memory_room(reading) == 5  # (800 - 300) // 100
+    assert latch.memory_room(reading, pending_sessions=2) == 3
+    assert (
+        latch.memory_room(MemoryReading(used_bytes=300, limit_bytes=None, available=True)) is None
+    )
+    assert latch.memory_room(None) is None
+    unreserved = AdmissionController(reserve_bytes=0, memory_reader=lambda: reading)
+    assert unreserved.memory_room(reading) is None
+    assert (
+        unreserved.memory_room(MemoryReading(used_bytes=800, limit_bytes=LIMIT, available=True))
+        == 0
+    )
+    latch.decide(MemoryReading(used_bytes=900, limit_bytes=LIMIT, available=True), 0, None)
+    assert (latch.pressure_state, latch.memory_room(reading)) == ("pressured", 0)

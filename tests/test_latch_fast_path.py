@@ -162,7 +162,7 @@ latch_sequences = given(
     high=st.integers(50, 100),
     gap=st.integers(0, 40),
     reserve=st.integers(0, 200),
-    cap=st.integers(0, 12),
+    cap=st.one_of(st.integers(0, 12), st.none()),  # None: no count cap while readable
     steps=st.lists(step, min_size=2, max_size=25),
 )
 
@@ -170,7 +170,11 @@ latch_sequences = given(
 @settings(max_examples=500, deadline=None)
 @latch_sequences
 def test_fast_path_decides_exactly_as_the_full_reading_would(
-    high: int, gap: int, reserve: int, cap: int, steps: list[tuple[int, int, int, int, int | None]]
+    high: int,
+    gap: int,
+    reserve: int,
+    cap: int | None,
+    steps: list[tuple[int, int, int, int, int | None]],
 ) -> None:
     """Over any sequence of readings, the fast path's decisions and latch states equal
     those of a latch that always reads the exact working set."""
@@ -226,3 +230,16 @@ def test_the_fast_path_declines_whatever_is_uncertain() -> None:
     reader.used = reader.usage = 100
     assert not fast(latch)  # latched: only a full reading clears (and this one does)
     assert fast(latch)
+
+
+def test_without_a_count_cap_the_fast_path_runs_at_any_count() -> None:
+    """With no count cap (None) and memory far below the ceiling, a thousand sessions are
+    admitted on the bound; while blind the fallback cap of 16 refuses, read in full."""
+    reader = BoundReader(used=100, usage=150)
+    latch = controller(reader)
+    latch.evaluate(0, None)
+    decision = latch.assess(1000, None, 5)
+    assert (decision.allowed, decision.memory.exact) == (True, False)
+    reader.limit = None
+    blind = latch.assess(16, None)
+    assert (blind.allowed, blind.reason, blind.memory.exact) == (False, "no_memory_limit", True)

@@ -33,10 +33,10 @@ SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "required": [
         "schema", "exit_status", "problem", "source", "cgroup", "memory", "config", "ceiling",
-        "decision", "learned",
+        "limits", "decision", "learned",
     ],
     "properties": {
-        "schema": {"const": 2},
+        "schema": {"const": 3},
         "exit_status": {"enum": [0, 1, 2, 3]},
         "problem": NULLABLE_STR,
         "source": {"enum": ["cgroup-v2", "cgroup-v1", "host", None]},
@@ -89,7 +89,7 @@ SCHEMA: dict[str, Any] = {
                 "resume_threshold_percent": {"type": "number"},
                 "reserve_bytes": {"type": "integer"},
                 "reserve_derived": {"type": "boolean"},
-                "max_sessions": {"type": "integer"},
+                "max_sessions": NULLABLE_INT,
                 "memory_source": {"enum": ["cgroup", "host"]},
             },
         },
@@ -103,6 +103,18 @@ SCHEMA: dict[str, Any] = {
                     "properties": {"bytes": {"type": "integer"}, "percent": {"type": "number"}},
                 },
             ]
+        },
+        "limits": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["binds", "count_cap", "count_cap_from", "count_room", "memory_room"],
+            "properties": {
+                "binds": {"enum": ["memory", "count_cap"]},
+                "count_cap": NULLABLE_INT,
+                "count_cap_from": {"enum": ["max_sessions", "blind_fallback", None]},
+                "count_room": NULLABLE_INT,
+                "memory_room": NULLABLE_INT,
+            },
         },
         "decision": {
             "type": "object",
@@ -273,11 +285,99 @@ def test_default_reserve_is_derived_from_a_small_limit(fixture_copy: Any) -> Non
 def test_sessions_and_pending_inputs(fixture_copy: Any) -> None:
     """--sessions/--pending feed the count cap and the reserves in the ceiling."""
     root = str(fixture_copy("telegraf/v2"))
-    status, report = probe_json("--root", root, "--sessions", "15", "--pending", "1")
+    env = {"ADMISSION_MAX_SESSIONS": "16"}
+    status, report = probe_json("--root", root, "--sessions", "15", "--pending", "1", env=env)
     assert status == 0
     assert report["decision"]["reason"] == "session_limit"
     limit, reserve = 103079215104, 768 * 1024 * 1024
     assert report["ceiling"]["bytes"] == int(limit * 0.8 - 2 * reserve)
+
+
+def test_memory_binds_by_default_in_a_large_group(fixture_copy: Any) -> None:
+    """With no ADMISSION_MAX_SESSIONS a 96 GiB group at 4.4 % has no count cap: memory binds,
+    with room for 96 more reserves, and a 41st session is admitted."""
+    root = str(fixture_copy("telegraf/v2"))
+    status, report = probe_json("--root", root, "--sessions", "40")
+    assert status == 0
+    assert report["config"]["max_sessions"] is None
+    assert report["limits"] == {
+        "binds": "memory",
+        "count_cap": None,
+        "count_cap_from": None,
+        "count_room": None,
+        "memory_room": 96,
+    }
+    assert report["decision"]["allowed"] is True
+    text = run_probe("--root", root, "--sessions", "40").stdout
+    assert "reserve 805306368 B (768.0 MiB) per session (derived from the limit), no count cap" in (
+        text
+    )
+    assert "binding limit:   memory: 96 more session(s) fit under the ceiling (no count cap)" in (
+        text
+    )
+    assert "one more session: admit, state normal (sessions 40, pending 0)" in text
+
+
+def test_a_set_count_cap_binds_and_says_so(fixture_copy: Any) -> None:
+    """ADMISSION_MAX_SESSIONS=20 binds before memory in the 96 GiB group: 17 more after 3,
+    and at 20 the session is refused with session_limit."""
+    root = str(fixture_copy("telegraf/v2"))
+    env = {"ADMISSION_MAX_SESSIONS": "20"}
+    _, report = probe_json("--root", root, "--sessions", "3", env=env)
+    assert report["limits"] == {
+        "binds": "count_cap",
+        "count_cap": 20,
+        "count_cap_from": "max_sessions",
+        "count_room": 17,
+        "memory_room": 96,
+    }
+    text = run_probe("--root", root, "--sessions", "3", env=env).stdout
+    assert "max 20 sessions" in text
+    assert (
+        "binding limit:   count cap 20 (max_sessions): 17 more session(s); memory would fit 96"
+        in (text)
+    )
+    _, at_cap = probe_json("--root", root, "--sessions", "20", env=env)
+    assert (at_cap["decision"]["reason"], at_cap["limits"]["count_room"]) == ("session_limit", 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("elastic-agent-system-metrics/docker2-v2-dotdot", "no_memory_limit"),
+        (None, "telemetry_unavailable"),
+    ],
+    ids=["unlimited", "empty"],
+)
+def test_blind_the_fallback_cap_binds_unless_one_is_set(
+    fixture_copy: Any, tmp_path: Path, name: str | None, reason: str
+) -> None:
+    """Blind, the fallback cap of 16 binds and the probe names it; ADMISSION_MAX_SESSIONS=20
+    replaces it there too."""
+    root = str(fixture_copy(name) if name else tmp_path)
+    _, report = probe_json("--root", root, "--sessions", "16")
+    assert report["limits"] == {
+        "binds": "count_cap",
+        "count_cap": 16,
+        "count_cap_from": "blind_fallback",
+        "count_room": 0,
+        "memory_room": None,
+    }
+    assert report["decision"]["reason"] == reason
+    text = run_probe("--root", root, "--sessions", "4").stdout
+    assert (
+        "binding limit:   count cap 16 (the fallback while blind; ADMISSION_MAX_SESSIONS sets it): "
+        "12 more session(s)\n"
+    ) in text
+    env = {"ADMISSION_MAX_SESSIONS": "20"}
+    _, capped = probe_json("--root", root, "--sessions", "16", env=env)
+    assert capped["decision"]["allowed"] is True
+    assert (capped["limits"]["count_cap"], capped["limits"]["count_cap_from"]) == (
+        20,
+        "max_sessions",
+    )
+    _, full = probe_json("--root", root, "--sessions", "20", env=env)
+    assert (full["decision"]["allowed"], full["decision"]["reason"]) == (False, reason)
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,9 @@ MIB: Final = 1024 * 1024
 DEFAULT_HIGH_WATERMARK_PERCENT: Final = 80.0
 DEFAULT_RESUME_THRESHOLD_PERCENT: Final = 70.0
 
-DEFAULT_MAX_SESSIONS: Final = 16
+#: The count cap while the guard is blind (memory unreadable, or no limit to take a
+#: percentage of) and no ``max_sessions`` is set; with memory readable, memory decides.
+BLIND_MAX_SESSIONS: Final = 16
 DEFAULT_RETRY_AFTER_S: Final = 5
 DEFAULT_RESERVE_MIN_MB: Final = 16
 DEFAULT_PENDING_TIMEOUT_S: Final = 120.0
@@ -96,14 +98,16 @@ class AdmissionConfig:
     ``reserve_bytes`` is the memory held back for each session admitted but not
     yet started, so the effective admission ceiling is the high watermark minus
     one reserve (more while sessions are pending); ``None`` derives it from the
-    memory limit found (an eighth of it, at most 768 MiB). ``max_sessions=0``
-    admits no session at all. docs/configuration.md describes every field.
+    memory limit found (an eighth of it, at most 768 MiB). ``max_sessions`` caps
+    active plus pending sessions whether memory is readable or not; ``None`` sets no
+    cap while memory is readable and ``BLIND_MAX_SESSIONS`` while the guard is blind;
+    ``0`` admits no session at all. docs/configuration.md describes every field.
     """
 
     high_watermark_percent: float = DEFAULT_HIGH_WATERMARK_PERCENT
     resume_threshold_percent: float = DEFAULT_RESUME_THRESHOLD_PERCENT
     reserve_bytes: int | None = None
-    max_sessions: int = DEFAULT_MAX_SESSIONS
+    max_sessions: int | None = None
     retry_after_s: int = DEFAULT_RETRY_AFTER_S
     #: The cgroup directory to read; ``None`` finds this process's own cgroup.
     cgroup_root: str | None = None
@@ -140,7 +144,7 @@ class AdmissionConfig:
         check_watermarks(
             self.high_watermark_percent, self.resume_threshold_percent, self.reserve_bytes
         )
-        if self.max_sessions < 0:
+        if self.max_sessions is not None and self.max_sessions < 0:
             raise ValueError(f"max_sessions must be 0 or more; got {self.max_sessions!r}.")
         if self.retry_after_s < 1:
             raise ValueError(
@@ -216,7 +220,7 @@ class AdmissionConfig:
             )
             high, resume = DEFAULT_HIGH_WATERMARK_PERCENT, DEFAULT_RESUME_THRESHOLD_PERCENT
             reserve_mb = None
-        max_sessions = _env.number(env, ENV_MAX_SESSIONS, DEFAULT_MAX_SESSIONS, int, minimum=0)
+        max_sessions = _max_sessions(env)
         retry_after = _env.number(env, ENV_RETRY_AFTER, DEFAULT_RETRY_AFTER_S, int, minimum=1)
         min_mb = _env.number(env, ENV_RESERVE_MIN_MB, DEFAULT_RESERVE_MIN_MB, int, minimum=0)
         timeout = _seconds(env, ENV_PENDING_TIMEOUT, DEFAULT_PENDING_TIMEOUT_S)
@@ -254,6 +258,27 @@ def _seconds(env: Mapping[str, str], names: _env.EnvNames, default: float) -> fl
             default,
         )
         return default
+    return value
+
+
+def _max_sessions(env: Mapping[str, str]) -> int | None:
+    """The count cap variable; ``None`` (no cap while memory is readable) when unset or bad."""
+    raw = _env.raw_value(env, ENV_MAX_SESSIONS)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value: int | None = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or value < 0:
+        logger.warning(
+            "%s=%r is not a whole number of sessions, 0 or more; setting no count cap "
+            "while memory is readable (%d while it is not).",
+            _env.setting_name(env, ENV_MAX_SESSIONS),
+            raw,
+            BLIND_MAX_SESSIONS,
+        )
+        return None
     return value
 
 

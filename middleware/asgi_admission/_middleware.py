@@ -67,8 +67,8 @@ from asgi_admission._watching import run_http, run_websocket
 
 logger = logging.getLogger("asgi_admission")
 
-#: What a refusal needs: the decision, the Retry-After delay, (active, pending, cap).
-Refused = tuple[CapacityDecision, int, tuple[int, int, int]]
+#: What a refusal needs: the decision, the Retry-After delay, (active, pending).
+Refused = tuple[CapacityDecision, int, tuple[int, int]]
 
 _MIB = 1024 * 1024
 _T = TypeVar("_T")
@@ -154,8 +154,9 @@ class AdmissionMiddleware:
             )
         self._config = config if config is not None else AdmissionConfig.from_env()
         self._controller = controller if controller is not None else build_controller(self._config)
+        # None: no count cap while memory is readable, the fallback one while blind.
         limit = self._config.max_sessions if max_sessions is None else max_sessions
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        if limit is not None and (type(limit) is not int or limit < 0):  # bool is not int here
             raise ValueError(f"max_sessions must be a whole number, 0 or more; got {limit!r}.")
         self._session_limit = limit
         if limit == 0:
@@ -176,6 +177,7 @@ class AdmissionMiddleware:
             high=self._controller.high_watermark_percent,
             resume=self._controller.resume_threshold_percent,
             reserve_for=self._controller.reserve_for,
+            session_limit=limit,
         )
         self._ledger: SessionLedger = build_ledger(self._config)
         # Shared, lock-protected: whether the last decision was blind, for logging
@@ -255,7 +257,8 @@ class AdmissionMiddleware:
         return self._controller
 
     @property
-    def session_limit(self) -> int:
+    def session_limit(self) -> int | None:
+        """The configured count cap; ``None``: none while memory is readable."""
         return self._session_limit
 
     @property
@@ -400,7 +403,7 @@ class AdmissionMiddleware:
             )
             if self._observer is not None:
                 self._observer.on_decision(kind, decision, 0.0)
-            return decision, self._retry_after.next_delay(), (0, 0, self._session_limit)
+            return decision, self._retry_after.next_delay(), (0, 0)
 
     def _note_busy(self, exc: LedgerBusy) -> None:
         if not self._busy_logged:
@@ -463,7 +466,7 @@ class AdmissionMiddleware:
             log_change(decision, blind_changed, self._controller, self._session_limit)
         if entry is not None:
             return AdmissionTicket(keeper, entry)
-        return decision, retry_after_s, (current, pending, limit)
+        return decision, retry_after_s, (current, pending)
 
     def _retry_delay(self, decision: CapacityDecision) -> int:
         """Retry-After for a refusal: from the rate of session ends when memory is short."""

@@ -31,7 +31,7 @@ from typing import Final
 
 from starlette.types import Receive, Scope, Send
 
-from asgi_admission._admission.latch import CapacityDecision, Reason
+from asgi_admission._admission.latch import CapacityDecision, Reason, count_cap, count_cap_from
 from asgi_admission._config import WebSocketRefusal
 
 PROBLEM_TYPE_PREFIX: Final = "urn:asgi-admission:problem:"
@@ -178,7 +178,15 @@ def coerce_policy(retry_after: RetryAfterPolicy | int | None, base_s: int) -> Re
 class Refusal:
     """Builds the refusal for one decision; static headers are encoded once."""
 
-    __slots__ = ("_bodies", "expose_details", "high", "learned", "reserve_for", "resume")
+    __slots__ = (
+        "_bodies",
+        "expose_details",
+        "high",
+        "learned",
+        "reserve_for",
+        "resume",
+        "session_limit",
+    )
 
     def __init__(
         self,
@@ -187,6 +195,7 @@ class Refusal:
         high: float,
         resume: float,
         reserve_for: Callable[[int | None], int],
+        session_limit: int | None = None,
         learned: Callable[[], list[dict[str, object]]] | None = None,
     ) -> None:
         self.expose_details = expose_details
@@ -194,14 +203,22 @@ class Refusal:
         self.resume = resume
         #: The reserve at a given limit (``AdmissionController.reserve_for``).
         self.reserve_for = reserve_for
+        #: The configured count cap (``None``: none while memory is readable).
+        self.session_limit = session_limit
         #: What the guard learned of its sessions, for the detailed body.
         self.learned = learned
         self._bodies: dict[tuple[str, int], bytes] = {}
 
     def body(
-        self, decision: CapacityDecision, retry_after_s: int, counts: tuple[int, int, int]
+        self, decision: CapacityDecision, retry_after_s: int, counts: tuple[int, int]
     ) -> bytes:
-        """The problem+json body; ``counts`` is ``(active, pending, limit)``."""
+        """The problem+json body; ``counts`` is ``(active, pending)``.
+
+        The detailed body's ``sessions.limit`` is the count cap that applied to the
+        decision and ``sessions.limit_from`` where it came from: ``"max_sessions"``,
+        ``"blind_fallback"`` (none is set and the guard is blind), or both ``null``
+        while memory decides alone.
+        """
         reason: Reason = decision.reason or "session_limit"
         if not self.expose_details:
             key = (reason, retry_after_s)
@@ -212,6 +229,7 @@ class Refusal:
                     self._bodies[key] = cached
             return cached
         memory = decision.memory
+        blind = decision.state == "unavailable"
         details: dict[str, object] = {
             "state": decision.state,
             "memory": {
@@ -222,7 +240,12 @@ class Refusal:
                 "resume_threshold_percent": self.resume,
                 "reserve_bytes": self.reserve_for(memory.limit_bytes),
             },
-            "sessions": {"active": counts[0], "pending": counts[1], "limit": counts[2]},
+            "sessions": {
+                "active": counts[0],
+                "pending": counts[1],
+                "limit": count_cap(self.session_limit, blind),
+                "limit_from": count_cap_from(self.session_limit, blind),
+            },
         }
         if self.learned is not None:
             details["learned"] = self.learned()

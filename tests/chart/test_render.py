@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import pytest
 import yaml
@@ -69,11 +70,13 @@ def test_env_defaults_match_the_values_file(rendered: dict[str, list[Manifest]])
     admission = defaults()["admission"]
     assert isinstance(admission, dict)
     for key, name in ENV_OF_VALUE.items():
-        if key not in ("cgroupRoot", "sessionReserveMB"):
+        if key not in ("cgroupRoot", "sessionReserveMB", "maxSessions"):
             assert env[name] == str(admission[key]), name
     assert admission["sessionReserveMB"] is None
+    assert admission["maxSessions"] is None
     for absent in (
         "ADMISSION_SESSION_RESERVE_MB",
+        "ADMISSION_MAX_SESSIONS",
         "ADMISSION_CGROUP_ROOT",
         "ADMISSION_SHARED_DIR",
         "ADMISSION_METRICS_PORT",
@@ -236,6 +239,35 @@ def test_default_reserve_renders_at_512mi(helm: str) -> None:
     env = env_of(server_container(render(helm, "r", "--set", "resources.limits.memory=512Mi")))
     assert "ADMISSION_SESSION_RESERVE_MB" not in env
     assert env["ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT"] == "80"
+
+
+def test_count_cap_renders_only_when_set(helm: str) -> None:
+    """By default no ADMISSION_MAX_SESSIONS is rendered (memory alone decides, and the NOTES
+    say so); admission.maxSessions=20 renders it, and 0 or a string fails the schema."""
+    default = helm_template(helm, "r", *MEMORY)
+    assert "ADMISSION_MAX_SESSIONS" not in env_of(server_container(parse_manifests(default.stdout)))
+    capped = render(helm, "r", *MEMORY, "--set", "admission.maxSessions=20")
+    assert env_of(server_container(capped))["ADMISSION_MAX_SESSIONS"] == "20"
+    for bad in ("admission.maxSessions=0", "admission.maxSessions=many"):
+        failed = helm_template(helm, "r", *MEMORY, "--set", bad, check=False)
+        assert failed.returncode != 0
+        assert "maxSessions" in failed.stderr
+    assert "No count cap is set: memory alone decides" in notes(helm, *MEMORY)
+    assert "Each pod takes at most 20 sessions." in notes(
+        helm, *MEMORY, "--set", "admission.maxSessions=20"
+    )
+
+
+def notes(helm: str, *args: str) -> str:
+    """NOTES.txt as rendered by a client dry run (helm template skips it)."""
+    proc = subprocess.run(
+        [helm, "install", "notes", str(CHART), *args, "--dry-run=client"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return proc.stdout.split("NOTES:", 1)[1]
 
 
 def test_chart_declares_its_licence() -> None:

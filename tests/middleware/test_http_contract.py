@@ -95,7 +95,12 @@ async def test_expose_details_adds_figures() -> None:
     assert body["memory"]["limit_bytes"] == 1000 * MIB
     assert body["memory"]["percent"] == 90.0
     assert body["memory"]["reserve_bytes"] == 10 * MIB
-    assert body["sessions"] == {"active": 0, "pending": 0, "limit": 100}
+    assert body["sessions"] == {
+        "active": 0,
+        "pending": 0,
+        "limit": 100,
+        "limit_from": "max_sessions",
+    }
     assert body["state"] == "pressured"
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from asgi_admission._admission.latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.latch import AdmissionController, CapacityDecision, count_cap
 
 logger = logging.getLogger("asgi_admission")
 
@@ -19,27 +19,34 @@ def log_change(
     decision: CapacityDecision,
     blind_changed: bool,
     controller: AdmissionController,
-    session_limit: int,
+    session_limit: int | None,
 ) -> None:
-    """Log what ``decision`` changed: telemetry lost or back, the latch set or cleared."""
+    """Log what ``decision`` changed: telemetry lost or back, the latch set or cleared.
+
+    ``session_limit`` is the configured count cap (``None``: none while memory reads).
+    """
     memory = decision.memory
     if blind_changed:
         if decision.state == "unavailable":
+            cap = count_cap(session_limit, True)
+            origin = "max_sessions" if session_limit is not None else "the fallback while blind"
             if memory.available:
                 # Readable, but nothing to take a percentage of: no memory limit.
                 logger.warning(
                     "asgi-admission: %s has no memory limit (working set %.1f MiB); "
-                    "admitting by the fixed session limit of %d until it has one.",
+                    "admitting up to %d sessions (%s) until it has one.",
                     memory.path or "the memory source",
                     (memory.used_bytes or 0) / _MIB,
-                    session_limit,
+                    cap,
+                    origin,
                 )
                 return
             logger.warning(
-                "asgi-admission: memory telemetry lost (%s); admitting by the fixed "
-                "session limit of %d until readings return.",
+                "asgi-admission: memory telemetry lost (%s); admitting up to %d "
+                "sessions (%s) until readings return.",
                 memory.path or "no readable cgroup memory files",
-                session_limit,
+                cap,
+                origin,
             )
             return
         logger.info(

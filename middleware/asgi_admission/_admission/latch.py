@@ -19,6 +19,9 @@ Notes:
   transition. Anything else (near the ceiling, latched, blind, after a blind
   decision) takes the full reading. Only ``decision.memory`` differs: the bound,
   marked ``exact=False``.
+- The count cap (``session_limit``) is the operator's: ``None`` sets none while
+  memory is readable, so memory alone decides there, and ``BLIND_MAX_SESSIONS``
+  while the guard is blind, where the count is all it has (``count_cap``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Literal
 
 from asgi_admission._admission.reserve import derived_reserve_bytes
 from asgi_admission._config import (
+    BLIND_MAX_SESSIONS,
     DEFAULT_HIGH_WATERMARK_PERCENT,
     DEFAULT_RESUME_THRESHOLD_PERCENT,
     check_watermarks,
@@ -108,6 +112,28 @@ def has_no_limit(memory: MemoryReading) -> bool:
     return memory.available and memory.used_bytes is not None and memory.limit_bytes is None
 
 
+def is_blind(memory: MemoryReading | None) -> bool:
+    """Whether the latch decides blind on ``memory``: no usable reading, or no limit."""
+    return memory is None or memory.percent is None
+
+
+def count_cap(session_limit: int | None, blind: bool) -> int | None:
+    """The count cap in force: ``session_limit`` when set; else ``BLIND_MAX_SESSIONS``
+    while the guard is blind, and none (``None``: memory alone decides) while it reads."""
+    if session_limit is not None:
+        return session_limit
+    return BLIND_MAX_SESSIONS if blind else None
+
+
+def count_cap_from(
+    session_limit: int | None, blind: bool
+) -> Literal["max_sessions", "blind_fallback"] | None:
+    """Where :func:`count_cap` comes from: the setting, the blind fallback, or nowhere."""
+    if session_limit is not None:
+        return "max_sessions"
+    return "blind_fallback" if blind else None
+
+
 class AdmissionController:
     """High-watermark/resume hysteresis latch with per-session memory reserves.
 
@@ -183,16 +209,40 @@ class AdmissionController:
             (pending_sessions + 1) * self.reserve_for(limit_bytes)
         )
 
+    def memory_room(self, memory: MemoryReading | None, pending_sessions: int = 0) -> int | None:
+        """How many more sessions memory admits now, one after another; moves nothing.
+
+        The reserves that still fit under the high watermark above the working set
+        and the ``pending_sessions``' reserves; 0 while the latch is set. ``None``
+        where memory sets no bound in sessions: blind, or a reserve of 0 while the
+        working set is below the high watermark.
+        """
+        if memory is None or memory.used_bytes is None or not memory.limit_bytes:
+            return None
+        if not memory.available:
+            return None
+        if self._pressured:
+            return 0
+        used, limit = memory.used_bytes, memory.limit_bytes
+        reserve = self.reserve_for(limit)
+        if reserve <= 0:
+            return 0 if _rounded_at_least(used * 100 / limit, self.high_watermark_percent) else None
+        free = self.ceiling_bytes(limit, pending_sessions) + reserve - used
+        return max(0, int(free // reserve))
+
     def evaluate(
         self,
         current_sessions: int,
-        session_limit: int,
+        session_limit: int | None,
         pending_sessions: int = 0,
     ) -> CapacityDecision:
         """Take one reading and decide whether one more session may be admitted.
 
-        ``pending_sessions`` are sessions already admitted that have not grown into
-        their memory yet: each holds a count slot and a reserve.
+        ``session_limit`` caps active plus pending sessions, readable or blind;
+        ``None`` sets no cap while memory is readable and ``BLIND_MAX_SESSIONS``
+        (16) while the guard is blind. ``pending_sessions`` are sessions already
+        admitted that have not grown into their memory yet: each holds a count
+        slot and a reserve.
         """
         with self._lock:
             return self.assess(current_sessions, session_limit, pending_sessions)
@@ -200,7 +250,7 @@ class AdmissionController:
     def assess(
         self,
         current_sessions: int,
-        session_limit: int,
+        session_limit: int | None,
         pending_sessions: int = 0,
         *,
         read: Callable[[], MemoryReading] | None = None,
@@ -211,7 +261,9 @@ class AdmissionController:
         passes one that never raises). Where the reader offers ``read_bound`` and
         the last decision was normal, a bound that admits is the decision.
         """
-        if self._last_state == "normal" and current_sessions + pending_sessions < session_limit:
+        if self._last_state == "normal" and (
+            session_limit is None or current_sessions + pending_sessions < session_limit
+        ):
             if self.memory_reader is not self._bound_of:
                 self._look_up_bounds()
             read_bound = self._read_bound
@@ -258,7 +310,7 @@ class AdmissionController:
         self,
         memory: MemoryReading,
         current_sessions: int,
-        session_limit: int,
+        session_limit: int | None,
         pending_sessions: int = 0,
     ) -> CapacityDecision:
         """Like :meth:`evaluate`, with a reading the caller already took.
@@ -271,11 +323,11 @@ class AdmissionController:
         used, limit = memory.used_bytes, memory.limit_bytes
         # Blind exactly where MemoryReading.percent is None (no reading, no limit).
         if used is None or not limit or not memory.available:
-            # Blind: fall back to the fixed cap and forget the latch, so that
+            # Blind: fall back to the count cap and forget the latch, so that
             # recovering telemetry starts from a fresh evaluation.
             self._pressured = False
             self._last_state = "unavailable"
-            allowed = used_slots < session_limit
+            allowed = used_slots < (BLIND_MAX_SESSIONS if session_limit is None else session_limit)
             reason: Reason | None = None
             if not allowed:
                 # A readable cgroup that is simply unlimited is not a telemetry failure.
@@ -300,7 +352,6 @@ class AdmissionController:
         self._last_state = "pressured" if self._pressured else "normal"
         if self._pressured:
             return _decision(False, "pressured", memory, "memory_pressure", transition)
-        allowed = used_slots < session_limit
-        return _decision(
-            allowed, "normal", memory, None if allowed else "session_limit", transition
-        )
+        if session_limit is None or used_slots < session_limit:
+            return _decision(True, "normal", memory, None, transition)
+        return _decision(False, "normal", memory, "session_limit", transition)

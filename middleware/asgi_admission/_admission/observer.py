@@ -25,7 +25,9 @@ class AdmissionView(Protocol):
     def controller(self) -> AdmissionController: ...
 
     @property
-    def session_limit(self) -> int: ...
+    def session_limit(self) -> int | None:
+        """The configured count cap; ``None``: none while memory is readable."""
+        ...
 
     def session_counts(self) -> tuple[int, int]:
         """``(active, pending)`` sessions; container-wide when the ledger is shared."""

@@ -47,7 +47,13 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from asgi_admission._admission.keeper import FailureCause
-from asgi_admission._admission.latch import AdmissionController, CapacityDecision, has_no_limit
+from asgi_admission._admission.latch import (
+    AdmissionController,
+    CapacityDecision,
+    count_cap,
+    has_no_limit,
+    is_blind,
+)
 from asgi_admission._admission.ledger import SessionLedger
 from asgi_admission._admission.observer import AdmissionView, DecisionObserver, Kind
 from asgi_admission._memory.reading import MemoryReading
@@ -160,9 +166,10 @@ class AdmissionCollector:
         """Take one fresh reading and yield every family it supports.
 
         With several guards on one registry (in one process, on one container) the
-        memory figures and thresholds are the newest guard's, the session counts,
-        limits, admissible sessions and expired tickets their sums, and the state
-        ``pressured`` while any guard's latch is set.
+        memory figures and thresholds are the newest guard's, the session counts and
+        expired tickets their sums, the count caps and admissible sessions the sums
+        over the guards that have one, and the state ``pressured`` while any guard's
+        latch is set.
         """
         views = self.views()
         reading = _read(views[-1].controller) if views else None
@@ -200,7 +207,11 @@ class AdmissionCollector:
         sessions = GaugeMetricFamily(
             PREFIX + "sessions", "Sessions admitted, by state.", labels=("state",)
         )
-        session_limit = _gauge("session_limit", "Fixed cap on active plus pending sessions.")
+        session_limit = _gauge(
+            "session_limit",
+            "The count cap on active plus pending sessions in force now (max_sessions, or the "
+            "fallback while blind); absent while memory decides alone.",
+        )
         footprint = GaugeMetricFamily(
             PREFIX + "session_footprint_bytes",
             "Learned memory one session of the route adds to the working set (high percentile).",
@@ -214,7 +225,8 @@ class AdmissionCollector:
         admissible = _gauge(
             "admissible_sessions",
             "How many more sessions fit now, in sessions: the memory left under the "
-            "admission ceiling in reserves, within the session limit; 0 while latched.",
+            "admission ceiling in reserves, within the count cap where one applies; 0 while "
+            "latched.",
         )
         expired = CounterMetricFamily(
             PREFIX + "pending_expired",
@@ -248,7 +260,10 @@ class AdmissionCollector:
         yield from (high, resume, reserve)
 
         counts: tuple[int, int] | None = None
-        limits = room = 0
+        # None: no guard has a count cap in force (or a bound on its room).
+        limits: int | None = None
+        room: int | None = None
+        blind = is_blind(reading)
         try:
             for view in views:
                 active, pending = view_counts = view.session_counts()
@@ -257,16 +272,21 @@ class AdmissionCollector:
                     if counts is None
                     else (counts[0] + active, counts[1] + pending)
                 )
-                limits += view.session_limit
-                room += admissible_sessions(
+                cap = count_cap(view.session_limit, blind)
+                if cap is not None:
+                    limits = cap + (limits or 0)
+                fits = admissible_sessions(
                     view.controller, reading, view_counts, view.session_limit
                 )
+                if fits is not None:
+                    room = fits + (room or 0)
         except Exception:
             counts = None
             logger.debug("asgi-admission: the guard's session counts failed", exc_info=True)
         if counts is not None:
-            session_limit.add_metric((), limits)
-            yield session_limit
+            if limits is not None:
+                session_limit.add_metric((), limits)
+                yield session_limit
             if self.include_sessions:
                 sessions.add_metric(("active",), counts[0])
                 sessions.add_metric(("pending",), counts[1])
@@ -292,7 +312,7 @@ class AdmissionCollector:
                         (kind, cause), sum(k.failed.get((kind, cause), 0) for k in keepers)
                     )
             yield from (footprint, ramp, expired, failed)
-        if counts is not None:
+        if counts is not None and room is not None:
             admissible.add_metric((), room)
             yield admissible
 
@@ -325,27 +345,23 @@ def admissible_sessions(
     controller: AdmissionController,
     reading: MemoryReading | None,
     counts: tuple[int, int],
-    session_limit: int,
-) -> int:
+    session_limit: int | None,
+) -> int | None:
     """How many more sessions the guard would admit now, one after another.
 
-    The session limit's room, and where memory is readable, the reserves that
-    still fit under the high watermark above the working set and the pending
-    reserves (none while the latch is set): what KEDA or an HPA can scale on.
+    Where memory is readable, the reserves that still fit under the high watermark
+    above the working set and the pending reserves (none while the latch is set),
+    within the count cap where one applies (``session_limit``, or the fallback
+    while blind): what KEDA or an HPA can scale on. ``None`` where nothing bounds
+    it (no count cap and a reserve of 0).
     """
     active, pending = counts
-    room = max(0, session_limit - active - pending)
-    if reading is None or not reading.available or reading.used_bytes is None:
-        return room
-    if not reading.limit_bytes:
-        return room
-    if controller.pressure_state == "pressured":
-        return 0
-    reserve = controller.reserve_for(reading.limit_bytes)
-    if reserve <= 0:
-        return room
-    free = controller.ceiling_bytes(reading.limit_bytes, pending) + reserve - reading.used_bytes
-    return max(0, min(room, int(free // reserve)))
+    cap = count_cap(session_limit, is_blind(reading))
+    by_count = None if cap is None else max(0, cap - active - pending)
+    by_memory = controller.memory_room(reading, pending)
+    if by_memory is None or (by_count is not None and by_count < by_memory):
+        return by_count
+    return by_memory
 
 
 class _Families:

@@ -14,7 +14,7 @@ does not fit under the high watermark). Usage errors (a bad option, a
 ``--json`` prints one object (all sizes in bytes, percentages 0-100)::
 
     {
-      "schema": 2,
+      "schema": 3,
       "exit_status": 0 | 1 | 2 | 3,
       "problem": str | null,           # why nothing can be admitted (exit status 3)
       "source": "cgroup-v2" | "cgroup-v1" | "host" | null,
@@ -41,10 +41,19 @@ does not fit under the high watermark). Usage errors (a bad option, a
         "resume_threshold_percent": float,
         "reserve_bytes": int,          # the reserve at the limit found
         "reserve_derived": bool,       # true: derived from the limit, not configured
-        "max_sessions": int,
+        "max_sessions": int | null,    # null: no count cap while memory is readable
         "memory_source": "cgroup" | "host"
       },
       "ceiling": {"bytes": int, "percent": float} | null,   # null without a limit
+      "limits": {                      # which limit binds, after --sessions and --pending
+        "binds": "memory" | "count_cap",
+        "count_cap": int | null,       # the cap in force: max_sessions, else the fallback
+                                       # while blind; null: none, memory decides alone
+        "count_cap_from": "max_sessions" | "blind_fallback" | null,
+        "count_room": int | null,      # more sessions the count cap allows; null: no cap
+        "memory_room": int | null      # more sessions whose reserves fit under the high
+                                       # watermark; null: blind, or a reserve of 0
+      },
       "decision": {
         "sessions": int, "pending": int,
         "allowed": bool,
@@ -63,7 +72,8 @@ does not fit under the high watermark). Usage errors (a bad option, a
     }
 
 The ceiling is the working set above which one more session is refused: the
-high watermark minus one reserve per pending session plus the new one.
+high watermark minus one reserve per pending session plus the new one. The limit
+that binds is the one with less room (memory on a tie: the latch decides first).
 """
 
 from __future__ import annotations
@@ -75,7 +85,13 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from asgi_admission._admission.latch import AdmissionController, CapacityDecision, has_no_limit
+from asgi_admission._admission.latch import (
+    AdmissionController,
+    CapacityDecision,
+    count_cap,
+    count_cap_from,
+    has_no_limit,
+)
 from asgi_admission._admission.learning import WINDOW, SessionLearner, effective_reserve
 from asgi_admission._admission.reserve import never_admits
 from asgi_admission._admission.shared_files import read_learned
@@ -85,7 +101,7 @@ from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission.cli.errors import UsageError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 EXIT_STATUS = {"normal": 0, "pressured": 1, "unavailable": 2}
 #: The configuration can never admit a session at the limit found.
 EXIT_NEVER_ADMITS = 3
@@ -213,6 +229,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
             "memory_source": config.memory_source,
         },
         "ceiling": ceiling,
+        "limits": limits(controller, reading, decision, config.max_sessions, args),
         "decision": {
             "sessions": args.sessions,
             "pending": args.pending,
@@ -222,6 +239,46 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         },
         "learned": learned(config, reserve),
     }
+
+
+def limits(
+    controller: AdmissionController,
+    reading: MemoryReading,
+    decision: CapacityDecision,
+    max_sessions: int | None,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Which limit binds one more session: memory (its reserves) or the count cap."""
+    blind = decision.state == "unavailable"
+    cap = count_cap(max_sessions, blind)
+    count_room = None if cap is None else max(0, cap - args.sessions - args.pending)
+    memory_room = controller.memory_room(reading, args.pending)
+    by_count = count_room is not None and (memory_room is None or count_room < memory_room)
+    return {
+        "binds": "count_cap" if by_count else "memory",
+        "count_cap": cap,
+        "count_cap_from": count_cap_from(max_sessions, blind),
+        "count_room": count_room,
+        "memory_room": memory_room,
+    }
+
+
+def _binding(limits: dict[str, Any]) -> str:
+    """The human line for :func:`limits`."""
+    cap, memory_room = limits["count_cap"], limits["memory_room"]
+    if cap is None:
+        cap_text = "no count cap"
+    elif limits["count_cap_from"] == "max_sessions":
+        cap_text = f"count cap {cap} (max_sessions)"
+    else:
+        cap_text = f"count cap {cap} (the fallback while blind; ADMISSION_MAX_SESSIONS sets it)"
+    if limits["binds"] == "count_cap":
+        memory = "" if memory_room is None else f"; memory would fit {memory_room}"
+        return f"{cap_text}: {limits['count_room']} more session(s){memory}"
+    if memory_room is None:
+        return f"memory: below the high watermark, no reserve to count in ({cap_text})"
+    other = "" if cap is None else f" would allow {limits['count_room']}"
+    return f"memory: {memory_room} more session(s) fit under the ceiling ({cap_text}{other})"
 
 
 def learned(config: AdmissionConfig, reserve_bytes: int) -> dict[str, Any]:
@@ -323,11 +380,12 @@ def render(report: dict[str, Any]) -> str:
         psi = memory["pressure_some_avg10"]
         lines.append(f"PSI some avg10:  {'not available' if psi is None else f'{psi:.2f} %'}")
     derived = " (derived from the limit)" if config["reserve_derived"] else ""
+    max_sessions = config["max_sessions"]
     lines.append(
         f"thresholds:      high {config['high_watermark_percent']} %, "
         f"resume {config['resume_threshold_percent']} %, "
         f"reserve {_size(config['reserve_bytes'])} per session{derived}, "
-        f"max {config['max_sessions']} sessions"
+        + ("no count cap" if max_sessions is None else f"max {max_sessions} sessions")
     )
     ceiling = report["ceiling"]
     if ceiling is not None:
@@ -337,6 +395,7 @@ def render(report: dict[str, Any]) -> str:
         )
     else:
         lines.append("ceiling:         none (no limit to take a percentage of)")
+    lines.append(f"binding limit:   {_binding(report['limits'])}")
     verdict = "admit" if decision["allowed"] else f"refuse ({decision['reason']})"
     lines.append(
         f"one more session: {verdict}, state {decision['state']} "

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from asgi_admission import HostMemoryReader, cli
-from asgi_admission._admission.learning import WINDOW
+from asgi_admission._admission.learning import WINDOW, empty_observations
 from asgi_admission._admission.shared_files import LearnedStore
 from asgi_admission.cli import probe as probe_module
 from cgroup_trees import FIXTURES, copy_files
@@ -493,7 +493,8 @@ def test_what_the_service_learned_is_shown_from_the_shared_dir(
     shared.mkdir(mode=0o700)
     _, report = probe_json("--root", tree, env=env)
     assert report["learned"]["evidence"] is False
-    LearnedStore(str(shared), window=WINDOW).add([("POST /s", 100 * 1024**2, 2.0)])
+    observed = {**empty_observations(), "footprints": [100.0 * 1024**2], "ramps": [2.0]}
+    LearnedStore(str(shared), window=WINDOW).add({"POST /s": observed})
     _, report = probe_json("--root", tree, env=env)
     learned = report["learned"]
     assert learned["evidence"] is True

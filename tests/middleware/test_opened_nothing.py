@@ -209,7 +209,8 @@ def test_a_held_ticket_does_not_outlive_an_error_answer() -> None:
 
 
 def test_the_learner_counts_only_the_sessions_that_opened() -> None:
-    """Failed requests in the same episode as one real session leave its footprint whole."""
+    """Failed requests just before one real session leave its footprint whole: 120 MiB
+    (at most the drift allowance of its window more), not shared out among four."""
     reader = SettableReader(used_mb=300)
     registry = CollectorRegistry()
     mw = guarded(answering(400), reader, registry=registry)
@@ -225,7 +226,8 @@ def test_the_learner_counts_only_the_sessions_that_opened() -> None:
             footprint = registry.get_sample_value(
                 "asgi_admission_session_footprint_bytes", {"route": "POST /sessions"}
             )
-    assert footprint == 120 * MIB
+    assert footprint is not None
+    assert 120 * MIB <= footprint <= 128 * MIB  # credited with what drift may have hidden
 
 
 WsHandler = Callable[[WebSocket], Awaitable[None]]

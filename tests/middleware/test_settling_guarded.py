@@ -111,7 +111,8 @@ def test_learning_raises_the_reserve_and_shows_it() -> None:
         assert client.post("/sessions").status_code == 200
         reader.set_mb(150)
         wait_for(lambda: mw.controller.reserve_for(reader.limit) > 10 * MIB)
-        assert abs(mw.controller.reserve_for(reader.limit) - 50 * MIB) <= MIB
+        # 50 MiB, and what drift may have hidden over its window (1 MiB a second).
+        assert 50 * MIB <= mw.controller.reserve_for(reader.limit) <= 56 * MIB
         footprint = registry.get_sample_value(
             "asgi_admission_session_footprint_bytes", {"route": "POST /sessions"}
         )

@@ -19,6 +19,7 @@ from asgi_admission import (
     MemoryReading,
 )
 from asgi_admission._admission.keeper import ReservationKeeper, apply
+from asgi_admission._admission.learning import SessionLearner
 from asgi_admission._admission.ledger import InProcessLedger, LedgerBusy
 from asgi_admission._memory.reading import UNAVAILABLE
 
@@ -121,23 +122,50 @@ def test_a_failing_sample_is_logged_and_the_loop_goes_on(
     assert "the reservation sample failed" in caplog.text
 
 
-def test_session_ends_spoil_the_open_episode() -> None:
-    """The sample notices the active count falling: the open episode teaches nothing."""
+class Ends(SessionLearner):
+    """A learner that records the session ends it is told of."""
+
+    __slots__ = ("told",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[tuple[str | None, float | None, int]] = []
+
+    def on_session_end(
+        self,
+        now: float,
+        *,
+        route: str | None = None,
+        admitted_at: float | None = None,
+        count: int = 1,
+    ) -> None:
+        self.told.append((route, admitted_at, count))
+        super().on_session_end(now, route=route, admitted_at=admitted_at, count=count)
+
+
+def test_session_ends_reach_the_learner_once() -> None:
+    """The active count falling is an end of unknown route; a WebSocket that closes is an
+    end of its route, told once: the count falling for it at the next sample is not
+    told again."""
     memory = Memory(100)
     active = [3]
     keeper, ledger = make(memory, learning="raise")
+    learner = keeper.learner = Ends()
     keeper._active_count = lambda own: active[0]
     keeper.sample()
-    admit(keeper, ledger, 100)
-    assert keeper.learner.observing
     active[0] = 2
     keeper.sample()
-    memory.used_mb = 150
-    for _ in range(3):
-        keeper._next_look = 0.0
-        keeper.sample()
-    assert keeper.estimates() == []
-    assert keeper.ends.expected_wait_s(0.0) is None  # one end is no evidence yet
+    assert learner.told == [(None, None, 1)]
+    with ledger.locked():
+        entry = keeper.admitted(ledger.reserve(), "websocket", None, 100 * MIB)
+    memory.used_mb = 120  # its memory shows: settled at its accept, active
+    keeper.respond(entry)
+    assert counts(ledger) == (1, 0)
+    keeper.abandon(entry, session_over=True)
+    assert learner.told[1:] == [("unnamed", entry.admitted_at, 1)]
+    active[0] = 1
+    keeper.sample()
+    assert learner.told[2:] == []
 
 
 def _child_sees_nothing(keeper: ReservationKeeper, result: multiprocessing.Queue) -> None:

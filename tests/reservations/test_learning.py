@@ -1,4 +1,7 @@
-"""The learner, on synthetic readings: footprint, ramp, noise, freeing, forgetting."""
+"""The learner, on synthetic readings: footprint, ramp, noise, freeing, forgetting.
+
+Traffic with overlapping sessions is in ``test_learning_traffic.py``.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +10,16 @@ import random
 import pytest
 from reskit import MIB
 
+from asgi_admission._admission.attribution import DRIFT_BYTES_PER_S
 from asgi_admission._admission.learning import (
     WINDOW,
     RouteEstimate,
     SessionLearner,
     effective_reserve,
+    empty_observations,
     percentile,
 )
+from asgi_admission._admission.session_windows import HORIZON_S
 
 #: Internal on purpose: the session learner, on synthetic readings.
 INTERNAL = "the session learner, on synthetic readings"
@@ -32,19 +38,29 @@ def session(
     rng: random.Random | None = None,
     route: str = ROUTE,
 ) -> float:
-    """One session whose memory arrives linearly over ``ramp_s``, sampled at 4 Hz.
+    """One session whose memory arrives linearly over ``ramp_s``, sampled at 4 Hz, and
+    that ends once its window has closed (its memory freed).
 
-    Returns the time its episode ended (the learner went quiet).
+    Returns the time it ended.
     """
     rng = rng or random.Random(0)
     learner.on_admit(route, base, start)
     t = start
-    while learner.observing:
+    while learner.open_windows:
         t += 0.25
         arrived = footprint * min(1.0, (t - start) / ramp_s) if ramp_s else footprint
         learner.on_reading(base + int(arrived) + rng.randint(-noise, noise), t)
         assert t - start < 200
+    learner.on_session_end(t, route=route, admitted_at=start)
+    for _ in range(4):
+        t += 0.25
+        learner.on_reading(base + rng.randint(-noise, noise), t)
     return t
+
+
+def allowance(seconds: float) -> int:
+    """What a single window is credited with for memory that may have drifted down."""
+    return int(DRIFT_BYTES_PER_S * seconds)
 
 
 def test_footprint_converges_within_15_percent_in_five_sessions() -> None:
@@ -65,16 +81,22 @@ def test_footprint_converges_within_15_percent_in_five_sessions() -> None:
     estimate = learner.estimate(ROUTE)
     assert estimate is not None
     assert abs(estimate.footprint_bytes - 96 * MIB) <= 0.15 * 96 * MIB
-    assert estimate.observations == 5
+    assert estimate.observations >= 5  # five windows, and the memory freed at their ends
 
 
 def test_one_quiet_session_is_already_close() -> None:
-    """A single session without noise gives its footprint (within the 1 % peak step)."""
+    """A single session without noise gives its footprint, at most the drift allowance of
+    its window (about 3 s) more, as soon as its window closes."""
     learner = SessionLearner()
-    session(learner, start=0.0, base=300 * MIB, footprint=96 * MIB, ramp_s=2.0)
+    learner.on_admit(ROUTE, 300 * MIB, 0.0)
+    t = 0.0
+    while learner.open_windows:
+        t += 0.25
+        learner.on_reading(300 * MIB + int(96 * MIB * min(1.0, t / 2.0)), t)
     estimate = learner.estimate(ROUTE)
     assert estimate is not None
-    assert abs(estimate.footprint_bytes - 96 * MIB) <= 0.02 * 96 * MIB
+    assert 96 * MIB <= estimate.footprint_bytes <= 96 * MIB + allowance(t)
+    assert t <= 3.5  # the ramp (2 s) and a quiet second
 
 
 def test_ramp_time_is_estimated() -> None:
@@ -87,18 +109,19 @@ def test_ramp_time_is_estimated() -> None:
 
 
 def test_concurrent_sessions_share_the_growth() -> None:
-    """Three sessions admitted together: the growth is divided by three."""
+    """Three sessions admitted together: the growth is divided by three (with the drift
+    allowance of the windows, which run to the horizon: none can be told apart)."""
     learner = SessionLearner()
     learner.on_admit(ROUTE, 300 * MIB, 0.0)
     learner.on_admit(ROUTE, 300 * MIB, 0.05)
     learner.on_admit(ROUTE, 300 * MIB, 0.1)
     t = 0.1
-    while learner.observing:
+    while learner.open_windows:
         t += 0.25
         learner.on_reading(300 * MIB + int(150 * MIB * min(1.0, t / 1.5)), t)
     estimate = learner.estimate(ROUTE)
     assert estimate is not None
-    assert abs(estimate.footprint_bytes - 50 * MIB) <= 2 * MIB
+    assert 48 * MIB <= estimate.footprint_bytes <= 50 * MIB + allowance(HORIZON_S + 0.25) // 3
 
 
 def test_sessions_that_free_memory_learn_zero_not_a_negative() -> None:
@@ -112,16 +135,19 @@ def test_sessions_that_free_memory_learn_zero_not_a_negative() -> None:
     assert estimate.footprint_bytes == 0
 
 
-def test_an_episode_mixing_routes_teaches_nothing() -> None:
-    """Growth that cannot be told apart between two routes is not attributed."""
+def test_growth_two_routes_cannot_be_told_apart_is_credited_to_each() -> None:
+    """Two routes admitted together and 100 MiB of growth: neither is guessed to be the
+    smaller, each is credited with all of it (until other windows tell them apart)."""
     learner = SessionLearner()
     learner.on_admit(ROUTE, 300 * MIB, 0.0)
     learner.on_admit("WS /t/*", 300 * MIB, 0.1)
     t = 0.1
-    while learner.observing:
+    while learner.open_windows:
         t += 0.25
         learner.on_reading(400 * MIB, t)
-    assert learner.estimates() == []
+    estimates = learner.estimates()
+    assert [e.route for e in estimates] == sorted([ROUTE, "WS /t/*"])
+    assert all(e.footprint_bytes >= 100 * MIB for e in estimates)
 
 
 def test_old_sessions_are_forgotten_as_new_ones_come() -> None:
@@ -148,18 +174,22 @@ def test_memory_is_bounded_in_routes_and_observations() -> None:
         learner.observe(f"POST /r{i}", footprint_bytes=i, ramp_s=0.5)
         learner.observe("POST /one", footprint_bytes=i)
     assert len(learner.estimates()) <= 64
-    assert len(learner.export()["POST /one"]["footprints"]) == WINDOW
+    assert len(learner.observations()["POST /one"]["footprints"]) == WINDOW
 
 
-def test_an_episode_that_never_goes_quiet_ends_at_the_timeout() -> None:
-    """Memory climbing for ever closes the episode at the timeout with what it saw."""
-    learner = SessionLearner(timeout_s=10.0)
+@pytest.mark.parametrize(("timeout_s", "closes_at"), [(120.0, HORIZON_S), (5.0, 5.0)])
+def test_a_window_that_never_goes_quiet_closes_at_its_horizon(
+    timeout_s: float, closes_at: float
+) -> None:
+    """Memory climbing for ever closes the window at the horizon (the pending timeout if
+    that is shorter) with what it saw."""
+    learner = SessionLearner(timeout_s=timeout_s)
     learner.on_admit(ROUTE, 0, 0.0)
     t = 0.0
-    while learner.observing:
+    while learner.open_windows:
         t += 0.25
         learner.on_reading(int(t * 10 * MIB), t)
-    assert t == pytest.approx(10.0)
+    assert t == pytest.approx(closes_at)
     assert learner.estimate(ROUTE) is not None
 
 
@@ -167,7 +197,10 @@ def test_merge_replaces_with_the_shared_observations() -> None:
     """merge() takes the shared file's observations and bumps the version once."""
     learner = SessionLearner()
     version = learner.version
-    shared = {ROUTE: {"footprints": [10.0 * MIB, 20.0 * MIB], "ramps": [1.0]}}
+    observed = empty_observations()
+    observed["footprints"] = [10.0 * MIB, 20.0 * MIB]
+    observed["ramps"] = [1.0]
+    shared = {ROUTE: observed}
     learner.merge(shared)
     assert learner.version == version + 1
     learner.merge(shared)
@@ -201,33 +234,43 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([7]) == 7
 
 
-def test_steady_traffic_that_adds_nothing_learns_zero() -> None:
-    """Admissions every 0.1 s with a flat working set still end the episode: 0 bytes each."""
+def test_steady_traffic_that_adds_nothing_learns_about_zero() -> None:
+    """Admissions every 0.1 s with a flat working set: each session adds nothing (less
+    than a MiB: the drift allowance shared by the sessions of each window)."""
     learner = SessionLearner()
     t = 0.0
-    learner.on_admit(ROUTE, 300 * MIB, t)
-    while learner.observing:
+    while t < 30:
         t += 0.1
         learner.on_admit(ROUTE, 300 * MIB, t)
         learner.on_reading(300 * MIB, t)
-        assert t < 30
     estimate = learner.estimate(ROUTE)
     assert estimate is not None
-    assert estimate.footprint_bytes == 0
+    assert estimate.footprint_bytes < MIB
 
 
-def test_an_episode_in_which_a_session_ended_teaches_nothing() -> None:
-    """Memory freed by a session ending mid-episode makes the episode ambiguous."""
+def test_memory_freed_by_another_session_ending_is_left_out() -> None:
+    """A 60 MiB session ramping while an older one ends and frees 80 MiB: the drop is
+    not taken from the new session's growth."""
     learner = SessionLearner()
-    learner.on_admit(ROUTE, 300 * MIB, 0.0)
-    learner.on_reading(350 * MIB, 0.5)
-    learner.on_session_end()
-    t = 0.5
-    while learner.observing:
+    older = "WS /old"
+    learner.on_admit(older, 300 * MIB, 0.0)
+    learner.on_reading(380 * MIB, 0.25)
+    t, used = 0.25, 380 * MIB
+    while t < 20:  # the older session's window closes; it lives on
         t += 0.25
-        learner.on_reading(350 * MIB, t)
-    assert learner.estimates() == []
-    learner.on_session_end()  # no episode open: nothing to spoil
+        learner.on_reading(used, t)
+    admitted = t
+    learner.on_admit(ROUTE, used, admitted)
+    for step in range(1, 40):
+        t = admitted + step * 0.25
+        if step == 4:
+            learner.on_session_end(t, route=older, admitted_at=0.0)
+            used -= 80 * MIB
+        grown = int(60 * MIB * min(1.0, step * 0.25 / 2.0))
+        learner.on_reading(used + grown, t)
+    estimate = learner.estimate(ROUTE)
+    assert estimate is not None
+    assert 57 * MIB <= estimate.footprint_bytes <= 60 * MIB + allowance(4.0)
 
 
 @pytest.mark.parametrize(

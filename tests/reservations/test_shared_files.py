@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from reskit import MIB
 
 from asgi_admission._admission import shared_files
+from asgi_admission._admission.attribution import Window
+from asgi_admission._admission.learning import Observations
 from asgi_admission._admission.settling import QueueRecord
 from asgi_admission._admission.shared_files import (
     LEARNED_FILE,
@@ -134,19 +137,91 @@ def test_a_dead_owner_is_noticed(tmp_path: Path) -> None:
     queue.close()
 
 
+def observed(
+    route: str,
+    *,
+    footprints: Sequence[float] = (),
+    ramps: Sequence[float] = (),
+    ends: Sequence[float] = (),
+    windows: Sequence[Window] = (),
+) -> Observations:
+    """What one route's observations look like in the file."""
+    return {
+        route: {
+            "footprints": [float(v) for v in footprints],
+            "ramps": [float(v) for v in ramps],
+            "ends": [float(v) for v in ends],
+            "windows": list(windows),
+        }
+    }
+
+
+def a_window(growth_mb: float, *, overlaps: tuple[tuple[str, float, float], ...] = ()) -> Window:
+    return Window(growth_mb * MIB, 3.5, 1.8, overlaps, True)
+
+
 def test_learned_observations_are_merged_and_survive(tmp_path: Path) -> None:
     """Two stores append to one file; a new store reads everything back, windowed."""
     first = LearnedStore(str(tmp_path), window=3)
     second = LearnedStore(str(tmp_path), window=3)
-    first.add([("POST /s", 10 * MIB, 1.0)])
-    merged = second.add([("POST /s", 20 * MIB, None), ("WS /t", 5 * MIB, 0.5)])
+    first.add(observed("POST /s", footprints=[10 * MIB], ramps=[1.0]))
+    merged = second.add(
+        {**observed("POST /s", footprints=[20 * MIB]), **observed("WS /t", footprints=[5 * MIB])}
+    )
+    assert merged is not None
     assert merged["POST /s"]["footprints"] == [10.0 * MIB, 20.0 * MIB]
     assert merged["POST /s"]["ramps"] == [1.0]
     for i in range(5):
-        first.add([("POST /s", i, float(i))])
+        first.add(observed("POST /s", footprints=[i], ramps=[float(i)]))
     again = LearnedStore(str(tmp_path), window=3).load()
     assert again["POST /s"]["footprints"] == [2.0, 3.0, 4.0]
     assert read_learned(str(tmp_path), window=3) == again
+
+
+def test_windows_and_ends_are_shared_and_read_back(tmp_path: Path) -> None:
+    """Windows (with their overlaps) and the memory freed at ends go through the file as
+    they were made, windowed like the rest; the file says it is version 2."""
+    store = LearnedStore(str(tmp_path), window=2)
+    overlap = (("WS /t", 0.75, 0.5),)
+    store.add(observed("POST /s", ends=[48 * MIB], windows=[a_window(48)]))
+    store.add(observed("POST /s", windows=[a_window(100, overlaps=overlap), a_window(50)]))
+    again = LearnedStore(str(tmp_path), window=2).load()
+    assert again["POST /s"]["windows"] == [a_window(100, overlaps=overlap), a_window(50)]
+    assert again["POST /s"]["ends"] == [48.0 * MIB]
+    assert json.loads((tmp_path / LEARNED_FILE).read_text())["version"] == 2
+
+
+def test_a_version_1_file_is_read_as_per_session_values(tmp_path: Path) -> None:
+    """A file of the first release (footprints and ramps alone) keeps what it held: its
+    values count as per-session footprints until newer observations replace them."""
+    path = tmp_path / LEARNED_FILE
+    document = {
+        "version": 1,
+        "id": "abc",
+        "routes": {"POST /s": {"footprints": [96.0 * MIB], "ramps": [2.0]}},
+    }
+    path.write_text(json.dumps(document))
+    path.chmod(0o600)
+    loaded = LearnedStore(str(tmp_path), window=4).load()
+    assert loaded == observed("POST /s", footprints=[96 * MIB], ramps=[2.0])
+
+
+def test_a_malformed_window_makes_the_file_unusable_and_replaced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A window that is not ``[growth, seconds, ramp, overlaps, exact]`` is not half-read:
+    the file counts as nothing learned, with the warning, as any malformed file."""
+    path = tmp_path / LEARNED_FILE
+    route: dict[str, list[object]] = {
+        "footprints": [],
+        "ramps": [],
+        "ends": [],
+        "windows": [[1.0, 2.0, None, [], "yes"]],
+    }
+    path.write_text(json.dumps({"version": 2, "id": "abc", "routes": {"POST /s": route}}))
+    path.chmod(0o600)
+    assert LearnedStore(str(tmp_path), window=4).load() == {}
+    assert "not a learned-sessions file" in caplog.text
 
 
 def test_a_malformed_learned_file_is_replaced(
@@ -159,7 +234,7 @@ def test_a_malformed_learned_file_is_replaced(
     store = LearnedStore(str(tmp_path), window=4)
     assert store.load() == {}
     assert "not a learned-sessions file" in caplog.text
-    store.add([("POST /s", 1, None)])
+    store.add(observed("POST /s", footprints=[1]))
     assert json.loads(path.read_text())["routes"]["POST /s"]["footprints"] == [1.0]
 
 
@@ -182,10 +257,14 @@ def test_the_learned_file_survives_its_directory_being_deleted(
     from what the worker knows (which holds the new observation), without an error."""
     shared = tmp_path / "shared"
     store = LearnedStore(str(shared), window=8)
-    store.add([("POST /s", 10 * MIB, 1.0)])
+    store.add(observed("POST /s", footprints=[10 * MIB], ramps=[1.0]))
     shutil.rmtree(shared)
-    known = {"POST /s": {"footprints": [10.0 * MIB, 20.0 * MIB], "ramps": [1.0]}}
-    merged = store.add([("POST /s", 20 * MIB, None)], known=known)
+    known = observed(
+        "POST /s", footprints=[10 * MIB, 20 * MIB], ramps=[1.0], windows=[a_window(20)]
+    )
+    merged = store.add(
+        observed("POST /s", footprints=[20 * MIB], windows=[a_window(20)]), known=known
+    )
     assert merged == known
     assert LearnedStore(str(shared), window=8).load() == known
     assert (shared / LEARNED_FILE).stat().st_mode & 0o777 == 0o600
@@ -199,19 +278,19 @@ def test_a_learned_file_that_cannot_be_used_is_logged_once_and_retried(
     one warning; once the directory is back, they work again and say so."""
     shared = tmp_path / "shared"
     store = LearnedStore(str(shared), window=8)
-    store.add([("POST /s", 10 * MIB, 1.0)])
+    store.add(observed("POST /s", footprints=[10 * MIB], ramps=[1.0]))
     shutil.rmtree(shared)
     shared.write_text("in the way")
-    assert store.add([("POST /s", 20 * MIB, None)]) is None
+    assert store.add(observed("POST /s", footprints=[20 * MIB])) is None
     assert store.refresh() is None
     assert caplog.text.count("each worker keeps what it learns") == 1
     assert "ADMISSION_SHARED_DIR" in caplog.text
     shared.unlink()
     assert store.refresh() == {}
     assert "usable again" in caplog.text
-    assert store.add([("POST /s", 30 * MIB, None)]) == {
-        "POST /s": {"footprints": [30.0 * MIB], "ramps": []}
-    }
+    assert store.add(observed("POST /s", footprints=[30 * MIB])) == observed(
+        "POST /s", footprints=[30 * MIB]
+    )
 
 
 def test_the_settling_queue_follows_its_file_deleted_with_the_directory(
@@ -307,17 +386,19 @@ def test_every_worker_adds_what_it_knows_to_a_learned_file_made_again(tmp_path: 
     shared = tmp_path / "shared"
     first = LearnedStore(str(shared), window=8)
     second = LearnedStore(str(shared), window=8)
-    first.add([("POST /s", 100 * MIB, None)])
-    second.add([("POST /s", 300 * MIB, None)])
-    stale = {"POST /s": {"footprints": [100.0 * MIB], "ramps": []}}
-    current = {"POST /s": {"footprints": [100.0 * MIB, 300.0 * MIB], "ramps": []}}
+    first.add(observed("POST /s", footprints=[100 * MIB], windows=[a_window(100)]))
+    second.add(observed("POST /s", footprints=[300 * MIB], windows=[a_window(300)]))
+    stale = observed("POST /s", footprints=[100 * MIB], windows=[a_window(100)])
+    current = observed(
+        "POST /s", footprints=[100 * MIB, 300 * MIB], windows=[a_window(100), a_window(300)]
+    )
     shutil.rmtree(shared)
     assert first.refresh() == {}
     assert first.moved
-    assert first.add([], known=stale) == stale
+    assert first.add({}, known=stale) == stale
     assert second.refresh() == stale
     assert second.moved
-    assert second.add([], known=current) == current
+    assert second.add({}, known=current) == current
     assert first.refresh() == current
     assert not first.moved  # the same file as its last write: nothing to add
     assert LearnedStore(str(shared), window=8).load() == current

@@ -141,6 +141,8 @@ class ReservationKeeper:
         self._expected: dict[tuple[str, int | None], int] = {}
         self.learner = SessionLearner(timeout_s=timeout_s)
         self.ends = SessionEnds()
+        #: Active sessions seen ending by their route since the last sample.
+        self._named_ends = 0
         self._store: LearnedStore | None = None
         queue: SettleQueue = LocalSettleQueue()
         if shared_dir is not None:
@@ -321,7 +323,15 @@ class ReservationKeeper:
 
     def abandon(self, entry: Settlement, *, session_over: bool = False) -> None:
         """The request failed before its response, or the session ended."""
-        self._now_or_later(lambda: self.settler.abandon(entry, session_over=session_over))
+
+        def step() -> Sequence[Action]:
+            if session_over:
+                self._ended(entry)
+            elif not (entry.held or entry.phase == "started"):
+                self.learner.on_failed(entry.admitted_at)
+            return self.settler.abandon(entry, session_over=session_over)
+
+        self._now_or_later(step)
 
     def ticket(self, operation: str, entry: Settlement) -> bool:
         """``hold``, ``started`` or ``release`` for a ticket; whether hold took effect
@@ -338,8 +348,23 @@ class ReservationKeeper:
         if operation == "started":
             self._now_or_later(lambda: self.settler.started(entry))
         else:
-            self._now_or_later(lambda: self.settler.release(entry))
+
+            def release() -> Sequence[Action]:
+                self._ended(entry)
+                return self.settler.release(entry)
+
+            self._now_or_later(release)
         return True
+
+    def _ended(self, entry: Settlement) -> None:
+        """Inside the critical section: the session of ``entry`` ended (its route known)."""
+        if entry.phase == "started" or (entry.phase == "done" and not entry.released):
+            # It was active: the next sample sees the active count fall for it too.
+            self._named_ends += 1
+        if self.learning != "off":
+            self.learner.on_session_end(
+                self._clock(), route=entry.route, admitted_at=entry.admitted_at
+            )
 
     def observe_peak(self, route: str, peak_bytes: int) -> None:
         """The watchdog measured a session of ``route`` at ``peak_bytes`` (RSS) at most."""
@@ -397,8 +422,12 @@ class ReservationKeeper:
 
     def _sample_locked(self, own: int | None, now: float) -> list[Action]:
         actions = self.catch_up()
-        if self.ends.on_active(self._active_count(own), now):
-            self.learner.on_session_end()
+        ended = self.ends.on_active(self._active_count(own), now)
+        # Ends whose route is known were told already; the others are the app's count
+        # falling (or other workers' sessions), of a route the learner shares out.
+        anonymous, self._named_ends = max(0, ended - self._named_ends), 0
+        if anonymous and self.learning != "off":
+            self.learner.on_session_end(now, count=anonymous)
         if self.settler.unsettled or self.learner.observing or self._queue_busy():
             memory = self._read()
             if memory.available and memory.used_bytes is not None:
@@ -449,7 +478,7 @@ class ReservationKeeper:
         if loaded is not None and self._store.moved:
             # Another file than last time (deleted and made again, or replaced): this
             # worker adds what it knows that the file lacks, before taking it in.
-            loaded = self._store.add([], known=self.learner.observations())
+            loaded = self._store.add({}, known=self.learner.observations())
         if loaded is None:
             return  # unusable for now (logged once): this worker keeps what it learned
         self.learner.merge(loaded)

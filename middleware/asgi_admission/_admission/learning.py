@@ -2,27 +2,24 @@
 
 Notes:
 
-- Evidence comes in *episodes*. An episode starts with an admission while none
-  is open, at the working set that admission was decided with, and takes in
-  every admission that follows while it is open. It watches the working set
-  (the guard's own readings and its periodic sample: sessions need not be
-  processes) and ends once no new peak has come for a quiet spell (at least
-  ``QUIET_S``, longer for slow ramps) and no admission either, or, under steady
-  traffic, after ``BUSY_QUIET_SPELLS`` quiet spells without a new peak, or at
-  the pending timeout. One observation is then ``(peak - start) / sessions``
-  bytes, counting the sessions admitted up to the last new peak, and the time
-  from the first admission until the working set first reached 90 % of that
-  peak. An episode that mixed routes, or saw a session end (memory freed in the
-  middle of it), teaches nothing: it cannot say whose memory was whose.
-- Noise: other memory moving in the same group inflates or deflates an
-  observation; sessions that free memory give 0. A high percentile of the
-  recent observations (``PERCENTILE``) errs towards the larger footprint, which
-  is the safe side for a reserve.
-- Bounded and forgetting: the last ``WINDOW`` observations per route, at most
-  ``MAX_ROUTES`` routes. Sessions change when the app does, so an old footprint
+- Evidence comes from all traffic, not only from quiet spells. Each admitted session
+  is watched over a window of the working set taken as growth alone (memory freed in
+  a step, at a session's end or later, is left out; ``session_windows.py``). A window
+  that other sessions' ramps overlapped is one equation among many: the footprints of
+  all routes are fitted to the recent windows together (``attribution.py``), and the
+  ramps to every step of the growth series (``ramp_profile.py``).
+- Conservative: a route's footprint is a high percentile (``PERCENTILE``) of what each
+  of its windows grew less the least the other sessions in it can have added (all of
+  it while they are unknown), or, once its own fit is known, the fit's upper bound
+  where that is lower. Memory freed when its sessions end and the watchdog's peaks
+  raise it where most of them say more; sessions that free memory later only give
+  smaller values, which cannot lower it. Memory that grows for other reasons makes a
+  session look larger, the safe side for a reserve.
+- Bounded and forgetting: the last ``WINDOW`` windows, ends and peaks per route, at
+  most ``MAX_ROUTES`` routes. Sessions change when the app does, so an old footprint
   fades out as new sessions are observed rather than at once.
-- The watchdog's per-session peaks (processes it samples) are observations of
-  their own, where the app registers sessions with it.
+- The observations are what the workers share (``shared_files.LearnedStore``), each
+  worker fitting all of them; the ramp profile is each worker's own.
 """
 
 from __future__ import annotations
@@ -31,22 +28,41 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypedDict
 
+from asgi_admission._admission.attribution import Fit, Window, attributed, fit
+from asgi_admission._admission.ramp_profile import RampProfiles
+from asgi_admission._admission.session_windows import (
+    HORIZON_S,
+    ClosedWindow,
+    GrowthWindows,
+    window_length,
+)
 from asgi_admission._config import Learning
 
 WINDOW: Final = 32
 MAX_ROUTES: Final = 64
 PERCENTILE: Final = 0.9
-QUIET_S: Final = 1.0
-BUSY_QUIET_SPELLS: Final = 2
-#: Admissions one episode keeps the times of; beyond, it teaches nothing.
-_MAX_ADMISSIONS: Final = 4096
-#: A new peak must beat the last by this share of the growth so far (or 256 KiB).
-_PEAK_STEP: Final = 0.01
-_MIN_STEP: Final = 256 * 1024
-#: Bounded record of when each new peak came (for the ramp time).
-_MAX_PEAKS: Final = 256
+#: The ramp assumed of a route's sessions before any is learned: long, so that less of
+#: them is taken to have arrived in another session's window (the safe side).
+_UNKNOWN_RAMP_S: Final = HORIZON_S / 2
+#: A linear ramp reaches 90 % of its memory at this share of its length.
+_RAMP_POINT: Final = 0.9
+
+
+class RouteObservations(TypedDict):
+    """What was observed of one route, as the shared file holds it."""
+
+    #: Per-session footprints: the watchdog's peaks (and values of earlier releases).
+    footprints: list[float]
+    #: Ramp times observed other than by windows (earlier releases).
+    ramps: list[float]
+    #: Memory freed at one session's end, in a step in which nothing else ramped.
+    ends: list[float]
+    windows: list[Window]
+
+
+Observations = dict[str, RouteObservations]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,51 +82,59 @@ def percentile(values: Iterable[float], share: float = PERCENTILE) -> float:
     return ordered[rank - 1]
 
 
-class _Episode:
-    __slots__ = (
-        "admitted",
-        "base",
-        "last_admit",
-        "last_peak_at",
-        "mixed",
-        "peak",
-        "peaks",
-        "route",
-        "sessions",
-        "start",
-    )
+def empty_observations() -> RouteObservations:
+    return {"footprints": [], "ramps": [], "ends": [], "windows": []}
 
-    def __init__(self, route: str, base: int, now: float) -> None:
-        self.route = route
-        self.base = base
-        self.start = now
-        self.last_admit = now
-        self.sessions = 1
-        self.peak = base
-        self.last_peak_at = now
-        self.peaks: list[tuple[float, int]] = [(now, base)]
-        self.mixed = False
-        self.admitted = [now]
+
+class _Route:
+    __slots__ = ("ends", "footprints", "live", "ramps", "windows")
+
+    def __init__(self) -> None:
+        self.footprints: deque[float] = deque(maxlen=WINDOW)
+        self.ramps: deque[float] = deque(maxlen=WINDOW)
+        self.ends: deque[float] = deque(maxlen=WINDOW)
+        self.windows: deque[Window] = deque(maxlen=WINDOW)
+        #: Sessions admitted here and not seen ended (fractions: ends of unknown route).
+        self.live = 0.0
+
+    def load(self, values: RouteObservations) -> None:
+        self.footprints.extend(values["footprints"])
+        self.ramps.extend(values["ramps"])
+        self.ends.extend(values["ends"])
+        self.windows.extend(values["windows"])
 
 
 class SessionLearner:
-    """Per-route footprints and ramp times from readings, counts and watchdog peaks.
+    """Per-route footprints and ramp times from readings, session events and peaks.
 
-    Not thread-safe on its own: the guard calls it inside the ledger's lock.
-    ``timeout_s`` ends an episode that never goes quiet.
+    Pure and clock-free: times are the caller's. Not thread-safe on its own: the guard
+    calls it inside the ledger's lock. ``timeout_s`` (the pending timeout) bounds a
+    window's length.
     """
 
-    __slots__ = ("_episode", "_footprints", "_new", "_ramps", "_version", "timeout_s")
+    __slots__ = (
+        "_estimates",
+        "_fits",
+        "_new",
+        "_profiles",
+        "_ramps",
+        "_routes",
+        "_version",
+        "_windows",
+    )
 
     def __init__(self, *, timeout_s: float = 120.0) -> None:
-        self.timeout_s = timeout_s
-        self._footprints: dict[str, deque[int]] = {}
-        self._ramps: dict[str, deque[float]] = {}
-        self._episode: _Episode | None = None
+        self._routes: dict[str, _Route] = {}
+        self._windows = GrowthWindows(horizon_s=timeout_s)
+        self._profiles = RampProfiles()
         #: Observations made here and not yet handed to the shared file.
-        self._new: list[tuple[str, int, float | None]] = []
-        #: Bumped by every new observation, so callers can tell when estimates changed.
+        self._new: Observations = {}
+        #: Bumped by every change of the observations, so callers can tell.
         self._version = 0
+        self._estimates: dict[str, RouteEstimate] = {}
+        self._fits: dict[str, Fit] = {}
+        #: Ramp times recorded in the observations (the shared file's included).
+        self._ramps: dict[str, float] = {}
 
     @property
     def version(self) -> int:
@@ -118,148 +142,217 @@ class SessionLearner:
 
     @property
     def observing(self) -> bool:
-        """Whether an episode is open (the periodic sample should keep reading)."""
-        return self._episode is not None
+        """Whether readings are wanted: a window is open or a session it admitted lives
+        (its end frees memory worth seeing)."""
+        return self._windows.open > 0 or any(r.live > 0 for r in self._routes.values())
+
+    @property
+    def open_windows(self) -> int:
+        """How many admitted sessions are still being watched."""
+        return self._windows.open
+
+    # -- events --------------------------------------------------------------------------
 
     def on_admit(self, route: str, used_bytes: int | None, now: float) -> None:
         """A session of ``route`` was admitted at working set ``used_bytes``."""
-        episode = self._episode
-        if episode is None:
-            if used_bytes is not None:
-                self._episode = _Episode(route, used_bytes, now)
+        state = self._route(route)
+        if state is None:
             return
-        episode.sessions += 1
-        episode.last_admit = now
-        if len(episode.admitted) < _MAX_ADMISSIONS:
-            episode.admitted.append(now)
-        else:
-            episode.mixed = True
-        if route != episode.route:
-            episode.mixed = True
+        state.live += 1
+        self._profiles.admitted(route)
+        self._windows.admit(route, used_bytes, now, self._expected)
 
     def on_failed(self, admitted_at: float) -> None:
         """The session admitted at ``admitted_at`` opened nothing (an error answer):
-        the open episode no longer counts it."""
-        episode = self._episode
-        if episode is None:
-            return
-        try:
-            episode.admitted.remove(admitted_at)
-        except ValueError:
-            return  # admitted before this episode (or beyond what it keeps)
-        episode.sessions -= 1
-        if not episode.admitted:
-            self._episode = None
+        it is forgotten."""
+        route = self._windows.failed(admitted_at)
+        state = None if route is None else self._routes.get(route)
+        if state is not None:
+            state.live = max(0.0, state.live - 1)
 
-    def on_session_end(self) -> None:
-        """A session ended: memory freed in the open episode makes it teach nothing."""
-        if self._episode is not None:
-            self._episode.mixed = True
+    def on_session_end(
+        self,
+        now: float,
+        *,
+        route: str | None = None,
+        admitted_at: float | None = None,
+        count: int = 1,
+    ) -> None:
+        """``count`` sessions ended by ``now``: of ``route`` (admitted at ``admitted_at``)
+        where the caller knows, else shared among the routes with sessions open."""
+        if route is not None:
+            state = self._routes.get(route)
+            if state is not None:
+                state.live = max(0.0, state.live - count)
+                for _ in range(count):
+                    self._windows.end(route, 1.0, now, admitted_at)
+            return
+        open_routes = [(name, state) for name, state in self._routes.items() if state.live > 0]
+        total = sum(state.live for _name, state in open_routes)
+        for name, state in open_routes:
+            weight = min(state.live, count * state.live / total)
+            state.live -= weight
+            self._windows.end(name, weight, now, None)
 
     def on_reading(self, used_bytes: int, now: float) -> None:
-        """An exact working set; may close the episode and record an observation."""
-        episode = self._episode
-        if episode is None:
-            return
-        step = max(_MIN_STEP, int((episode.peak - episode.base) * _PEAK_STEP))
-        if used_bytes > episode.peak + step or (
-            used_bytes > episode.peak and episode.peak == episode.base
-        ):
-            episode.peak = used_bytes
-            episode.last_peak_at = now
-            if len(episode.peaks) >= _MAX_PEAKS:
-                del episode.peaks[1::2]
-            episode.peaks.append((now, used_bytes))
-        elif used_bytes > episode.peak:
-            episode.peak = used_bytes
-        quiet = max(QUIET_S, 0.5 * (episode.last_peak_at - episode.start))
-        since_peak = now - episode.last_peak_at
-        if (
-            (since_peak >= quiet and now - episode.last_admit >= quiet)
-            or since_peak >= BUSY_QUIET_SPELLS * quiet
-            or now - episode.start >= self.timeout_s
-        ):
-            self._episode = None
-            if not episode.mixed:
-                self._close(episode)
-
-    def _close(self, episode: _Episode) -> None:
-        growth = max(0, episode.peak - episode.base)
-        reached = episode.base + 0.9 * growth
-        ramp = next((t for t, used in episode.peaks if used >= reached), episode.last_peak_at)
-        # Sessions admitted after the last new peak added nothing that was seen.
-        sessions = max(1, sum(1 for t in episode.admitted if t <= episode.last_peak_at))
-        self.observe(
-            episode.route,
-            footprint_bytes=growth // sessions,
-            ramp_s=max(0.0, ramp - episode.start),
-        )
+        """An exact working set; may close windows and record observations."""
+        closed, freed, step = self._windows.reading(used_bytes, now, self._expected, self._length)
+        if step is not None:
+            known = {route: self._expected(route) for route in self._fits}
+            self._profiles.step(step.growth, step.start, step.end, self._windows.sessions(), known)
+        for window in closed:
+            self._add_window(window)
+        for drop in freed:
+            state = self._routes.get(drop.route)
+            if state is not None:
+                value = float(round(drop.bytes_per_session))
+                state.ends.append(value)
+                self._new.setdefault(drop.route, empty_observations())["ends"].append(value)
+        if closed or freed:
+            self._changed()
 
     def observe(self, route: str, *, footprint_bytes: int, ramp_s: float | None = None) -> None:
-        """One observation of a session of ``route`` (also for the watchdog's peaks)."""
-        footprints = self._footprints.get(route)
-        if footprints is None:
-            if len(self._footprints) >= MAX_ROUTES:
-                return
-            footprints = self._footprints[route] = deque(maxlen=WINDOW)
-            self._ramps[route] = deque(maxlen=WINDOW)
-        footprint = max(0, int(footprint_bytes))
-        ramp = None if ramp_s is None else max(0.0, float(ramp_s))
-        footprints.append(footprint)
-        if ramp is not None:
-            self._ramps[route].append(ramp)
-        self._new.append((route, footprint, ramp))
-        self._version += 1
+        """One per-session observation of ``route`` (the watchdog's peaks)."""
+        state = self._route(route)
+        if state is None:
+            return
+        value = float(max(0, int(footprint_bytes)))
+        state.footprints.append(value)
+        new = self._new.setdefault(route, empty_observations())
+        new["footprints"].append(value)
+        if ramp_s is not None:
+            ramp = max(0.0, float(ramp_s))
+            state.ramps.append(ramp)
+            new["ramps"].append(ramp)
+        self._changed()
 
-    def take_new(self) -> list[tuple[str, int, float | None]]:
-        """The observations made since the last call: ``(route, footprint, ramp)``."""
-        new, self._new = self._new, []
-        return new
+    # -- estimates -----------------------------------------------------------------------
 
     def estimate(self, route: str) -> RouteEstimate | None:
         """What was learned of ``route``; ``None`` before its first observation."""
-        footprints = self._footprints.get(route)
-        if not footprints:
-            return None
-        ramps = self._ramps[route]
-        return RouteEstimate(
-            route=route,
-            footprint_bytes=int(percentile(footprints)),
-            ramp_s=float(percentile(ramps)) if ramps else 0.0,
-            observations=len(footprints),
-        )
+        return self._estimates.get(route)
 
     def estimates(self) -> list[RouteEstimate]:
-        found = (self.estimate(route) for route in sorted(self._footprints))
-        return [estimate for estimate in found if estimate is not None]
+        return [self._estimates[route] for route in sorted(self._estimates)]
 
-    def export(self) -> dict[str, dict[str, list[float]]]:
-        """The observations, for the shared file."""
-        return {
-            route: {"footprints": list(map(float, values)), "ramps": list(self._ramps[route])}
-            for route, values in self._footprints.items()
-        }
+    # -- sharing -------------------------------------------------------------------------
 
-    def observations(self) -> dict[str, dict[str, list[float]]]:
+    def take_new(self) -> Observations:
+        """The observations made since the last call, per route."""
+        new, self._new = self._new, {}
+        return new
+
+    def observations(self) -> Observations:
         """Everything this learner holds, in the shape of the shared file."""
         return {
             route: {
-                "footprints": [float(v) for v in footprints],
-                "ramps": [float(v) for v in self._ramps.get(route, ())],
+                "footprints": list(state.footprints),
+                "ramps": list(state.ramps),
+                "ends": list(state.ends),
+                "windows": list(state.windows),
             }
-            for route, footprints in self._footprints.items()
+            for route, state in self._routes.items()
+            if state.footprints or state.ramps or state.ends or state.windows
         }
 
-    def merge(self, observations: dict[str, dict[str, list[float]]]) -> None:
+    def merge(self, observations: Observations) -> None:
         """Replace this learner's observations with the shared file's (already merged)."""
-        footprints: dict[str, deque[int]] = {}
-        ramps: dict[str, deque[float]] = {}
+        if observations == self.observations():
+            return
+        routes: dict[str, _Route] = {}
         for route, values in list(observations.items())[:MAX_ROUTES]:
-            footprints[route] = deque((int(v) for v in values.get("footprints", [])), maxlen=WINDOW)
-            ramps[route] = deque((float(v) for v in values.get("ramps", [])), maxlen=WINDOW)
-        if footprints != self._footprints or ramps != self._ramps:
-            self._footprints, self._ramps = footprints, ramps
-            self._version += 1
+            routes[route] = _Route()
+            routes[route].load(values)
+        # Sessions this worker has open are still open.
+        for route, old in self._routes.items():
+            if old.live > 0:
+                if route not in routes and len(routes) < MAX_ROUTES:
+                    routes[route] = _Route()
+                if route in routes:
+                    routes[route].live = old.live
+        self._routes = routes
+        self._changed()
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _route(self, route: str) -> _Route | None:
+        state = self._routes.get(route)
+        if state is None and len(self._routes) < MAX_ROUTES:
+            state = self._routes[route] = _Route()
+        return state
+
+    def _ramp_s(self, route: str) -> float | None:
+        # Learned here from every step, else what the observations record.
+        learned = self._profiles.ramp_s(route)
+        return self._ramps.get(route) if learned is None else learned
+
+    def _expected(self, route: str) -> tuple[float, float]:
+        """A session's known footprint (0 while not known) and its ramp's length."""
+        ramp_s = self._ramp_s(route)
+        known = self._fits.get(route)
+        footprint = known.footprint if known is not None and known.determined else 0.0
+        return footprint, _UNKNOWN_RAMP_S if ramp_s is None else ramp_s / _RAMP_POINT
+
+    def _length(self, route: str) -> float | None:
+        return window_length(self._ramp_s(route))
+
+    def _add_window(self, closed: ClosedWindow) -> None:
+        state = self._routes.get(closed.route)
+        if state is None:
+            return
+        # A window other sessions ramped in cannot time its own growth: it records the
+        # ramp learned from every step, if there is one yet.
+        ramp_s = closed.ramp_s if closed.alone else self._profiles.ramp_s(closed.route)
+        window = Window(
+            growth=float(round(closed.growth)),
+            seconds=round(closed.seconds, 3),
+            ramp_s=None if ramp_s is None else round(ramp_s, 3),
+            overlaps=tuple(
+                (route, round(share, 4), round(least, 4)) for route, share, least in closed.overlaps
+            ),
+            exact=closed.exact,
+        )
+        state.windows.append(window)
+        self._new.setdefault(closed.route, empty_observations())["windows"].append(window)
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._fits = fit({route: state.windows for route, state in self._routes.items()})
+        # The least one session of a route frees at its end: no more than that, or its
+        # fit's lower bound, is ever taken from another session's window for it.
+        floors = {
+            route: percentile(state.ends, 0.5)
+            for route, state in self._routes.items()
+            if state.ends
+        }
+        self._estimates = {}
+        self._ramps = {}
+        for route, state in self._routes.items():
+            per_session = [*state.footprints, *state.ends]
+            if not state.windows and not per_session:
+                continue
+            footprint = 0.0
+            if state.windows:
+                bounds = [attributed(route, w, self._fits, floors) for w in state.windows]
+                footprint = percentile(bounds)
+                known = self._fits.get(route)
+                if known is not None and known.determined:
+                    footprint = min(footprint, known.upper())
+            if per_session:
+                # Alone, the per-session values' high percentile; beside windows, they
+                # raise the estimate where most of them say more.
+                share = 0.5 if state.windows else PERCENTILE
+                footprint = max(footprint, percentile(per_session, share))
+            ramps = [w.ramp_s for w in state.windows if w.ramp_s is not None] + list(state.ramps)
+            if ramps:
+                self._ramps[route] = percentile(ramps, 0.5)
+            ramp_s = self._ramp_s(route)
+            self._estimates[route] = RouteEstimate(
+                route=route,
+                footprint_bytes=int(footprint),
+                ramp_s=0.0 if ramp_s is None else ramp_s,
+                observations=len(state.windows) + len(per_session),
+            )
 
 
 def effective_reserve(

@@ -33,12 +33,20 @@ import secrets
 import struct
 import time
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import Any, Final, TypeVar
 
+from asgi_admission._admission.attribution import Window
+from asgi_admission._admission.learning import (
+    Observations,
+    RouteObservations,
+    empty_observations,
+)
 from asgi_admission._admission.safe_files import open_private_file
 from asgi_admission._admission.settling import QueueRecord
 
 logger = logging.getLogger("asgi_admission")
+
+_T = TypeVar("_T")
 
 SETTLING_FILE: Final = "asgi-admission.settling"
 LEARNED_FILE: Final = "asgi-admission.learned"
@@ -239,7 +247,9 @@ class SharedSettleQueue:
         os.close(self._fd)
 
 
-Observations = dict[str, dict[str, list[float]]]
+#: Version 2 added each route's windows and ends; a version 1 file (footprints and
+#: ramps alone) is read as it is, its values kept as the per-session ones they are.
+LEARNED_VERSION: Final = 2
 
 
 class LearnedStore:
@@ -278,14 +288,9 @@ class LearnedStore:
         self.moved = _file_id(data) != self._identity
         return self._parse(data)
 
-    def add(
-        self,
-        new: list[tuple[str, int, float | None]],
-        *,
-        known: Observations | None = None,
-    ) -> Observations | None:
-        """Append ``(route, footprint, ramp)`` observations; the merged result, or
-        ``None`` when the file cannot be used now (logged once until it can).
+    def add(self, new: Observations, *, known: Observations | None = None) -> Observations | None:
+        """Append ``new`` (per route, the values to add); the merged result, or ``None``
+        when the file cannot be used now (logged once until it can).
 
         ``known``, all this worker has learned (``new`` included), goes into a file
         other than the one this worker last used (deleted and made again, or
@@ -302,17 +307,18 @@ class LearnedStore:
             identity = _file_id(data)
             if known is not None and identity != self._identity:
                 self._add_missing(merged, known)
-                new = []  # in known already
-            for route, footprint, ramp in new:
-                values = merged.setdefault(route, {"footprints": [], "ramps": []})
-                values["footprints"] = [*values["footprints"], float(footprint)][-self.window :]
-                if ramp is not None:
-                    values["ramps"] = [*values["ramps"], float(ramp)][-self.window :]
+                new = {}  # in known already
+            for route, values in new.items():
+                _append(merged.setdefault(route, empty_observations()), values, self.window)
             # A file without an id is new (or unreadable): it gets one, which tells the
             # workers that used another file to add what they know (inode numbers are
             # reused, so they cannot tell a file made again from the one before).
             identity = identity or secrets.token_hex(8)
-            document = {"version": 1, "id": identity, "routes": merged}
+            document = {
+                "version": LEARNED_VERSION,
+                "id": identity,
+                "routes": {route: _to_json(values) for route, values in merged.items()},
+            }
             data = json.dumps(document, separators=(",", ":")).encode()
             os.ftruncate(fd, 0)
             os.pwrite(fd, data, 0)
@@ -328,16 +334,14 @@ class LearnedStore:
         """Append to ``merged`` the values of ``known`` it lacks, counted as multisets:
         what both hold (shared before the file changed) is not added twice."""
         for route, values in known.items():
-            into = merged.setdefault(route, {"footprints": [], "ramps": []})
-            for key in ("footprints", "ramps"):
-                held = collections.Counter(into[key])
-                missing = []
-                for value in values.get(key, []):
-                    if held[value] > 0:
-                        held[value] -= 1
-                    else:
-                        missing.append(float(value))
-                into[key] = [*into[key], *missing][-self.window :]
+            into = merged.setdefault(route, empty_observations())
+            missing: RouteObservations = {
+                "footprints": _missing(into["footprints"], values["footprints"]),
+                "ramps": _missing(into["ramps"], values["ramps"]),
+                "ends": _missing(into["ends"], values["ends"]),
+                "windows": _missing(into["windows"], values["windows"]),
+            }
+            _append(into, missing, self.window)
 
     def _open(self) -> int | None:
         try:
@@ -367,13 +371,7 @@ class LearnedStore:
             return {}
         try:
             routes = json.loads(data)["routes"]
-            return {
-                str(route): {
-                    "footprints": [float(v) for v in values["footprints"]][-self.window :],
-                    "ramps": [float(v) for v in values["ramps"]][-self.window :],
-                }
-                for route, values in routes.items()
-            }
+            return {str(route): _from_json(values, self.window) for route, values in routes.items()}
         except (ValueError, KeyError, TypeError, AttributeError):
             logger.warning(
                 "asgi-admission: %s is not a learned-sessions file this version reads; "
@@ -381,6 +379,61 @@ class LearnedStore:
                 self.path,
             )
             return {}
+
+
+def _append(into: RouteObservations, values: RouteObservations, window: int) -> None:
+    """Each of ``into``'s lists with ``values``' after it, kept to the last ``window``."""
+    into["footprints"] = [*into["footprints"], *values["footprints"]][-window:]
+    into["ramps"] = [*into["ramps"], *values["ramps"]][-window:]
+    into["ends"] = [*into["ends"], *values["ends"]][-window:]
+    into["windows"] = [*into["windows"], *values["windows"]][-window:]
+
+
+def _missing(held: list[_T], values: list[_T]) -> list[_T]:
+    """The values ``held`` lacks, counted as multisets."""
+    counts = collections.Counter(held)
+    missing = []
+    for value in values:
+        if counts[value] > 0:
+            counts[value] -= 1
+        else:
+            missing.append(value)
+    return missing
+
+
+def _to_json(values: RouteObservations) -> dict[str, list[Any]]:
+    return {
+        "footprints": values["footprints"],
+        "ramps": values["ramps"],
+        "ends": values["ends"],
+        "windows": [
+            [w.growth, w.seconds, w.ramp_s, [list(o) for o in w.overlaps], w.exact]
+            for w in values["windows"]
+        ],
+    }
+
+
+def _from_json(values: Any, window: int) -> RouteObservations:
+    """One route of the file; ``ValueError`` (or ``TypeError``) for anything malformed."""
+    windows = []
+    for growth, seconds, ramp_s, overlaps, exact in values.get("windows", [])[-window:]:
+        if not isinstance(exact, bool):
+            raise ValueError("a window's exactness is not a boolean")
+        windows.append(
+            Window(
+                growth=float(growth),
+                seconds=float(seconds),
+                ramp_s=None if ramp_s is None else float(ramp_s),
+                overlaps=tuple((str(r), float(s), float(m)) for r, s, m in overlaps),
+                exact=exact,
+            )
+        )
+    return {
+        "footprints": [float(v) for v in values["footprints"]][-window:],
+        "ramps": [float(v) for v in values["ramps"]][-window:],
+        "ends": [float(v) for v in values.get("ends", [])][-window:],
+        "windows": windows,
+    }
 
 
 def _queue_order(record: QueueRecord) -> tuple[bool, float]:

@@ -1,0 +1,384 @@
+"""The working set as growth alone, and one window on it per admitted session.
+
+Notes:
+
+- Readings become a *growth series*: each step between two readings adds what the
+  working set rose by, except a step in which memory was freed (it fell by more than
+  ``FREE_STEP_BYTES``, or a session end was reported in it). Such a step adds the
+  larger growth of the two steps before it instead: sessions still ramping are taken
+  to have gone on growing, and what was freed is left out. Memory freed, promptly at a
+  session's end or seconds later, therefore never makes another session look
+  smaller; memory that grows for other reasons (caches, drift) makes sessions look
+  larger, the safe side for a reserve.
+- Each admitted session gets a *window*: from the reading before its admission until
+  its memory has arrived (a route with a learned ramp: one and a half times that
+  ramp and half a second more; otherwise once the series, less what the other sessions are expected
+  to add, has made no new peak for a quiet spell, and at most ``HORIZON_S``). A
+  closed window says how much the series grew over it and which part of the other
+  sessions' ramps fell inside it (per route, by their learned ramps), which is one
+  equation for the footprints (``attribution.py``).
+- A step in which sessions of one route were reported ended and nothing else was
+  ramping says how much memory one of them freed: evidence of its footprint too.
+- Bounded: at most ``MAX_OPEN`` open windows and the admissions of the last
+  ``2 x HORIZON_S`` (at most ``MAX_RECENT``); each reading costs one pass over the
+  recent admissions and the open windows.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+#: A step that fell by more than this freed memory (its growth is carried on instead).
+FREE_STEP_BYTES: Final = 2 * 1024 * 1024
+#: Readings further apart than this make no step: windows open across the gap are dropped.
+MAX_STEP_S: Final = 1.0
+#: The longest window (memory arriving later than this is not counted as the session's).
+HORIZON_S: Final = 8.0
+#: A window closes once its session's growth has made no new peak for this long.
+QUIET_S: Final = 1.0
+#: A route with a learned ramp is watched for this many ramps, and ``RAMP_PAD_S`` more.
+RAMP_WINDOWS: Final = 1.5
+RAMP_PAD_S: Final = 0.5
+#: How much shorter and longer than learned other sessions' ramps are taken to be at
+#: most, for what is taken away from a session's growth.
+RAMP_SPREAD: Final = (0.5, 1.5)
+MAX_OPEN: Final = 256
+MAX_RECENT: Final = 1024
+#: A new peak must beat the last by this much, or by ``_PEAK_SHARE`` of it: memory
+#: drifting up for other reasons must not keep a finished session's window open.
+_PEAK_STEP: Final = 1024 * 1024
+_PEAK_SHARE: Final = 0.05
+
+#: What a route's session is expected to add and over how long: ``(bytes, ramp length
+#: in seconds)``, bytes 0 while its footprint is not known.
+Expected = Callable[[str], tuple[float, float]]
+#: How long a route's sessions are watched, ``None`` while its ramp is not learned.
+Lengths = Callable[[str], float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedWindow:
+    """One admitted session's window: the growth over it and the other sessions in it."""
+
+    route: str
+    growth: float
+    seconds: float
+    #: Seconds from admission until the session's own growth reached 90 % of its peak.
+    ramp_s: float
+    #: Per route, the share of other sessions' footprints expected to have arrived in it,
+    #: and the least that may have, their ramps varying.
+    overlaps: tuple[tuple[str, float, float], ...]
+    #: No session of a route with an unknown footprint ramped in it.
+    clean: bool
+    #: No other session ramped in it at all: ``ramp_s`` is its own.
+    alone: bool
+    #: Every route in ``overlaps`` had a learned ramp (else its share is a lower bound).
+    exact: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of the growth series."""
+
+    growth: float
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class Freed:
+    """Memory freed in one step in which sessions of one route were reported ended."""
+
+    route: str
+    bytes_per_session: float
+
+
+def ramp_share(ramp_s: float, age_s: float) -> float:
+    """The share of a session's memory there ``age_s`` after its admission (linear ramp)."""
+    if age_s <= 0:
+        return 0.0
+    if ramp_s <= 0 or age_s >= ramp_s:
+        return 1.0
+    return age_s / ramp_s
+
+
+class _Admission:
+    __slots__ = ("at", "ended", "route")
+
+    def __init__(self, route: str, at: float) -> None:
+        self.route = route
+        self.at = at
+        #: When it was reported ended (its ramp stops there), or ``None``.
+        self.ended: float | None = None
+
+    def share(self, ramp_s: float, when: float) -> float:
+        until = when if self.ended is None else min(when, self.ended)
+        return ramp_share(ramp_s, until - self.at)
+
+
+class _Window:
+    __slots__ = (
+        "admission",
+        "alone",
+        "base",
+        "clean",
+        "others_at_start",
+        "peak",
+        "peak_at",
+        "peaks",
+        "start",
+    )
+
+    def __init__(self, admission: _Admission, start: float, base: float, others: float) -> None:
+        self.admission = admission
+        self.start = start
+        self.base = base
+        self.others_at_start = others
+        self.clean = True
+        self.alone = True
+        self.peak = 0.0
+        self.peak_at = admission.at
+        self.peaks: list[tuple[float, float]] = []
+
+
+class GrowthWindows:
+    """The growth series and the open windows; pure, fed readings and events with times."""
+
+    __slots__ = ("_ended", "_growth", "_last", "_last_rises", "_open", "_recent", "horizon_s")
+
+    def __init__(self, *, horizon_s: float = HORIZON_S) -> None:
+        self.horizon_s = min(HORIZON_S, horizon_s)
+        self._last: tuple[int, float] | None = None
+        self._growth = 0.0
+        #: The last two steps that freed nothing (a step that did carries the larger on).
+        self._last_rises = (0.0, 0.0)
+        self._open: list[_Window] = []
+        self._recent: deque[_Admission] = deque()
+        #: Session ends reported since the last reading: route and weight.
+        self._ended: list[tuple[str, float]] = []
+
+    @property
+    def open(self) -> int:
+        """How many windows are still open."""
+        return len(self._open)
+
+    def admit(self, route: str, used_bytes: int | None, now: float, expected: Expected) -> None:
+        """A session of ``route`` was admitted at working set ``used_bytes`` (exact or a
+        bound)."""
+        last = self._last
+        if (last is None or now - last[1] > MAX_STEP_S) and used_bytes is not None:
+            # No recent reading: the admission's own starts the series afresh. A bound
+            # above the working set only shows as a drop at the next exact reading.
+            self._restart(used_bytes, now)
+            last = self._last
+        admission = _Admission(route, now)
+        if len(self._recent) < MAX_RECENT:
+            self._recent.append(admission)
+        if last is None or len(self._open) >= MAX_OPEN or now - last[1] > MAX_STEP_S:
+            return
+        others = self._expected_sum(last[1], expected)
+        self._open.append(_Window(admission, last[1], self._growth, others))
+
+    def end(self, route: str, weight: float, now: float, admitted_at: float | None) -> None:
+        """A session of ``route`` ended (``weight`` below 1: possibly, one of several routes)."""
+        self._ended.append((route, weight))
+        if admitted_at is None:
+            return
+        for admission in self._recent:
+            if admission.route == route and admission.at == admitted_at:
+                admission.ended = now
+                break
+        # A session that ended before its memory had all arrived teaches nothing.
+        self._open = [
+            w
+            for w in self._open
+            if not (w.admission.route == route and w.admission.at == admitted_at)
+        ]
+
+    def failed(self, admitted_at: float) -> str | None:
+        """The session admitted at ``admitted_at`` opened nothing: it is forgotten. Its
+        route, or ``None`` when it is no longer remembered."""
+        for admission in self._recent:
+            if admission.at == admitted_at:
+                self._recent.remove(admission)
+                self._open = [w for w in self._open if w.admission is not admission]
+                return admission.route
+        return None
+
+    def sessions(self) -> list[tuple[str, float, float | None]]:
+        """The recent admissions: ``(route, admitted_at, ended_at)``."""
+        return [(a.route, a.at, a.ended) for a in self._recent]
+
+    def reading(
+        self, used_bytes: int, now: float, expected: Expected, lengths: Lengths
+    ) -> tuple[list[ClosedWindow], list[Freed], Step | None]:
+        """An exact working set: the windows it closes, the memory freed at reported ends,
+        and the step it made (``None`` after a gap)."""
+        last = self._last
+        ended, self._ended = self._ended, []
+        if last is None or not 0 < now - last[1] <= MAX_STEP_S:
+            self._restart(used_bytes, now)
+            return [], [], None
+        self._last = (used_bytes, now)
+        rise = float(used_bytes - last[0])
+        freed: list[Freed] = []
+        if rise < -FREE_STEP_BYTES or ended:
+            carried = max(0.0, *self._last_rises)
+            if not self._ramping(now, expected):
+                # Growth in the same step would hide part of what was freed.
+                freed = _freed(ended, carried - rise)
+            rise = carried
+        else:
+            self._last_rises = (self._last_rises[1], rise)
+        self._growth += rise
+        horizon = now - 2 * self.horizon_s
+        while self._recent and self._recent[0].at < horizon:
+            self._recent.popleft()
+        return self._close_due(now, expected, lengths), freed, Step(rise, last[1], now)
+
+    # -- internals -------------------------------------------------------------------
+
+    def _restart(self, used_bytes: int, now: float) -> None:
+        # Growth across a gap is unknown: windows open across it are dropped.
+        self._last = (used_bytes, now)
+        self._last_rises = (0.0, 0.0)
+        self._open = []
+
+    def _ramping(self, now: float, expected: Expected) -> bool:
+        """Whether a recent session may still be growing (within its ramp, or a quiet
+        spell after it)."""
+        for admission in self._recent:
+            if (
+                admission.ended is None
+                and now < admission.at + expected(admission.route)[1] + QUIET_S
+            ):
+                return True
+        return False
+
+    def _expected_sum(self, when: float, expected: Expected) -> float:
+        total = 0.0
+        for admission in self._recent:
+            footprint, ramp_s = expected(admission.route)
+            if footprint:
+                total += footprint * admission.share(ramp_s, when)
+        return total
+
+    def _close_due(self, now: float, expected: Expected, lengths: Lengths) -> list[ClosedWindow]:
+        if not self._open:
+            return []
+        others_now = self._expected_sum(now, expected)
+        # Sessions still ramping, until when, and whether their footprint is known: a
+        # window a session of unknown footprint ramps in cannot tell its own growth
+        # apart (it is not closed when quiet); one that any other ramps in cannot time
+        # it (its ramp is not its own).
+        ramping: list[tuple[_Admission, float, bool]] = []
+        for admission in self._recent:
+            footprint, ramp_s = expected(admission.route)
+            if admission.ended is None:
+                ramping.append((admission, admission.at + max(ramp_s, QUIET_S), bool(footprint)))
+        closed: list[ClosedWindow] = []
+        still: list[_Window] = []
+        for window in self._open:
+            admission = window.admission
+            own_footprint, own_ramp = expected(admission.route)
+            own = own_footprint * admission.share(own_ramp, now)
+            # The session's own growth: the series less what the others were expected to add.
+            mine = self._growth - window.base - (others_now - own - window.others_at_start)
+            # Against the last new peak, not the highest reading since: growth that comes
+            # slowly, a little each step, still makes new peaks.
+            last_peak = window.peaks[-1][1] if window.peaks else 0.0
+            if mine > last_peak + max(_PEAK_STEP, _PEAK_SHARE * last_peak):
+                window.peak_at = now
+                window.peaks.append((now, mine))
+            window.peak = max(window.peak, mine)
+            for other, until, known in ramping:
+                if other is not admission and other.at < now and until > window.start:
+                    window.alone = False
+                    window.clean = window.clean and known
+            age = now - admission.at
+            length = lengths(admission.route)
+            if length is not None:
+                due = age >= length
+            elif window.clean:
+                quiet = max(QUIET_S, 0.5 * (window.peak_at - admission.at))
+                due = now - window.peak_at >= quiet
+            else:
+                due = False
+            if due or age >= self.horizon_s:
+                closed.append(self._closed(window, now, expected, lengths))
+            else:
+                still.append(window)
+        self._open = still
+        return closed
+
+    def _closed(
+        self, window: _Window, now: float, expected: Expected, lengths: Lengths
+    ) -> ClosedWindow:
+        own = window.admission
+        overlaps: dict[str, list[float]] = {}
+        exact = True
+        for admission in self._recent:
+            if admission is own or admission.at > now:
+                continue
+            if lengths(admission.route) is None:
+                # Its ramp is not learned: the least of it that can have arrived in the
+                # window (none from before the window, the longest ramp from inside).
+                share = 0.0
+                if admission.at >= window.start:
+                    share = admission.share(self.horizon_s, now)
+                least = share
+                exact = exact and admission.at <= window.start - self.horizon_s
+            else:
+                _footprint, ramp_s = expected(admission.route)
+                share = _share(admission, ramp_s, window.start, now)
+                # Ramps vary: the least that may have arrived, for what is taken away
+                # from this session's growth (a short ramp leaves less of a session
+                # from before the window, a long one less of one from inside it).
+                least = min(
+                    _share(admission, RAMP_SPREAD[0] * ramp_s, window.start, now),
+                    _share(admission, RAMP_SPREAD[1] * ramp_s, window.start, now),
+                )
+            if share > 0:
+                totals = overlaps.setdefault(admission.route, [0.0, 0.0])
+                totals[0] += share
+                totals[1] += least
+        reached = 0.9 * window.peak
+        ramp_at = next((t for t, grown in window.peaks if grown >= reached), window.peak_at)
+        return ClosedWindow(
+            route=own.route,
+            growth=self._growth - window.base,
+            seconds=now - window.start,
+            ramp_s=max(0.0, ramp_at - own.at),
+            overlaps=tuple(
+                (route, share, least) for route, (share, least) in sorted(overlaps.items())
+            ),
+            clean=window.clean,
+            alone=window.alone,
+            exact=exact,
+        )
+
+
+def _share(admission: _Admission, ramp_s: float, start: float, end: float) -> float:
+    return admission.share(ramp_s, end) - admission.share(ramp_s, start)
+
+
+def window_length(ramp_s: float | None) -> float | None:
+    """How long a session of a route with learned ramp ``ramp_s`` is watched (``None``:
+    nothing learned yet, watched until quiet)."""
+    if ramp_s is None:
+        return None
+    return max(QUIET_S, RAMP_WINDOWS * ramp_s + RAMP_PAD_S)
+
+
+def _freed(ended: list[tuple[str, float]], freed_bytes: float) -> list[Freed]:
+    # Only when every end reported in the step was of one route can the drop be told apart.
+    routes = {route for route, _weight in ended}
+    if len(routes) != 1 or freed_bytes < FREE_STEP_BYTES:
+        return []
+    weight = sum(w for _route, w in ended)
+    if weight <= 0:
+        return []
+    return [Freed(route=routes.pop(), bytes_per_session=freed_bytes / weight)]

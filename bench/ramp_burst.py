@@ -1,7 +1,7 @@
 """Sessions whose memory arrives after their ``201``: a burst in a real memory group.
 
     sudo .venv/bin/python bench/ramp_burst.py [--sessions 40] [--hold-mb 92] [--ramp-s 2]
-        [--workers 1] [--plot docs/img/ramp_burst.png]
+        [--workers 1] [--warm-up sequential|overlapping] [--plot docs/img/ramp_burst.png]
 
 Needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory.
 Serves the demo under uvicorn inside a fresh memory group (768 MiB, no swap) and
@@ -14,7 +14,8 @@ Modes:
 - ``settle``: the guard, reserve set to one session's measured footprint, no app
   help, learning off (settling alone holds each reservation until its memory shows);
 - ``learn``: reserve 12x too small, learning on (``raise``), after a few
-  sequential warm-up sessions;
+  sequential warm-up sessions (``--warm-up overlapping``: four, each opened 0.6 s after
+  the one before has ramped, all four closed together a second before the burst);
 - ``ticket``: learning off, the app holds each session's ticket until its child is up.
 
 For each it prints the true capacity (what fits under the high watermark above
@@ -65,6 +66,10 @@ WARMUPS = 3
 
 Mode = Literal["bare", "settle", "learn", "ticket"]
 MODES: tuple[Mode, ...] = ("bare", "settle", "learn", "ticket")
+WarmUp = Literal["sequential", "overlapping"]
+#: The overlapping warm-up: this many sessions, this long quiet after each ramp.
+OVERLAPPING_SESSIONS = 4
+QUIET_AFTER_RAMP_S = 0.6
 
 
 def available() -> bool:
@@ -118,6 +123,8 @@ class RampResult:
     readmitted: bool | None = None
     learned_within_15pct_s: float | None = None
     learned_footprint_mb: float | None = None
+    #: The overlapping warm-up: what was learned before any of its sessions ended.
+    learned_before_ends_mb: float | None = None
     trace: list[tuple[float, float]] = field(default_factory=list)
 
     @property
@@ -145,6 +152,7 @@ class RampResult:
             "readmitted_after_end": self.readmitted,
             "learned_footprint_mb": self.learned_footprint_mb,
             "learned_within_15pct_s": self.learned_within_15pct_s,
+            "learned_before_ends_mb": self.learned_before_ends_mb,
         }
 
 
@@ -243,6 +251,7 @@ def run_ramp_burst(
     workers: int = 1,
     footprint: int | None = None,
     shared_dir: str | None = None,
+    warm_up: WarmUp = "sequential",
 ) -> RampResult:
     """Serve the demo in a fresh memory group in ``mode``, fire the burst, report."""
     footprint = footprint if footprint is not None else session_footprint(hold_mb)
@@ -279,8 +288,12 @@ def run_ramp_burst(
         tracer = _Tracer(group)
         try:
             _wait_ready(base_url, proc, workers)
-            learned_at = learned = None
-            if mode == "learn":
+            learned_at = learned = learned_before_ends = None
+            if mode == "learn" and warm_up == "overlapping":
+                learned_before_ends, learned = _warm_up_overlapping(
+                    base_url, group, hold_mb, ramp_s, footprint
+                )
+            elif mode == "learn":
                 learned_at, learned = _warm_up(base_url, hold_mb, ramp_s, footprint_mb)
             time.sleep(0.5)
             baseline = working_set_bytes(group)
@@ -306,6 +319,7 @@ def run_ramp_burst(
                 retry_after_ok=retry_after_ok,
                 learned_within_15pct_s=learned_at,
                 learned_footprint_mb=learned,
+                learned_before_ends_mb=learned_before_ends,
             )
             if mode != "bare" and alive:
                 result.readmitted = _end_all_and_reopen(base_url, responses, params, ramp_s)
@@ -340,6 +354,41 @@ def _warm_up(
             if learned is not None and abs(learned - footprint_mb) <= 0.15 * footprint_mb:
                 return round(time.monotonic() - start, 1), round(learned, 1)
     return None, None if learned is None else round(learned, 1)
+
+
+def _warm_up_overlapping(
+    base_url: str, group: Path, hold_mb: int, ramp_s: float, footprint: int
+) -> tuple[float | None, float | None]:
+    """Sessions opened one after another, each 0.6 s after the one before has ramped (its
+    memory all there), so that the working set is never quiet for long; then all closed
+    together. Returns half a second after the closes (the burst comes half a second
+    later), with the footprint learned just before the closes and the one learned then
+    (``None``: nothing learned)."""
+    opened = []
+    with httpx.Client(base_url=base_url, timeout=30) as client:
+        for _ in range(OVERLAPPING_SESSIONS):
+            before = working_set_bytes(group)
+            answer = client.post("/processes", params={"hold_mb": hold_mb, "ramp_s": ramp_s})
+            if answer.status_code == 201:
+                opened.append(answer.json())
+            deadline = time.monotonic() + ramp_s + 5.0
+            while working_set_bytes(group) < before + 0.97 * footprint:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            time.sleep(QUIET_AFTER_RAMP_S)
+        before_ends = _learned_mb(base_url)
+        for session in opened:
+            # Closed by the app (one worker: the DELETE reaches it), which stops
+            # watching the child first: what is learned is from the working set alone,
+            # not from the watchdog's peaks.
+            client.delete(f"/processes/{session['id']}")
+    time.sleep(0.5)
+    learned = _learned_mb(base_url)
+    return (
+        None if before_ends is None else round(before_ends, 1),
+        None if learned is None else round(learned, 1),
+    )
 
 
 def _end_all_and_reopen(
@@ -397,6 +446,7 @@ def main() -> int:
     parser.add_argument("--limit-mb", type=int, default=768)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--warm-up", choices=("sequential", "overlapping"), default="sequential")
     parser.add_argument("--plot", default=None, help="write a PNG of working set over time")
     args = parser.parse_args()
     if not available():
@@ -413,6 +463,7 @@ def main() -> int:
             limit_mb=args.limit_mb,
             workers=args.workers,
             footprint=footprint,
+            warm_up=args.warm_up,
         )
         results.append(result)
         print(json.dumps(result.summary()), flush=True)

@@ -12,7 +12,7 @@ import pytest
 from reskit import MIB
 
 from asgi_admission._admission import shared_files
-from asgi_admission._admission.attribution import Window
+from asgi_admission._admission.attribution import Overlap, Window
 from asgi_admission._admission.learning import Observations
 from asgi_admission._admission.settling import QueueRecord
 from asgi_admission._admission.shared_files import (
@@ -156,7 +156,7 @@ def observed(
     }
 
 
-def a_window(growth_mb: float, *, overlaps: tuple[tuple[str, float, float], ...] = ()) -> Window:
+def a_window(growth_mb: float, *, overlaps: tuple[Overlap, ...] = ()) -> Window:
     return Window(growth_mb * MIB, 3.5, 1.8, overlaps, True)
 
 
@@ -182,7 +182,7 @@ def test_windows_and_ends_are_shared_and_read_back(tmp_path: Path) -> None:
     """Windows (with their overlaps) and the memory freed at ends go through the file as
     they were made, windowed like the rest; the file says it is version 2."""
     store = LearnedStore(str(tmp_path), window=2)
-    overlap = (("WS /t", 0.75, 0.5),)
+    overlap = (Overlap("WS /t", 0.75, 0.5, 48 * MIB, 0.5),)
     store.add(observed("POST /s", ends=[48 * MIB], windows=[a_window(48)]))
     store.add(observed("POST /s", windows=[a_window(100, overlaps=overlap), a_window(50)]))
     again = LearnedStore(str(tmp_path), window=2).load()

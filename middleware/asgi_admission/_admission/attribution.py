@@ -69,6 +69,21 @@ class Fit:
 
 
 @dataclass(frozen=True, slots=True)
+class Overlap:
+    """Other sessions of one route in a window."""
+
+    route: str
+    #: How much of their footprints is expected to have arrived in the window, by their
+    #: learned ramps (in footprints), and the least that may have, ramps varying.
+    share: float
+    least: float
+    #: What those of them that ramped alone inside the window were seen to add (bytes),
+    #: and how much of ``least`` they are.
+    seen: float = 0.0
+    seen_share: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Window:
     """One session's window, an equation: ``growth`` = own footprint + the sum of
     ``share x footprint`` over ``overlaps``."""
@@ -80,9 +95,8 @@ class Window:
     #: Seconds from admission until the session's own growth reached 90 % of its peak,
     #: ``None`` where sessions of unknown routes ramped in the window too.
     ramp_s: float | None
-    #: ``(route, share, least)``: how much of other sessions' footprints is expected to
-    #: have arrived in the window by their learned ramps, and the least that may have.
-    overlaps: tuple[tuple[str, float, float], ...]
+    #: The other sessions in the window, per route.
+    overlaps: tuple[Overlap, ...]
     #: Every route in ``overlaps`` had a learned ramp (else the shares are lower
     #: bounds, and the window is not fitted).
     exact: bool
@@ -107,9 +121,7 @@ def _usable(equations: Mapping[str, list[Window]]) -> dict[str, list[Window]]:
             route: [
                 row
                 for row in equations[route]
-                if all(
-                    other in solvable or share < _NEGLIGIBLE for other, share, _l in row.overlaps
-                )
+                if all(o.route in solvable or o.share < _NEGLIGIBLE for o in row.overlaps)
             ]
             for route in solvable
         }
@@ -124,28 +136,29 @@ def attributed(
     equation: Window,
     fits: Mapping[str, Fit],
     floors: Mapping[str, float],
-    *,
-    drift: bool = True,
 ) -> float:
     """What ``equation``'s session of ``route`` added, at most: its window's growth less
-    the least the others can have added (their fits' 95 % lower bounds, or the memory
-    their sessions freed at their ends where that says more; nothing where unknown).
+    the least the others can have added (their fits' 95 % lower bounds, the memory their
+    sessions free at their ends, or what they were seen to add ramping alone, whichever
+    says most; nothing where unknown), and more for memory that may have drifted down.
     Where ``route`` itself is not known yet, the window's other sessions of ``route``
     share what is left with it equally instead."""
     others = 0.0
     own = 0.0
-    for other, _share, share in equation.overlaps:
-        known = fits.get(other)
-        least = floors.get(other, 0.0)
+    for overlap in equation.overlaps:
+        known = fits.get(overlap.route)
+        least = floors.get(overlap.route, 0.0)
         if known is not None:
             least = max(least, known.footprint - _Z95 * known.error)
-        if other == route and least <= 0:
-            own += share
+        if overlap.route == route and least <= 0:
+            # Its own route's other sessions, not known yet: those seen alone are taken
+            # at what they were seen to add, the others share what is left equally.
+            others += overlap.seen
+            own += max(0.0, overlap.least - overlap.seen_share)
         else:
-            others += share * max(0.0, least)
-    # Memory drifting down over the window may have hidden some of the session's
-    # (``drift``: allowed for).
-    allowance = DRIFT_BYTES_PER_S * equation.seconds if drift else 0.0
+            others += max(overlap.least * least, overlap.seen)
+    # Memory drifting down over the window may have hidden some of the session's.
+    allowance = DRIFT_BYTES_PER_S * equation.seconds
     return max(0.0, equation.growth + allowance - others) / (1.0 + own)
 
 
@@ -161,9 +174,9 @@ def _groups(equations: Mapping[str, Sequence[Window]]) -> list[list[str]]:
 
     for route, rows in equations.items():
         for row in rows:
-            for other, _share, _least in row.overlaps:
-                if other in parent:
-                    parent[root(other)] = root(route)
+            for overlap in row.overlaps:
+                if overlap.route in parent:
+                    parent[root(overlap.route)] = root(route)
     groups: dict[str, list[str]] = {}
     for route in sorted(equations):
         groups.setdefault(root(route), []).append(route)
@@ -177,10 +190,10 @@ def _solve(routes: list[str], equations: Mapping[str, Sequence[Window]]) -> dict
     for route in routes:
         for equation in equations[route]:
             terms: dict[int, float] = {index[route]: 1.0}  # own footprint
-            for other, share, _least in equation.overlaps:
-                i = index.get(other)
+            for overlap in equation.overlaps:
+                i = index.get(overlap.route)
                 if i is not None:
-                    terms[i] = terms.get(i, 0.0) + share
+                    terms[i] = terms.get(i, 0.0) + overlap.share
             # Larger windows are noisier (drift over them, sessions that vary): each
             # equation is weighed by the noise expected of it.
             noise = NOISE_FLOOR_BYTES + NOISE_SHARE * abs(equation.growth)

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, TypedDict
 
-from asgi_admission._admission.attribution import Fit, Window, attributed, fit
+from asgi_admission._admission.attribution import Fit, Overlap, Window, attributed, fit
 from asgi_admission._admission.ramp_profile import RampProfiles
 from asgi_admission._admission.session_windows import (
     HORIZON_S,
@@ -300,15 +300,22 @@ class SessionLearner:
         state = self._routes.get(closed.route)
         if state is None:
             return
-        # A window other sessions ramped in cannot time its own growth: it records the
-        # ramp learned from every step, if there is one yet.
-        ramp_s = closed.ramp_s if closed.alone else self._profiles.ramp_s(closed.route)
+        # A window other sessions ramped in before its own growth was over cannot time
+        # it: it records the ramp learned from every step, if there is one yet.
+        ramp_s = closed.ramp_s if closed.ramp_s is not None else self._profiles.ramp_s(closed.route)
         window = Window(
             growth=float(round(closed.growth)),
             seconds=round(closed.seconds, 3),
             ramp_s=None if ramp_s is None else round(ramp_s, 3),
             overlaps=tuple(
-                (route, round(share, 4), round(least, 4)) for route, share, least in closed.overlaps
+                Overlap(
+                    o.route,
+                    round(o.share, 4),
+                    round(o.least, 4),
+                    float(round(o.seen)),
+                    round(o.seen_share, 4),
+                )
+                for o in closed.overlaps
             ),
             exact=closed.exact,
         )
@@ -345,12 +352,13 @@ class SessionLearner:
                 footprint = max(footprint, percentile(per_session, share))
             ramps = [w.ramp_s for w in state.windows if w.ramp_s is not None] + list(state.ramps)
             if ramps:
-                self._ramps[route] = percentile(ramps, 0.5)
+                self._ramps[route] = percentile(ramps)
             ramp_s = self._ramp_s(route)
             self._estimates[route] = RouteEstimate(
                 route=route,
                 footprint_bytes=int(footprint),
-                ramp_s=0.0 if ramp_s is None else ramp_s,
+                # Not learned yet: the longest a session's memory is waited for.
+                ramp_s=self._windows.horizon_s if ramp_s is None else ramp_s,
                 observations=len(state.windows) + len(per_session),
             )
 

@@ -96,9 +96,6 @@ class RampProfiles:
                 sums[k] *= FADE
         profile.matured *= FADE
 
-    def forget(self, route: str) -> None:
-        self._profiles.pop(route, None)
-
     def ramp_s(self, route: str) -> float | None:
         """The route's learned ramp time (to 90 %), ``None`` before it is trusted."""
         profile = self._profiles.get(route)

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from asgi_admission._admission.attribution import Overlap
+
 #: A step that fell by more than this freed memory (its growth is carried on instead).
 FREE_STEP_BYTES: Final = 2 * 1024 * 1024
 #: Readings further apart than this make no step: windows open across the gap are dropped.
@@ -66,15 +68,13 @@ class ClosedWindow:
     route: str
     growth: float
     seconds: float
-    #: Seconds from admission until the session's own growth reached 90 % of its peak.
-    ramp_s: float
-    #: Per route, the share of other sessions' footprints expected to have arrived in it,
-    #: and the least that may have, their ramps varying.
-    overlaps: tuple[tuple[str, float, float], ...]
+    #: Seconds from admission until the session's own growth reached 90 % of its peak,
+    #: where no other session ramped in the window before it had (else ``None``).
+    ramp_s: float | None
+    #: The other sessions in it, per route.
+    overlaps: tuple[Overlap, ...]
     #: No session of a route with an unknown footprint ramped in it.
     clean: bool
-    #: No other session ramped in it at all: ``ramp_s`` is its own.
-    alone: bool
     #: Every route in ``overlaps`` had a learned ramp (else its share is a lower bound).
     exact: bool
 
@@ -106,13 +106,16 @@ def ramp_share(ramp_s: float, age_s: float) -> float:
 
 
 class _Admission:
-    __slots__ = ("at", "ended", "route")
+    __slots__ = ("at", "ended", "route", "seen", "seen_until")
 
     def __init__(self, route: str, at: float) -> None:
         self.route = route
         self.at = at
         #: When it was reported ended (its ramp stops there), or ``None``.
         self.ended: float | None = None
+        #: What its window saw it add while no other session ramped, and until when.
+        self.seen = 0.0
+        self.seen_until: float | None = None
 
     def share(self, ramp_s: float, when: float) -> float:
         until = when if self.ended is None else min(when, self.ended)
@@ -125,23 +128,35 @@ class _Window:
         "alone",
         "base",
         "clean",
-        "others_at_start",
+        "own_ramp",
+        "pauses",
         "peak",
         "peak_at",
         "peaks",
+        "quiet",
         "start",
     )
 
-    def __init__(self, admission: _Admission, start: float, base: float, others: float) -> None:
+    def __init__(self, admission: _Admission, start: float, base: float) -> None:
         self.admission = admission
         self.start = start
         self.base = base
-        self.others_at_start = others
         self.clean = True
+        #: No other session has ramped in it (yet), and its ramp if it had ended before.
         self.alone = True
+        self.own_ramp: float | None = None
+        #: Readings since its last new peak, and the most there were between two.
+        self.quiet = 0
+        self.pauses = 0
         self.peak = 0.0
         self.peak_at = admission.at
         self.peaks: list[tuple[float, float]] = []
+
+    def ramp_s(self) -> float:
+        """Seconds from admission until the growth first reached 90 % of its peak."""
+        reached = 0.9 * self.peak
+        at = next((t for t, grown in self.peaks if grown >= reached), self.peak_at)
+        return max(0.0, at - self.admission.at)
 
 
 class GrowthWindows:
@@ -179,8 +194,7 @@ class GrowthWindows:
             self._recent.append(admission)
         if last is None or len(self._open) >= MAX_OPEN or now - last[1] > MAX_STEP_S:
             return
-        others = self._expected_sum(last[1], expected)
-        self._open.append(_Window(admission, last[1], self._growth, others))
+        self._open.append(_Window(admission, last[1], self._growth))
 
     def end(self, route: str, weight: float, now: float, admitted_at: float | None) -> None:
         """A session of ``route`` ended (``weight`` below 1: possibly, one of several routes)."""
@@ -237,7 +251,7 @@ class GrowthWindows:
         horizon = now - 2 * self.horizon_s
         while self._recent and self._recent[0].at < horizon:
             self._recent.popleft()
-        return self._close_due(now, expected, lengths), freed, Step(rise, last[1], now)
+        return self._close_due(last[1], now, expected, lengths), freed, Step(rise, last[1], now)
 
     # -- internals -------------------------------------------------------------------
 
@@ -258,18 +272,25 @@ class GrowthWindows:
                 return True
         return False
 
-    def _expected_sum(self, when: float, expected: Expected) -> float:
+    def _others_added(self, window: _Window, now: float, expected: Expected) -> float:
+        """What the other sessions are expected to have added over ``window`` so far, by
+        what is known of them now (both ends alike, so that what became known meanwhile
+        does not show as growth)."""
         total = 0.0
         for admission in self._recent:
+            if admission is window.admission or admission.at >= now:
+                continue
             footprint, ramp_s = expected(admission.route)
-            if footprint:
-                total += footprint * admission.share(ramp_s, when)
+            if footprint and admission.at + ramp_s > window.start:
+                total += footprint * _share(admission, ramp_s, window.start, now)
         return total
 
-    def _close_due(self, now: float, expected: Expected, lengths: Lengths) -> list[ClosedWindow]:
+    def _close_due(
+        self, start: float, now: float, expected: Expected, lengths: Lengths
+    ) -> list[ClosedWindow]:
+        """Windows due to close at the reading at ``now`` (the step began at ``start``)."""
         if not self._open:
             return []
-        others_now = self._expected_sum(now, expected)
         # Sessions still ramping, until when, and whether their footprint is known: a
         # window a session of unknown footprint ramps in cannot tell its own growth
         # apart (it is not closed when quiet); one that any other ramps in cannot time
@@ -283,28 +304,39 @@ class GrowthWindows:
         still: list[_Window] = []
         for window in self._open:
             admission = window.admission
-            own_footprint, own_ramp = expected(admission.route)
-            own = own_footprint * admission.share(own_ramp, now)
             # The session's own growth: the series less what the others were expected to add.
-            mine = self._growth - window.base - (others_now - own - window.others_at_start)
+            mine = self._growth - window.base - self._others_added(window, now, expected)
             # Against the last new peak, not the highest reading since: growth that comes
             # slowly, a little each step, still makes new peaks.
             last_peak = window.peaks[-1][1] if window.peaks else 0.0
-            if mine > last_peak + max(_PEAK_STEP, _PEAK_SHARE * last_peak):
-                window.peak_at = now
-                window.peaks.append((now, mine))
-            window.peak = max(window.peak, mine)
+            rising = mine > last_peak + max(_PEAK_STEP, _PEAK_SHARE * last_peak)
             for other, until, known in ramping:
                 if other is not admission and other.at < now and until > window.start:
+                    quiet = window.quiet + (0 if rising else 1)
+                    if window.alone and window.peaks and quiet >= 2 and quiet > window.pauses:
+                        # Its own growth had stopped before company came, for more
+                        # readings than it ever paused: that ramp and that growth are
+                        # its own, whatever the others add from now on.
+                        window.own_ramp = window.ramp_s()
+                        admission.seen, admission.seen_until = window.peak, start
                     window.alone = False
                     window.clean = window.clean and known
+            if rising:
+                if window.peaks:
+                    window.pauses = max(window.pauses, window.quiet)
+                window.quiet = 0
+                window.peak_at = now
+                window.peaks.append((now, mine))
+            else:
+                window.quiet += 1
+            window.peak = max(window.peak, mine)
             age = now - admission.at
             length = lengths(admission.route)
             if length is not None:
                 due = age >= length
             elif window.clean:
-                quiet = max(QUIET_S, 0.5 * (window.peak_at - admission.at))
-                due = now - window.peak_at >= quiet
+                spell = max(QUIET_S, 0.5 * (window.peak_at - admission.at))
+                due = now - window.peak_at >= spell
             else:
                 due = False
             if due or age >= self.horizon_s:
@@ -318,6 +350,8 @@ class GrowthWindows:
         self, window: _Window, now: float, expected: Expected, lengths: Lengths
     ) -> ClosedWindow:
         own = window.admission
+        if window.alone:
+            own.seen, own.seen_until = window.peak, now
         overlaps: dict[str, list[float]] = {}
         exact = True
         for admission in self._recent:
@@ -341,22 +375,26 @@ class GrowthWindows:
                     _share(admission, RAMP_SPREAD[0] * ramp_s, window.start, now),
                     _share(admission, RAMP_SPREAD[1] * ramp_s, window.start, now),
                 )
-            if share > 0:
-                totals = overlaps.setdefault(admission.route, [0.0, 0.0])
-                totals[0] += share
-                totals[1] += least
-        reached = 0.9 * window.peak
-        ramp_at = next((t for t, grown in window.peaks if grown >= reached), window.peak_at)
+            if share <= 0:
+                continue
+            totals = overlaps.setdefault(admission.route, [0.0, 0.0, 0.0, 0.0])
+            totals[0] += share
+            totals[1] += least
+            # A session that ramped alone to its end inside the window added that much.
+            inside = admission.seen_until is not None and admission.seen_until <= now
+            if inside and admission.at >= window.start:
+                totals[2] += admission.seen
+                totals[3] += least
         return ClosedWindow(
             route=own.route,
             growth=self._growth - window.base,
             seconds=now - window.start,
-            ramp_s=max(0.0, ramp_at - own.at),
+            ramp_s=window.ramp_s() if window.alone else window.own_ramp,
             overlaps=tuple(
-                (route, share, least) for route, (share, least) in sorted(overlaps.items())
+                Overlap(route, share, least, seen, seen_share)
+                for route, (share, least, seen, seen_share) in sorted(overlaps.items())
             ),
             clean=window.clean,
-            alone=window.alone,
             exact=exact,
         )
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
-from asgi_admission._admission.attribution import Window
+from asgi_admission._admission.attribution import Overlap, Window
 from asgi_admission._admission.learning import (
     Observations,
     RouteObservations,
@@ -407,7 +407,13 @@ def _to_json(values: RouteObservations) -> dict[str, list[Any]]:
         "ramps": values["ramps"],
         "ends": values["ends"],
         "windows": [
-            [w.growth, w.seconds, w.ramp_s, [list(o) for o in w.overlaps], w.exact]
+            [
+                w.growth,
+                w.seconds,
+                w.ramp_s,
+                [[o.route, o.share, o.least, o.seen, o.seen_share] for o in w.overlaps],
+                w.exact,
+            ]
             for w in values["windows"]
         ],
     }
@@ -424,7 +430,10 @@ def _from_json(values: Any, window: int) -> RouteObservations:
                 growth=float(growth),
                 seconds=float(seconds),
                 ramp_s=None if ramp_s is None else float(ramp_s),
-                overlaps=tuple((str(r), float(s), float(m)) for r, s, m in overlaps),
+                overlaps=tuple(
+                    Overlap(str(r), float(s), float(m), float(n), float(ns))
+                    for r, s, m, n, ns in overlaps
+                ),
                 exact=exact,
             )
         )

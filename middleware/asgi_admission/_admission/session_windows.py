@@ -11,17 +11,21 @@ Notes:
   smaller; memory that grows for other reasons (caches, drift) makes sessions look
   larger, the safe side for a reserve.
 - Each admitted session gets a *window*: from the reading before its admission until
-  its memory has arrived (a route with a learned ramp: one and a half times that
-  ramp and half a second more; otherwise once the series, less what the other sessions are expected
-  to add, has made no new peak for a quiet spell, and at most ``HORIZON_S``). A
-  closed window says how much the series grew over it and which part of the other
-  sessions' ramps fell inside it (per route, by their learned ramps), which is one
-  equation for the footprints (``attribution.py``).
+  its memory has arrived. A route with a learned ramp is watched for one and a half
+  times that ramp and half a second more; before, a window no session of a route of
+  unknown footprint ramped in closes once the series, less what the other sessions
+  are expected to add, has made no new peak for a quiet spell; any window closes at
+  ``HORIZON_S``. A closed window says how much the series grew over it and which part
+  of the other sessions' ramps fell inside it, per route (``attribution.Overlap``),
+  which is one equation for the footprints (``attribution.py``).
+- A session whose own growth had stopped (for more readings than it ever paused)
+  when another session came keeps that ramp as its own, and what it added alone is the
+  least it adds to any later window it lies in.
 - A step in which sessions of one route were reported ended and nothing else was
   ramping says how much memory one of them freed: evidence of its footprint too.
 - Bounded: at most ``MAX_OPEN`` open windows and the admissions of the last
-  ``2 x HORIZON_S`` (at most ``MAX_RECENT``); each reading costs one pass over the
-  recent admissions and the open windows.
+  ``2 x HORIZON_S`` (at most ``MAX_RECENT``); a reading costs a pass over the recent
+  admissions for each open window.
 """
 
 from __future__ import annotations
@@ -73,8 +77,6 @@ class ClosedWindow:
     ramp_s: float | None
     #: The other sessions in it, per route.
     overlaps: tuple[Overlap, ...]
-    #: No session of a route with an unknown footprint ramped in it.
-    clean: bool
     #: Every route in ``overlaps`` had a learned ramp (else its share is a lower bound).
     exact: bool
 
@@ -394,7 +396,6 @@ class GrowthWindows:
                 Overlap(route, share, least, seen, seen_share)
                 for route, (share, least, seen, seen_share) in sorted(overlaps.items())
             ),
-            clean=window.clean,
             exact=exact,
         )
 

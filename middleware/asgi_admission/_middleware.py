@@ -24,6 +24,7 @@ Notes:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import operator
 import time
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar, get_args
 
 from prometheus_client import REGISTRY, CollectorRegistry
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.decision_log import log_change
 from asgi_admission._admission.keeper import ReservationKeeper, apply, serve_with_keeper
@@ -44,7 +45,7 @@ from asgi_admission._admission.ledger import (
 from asgi_admission._admission.observer import DecisionObserver, Kind
 from asgi_admission._admission.reserve import never_admits
 from asgi_admission._admission.tickets import SCOPE_KEY, AdmissionTicket
-from asgi_admission._body import read_body
+from asgi_admission._body import Arrival, BodyReader
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
 from asgi_admission._factory import build_controller, build_ledger
@@ -180,6 +181,9 @@ class AdmissionMiddleware:
             session_limit=limit,
         )
         self._ledger: SessionLedger = build_ledger(self._config)
+        self._bodies = BodyReader(
+            timeout_s=self._config.body_timeout_s, buffer_bytes=self._config.body_buffer_bytes
+        )
         # Shared, lock-protected: whether the last decision was blind, for logging
         # telemetry loss and recovery once each.
         self._blind = False
@@ -521,10 +525,20 @@ class AdmissionMiddleware:
     async def _guard_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The body first: a client still sending it holds nothing (_body.py).
         config = self._config
-        started = time.monotonic()
-        body, arrival = await read_body(
-            receive, buffer_bytes=config.body_buffer_bytes, timeout_s=config.body_timeout_s
-        )
+        bodies = self._bodies
+        task = bodies.start()
+        body: list[Message] = []
+        arrival: Arrival = "timed_out"
+        try:
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                body, arrival = [message], "complete"  # the common case: all there
+            else:
+                body, arrival = await bodies.rest(receive, message)
+        except asyncio.CancelledError:
+            bodies.timed_out(task)
+        finally:
+            time_left = bodies.stop(task)
         if arrival == "disconnected":
             return
         keeper = self._keeper
@@ -545,7 +559,7 @@ class AdmissionMiddleware:
         scope[SCOPE_KEY] = outcome
         rest_due_in_s = None
         if arrival == "partial":
-            rest_due_in_s = config.body_timeout_s - (time.monotonic() - started)
+            rest_due_in_s = time_left
         await run_http(
             self.app,
             scope,

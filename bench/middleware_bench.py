@@ -316,7 +316,7 @@ def serve(factory: str, root: str) -> tuple[subprocess.Popen[bytes], int]:
     raise RuntimeError(f"uvicorn {factory} did not start")
 
 
-def wrk(port: int, route: str, seconds: int, script_dir: Path) -> float:
+def wrk(port: int, route: tuple[str, str], seconds: int, script_dir: Path) -> float:
     argv = ["wrk", "-t1", "-c16", f"-d{seconds}s", f"http://127.0.0.1:{port}{route[1]}"]
     if route[0] == "POST":
         script = script_dir / "post.lua"

@@ -209,7 +209,9 @@ def _wait_ready(base_url: str, proc: subprocess.Popen[bytes], workers: int) -> N
     raise RuntimeError("the server did not become ready")
 
 
-async def _burst(base_url: str, n: int, params: dict[str, object]) -> list[httpx.Response | str]:
+async def _burst(
+    base_url: str, n: int, params: dict[str, int | float]
+) -> list[httpx.Response | str]:
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, timeout=60, limits=limits) as client:
 
@@ -250,7 +252,7 @@ def run_ramp_burst(
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     reserve_mb = math.ceil(footprint_mb) if mode != "learn" else max(1, round(footprint_mb / 12))
-    params: dict[str, object] = {"hold_mb": hold_mb, "ramp_s": ramp_s}
+    params: dict[str, int | float] = {"hold_mb": hold_mb, "ramp_s": ramp_s}
     if mode == "ticket":
         params["ticket"] = 1
     with (
@@ -345,7 +347,7 @@ def _warm_up(
 def _end_all_and_reopen(
     base_url: str,
     responses: list[httpx.Response | str],
-    params: dict[str, object],
+    params: dict[str, int | float],
     ramp_s: float,
 ) -> bool:
     opened = [r.json() for r in responses if not isinstance(r, str) and r.status_code == 201]
@@ -406,7 +408,7 @@ def main() -> int:
     results = []
     for mode in args.modes.split(","):
         result = run_ramp_burst(
-            mode,  # type: ignore[arg-type]
+            mode,
             sessions=args.sessions,
             hold_mb=args.hold_mb,
             ramp_s=args.ramp_s,

@@ -125,7 +125,7 @@ def admission_cost(root: Path, iterations: int, rounds: int = 5) -> tuple[float,
             config=AdmissionConfig(
                 cgroup_root=str(root),
                 reserve_bytes=1024 * 1024,
-                reserve_learning=mode,  # type: ignore[arg-type]
+                reserve_learning=mode,
                 max_sessions=10**9,
             ),
             registry=None,

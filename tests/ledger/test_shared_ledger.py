@@ -20,11 +20,11 @@ from ledgerkit import SPAWN, hold_sessions, write_v2_tree
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
 from asgi_admission._admission import shared_ledger
 from asgi_admission._admission.ledger import InProcessLedger
+from asgi_admission._admission.ledger_file import _start_time
 from asgi_admission._admission.shared_ledger import (
     FILE_NAME,
     LedgerEntry,
     SharedLedger,
-    _start_time,
     read_entries,
 )
 
@@ -149,6 +149,7 @@ def test_killed_worker_is_recovered_by_the_next_decision(
     worker = SPAWN.Process(target=hold_sessions, args=(shared[0], 3, 2, ready))
     worker.start()
     try:
+        assert worker.pid is not None  # set by start()
         assert ready.wait(30)
         assert counts(ledger) == (2, 4)
         [entry] = [e for e in read_entries(shared[0]) if e.pid == worker.pid]
@@ -492,7 +493,7 @@ def test_failed_open_closes_the_descriptor(tmp_path: Path, monkeypatch: pytest.M
     def broken(self: SharedLedger) -> None:
         raise OSError(errno.EIO, "disk on fire")
 
-    monkeypatch.setattr(shared_ledger.os, "open", recording_open)
+    monkeypatch.setattr(os, "open", recording_open)
     monkeypatch.setattr(SharedLedger, "_check_file", broken)
     with pytest.raises(OSError, match="disk on fire"):
         SharedLedger(tmp_path)

@@ -8,6 +8,8 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from starlette.types import ASGIApp
+
 from asgi_admission import (
     AdmissionController,
     AdmissionMiddleware,
@@ -86,7 +88,7 @@ def controller(
 
 
 def guard(
-    app: Any,
+    app: ASGIApp,
     reader: Callable[[], MemoryReading],
     *,
     routes: Iterable[str] = ("POST /sessions", "WS /terminal/*"),

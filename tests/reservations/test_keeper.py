@@ -140,7 +140,9 @@ def test_session_ends_spoil_the_open_episode() -> None:
     assert keeper.ends.expected_wait_s(0.0) is None  # one end is no evidence yet
 
 
-def _child_sees_nothing(keeper: ReservationKeeper, result: multiprocessing.Queue) -> None:
+def _child_sees_nothing(
+    keeper: ReservationKeeper, result: multiprocessing.Queue[tuple[int, int, int]]
+) -> None:
     result.put((keeper.settler.unsettled, keeper.settler.waiting, os.getpid()))
 
 

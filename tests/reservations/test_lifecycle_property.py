@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from reskit import MIB, apply, counts
 
 from asgi_admission._admission.ledger import InProcessLedger, Reservation
-from asgi_admission._admission.settling import VISIBLE_FRACTION, Settlement, Settler
+from asgi_admission._admission.settling import VISIBLE_FRACTION, Action, Settlement, Settler
 
 #: Internal on purpose: the settler and keeper, driven through random lifecycles.
 INTERNAL = "the settler and keeper, driven through random lifecycles"
@@ -136,7 +136,7 @@ def test_random_sessions_release_once_never_early_and_return_to_zero(
         with ledger.locked():
             reservation = Watched(ledger.reserve())
             entry = settler.admit(
-                reservation,  # type: ignore[arg-type]
+                reservation,
                 kind="websocket" if behaviour == "websocket" else "http",
                 route="POST /s",
                 used_bytes=working_set(),
@@ -160,7 +160,7 @@ def test_random_sessions_release_once_never_early_and_return_to_zero(
         # Advance the clock until the next arrival, playing every session's events.
         for _ in range(rng.randint(0, 6)):
             now += STEP
-            events: list = []
+            events: list[Action] = []
             for sim in sims:
                 if sim.ended:
                     continue

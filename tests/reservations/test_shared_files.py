@@ -140,6 +140,7 @@ def test_learned_observations_are_merged_and_survive(tmp_path: Path) -> None:
     second = LearnedStore(str(tmp_path), window=3)
     first.add([("POST /s", 10 * MIB, 1.0)])
     merged = second.add([("POST /s", 20 * MIB, None), ("WS /t", 5 * MIB, 0.5)])
+    assert merged is not None
     assert merged["POST /s"]["footprints"] == [10.0 * MIB, 20.0 * MIB]
     assert merged["POST /s"]["ramps"] == [1.0]
     for i in range(5):

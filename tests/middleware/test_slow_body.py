@@ -352,7 +352,7 @@ def test_many_slow_bodies_each_time_out_at_their_own_deadline() -> None:
         await asyncio.sleep(0.2)
         return {"type": "http.request", "body": b"done", "more_body": False}
 
-    async def run() -> list[tuple[int, float]]:
+    async def run() -> tuple[tuple[int, float], ...]:
         return await asyncio.gather(
             timed(0.0, trickle([b"x"])),
             timed(0.1, trickle([b"x"])),

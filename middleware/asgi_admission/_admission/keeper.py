@@ -16,8 +16,11 @@ Notes:
 - The critical section is only ever tried (``attempt``): where another worker
   holds the shared ledger, a session's event (its response, its end, a ticket)
   is kept, in order, for the next sample, so neither the event loop nor a
-  response waits for another process and nothing is lost (docs/trust.md). The
-  app's own count is asked before the critical section, never inside it.
+  response waits for another process and nothing is lost (docs/trust.md). A
+  release (a ticket's, a WebSocket's end) still gives its reservation back at
+  once; the sample catches up in a critical section of its own, so what the kept
+  events decided is done even if the sample's look then fails. The app's own
+  count is asked before the critical section, never inside it.
 - The periodic sample reads memory only while something is unsettled or
   being learned, and the active count (for the rate of session ends) every
   time: a few microseconds, four times a second, on the event loop like any
@@ -296,7 +299,10 @@ class ReservationKeeper:
 
     def abandon(self, entry: Settlement, *, session_over: bool = False) -> None:
         """The request failed before its response, or the session ended."""
-        self._now_or_later(lambda: self.settler.abandon(entry, session_over=session_over))
+        self._now_or_later(
+            lambda: self.settler.abandon(entry, session_over=session_over),
+            releases=entry.reservation if session_over else None,
+        )
 
     def ticket(self, operation: str, entry: Settlement) -> bool:
         """``hold``, ``started`` or ``release`` for a ticket; whether hold took effect
@@ -313,7 +319,7 @@ class ReservationKeeper:
         if operation == "started":
             self._now_or_later(lambda: self.settler.started(entry))
         else:
-            self._now_or_later(lambda: self.settler.release(entry))
+            self._now_or_later(lambda: self.settler.release(entry), releases=entry.reservation)
         return True
 
     def observe_peak(self, route: str, peak_bytes: int) -> None:
@@ -328,9 +334,17 @@ class ReservationKeeper:
 
         self._now_or_later(step)
 
-    def _now_or_later(self, step: Callable[[], Sequence[Action]]) -> None:
+    def _now_or_later(
+        self, step: Callable[[], Sequence[Action]], *, releases: Reservation | None = None
+    ) -> None:
         """``step`` in the critical section, then what it decided; while another worker
-        holds the shared ledger (or earlier events wait), kept for the next sample."""
+        holds the shared ledger (or earlier events wait), kept for the next sample.
+
+        A step that ends its session (``releases``: a ticket's release, a WebSocket's
+        end) gives the reservation back at once even then: the ledger's release never
+        waits and never raises, and nothing that comes later may count that session
+        again (an activation after it is a no-op). Only the settler's bookkeeping waits.
+        """
         if not self._deferred:
             try:
                 with self._locked:
@@ -341,6 +355,8 @@ class ReservationKeeper:
                 apply(actions)
                 return
         self._deferred.append(step)
+        if releases is not None:
+            releases.release()
 
     @property
     def deferred(self) -> int:
@@ -364,6 +380,12 @@ class ReservationKeeper:
         now = self._clock()
         own = self._own_count()
         try:
+            if self._deferred:
+                # A critical section of their own: what they decided is done even if
+                # the sample's own look then fails (the file found replaced, say).
+                with self._locked:
+                    caught_up = self.catch_up()
+                apply(caught_up)
             with self._locked:
                 actions = self._sample_locked(own, now)
         except LedgerBusy:
@@ -371,7 +393,7 @@ class ReservationKeeper:
         apply(actions)
 
     def _sample_locked(self, own: int | None, now: float) -> list[Action]:
-        actions = self.catch_up()
+        actions: list[Action] = []
         if self.ends.on_active(self._active_count(own), now):
             self.learner.on_session_end()
         if self.settler.unsettled or self.learner.observing or self._queue_busy():

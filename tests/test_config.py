@@ -31,7 +31,7 @@ def test_defaults_match_the_spec() -> None:
         cgroup_root=None,
         memory_source="cgroup",
         reclaimable="file",
-        shared_dir=None,
+        shared_dir="auto",
         reserve_learning="raise",
         reserve_min_bytes=16 * MIB,
         pending_timeout_s=120.0,

@@ -46,7 +46,7 @@ from asgi_admission._admission.reserve import never_admits
 from asgi_admission._admission.tickets import SCOPE_KEY, AdmissionTicket
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
-from asgi_admission._factory import build_controller, build_ledger
+from asgi_admission._factory import build_controller, build_sharing
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
 from asgi_admission._metrics.collector import instrument
 from asgi_admission._responses import (
@@ -171,7 +171,12 @@ class AdmissionMiddleware:
             resume=self._controller.resume_threshold_percent,
             reserve_for=self._controller.reserve_for,
         )
-        self._ledger: SessionLedger = build_ledger(self._config)
+        sharing = build_sharing(self._config, self._controller.memory_reader)
+        self._ledger: SessionLedger = sharing.ledger
+        #: Where this guard shares its counts (``None``: alone), and the look for other
+        #: workers where it counts alone by default (started with the lifespan).
+        self.shared_dir = sharing.directory
+        self._alone = sharing.alone
         # Shared, lock-protected: whether the last decision was blind, for logging
         # telemetry loss and recovery once each.
         self._blind = False
@@ -197,7 +202,7 @@ class AdmissionMiddleware:
             learning=config.reserve_learning,
             min_reserve_bytes=config.reserve_min_bytes,
             timeout_s=config.pending_timeout_s,
-            shared_dir=config.shared_dir,
+            shared_dir=sharing.directory,
             ledger_is_current=getattr(self._ledger, "is_current", None),
             on_reserve=self._on_reserve,
         )
@@ -339,6 +344,8 @@ class AdmissionMiddleware:
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The one place startup/shutdown hooks go: the reservation sample and the
         # session watchdog run with the app.
+        if self._alone is not None:
+            self._alone.start()
         await serve_with_keeper(self._keeper, self._lifespan_app, scope, receive, send)
 
     async def _lifespan_app(self, scope: Scope, receive: Receive, send: Send) -> None:

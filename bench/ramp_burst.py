@@ -341,8 +341,7 @@ def _open_ledgers(proc: subprocess.Popen[bytes]) -> dict[int, list[str]]:
     server = psutil.Process(proc.pid)
     serving = [c for c in server.children() if "spawn_main" in " ".join(c.cmdline())] or [server]
     return {
-        p.pid: sorted(f.path for f in p.open_files() if f.path.endswith(".ledger"))
-        for p in serving
+        p.pid: sorted(f.path for f in p.open_files() if f.path.endswith(".ledger")) for p in serving
     }
 
 

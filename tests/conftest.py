@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,13 +26,15 @@ os.environ["ADMISSION_SHARED_DIR"] = "off"
 
 
 @pytest.fixture(autouse=True)
-def no_default_shared_place(
-    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
-) -> None:
+def no_default_shared_place(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Guards built in this process find no base for a default place and no /proc to
     look for other workers in (an empty directory stands for it)."""
-    monkeypatch.setattr(shared_place, "default_bases", lambda: ())
-    monkeypatch.setattr(shared_place, "PROC", str(tmp_path_factory.getbasetemp() / "no-proc"))
+    # A MonkeyPatch of its own: the test's ``monkeypatch`` is then made after the test's
+    # other fixtures, and undone before their teardown, as without this fixture.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shared_place, "default_bases", lambda: ())
+        patch.setattr(shared_place, "PROC", str(tmp_path_factory.getbasetemp() / "no-proc"))
+        yield
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

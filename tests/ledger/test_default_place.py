@@ -182,7 +182,7 @@ def test_a_name_taken_by_something_else_is_refused_for_the_next_base(
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         middleware = guard(group)
     assert middleware.shared_dir == str(bases[1] / taken.name)
-    assert f"{taken} is not a private directory of this user" in caplog.text
+    assert f"{taken} cannot hold the shared session ledger" in caplog.text
     assert not (tmp_path / "elsewhere" / FILE_NAME).exists()
 
 

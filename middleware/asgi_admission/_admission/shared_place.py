@@ -159,9 +159,8 @@ def choose_place(group: MemoryGroup, *, bases: Sequence[str] | None = None) -> P
             passed_over.append(str(exc).split(" Point ", 1)[0])
             if existed:
                 logger.warning(
-                    "asgi-admission: %s is not a private directory of this user, so the "
-                    "workers do not share their session ledger there (%s); trying the next "
-                    "place.",
+                    "asgi-admission: %s cannot hold the shared session ledger, as something "
+                    "else has its name or it is read-only (%s); trying the next place.",
                     path,
                     exc,
                 )

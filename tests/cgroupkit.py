@@ -51,14 +51,19 @@ def memory_group(limit_mb: int, name: str, *, swap_too: bool = True) -> Iterator
             shutil.rmtree(place, ignore_errors=True)
 
 
-def default_places(group: Path) -> list[Path]:
-    """The directories that guarded servers in ``group`` made to share their ledger,
-    with no ``ADMISSION_SHARED_DIR`` set (under the machine's bases, as they found them)."""
+def default_place_paths(group: Path) -> list[Path]:
+    """Where guarded servers in ``group`` with no ``ADMISSION_SHARED_DIR`` set look for
+    the directory they share, in order (under the machine's bases, as they find them)."""
     found = shared_place.group_of(CgroupMemoryReader(group))
     if found is None:
         return []
     name = shared_place.directory_name(found)
-    return [Path(base, name) for base in _machine_bases() if Path(base, name).is_dir()]
+    return [Path(base, name) for base in _machine_bases() if Path(base).is_dir()]
+
+
+def default_places(group: Path) -> list[Path]:
+    """The directories of :func:`default_place_paths` that exist (made by the servers)."""
+    return [path for path in default_place_paths(group) if path.is_dir()]
 
 
 def joining(group: Path) -> list[str]:

@@ -310,12 +310,17 @@ def test_two_guards_of_one_process_never_take_each_others_settling_rows(
     assert first.session_counts() == (0, 0)
 
 
-def proc_tree(root: Path, processes: dict[int, tuple[int, str]], me: int) -> Path:
-    """A fixture /proc: each pid's stat (with its parent) and exe; ``self`` is ``me``."""
-    for pid, (parent, program) in processes.items():
+WORKER = "python3\0-c\0from multiprocessing.spawn import spawn_main; spawn_main(pipe_handle={})\0"
+
+
+def proc_tree(root: Path, processes: dict[int, tuple[int, str, str]], me: int) -> Path:
+    """A fixture /proc: each pid's stat (with its parent), cmdline and exe; ``self`` is
+    ``me``."""
+    for pid, (parent, program, command) in processes.items():
         directory = root / str(pid)
         directory.mkdir(parents=True)
         (directory / "stat").write_text(f"{pid} (python3 x) S {parent} 1 1 0 -1\n")
+        (directory / "cmdline").write_text(command.format(pid))
         binary = root.parent / "bin" / program
         binary.parent.mkdir(exist_ok=True)
         binary.touch()
@@ -328,15 +333,23 @@ def test_a_guard_that_counts_alone_warns_once_of_sibling_workers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Where no place can be made, a guard whose memory group holds other processes of
-    its program started by the same parent (the other workers) says so, once, at
-    WARNING; processes of another program or parent do not count."""
+    its program and command line started by the same parent (the other workers) says
+    so, once, at WARNING; processes of another program, command or parent (a resource
+    tracker the server also started) do not count."""
+    tracker = "python3\0-c\0from multiprocessing.resource_tracker import main;main(5)\0"
     proc = proc_tree(
         tmp_path / "proc",
-        {100: (1, "python3"), 101: (1, "python3"), 102: (1, "bash"), 103: (7, "python3")},
+        {
+            100: (1, "python3", WORKER),
+            101: (1, "python3", WORKER),
+            102: (1, "bash", WORKER),
+            103: (7, "python3", WORKER),
+            104: (1, "python3", tracker),
+        },
         me=100,
     )
     group = tree(tmp_path, "app")
-    (group / "cgroup.procs").write_text("100\n101\n102\n103\n")
+    (group / "cgroup.procs").write_text("100\n101\n102\n103\n104\n")
     monkeypatch.setattr(shared_place, "default_bases", lambda: ())
     monkeypatch.setattr(shared_place, "PROC", str(proc))
     middleware = guard(group)
@@ -345,7 +358,7 @@ def test_a_guard_that_counts_alone_warns_once_of_sibling_workers(
     assert middleware.shared_dir is None
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         assert check.look() == [101]
-    assert caplog.text.count("1 other workers of this server run in this memory group") == 1
+    assert caplog.text.count("runs more workers of this server (1 besides this one)") == 1
     assert str(group) in caplog.text
     assert "no private directory could be made" in caplog.text
     check.start()

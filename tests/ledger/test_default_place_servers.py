@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ledgerkit import Workers, burst
+from ledgerkit import Workers, burst, wait_for
 
-from cgroupkit import memory_group
+from cgroupkit import default_place_paths, memory_group
 from processkit import open_files
 
 pytestmark = [pytest.mark.real_cgroup, pytest.mark.real_server, pytest.mark.slow]
@@ -64,3 +64,33 @@ def test_two_memory_groups_never_share_a_ledger(
     # Its two workers admitted 2 between them, the limit of the whole server.
     assert (statuses.count(201), statuses.count(503)) == (2, 4), statuses
     assert other == 201
+
+
+def test_workers_that_cannot_share_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`uvicorn --workers 2` in a memory group whose default place is taken under every
+    base (another user's directory at each name): each worker warns naming the path,
+    counts alone, and says once that other workers of its server share its group."""
+    monkeypatch.delenv("ADMISSION_SHARED_DIR", raising=False)  # the suite's "off"
+    monkeypatch.delenv("ADMISSION_CGROUP_ROOT", raising=False)
+    with memory_group(1024, "place_taken") as group:
+        taken = default_place_paths(group)
+        assert taken
+        for path in taken:
+            path.mkdir(mode=0o700)
+            os.chown(path, 65534, 65534)
+        log = tmp_path / "server.log"
+        server = Workers(2, {"DEMO_SESSION_MB": "1"}, log, cgroup=group)
+        try:
+            server.wait_ready()
+            workers = server.worker_pids()
+            assert all(open_files(pid, LEDGER) == set() for pid in workers)
+            wait_for(lambda: log.read_text().count("more workers of this server") >= 2, 10, "")
+        finally:
+            server.stop()
+        assert all(not (path / LEDGER).exists() for path in taken)
+    text = log.read_text()
+    for path in taken:
+        assert text.count(f"{path} cannot hold the shared session ledger") == 2, text
+    alone = "runs more workers of this server (1 besides this one)"
+    assert text.count(alone) == 2, text  # one worker, not uvicorn's resource tracker too
+    assert text.count("this guard counts its sessions alone: no private directory") == 2, text

@@ -20,8 +20,8 @@ Notes (the operator's side: ``docs/operations.md``, the checks: ``docs/trust.md`
   ledger file is opened there before the place is chosen, so a read-only base is
   passed over too.
 - Where no place can be made, the guard counts alone; if other processes of the
-  same program, started by the same parent, share its memory group (the other
-  workers of its server), it says so once at WARNING. That look reads the group's
+  same program and command line, started by the same parent, share its memory group
+  (the other workers of its server), it says so once at WARNING. That look reads the group's
   ``cgroup.procs`` and a few ``/proc`` files, in a thread started with the lifespan,
   never on a request.
 """
@@ -56,6 +56,7 @@ LOOK_DELAY_S: Final = 1.0
 #: The most processes of the group the look examines.
 LOOK_LIMIT: Final = 4096
 _UNSAFE_NAME: Final = re.compile(r"[^A-Za-z0-9._-]+")
+_NUMBERS: Final = re.compile(rb"[0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +205,17 @@ def _exe(proc: str, pid: str) -> tuple[int, int] | None:
     return info.st_dev, info.st_ino
 
 
+def _command(proc: str, pid: str) -> bytes | None:
+    """The process's command line, its numbers left out: a pre-forking server's workers
+    differ only in those (uvicorn's ``spawn_main(tracker_fd=5, pipe_handle=9)``), while
+    a helper it also starts, such as multiprocessing's resource tracker, differs more."""
+    try:
+        with open(os.path.join(proc, pid, "cmdline"), "rb") as f:
+            return _NUMBERS.sub(b"", f.read(4096))
+    except OSError:
+        return None
+
+
 def _group_pids(procs: tuple[str, ...] | None, proc: str) -> list[str]:
     if procs is None:
         try:
@@ -220,11 +232,13 @@ def _group_pids(procs: tuple[str, ...] | None, proc: str) -> list[str]:
 
 
 def other_workers(procs: tuple[str, ...] | None, *, proc: str = PROC) -> list[int]:
-    """The other processes in the group that run this program and share this one's
-    parent: the other workers of a pre-forking server. Never raises."""
+    """The other processes in the group that run this program with this command line
+    (numbers aside) and share this one's parent: the other workers of a pre-forking
+    server. Never raises."""
     me = _stat_fields(proc, "self")
     exe = _exe(proc, "self")
-    if me is None or exe is None:
+    command = _command(proc, "self")
+    if me is None or exe is None or command is None:
         return []
     pid, parent = me
     found: list[int] = []
@@ -232,7 +246,12 @@ def other_workers(procs: tuple[str, ...] | None, *, proc: str = PROC) -> list[in
         if other == str(pid):
             continue
         fields = _stat_fields(proc, other)
-        if fields is not None and fields[1] == parent and _exe(proc, other) == exe:
+        if (
+            fields is not None
+            and fields[1] == parent
+            and _exe(proc, other) == exe
+            and _command(proc, other) == command
+        ):
             found.append(fields[0])
     return found
 
@@ -273,12 +292,12 @@ class AloneCheck:
         if found and not self._warned:
             self._warned = True
             logger.warning(
-                "asgi-admission: %d other workers of this server run in this memory group "
-                "(%s), but this guard counts its sessions alone: %s. Each worker may admit "
-                "up to the whole capacity; set ADMISSION_SHARED_DIR to a directory they all "
-                "reach (docs/operations.md), or run one worker.",
-                len(found),
+                "asgi-admission: this memory group (%s) runs more workers of this server "
+                "(%d besides this one), but this guard counts its sessions alone: %s. Each "
+                "worker may admit up to the whole capacity; set ADMISSION_SHARED_DIR to a "
+                "directory they all reach (docs/operations.md), or run one worker.",
                 self._label,
+                len(found),
                 self.reason,
             )
         return found

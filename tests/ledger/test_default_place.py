@@ -159,7 +159,9 @@ def test_off_and_a_named_directory_are_still_obeyed(
         AdmissionConfig(shared_dir="  ")
 
 
-@pytest.mark.parametrize("squat", ["another user's", "writable by others", "a symlink", "a file"])
+@pytest.mark.parametrize(
+    "squat", ["another user's", "writable by others", "a symlink", "a file", "a file inside"]
+)
 def test_a_name_taken_by_something_else_is_refused_for_the_next_base(
     tmp_path: Path, bases: list[Path], caplog: pytest.LogCaptureFixture, squat: str
 ) -> None:
@@ -174,6 +176,10 @@ def test_a_name_taken_by_something_else_is_refused_for_the_next_base(
         taken.symlink_to(tmp_path / "elsewhere")
     elif squat == "a file":
         taken.write_text("not a directory")
+    elif squat == "a file inside":
+        taken.mkdir(mode=0o700)
+        (taken / shared_files.LEARNED_FILE).write_text("{}")
+        os.chown(taken / shared_files.LEARNED_FILE, 65534, 65534)
     else:
         taken.mkdir(mode=0o700 if squat == "another user's" else 0o777)
         taken.chmod(0o700 if squat == "another user's" else 0o777)
@@ -295,6 +301,9 @@ def test_two_guards_of_one_process_never_take_each_others_settling_rows(
         outcome = middleware._admit("http")
         assert not isinstance(outcome, tuple)
         entries.append(outcome)
+    # A slot each in the ledger: each guard is a worker of its own there.
+    busy = [(e.pid, e.pending) for e in read_entries(first.shared_dir) if e.pending]
+    assert busy == [(os.getpid(), 1), (os.getpid(), 1)]
     queue = shared_files.SharedSettleQueue(first.shared_dir)
     try:
         rows = queue.load()[1]

@@ -17,8 +17,9 @@ Notes (the operator's side: ``docs/operations.md``, the checks: ``docs/trust.md`
 - A name taken by something that is not this user's private directory (another
   user's, one others may write to, a symlink, a file) is refused by the checks of
   ``safe_files`` and the next base is tried, with a warning naming the path. The
-  ledger file is opened there before the place is chosen, so a read-only base is
-  passed over too.
+  three files are opened there before the place is chosen, so a read-only base, or
+  a file someone else put in the directory, is passed over too: a default place
+  never stops the service.
 - Where no place can be made, the guard counts alone; if other processes of the
   same program and command line, started by the same parent, share its memory group
   (the other workers of its server), it says so once at WARNING. That look reads the group's
@@ -40,6 +41,7 @@ from typing import Final
 
 from asgi_admission._admission.ledger_file import FILE_NAME
 from asgi_admission._admission.safe_files import UnsafeFileError, open_private_file
+from asgi_admission._admission.shared_files import LEARNED_FILE, SETTLING_FILE
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.discover import discover_cgroup
 from asgi_admission._memory.host import HostMemoryReader
@@ -145,7 +147,7 @@ class Place:
 
 def choose_place(group: MemoryGroup, *, bases: Sequence[str] | None = None) -> Place:
     """The first base under which this group's private directory can be used, made
-    (mode 0700) if missing, with the ledger file opened there once."""
+    (mode 0700) if missing, with each of its files opened there once."""
     name = directory_name(group)
     passed_over: list[str] = []
     for base in default_bases() if bases is None else bases:
@@ -155,7 +157,8 @@ def choose_place(group: MemoryGroup, *, bases: Sequence[str] | None = None) -> P
         path = os.path.join(base, name)
         existed = os.path.lexists(path)
         try:
-            os.close(open_private_file(path, FILE_NAME, setting=SETTING))
+            for file_name in (FILE_NAME, SETTLING_FILE, LEARNED_FILE):
+                os.close(open_private_file(path, file_name, setting=SETTING))
         except UnsafeFileError as exc:
             passed_over.append(str(exc).split(" Point ", 1)[0])
             if existed:

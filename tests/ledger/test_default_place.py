@@ -17,7 +17,13 @@ import pytest
 from ledgerkit import SPAWN, hold_sessions, write_v2_tree
 from test_ledger_faults import ok_app, post
 
-from asgi_admission import AdmissionConfig, AdmissionMiddleware, HostMemoryReader, MemoryReading
+from asgi_admission import (
+    AdmissionConfig,
+    AdmissionMiddleware,
+    HostMemoryReader,
+    MemoryReading,
+    _factory,
+)
 from asgi_admission._admission import shared_files, shared_place
 from asgi_admission._admission.ledger import InProcessLedger
 from asgi_admission._admission.settling import QueueRecord
@@ -25,6 +31,7 @@ from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger, rea
 from asgi_admission._admission.shared_place import AloneCheck, MemoryGroup
 from asgi_admission._factory import build_sharing
 from asgi_admission._memory.cgroup import CgroupMemoryReader
+from asgi_admission.cli.probe import learned
 
 #: Internal on purpose: the bases the default place is made under are injected (the
 #: suite never uses the machine's /dev/shm), and so is the /proc the look reads.
@@ -396,3 +403,75 @@ def test_host_mode_and_custom_readers(tmp_path: Path, bases: list[Path]) -> None
     assert (alone.directory, type(alone.ledger)) == (None, InProcessLedger)
     assert alone.alone is not None
     assert "memory reader is not one whose memory group" in alone.alone.reason
+
+
+def test_host_mode_looks_at_every_process_and_unreadable_lists_find_none(tmp_path: Path) -> None:
+    """With the host as the memory group the look reads every process in /proc; a
+    group whose process list cannot be read, or a /proc without this process, finds no
+    other worker (and raises nothing)."""
+    proc = proc_tree(
+        tmp_path / "proc", {10: (1, "python3", WORKER), 11: (1, "python3", WORKER)}, me=10
+    )
+    assert shared_place.other_workers(None, proc=str(proc)) == [11]
+    assert (
+        shared_place.other_workers((str(tmp_path / "gone" / "cgroup.procs"),), proc=str(proc)) == []
+    )
+    assert shared_place.other_workers(None, proc=str(tmp_path / "no-proc")) == []
+
+
+def test_a_look_that_fails_is_logged_not_raised(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The look is a diagnostic: an error inside it is logged and it finds no worker."""
+
+    def broken(procs: object, *, proc: str) -> list[int]:
+        raise RuntimeError("an unexpected /proc")
+
+    monkeypatch.setattr(shared_place, "other_workers", broken)
+    check = AloneCheck(reason="testing", label="group", procs=())
+    with caplog.at_level(logging.ERROR, logger="asgi_admission"):
+        assert check.look() == []
+    assert "looking for other workers failed" in caplog.text
+
+
+def test_a_default_place_whose_ledger_fails_counts_alone(
+    tmp_path: Path,
+    bases: list[Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Should the ledger still fail in the place chosen, the guard starts all the same,
+    counting alone, with a warning naming the directory."""
+
+    def failing(directory: str) -> SharedLedger:
+        raise ValueError(f"{directory} went away")
+
+    monkeypatch.setattr(_factory, "SharedLedger", failing)
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        middleware = guard(tree(tmp_path, "app"))
+    assert middleware.shared_dir is None
+    assert middleware._alone is not None
+    assert "cannot be used" in caplog.text
+
+
+def test_probe_finds_the_place_the_workers_made(tmp_path: Path, bases: list[Path]) -> None:
+    """`probe` reads what the service learned from the place its workers made for the
+    memory group it reads, without making one where there is none."""
+    group = shared_place.group_of(CgroupMemoryReader(tree(tmp_path, "app")))
+    assert group is not None
+    config = AdmissionConfig()
+    assert "no directory shared" in learned(config, 64 * 2**20, group)["note"]
+    assert shared_place.find_place(group) is None
+    assert list(bases[0].iterdir()) == []
+    place = shared_place.choose_place(group).directory
+    assert place is not None
+    assert shared_place.find_place(group) == place
+    shared_files.LearnedStore(place, window=20).add([("POST /s", 100 * 2**20, 2.0)])
+    report = learned(config, 64 * 2**20, group)
+    assert report["evidence"] is True
+    assert report["reserve_bytes"] == 100 * 2**20
+
+
+def test_a_reader_whose_group_is_gone_has_none(tmp_path: Path) -> None:
+    """A cgroup reader none of whose places exists names no group (and so no place)."""
+    assert shared_place.group_of(CgroupMemoryReader(tmp_path / "gone")) is None

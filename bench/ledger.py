@@ -101,7 +101,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
         root = Path(scratch)
         cgroup = write_v2_tree(root / "cgroup", used_mb=300, limit_mb=4096)
-        base = AdmissionConfig(cgroup_root=str(cgroup), reserve_bytes=0, max_sessions=10**9)
+        base = AdmissionConfig(
+            cgroup_root=str(cgroup), reserve_bytes=0, max_sessions=10**9, shared_dir="off"
+        )
         shared = AdmissionConfig(
             cgroup_root=str(cgroup),
             reserve_bytes=0,

@@ -1,7 +1,7 @@
 """Sessions whose memory arrives after their ``201``: a burst in a real memory group.
 
     sudo .venv/bin/python bench/ramp_burst.py [--sessions 40] [--hold-mb 92] [--ramp-s 2]
-        [--workers 1] [--plot docs/img/ramp_burst.png]
+        [--workers 1] [--default-sharing] [--plot docs/img/ramp_burst.png]
 
 Needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory.
 Serves the demo under uvicorn inside a fresh memory group (768 MiB, no swap) and
@@ -16,6 +16,10 @@ Modes:
 - ``learn``: reserve 12x too small, learning on (``raise``), after a few
   sequential warm-up sessions;
 - ``ticket``: learning off, the app holds each session's ticket until its child is up.
+
+With several workers they share a ledger in a temporary ``ADMISSION_SHARED_DIR``;
+``--default-sharing`` sets neither that nor ``ADMISSION_CGROUP_ROOT``, so the
+workers find their memory group and the place they share by themselves.
 
 For each it prints the true capacity (what fits under the high watermark above
 the baseline), how many were admitted, the kernel's OOM kills, whether the
@@ -45,6 +49,7 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
+import psutil
 
 from benchkit import (
     burst_outcome,
@@ -119,6 +124,8 @@ class RampResult:
     learned_within_15pct_s: float | None = None
     learned_footprint_mb: float | None = None
     trace: list[tuple[float, float]] = field(default_factory=list)
+    #: The shared ledger file each worker has open (none: it counts alone).
+    ledgers: dict[int, list[str]] = field(default_factory=dict)
 
     @property
     def admitted(self) -> int:
@@ -145,6 +152,7 @@ class RampResult:
             "readmitted_after_end": self.readmitted,
             "learned_footprint_mb": self.learned_footprint_mb,
             "learned_within_15pct_s": self.learned_within_15pct_s,
+            "ledgers": sorted({path for paths in self.ledgers.values() for path in paths}),
         }
 
 
@@ -245,8 +253,13 @@ def run_ramp_burst(
     workers: int = 1,
     footprint: int | None = None,
     shared_dir: str | None = None,
+    default_sharing: bool = False,
 ) -> RampResult:
-    """Serve the demo in a fresh memory group in ``mode``, fire the burst, report."""
+    """Serve the demo in a fresh memory group in ``mode``, fire the burst, report.
+
+    ``default_sharing`` leaves out every setting of where the workers share their
+    counts and of which cgroup to read: the guard finds both itself.
+    """
     footprint = footprint if footprint is not None else session_footprint(hold_mb)
     footprint_mb = footprint / MIB
     port = free_port()
@@ -269,7 +282,10 @@ def run_ramp_burst(
             "ADMISSION_SESSION_RESERVE_LEARNING": "raise" if mode == "learn" else "off",
             "ADMISSION_MAX_SESSIONS": "1000",
         }
-        if workers > 1 or shared_dir is not None:
+        if default_sharing:
+            for name in ("ADMISSION_SHARED_DIR", "ADMISSION_CGROUP_ROOT"):
+                env.pop(name, None)
+        elif workers > 1 or shared_dir is not None:
             env["ADMISSION_SHARED_DIR"] = shared_dir or os.path.join(tmp, "shared")
         proc = subprocess.Popen(
             _serve_argv(group, port, workers, mode != "bare"),
@@ -281,6 +297,7 @@ def run_ramp_burst(
         tracer = _Tracer(group)
         try:
             _wait_ready(base_url, proc, workers)
+            ledgers = _open_ledgers(proc)
             learned_at = learned = None
             if mode == "learn":
                 learned_at, learned = _warm_up(base_url, hold_mb, ramp_s, footprint_mb)
@@ -308,6 +325,7 @@ def run_ramp_burst(
                 retry_after_ok=retry_after_ok,
                 learned_within_15pct_s=learned_at,
                 learned_footprint_mb=learned,
+                ledgers=ledgers,
             )
             if mode != "bare" and alive:
                 result.readmitted = _end_all_and_reopen(base_url, responses, params, ramp_s)
@@ -318,6 +336,15 @@ def run_ramp_burst(
         finally:
             tracer.stop_event.set()
             stop_process_group(proc)
+
+
+def _open_ledgers(proc: subprocess.Popen[bytes]) -> dict[int, list[str]]:
+    """Each serving process's open shared ledger files (uvicorn's workers, or the one)."""
+    server = psutil.Process(proc.pid)
+    serving = [c for c in server.children() if "spawn_main" in " ".join(c.cmdline())] or [server]
+    return {
+        p.pid: sorted(f.path for f in p.open_files() if f.path.endswith(".ledger")) for p in serving
+    }
 
 
 def _warm_up(
@@ -398,6 +425,11 @@ def main() -> int:
     parser.add_argument("--ramp-s", type=float, default=2.0)
     parser.add_argument("--limit-mb", type=int, default=768)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--default-sharing",
+        action="store_true",
+        help="set neither ADMISSION_SHARED_DIR nor ADMISSION_CGROUP_ROOT",
+    )
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--plot", default=None, help="write a PNG of working set over time")
     args = parser.parse_args()
@@ -415,6 +447,7 @@ def main() -> int:
             limit_mb=args.limit_mb,
             workers=args.workers,
             footprint=footprint,
+            default_sharing=args.default_sharing,
         )
         results.append(result)
         print(json.dumps(result.summary()), flush=True)

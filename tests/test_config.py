@@ -31,7 +31,7 @@ def test_defaults_match_the_spec() -> None:
         cgroup_root=None,
         memory_source="cgroup",
         reclaimable="file",
-        shared_dir=None,
+        shared_dir="auto",
         reserve_learning="raise",
         reserve_min_bytes=16 * MIB,
         pending_timeout_s=120.0,
@@ -291,3 +291,14 @@ def test_bad_reservation_settings_fall_back_with_one_warning(
     assert getattr(config, field) == default
     assert len(caplog.records) == 1
     assert name in caplog.records[0].getMessage()
+
+
+def test_shared_dir_is_auto_off_or_a_directory() -> None:
+    """ADMISSION_SHARED_DIR unset or blank is "auto", "off"/"auto" in any case are the
+    words, anything else a directory; in code None (the old "alone") is refused with a
+    message naming both choices."""
+    assert AdmissionConfig().shared_dir == "auto"
+    for raw, expected in [(" ", "auto"), ("Auto", "auto"), ("OFF", "off"), ("./off", "./off")]:
+        assert AdmissionConfig.from_env({"ADMISSION_SHARED_DIR": raw}).shared_dir == expected
+    with pytest.raises(ValueError, match=r"'auto'.*'off'.*got None"):
+        AdmissionConfig(shared_dir=None)  # type: ignore[arg-type]

@@ -489,7 +489,9 @@ def test_what_the_service_learned_is_shown_from_the_shared_dir(
     env = {"ADMISSION_SHARED_DIR": str(shared), "ADMISSION_SESSION_RESERVE_MB": "64"}
     _, report = probe_json("--root", tree)
     assert report["learned"]["evidence"] is False
-    assert "ADMISSION_SHARED_DIR is unset" in report["learned"]["note"]
+    assert "no directory shared by the service's workers was found" in report["learned"]["note"]
+    _, report = probe_json("--root", tree, env={"ADMISSION_SHARED_DIR": "off"})
+    assert "ADMISSION_SHARED_DIR=off" in report["learned"]["note"]
     shared.mkdir(mode=0o700)
     _, report = probe_json("--root", tree, env=env)
     assert report["learned"]["evidence"] is False

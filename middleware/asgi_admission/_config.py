@@ -31,6 +31,10 @@ DEFAULT_RESERVE_MIN_MB: Final = 16
 DEFAULT_PENDING_TIMEOUT_S: Final = 120.0
 DEFAULT_BODY_TIMEOUT_S: Final = 10.0
 DEFAULT_BODY_BUFFER_KB: Final = 64
+#: ``shared_dir`` values that name no directory: a private place of this user and
+#: memory group, found by the guard (the default), or none (each process counts alone).
+SHARED_DIR_AUTO: Final = "auto"
+SHARED_DIR_OFF: Final = "off"
 
 # (current name, legacy name from the deployment this guard replaced, or None)
 ENV_HIGH: Final = ("ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT", "CODA_MEMORY_HIGH_WATERMARK_PERCENT")
@@ -116,8 +120,10 @@ class AdmissionConfig:
     #: ``"file"`` subtracts both file LRUs from usage; ``"inactive"`` only
     #: ``inactive_file``, which gives the kubelet's (``kubectl top``) working set.
     reclaimable: Reclaimable = "file"
-    #: A directory shared by the workers of one container for the session ledger.
-    shared_dir: str | None = None
+    #: Where the workers of one container share the session ledger: ``"auto"`` a
+    #: private place of this user and memory group the guard finds, ``"off"`` none
+    #: (each process counts alone), anything else the directory to use.
+    shared_dir: str = SHARED_DIR_AUTO
     #: What the guard learns of a session's footprint does to the reserve:
     #: ``"raise"`` it (never below the configured one), ``"adapt"`` (replace it,
     #: never below ``reserve_min_bytes``), or nothing (``"off"``).
@@ -179,6 +185,12 @@ class AdmissionConfig:
                 "body_buffer_bytes (ADMISSION_BODY_BUFFER_KB) must be 0 or more; "
                 f"got {self.body_buffer_bytes!r}."
             )
+        if not isinstance(self.shared_dir, str) or not self.shared_dir.strip():
+            raise ValueError(
+                "shared_dir (ADMISSION_SHARED_DIR) must be 'auto' (a private place the "
+                "workers of this memory group find by themselves, the default), 'off' (each "
+                f"process counts its sessions alone) or a directory; got {self.shared_dir!r}."
+            )
         if self.reclaimable not in get_args(Reclaimable):
             raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}.")
         if self.websocket_refusal not in get_args(WebSocketRefusal):
@@ -235,7 +247,7 @@ class AdmissionConfig:
             cgroup_root=_env.text(env, ENV_CGROUP_ROOT),
             memory_source=_env.choice(env, ENV_MEMORY_SOURCE, get_args(MemorySource), "cgroup"),
             reclaimable=_env.choice(env, ENV_RECLAIMABLE, get_args(Reclaimable), "file"),
-            shared_dir=_env.text(env, ENV_SHARED_DIR),
+            shared_dir=_shared_dir(env),
             websocket_refusal=_env.choice(
                 env, ENV_WEBSOCKET_REFUSAL, get_args(WebSocketRefusal), "auto"
             ),
@@ -279,6 +291,16 @@ def _max_sessions(env: Mapping[str, str]) -> int | None:
             BLIND_MAX_SESSIONS,
         )
         return None
+    return value
+
+
+def _shared_dir(env: Mapping[str, str]) -> str:
+    """``ADMISSION_SHARED_DIR``: unset or blank is ``auto``; ``auto`` and ``off`` in any case."""
+    value = _env.text(env, ENV_SHARED_DIR)
+    if value is None:
+        return SHARED_DIR_AUTO
+    if value.lower() in (SHARED_DIR_AUTO, SHARED_DIR_OFF):
+        return value.lower()
     return value
 
 

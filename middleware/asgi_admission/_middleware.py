@@ -48,7 +48,7 @@ from asgi_admission._admission.tickets import SCOPE_KEY, AdmissionTicket
 from asgi_admission._body import Arrival, BodyReader
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
-from asgi_admission._factory import build_controller, build_ledger
+from asgi_admission._factory import build_controller, build_sharing
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
 from asgi_admission._metrics.collector import instrument
 from asgi_admission._responses import (
@@ -180,7 +180,12 @@ class AdmissionMiddleware:
             reserve_for=self._controller.reserve_for,
             session_limit=limit,
         )
-        self._ledger: SessionLedger = build_ledger(self._config)
+        sharing = build_sharing(self._config, self._controller.memory_reader)
+        self._ledger: SessionLedger = sharing.ledger
+        #: Where this guard shares its counts (``None``: alone), and the look for other
+        #: workers where it counts alone by default (started with the lifespan).
+        self.shared_dir = sharing.directory
+        self._alone = sharing.alone
         self._bodies = BodyReader(
             timeout_s=self._config.body_timeout_s, buffer_bytes=self._config.body_buffer_bytes
         )
@@ -212,11 +217,11 @@ class AdmissionMiddleware:
             # A body larger than the buffer may take the body timeout to arrive, and
             # keeps its reservation for that long if it does.
             request_timeout_s=max(config.pending_timeout_s, config.body_timeout_s),
-            shared_dir=config.shared_dir,
+            shared_dir=sharing.directory,
             ledger_is_current=getattr(self._ledger, "is_current", None),
             on_reserve=self._on_reserve,
         )
-        self._refusal.learned = self._learned_details
+        self._refusal.learned = self._keeper.learned_details
         if watchdog is not None:
             # Sessions registered with the ticket's route teach the guard their peaks.
             watchdog.on_peak = self._keeper.observe_peak
@@ -238,17 +243,6 @@ class AdmissionMiddleware:
             if configured_bytes is None
             else f"configured {configured_bytes / _MIB:.1f} MiB",
         )
-
-    def _learned_details(self) -> list[dict[str, object]]:
-        return [
-            {
-                "route": estimate.route,
-                "footprint_bytes": estimate.footprint_bytes,
-                "ramp_s": round(estimate.ramp_s, 2),
-                "observations": estimate.observations,
-            }
-            for estimate in self._keeper.estimates()
-        ]
 
     # -- AdmissionView ------------------------------------------------------------
 
@@ -372,6 +366,8 @@ class AdmissionMiddleware:
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The one place startup/shutdown hooks go: the reservation sample and the
         # session watchdog run with the app.
+        if self._alone is not None:
+            self._alone.start()
         await serve_with_keeper(self._keeper, self._lifespan_app, scope, receive, send)
 
     async def _lifespan_app(self, scope: Scope, receive: Receive, send: Send) -> None:

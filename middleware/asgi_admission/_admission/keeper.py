@@ -16,8 +16,11 @@ Notes:
 - The critical section is only ever tried (``attempt``): where another worker
   holds the shared ledger, a session's event (its response, its end, a ticket)
   is kept, in order, for the next sample, so neither the event loop nor a
-  response waits for another process and nothing is lost (docs/trust.md). The
-  app's own count is asked before the critical section, never inside it.
+  response waits for another process and nothing is lost (docs/trust.md). A
+  release (a ticket's, a WebSocket's end) still gives its reservation back at
+  once; the sample catches up in a critical section of its own, so what the kept
+  events decided is done even if the sample's look then fails. The app's own
+  count is asked before the critical section, never inside it.
 - The periodic sample reads memory only while something is unsettled or
   being learned, and the active count (for the rate of session ends) every
   time: a few microseconds, four times a second, on the event loop like any
@@ -213,6 +216,18 @@ class ReservationKeeper:
         """What was learned, per route (empty with learning off)."""
         return list(self._learned().values())
 
+    def learned_details(self) -> list[dict[str, object]]:
+        """What was learned, as a refusal's detailed body shows it."""
+        return [
+            {
+                "route": estimate.route,
+                "footprint_bytes": estimate.footprint_bytes,
+                "ramp_s": round(estimate.ramp_s, 2),
+                "observations": estimate.observations,
+            }
+            for estimate in self.estimates()
+        ]
+
     def route(self, scope: Scope | None) -> str:
         """The session pattern ``scope`` came by (``"predicate"`` when none matched),
         cached by the route the app routes (the path less its ``root_path``)."""
@@ -313,7 +328,7 @@ class ReservationKeeper:
             self.learner.on_failed(entry.admitted_at)
             return self.settler.release(entry)
 
-        self._now_or_later(step)
+        self._now_or_later(step, releases=entry.reservation)
 
     def count_failure(self, kind: Kind, cause: FailureCause) -> None:
         """One more session request of ``kind`` that opened nothing, for the metrics."""
@@ -321,7 +336,10 @@ class ReservationKeeper:
 
     def abandon(self, entry: Settlement, *, session_over: bool = False) -> None:
         """The request failed before its response, or the session ended."""
-        self._now_or_later(lambda: self.settler.abandon(entry, session_over=session_over))
+        self._now_or_later(
+            lambda: self.settler.abandon(entry, session_over=session_over),
+            releases=entry.reservation if session_over else None,
+        )
 
     def ticket(self, operation: str, entry: Settlement) -> bool:
         """``hold``, ``started`` or ``release`` for a ticket; whether hold took effect
@@ -338,7 +356,7 @@ class ReservationKeeper:
         if operation == "started":
             self._now_or_later(lambda: self.settler.started(entry))
         else:
-            self._now_or_later(lambda: self.settler.release(entry))
+            self._now_or_later(lambda: self.settler.release(entry), releases=entry.reservation)
         return True
 
     def observe_peak(self, route: str, peak_bytes: int) -> None:
@@ -353,9 +371,17 @@ class ReservationKeeper:
 
         self._now_or_later(step)
 
-    def _now_or_later(self, step: Callable[[], Sequence[Action]]) -> None:
+    def _now_or_later(
+        self, step: Callable[[], Sequence[Action]], *, releases: Reservation | None = None
+    ) -> None:
         """``step`` in the critical section, then what it decided; while another worker
-        holds the shared ledger (or earlier events wait), kept for the next sample."""
+        holds the shared ledger (or earlier events wait), kept for the next sample.
+
+        A step that ends its session (``releases``: a ticket's release, a WebSocket's
+        end) gives the reservation back at once even then: the ledger's release never
+        waits and never raises, and nothing that comes later may count that session
+        again (an activation after it is a no-op). Only the settler's bookkeeping waits.
+        """
         if not self._deferred:
             try:
                 with self._locked:
@@ -366,6 +392,8 @@ class ReservationKeeper:
                 apply(actions)
                 return
         self._deferred.append(step)
+        if releases is not None:
+            releases.release()
 
     @property
     def deferred(self) -> int:
@@ -389,6 +417,12 @@ class ReservationKeeper:
         now = self._clock()
         own = self._own_count()
         try:
+            if self._deferred:
+                # A critical section of their own: what they decided is done even if
+                # the sample's own look then fails (the file found replaced, say).
+                with self._locked:
+                    caught_up = self.catch_up()
+                apply(caught_up)
             with self._locked:
                 actions = self._sample_locked(own, now)
         except LedgerBusy:
@@ -396,7 +430,7 @@ class ReservationKeeper:
         apply(actions)
 
     def _sample_locked(self, own: int | None, now: float) -> list[Action]:
-        actions = self.catch_up()
+        actions: list[Action] = []
         if self.ends.on_active(self._active_count(own), now):
             self.learner.on_session_end()
         if self.settler.unsettled or self.learner.observing or self._queue_busy():

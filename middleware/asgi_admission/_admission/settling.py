@@ -40,6 +40,7 @@ import bisect
 import itertools
 import logging
 import os
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
@@ -59,6 +60,12 @@ DEFAULT_PENDING_TIMEOUT_S: Final = 120.0
 GROWING_BYTES_PER_S: Final = 16 * 1024 * 1024
 GROWTH_WINDOW_S: Final = 0.25
 GROWTH_QUIET_S: Final = 1.0
+
+#: Every settlement's number, for the whole process: two guards of one process that
+#: share a settling queue (the default place is per memory group, not per guard) key
+#: their rows by (pid, number) and must never take each other's. It starts at random so
+#: that a worker reusing a dead worker's pid never takes the rows that one left behind.
+_NUMBERS: Final = itertools.count(secrets.randbits(40) + 1)
 
 Kind = Literal["http", "websocket"]
 Phase = Literal["request", "waiting", "held", "started", "done"]
@@ -194,7 +201,6 @@ class Settler:
         "_pid",
         "_queue",
         "_ramp_s",
-        "_seq",
         "_shortest_ramp_s",
         "past_response",
         "request_timeout_s",
@@ -226,7 +232,6 @@ class Settler:
         self._footprint_bytes = footprint_bytes
         self._on_expired = on_expired
         self._entries: dict[int, Settlement] = {}
-        self._seq = itertools.count(1)
         self._pid = os.getpid()
         self._last_used: int | None = None
         self._growth_ref: tuple[int, float] | None = None
@@ -262,7 +267,7 @@ class Settler:
     ) -> Settlement:
         """Queue a session just admitted, with the working set it was admitted at and
         what it is expected to add (its reserve, 0 or more)."""
-        seq = next(self._seq)
+        seq = next(_NUMBERS)
         entry = Settlement(seq, reservation, kind, route, now)
         self._entries[seq] = entry
         expected = expected_bytes

@@ -26,7 +26,7 @@ Notes:
   by ``MultiProcessCollector``. The memory gauges describe the container, which
   every worker shares, so they come from one fresh reading in the scraping worker
   (see ``_metrics_app``), not from a sum. Session counts are per worker unless
-  the ledger is shared (``AdmissionConfig.shared_dir``), so without a shared
+  the ledger is shared (``AdmissionConfig.shared_dir``, on by default), so without a shared
   ledger they are exported by a ``livesum`` gauge that each worker refreshes
   whenever its counts change (:meth:`DecisionMetrics.on_sessions`); a worker that
   dies drops out of the sum once ``mark_process_dead`` runs (or its file is
@@ -56,6 +56,7 @@ from asgi_admission._admission.latch import (
 )
 from asgi_admission._admission.ledger import SessionLedger
 from asgi_admission._admission.observer import AdmissionView, DecisionObserver, Kind
+from asgi_admission._admission.shared_ledger import SharedLedger
 from asgi_admission._memory.reading import MemoryReading
 
 logger = logging.getLogger("asgi_admission")
@@ -476,7 +477,7 @@ _bindings_lock = threading.Lock()
 
 
 def admission_metrics(
-    view: AdmissionView, *, registry: CollectorRegistry | None = REGISTRY
+    view: AdmissionView, *, registry: CollectorRegistry | None = REGISTRY, shared: bool = False
 ) -> DecisionMetrics | None:
     """Export ``view``'s state on ``registry`` and return the observer for its decisions.
 
@@ -484,8 +485,9 @@ def admission_metrics(
     decision counters there; later calls rebind the collector to the new
     ``view`` and return the same counters, so building a guard twice never
     raises "Duplicated timeseries". ``registry=None`` exports nothing and
-    returns ``None``. In multiprocess mode session counts are
-    per worker, so they go to a ``livesum`` gauge (see :meth:`DecisionMetrics.on_sessions`).
+    returns ``None``. In multiprocess mode session counts are per worker unless the
+    ledger is ``shared``, so they go to a ``livesum`` gauge (see
+    :meth:`DecisionMetrics.on_sessions`).
     """
     if registry is None:
         return None
@@ -503,7 +505,7 @@ def admission_metrics(
             )
         # A shared ledger's counts are container-wide already: the scraping worker's
         # collector exports them once, where a livesum would add them once per worker.
-        live_sessions = multiprocess and view.config.shared_dir is None
+        live_sessions = multiprocess and not shared
         metrics = DecisionMetrics(registry=registry, live_sessions=live_sessions)
         collector = AdmissionCollector(include_sessions=not live_sessions)
         collector.add(view)
@@ -580,7 +582,7 @@ def instrument(
     ledger's ``on_change`` republishes the ``livesum`` session gauge after every
     activation and release.
     """
-    metrics = admission_metrics(view, registry=registry)
+    metrics = admission_metrics(view, registry=registry, shared=isinstance(ledger, SharedLedger))
     chosen: DecisionObserver | None = metrics
     if metrics is not None and metrics.live_sessions:
         live = _LiveSessions(metrics, view)

@@ -85,6 +85,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from asgi_admission._admission import shared_place
 from asgi_admission._admission.latch import (
     AdmissionController,
     CapacityDecision,
@@ -95,7 +96,7 @@ from asgi_admission._admission.latch import (
 from asgi_admission._admission.learning import WINDOW, SessionLearner, effective_reserve
 from asgi_admission._admission.reserve import never_admits
 from asgi_admission._admission.shared_files import read_learned
-from asgi_admission._config import AdmissionConfig
+from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionConfig
 from asgi_admission._factory import build_reader
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.reading import MemoryReading
@@ -176,9 +177,12 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
             "warnings": list(reader.location.warnings),
             "files": reader.files(),
         }
+        group = shared_place.group_of(reader)
         reader.close()
     else:
-        reading = build_reader(config).read(pressure=True)
+        host = build_reader(config)
+        reading = host.read(pressure=True)
+        group = shared_place.group_of(host)
     controller = AdmissionController(
         high_watermark_percent=config.high_watermark_percent,
         resume_threshold_percent=config.resume_threshold_percent,
@@ -237,7 +241,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
             "state": decision.state,
             "reason": decision.reason,
         },
-        "learned": learned(config, reserve),
+        "learned": learned(config, reserve, group),
     }
 
 
@@ -281,10 +285,14 @@ def _binding(limits: dict[str, Any]) -> str:
     return f"memory: {memory_room} more session(s) fit under the ceiling ({cap_text}{other})"
 
 
-def learned(config: AdmissionConfig, reserve_bytes: int) -> dict[str, Any]:
+def learned(
+    config: AdmissionConfig, reserve_bytes: int, group: shared_place.MemoryGroup | None = None
+) -> dict[str, Any]:
     """What the running service learned, where its shared directory makes it readable.
 
-    ``reserve_bytes`` is the reserve at the limit read (configured or derived).
+    ``reserve_bytes`` is the reserve at the limit read (configured or derived); with
+    ``ADMISSION_SHARED_DIR`` unset, the directory is the one the service's workers
+    made for ``group``, the memory group read, if there is one.
     """
     report: dict[str, Any] = {
         "learning": config.reserve_learning,
@@ -296,14 +304,22 @@ def learned(config: AdmissionConfig, reserve_bytes: int) -> dict[str, Any]:
     if config.reserve_learning == "off":
         report["note"] = "no evidence: ADMISSION_SESSION_RESERVE_LEARNING=off"
         return report
-    if config.shared_dir is None:
+    directory: str | None = config.shared_dir
+    if directory == SHARED_DIR_AUTO:
+        directory = None if group is None else shared_place.find_place(group)
+    if directory is None or directory == SHARED_DIR_OFF:
+        why = (
+            "ADMISSION_SHARED_DIR=off"
+            if directory == SHARED_DIR_OFF
+            else "no directory shared by the service's workers was found for this memory group"
+        )
         report["note"] = (
-            "no evidence: ADMISSION_SHARED_DIR is unset, so what the service learned stays "
-            "in its memory (see asgi_admission_session_footprint_bytes)"
+            f"no evidence: {why}, so what the service learned stays in its memory "
+            "(see asgi_admission_session_footprint_bytes)"
         )
         return report
     try:
-        observations = read_learned(config.shared_dir, window=WINDOW)
+        observations = read_learned(directory, window=WINDOW)
     except (OSError, ValueError) as exc:
         report["note"] = f"no evidence: {exc}"
         return report
@@ -311,10 +327,10 @@ def learned(config: AdmissionConfig, reserve_bytes: int) -> dict[str, Any]:
     learner.merge(observations or {})
     estimates = learner.estimates()
     if not estimates:
-        report["note"] = f"no evidence: no session observed yet in {config.shared_dir}"
+        report["note"] = f"no evidence: no session observed yet in {directory}"
         return report
     report["evidence"] = True
-    report["note"] = f"learned by the service's workers, from {config.shared_dir}"
+    report["note"] = f"learned by the service's workers, from {directory}"
     report["reserve_bytes"] = effective_reserve(
         reserve_bytes,
         estimates,

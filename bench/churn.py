@@ -87,7 +87,7 @@ Outcome = Literal["served", "refused", "lost", "failed"]
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
 BUILD_MB = 48
-RAMP_HOLD_MB = 92  # the child's interpreter brings it to about 96 MiB
+RAMP_HOLD_MB = 92  # with the child's interpreter, about 95 MiB in the group
 RAMP_S = 2.0
 LEARN_RESERVE_MB = 8  # the default reserve (an eighth of 768 MiB: 96) over 12
 SAMPLE_S = 0.05
@@ -132,6 +132,8 @@ class Attempt:
 
 @dataclass
 class Run:
+    """One mode's replay of the trace: every arrival's fate and the group's working set."""
+
     mode: Mode
     baseline_bytes: int
     attempts: list[Attempt]
@@ -160,6 +162,8 @@ class Sizes:
 
 
 class _Sampler(threading.Thread):
+    """The group's working set every SAMPLE_S, from a thread, from the moment it starts."""
+
     def __init__(self, group: Path) -> None:
         super().__init__(daemon=True)
         self.group = group
@@ -182,7 +186,7 @@ def _env(mode: Mode, group: Path, fixture: Path, cap: int | None) -> dict[str, s
     env["ADMISSION_CGROUP_ROOT"] = str(group)
     if mode == "cap":
         if cap is None:
-            raise ValueError("The cap mode needs a cap: run it from run_churn.")
+            raise ValueError("The cap mode needs its count cap: pass run_mode a cap.")
         env["ADMISSION_CGROUP_ROOT"] = str(fixture)
         env["ADMISSION_MAX_SESSIONS"] = str(cap)
         env["ADMISSION_SESSION_RESERVE_MB"] = "0"
@@ -496,7 +500,13 @@ def plot(churn: Churn, path: Path) -> None:
             label=label,
         )
         times = sorted(a.admitted_at for a in run.attempts if a.admitted_at is not None)
-        admitted.step([0.0, *times], range(len(times) + 1), where="post", color=colours[run.mode])
+        admitted.step(
+            [0.0, *times],
+            range(len(times) + 1),
+            where="post",
+            color=colours[run.mode],
+            label=f"{row['mode']}: {len(times)} admitted",
+        )
     oracle_times = [churn.trace.arrivals[i].t for i in churn.oracle.admitted]
     admitted.step(
         [0.0, *oracle_times],
@@ -504,7 +514,7 @@ def plot(churn: Churn, path: Path) -> None:
         where="post",
         color="grey",
         linestyle=":",
-        label=f"oracle: {churn.oracle.served}",
+        label=f"oracle: {churn.oracle.served} admitted (on paper)",
     )
     limit_mb = churn.limit_mb
     memory.axhline(limit_mb, color="black", linewidth=1, label=f"limit ({limit_mb} MiB)")

@@ -501,16 +501,16 @@ def plot(churn: Churn, path: Path) -> None:
         )
         times = sorted(a.admitted_at for a in run.attempts if a.admitted_at is not None)
         admitted.step(
-            [0.0, *times],
-            range(len(times) + 1),
+            [0.0, *times, run.window_s],
+            [*range(len(times) + 1), len(times)],
             where="post",
             color=colours[run.mode],
             label=f"{row['mode']}: {len(times)} admitted",
         )
     oracle_times = [churn.trace.arrivals[i].t for i in churn.oracle.admitted]
     admitted.step(
-        [0.0, *oracle_times],
-        range(len(oracle_times) + 1),
+        [0.0, *oracle_times, churn.trace.window_s],
+        [*range(len(oracle_times) + 1), len(oracle_times)],
         where="post",
         color="grey",
         linestyle=":",

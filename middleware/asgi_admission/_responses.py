@@ -42,6 +42,7 @@ _TITLES: Final[dict[str, str]] = {
     "telemetry_unavailable": "Session limit reached",
     "no_memory_limit": "Session limit reached",
     "ledger_busy": "Session count unavailable",
+    "probing": "Measuring what a new session costs",
 }
 _DETAILS: Final[dict[str, str]] = {
     "memory_pressure": (
@@ -59,6 +60,10 @@ _DETAILS: Final[dict[str, str]] = {
     "ledger_busy": (
         "The count of sessions shared by the service's workers could not be read in time, "
         "so no new session is started."
+    ),
+    "probing": (
+        "The service is still measuring the memory of its first sessions of this kind, "
+        "and this request's wait for that measurement ran out."
     ),
 }
 _STATIC_HEADERS: Final = (
@@ -183,6 +188,7 @@ class Refusal:
         "expose_details",
         "high",
         "learned",
+        "probing",
         "reserve_for",
         "resume",
         "session_limit",
@@ -207,6 +213,8 @@ class Refusal:
         self.session_limit = session_limit
         #: What the guard learned of its sessions, for the detailed body.
         self.learned = learned
+        #: The routes being probed now, for the detailed body.
+        self.probing: Callable[[], list[dict[str, object]]] | None = None
         self._bodies: dict[tuple[str, int], bytes] = {}
 
     def body(
@@ -249,6 +257,8 @@ class Refusal:
         }
         if self.learned is not None:
             details["learned"] = self.learned()
+        if self.probing is not None:
+            details["probing"] = self.probing()
         return self._encode(reason, retry_after_s, details)
 
     @staticmethod

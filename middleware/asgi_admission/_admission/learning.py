@@ -156,8 +156,13 @@ class SessionLearner:
         if self._episode is not None:
             self._episode.mixed = True
 
-    def on_reading(self, used_bytes: int, now: float) -> None:
-        """An exact working set; may close the episode and record an observation."""
+    def on_reading(self, used_bytes: int, now: float, *, held: bool = False) -> None:
+        """An exact working set; may close the episode and record an observation.
+
+        ``held``: a probe's window is open (``probing.py``), and it closes the episode
+        once the probe's memory has stopped growing (:meth:`close_episode`); only the
+        timeout closes it meanwhile.
+        """
         episode = self._episode
         if episode is None:
             return
@@ -174,14 +179,26 @@ class SessionLearner:
             episode.peak = used_bytes
         quiet = max(QUIET_S, 0.5 * (episode.last_peak_at - episode.start))
         since_peak = now - episode.last_peak_at
-        if (
-            (since_peak >= quiet and now - episode.last_admit >= quiet)
-            or since_peak >= BUSY_QUIET_SPELLS * quiet
-            or now - episode.start >= self.timeout_s
+        if now - episode.start >= self.timeout_s or (
+            not held
+            and (
+                (since_peak >= quiet and now - episode.last_admit >= quiet)
+                or since_peak >= BUSY_QUIET_SPELLS * quiet
+            )
         ):
             self._episode = None
             if not episode.mixed:
                 self._close(episode)
+
+    def close_episode(self, route: str) -> bool:
+        """A probe of ``route`` found its memory has stopped growing: the open episode
+        closes now with its observation if it is that route's alone; whether it was."""
+        episode = self._episode
+        if episode is None or episode.route != route or episode.mixed:
+            return False
+        self._episode = None
+        self._close(episode)
+        return True
 
     def _close(self, episode: _Episode) -> None:
         growth = max(0, episode.peak - episode.base)
@@ -228,6 +245,10 @@ class SessionLearner:
             ramp_s=float(percentile(ramps)) if ramps else 0.0,
             observations=len(footprints),
         )
+
+    def routes(self) -> set[str]:
+        """The routes with at least one observation."""
+        return {route for route, footprints in self._footprints.items() if footprints}
 
     def estimates(self) -> list[RouteEstimate]:
         found = (self.estimate(route) for route in sorted(self._footprints))

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import httpx
-import ramp_burst
 
+import ramp_burst
 from benchkit import (
     burst_outcome,
     free_port,

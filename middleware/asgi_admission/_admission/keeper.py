@@ -367,7 +367,7 @@ class ReservationKeeper:
     def _responded(self, entry: Settlement) -> Sequence[Action]:
         now = self._clock()
         actions = self.settler.respond(entry, now)
-        probe = self.probing and self.board.mine(entry.seq)
+        probe = entry.seq in self.board.own
         if (entry.phase == "waiting" and entry.queued) or probe:
             # Work done inside the request is in the working set by now: a fresh
             # reading lets such a session settle at once (and a probe show it).
@@ -379,8 +379,9 @@ class ReservationKeeper:
                 actions += self._take(used, now)
         return actions
 
-    def _probe_left(self, entry: Settlement, *, opened: bool) -> None:
-        if self.probing and self.board.mine(entry.seq):
+    def _probe_left(self, entry: Settlement, opened: bool) -> None:
+        # Asked of every session's end: most are no probe, and this process has none.
+        if entry.seq in self.board.own:
             self.board.left(entry.seq, opened=opened, now=self._clock())
 
     def fail(self, entry: Settlement, cause: FailureCause) -> None:
@@ -390,7 +391,7 @@ class ReservationKeeper:
 
         def step() -> Sequence[Action]:
             self.learner.on_failed(entry.admitted_at)
-            self._probe_left(entry, opened=False)
+            self._probe_left(entry, False)
             return self.settler.release(entry)
 
         self._now_or_later(step)
@@ -403,7 +404,7 @@ class ReservationKeeper:
         """The request failed before its response, or the session ended."""
 
         def step() -> Sequence[Action]:
-            self._probe_left(entry, opened=entry.phase != "request")
+            self._probe_left(entry, entry.phase != "request")
             return self.settler.abandon(entry, session_over=session_over)
 
         self._now_or_later(step)
@@ -425,7 +426,7 @@ class ReservationKeeper:
         else:
 
             def release() -> Sequence[Action]:
-                self._probe_left(entry, opened=entry.phase != "request")
+                self._probe_left(entry, entry.phase != "request")
                 return self.settler.release(entry)
 
             self._now_or_later(release)

@@ -100,7 +100,7 @@ class SessionLearner:
     ``timeout_s`` ends an episode that never goes quiet.
     """
 
-    __slots__ = ("_episode", "_footprints", "_new", "_ramps", "_version", "timeout_s")
+    __slots__ = ("_episode", "_footprints", "_new", "_ramps", "timeout_s", "version")
 
     def __init__(self, *, timeout_s: float = 120.0) -> None:
         self.timeout_s = timeout_s
@@ -109,12 +109,9 @@ class SessionLearner:
         self._episode: _Episode | None = None
         #: Observations made here and not yet handed to the shared file.
         self._new: list[tuple[str, int, float | None]] = []
-        #: Bumped by every new observation, so callers can tell when estimates changed.
-        self._version = 0
-
-    @property
-    def version(self) -> int:
-        return self._version
+        #: Bumped by every new observation, so callers can tell when estimates changed
+        #: (a plain attribute: the decision path compares it).
+        self.version = 0
 
     @property
     def observing(self) -> bool:
@@ -226,7 +223,7 @@ class SessionLearner:
         if ramp is not None:
             self._ramps[route].append(ramp)
         self._new.append((route, footprint, ramp))
-        self._version += 1
+        self.version += 1
 
     def take_new(self) -> list[tuple[str, int, float | None]]:
         """The observations made since the last call: ``(route, footprint, ramp)``."""
@@ -280,7 +277,7 @@ class SessionLearner:
             ramps[route] = deque((float(v) for v in values.get("ramps", [])), maxlen=WINDOW)
         if footprints != self._footprints or ramps != self._ramps:
             self._footprints, self._ramps = footprints, ramps
-            self._version += 1
+            self.version += 1
 
 
 def effective_reserve(

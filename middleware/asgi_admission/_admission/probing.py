@@ -192,13 +192,13 @@ class ProbeBoard:
 
     __slots__ = (
         "_concluded",
-        "_mine",
         "_on_wake",
         "_pid",
         "_raised",
         "_store",
         "_waiting",
         "_windows",
+        "own",
         "probe_sessions",
         "timeout_s",
         "version",
@@ -220,7 +220,7 @@ class ProbeBoard:
         self._waiting = waiting
         self._windows: dict[str, ProbeWindow] = self._store.load() or {}
         #: This process's probes in open windows: their sequence number and route.
-        self._mine: dict[int, str] = {}
+        self.own: dict[int, str] = {}
         #: Concluded windows' provisional footprints, until the learner has one (``None``:
         #: nothing beyond the guess was seen, and the route is decided on its reserve).
         self._concluded: dict[str, RouteEstimate | None] = {}
@@ -236,11 +236,10 @@ class ProbeBoard:
     @property
     def busy(self) -> bool:
         """Whether readings matter here: this process has probes, or saw a window open."""
-        return bool(self._mine) or any(w.open for w in self._windows.values())
-
-    def mine(self, seq: int) -> bool:
-        """Whether this process's session ``seq`` is a probe still being watched."""
-        return seq in self._mine
+        if self.own:
+            return True
+        # Asked on every admission: most often there is no window at all.
+        return bool(self._windows) and any(w.open for w in self._windows.values())
 
     # -- the decision ----------------------------------------------------------------
 
@@ -279,7 +278,7 @@ class ProbeBoard:
             window.last_event_at = now
         window.probes.append(Probe(self._pid, seq))
         window.admitted += 1
-        self._mine[seq] = route
+        self.own[seq] = route
         self._save()
 
     def other_admitted(self, now: float) -> None:
@@ -322,7 +321,7 @@ class ProbeBoard:
         """Probe ``seq`` is over: it opened nothing (an error answer, a failure before
         its response), or (``opened``) its session ended."""
         window, probe = self._find(seq, now)
-        self._mine.pop(seq, None)
+        self.own.pop(seq, None)
         if window is None or probe is None:
             return
         window.probes.remove(probe)
@@ -330,15 +329,15 @@ class ProbeBoard:
             window.ended = True
         else:
             window.admitted -= 1
-        if not window.probes:
-            if window.admitted <= 0:
+        if window.probes or window.admitted <= 0:
+            if not window.probes:
                 # Nothing to learn from: the next waiter becomes a probe.
                 del self._windows[window.route]
                 self._drop_raised(window.route)
-            else:
-                self._conclude(window, now)
+            self._on_wake(window.route)  # a probe's slot is free
+        else:
+            self._conclude(window, now)  # wakes the waiters too
         self._save()
-        self._on_wake(window.route)
 
     # -- readings and what was learned ---------------------------------------------------
 
@@ -431,7 +430,7 @@ class ProbeBoard:
 
     def after_fork(self) -> None:
         """A forked worker starts with none of its parent's probes."""
-        self._mine = {}
+        self.own = {}
         self._pid = os.getpid()
         if not self._store.shared:
             self._store = LocalProbeStore()
@@ -440,18 +439,18 @@ class ProbeBoard:
     # -- internals -----------------------------------------------------------------------
 
     def _find(self, seq: int, now: float) -> tuple[ProbeWindow | None, Probe | None]:
-        route = self._mine.get(seq)
+        route = self.own.get(seq)
         if route is None:
             return None, None
         self._load(now)
         window = self._windows.get(route)
         if window is None or not window.open:
-            self._mine.pop(seq, None)
+            self.own.pop(seq, None)
             return None, None
         for probe in window.probes:
             if probe.pid == self._pid and probe.seq == seq:
                 return window, probe
-        self._mine.pop(seq, None)
+        self.own.pop(seq, None)
         return None, None
 
     def _raise(self, window: ProbeWindow) -> None:
@@ -495,7 +494,7 @@ class ProbeBoard:
     def _finish(self, window: ProbeWindow) -> None:
         for probe in window.probes:
             if probe.pid == self._pid:
-                self._mine.pop(probe.seq, None)
+                self.own.pop(probe.seq, None)
         window.probes = []
         if not self._store.shared:
             # In one process the estimate lives on in _concluded (or the learner).
@@ -534,7 +533,7 @@ class ProbeBoard:
         watched = {
             p.seq for w in windows.values() if w.open for p in w.probes if p.pid == self._pid
         }
-        self._mine = {seq: route for seq, route in self._mine.items() if seq in watched}
+        self.own = {seq: route for seq, route in self.own.items() if seq in watched}
         if dead:
             self._save()
 

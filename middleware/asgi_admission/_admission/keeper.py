@@ -423,13 +423,15 @@ class ReservationKeeper:
             return held[0] if held else True
         if operation == "started":
             self._now_or_later(lambda: self.settler.started(entry))
-        else:
+        elif entry.seq in self.board.own:  # a probe: a seq never becomes one later
 
             def release() -> Sequence[Action]:
                 self._probe_left(entry, entry.phase != "request")
                 return self.settler.release(entry)
 
             self._now_or_later(release)
+        else:
+            self._now_or_later(lambda: self.settler.release(entry))
         return True
 
     def observe_peak(self, route: str, peak_bytes: int) -> None:

@@ -386,31 +386,10 @@ class ProbeBoard:
         """The routes this board has a window or a provisional footprint for."""
         return {*self._windows, *self._concluded, *self._raised}
 
-    def refresh(self, now: float) -> list[str]:
-        """Take in the other workers' windows (shared only): the routes whose waiters here
-        may go on now (their evidence is in, or a slot is free)."""
-        if not self._store.shared:
-            return []
-        self._load(now)
-        ready = []
-        for route, window in self._windows.items():
-            if not window.open:
-                if route not in self._concluded:
-                    self._take(window)
-                    ready.append(route)
-            elif len(window.probes) < self.probe_sessions:
-                ready.append(route)
-        return ready
-
     def ready(self, routes: Iterable[str], known: Container[str], now: float) -> list[str]:
         """Of ``routes`` with requests waiting here, those that may go on now: known, or
         (another worker's probe having concluded or left) with a probe's slot free."""
-        refreshed = set(self.refresh(now))
-        return [
-            route
-            for route in routes
-            if route in known or route in refreshed or self.gate(route, now) != "hold"
-        ]
+        return [route for route in routes if route in known or self.gate(route, now) != "hold"]
 
     def retry_after_s(self, route: str, now: float) -> float:
         """How long the probes of ``route`` have been ramping (for ``Retry-After``)."""

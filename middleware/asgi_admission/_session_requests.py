@@ -87,13 +87,13 @@ class SessionRequests:
         except LedgerBusy as exc:
             outcome = await self._decide_later("http", scope, exc, None, False)
         listening = None
-        if isinstance(outcome, Hold):
-            # The body is in: the client's next message can only be its disconnect.
-            listening = Listening(receive) if arrival == "complete" else None
-            outcome = await self._wait("http", scope, outcome, listening)
-            if listening is not None:
-                receive = listening.receive
         try:
+            if isinstance(outcome, Hold):
+                # The body is in: the client's next message can only be its disconnect.
+                listening = Listening(receive) if arrival == "complete" else None
+                outcome = await self._wait("http", scope, outcome, listening)
+                if listening is not None:
+                    receive = listening.receive
             if outcome is None:
                 return  # the client left while it waited: it holds nothing
             if isinstance(outcome, tuple):
@@ -127,17 +127,21 @@ class SessionRequests:
         except LedgerBusy as exc:
             outcome = await self._decide_later("websocket", scope, exc, None, False)
         listening = None
-        if isinstance(outcome, Hold):
-            # Before the accept: the server's connect is kept for the app, and the next
-            # message can only be the client's disconnect.
-            first = await receive()
-            if first["type"] != "websocket.connect":
-                self._keeper.holds.leave(outcome)
-                return
-            listening = Listening(receive, [first])
-            receive = listening.receive
-            outcome = await self._wait("websocket", scope, outcome, listening)
         try:
+            if isinstance(outcome, Hold):
+                # Before the accept: the server's connect is kept for the app, and the
+                # next message can only be the client's disconnect.
+                try:
+                    first = await receive()
+                except BaseException:
+                    self._keeper.holds.leave(outcome)
+                    raise
+                if first["type"] != "websocket.connect":
+                    self._keeper.holds.leave(outcome)
+                    return
+                listening = Listening(receive, [first])
+                receive = listening.receive
+                outcome = await self._wait("websocket", scope, outcome, listening)
             if outcome is None:
                 return  # the client left while it waited: it holds nothing
             if isinstance(outcome, tuple):

@@ -55,8 +55,10 @@ def tree(tmp_path: Path, name: str) -> Path:
 
 def guard(cgroup: Path, *, max_sessions: int = 10, **settings: Any) -> AdmissionMiddleware:
     """A guard of the memory group ``cgroup`` with nothing said about sharing."""
-    # The fixture's memory never moves: a timeout of ~0 settles each session at its response.
+    # The fixture's memory never moves: a timeout of ~0 settles each session at its response,
+    # and a probe would learn nothing from it (these tests are about where counts live).
     settings.setdefault("pending_timeout_s", 1e-9)
+    settings.setdefault("probe_sessions", 0)
     config = AdmissionConfig(cgroup_root=str(cgroup), max_sessions=max_sessions, **settings)
     return AdmissionMiddleware(ok_app, session_routes=["POST /s"], config=config, registry=None)
 

@@ -64,8 +64,9 @@ def guards_over(
     drive ``_admit`` directly).
     """
     cgroup = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=4096)
+    # No probing: the tests decide one session after another, synchronously.
     config = AdmissionConfig(
-        shared_dir=shared_dir, cgroup_root=str(cgroup), max_sessions=max_sessions
+        shared_dir=shared_dir, cgroup_root=str(cgroup), max_sessions=max_sessions, probe_sessions=0
     )
 
     async def app(scope: object, receive: object, send: object) -> None:

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from mwkit import SettableReader, controller, environment
+from mwkit import NOT_PROBING, SettableReader, controller, environment
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -36,6 +36,7 @@ def guarded(
         "ADMISSION_BODY_TIMEOUT_SECONDS": body_timeout,
         "ADMISSION_BODY_BUFFER_KB": buffer_kb,
         "ADMISSION_PENDING_TIMEOUT_SECONDS": pending,
+        **NOT_PROBING,
     }
     with environment(settings):
         return AdmissionMiddleware(

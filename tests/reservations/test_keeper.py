@@ -236,9 +236,12 @@ def test_what_was_learned_survives_the_shared_directory_being_deleted(
     assert "Traceback" not in caplog.text
 
 
-def test_a_decision_nets_out_the_apps_count_after_the_kept_events() -> None:
+def test_a_decision_nets_out_the_apps_count_after_the_kept_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A response kept while the ledger was held is applied before the app's count is
     netted out: the session is counted once (pending), so one more fits under a cap of two."""
+    monkeypatch.setenv("ADMISSION_PROBE_SESSIONS", "0")  # decided one after another
 
     async def app(scope: object, receive: object, send: object) -> None:
         raise AssertionError("not called")

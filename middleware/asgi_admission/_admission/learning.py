@@ -100,7 +100,7 @@ class SessionLearner:
     ``timeout_s`` ends an episode that never goes quiet.
     """
 
-    __slots__ = ("_episode", "_footprints", "_new", "_ramps", "_version", "timeout_s")
+    __slots__ = ("_episode", "_footprints", "_new", "_ramps", "timeout_s", "version")
 
     def __init__(self, *, timeout_s: float = 120.0) -> None:
         self.timeout_s = timeout_s
@@ -109,12 +109,9 @@ class SessionLearner:
         self._episode: _Episode | None = None
         #: Observations made here and not yet handed to the shared file.
         self._new: list[tuple[str, int, float | None]] = []
-        #: Bumped by every new observation, so callers can tell when estimates changed.
-        self._version = 0
-
-    @property
-    def version(self) -> int:
-        return self._version
+        #: Bumped by every new observation, so callers can tell when estimates changed
+        #: (a plain attribute: the decision path compares it).
+        self.version = 0
 
     @property
     def observing(self) -> bool:
@@ -156,8 +153,13 @@ class SessionLearner:
         if self._episode is not None:
             self._episode.mixed = True
 
-    def on_reading(self, used_bytes: int, now: float) -> None:
-        """An exact working set; may close the episode and record an observation."""
+    def on_reading(self, used_bytes: int, now: float, *, held: bool = False) -> None:
+        """An exact working set; may close the episode and record an observation.
+
+        ``held``: a probe's window is open (``probing.py``), and it closes the episode
+        once the probe's memory has stopped growing (:meth:`close_episode`); only the
+        timeout closes it meanwhile.
+        """
         episode = self._episode
         if episode is None:
             return
@@ -174,14 +176,26 @@ class SessionLearner:
             episode.peak = used_bytes
         quiet = max(QUIET_S, 0.5 * (episode.last_peak_at - episode.start))
         since_peak = now - episode.last_peak_at
-        if (
-            (since_peak >= quiet and now - episode.last_admit >= quiet)
-            or since_peak >= BUSY_QUIET_SPELLS * quiet
-            or now - episode.start >= self.timeout_s
+        if now - episode.start >= self.timeout_s or (
+            not held
+            and (
+                (since_peak >= quiet and now - episode.last_admit >= quiet)
+                or since_peak >= BUSY_QUIET_SPELLS * quiet
+            )
         ):
             self._episode = None
             if not episode.mixed:
                 self._close(episode)
+
+    def close_episode(self, route: str) -> bool:
+        """A probe of ``route`` found its memory has stopped growing: the open episode
+        closes now with its observation if it is that route's alone; whether it was."""
+        episode = self._episode
+        if episode is None or episode.route != route or episode.mixed:
+            return False
+        self._episode = None
+        self._close(episode)
+        return True
 
     def _close(self, episode: _Episode) -> None:
         growth = max(0, episode.peak - episode.base)
@@ -209,7 +223,7 @@ class SessionLearner:
         if ramp is not None:
             self._ramps[route].append(ramp)
         self._new.append((route, footprint, ramp))
-        self._version += 1
+        self.version += 1
 
     def take_new(self) -> list[tuple[str, int, float | None]]:
         """The observations made since the last call: ``(route, footprint, ramp)``."""
@@ -228,6 +242,10 @@ class SessionLearner:
             ramp_s=float(percentile(ramps)) if ramps else 0.0,
             observations=len(footprints),
         )
+
+    def routes(self) -> set[str]:
+        """The routes with at least one observation."""
+        return {route for route, footprints in self._footprints.items() if footprints}
 
     def estimates(self) -> list[RouteEstimate]:
         found = (self.estimate(route) for route in sorted(self._footprints))
@@ -259,7 +277,7 @@ class SessionLearner:
             ramps[route] = deque((float(v) for v in values.get("ramps", [])), maxlen=WINDOW)
         if footprints != self._footprints or ramps != self._ramps:
             self._footprints, self._ramps = footprints, ramps
-            self._version += 1
+            self.version += 1
 
 
 def effective_reserve(

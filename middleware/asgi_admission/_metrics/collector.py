@@ -91,6 +91,7 @@ OUTCOMES: Final = (
     (False, "telemetry_unavailable", "rejected", "telemetry_unavailable"),
     (False, "no_memory_limit", "rejected", "no_memory_limit"),
     (False, "ledger_busy", "rejected", "ledger_busy"),
+    (False, "probing", "rejected", "probing"),
 )
 
 
@@ -242,10 +243,18 @@ class AdmissionCollector:
         build = GaugeMetricFamily(
             PREFIX + "build_info", "asgi-admission version; always 1.", labels=("version",)
         )
+        probing = _gauge(
+            "probing_routes",
+            "Session routes with no learned footprint whose first sessions are being probed.",
+        )
+        waiting = _gauge(
+            "probe_waiting_requests",
+            "Session requests held back, reserving nothing, until a probe's memory is known.",
+        )
         if describing:
             yield from (working_set, limit, reclaimable, ratio, stall, ceiling, high, resume)
             yield from (reserve, state, session_limit, build)
-            yield from (footprint, ramp, admissible, expired, failed)
+            yield from (footprint, ramp, admissible, expired, failed, probing, waiting)
             if self.include_sessions:
                 yield sessions
             return
@@ -313,6 +322,10 @@ class AdmissionCollector:
                         (kind, cause), sum(k.failed.get((kind, cause), 0) for k in keepers)
                     )
             yield from (footprint, ramp, expired, failed)
+            probed = [status for keeper in keepers for status in keeper.probe_status()]
+            probing.add_metric((), len({status.route for status in probed}))
+            waiting.add_metric((), sum(status.waiting for status in probed))
+            yield from (probing, waiting)
         if counts is not None and room is not None:
             admissible.add_metric((), room)
             yield admissible

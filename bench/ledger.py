@@ -69,7 +69,7 @@ def decision_cost(config: AdmissionConfig, iterations: int) -> tuple[float, floa
 
     def decide() -> AdmissionTicket | None:
         outcome = guard._admit("http")
-        return None if isinstance(outcome, tuple) else outcome
+        return outcome if isinstance(outcome, AdmissionTicket) else None
 
     assert decide() is not None, "the benchmark decision must admit"
     return timed_with_cleanup(decide, iterations)

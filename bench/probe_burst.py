@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 import httpx
 
@@ -112,7 +112,7 @@ class ProbeResult:
 
 
 async def _burst(
-    base_url: str, n: int, params: dict[str, object]
+    base_url: str, n: int, params: dict[str, int | float]
 ) -> list[tuple[httpx.Response | str, float]]:
     """``n`` concurrent session requests, each with the seconds it took."""
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
@@ -232,8 +232,10 @@ def main() -> int:
         print("needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory")
         return 2
     for case in args.cases.split(","):
+        if case not in CASES:
+            parser.error(f"--cases takes {', '.join(CASES)}; got {case!r}")
         result = run_probe_burst(
-            case,  # type: ignore[arg-type]
+            cast(Case, case),
             sessions=args.sessions,
             ramp_s=args.ramp_s,
             probe_sessions=args.probe_sessions,

@@ -30,6 +30,7 @@ from asgi_admission import (
     AdmissionConfig,
     AdmissionController,
     AdmissionMiddleware,
+    AdmissionTicket,
     CgroupMemoryReader,
 )
 from benchkit import timings_us
@@ -141,7 +142,7 @@ def admission_cost(root: Path, iterations: int, rounds: int = 5) -> tuple[float,
     def admit_and_release(guard: AdmissionMiddleware) -> Callable[[], None]:
         def call() -> None:
             ticket = guard._admit("http", scope)
-            assert not isinstance(ticket, tuple), "the benchmark decision must admit"
+            assert isinstance(ticket, AdmissionTicket), "the benchmark decision must admit"
             ticket.release()
 
         return call

@@ -20,6 +20,7 @@ from test_ledger_faults import ok_app, post
 from asgi_admission import (
     AdmissionConfig,
     AdmissionMiddleware,
+    AdmissionTicket,
     HostMemoryReader,
     MemoryReading,
     _factory,
@@ -308,7 +309,7 @@ def test_two_guards_of_one_process_never_take_each_others_settling_rows(
     entries = []
     for middleware in (first, second):
         outcome = middleware._admit("http")
-        assert not isinstance(outcome, tuple)
+        assert isinstance(outcome, AdmissionTicket)
         entries.append(outcome)
     # A slot each in the ledger: each guard is a worker of its own there.
     busy = [(e.pid, e.pending) for e in read_entries(first.shared_dir) if e.pending]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from ledgerkit import SPAWN, hold_sessions, write_v2_tree
 
-from asgi_admission import AdmissionConfig, AdmissionMiddleware
+from asgi_admission import AdmissionConfig, AdmissionMiddleware, AdmissionTicket
 from asgi_admission._admission import shared_ledger
 from asgi_admission._admission.ledger import InProcessLedger
 from asgi_admission._admission.ledger_file import _start_time
@@ -190,7 +190,7 @@ def test_a_killed_workers_sessions_stop_counting_against_the_cap(
         os.kill(worker.pid, signal.SIGKILL)
         worker.join()
     admitted = guard._admit("http")
-    assert not isinstance(admitted, tuple)
+    assert isinstance(admitted, AdmissionTicket)
     with ledger.locked():  # recovered for every worker
         assert ledger.counts() == (0, 1)
     admitted.release()
@@ -405,8 +405,8 @@ def test_two_guards_share_one_count(tmp_path: Path) -> None:
     first = guards[0]._admit("http")
     second = guards[1]._admit("http")
     third = guards[0]._admit("http")
-    assert not isinstance(first, tuple)
-    assert not isinstance(second, tuple)
+    assert isinstance(first, AdmissionTicket)
+    assert isinstance(second, AdmissionTicket)
     assert isinstance(third, tuple)
     assert third[0].reason == "session_limit"
     assert guards[1].session_counts() == (0, 2)
@@ -453,7 +453,7 @@ def test_two_guards_share_the_apps_own_counts(tmp_path: Path) -> None:
         {"current_sessions": lambda: own[1]},
     )
     admitted = guards[0]._admit("http")  # publishes 2 active; 1 pending
-    assert not isinstance(admitted, tuple)
+    assert isinstance(admitted, AdmissionTicket)
     refused = guards[1]._admit("http")
     assert isinstance(refused, tuple)
     assert refused[0].reason == "session_limit"

@@ -100,8 +100,8 @@ async def post(mw: AdmissionMiddleware, leave: asyncio.Event | None = None) -> A
     async def send(message: Message) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/sessions", "headers": []}
-    scope |= {"query_string": b"", "root_path": ""}
+    scope: Scope = {"type": "http", "method": "POST", "path": "/sessions", "headers": []}
+    scope.update(query_string=b"", root_path="")
     start = time.monotonic()
     await mw(scope, receive, send)
     return Answer(sent, time.monotonic() - start)

@@ -310,9 +310,13 @@ class LedgerFile:
         self._slot = -1
         self._row = b""
         os.close(fd)  # drops this worker's slot lock in the old file
-        # Made again if the directory went too; an error leaves _fd at -1, and the
-        # next critical section tries again.
-        new_fd = self._open()
+        # Expected now, so that they are waited for even where this worker gets into
+        # the new file only at a later section.
+        self._settling.expect(others)
+        # Made again if the directory went too. Never waited for: this is inside a
+        # section, perhaps on the event loop. An error, or the new file's lock taken,
+        # leaves _fd at -1, and the next critical section tries again.
+        new_fd = self._open(0.0)
         self._settling.expect(others + others_live(new_fd, self._capacity, -1, with_rows=True))
         try:
             fcntl.flock(new_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -321,10 +325,14 @@ class LedgerFile:
             # exclusive there, so give up this time (the caller refuses, busy).
             raise LedgerBusy(f"another worker holds the shared ledger {self.path}") from None
 
-    def _open(self) -> int:
+    def _open(self, deadline: float) -> int:
+        """Open the file (made if missing) and check or rebuild it under the ``flock``,
+        taken by ``deadline`` (``time.monotonic``) or ``LedgerBusy``: never a blocking
+        wait, since a worker stopped inside its section would make it endless."""
         fd = open_private_file(self.directory, FILE_NAME, setting=SETTING)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not flock_by(fd, deadline):
+                raise LedgerBusy(f"another worker holds the shared ledger {self.path}")
             try:
                 self._fd = fd
                 self._check_file()

@@ -226,8 +226,9 @@ class SharedLedger(LedgerFile):
         self._next_link_check = 0.0
         # Open (and create or check the file) now, so that a bad directory fails at
         # startup; the slot is claimed by the first decision, in the serving process.
-        with self._lock:
-            self._open()
+        # A worker stuck in its section for the whole wait leaves it to that decision.
+        with self._lock, contextlib.suppress(LedgerBusy):
+            self._open(_monotonic() + LOCK_WAIT_S)
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forked(ref))
 
@@ -253,7 +254,7 @@ class SharedLedger(LedgerFile):
         if not (locked or (wait_s > 0 and lock.acquire(timeout=wait_s))):
             raise LedgerBusy("another thread of this worker holds the shared ledger")
         try:
-            fd = self._fd if self._fd >= 0 else self._reopen()
+            fd = self._fd if self._fd >= 0 else self._reopen(deadline)
             if not flock_by(fd, deadline):
                 raise LedgerBusy(
                     f"another worker held the shared ledger {self.path} for over {wait_s:g} s"
@@ -275,9 +276,9 @@ class SharedLedger(LedgerFile):
             self._lock.release()
             raise
 
-    def _reopen(self) -> int:
+    def _reopen(self, deadline: float) -> int:
         try:
-            return self._open()
+            return self._open(deadline)
         except (OSError, ValueError) as exc:
             raise self._unavailable(exc) from exc
 

@@ -240,6 +240,7 @@ class LedgerFile:
         "_offset",
         "_own",
         "_pid",
+        "_quiet",
         "_row",
         "_settling",
         "_slot",
@@ -271,6 +272,10 @@ class LedgerFile:
         self._offset = 0
         self._start = 0
         self._row = b""
+        #: The file as a look found it with no other slot holding sessions and this
+        #: worker's row intact, with this worker's writes since: while the file reads
+        #: the same, there is nothing to add up (b"": no such look to go by).
+        self._quiet = b""
         self._set_used(1)
         self._warned: set[str] = set()
 
@@ -308,7 +313,7 @@ class LedgerFile:
         fcntl.flock(fd, fcntl.LOCK_UN)
         self._fd = -1
         self._slot = -1
-        self._row = b""
+        self._row = self._quiet = b""
         os.close(fd)  # drops this worker's slot lock in the old file
         # Expected now, so that they are waited for even where this worker gets into
         # the new file only at a later section.
@@ -369,6 +374,7 @@ class LedgerFile:
         os.pwrite(self._fd, self._header, 0)
 
     def _set_used(self, used: int) -> None:
+        self._quiet = b""
         self._used = used
         self._want = _slot_offset(used)
         self._header = _HEADER.pack(MAGIC, self._capacity, used)
@@ -441,10 +447,14 @@ class LedgerFile:
                     self._dirty = True  # for the next section or heartbeat to try again
                     raise
                 self._row = row
+                quiet = self._quiet
+                if quiet:  # still what the file holds, with this row in it
+                    offset = self._offset
+                    self._quiet = quiet[:offset] + row + quiet[offset + _SLOT.size :]
 
     def _restore_own(self) -> None:
         """Write this worker's slot and make sure the header counts it as in use."""
-        self._row = b""  # whatever the file held: write it
+        self._row = self._quiet = b""  # whatever the file held: write it
         self._write_own()
         # The file's header, not the cached one: a worker's first claim must not
         # trust the cache's initial guess of one slot in use.

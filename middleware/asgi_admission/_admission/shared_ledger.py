@@ -406,6 +406,8 @@ class SharedLedger(LedgerFile):
         pending, active = own[0], own[1] if own[2] is None else own[2]
         want = self._want
         data = os.pread(self._fd, want, 0)
+        if data == self._quiet:
+            return active, pending  # as found with the others idle, this worker's row in
         if len(data) != want or not data.startswith(self._header):
             checked = self._read_again(data)
             if checked is None:
@@ -415,13 +417,17 @@ class SharedLedger(LedgerFile):
         # read (restoring this worker's row below may change the slots in use).
         fields = self._layout.unpack_from(data, _HEADER.size)
         slot = self._slot
-        if slot >= 0 and not data.startswith(self._row, self._offset):
+        if slot < 0:  # no slot of its own (all taken): every slot is another's
+            return self._add_others(fields, len(fields), active, pending)
+        mine = 2 * slot
+        if not data.startswith(self._row, self._offset):
             self._own_row_changed()
-        mine = 2 * slot if slot >= 0 else len(fields)
-        # Alone in the file, or the others idle: one test each; busy slots get more.
-        if (mine or len(fields) > 2) and (any(fields[:mine]) or any(fields[mine + 2 :])):
-            return self._add_others(fields, mine, active, pending)
-        return active, pending
+        elif not (any(fields[:mine]) or any(fields[mine + 2 :])):
+            # Alone in the file, or the others idle: nothing to add, and nothing while
+            # the file reads the same.
+            self._quiet = data
+            return active, pending
+        return self._add_others(fields, mine, active, pending)
 
     def _add_others(
         self, fields: tuple[int, ...], mine: int, active: int, pending: int
@@ -504,7 +510,7 @@ class SharedLedger(LedgerFile):
         self._slot = -1
         self._pid = os.getpid()
         self._own = (0, 0, None)
-        self._row = b""
+        self._row = self._quiet = b""
 
 
 def _forked(ref: weakref.ReferenceType[SharedLedger]) -> None:

@@ -18,7 +18,7 @@ import pytest
 from ledgerkit import SPAWN, hold_sessions, write_v2_tree
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, AdmissionTicket
-from asgi_admission._admission import shared_ledger
+from asgi_admission._admission import ledger_file, shared_ledger
 from asgi_admission._admission.ledger import InProcessLedger
 from asgi_admission._admission.ledger_file import _start_time
 from asgi_admission._admission.shared_ledger import (
@@ -474,7 +474,7 @@ def test_failed_claim_releases_the_critical_section(
     def refuse(*args: object) -> int:
         raise OSError(errno.EINVAL, "no OFD locks here")
 
-    monkeypatch.setattr(shared_ledger, "_slot_lock", refuse)
+    monkeypatch.setattr(ledger_file, "_slot_lock", refuse)
     with pytest.raises(shared_ledger.LedgerUnavailable, match="no OFD locks"), ledger.locked():
         pass
     monkeypatch.undo()

@@ -300,6 +300,21 @@ def _binding(limits: dict[str, Any]) -> str:
     return f"memory: {memory_room} more session(s) fit under the ceiling ({cap_text}{other})"
 
 
+def _service_directory(
+    config: AdmissionConfig, group: shared_place.MemoryGroup | None
+) -> tuple[str | None, str]:
+    """The directory the service's workers share (with ``ADMISSION_SHARED_DIR`` unset,
+    the one they made for ``group``), or ``None`` and why there is none to read."""
+    if config.shared_dir == SHARED_DIR_OFF:
+        return None, "ADMISSION_SHARED_DIR=off"
+    directory: str | None = config.shared_dir
+    if directory == SHARED_DIR_AUTO:
+        directory = None if group is None else shared_place.find_place(group)
+    if directory is None:
+        return None, "no directory shared by the service's workers was found for this memory group"
+    return directory, ""
+
+
 def learned(
     config: AdmissionConfig, reserve_bytes: int, group: shared_place.MemoryGroup | None = None
 ) -> dict[str, Any]:
@@ -319,15 +334,8 @@ def learned(
     if config.reserve_learning == "off":
         report["note"] = "no evidence: ADMISSION_SESSION_RESERVE_LEARNING=off"
         return report
-    directory: str | None = config.shared_dir
-    if directory == SHARED_DIR_AUTO:
-        directory = None if group is None else shared_place.find_place(group)
-    if directory is None or directory == SHARED_DIR_OFF:
-        why = (
-            "ADMISSION_SHARED_DIR=off"
-            if directory == SHARED_DIR_OFF
-            else "no directory shared by the service's workers was found for this memory group"
-        )
+    directory, why = _service_directory(config, group)
+    if directory is None:
         report["note"] = (
             f"no evidence: {why}, so what the service learned stays in its memory "
             "(see asgi_admission_session_footprint_bytes)"
@@ -387,15 +395,8 @@ def probing(
         )
         report["note"] = f"off: {why}, so a route's first sessions are decided on the reserve"
         return report
-    directory: str | None = config.shared_dir
-    if directory == SHARED_DIR_AUTO:
-        directory = None if group is None else shared_place.find_place(group)
-    if directory is None or directory == SHARED_DIR_OFF:
-        why = (
-            "ADMISSION_SHARED_DIR=off"
-            if directory == SHARED_DIR_OFF
-            else "no directory shared by the service's workers was found for this memory group"
-        )
+    directory, why = _service_directory(config, group)
+    if directory is None:
         report["note"] = (
             f"no evidence: {why}, so the probes are in the service's memory "
             "(see asgi_admission_probing_routes)"

@@ -133,7 +133,17 @@ def test_two_workers_add_up_in_one_scrape(demo: Demo) -> None:
     demo.set_used(900 * MIB)
     for _ in range(6):
         assert demo.open_session() == 503
-    samples = demo.scrape()
+
+    def settled() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+        # Each worker republishes its live session counts when they change (a session
+        # settling after its response is one such change): a scrape can come first.
+        samples = demo.scrape()
+        active = samples.get(("asgi_admission_sessions", (("state", "active"),)))
+        return samples if active == demo.admitted else None
+
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = wait_until(
+        settled, 10, "both workers' live session counts to be published"
+    )
 
     def value(name: str, **labels: str) -> float | None:
         return samples.get((name, tuple(sorted(labels.items()))))

@@ -29,7 +29,7 @@ import os
 from typing import Any, Final
 
 from asgi_admission._admission.probing import Probe, ProbeWindow
-from asgi_admission._admission.safe_files import open_private_file
+from asgi_admission._admission.safe_files import open_private_file, process_alive
 
 logger = logging.getLogger("asgi_admission")
 
@@ -150,15 +150,7 @@ class SharedProbeStore:
             os.close(fd)
 
     def owner_alive(self, pid: int) -> bool:
-        if pid == os.getpid():
-            return True
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return process_alive(pid)
 
     @property
     def shared(self) -> bool:

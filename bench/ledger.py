@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from asgi_admission import AdmissionConfig, AdmissionMiddleware
+from asgi_admission import AdmissionConfig, AdmissionMiddleware, AdmissionTicket
 from asgi_admission._admission.ledger import InProcessLedger, Reservation, SessionLedger
 from asgi_admission._admission.ledger_file import _held, _start_time
 from asgi_admission._admission.shared_ledger import SharedLedger
@@ -41,7 +41,7 @@ TARGET_RATIO = 2.0
 
 
 def timed_with_cleanup(
-    call: Callable[[], Reservation | None], iterations: int
+    call: Callable[[], Reservation | AdmissionTicket | None], iterations: int
 ) -> tuple[float, float]:
     """Like :func:`timings_us`, releasing each reservation outside the timed window."""
     samples = []
@@ -67,9 +67,9 @@ def decision_cost(config: AdmissionConfig, iterations: int) -> tuple[float, floa
         _app, session_routes=["POST /sessions"], config=config, registry=None
     )
 
-    def decide() -> Reservation | None:
+    def decide() -> AdmissionTicket | None:
         outcome = guard._admit("http")
-        return None if isinstance(outcome, tuple) else outcome
+        return outcome if isinstance(outcome, AdmissionTicket) else None
 
     assert decide() is not None, "the benchmark decision must admit"
     return timed_with_cleanup(decide, iterations)
@@ -101,7 +101,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
         root = Path(scratch)
         cgroup = write_v2_tree(root / "cgroup", used_mb=300, limit_mb=4096)
-        base = AdmissionConfig(cgroup_root=str(cgroup), reserve_bytes=0, max_sessions=10**9)
+        base = AdmissionConfig(
+            cgroup_root=str(cgroup), reserve_bytes=0, max_sessions=10**9, shared_dir="off"
+        )
         shared = AdmissionConfig(
             cgroup_root=str(cgroup),
             reserve_bytes=0,
@@ -138,11 +140,16 @@ def main() -> int:
         print("liveness check of one slot (median µs)")
         fd = os.open(root / "ledger" / "asgi-admission.ledger", os.O_RDONLY)
         pid = os.getpid()
+
+        def flock_round_trip() -> None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
         for name, call in (
             ("F_OFD_GETLK on the slot (chosen)", lambda: _held(fd, 0)),
             ("/proc/<pid>/stat start time", lambda: _start_time(pid)),
             ("os.kill(pid, 0) (no reuse check)", lambda: os.kill(pid, 0)),
-            ("flock LOCK_EX + LOCK_UN", lambda: (fcntl.flock(fd, 2), fcntl.flock(fd, 8))),
+            ("flock LOCK_EX + LOCK_UN", flock_round_trip),
         ):
             print(f"  {name:38} {timings_us(call, n, warmup=2000)[0]:6.2f}")
         os.close(fd)

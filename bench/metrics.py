@@ -24,7 +24,12 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from asgi_admission import AdmissionController, AdmissionMiddleware, MemoryReading
+from asgi_admission import (
+    AdmissionController,
+    AdmissionMiddleware,
+    AdmissionTicket,
+    MemoryReading,
+)
 from asgi_admission._metrics.collector import DecisionMetrics
 
 MIB = 1024 * 1024
@@ -55,7 +60,7 @@ def decision_loop(middleware: AdmissionMiddleware) -> Callable[[int], float]:
         start = time.perf_counter()
         for _ in range(n):
             reservation = admit("http")
-            assert not isinstance(reservation, tuple)
+            assert isinstance(reservation, AdmissionTicket)
             reservation.release()
         return (time.perf_counter() - start) / n * 1e6
 

@@ -1,7 +1,8 @@
 """Sessions whose memory arrives after their ``201``: a burst in a real memory group.
 
     sudo .venv/bin/python bench/ramp_burst.py [--sessions 40] [--hold-mb 92] [--ramp-s 2]
-        [--workers 1] [--warm-up sequential|overlapping] [--plot docs/img/ramp_burst.png]
+        [--workers 1] [--warm-up sequential|overlapping] [--default-sharing]
+        [--plot docs/img/ramp_burst.png]
 
 Needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory.
 Serves the demo under uvicorn inside a fresh memory group (768 MiB, no swap) and
@@ -17,6 +18,10 @@ Modes:
   sequential warm-up sessions (``--warm-up overlapping``: four, each opened 0.6 s after
   the one before has ramped, all four closed together a second before the burst);
 - ``ticket``: learning off, the app holds each session's ticket until its child is up.
+
+With several workers they share a ledger in a temporary ``ADMISSION_SHARED_DIR``;
+``--default-sharing`` sets neither that nor ``ADMISSION_CGROUP_ROOT``, so the
+workers find their memory group and the place they share by themselves.
 
 For each it prints the true capacity (what fits under the high watermark above
 the baseline), how many were admitted, the kernel's OOM kills, whether the
@@ -46,6 +51,7 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
+import psutil
 
 from benchkit import (
     burst_outcome,
@@ -126,6 +132,8 @@ class RampResult:
     #: The overlapping warm-up: what was learned before any of its sessions ended.
     learned_before_ends_mb: float | None = None
     trace: list[tuple[float, float]] = field(default_factory=list)
+    #: The shared ledger file each worker has open (none: it counts alone).
+    ledgers: dict[int, list[str]] = field(default_factory=dict)
 
     @property
     def admitted(self) -> int:
@@ -153,6 +161,7 @@ class RampResult:
             "learned_footprint_mb": self.learned_footprint_mb,
             "learned_within_15pct_s": self.learned_within_15pct_s,
             "learned_before_ends_mb": self.learned_before_ends_mb,
+            "ledgers": sorted({path for paths in self.ledgers.values() for path in paths}),
         }
 
 
@@ -217,7 +226,9 @@ def _wait_ready(base_url: str, proc: subprocess.Popen[bytes], workers: int) -> N
     raise RuntimeError("the server did not become ready")
 
 
-async def _burst(base_url: str, n: int, params: dict[str, object]) -> list[httpx.Response | str]:
+async def _burst(
+    base_url: str, n: int, params: dict[str, int | float]
+) -> list[httpx.Response | str]:
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, timeout=60, limits=limits) as client:
 
@@ -252,14 +263,19 @@ def run_ramp_burst(
     footprint: int | None = None,
     shared_dir: str | None = None,
     warm_up: WarmUp = "sequential",
+    default_sharing: bool = False,
 ) -> RampResult:
-    """Serve the demo in a fresh memory group in ``mode``, fire the burst, report."""
+    """Serve the demo in a fresh memory group in ``mode``, fire the burst, report.
+
+    ``default_sharing`` leaves out every setting of where the workers share their
+    counts and of which cgroup to read: the guard finds both itself.
+    """
     footprint = footprint if footprint is not None else session_footprint(hold_mb)
     footprint_mb = footprint / MIB
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     reserve_mb = math.ceil(footprint_mb) if mode != "learn" else max(1, round(footprint_mb / 12))
-    params: dict[str, object] = {"hold_mb": hold_mb, "ramp_s": ramp_s}
+    params: dict[str, int | float] = {"hold_mb": hold_mb, "ramp_s": ramp_s}
     if mode == "ticket":
         params["ticket"] = 1
     with (
@@ -276,7 +292,10 @@ def run_ramp_burst(
             "ADMISSION_SESSION_RESERVE_LEARNING": "raise" if mode == "learn" else "off",
             "ADMISSION_MAX_SESSIONS": "1000",
         }
-        if workers > 1 or shared_dir is not None:
+        if default_sharing:
+            for name in ("ADMISSION_SHARED_DIR", "ADMISSION_CGROUP_ROOT"):
+                env.pop(name, None)
+        elif workers > 1 or shared_dir is not None:
             env["ADMISSION_SHARED_DIR"] = shared_dir or os.path.join(tmp, "shared")
         proc = subprocess.Popen(
             _serve_argv(group, port, workers, mode != "bare"),
@@ -288,6 +307,7 @@ def run_ramp_burst(
         tracer = _Tracer(group)
         try:
             _wait_ready(base_url, proc, workers)
+            ledgers = _open_ledgers(proc)
             learned_at = learned = learned_before_ends = None
             if mode == "learn" and warm_up == "overlapping":
                 learned_before_ends, learned = _warm_up_overlapping(
@@ -320,6 +340,7 @@ def run_ramp_burst(
                 learned_within_15pct_s=learned_at,
                 learned_footprint_mb=learned,
                 learned_before_ends_mb=learned_before_ends,
+                ledgers=ledgers,
             )
             if mode != "bare" and alive:
                 result.readmitted = _end_all_and_reopen(base_url, responses, params, ramp_s)
@@ -330,6 +351,15 @@ def run_ramp_burst(
         finally:
             tracer.stop_event.set()
             stop_process_group(proc)
+
+
+def _open_ledgers(proc: subprocess.Popen[bytes]) -> dict[int, list[str]]:
+    """Each serving process's open shared ledger files (uvicorn's workers, or the one)."""
+    server = psutil.Process(proc.pid)
+    serving = [c for c in server.children() if "spawn_main" in " ".join(c.cmdline())] or [server]
+    return {
+        p.pid: sorted(f.path for f in p.open_files() if f.path.endswith(".ledger")) for p in serving
+    }
 
 
 def _warm_up(
@@ -394,7 +424,7 @@ def _warm_up_overlapping(
 def _end_all_and_reopen(
     base_url: str,
     responses: list[httpx.Response | str],
-    params: dict[str, object],
+    params: dict[str, int | float],
     ramp_s: float,
 ) -> bool:
     opened = [r.json() for r in responses if not isinstance(r, str) and r.status_code == 201]
@@ -445,6 +475,11 @@ def main() -> int:
     parser.add_argument("--ramp-s", type=float, default=2.0)
     parser.add_argument("--limit-mb", type=int, default=768)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--default-sharing",
+        action="store_true",
+        help="set neither ADMISSION_SHARED_DIR nor ADMISSION_CGROUP_ROOT",
+    )
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--warm-up", choices=("sequential", "overlapping"), default="sequential")
     parser.add_argument("--plot", default=None, help="write a PNG of working set over time")
@@ -456,7 +491,7 @@ def main() -> int:
     results = []
     for mode in args.modes.split(","):
         result = run_ramp_burst(
-            mode,  # type: ignore[arg-type]
+            mode,
             sessions=args.sessions,
             hold_mb=args.hold_mb,
             ramp_s=args.ramp_s,
@@ -464,6 +499,7 @@ def main() -> int:
             workers=args.workers,
             footprint=footprint,
             warm_up=args.warm_up,
+            default_sharing=args.default_sharing,
         )
         results.append(result)
         print(json.dumps(result.summary()), flush=True)

@@ -648,8 +648,8 @@ class Soak:
         result.loop_stall_in_faults_ms = round(max(stopped, default=0.0) * 1e3, 1)
         now = time.monotonic()
         for pid in self.worker_pids():
-            probe = probes.get(pid)
-            silent = now - probe.last_beat if probe is not None else float("inf")
+            beating = probes.get(pid)
+            silent = now - beating.last_beat if beating is not None else float("inf")
             if silent > LOOP_SILENCE_BUDGET_S:
                 violations.append(
                     f"worker pid {pid}'s event loop has not ticked for {silent:.1f} s"

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from asgi_admission._admission import shared_place
+from asgi_admission._memory.cgroup import CgroupMemoryReader
+
+# Bound at import: the suite's conftest replaces shared_place.default_bases for the
+# guards it builds, but the servers it starts use the machine's own.
+_machine_bases = shared_place.default_bases
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
 MIB = 1024 * 1024
@@ -28,6 +36,7 @@ def memory_group(limit_mb: int, name: str, *, swap_too: bool = True) -> Iterator
             swap.write_text(str(limit_mb * MIB))
         yield group
     finally:
+        places = default_places(group)
         for _ in range(200):
             with contextlib.suppress(OSError):
                 for pid in (group / "cgroup.procs").read_text().split():
@@ -38,6 +47,23 @@ def memory_group(limit_mb: int, name: str, *, swap_too: bool = True) -> Iterator
                 break
             except OSError:
                 time.sleep(0.05)
+        for place in places:
+            shutil.rmtree(place, ignore_errors=True)
+
+
+def default_place_paths(group: Path) -> list[Path]:
+    """Where guarded servers in ``group`` with no ``ADMISSION_SHARED_DIR`` set look for
+    the directory they share, in order (under the machine's bases, as they find them)."""
+    found = shared_place.group_of(CgroupMemoryReader(group))
+    if found is None:
+        return []
+    name = shared_place.directory_name(found)
+    return [Path(base, name) for base in _machine_bases() if Path(base).is_dir()]
+
+
+def default_places(group: Path) -> list[Path]:
+    """The directories of :func:`default_place_paths` that exist (made by the servers)."""
+    return [path for path in default_place_paths(group) if path.is_dir()]
 
 
 def joining(group: Path) -> list[str]:

@@ -2,13 +2,39 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from asgi_admission._admission import shared_place
 from cgroup_trees import FIXTURES, copy_files
 from requirekit import require_markers
+
+#: Internal on purpose: the suite keeps the guard's default shared place out of the
+#: machine's /dev/shm and /tmp (see the fixture below).
+INTERNAL = "the default shared place's bases and /proc"
+
+# By default the workers of one memory group share their ledger in a place of the
+# machine's (docs/operations.md). The suite's many servers and guards would then share
+# counts, settling rows and what was learned through it, test after test: servers it
+# starts count alone unless a test says otherwise (ADMISSION_SHARED_DIR, inherited),
+# and guards built in this process find no base to make a place in. Tests of the
+# default set their own (tests/ledger/test_default_place.py and the real-server ones).
+os.environ["ADMISSION_SHARED_DIR"] = "off"
+
+
+@pytest.fixture(autouse=True)
+def no_default_shared_place(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Guards built in this process find no base for a default place and no /proc to
+    look for other workers in (an empty directory stands for it)."""
+    # A MonkeyPatch of its own: the test's ``monkeypatch`` is then made after the test's
+    # other fixtures, and undone before their teardown, as without this fixture.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shared_place, "default_bases", lambda: ())
+        patch.setattr(shared_place, "PROC", str(tmp_path_factory.getbasetemp() / "no-proc"))
+        yield
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

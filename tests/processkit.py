@@ -66,3 +66,15 @@ class Server:
     def stop(self) -> None:
         stop_process_group(self.proc, timeout=10)
         self._log.close()
+
+
+def open_files(pid: int, name: str) -> set[str]:
+    """The paths of the files named ``name`` that process ``pid`` has open."""
+    paths = set()
+    fd_dir = Path("/proc", str(pid), "fd")
+    for fd in os.listdir(fd_dir):
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd_dir / fd)
+            if os.path.basename(target) == name:
+                paths.add(target)
+    return paths

@@ -102,10 +102,10 @@ def test_garbage_counter_never_lowers_working_set(
     junk = data.draw(garbage)
     good = {k: str(v).encode() for k, v in valid.items()}
     bad = {**good, key: junk}
-    kwargs = {"reclaimable": reclaimable, "prefer_total": prefer_total}
-    assert reclaimable_file_bytes(_stat_text(bad, filler), **kwargs) <= reclaimable_file_bytes(
-        _stat_text(good, filler),
-        **kwargs,
+    assert reclaimable_file_bytes(
+        _stat_text(bad, filler), reclaimable=reclaimable, prefer_total=prefer_total
+    ) <= reclaimable_file_bytes(
+        _stat_text(good, filler), reclaimable=reclaimable, prefer_total=prefer_total
     )
 
 

@@ -31,11 +31,13 @@ def test_defaults_match_the_spec() -> None:
         cgroup_root=None,
         memory_source="cgroup",
         reclaimable="file",
-        shared_dir=None,
+        shared_dir="auto",
         reserve_learning="raise",
         reserve_min_bytes=16 * MIB,
         pending_timeout_s=120.0,
         websocket_refusal="auto",
+        probe_sessions=1,
+        probe_wait_s=5.0,
     )
 
 
@@ -55,6 +57,8 @@ def test_every_variable_is_read(caplog: pytest.LogCaptureFixture) -> None:
         "ADMISSION_SESSION_RESERVE_MIN_MB": "32",
         "ADMISSION_PENDING_TIMEOUT_SECONDS": "30.5",
         "ADMISSION_WEBSOCKET_REFUSAL": " Close ",
+        "ADMISSION_PROBE_SESSIONS": "2",
+        "ADMISSION_PROBE_WAIT_SECONDS": "7.5",
     }
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         config = AdmissionConfig.from_env(env)
@@ -72,6 +76,8 @@ def test_every_variable_is_read(caplog: pytest.LogCaptureFixture) -> None:
         reserve_min_bytes=32 * MIB,
         pending_timeout_s=30.5,
         websocket_refusal="close",
+        probe_sessions=2,
+        probe_wait_s=7.5,
     )
     assert caplog.records == []
 
@@ -215,6 +221,16 @@ def test_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
             {"websocket_refusal": "reject"},
             "websocket_refusal must be 'auto', 'close' or 'deny'; got 'reject'.",
         ),
+        (
+            {"probe_sessions": -1},
+            "probe_sessions (ADMISSION_PROBE_SESSIONS) must be a whole number of sessions, "
+            "0 or more; got -1.",
+        ),
+        (
+            {"probe_wait_s": 0.0},
+            "probe_wait_s (ADMISSION_PROBE_WAIT_SECONDS) must be a number of seconds above 0; "
+            "got 0.0.",
+        ),
     ],
 )
 def test_invalid_config_in_code_raises_a_sentence(kwargs: dict[str, object], message: str) -> None:
@@ -280,6 +296,10 @@ def test_host_reader_unusable_is_unavailable(virtual_memory: object) -> None:
         ("ADMISSION_PENDING_TIMEOUT_SECONDS", "-1", "pending_timeout_s", 120.0),
         ("ADMISSION_PENDING_TIMEOUT_SECONDS", "nan", "pending_timeout_s", 120.0),
         ("ADMISSION_PENDING_TIMEOUT_SECONDS", "soon", "pending_timeout_s", 120.0),
+        ("ADMISSION_PROBE_SESSIONS", "-1", "probe_sessions", 1),
+        ("ADMISSION_PROBE_SESSIONS", "one", "probe_sessions", 1),
+        ("ADMISSION_PROBE_WAIT_SECONDS", "0", "probe_wait_s", 5.0),
+        ("ADMISSION_PROBE_WAIT_SECONDS", "inf", "probe_wait_s", 5.0),
     ],
 )
 def test_bad_reservation_settings_fall_back_with_one_warning(
@@ -291,3 +311,14 @@ def test_bad_reservation_settings_fall_back_with_one_warning(
     assert getattr(config, field) == default
     assert len(caplog.records) == 1
     assert name in caplog.records[0].getMessage()
+
+
+def test_shared_dir_is_auto_off_or_a_directory() -> None:
+    """ADMISSION_SHARED_DIR unset or blank is "auto", "off"/"auto" in any case are the
+    words, anything else a directory; in code None (the old "alone") is refused with a
+    message naming both choices."""
+    assert AdmissionConfig().shared_dir == "auto"
+    for raw, expected in [(" ", "auto"), ("Auto", "auto"), ("OFF", "off"), ("./off", "./off")]:
+        assert AdmissionConfig.from_env({"ADMISSION_SHARED_DIR": raw}).shared_dir == expected
+    with pytest.raises(ValueError, match=r"'auto'.*'off'.*got None"):
+        AdmissionConfig(shared_dir=None)  # type: ignore[arg-type]

@@ -14,8 +14,10 @@ import jsonschema
 import pytest
 
 from asgi_admission import HostMemoryReader, cli
-from asgi_admission._admission.learning import WINDOW, empty_observations
+from asgi_admission._admission.learning import WINDOW, SessionLearner, empty_observations
+from asgi_admission._admission.probing import ProbeBoard
 from asgi_admission._admission.shared_files import LearnedStore
+from asgi_admission._admission.shared_probes import SharedProbeStore
 from asgi_admission.cli import probe as probe_module
 from cgroup_trees import FIXTURES, copy_files
 
@@ -33,10 +35,10 @@ SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "required": [
         "schema", "exit_status", "problem", "source", "cgroup", "memory", "config", "ceiling",
-        "limits", "decision", "learned",
+        "limits", "decision", "learned", "probing",
     ],
     "properties": {
-        "schema": {"const": 3},
+        "schema": {"const": 4},
         "exit_status": {"enum": [0, 1, 2, 3]},
         "problem": NULLABLE_STR,
         "source": {"enum": ["cgroup-v2", "cgroup-v1", "host", None]},
@@ -153,6 +155,51 @@ SCHEMA: dict[str, Any] = {
                             "footprint_bytes": {"type": "integer"},
                             "ramp_s": {"type": "number"},
                             "observations": {"type": "integer"},
+                        },
+                    },
+                },
+            },
+        },
+        "probing": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": [
+                "probe_sessions", "wait_s", "on", "evidence", "note", "routes", "concluded",
+            ],
+            "properties": {
+                "probe_sessions": {"type": "integer"},
+                "wait_s": {"type": "number"},
+                "on": {"type": "boolean"},
+                "evidence": {"type": "boolean"},
+                "note": {"type": "string"},
+                "routes": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": [
+                            "route", "probes", "waiting", "since_s", "growth_bytes",
+                            "guess_bytes",
+                        ],
+                        "properties": {
+                            "route": {"type": "string"},
+                            "probes": {"type": "integer"},
+                            "waiting": {"type": "integer"},
+                            "since_s": {"type": "number"},
+                            "growth_bytes": {"type": "integer"},
+                            "guess_bytes": {"type": "integer"},
+                        },
+                    },
+                },
+                "concluded": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["route", "footprint_bytes"],
+                        "properties": {
+                            "route": {"type": "string"},
+                            "footprint_bytes": {"type": "integer"},
                         },
                     },
                 },
@@ -489,7 +536,9 @@ def test_what_the_service_learned_is_shown_from_the_shared_dir(
     env = {"ADMISSION_SHARED_DIR": str(shared), "ADMISSION_SESSION_RESERVE_MB": "64"}
     _, report = probe_json("--root", tree)
     assert report["learned"]["evidence"] is False
-    assert "ADMISSION_SHARED_DIR is unset" in report["learned"]["note"]
+    assert "no directory shared by the service's workers was found" in report["learned"]["note"]
+    _, report = probe_json("--root", tree, env={"ADMISSION_SHARED_DIR": "off"})
+    assert "ADMISSION_SHARED_DIR=off" in report["learned"]["note"]
     shared.mkdir(mode=0o700)
     _, report = probe_json("--root", tree, env=env)
     assert report["learned"]["evidence"] is False
@@ -506,3 +555,39 @@ def test_what_the_service_learned_is_shown_from_the_shared_dir(
     assert "POST /s: 104857600 B (100.0 MiB) per session, ramp 2.00 s" in text
     _, report = probe_json("--root", tree, env={**env, "ADMISSION_SESSION_RESERVE_LEARNING": "off"})
     assert report["learned"]["evidence"] is False
+
+
+def test_the_routes_being_probed_are_shown_from_the_shared_dir(
+    fixture_copy: Any, tmp_path: Path
+) -> None:
+    """With the service's shared directory, probe shows a route being probed (its probes,
+    growth and guess) and, once its memory has stopped growing, what the probe showed;
+    with probing off it says so and why."""
+    tree = str(fixture_copy("telegraf/v2"))
+    shared = tmp_path / "shared"
+    env = {"ADMISSION_SHARED_DIR": str(shared), "ADMISSION_PROBE_WAIT_SECONDS": "3"}
+    _, report = probe_json("--root", tree)
+    assert (report["probing"]["on"], report["probing"]["evidence"]) == (True, False)
+    assert "no directory shared by the service's workers" in report["probing"]["note"]
+    board = ProbeBoard(probe_sessions=1, timeout_s=120.0, store=SharedProbeStore(str(shared)))
+    learner = SessionLearner()
+    base = 100 * 1024**2
+    board.add("POST /s", 1, base, 16 * 1024**2, 0.0)
+    board.responded(1, base + 40 * 1024**2, 0.1)
+    _, report = probe_json("--root", tree, env=env)
+    probing = report["probing"]
+    assert (probing["evidence"], probing["wait_s"], probing["concluded"]) == (True, 3.0, [])
+    [route] = probing["routes"]
+    assert (route["route"], route["probes"], route["growth_bytes"]) == ("POST /s", 1, 40 * 2**20)
+    assert route["guess_bytes"] == 16 * 1024**2
+    text = run_probe("--root", tree, env=env).stdout
+    assert "POST /s: probing for" in text
+    assert "others wait up to 3 s" in text
+    for step in range(2, 8):
+        board.on_reading(base + 40 * 1024**2, step * 0.25, learner)
+    _, report = probe_json("--root", tree, env=env)
+    assert report["probing"]["routes"] == []
+    assert report["probing"]["concluded"] == [{"route": "POST /s", "footprint_bytes": 40 * 2**20}]
+    _, report = probe_json("--root", tree, env={**env, "ADMISSION_PROBE_SESSIONS": "0"})
+    assert report["probing"]["on"] is False
+    assert "ADMISSION_PROBE_SESSIONS=0" in report["probing"]["note"]

@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from starlette.applications import Starlette
 
 
 @pytest.fixture
@@ -53,7 +56,8 @@ async def test_starlette_quick_start_guards_sessions_and_serves_metrics(
     monkeypatch.setenv("ADMISSION_MAX_SESSIONS", "1")
     namespace: dict[str, object] = {}
     exec(BLOCKS[1], namespace)
-    transport = httpx.ASGITransport(app=namespace["app"])  # type: ignore[arg-type]
+    # The README block binds ``app``; exec's namespace is untyped, so name what it holds.
+    transport = httpx.ASGITransport(app=cast(Starlette, namespace["app"]))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         assert (await client.post("/sessions")).status_code == 201
         assert (await client.get("/admission/ready")).json()["state"] == "normal"
@@ -69,13 +73,13 @@ async def test_quick_start_guards_sessions_and_serves_metrics(
     monkeypatch.setenv("ADMISSION_CGROUP_ROOT", str(tree))
     namespace: dict[str, object] = {}
     exec(BLOCKS[0], namespace)
-    app = namespace["app"]
+    app = cast(FastAPI, namespace["app"])
 
-    @app.post("/sessions")  # type: ignore[attr-defined,misc]
+    @app.post("/sessions")
     async def open_session() -> dict[str, str]:
         return {"id": "1"}
 
-    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         assert (await client.post("/sessions")).status_code == 200
         ready = await client.get("/admission/ready")

@@ -6,15 +6,16 @@ Notes:
   sends its headers and then nothing: as many such connections as sessions fit
   would lock the service (ASGI servers set no body timeout of their own). So the
   guard reads the body first, up to ``buffer_bytes``, and decides only once it
-  is complete; the app then reads the same messages, replayed (``replaying``).
+  is complete; the app then reads the same messages, replayed.
 - The wait is bounded by ``timeout_s`` from the request's start: past it the
-  client gets a ``408`` and the app is never called. The bound is a timer that
-  cancels the request's own task while it waits on ``receive``; only a
-  cancellation the timer made is taken as the timeout, any other one goes on.
+  client gets a ``408`` and the app is never called. The bound is one timer for
+  all the requests still reading (``BodyReader``), which cancels a late
+  request's own task while it waits on ``receive``; only a cancellation the
+  timer made is taken as the timeout, any other one goes on.
 - A body larger than ``buffer_bytes`` is decided on its first part and streams
   to the app; if the rest has not arrived by the same deadline, the reservation
-  is given back (:func:`replaying`'s ``on_late``) and the app reads on holding
-  nothing. Buffering is bounded so that the guard itself never holds more than
+  is given back (``_watching.run_http``) and the app reads on holding nothing.
+  Buffering is bounded so that the guard itself never holds more than
   ``buffer_bytes`` per request.
 """
 
@@ -22,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable
-from typing import Final, Literal
+from asyncio import current_task
+from time import monotonic
+from typing import Any, Final, Literal
 
 from starlette.types import Message, Receive
 
@@ -32,76 +34,77 @@ Arrival = Literal["complete", "partial", "disconnected", "timed_out"]
 _UNCANCEL: Final = sys.version_info >= (3, 11)
 
 
-async def read_body(
-    receive: Receive, *, buffer_bytes: int, timeout_s: float
-) -> tuple[list[Message], Arrival]:
-    """The request's messages up to its whole body, at most ``buffer_bytes`` of it.
+class BodyReader:
+    """Reads session requests' bodies before their decision, each within ``timeout_s``.
 
-    ``complete``: the body is all there; ``partial``: more than ``buffer_bytes``
-    is coming; ``disconnected``: the client left; ``timed_out``: the body had not
-    arrived within ``timeout_s``.
+    One timer serves every request whose body is still arriving (armed for the
+    earliest deadline, never per request): a body that is already there, the
+    common case, costs a dictionary entry and no timer.
     """
-    messages: list[Message] = []
-    task = asyncio.current_task()
-    if task is None:  # pragma: no cover - an ASGI app always runs in a task
-        raise RuntimeError("asgi-admission must run inside an asyncio task.")
-    fired = False
 
-    def expire() -> None:
-        nonlocal fired
-        fired = True
-        task.cancel()
+    __slots__ = ("_expired", "_reading", "_timer", "buffer_bytes", "timeout_s")
 
-    timer = asyncio.get_running_loop().call_later(timeout_s, expire)
-    size = 0
-    try:
+    def __init__(self, *, timeout_s: float, buffer_bytes: int) -> None:
+        self.timeout_s = timeout_s
+        self.buffer_bytes = buffer_bytes
+        #: The tasks reading a body now, with their deadlines (``time.monotonic``).
+        self._reading: dict[asyncio.Task[Any], float] = {}
+        #: Those the timer cancelled.
+        self._expired: set[asyncio.Task[Any]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> asyncio.Task[Any]:
+        """The current request begins reading its body: its deadline starts now."""
+        task = current_task()
+        if task is None:  # pragma: no cover - an ASGI app always runs in a task
+            raise RuntimeError("asgi-admission must run inside an asyncio task.")
+        self._reading[task] = monotonic() + self.timeout_s
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.timeout_s, self._expire)
+        return task
+
+    def stop(self, task: asyncio.Task[Any]) -> float:
+        """The request has its body (or left, or timed out): the seconds its deadline
+        had left."""
+        return self._reading.pop(task) - monotonic()
+
+    def timed_out(self, task: asyncio.Task[Any]) -> None:
+        """Inside ``except CancelledError`` around the read: returns where the timer
+        cancelled it (the read timed out), re-raises any other cancellation."""
+        if task not in self._expired:
+            raise  # the cancellation being handled: not the timer's
+        self._expired.discard(task)
+        if _UNCANCEL:
+            task.uncancel()  # type: ignore[attr-defined,unused-ignore]
+
+    async def rest(self, receive: Receive, message: Message) -> tuple[list[Message], Arrival]:
+        """After a first ``message`` that is not the whole body: the messages up to the
+        whole body, at most ``buffer_bytes`` of it, or the client leaving."""
+        messages = [message]
+        size = 0
         while True:
-            message = await receive()
-            messages.append(message)
             if message["type"] != "http.request":
                 return messages, "disconnected"
             size += len(message.get("body", b""))
             if not message.get("more_body", False):
                 return messages, "complete"
-            if size >= buffer_bytes:
+            if size >= self.buffer_bytes:
                 return messages, "partial"
-    except asyncio.CancelledError:
-        if not fired:
-            raise
-        if _UNCANCEL:
-            task.uncancel()  # type: ignore[attr-defined,unused-ignore]
-        return messages, "timed_out"
-    finally:
-        timer.cancel()
+            message = await receive()
+            messages.append(message)
 
-
-def replaying(
-    messages: list[Message],
-    receive: Receive,
-    *,
-    partial_for_s: float | None = None,
-    on_late: Callable[[], None] = lambda: None,
-) -> Receive:
-    """A ``receive`` that gives the app ``messages`` first, then the server's.
-
-    ``partial_for_s``: the body is still arriving; ``on_late()`` is called if it
-    has not all arrived that many seconds from now.
-    """
-    queue = list(reversed(messages))
-    late = None
-    if partial_for_s is not None:
-        late = asyncio.get_running_loop().call_later(max(0.0, partial_for_s), on_late)
-
-    async def replay() -> Message:
-        nonlocal late
-        if queue:
-            return queue.pop()
-        message = await receive()
-        if late is not None and (
-            message["type"] != "http.request" or not message.get("more_body", False)
-        ):
-            late.cancel()
-            late = None
-        return message
-
-    return replay
+    def _expire(self) -> None:
+        # Cancel the reads past their deadline; re-arm for the earliest one left.
+        self._timer = None
+        now = monotonic()
+        earliest = None
+        for task, deadline in self._reading.items():
+            if task in self._expired:
+                continue
+            if deadline <= now:
+                self._expired.add(task)
+                task.cancel()
+            elif earliest is None or deadline < earliest:
+                earliest = deadline
+        if earliest is not None:
+            self._timer = asyncio.get_running_loop().call_later(earliest - now, self._expire)

@@ -31,6 +31,12 @@ DEFAULT_RESERVE_MIN_MB: Final = 16
 DEFAULT_PENDING_TIMEOUT_S: Final = 120.0
 DEFAULT_BODY_TIMEOUT_S: Final = 10.0
 DEFAULT_BODY_BUFFER_KB: Final = 64
+#: ``shared_dir`` values that name no directory: a private place of this user and
+#: memory group, found by the guard (the default), or none (each process counts alone).
+SHARED_DIR_AUTO: Final = "auto"
+SHARED_DIR_OFF: Final = "off"
+DEFAULT_PROBE_SESSIONS: Final = 1
+DEFAULT_PROBE_WAIT_S: Final = 5.0
 
 # (current name, legacy name from the deployment this guard replaced, or None)
 ENV_HIGH: Final = ("ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT", "CODA_MEMORY_HIGH_WATERMARK_PERCENT")
@@ -51,6 +57,8 @@ ENV_PENDING_TIMEOUT: Final = ("ADMISSION_PENDING_TIMEOUT_SECONDS", None)
 ENV_WEBSOCKET_REFUSAL: Final = ("ADMISSION_WEBSOCKET_REFUSAL", None)
 ENV_BODY_TIMEOUT: Final = ("ADMISSION_BODY_TIMEOUT_SECONDS", None)
 ENV_BODY_BUFFER_KB: Final = ("ADMISSION_BODY_BUFFER_KB", None)
+ENV_PROBE_SESSIONS: Final = ("ADMISSION_PROBE_SESSIONS", None)
+ENV_PROBE_WAIT: Final = ("ADMISSION_PROBE_WAIT_SECONDS", None)
 #: Each field of AdmissionConfig and the variables from_env reads it from (the
 #: documentation's configuration reference is checked against this).
 ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
@@ -69,6 +77,8 @@ ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
     "pending_timeout_s": ENV_PENDING_TIMEOUT,
     "body_timeout_s": ENV_BODY_TIMEOUT,
     "body_buffer_bytes": ENV_BODY_BUFFER_KB,
+    "probe_sessions": ENV_PROBE_SESSIONS,
+    "probe_wait_s": ENV_PROBE_WAIT,
 }
 
 
@@ -116,8 +126,10 @@ class AdmissionConfig:
     #: ``"file"`` subtracts both file LRUs from usage; ``"inactive"`` only
     #: ``inactive_file``, which gives the kubelet's (``kubectl top``) working set.
     reclaimable: Reclaimable = "file"
-    #: A directory shared by the workers of one container for the session ledger.
-    shared_dir: str | None = None
+    #: Where the workers of one container share the session ledger: ``"auto"`` a
+    #: private place of this user and memory group the guard finds, ``"off"`` none
+    #: (each process counts alone), anything else the directory to use.
+    shared_dir: str = SHARED_DIR_AUTO
     #: What the guard learns of a session's footprint does to the reserve:
     #: ``"raise"`` it (never below the configured one), ``"adapt"`` (replace it,
     #: never below ``reserve_min_bytes``), or nothing (``"off"``).
@@ -139,6 +151,13 @@ class AdmissionConfig:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     #: How much of a session request's body the guard reads before deciding.
     body_buffer_bytes: int = DEFAULT_BODY_BUFFER_KB * 1024
+    #: While a session route has no learned footprint (and learning is on), how many
+    #: of its sessions are admitted at a time on the guessed reserve; the others wait
+    #: for their evidence. ``0`` trusts the reserve from the first session.
+    probe_sessions: int = DEFAULT_PROBE_SESSIONS
+    #: The longest a session request waits for a probe's evidence before it is
+    #: refused with the reason ``probing``.
+    probe_wait_s: float = DEFAULT_PROBE_WAIT_S
 
     def __post_init__(self) -> None:
         check_watermarks(
@@ -178,6 +197,24 @@ class AdmissionConfig:
             raise ValueError(
                 "body_buffer_bytes (ADMISSION_BODY_BUFFER_KB) must be 0 or more; "
                 f"got {self.body_buffer_bytes!r}."
+            )
+        if not isinstance(self.shared_dir, str) or not self.shared_dir.strip():
+            raise ValueError(
+                "shared_dir (ADMISSION_SHARED_DIR) must be 'auto' (a private place the "
+                "workers of this memory group find by themselves, the default), 'off' (each "
+                f"process counts its sessions alone) or a directory; got {self.shared_dir!r}."
+            )
+        if isinstance(self.probe_sessions, bool) or not (
+            isinstance(self.probe_sessions, int) and self.probe_sessions >= 0
+        ):
+            raise ValueError(
+                "probe_sessions (ADMISSION_PROBE_SESSIONS) must be a whole number of "
+                f"sessions, 0 or more; got {self.probe_sessions!r}."
+            )
+        if not (math.isfinite(self.probe_wait_s) and self.probe_wait_s > 0):
+            raise ValueError(
+                "probe_wait_s (ADMISSION_PROBE_WAIT_SECONDS) must be a number of seconds "
+                f"above 0; got {self.probe_wait_s!r}."
             )
         if self.reclaimable not in get_args(Reclaimable):
             raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}.")
@@ -226,6 +263,8 @@ class AdmissionConfig:
         timeout = _seconds(env, ENV_PENDING_TIMEOUT, DEFAULT_PENDING_TIMEOUT_S)
         body_timeout = _seconds(env, ENV_BODY_TIMEOUT, DEFAULT_BODY_TIMEOUT_S)
         buffer_kb = _env.number(env, ENV_BODY_BUFFER_KB, DEFAULT_BODY_BUFFER_KB, int, minimum=0)
+        probes = _env.number(env, ENV_PROBE_SESSIONS, DEFAULT_PROBE_SESSIONS, int, minimum=0)
+        probe_wait = _seconds(env, ENV_PROBE_WAIT, DEFAULT_PROBE_WAIT_S)
         return cls(
             high_watermark_percent=high,
             resume_threshold_percent=resume,
@@ -235,7 +274,7 @@ class AdmissionConfig:
             cgroup_root=_env.text(env, ENV_CGROUP_ROOT),
             memory_source=_env.choice(env, ENV_MEMORY_SOURCE, get_args(MemorySource), "cgroup"),
             reclaimable=_env.choice(env, ENV_RECLAIMABLE, get_args(Reclaimable), "file"),
-            shared_dir=_env.text(env, ENV_SHARED_DIR),
+            shared_dir=_shared_dir(env),
             websocket_refusal=_env.choice(
                 env, ENV_WEBSOCKET_REFUSAL, get_args(WebSocketRefusal), "auto"
             ),
@@ -244,6 +283,8 @@ class AdmissionConfig:
             pending_timeout_s=timeout,
             body_timeout_s=body_timeout,
             body_buffer_bytes=buffer_kb * 1024,
+            probe_sessions=probes,
+            probe_wait_s=probe_wait,
         )
 
 
@@ -279,6 +320,16 @@ def _max_sessions(env: Mapping[str, str]) -> int | None:
             BLIND_MAX_SESSIONS,
         )
         return None
+    return value
+
+
+def _shared_dir(env: Mapping[str, str]) -> str:
+    """``ADMISSION_SHARED_DIR``: unset or blank is ``auto``; ``auto`` and ``off`` in any case."""
+    value = _env.text(env, ENV_SHARED_DIR)
+    if value is None:
+        return SHARED_DIR_AUTO
+    if value.lower() in (SHARED_DIR_AUTO, SHARED_DIR_OFF):
+        return value.lower()
     return value
 
 

@@ -20,10 +20,15 @@ Notes:
   or the app's ticket says (``_admission/keeper.py``, ``docs/reservations.md``).
   A request that opened nothing (an error answer) or failed before that point
   gives it back at once (``_watching.py``).
+- A route whose footprint is not learned yet is probed: its first sessions are
+  decided on an exact reading and admitted a few at a time, and the others are
+  held, reserving nothing, until the probes' evidence is in (``_waiting.py``,
+  ``_admission/probing.py``). Learned routes cost one dict lookup more.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 import time
@@ -34,47 +39,44 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asgi_admission._admission.decision_log import log_change
-from asgi_admission._admission.keeper import ReservationKeeper, apply, serve_with_keeper
-from asgi_admission._admission.latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.holds import Hold
+from asgi_admission._admission.keeper import ReservationKeeper, apply
+from asgi_admission._admission.latch import AdmissionController, CapacityDecision, is_blind
 from asgi_admission._admission.ledger import (
     LedgerBusy,
     SessionLedger,
     when_free,
 )
 from asgi_admission._admission.observer import DecisionObserver, Kind
+from asgi_admission._admission.probing import Gate
 from asgi_admission._admission.reserve import never_admits
-from asgi_admission._admission.tickets import SCOPE_KEY, AdmissionTicket
-from asgi_admission._body import read_body
+from asgi_admission._admission.sampling import serve_with_keeper
+from asgi_admission._admission.tickets import AdmissionTicket
+from asgi_admission._body import BodyReader
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
-from asgi_admission._factory import build_controller, build_ledger
+from asgi_admission._factory import build_controller, build_sharing
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
 from asgi_admission._metrics.collector import instrument
 from asgi_admission._responses import (
     Refusal,
     RetryAfterPolicy,
     coerce_policy,
-    send_http_refusal,
-    send_readiness,
-    send_request_timeout,
-    send_websocket_refusal,
-    websocket_denial,
+    learned_details,
 )
 from asgi_admission._routes import RouteMatcher, route_path
+from asgi_admission._session_requests import Outcome, SessionRequests
 from asgi_admission._watchdog.lifespan import serve_lifespan
 from asgi_admission._watchdog.watchdog import SessionWatchdog
-from asgi_admission._watching import run_http, run_websocket
 
 logger = logging.getLogger("asgi_admission")
 
-#: What a refusal needs: the decision, the Retry-After delay, (active, pending).
-Refused = tuple[CapacityDecision, int, tuple[int, int]]
 
 _MIB = 1024 * 1024
 _T = TypeVar("_T")
 
 
-class AdmissionMiddleware:
+class AdmissionMiddleware(SessionRequests):
     """Refuses new sessions with 503 + ``Retry-After`` before memory runs out.
 
     ``session_routes`` are patterns such as ``"POST /sessions"`` or
@@ -179,7 +181,15 @@ class AdmissionMiddleware:
             reserve_for=self._controller.reserve_for,
             session_limit=limit,
         )
-        self._ledger: SessionLedger = build_ledger(self._config)
+        sharing = build_sharing(self._config, self._controller.memory_reader)
+        self._ledger: SessionLedger = sharing.ledger
+        #: Where this guard shares its counts (``None``: alone), and the look for other
+        #: workers where it counts alone by default (started with the lifespan).
+        self.shared_dir = sharing.directory
+        self._alone = sharing.alone
+        self._bodies = BodyReader(
+            timeout_s=self._config.body_timeout_s, buffer_bytes=self._config.body_buffer_bytes
+        )
         # Shared, lock-protected: whether the last decision was blind, for logging
         # telemetry loss and recovery once each.
         self._blind = False
@@ -208,11 +218,13 @@ class AdmissionMiddleware:
             # A body larger than the buffer may take the body timeout to arrive, and
             # keeps its reservation for that long if it does.
             request_timeout_s=max(config.pending_timeout_s, config.body_timeout_s),
-            shared_dir=config.shared_dir,
+            shared_dir=sharing.directory,
             ledger_is_current=getattr(self._ledger, "is_current", None),
             on_reserve=self._on_reserve,
+            probe_sessions=config.probe_sessions,
         )
-        self._refusal.learned = self._learned_details
+        self._refusal.learned = lambda: learned_details(self._keeper.estimates())
+        self._refusal.probing = self._probing_details
         if watchdog is not None:
             # Sessions registered with the ticket's route teach the guard their peaks.
             watchdog.on_peak = self._keeper.observe_peak
@@ -235,16 +247,8 @@ class AdmissionMiddleware:
             else f"configured {configured_bytes / _MIB:.1f} MiB",
         )
 
-    def _learned_details(self) -> list[dict[str, object]]:
-        return [
-            {
-                "route": estimate.route,
-                "footprint_bytes": estimate.footprint_bytes,
-                "ramp_s": round(estimate.ramp_s, 2),
-                "observations": estimate.observations,
-            }
-            for estimate in self._keeper.estimates()
-        ]
+    def _probing_details(self) -> list[dict[str, object]]:
+        return [dataclasses.asdict(status) for status in self._keeper.probe_status()]
 
     # -- AdmissionView ------------------------------------------------------------
 
@@ -368,6 +372,8 @@ class AdmissionMiddleware:
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The one place startup/shutdown hooks go: the reservation sample and the
         # session watchdog run with the app.
+        if self._alone is not None:
+            self._alone.start()
         await serve_with_keeper(self._keeper, self._lifespan_app, scope, receive, send)
 
     async def _lifespan_app(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -387,12 +393,17 @@ class AdmissionMiddleware:
             return UNAVAILABLE
 
     async def _decide_later(
-        self, kind: Kind, scope: Scope | None, tried: LedgerBusy
-    ) -> AdmissionTicket | Refused:
+        self,
+        kind: Kind,
+        scope: Scope | None,
+        tried: LedgerBusy,
+        hold: Hold | None = None,
+        expired: bool = False,
+    ) -> Outcome:
         """:meth:`_admit` retried without blocking the loop after the caller's first try
         raised ``tried`` (a free ledger costs no coroutine); else a ``ledger_busy`` refusal."""
         try:
-            return await when_free(lambda: self._admit(kind, scope), tried=tried)
+            return await when_free(lambda: self._admit(kind, scope, hold, expired), tried=tried)
         except LedgerBusy as exc:
             self._note_busy(exc)
             decision = CapacityDecision(
@@ -412,13 +423,21 @@ class AdmissionMiddleware:
                 "asgi-admission: refusing sessions with ledger_busy: %s. Logged once.", exc
             )
 
-    def _admit(self, kind: Kind, scope: Scope | None = None) -> AdmissionTicket | Refused:
+    def _admit(
+        self,
+        kind: Kind,
+        scope: Scope | None = None,
+        hold: Hold | None = None,
+        expired: bool = False,
+    ) -> Outcome:
         """Read, decide and (when admitted) reserve, atomically; no awaits here.
 
-        The admitted session's ticket, or what a refusal needs: the decision, the
-        Retry-After delay and the counts it was decided with. ``scope`` names the
-        session's route (for learning). ``LedgerBusy`` when the shared ledger is
-        held by another worker right now (the caller retries).
+        The admitted session's ticket, what a refusal needs (the decision, the
+        Retry-After delay and the counts it was decided with), or a :class:`Hold`
+        while its route is probed (``hold``: the one it waited with, ``expired``: at
+        its deadline, which refuses it with ``probing`` if it would wait again).
+        ``scope`` names the session's route. ``LedgerBusy`` when the shared ledger
+        is held by another worker right now (the caller retries).
         """
         observer = self._observer
         start = time.perf_counter() if observer is not None else 0.0
@@ -440,18 +459,34 @@ class AdmissionMiddleware:
                 caught_up = keeper.catch_up()
             apply(caught_up)
         own = None if count is None else self._less_waiting(count)  # after the events above
+        route = keeper.route(scope)
+        probing = keeper.probing and route not in keeper.known()
         with self._attempt:
             current, pending = ledger.counts(own)
-            decision = self._controller.assess(current, limit, pending, read=self._safe_read)
-            memory = decision.memory
-            entry = None
-            if decision.allowed:
-                entry = keeper.admitted(
-                    ledger.reserve(), kind, scope, memory.used_bytes, memory.limit_bytes
-                )
-                retry_after_s = 0
+            gate: Gate = "known"
+            if probing:
+                decision, gate = self._probe_decision(route, current, pending, expired)
             else:
-                retry_after_s = self._retry_delay(decision)
+                decision = self._controller.assess(current, limit, pending, read=self._safe_read)
+            memory = decision.memory
+            entry = held = None
+            retry_after_s = 0
+            if gate == "hold":
+                # Waits for its probes' evidence (a hold that waited keeps its deadline).
+                deadline = time.monotonic() + self._config.probe_wait_s
+                held = keeper.holds.hold(route, deadline, hold)
+            elif decision.allowed:
+                entry = keeper.admitted(
+                    ledger.reserve(),
+                    kind,
+                    scope,
+                    memory.used_bytes,
+                    memory.limit_bytes,
+                    route=route,
+                    probe=gate == "probe",
+                )
+            else:
+                retry_after_s = self._retry_delay(decision, route)
             # A fast-path decision reads a bound (usage with its cache), never
             # used for settling: a look at the exact working set is due instead.
             settled = keeper.settle_with(memory) if memory.exact else keeper.due()
@@ -459,21 +494,49 @@ class AdmissionMiddleware:
         if settled:
             apply(settled)
         if observer is not None:
-            observer.on_decision(kind, decision, time.perf_counter() - start)
+            if held is None:
+                observer.on_decision(kind, decision, time.perf_counter() - start)
+            else:  # not decided yet: only what the latch did counts
+                observer.on_check(decision)
         if blind_changed or decision.transition is not None:
             if decision.transition == "pressured":
                 self._log_never_admits(decision.memory)
             log_change(decision, blind_changed, self._controller, self._session_limit)
+        if held is not None:
+            return held
         if entry is not None:
             return AdmissionTicket(keeper, entry)
         return decision, retry_after_s, (current, pending)
 
-    def _retry_delay(self, decision: CapacityDecision) -> int:
-        """Retry-After for a refusal: from the rate of session ends when memory is short."""
+    def _probe_decision(
+        self, route: str, current: int, pending: int, expired: bool
+    ) -> tuple[CapacityDecision, Gate]:
+        """A route not learned yet: the latch on an exact reading (a probe's growth counts
+        from it), then whether the session is a probe, waits, or is decided as it is."""
+        memory = self._safe_read()
+        blind = not memory.exact or is_blind(memory)
+        # The gate first: this reading may conclude the probes, and raise the reserve.
+        gate: Gate = "known" if blind else self._keeper.gate(route, memory.used_bytes)
+        decision = self._controller.decide(memory, current, self._session_limit, pending)
+        if not decision.allowed or blind:
+            return decision, "known"  # refused anyway, or blind: nothing to probe with
+        if gate == "hold" and expired:
+            refused = CapacityDecision(
+                False, decision.state, memory, "probing", decision.transition
+            )
+            return refused, "known"
+        return decision, gate
+
+    def _retry_delay(self, decision: CapacityDecision, route: str) -> int:
+        """Retry-After for a refusal: from the rate of session ends when memory is short,
+        about the probes' ramp so far while probing."""
         if decision.reason == "memory_pressure":
             wait = self._keeper.ends.expected_wait_s(time.monotonic())
             if wait is not None:
                 return self._retry_after.delay_for(wait)
+        elif decision.reason == "probing":
+            ramp = self._keeper.board.retry_after_s(route, time.monotonic())
+            return self._retry_after.delay_for(ramp)
         return self._retry_after.next_delay()
 
     def _check(self) -> CapacityDecision:
@@ -515,78 +578,3 @@ class AdmissionMiddleware:
         if problem is not None:
             self._never_admits_logged = True
             logger.error("asgi-admission: %s", problem)
-
-    # -- session requests ---------------------------------------------------------
-
-    async def _guard_http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The body first: a client still sending it holds nothing (_body.py).
-        config = self._config
-        started = time.monotonic()
-        body, arrival = await read_body(
-            receive, buffer_bytes=config.body_buffer_bytes, timeout_s=config.body_timeout_s
-        )
-        if arrival == "disconnected":
-            return
-        keeper = self._keeper
-        if arrival == "timed_out":
-            keeper.count_failure("http", "body_timeout")
-            await send_request_timeout(send, config.body_timeout_s)
-            return
-        try:
-            outcome = self._admit("http", scope)
-        except LedgerBusy as exc:
-            outcome = await self._decide_later("http", scope, exc)
-        if isinstance(outcome, tuple):
-            decision, retry_after_s, counts = outcome
-            body_text = self._refusal.body(decision, retry_after_s, counts)
-            await send_http_refusal(send, retry_after_s, body_text)
-            return
-        # The app finds its ticket in the scope: admission_ticket(request).
-        scope[SCOPE_KEY] = outcome
-        rest_due_in_s = None
-        if arrival == "partial":
-            rest_due_in_s = config.body_timeout_s - (time.monotonic() - started)
-        await run_http(
-            self.app,
-            scope,
-            receive,
-            send,
-            keeper=keeper,
-            entry=outcome._entry,
-            body=body,
-            rest_due_in_s=rest_due_in_s,
-        )
-
-    async def _guard_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            outcome = self._admit("websocket", scope)
-        except LedgerBusy as exc:
-            outcome = await self._decide_later("websocket", scope, exc)
-        if isinstance(outcome, tuple):
-            decision, retry_after_s, counts = outcome
-            body = self._refusal.body(decision, retry_after_s, counts)
-            await send_websocket_refusal(
-                scope,
-                receive,
-                send,
-                denial=websocket_denial(self._websocket_refusal, scope),
-                retry_after_s=retry_after_s,
-                reason=decision.reason or "session_limit",
-                body=body,
-            )
-            return
-        # The app finds its ticket in the scope: admission_ticket(request).
-        scope[SCOPE_KEY] = outcome
-        await run_websocket(
-            self.app, scope, receive, send, keeper=self._keeper, entry=outcome._entry
-        )
-
-    # -- readiness ----------------------------------------------------------------
-
-    async def _readiness(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            state: str = (await when_free(self._check)).state
-        except LedgerBusy as exc:
-            self._note_busy(exc)
-            state = "ledger_busy"
-        await send_readiness(send, state, head=scope["method"] == "HEAD")

@@ -26,12 +26,13 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from starlette.types import Receive, Scope, Send
 
 from asgi_admission._admission.latch import CapacityDecision, Reason, count_cap, count_cap_from
+from asgi_admission._admission.learning import RouteEstimate
 from asgi_admission._config import WebSocketRefusal
 
 PROBLEM_TYPE_PREFIX: Final = "urn:asgi-admission:problem:"
@@ -42,6 +43,7 @@ _TITLES: Final[dict[str, str]] = {
     "telemetry_unavailable": "Session limit reached",
     "no_memory_limit": "Session limit reached",
     "ledger_busy": "Session count unavailable",
+    "probing": "Measuring what a new session costs",
 }
 _DETAILS: Final[dict[str, str]] = {
     "memory_pressure": (
@@ -59,6 +61,10 @@ _DETAILS: Final[dict[str, str]] = {
     "ledger_busy": (
         "The count of sessions shared by the service's workers could not be read in time, "
         "so no new session is started."
+    ),
+    "probing": (
+        "The service is still measuring the memory of its first sessions of this kind, "
+        "and this request's wait for that measurement ran out."
     ),
 }
 _STATIC_HEADERS: Final = (
@@ -183,6 +189,7 @@ class Refusal:
         "expose_details",
         "high",
         "learned",
+        "probing",
         "reserve_for",
         "resume",
         "session_limit",
@@ -207,6 +214,8 @@ class Refusal:
         self.session_limit = session_limit
         #: What the guard learned of its sessions, for the detailed body.
         self.learned = learned
+        #: The routes being probed now, for the detailed body.
+        self.probing: Callable[[], list[dict[str, object]]] | None = None
         self._bodies: dict[tuple[str, int], bytes] = {}
 
     def body(
@@ -249,6 +258,8 @@ class Refusal:
         }
         if self.learned is not None:
             details["learned"] = self.learned()
+        if self.probing is not None:
+            details["probing"] = self.probing()
         return self._encode(reason, retry_after_s, details)
 
     @staticmethod
@@ -264,6 +275,19 @@ class Refusal:
         if details is not None:
             problem.update(details)
         return json.dumps(problem, separators=(",", ":")).encode()
+
+
+def learned_details(estimates: Iterable[RouteEstimate]) -> list[dict[str, object]]:
+    """What was learned of each route, as a detailed refusal body shows it."""
+    return [
+        {
+            "route": estimate.route,
+            "footprint_bytes": estimate.footprint_bytes,
+            "ramp_s": round(estimate.ramp_s, 2),
+            "observations": estimate.observations,
+        }
+        for estimate in estimates
+    ]
 
 
 def refusal_headers(retry_after_s: int, body: bytes) -> list[tuple[bytes, bytes]]:

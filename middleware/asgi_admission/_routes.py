@@ -17,7 +17,7 @@ Notes:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from starlette.types import Scope
@@ -178,3 +178,31 @@ class RouteMatcher:
     def websocket_routes(self) -> MethodRoutes | None:
         """The compiled WebSocket routes, if any."""
         return self._routes.get(WEBSOCKET)
+
+
+class RouteNames:
+    """The session pattern each scope came by, cached by the route the app routes (the
+    path less its ``root_path``) and method: ``"predicate"`` where no pattern matched,
+    ``"unnamed"`` without a scope."""
+
+    __slots__ = ("_names", "_pattern_of")
+
+    #: Distinct (route, method) pairs kept before the cache starts again.
+    CACHE: Final = 1024
+
+    def __init__(self, pattern_of: Callable[[Scope], str | None]) -> None:
+        self._pattern_of = pattern_of
+        self._names: dict[tuple[str, str | None], str] = {}
+
+    def __call__(self, scope: Scope | None) -> str:
+        if scope is None:
+            return "unnamed"
+        key = (route_path(scope), scope.get("method"))
+        try:
+            return self._names[key]
+        except KeyError:
+            name = self._pattern_of(scope) or "predicate"
+            if len(self._names) >= self.CACHE:
+                self._names.clear()
+            self._names[key] = name
+            return name

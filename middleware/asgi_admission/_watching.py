@@ -20,13 +20,13 @@ the ``finally`` around the app call also covers ``CancelledError``.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Final, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.keeper import ReservationKeeper
 from asgi_admission._admission.settling import Settlement
-from asgi_admission._body import replaying
 
 #: Close codes that end a WebSocket without an error (RFC 6455 §7.4.1).
 _CLEAN_CLOSE: Final = frozenset({1000, 1001})
@@ -49,18 +49,29 @@ async def run_http(
     the guard read already (``rest_due_in_s``: the rest is due within that long)."""
     # Whether the keeper has been told how the request ended (responded or failed).
     told = False
+    # What the guard read already goes to the app first, in order.
+    replay = body[::-1]
+    late = None
+    if rest_due_in_s is not None:
 
-    def body_late() -> None:
-        nonlocal told
-        if not told:
-            told = True
-            keeper.fail(entry, "body_timeout")
+        def body_late() -> None:
+            nonlocal told
+            if not told:
+                told = True
+                keeper.fail(entry, "body_timeout")
 
-    replay = replaying(body, receive, partial_for_s=rest_due_in_s, on_late=body_late)
+        late = asyncio.get_running_loop().call_later(max(0.0, rest_due_in_s), body_late)
 
     async def receive_watching() -> Message:
-        nonlocal told
-        message = await replay()
+        nonlocal told, late
+        if replay:
+            return replay.pop()
+        message = await receive()
+        if late is not None and (
+            message["type"] != "http.request" or not message.get("more_body", False)
+        ):
+            late.cancel()
+            late = None
         if message["type"] == "http.disconnect" and not told:
             told = True
             keeper.abandon(entry)

@@ -113,10 +113,11 @@ def demo_pods(root: Path, names: list[str]) -> Iterator[list[Pod]]:
             stack.callback(stop_process_group, process)
             pods.append(pod)
         for pod in pods:
-            wait_until(
-                lambda pod=pod: httpx.get(f"{pod.url}/health").status_code == 200,
-                f"the demo {pod.name} to start",
-            )
+
+            def started(pod: Pod = pod) -> bool:
+                return httpx.get(f"{pod.url}/health").status_code == 200
+
+            wait_until(started, f"the demo {pod.name} to start")
         yield pods
 
 

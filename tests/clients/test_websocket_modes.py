@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.typing import Origin
 
 from cgroup_trees import write_v2_tree
 from processkit import Server, free_port
@@ -64,7 +65,7 @@ def server(
         srv.stop()
 
 
-async def outcome(url: str, origin: str | None) -> tuple[str, int, str]:
+async def outcome(url: str, origin: Origin | None) -> tuple[str, int, str]:
     """``("denial", status, Retry-After)`` or ``("close", code, reason)``: what the client saw."""
     try:
         async with websockets.connect(url, origin=origin, open_timeout=10) as ws:
@@ -91,7 +92,7 @@ EXPECTED = {
 @pytest.mark.parametrize(("mode", "with_origin"), list(EXPECTED))
 def test_refusal_mode_on_a_real_server(server: Server, mode: str, with_origin: bool) -> None:
     """auto closes 1013 for a browser (Origin) and denies others; close and deny force one way."""
-    origin = f"http://127.0.0.1:{server.port + 1}" if with_origin else None
+    origin = Origin(f"http://127.0.0.1:{server.port + 1}") if with_origin else None
     kind, code, detail = asyncio.run(outcome(f"ws://127.0.0.1:{server.port}/{mode}/x", origin))
     assert kind == EXPECTED[mode, with_origin], (kind, code, detail)
     if kind == "close":

@@ -34,6 +34,7 @@ __all__ = [
     "memory_group",
     "oom_kills",
     "random_worker",
+    "release_on_a_stuck_loop",
     "wait_for",
     "write_v2_tree",
 ]
@@ -99,6 +100,25 @@ def hold_sessions(directory: str, pending: int, active: int, ready: Event) -> No
     ready.set()
     while True:
         time.sleep(1)
+
+
+def release_on_a_stuck_loop(directory: str, held: int, released: int, ready: Event) -> None:
+    """Reserve ``held`` sessions, release ``released`` of them on an event loop that
+    then never turns again (app code stuck in a blocking call), and stay there until
+    killed: the releases are made in memory, their write waits for a turn that never
+    comes."""
+    ledger = SharedLedger(directory)
+
+    async def serve() -> None:
+        with ledger.attempt():
+            reservations = [ledger.reserve() for _ in range(held)]
+        for reservation in reservations[:released]:
+            reservation.release()
+        ready.set()
+        while True:
+            time.sleep(1)  # noqa: ASYNC251 - blocks the loop on purpose: nothing runs on it
+
+    asyncio.run(serve())
 
 
 # -- real servers ----------------------------------------------------------------------

@@ -38,6 +38,9 @@ def serve(tmp_path: Path, name: str, *, shared_dir: Path | None) -> Workers:
         "ADMISSION_SESSION_RESERVE_MB": "100",
         "ADMISSION_MAX_SESSIONS": "1000",
         "DEMO_SESSION_MB": "0",
+        # Requests that answer after HOLD_S, longer than a probe's wait: these tests are
+        # about the count, so the route is not probed first (tests/middleware/test_probing.py).
+        "ADMISSION_PROBE_SESSIONS": "0",
     }
     if shared_dir is not None:
         env["ADMISSION_SHARED_DIR"] = str(shared_dir)

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 from ledgerkit import SPAWN, hold_sessions, write_v2_tree
 
-from asgi_admission import AdmissionConfig, AdmissionMiddleware
-from asgi_admission._admission import shared_ledger
+from asgi_admission import AdmissionConfig, AdmissionMiddleware, AdmissionTicket
+from asgi_admission._admission import ledger_file, shared_ledger
 from asgi_admission._admission.ledger import InProcessLedger
+from asgi_admission._admission.ledger_file import _start_time
 from asgi_admission._admission.shared_ledger import (
     FILE_NAME,
     LedgerEntry,
     SharedLedger,
-    _start_time,
     read_entries,
 )
 
@@ -64,8 +64,9 @@ def guards_over(
     drive ``_admit`` directly).
     """
     cgroup = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=4096)
+    # No probing: the tests decide one session after another, synchronously.
     config = AdmissionConfig(
-        shared_dir=shared_dir, cgroup_root=str(cgroup), max_sessions=max_sessions
+        shared_dir=shared_dir, cgroup_root=str(cgroup), max_sessions=max_sessions, probe_sessions=0
     )
 
     async def app(scope: object, receive: object, send: object) -> None:
@@ -149,6 +150,7 @@ def test_killed_worker_is_recovered_by_the_next_decision(
     worker = SPAWN.Process(target=hold_sessions, args=(shared[0], 3, 2, ready))
     worker.start()
     try:
+        assert worker.pid is not None  # set by start()
         assert ready.wait(30)
         assert counts(ledger) == (2, 4)
         [entry] = [e for e in read_entries(shared[0]) if e.pid == worker.pid]
@@ -188,7 +190,7 @@ def test_a_killed_workers_sessions_stop_counting_against_the_cap(
         os.kill(worker.pid, signal.SIGKILL)
         worker.join()
     admitted = guard._admit("http")
-    assert not isinstance(admitted, tuple)
+    assert isinstance(admitted, AdmissionTicket)
     with ledger.locked():  # recovered for every worker
         assert ledger.counts() == (0, 1)
     admitted.release()
@@ -403,8 +405,8 @@ def test_two_guards_share_one_count(tmp_path: Path) -> None:
     first = guards[0]._admit("http")
     second = guards[1]._admit("http")
     third = guards[0]._admit("http")
-    assert not isinstance(first, tuple)
-    assert not isinstance(second, tuple)
+    assert isinstance(first, AdmissionTicket)
+    assert isinstance(second, AdmissionTicket)
     assert isinstance(third, tuple)
     assert third[0].reason == "session_limit"
     assert guards[1].session_counts() == (0, 2)
@@ -451,7 +453,7 @@ def test_two_guards_share_the_apps_own_counts(tmp_path: Path) -> None:
         {"current_sessions": lambda: own[1]},
     )
     admitted = guards[0]._admit("http")  # publishes 2 active; 1 pending
-    assert not isinstance(admitted, tuple)
+    assert isinstance(admitted, AdmissionTicket)
     refused = guards[1]._admit("http")
     assert isinstance(refused, tuple)
     assert refused[0].reason == "session_limit"
@@ -472,7 +474,7 @@ def test_failed_claim_releases_the_critical_section(
     def refuse(*args: object) -> int:
         raise OSError(errno.EINVAL, "no OFD locks here")
 
-    monkeypatch.setattr(shared_ledger, "_slot_lock", refuse)
+    monkeypatch.setattr(ledger_file, "_slot_lock", refuse)
     with pytest.raises(shared_ledger.LedgerUnavailable, match="no OFD locks"), ledger.locked():
         pass
     monkeypatch.undo()
@@ -492,7 +494,7 @@ def test_failed_open_closes_the_descriptor(tmp_path: Path, monkeypatch: pytest.M
     def broken(self: SharedLedger) -> None:
         raise OSError(errno.EIO, "disk on fire")
 
-    monkeypatch.setattr(shared_ledger.os, "open", recording_open)
+    monkeypatch.setattr(os, "open", recording_open)
     monkeypatch.setattr(SharedLedger, "_check_file", broken)
     with pytest.raises(OSError, match="disk on fire"):
         SharedLedger(tmp_path)

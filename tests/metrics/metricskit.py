@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
+from starlette.types import ASGIApp, Message, Scope
 from starlette.websockets import WebSocket
 
 from asgi_admission import AdmissionController, AdmissionMiddleware, MemoryReading
@@ -143,7 +144,7 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 def request(
-    app: Any, method: str, path: str, headers: dict[str, str] | None = None
+    app: ASGIApp, method: str, path: str, headers: dict[str, str] | None = None
 ) -> httpx.Response:
     """One HTTP request to the ASGI ``app``, run to completion on a fresh event loop."""
 
@@ -156,18 +157,21 @@ def request(
     return result
 
 
-def websocket(app: Any, path: str) -> list[dict[str, Any]]:
+def websocket(app: ASGIApp, path: str) -> list[Message]:
     """Open a WebSocket on ``app`` and disconnect; returns what the app sent."""
-    sent: list[dict[str, Any]] = []
-    incoming = [{"type": "websocket.connect"}, {"type": "websocket.disconnect", "code": 1000}]
+    sent: list[Message] = []
+    incoming: list[Message] = [
+        {"type": "websocket.connect"},
+        {"type": "websocket.disconnect", "code": 1000},
+    ]
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> Message:
         return incoming.pop(0) if incoming else {"type": "websocket.disconnect", "code": 1000}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
-    scope = {
+    scope: Scope = {
         "type": "websocket",
         "asgi": {"version": "3.0"},
         "path": path,

@@ -25,7 +25,7 @@ def multiproc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     the variable set before that, so the test swaps the class in as that would.
     """
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-    value_class = values.MultiProcessValue(lambda: 4242)
+    value_class = values.MultiProcessValue(lambda: 4242)  # type: ignore[no-untyped-call]
     monkeypatch.setattr(values, "ValueClass", value_class)
     yield tmp_path
     close_all_files = getattr(value_class, "close_all_files", None)  # prometheus-client >= 0.21

@@ -9,9 +9,12 @@ OpenMetrics parser, and the families it yields are linted by promtool.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pytest
 from metricskit import SettableReader, guarded_app, promtool_check, request
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
@@ -33,9 +36,10 @@ def app(registry: CollectorRegistry) -> Starlette:
 
 class Parsed(Collector):
     def __init__(self, text: str) -> None:
-        self.families = list(text_string_to_metric_families(text))
+        # prometheus_client's OpenMetrics parser has no annotations (its text parser has).
+        self.families: list[Metric] = list(text_string_to_metric_families(text))  # type: ignore[no-untyped-call]
 
-    def collect(self):  # type: ignore[no-untyped-def]
+    def collect(self) -> Iterable[Metric]:
         return self.families
 
 

@@ -58,6 +58,8 @@ def test_metric_types_and_labels(registry: CollectorRegistry) -> None:
         "admissible_sessions": ("gauge", set()),
         "pending_expired": ("counter", set()),
         "session_requests_failed": ("counter", {"kind", "cause"}),
+        "probing_routes": ("gauge", set()),
+        "probe_waiting_requests": ("gauge", set()),
     }
     assert set(families) == {P + name for name in expected}
     for name, (kind, labels) in expected.items():

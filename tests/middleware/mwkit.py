@@ -8,6 +8,8 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from starlette.types import ASGIApp
+
 from asgi_admission import (
     AdmissionController,
     AdmissionMiddleware,
@@ -23,13 +25,26 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient
 
-__all__ = ["MIB", "Server", "SettableReader", "TestClient", "controller", "free_port", "guard"]
+__all__ = [
+    "MIB",
+    "NOT_PROBING",
+    "Server",
+    "SettableReader",
+    "TestClient",
+    "controller",
+    "free_port",
+    "guard",
+]
 
 MIB = 1024 * 1024
 #: A pending timeout so short that a reservation ends with its response or accept, as
 #: an in-request session's does once its memory shows: these tests are about the
 #: request's lifecycle (tests/middleware/test_settling*.py are about settling).
 AT_RESPONSE = {"ADMISSION_PENDING_TIMEOUT_SECONDS": "1e-9"}
+#: No probing of routes not learned yet: a fixed reading never grows, so a probe would
+#: teach such tests' sessions a footprint of 0 after a quiet spell and change what they
+#: are about (tests/middleware/test_probing.py is about probing, with it on).
+NOT_PROBING = {"ADMISSION_PROBE_SESSIONS": "0"}
 
 
 @contextlib.contextmanager
@@ -86,7 +101,7 @@ def controller(
 
 
 def guard(
-    app: Any,
+    app: ASGIApp,
     reader: Callable[[], MemoryReading],
     *,
     routes: Iterable[str] = ("POST /sessions", "WS /terminal/*"),
@@ -94,7 +109,7 @@ def guard(
     max_sessions: int = 100,
     **options: Any,
 ) -> AdmissionMiddleware:
-    with environment(AT_RESPONSE):
+    with environment({**AT_RESPONSE, **NOT_PROBING}):
         return AdmissionMiddleware(
             app,
             session_routes=list(routes),

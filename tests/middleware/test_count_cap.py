@@ -41,6 +41,8 @@ def no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """No ADMISSION_*/CODA_* variable from the machine reaches the guard: its defaults."""
     for name in [k for k in os.environ if k.startswith(("ADMISSION_", "CODA_"))]:
         monkeypatch.delenv(name)
+    # But no probing: its sessions' memory never shows, which a probe would learn as 0.
+    monkeypatch.setenv("ADMISSION_PROBE_SESSIONS", "0")
 
 
 def app() -> Starlette:

@@ -10,7 +10,7 @@ import pytest
 from asgi_admission import AdmissionConfig
 from asgi_admission._admission.ledger import InProcessLedger
 from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger
-from asgi_admission._factory import build_ledger
+from asgi_admission._factory import build_sharing
 
 #: Internal on purpose: the ledger the factory builds for a configuration.
 INTERNAL = "the ledger the factory builds for a configuration"
@@ -36,15 +36,18 @@ def test_reserve_activate_release_counts() -> None:
 
 
 def test_shared_dir_builds_the_shared_ledger(tmp_path: Path) -> None:
-    """Asking for a shared directory builds the cross-process ledger there."""
-    ledger = build_ledger(AdmissionConfig(shared_dir=str(tmp_path / "ledger")))
-    assert isinstance(ledger, SharedLedger)
-    ledger.close()
+    """Naming a shared directory builds the cross-process ledger there."""
+    sharing = build_sharing(AdmissionConfig(shared_dir=str(tmp_path / "ledger")), None)
+    assert isinstance(sharing.ledger, SharedLedger)
+    assert sharing.directory == str(tmp_path / "ledger")
+    sharing.ledger.close()
     assert (tmp_path / "ledger" / FILE_NAME).is_file()
 
 
-def test_plain_config_builds_quietly(caplog: pytest.LogCaptureFixture) -> None:
-    """Without a shared directory the in-process ledger is built without a warning."""
+def test_off_builds_the_in_process_ledger_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    """With the shared directory off, the in-process ledger is built without a warning."""
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
-        assert isinstance(build_ledger(AdmissionConfig()), InProcessLedger)
+        sharing = build_sharing(AdmissionConfig(shared_dir="off"), None)
+    assert isinstance(sharing.ledger, InProcessLedger)
+    assert (sharing.directory, sharing.alone) == (None, None)
     assert caplog.records == []

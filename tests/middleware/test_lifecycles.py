@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mwkit import AT_RESPONSE, MIB, controller, environment
+from starlette.types import Message, Receive, Scope, Send
 
 from asgi_admission import AdmissionMiddleware, MemoryReading
-
-Message = dict[str, Any]
 
 HTTP_ACTIONS = (
     "complete",
@@ -45,7 +43,7 @@ class Boom(Exception):
     pass
 
 
-async def app(scope: Message, receive: Any, send: Any) -> None:
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
     """Plays out the action named in the scope, as a misbehaving app or client might."""
     action = scope["action"]
     if scope["type"] == "http":
@@ -82,7 +80,7 @@ async def app(scope: Message, receive: Any, send: Any) -> None:
     await send({"type": "websocket.close", "code": 1000})
 
 
-def fake_io(kind: str, action: str) -> tuple[Any, Any]:
+def fake_io(kind: str, action: str) -> tuple[Receive, Send]:
     blocks = action.startswith("cancel")
     script: list[Message] = []
     if kind == "websocket":
@@ -131,7 +129,7 @@ def make_guard(percents: list[int]) -> AdmissionMiddleware:
 async def play(mw: AdmissionMiddleware, plan: list[tuple[str, str]]) -> None:
     tasks = []
     for kind, action in plan:
-        scope: Message = {"type": kind, "path": "/s" if kind == "http" else "/w", "action": action}
+        scope: Scope = {"type": kind, "path": "/s" if kind == "http" else "/w", "action": action}
         if kind == "http":
             scope["method"] = "POST"
         receive, send = fake_io(kind, action)

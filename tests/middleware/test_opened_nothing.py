@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 from fastapi import FastAPI
-from mwkit import MIB, SettableReader, TestClient, controller, environment
+from mwkit import MIB, NOT_PROBING, SettableReader, TestClient, controller, environment
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 from starlette.applications import Starlette
@@ -26,7 +26,7 @@ from asgi_admission import AdmissionMiddleware, admission_ticket
 #: 300 MiB used of 1000 MiB, high 80 %, 100 MiB per session: 5 pending sessions fit.
 FIT = 5
 #: A normal pending timeout: a reservation held past its response stays held.
-HELD = {"ADMISSION_PENDING_TIMEOUT_SECONDS": "120"}
+HELD = {"ADMISSION_PENDING_TIMEOUT_SECONDS": "120", **NOT_PROBING}
 
 
 def guarded(app: ASGIApp, reader: SettableReader, **options: object) -> AdmissionMiddleware:

@@ -87,3 +87,22 @@ def test_ramping_burst_over_four_workers_is_cut_at_capacity(
     )
     assert result.workers == 4
     assert_cut_at_capacity(result)
+
+
+def test_ramping_burst_over_four_workers_sharing_by_default_is_cut_at_capacity(
+    footprint: int,
+) -> None:
+    """4 uvicorn workers with no setting of where to share or which cgroup to read find
+    their memory group and one private ledger in it by themselves: the burst is cut at
+    capacity with no OOM kill (each worker guarding alone admitted twice what fit)."""
+    result = ramp_burst.run_ramp_burst(
+        "settle", hold_mb=HOLD_MB, footprint=footprint, workers=4, default_sharing=True
+    )
+    assert result.workers == 4
+    assert len(result.ledgers) == 4, result.ledgers
+    files = {path for paths in result.ledgers.values() for path in paths}
+    assert len(files) == 1, result.ledgers
+    assert all(len(paths) == 1 for paths in result.ledgers.values()), result.ledgers
+    place = os.path.dirname(files.pop())
+    assert os.path.basename(place).startswith(f"asgi-admission-{os.geteuid()}-asgi_admission_ramp")
+    assert_cut_at_capacity(result)

@@ -80,6 +80,8 @@ def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
         "ADMISSION_CGROUP_ROOT": str(cgroup),
         "ADMISSION_MAX_SESSIONS": "2",
         "ADMISSION_SESSION_RESERVE_MB": "1",
+        # Overlapping requests, not a probe followed by its waiters: the cap is the point.
+        "ADMISSION_PROBE_SESSIONS": "0",
     }
     command, prefix = argv(name, port)
     server = Server(command, port, env, tmp_path / "server.log")

@@ -110,8 +110,10 @@ def test_learning_raises_the_reserve_and_shows_it() -> None:
     with TestClient(mw) as client:
         assert client.post("/sessions").status_code == 200
         reader.set_mb(150)
-        wait_for(lambda: mw.controller.reserve_for(reader.limit) > 10 * MIB)
-        # 50 MiB, and what drift may have hidden over its window (1 MiB a second).
+        # The probe's growth raises the reserve at once; the footprint is learned once
+        # its memory has stopped growing: 50 MiB, and what drift may have hidden over
+        # its window (1 MiB a second).
+        wait_for(lambda: mw.keeper.estimates())
         assert 50 * MIB <= mw.controller.reserve_for(reader.limit) <= 56 * MIB
         footprint = registry.get_sample_value(
             "asgi_admission_session_footprint_bytes", {"route": "POST /sessions"}

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from mwkit import SettableReader, controller, environment
+from mwkit import NOT_PROBING, SettableReader, controller, environment
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -36,6 +36,7 @@ def guarded(
         "ADMISSION_BODY_TIMEOUT_SECONDS": body_timeout,
         "ADMISSION_BODY_BUFFER_KB": buffer_kb,
         "ADMISSION_PENDING_TIMEOUT_SECONDS": pending,
+        **NOT_PROBING,
     }
     with environment(settings):
         return AdmissionMiddleware(
@@ -316,3 +317,51 @@ def test_the_config_refuses_an_unusable_body_setting() -> None:
         AdmissionConfig(body_timeout_s=0)
     with pytest.raises(ValueError, match="ADMISSION_BODY_BUFFER_KB"):
         AdmissionConfig(body_buffer_bytes=-1)
+
+
+def test_a_cancellation_from_the_server_while_reading_goes_on() -> None:
+    """Only the guard's own timer turns a cancellation into a 408: the server's propagates."""
+    mw = guarded(session_app([]), body_timeout="5")
+
+    async def run() -> Sent:
+        sent: Sent = []
+        task = asyncio.ensure_future(mw(scope(), trickle([b"x"]), collector(sent)))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return sent
+
+    assert asyncio.run(run()) == []
+    assert mw.session_counts() == (0, 0)
+
+
+def test_many_slow_bodies_each_time_out_at_their_own_deadline() -> None:
+    """One timer serves every read: bodies that start at different times each get a 408 about
+    one bound after their own start, and a body completing in time is not cut short."""
+    bodies: list[bytes] = []
+    mw = guarded(session_app(bodies), body_timeout="0.3")
+
+    async def timed(delay: float, receive: Any) -> tuple[int, float]:
+        await asyncio.sleep(delay)
+        sent: Sent = []
+        start = time.monotonic()
+        await mw(scope(), receive, collector(sent))
+        return status(sent), time.monotonic() - start
+
+    async def completes_late() -> Message:
+        await asyncio.sleep(0.2)
+        return {"type": "http.request", "body": b"done", "more_body": False}
+
+    async def run() -> tuple[tuple[int, float], ...]:
+        return await asyncio.gather(
+            timed(0.0, trickle([b"x"])),
+            timed(0.1, trickle([b"x"])),
+            timed(0.2, completes_late),
+        )
+
+    (first, took1), (second, took2), (third, _took3) = asyncio.run(run())
+    assert (first, second, third) == (408, 408, 201)
+    assert 0.25 <= took1 < 0.6
+    assert 0.25 <= took2 < 0.6
+    assert bodies == [b"done"]

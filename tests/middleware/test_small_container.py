@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cgroupkit import joining, oom_kills
+from cgroupkit import default_places, joining, oom_kills
 from processkit import free_port, stop_process_group
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -45,12 +46,15 @@ def group() -> Iterator[Path]:
         (path / "memory.limit_in_bytes").write_text(str(LIMIT_MB * MIB))
         yield path
     finally:
+        places = default_places(path)  # where the demo, with no settings, shared its ledger
         for _ in range(50):
             try:
                 path.rmdir()
                 break
             except OSError:
                 time.sleep(0.1)
+        for place in places:
+            shutil.rmtree(place, ignore_errors=True)
 
 
 @contextlib.contextmanager

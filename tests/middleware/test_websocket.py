@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
 
 import pytest
 from mwkit import SettableReader, TestClient, controller, guard
@@ -12,11 +11,10 @@ from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import WebSocketRoute
+from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from asgi_admission import AdmissionMiddleware
-
-Message = dict[str, Any]
 
 
 def echo_app(counts: list[tuple[int, int]], holder: list[AdmissionMiddleware]) -> Starlette:
@@ -138,7 +136,7 @@ class RawServer:
         self.sent.append(message)
 
 
-def ws_scope(path: str, extensions: dict[str, object] | None = None) -> Message:
+def ws_scope(path: str, extensions: dict[str, object] | None = None) -> Scope:
     return {
         "type": "websocket",
         "path": path,
@@ -155,7 +153,7 @@ def ws_scope(path: str, extensions: dict[str, object] | None = None) -> Message:
     }
 
 
-async def never_called(scope: Message, receive: Any, send: Any) -> None:  # pragma: no cover
+async def never_called(scope: Scope, receive: Receive, send: Send) -> None:  # pragma: no cover
     raise AssertionError("the app must not be called")
 
 
@@ -186,7 +184,7 @@ def test_client_disconnect_before_accept_releases() -> None:
     seen: list[tuple[int, int]] = []
     holder: list[AdmissionMiddleware] = []
 
-    async def app(scope: Message, receive: Any, send: Any) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await receive()  # connect
         await receive()  # disconnect
         seen.append(holder[0].session_counts())
@@ -204,7 +202,7 @@ def test_lifespan_passes_through_without_reading() -> None:
     """Lifespan events reach the app untouched and take no reading."""
     events: list[str] = []
 
-    async def app(scope: Message, receive: Any, send: Any) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "lifespan"
         while True:
             message = await receive()
@@ -231,7 +229,7 @@ def test_unknown_scope_types_pass_through() -> None:
     """A scope type the middleware does not know reaches the app as is."""
     seen: list[str] = []
 
-    async def app(scope: Message, receive: Any, send: Any) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
         seen.append(scope["type"])
 
     mw = guard(app, SettableReader())

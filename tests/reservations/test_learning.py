@@ -288,9 +288,12 @@ def test_the_latch_reserve_takes_in_what_was_learned(
     configured: int | None, learned: int | None, replaces: bool, expected: int
 ) -> None:
     """reserve_for applies the learned footprint to the configured or derived reserve."""
-    from asgi_admission import AdmissionController
+    from asgi_admission import AdmissionController, MemoryReading
 
-    controller = AdmissionController(reserve_bytes=configured, memory_reader=lambda: None)  # type: ignore[arg-type,return-value]
+    def unread() -> MemoryReading:
+        raise AssertionError("reserve_for is given the limit: it takes no reading")
+
+    controller = AdmissionController(reserve_bytes=configured, memory_reader=unread)
     controller.learned_reserve_bytes = learned
     controller.learned_replaces = replaces
     assert controller.reserve_for(1024 * MIB) == expected

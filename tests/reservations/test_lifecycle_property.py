@@ -16,12 +16,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from reskit import MIB, apply, counts
 
 from asgi_admission._admission.ledger import InProcessLedger, Reservation
-from asgi_admission._admission.settling import VISIBLE_FRACTION, Settlement, Settler
+from asgi_admission._admission.settling import VISIBLE_FRACTION, Action, Settlement, Settler
 
 #: Internal on purpose: the settler and keeper, driven through random lifecycles.
 INTERNAL = "the settler and keeper, driven through random lifecycles"
@@ -99,6 +99,11 @@ class Sim:
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**32 - 1), oversized=st.booleans())
+# A ticket started on memory credited to an older session still ramping (its reserve
+# was all that covered the older one's), and the same after a later ticket's memory
+# paid its placeholder.
+@example(seed=527, oversized=False)
+@example(seed=1914, oversized=False)
 def test_random_sessions_release_once_never_early_and_return_to_zero(
     seed: int, oversized: bool
 ) -> None:
@@ -136,7 +141,7 @@ def test_random_sessions_release_once_never_early_and_return_to_zero(
         with ledger.locked():
             reservation = Watched(ledger.reserve())
             entry = settler.admit(
-                reservation,  # type: ignore[arg-type]
+                reservation,
                 kind="websocket" if behaviour == "websocket" else "http",
                 route="POST /s",
                 used_bytes=working_set(),
@@ -160,7 +165,7 @@ def test_random_sessions_release_once_never_early_and_return_to_zero(
         # Advance the clock until the next arrival, playing every session's events.
         for _ in range(rng.randint(0, 6)):
             now += STEP
-            events: list = []
+            events: list[Action] = []
             for sim in sims:
                 if sim.ended:
                     continue

@@ -175,6 +175,76 @@ def test_a_held_ticket_waits_for_started_even_when_memory_shows() -> None:
     assert counts(ledger) == (0, 0)
 
 
+def test_a_ticket_started_on_memory_credited_to_an_older_session_keeps_its_reserve() -> None:
+    """A ticket started after first-in-first-out attribution credited its memory to an
+    older session still ramping keeps its reserve until growth has paid for both, then
+    becomes active: the older session was released on the ticket's memory."""
+    settler, ledger = make()
+    older = admit(settler, ledger, 500 * MIB, 0.0)
+    apply(settler.respond(older, 0.1))
+    ticket = admit(settler, ledger, 500 * MIB, 0.1)
+    assert settler.hold(ticket)
+    apply(settler.respond(ticket, 0.2))
+    # The ticket's session is up (0.95 R), the older one has shown 0.05 R of its own:
+    # attribution credits the oldest, which settles.
+    apply(settler.settle(500 * MIB + R, 0.5))
+    assert older.released
+    apply(settler.started(ticket))
+    assert counts(ledger) == (0, 1)  # its reserve covers the older one's 0.95 R to come
+    apply(settler.settle(500 * MIB + int(1.5 * R), 1.0))
+    assert counts(ledger) == (0, 1)
+    apply(settler.settle(500 * MIB + int(1.95 * R), 1.5))
+    assert counts(ledger) == (1, 0)
+    apply(settler.release(ticket))
+    assert counts(ledger) == (0, 0)
+    assert settler.unsettled == 0
+
+
+def test_a_covering_ticket_waits_for_every_placeholder_ahead_of_growth() -> None:
+    """A started ticket covering an older session is not freed by growth that a later
+    started ticket's memory paid its placeholder with: it waits until every placeholder
+    in the queue has been paid for."""
+    settler, ledger = make()
+    older = admit(settler, ledger, 500 * MIB, 0.0)
+    apply(settler.respond(older, 0.1))
+    covering = admit(settler, ledger, 500 * MIB, 0.1)
+    settler.hold(covering)
+    apply(settler.respond(covering, 0.2))
+    apply(settler.settle(500 * MIB + R, 0.5))  # the covering ticket's memory credits `older`
+    assert older.released
+    apply(settler.started(covering))
+    later = admit(settler, ledger, 500 * MIB + R, 0.6)
+    settler.hold(later)
+    apply(settler.respond(later, 0.7))
+    # Up before a reading shows it, with nothing credited since its admission: active
+    # at once, its placeholder behind the covering one's.
+    apply(settler.started(later))
+    assert counts(ledger) == (1, 1)
+    # Its memory arrives and pays the covering ticket's placeholder, not its own.
+    apply(settler.settle(500 * MIB + 2 * R, 0.8))
+    assert counts(ledger) == (1, 1)
+    apply(settler.settle(500 * MIB + int(2.95 * R), 1.5))  # the older one's memory
+    assert counts(ledger) == (2, 0)
+
+
+def test_a_covering_ticket_is_active_by_the_timeout() -> None:
+    """A started ticket kept covering an older session becomes active at the pending
+    timeout, however little has grown."""
+    settler, ledger = make(timeout_s=5.0)
+    older = admit(settler, ledger, 500 * MIB, 0.0)
+    apply(settler.respond(older, 0.1))
+    ticket = admit(settler, ledger, 500 * MIB, 0.1)
+    settler.hold(ticket)
+    apply(settler.respond(ticket, 0.2))
+    apply(settler.settle(500 * MIB + R, 0.5))
+    apply(settler.started(ticket))
+    apply(settler.settle(500 * MIB + R, 5.0))
+    assert counts(ledger) == (0, 1)
+    apply(settler.settle(500 * MIB + R, 5.1))
+    assert counts(ledger) == (1, 0)
+    assert settler.unsettled == 0
+
+
 def test_a_held_ticket_never_started_expires_once_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -166,7 +166,10 @@ def test_learned_observations_are_merged_and_survive(tmp_path: Path) -> None:
     second = LearnedStore(str(tmp_path), window=3)
     first.add(observed("POST /s", footprints=[10 * MIB], ramps=[1.0]))
     merged = second.add(
-        {**observed("POST /s", footprints=[20 * MIB]), **observed("WS /t", footprints=[5 * MIB])}
+        {
+            **observed("POST /s", footprints=[20 * MIB]),
+            **observed("WS /t", footprints=[5 * MIB], ramps=[0.5]),
+        }
     )
     assert merged is not None
     assert merged["POST /s"]["footprints"] == [10.0 * MIB, 20.0 * MIB]

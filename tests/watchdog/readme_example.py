@@ -30,6 +30,8 @@ async def terminal(websocket: WebSocket, name: str) -> None:
         stdout=asyncio.subprocess.PIPE,
         start_new_session=True,  # its own process group, so a halt takes all of it
     )
+    assert shell.stdin is not None  # both piped above
+    assert shell.stdout is not None
     budget = int(websocket.query_params.get("budget_mb", "512")) * 1024 * 1024
     connections[name] = websocket
     # Leaving the block unregisters the session; its peak RSS goes into the histogram.

@@ -6,10 +6,13 @@ import asyncio
 import itertools
 import logging
 import math
+from collections.abc import Generator
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
+from starlette.requests import HTTPConnection
+from starlette.types import Scope
 from watchdogkit import MIB, FixedReader, Recorder, Spawn
 
 from asgi_admission import (
@@ -203,13 +206,13 @@ def test_async_callback_without_a_loop_is_reported(
         raise AssertionError("never awaited")
 
     class Later:
-        def __await__(self) -> Any:
+        def __await__(self) -> Generator[None, None, None]:
             yield None
 
     watchdog = SessionWatchdog(
         config=AdmissionConfig(),
         memory_reader=calm,
-        halt=lambda event: Later(),  # type: ignore[arg-type,return-value]
+        halt=lambda event: Later(),
         on_halt=tell,
         registry=None,
     )
@@ -327,16 +330,17 @@ async def test_a_failing_tick_does_not_stop_the_task(
     assert any("tick failed" in r.getMessage() for r in caplog.records)
 
 
-class _Conn:
-    def __init__(self, scope: dict[str, Any]) -> None:
-        self.scope = scope
+def _connection(scope: Scope) -> HTTPConnection:
+    """A request's connection over ``scope`` (the helper reads only its scope)."""
+    return HTTPConnection({"type": "http", **scope})
 
 
 def test_session_watchdog_helper() -> None:
     """The helper finds the watchdog in the lifespan state, or says clearly that it is absent."""
     watchdog = SessionWatchdog(config=AdmissionConfig(), registry=None)
-    found = session_watchdog(_Conn({"state": {"asgi_admission.watchdog": watchdog}}))  # type: ignore[arg-type]
+    found = session_watchdog(_connection({"state": {"asgi_admission.watchdog": watchdog}}))
     assert found is watchdog
-    for scope in ({}, {"state": {}}, {"state": {"asgi_admission.watchdog": object()}}):
+    scopes: list[Scope] = [{}, {"state": {}}, {"state": {"asgi_admission.watchdog": object()}}]
+    for scope in scopes:
         with pytest.raises(LookupError, match="No session watchdog"):
-            session_watchdog(_Conn(scope))  # type: ignore[arg-type]
+            session_watchdog(_connection(scope))

@@ -14,9 +14,8 @@ from prometheus_client import CollectorRegistry
 from watchdogkit import MIB, FixedReader, Spawn
 
 from asgi_admission import AdmissionConfig, ProcessGroupHalt, SessionWatchdog
-from asgi_admission._watchdog import halt as halt_module
 
-#: Internal on purpose: the halt's handling of refused signals.
+#: Internal on purpose: the halt's handling of refused signals (it signals by os.killpg).
 INTERNAL = "the halt's handling of refused signals"
 
 
@@ -41,7 +40,7 @@ async def test_an_existence_check_refused_still_ends_in_sigkill(
 ) -> None:
     """killpg(pgid, 0) raising PermissionError does not end the escalation: the process
     that ignores SIGTERM still gets SIGKILL after the grace period."""
-    monkeypatch.setattr(halt_module.os, "killpg", refusing(lambda sig: sig == 0))
+    monkeypatch.setattr(os, "killpg", refusing(lambda sig: sig == 0))
     watchdog = SessionWatchdog(
         config=AdmissionConfig(),
         memory_reader=calm,
@@ -72,7 +71,7 @@ async def test_a_group_that_cannot_be_signalled_stays_halted(
 ) -> None:
     """When every signal is refused the halt is logged once as 'cannot signal', never
     raised, and the session stays registered and marked halted."""
-    monkeypatch.setattr(halt_module.os, "killpg", refusing(lambda sig: True))
+    monkeypatch.setattr(os, "killpg", refusing(lambda sig: True))
     watchdog = SessionWatchdog(
         config=AdmissionConfig(),
         memory_reader=calm,

@@ -242,7 +242,9 @@ def test_halted_session_leaves_when_its_process_does(
     session = watchdog.register(child.pid, budget_bytes=8 * MIB)
     watchdog.sample_once()
     watchdog.sample_once()
-    assert watchdog.sessions == (session,)
+    # A local, not the property: mypy would keep this narrowing past the next sample.
+    halted = watchdog.sessions
+    assert halted == (session,)
     assert not session.ended
     child.finish()
     watchdog.sample_once()

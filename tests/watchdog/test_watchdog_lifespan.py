@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from watchdog_app import build_app
 from watchdogkit import TestClient
 
@@ -146,7 +147,7 @@ def _health(base: str) -> bool:
 # -- the lifespan protocol, message by message -------------------------------------------
 
 
-def _guard(app: Any) -> tuple[AdmissionMiddleware, SessionWatchdog]:
+def _guard(app: ASGIApp) -> tuple[AdmissionMiddleware, SessionWatchdog]:
     watchdog = SessionWatchdog(config=AdmissionConfig(), registry=None)
     guard = AdmissionMiddleware(
         app, session_routes=["POST /s"], config=AdmissionConfig(), registry=None, watchdog=watchdog
@@ -154,14 +155,14 @@ def _guard(app: Any) -> tuple[AdmissionMiddleware, SessionWatchdog]:
     return guard, watchdog
 
 
-async def _drive(guard: AdmissionMiddleware, scope: dict[str, Any]) -> list[str]:
-    incoming = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+async def _drive(guard: AdmissionMiddleware, scope: Scope) -> list[str]:
+    incoming: list[Message] = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
     sent: list[str] = []
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> Message:
         return incoming.pop(0)
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message["type"])
 
     await guard(scope, receive, send)
@@ -173,7 +174,7 @@ async def test_failed_startup_never_starts_the_watchdog() -> None:
     """An app whose startup fails leaves the watchdog stopped."""
     running: list[bool] = []
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await receive()
         await send({"type": "lifespan.startup.failed", "message": "no"})
 
@@ -195,7 +196,7 @@ async def test_watchdog_runs_between_startup_and_shutdown() -> None:
     """Started before startup.complete reaches the server, stopped before shutdown.complete."""
     observed: list[tuple[str, bool]] = []
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
@@ -219,7 +220,7 @@ async def test_watchdog_runs_between_startup_and_shutdown() -> None:
 async def test_app_without_lifespan_support_leaves_nothing_running() -> None:
     """An app that raises on the lifespan scope propagates its error and starts nothing."""
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
         raise RuntimeError("lifespan is not supported")
 
     guard, watchdog = _guard(app)
@@ -231,9 +232,13 @@ async def test_app_without_lifespan_support_leaves_nothing_running() -> None:
 
 def test_middleware_refuses_a_non_watchdog() -> None:
     """Passing something else as watchdog is a ValueError naming the setting."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("never called: the middleware is refused first")
+
     with pytest.raises(ValueError, match="watchdog must be a SessionWatchdog"):
         AdmissionMiddleware(
-            lambda *a: None,  # type: ignore[arg-type,return-value]
+            app,
             session_routes=["POST /s"],
             config=AdmissionConfig(),
             registry=None,

@@ -16,21 +16,26 @@ Notes:
 - The critical section is only ever tried (``attempt``): where another worker
   holds the shared ledger, a session's event (its response, its end, a ticket)
   is kept, in order, for the next sample, so neither the event loop nor a
-  response waits for another process and nothing is lost (docs/trust.md). The
-  app's own count is asked before the critical section, never inside it.
+  response waits for another process and nothing is lost (docs/trust.md). A
+  release (a ticket's, a WebSocket's end) still gives its reservation back at
+  once; the sample catches up in a critical section of its own, so what the kept
+  events decided is done even if the sample's look then fails. The app's own
+  count is asked before the critical section, never inside it.
 - The periodic sample reads memory only while something is unsettled or
   being learned, and the active count (for the rate of session ends) every
   time: a few microseconds, four times a second, on the event loop like any
   decision. It never blocks on anything slower than the ledger's lock.
 - The reserve the latch uses is set here, from the configured reserve and
   what was learned (``effective_reserve``), whenever an observation arrives.
+- While a route has no learned footprint its sessions are probed
+  (``probing.py``): the keeper tells the board of the probes' events and
+  readings, and wakes the requests held for the probes' evidence (``holds.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import functools
 import logging
 import os
@@ -40,9 +45,10 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Final, Literal
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from asgi_admission._admission.end_rate import SessionEnds
+from asgi_admission._admission.holds import HoldRegistry
 from asgi_admission._admission.latch import AdmissionController
 from asgi_admission._admission.learning import (
     WINDOW,
@@ -51,6 +57,7 @@ from asgi_admission._admission.learning import (
     effective_reserve,
 )
 from asgi_admission._admission.ledger import LedgerBusy, Reservation
+from asgi_admission._admission.probing import Gate, ProbeBoard, ProbeStatus, ProbeStore
 from asgi_admission._admission.reserve import derived_reserve_bytes
 from asgi_admission._admission.settling import (
     Action,
@@ -61,9 +68,10 @@ from asgi_admission._admission.settling import (
     Settler,
 )
 from asgi_admission._admission.shared_files import LearnedStore, SharedSettleQueue
+from asgi_admission._admission.shared_probes import SharedProbeStore
 from asgi_admission._config import Learning
 from asgi_admission._memory.reading import MemoryReading
-from asgi_admission._routes import route_path
+from asgi_admission._routes import RouteNames
 
 logger = logging.getLogger("asgi_admission")
 
@@ -74,7 +82,6 @@ SHARED_REFRESH_S: Final = 2.0
 #: CPU contention a burst ramps slower than the sessions it was learned from, and a
 #: reservation held a little long costs less than one released before its memory.
 RAMP_MARGIN: Final = 2.0
-_ROUTE_CACHE: Final = 1024
 
 #: Why a session request opened nothing: the app answered with an error status, or
 #: its body had not arrived by ``ADMISSION_BODY_TIMEOUT_SECONDS``.
@@ -118,6 +125,7 @@ class ReservationKeeper:
         ledger_is_current: Callable[[], bool] | None = None,
         on_reserve: Callable[[int, int | None], None] = lambda learned, configured: None,
         clock: Callable[[], float] = time.monotonic,
+        probe_sessions: int = 0,
     ) -> None:
         self._controller = controller
         self._locked = locked
@@ -126,7 +134,8 @@ class ReservationKeeper:
         self._own_count = own_count
         #: Events kept while another worker held the shared ledger, oldest first.
         self._deferred: collections.deque[Callable[[], Sequence[Action]]] = collections.deque()
-        self._route_of = route_of
+        #: The session pattern a scope came by (``"predicate"`` when none matched).
+        self.route = RouteNames(route_of)
         self.learning: Learning = learning
         self.min_reserve_bytes = min_reserve_bytes
         self._on_reserve = on_reserve
@@ -135,9 +144,11 @@ class ReservationKeeper:
         self.expired_total = 0
         #: Session requests that opened nothing, by kind and cause, in this process.
         self.failed: dict[tuple[Kind, FailureCause], int] = {}
-        self._routes: dict[tuple[str, str | None], str] = {}
         self._cached_version = -1
+        self._cached_board = -1
         self._cached: dict[str, RouteEstimate] = {}
+        #: Routes decided on an estimate (learned, or a probe's provisional footprint).
+        self._known: dict[str, RouteEstimate | None] = {}
         self._expected: dict[tuple[str, int | None], int] = {}
         self.learner = SessionLearner(timeout_s=timeout_s)
         self.ends = SessionEnds()
@@ -151,6 +162,19 @@ class ReservationKeeper:
                 self._store = LearnedStore(shared_dir, window=WINDOW)
                 self.learner.merge(self._store.load())
         self._queue = queue
+        #: Whether routes not learned yet are probed (``probing.py``).
+        self.probing = probe_sessions > 0 and learning != "off"
+        self.holds = HoldRegistry()
+        store: ProbeStore | None = None
+        if shared_dir is not None and self.probing:
+            store = SharedProbeStore(shared_dir)
+        self.board = ProbeBoard(
+            probe_sessions=probe_sessions,
+            timeout_s=timeout_s,
+            store=store,
+            on_wake=self.holds.wake,
+            waiting=self.holds.count,
+        )
         self.settler = Settler(
             queue=queue,
             timeout_s=timeout_s,
@@ -162,7 +186,9 @@ class ReservationKeeper:
         )
         self._next_refresh = 0.0
         self._next_look = 0.0
-        self._learned_version = -1
+        self._learned_version = (-1, -1)
+        #: How many periodic samples run (from a lifespan: :meth:`run`).
+        self.sampling = 0
         self._update_reserve()
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forked(ref))
@@ -191,7 +217,8 @@ class ReservationKeeper:
         return expected
 
     def _ramp_s(self, route: str) -> float | None:
-        estimate = self._learned().get(route)
+        # Only a concluded estimate has a ramp: an open probe's is still growing.
+        estimate = self.known().get(route)
         return None if estimate is None else estimate.ramp_s * RAMP_MARGIN
 
     def _footprint_bytes(self, route: str) -> int | None:
@@ -199,36 +226,36 @@ class ReservationKeeper:
         return None if estimate is None else estimate.footprint_bytes
 
     def _min_ramp_s(self) -> float | None:
-        return min((e.ramp_s * RAMP_MARGIN for e in self._learned().values()), default=None)
+        ramps = (e.ramp_s * RAMP_MARGIN for e in self.known().values() if e is not None)
+        return min(ramps, default=None)
 
     def _learned(self) -> dict[str, RouteEstimate]:
         # Percentiles are computed once per new observation, not on every decision.
-        version = self.learner.version
-        if self._cached_version != version:
-            self._cached_version = version
+        if self._cached_version != self.learner.version or self._cached_board != self.board.version:
+            self._cached_version = self.learner.version
+            self._cached_board = self.board.version
             estimates = [] if self.learning == "off" else self.learner.estimates()
-            self._cached = {estimate.route: estimate for estimate in estimates}
+            learned = {estimate.route: estimate for estimate in estimates}
+            # A probe's provisional footprint stands in until the learner has one.
+            provisional = {} if self.learning == "off" else self.board.estimates()
+            for route in learned:
+                provisional.pop(route, None)
+            self._cached = {**learned, **provisional}
+            self._known = {**self.board.concluded(), **learned}
             self._expected = {}
         return self._cached
 
-    def estimates(self) -> list[RouteEstimate]:
-        """What was learned, per route (empty with learning off)."""
-        return list(self._learned().values())
+    def known(self) -> dict[str, RouteEstimate | None]:
+        """The routes whose sessions are decided on an estimate, not probed first."""
+        if self._cached_version != self.learner.version or self._cached_board != self.board.version:
+            self._learned()
+        return self._known
 
-    def route(self, scope: Scope | None) -> str:
-        """The session pattern ``scope`` came by (``"predicate"`` when none matched),
-        cached by the route the app routes (the path less its ``root_path``)."""
-        if scope is None:
-            return "unnamed"
-        key = (route_path(scope), scope.get("method"))
-        try:
-            return self._routes[key]
-        except KeyError:
-            route = self._route_of(scope) or "predicate"
-            if len(self._routes) >= _ROUTE_CACHE:
-                self._routes.clear()
-            self._routes[key] = route
-            return route
+    def estimates(self) -> list[RouteEstimate]:
+        """What was learned, per route (empty with learning off), and the provisional
+        footprints of concluded probes; an open probe's growth is in :meth:`probe_status`."""
+        known = self.known()
+        return [estimate for route, estimate in self._learned().items() if route in known]
 
     # -- on the decision path (inside the ledger's lock) ------------------------------
 
@@ -239,15 +266,46 @@ class ReservationKeeper:
         scope: Scope | None,
         used_bytes: int | None,
         limit_bytes: int | None = None,
+        *,
+        route: str | None = None,
+        probe: bool = False,
     ) -> Settlement:
         """A reservation just made, at working set ``used_bytes`` (exact or a bound)
-        under the memory limit ``limit_bytes``."""
+        under the memory limit ``limit_bytes``; ``probe``: a probe of its route (admitted
+        at an exact working set)."""
         now = self._clock()
-        route = self.route(scope)
+        if route is None:
+            route = self.route(scope)
         if self.learning != "off":
-            self.learner.on_admit(route, used_bytes, now)
+            self.learner.on_admit(route, used_bytes, now, responded=False)
         expected = self._expected_bytes(route, limit_bytes)
-        return self.settler.admit(reservation, kind, route, used_bytes, now, expected)
+        entry = self.settler.admit(reservation, kind, route, used_bytes, now, expected)
+        if probe and used_bytes is not None:
+            self.board.add(route, entry.seq, used_bytes, expected, now)
+        elif self.probing and self.board.busy:
+            self.board.other_admitted(now)
+        return entry
+
+    def gate(self, route: str, used_bytes: int | None = None) -> Gate:
+        """How to decide one more session of ``route`` (inside the ledger's lock), at the
+        exact working set ``used_bytes`` (which may conclude the probes)."""
+        now = self._clock()
+        if used_bytes is not None and self.board.busy:
+            self.board.on_reading(used_bytes, now, self.learner)
+            self._publish_learned()
+        if route in self.known():
+            return "known"
+        return self.board.gate(route, now)
+
+    def probe_status(self) -> list[ProbeStatus]:
+        """The routes being probed now (for metrics and refusals: outside the lock)."""
+        if self.board.shared:
+            try:
+                with self._locked:
+                    return self.board.status(self._clock(), load=True)
+            except LedgerBusy:
+                pass  # as this worker last saw them
+        return self.board.status(self._clock())
 
     def due(self) -> Sequence[Action]:
         """Settle from a fresh reading when the last look is a sample interval old.
@@ -298,13 +356,24 @@ class ReservationKeeper:
     def _responded(self, entry: Settlement) -> Sequence[Action]:
         now = self._clock()
         actions = self.settler.respond(entry, now)
-        if entry.phase == "waiting" and entry.queued:
+        if self.learning != "off":
+            self.learner.on_response(entry.admitted_at, now)
+        probe = entry.seq in self.board.own
+        if (entry.phase == "waiting" and entry.queued) or probe:
             # Work done inside the request is in the working set by now: a fresh
-            # reading lets such a session settle at once.
+            # reading lets such a session settle at once (and a probe show it).
             memory = self._read()
-            if memory.available and memory.used_bytes is not None:
-                actions += self._take(memory.used_bytes, now)
+            used = memory.used_bytes if memory.available else None
+            if probe:
+                self.board.responded(entry.seq, used, now)
+            if used is not None:
+                actions += self._take(used, now)
         return actions
+
+    def _probe_left(self, entry: Settlement, opened: bool) -> None:
+        # Asked of every session's end: most are no probe, and this process has none.
+        if entry.seq in self.board.own:
+            self.board.left(entry.seq, opened=opened, now=self._clock())
 
     def fail(self, entry: Settlement, cause: FailureCause) -> None:
         """The request opened nothing (an error answer, a body that came too late): its
@@ -313,9 +382,10 @@ class ReservationKeeper:
 
         def step() -> Sequence[Action]:
             self.learner.on_failed(entry.admitted_at)
+            self._probe_left(entry, False)
             return self.settler.release(entry)
 
-        self._now_or_later(step)
+        self._now_or_later(step, releases=entry.reservation)
 
     def count_failure(self, kind: Kind, cause: FailureCause) -> None:
         """One more session request of ``kind`` that opened nothing, for the metrics."""
@@ -329,9 +399,10 @@ class ReservationKeeper:
                 self._ended(entry)
             elif not (entry.held or entry.phase == "started"):
                 self.learner.on_failed(entry.admitted_at)
+            self._probe_left(entry, entry.phase != "request")
             return self.settler.abandon(entry, session_over=session_over)
 
-        self._now_or_later(step)
+        self._now_or_later(step, releases=entry.reservation if session_over else None)
 
     def ticket(self, operation: str, entry: Settlement) -> bool:
         """``hold``, ``started`` or ``release`` for a ticket; whether hold took effect
@@ -351,9 +422,10 @@ class ReservationKeeper:
 
             def release() -> Sequence[Action]:
                 self._ended(entry)
+                self._probe_left(entry, entry.phase != "request")
                 return self.settler.release(entry)
 
-            self._now_or_later(release)
+            self._now_or_later(release, releases=entry.reservation)
         return True
 
     def _ended(self, entry: Settlement) -> None:
@@ -378,9 +450,17 @@ class ReservationKeeper:
 
         self._now_or_later(step)
 
-    def _now_or_later(self, step: Callable[[], Sequence[Action]]) -> None:
+    def _now_or_later(
+        self, step: Callable[[], Sequence[Action]], *, releases: Reservation | None = None
+    ) -> None:
         """``step`` in the critical section, then what it decided; while another worker
-        holds the shared ledger (or earlier events wait), kept for the next sample."""
+        holds the shared ledger (or earlier events wait), kept for the next sample.
+
+        A step that ends its session (``releases``: a ticket's release, a WebSocket's
+        end) gives the reservation back at once even then: the ledger's release never
+        waits and never raises, and nothing that comes later may count that session
+        again (an activation after it is a no-op). Only the settler's bookkeeping waits.
+        """
         if not self._deferred:
             try:
                 with self._locked:
@@ -391,6 +471,8 @@ class ReservationKeeper:
                 apply(actions)
                 return
         self._deferred.append(step)
+        if releases is not None:
+            releases.release()
 
     @property
     def deferred(self) -> int:
@@ -414,6 +496,12 @@ class ReservationKeeper:
         now = self._clock()
         own = self._own_count()
         try:
+            if self._deferred:
+                # A critical section of their own: what they decided is done even if
+                # the sample's own look then fails (the file found replaced, say).
+                with self._locked:
+                    caught_up = self.catch_up()
+                apply(caught_up)
             with self._locked:
                 actions = self._sample_locked(own, now)
         except LedgerBusy:
@@ -421,32 +509,50 @@ class ReservationKeeper:
         apply(actions)
 
     def _sample_locked(self, own: int | None, now: float) -> list[Action]:
-        actions = self.catch_up()
+        actions: list[Action] = []
+        probing = self.probing and (self.board.busy or bool(self.holds))
         ended = self.ends.on_active(self._active_count(own), now)
         # Ends whose route is known were told already; the others are the app's count
         # falling (or other workers' sessions), of a route the learner shares out.
         anonymous, self._named_ends = max(0, ended - self._named_ends), 0
         if anonymous and self.learning != "off":
             self.learner.on_session_end(now, count=anonymous)
-        if self.settler.unsettled or self.learner.observing or self._queue_busy():
+        if ended and probing:
+            self.board.session_ended(now)
+        if self.settler.unsettled or self.learner.observing or self._queue_busy() or probing:
             memory = self._read()
             if memory.available and memory.used_bytes is not None:
                 actions += self._take(memory.used_bytes, now)
             else:
                 actions += self.settler.settle(None, now)
-        if self._store is not None and now >= self._next_refresh:
+        # While requests wait for another worker's probe, what it learned is looked
+        # for at every sample rather than every SHARED_REFRESH_S.
+        if self._store is not None and (now >= self._next_refresh or (probing and self.holds)):
             self._next_refresh = now + SHARED_REFRESH_S
             self._refresh_shared()
+        if self.holds:
+            # Requests that may go on now: their route is known, or (another worker's
+            # probe having left or concluded) a probe's slot is free.
+            for route in self.board.ready(self.holds.routes(), self.known(), now):
+                self.holds.wake(route)
         return actions
 
     async def run(self, interval_s: float = SAMPLE_INTERVAL_S) -> None:
         """Sample every ``interval_s`` until cancelled (the lifespan runs this)."""
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                self.sample()
-            except Exception:
-                logger.exception("asgi-admission: the reservation sample failed; trying again.")
+        self.sampling += 1
+        try:
+            while True:
+                await self.sample_after(interval_s)
+        finally:
+            self.sampling -= 1
+
+    async def sample_after(self, interval_s: float) -> None:
+        """:meth:`sample` once ``interval_s`` has passed; a failure is logged, never raised."""
+        await asyncio.sleep(interval_s)
+        try:
+            self.sample()
+        except Exception:
+            logger.exception("asgi-admission: the reservation sample failed; trying again.")
 
     # -- internals ------------------------------------------------------------------------
 
@@ -457,13 +563,16 @@ class ReservationKeeper:
     def _take(self, used_bytes: int, now: float) -> list[Action]:
         self._next_look = now + SAMPLE_INTERVAL_S
         if self.learning != "off":
+            busy = self.probing and self.board.busy
             self.learner.on_reading(used_bytes, now)
+            if busy:
+                self.board.on_reading(used_bytes, now, self.learner)
             self._publish_learned()
         return self.settler.settle(used_bytes, now)
 
     def _publish_learned(self) -> None:
         """After new observations: share them (with a shared directory), update the reserve."""
-        if self.learner.version == self._learned_version:
+        if (self.learner.version, self.board.version) == self._learned_version:
             return
         new = self.learner.take_new()
         if self._store is not None and new:
@@ -482,14 +591,18 @@ class ReservationKeeper:
         if loaded is None:
             return  # unusable for now (logged once): this worker keeps what it learned
         self.learner.merge(loaded)
-        if self.learner.version != self._learned_version:
+        if (self.learner.version, self.board.version) != self._learned_version:
             self._update_reserve()
 
     def _update_reserve(self) -> None:
-        """Hand the controller what was learned: it raises or replaces the reserve."""
-        self._learned_version = self.learner.version
+        """Hand the controller what was learned: it raises or replaces the reserve; the
+        probes of routes learned now are over."""
+        if self.probing:
+            self.board.learned(self.board.watched() & self.learner.routes(), self._clock())
+        self._learned_version = (self.learner.version, self.board.version)
         self._expected = {}
-        largest = max((e.footprint_bytes for e in self.estimates()), default=None)
+        # An open probe's growth past its guess raises the reserve too, at once.
+        largest = max((e.footprint_bytes for e in self._learned().values()), default=None)
         controller = self._controller
         learned = None
         if largest is not None and self.learning != "off":
@@ -502,37 +615,9 @@ class ReservationKeeper:
 
     def _after_fork(self) -> None:
         self.settler.after_fork()
+        self.board.after_fork()
         if isinstance(self._queue, SharedSettleQueue):
             self._queue.after_fork()
-
-
-async def serve_with_keeper(
-    keeper: ReservationKeeper, app: ASGIApp, scope: Scope, receive: Receive, send: Send
-) -> None:
-    """Run ``app``'s lifespan with the keeper's periodic sample from startup to shutdown."""
-    task: asyncio.Task[None] | None = None
-
-    async def send_and_track(message: Message) -> None:
-        nonlocal task
-        kind = message["type"]
-        if kind == "lifespan.startup.complete" and task is None:
-            task = asyncio.get_running_loop().create_task(keeper.run())
-        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-            await _stop(task)
-            task = None
-        await send(message)
-
-    try:
-        await app(scope, receive, send_and_track)
-    finally:
-        await _stop(task)
-
-
-async def _stop(task: asyncio.Task[None] | None) -> None:
-    if task is not None and not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def _forked(ref: weakref.ReferenceType[ReservationKeeper]) -> None:

@@ -42,9 +42,15 @@ from asgi_admission._memory.cgroup import read_cgroup_memory
 from asgi_admission._memory.reading import MemoryReader, MemoryReading, draft_class
 
 State = Literal["normal", "pressured", "unavailable"]
-#: ``ledger_busy`` is the middleware's own: the shared ledger could not be had in time.
+#: ``ledger_busy`` and ``probing`` are the middleware's own: the shared ledger could not be
+#: had in time, or a request's wait for a probe's evidence ran out.
 Reason = Literal[
-    "memory_pressure", "session_limit", "telemetry_unavailable", "no_memory_limit", "ledger_busy"
+    "memory_pressure",
+    "session_limit",
+    "telemetry_unavailable",
+    "no_memory_limit",
+    "ledger_busy",
+    "probing",
 ]
 
 

@@ -119,8 +119,8 @@ class SessionLearner:
         "_profiles",
         "_ramps",
         "_routes",
-        "_version",
         "_windows",
+        "version",
     )
 
     def __init__(self, *, timeout_s: float = 120.0) -> None:
@@ -129,16 +129,13 @@ class SessionLearner:
         self._profiles = RampProfiles()
         #: Observations made here and not yet handed to the shared file.
         self._new: Observations = {}
-        #: Bumped by every change of the observations, so callers can tell.
-        self._version = 0
+        #: Bumped by every change of the observations, so callers can tell (a plain
+        #: attribute: the decision path compares it).
+        self.version = 0
         self._estimates: dict[str, RouteEstimate] = {}
         self._fits: dict[str, Fit] = {}
         #: Ramp times recorded in the observations (the shared file's included).
         self._ramps: dict[str, float] = {}
-
-    @property
-    def version(self) -> int:
-        return self._version
 
     @property
     def observing(self) -> bool:
@@ -153,14 +150,22 @@ class SessionLearner:
 
     # -- events --------------------------------------------------------------------------
 
-    def on_admit(self, route: str, used_bytes: int | None, now: float) -> None:
-        """A session of ``route`` was admitted at working set ``used_bytes``."""
+    def on_admit(
+        self, route: str, used_bytes: int | None, now: float, *, responded: bool = True
+    ) -> None:
+        """A session of ``route`` was admitted at working set ``used_bytes``;
+        ``responded=False``: its response is still to come (:meth:`on_response`), and its
+        window stays open until then."""
         state = self._route(route)
         if state is None:
             return
         state.live += 1
         self._profiles.admitted(route)
-        self._windows.admit(route, used_bytes, now, self._expected)
+        self._windows.admit(route, used_bytes, now, self._expected, responded=responded)
+
+    def on_response(self, admitted_at: float, now: float) -> None:
+        """The session admitted at ``admitted_at`` answered (or accepted its WebSocket)."""
+        self._windows.respond(admitted_at, now)
 
     def on_failed(self, admitted_at: float) -> None:
         """The session admitted at ``admitted_at`` opened nothing (an error answer):
@@ -211,6 +216,16 @@ class SessionLearner:
         if closed or freed:
             self._changed()
 
+    def close_episode(self, route: str) -> bool:
+        """A probe of ``route`` saw its memory stop growing (``probing.py``): the route's
+        open windows close now; whether the route has a footprint learned."""
+        closed = self._windows.close_route(route, self._expected, self._length)
+        for window in closed:
+            self._add_window(window)
+        if closed:
+            self._changed()
+        return route in self._estimates
+
     def observe(self, route: str, *, footprint_bytes: int, ramp_s: float | None = None) -> None:
         """One per-session observation of ``route`` (the watchdog's peaks)."""
         state = self._route(route)
@@ -231,6 +246,10 @@ class SessionLearner:
     def estimate(self, route: str) -> RouteEstimate | None:
         """What was learned of ``route``; ``None`` before its first observation."""
         return self._estimates.get(route)
+
+    def routes(self) -> set[str]:
+        """The routes with at least one observation."""
+        return set(self._estimates)
 
     def estimates(self) -> list[RouteEstimate]:
         return [self._estimates[route] for route in sorted(self._estimates)]
@@ -323,7 +342,7 @@ class SessionLearner:
         self._new.setdefault(closed.route, empty_observations())["windows"].append(window)
 
     def _changed(self) -> None:
-        self._version += 1
+        self.version += 1
         self._fits = fit({route: state.windows for route, state in self._routes.items()})
         # The least one session of a route frees at its end: no more than that, or its
         # fit's lower bound, is ever taken from another session's window for it.

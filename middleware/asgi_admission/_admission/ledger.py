@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from types import TracebackType
 from typing import Final, Protocol, TypeVar
 
 #: A reservation's states, shared by the in-process and the shared ledger.
@@ -40,27 +39,6 @@ class LedgerBusy(Exception):
 
 class LedgerUnavailable(LedgerBusy):
     """The shared ledger's file cannot be opened or repaired right now (see the log)."""
-
-
-class CriticalSection:
-    """A reusable context manager from an ``enter`` and an ``exit`` callable."""
-
-    __slots__ = ("_enter", "_exit")
-
-    def __init__(self, enter: Callable[[], None], exit: Callable[[], None]) -> None:
-        self._enter = enter
-        self._exit = exit
-
-    def __enter__(self) -> None:
-        self._enter()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._exit()
 
 
 class Reservation(Protocol):

@@ -143,3 +143,17 @@ def open_private_file(directory: str, name: str, *, setting: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def process_alive(pid: int) -> bool:
+    """Whether the worker ``pid`` that wrote a row of a shared file still runs (this
+    process always; one of another user's that cannot be signalled counts as running)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -108,11 +108,13 @@ def ramp_share(ramp_s: float, age_s: float) -> float:
 
 
 class _Admission:
-    __slots__ = ("at", "ended", "route", "seen", "seen_until")
+    __slots__ = ("at", "ended", "responded", "route", "seen", "seen_until")
 
-    def __init__(self, route: str, at: float) -> None:
+    def __init__(self, route: str, at: float, responded: float | None) -> None:
         self.route = route
         self.at = at
+        #: When its response ended or its WebSocket was accepted (``None``: not yet).
+        self.responded = responded
         #: When it was reported ended (its ramp stops there), or ``None``.
         self.ended: float | None = None
         #: What its window saw it add while no other session ramped, and until when.
@@ -182,16 +184,24 @@ class GrowthWindows:
         """How many windows are still open."""
         return len(self._open)
 
-    def admit(self, route: str, used_bytes: int | None, now: float, expected: Expected) -> None:
+    def admit(
+        self,
+        route: str,
+        used_bytes: int | None,
+        now: float,
+        expected: Expected,
+        *,
+        responded: bool = True,
+    ) -> None:
         """A session of ``route`` was admitted at working set ``used_bytes`` (exact or a
-        bound)."""
+        bound); ``responded=False``: its response is still to come (:meth:`respond`)."""
         last = self._last
         if (last is None or now - last[1] > MAX_STEP_S) and used_bytes is not None:
             # No recent reading: the admission's own starts the series afresh. A bound
             # above the working set only shows as a drop at the next exact reading.
             self._restart(used_bytes, now)
             last = self._last
-        admission = _Admission(route, now)
+        admission = _Admission(route, now, now if responded else None)
         if len(self._recent) < MAX_RECENT:
             self._recent.append(admission)
         if last is None or len(self._open) >= MAX_OPEN or now - last[1] > MAX_STEP_S:
@@ -214,6 +224,15 @@ class GrowthWindows:
             if not (w.admission.route == route and w.admission.at == admitted_at)
         ]
 
+    def respond(self, admitted_at: float, now: float) -> None:
+        """The session admitted at ``admitted_at`` answered: its window may close from
+        now on (its memory usually starts to arrive then)."""
+        for admission in reversed(self._recent):
+            if admission.at == admitted_at:
+                if admission.responded is None:
+                    admission.responded = now
+                return
+
     def failed(self, admitted_at: float) -> str | None:
         """The session admitted at ``admitted_at`` opened nothing: it is forgotten. Its
         route, or ``None`` when it is no longer remembered."""
@@ -223,6 +242,18 @@ class GrowthWindows:
                 self._open = [w for w in self._open if w.admission is not admission]
                 return admission.route
         return None
+
+    def close_route(self, route: str, expected: Expected, lengths: Lengths) -> list[ClosedWindow]:
+        """A probe saw the memory of ``route``'s sessions stop growing: their windows
+        close at the last reading, without waiting for a quiet spell of their own."""
+        if self._last is None:
+            return []
+        closing = [w for w in self._open if w.admission.route == route]
+        if not closing:
+            return []
+        self._open = [w for w in self._open if w.admission.route != route]
+        now = self._last[1]
+        return [self._closed(window, now, expected, lengths) for window in closing]
 
     def sessions(self) -> list[tuple[str, float, float | None]]:
         """The recent admissions: ``(route, admitted_at, ended_at)``."""
@@ -334,14 +365,21 @@ class GrowthWindows:
             window.peak = max(window.peak, mine)
             age = now - admission.at
             length = lengths(admission.route)
-            if length is not None:
+            if admission.responded is None:
+                # Still in its request: what it builds after its response is to come.
+                due = False
+            elif length is not None:
                 due = age >= length
             elif window.clean:
                 spell = max(QUIET_S, 0.5 * (window.peak_at - admission.at))
-                due = now - window.peak_at >= spell
+                due = now - max(window.peak_at, admission.responded) >= spell
             else:
                 due = False
-            if due or age >= self.horizon_s:
+            # The horizon counts from the response: memory built in a long request
+            # is the session's, and so is what comes in the horizon after it.
+            if due or (
+                admission.responded is not None and now - admission.responded >= self.horizon_s
+            ):
                 closed.append(self._closed(window, now, expected, lengths))
             else:
                 still.append(window)

@@ -28,6 +28,13 @@ Notes:
   growth pays for it first. It leaves once its memory shows or the timeout has
   passed since its admission. A session that failed or ended (``release()``, an exception or a
   disconnect before its response) leaves outright: no memory is expected of it.
+- A session whose app says ``started()`` while the floor stands above the working
+  set it was admitted at may be what credited older sessions with growth since
+  then: its memory is up, theirs perhaps not yet, and its reserve is all that still
+  covers theirs. It stays pending (its ticket started) until growth has paid for
+  every placeholder in the queue (a later one's memory may be what paid for its
+  own) or the timeout has passed since its admission, then becomes active.
+  Otherwise ``started()`` makes it active at once.
 - Everything here runs inside the ledger's critical section, which also guards
   the queue when it is shared by the workers (``SharedSettleQueue``); what to do
   with the reservations (release, activate) is returned, to be done after the
@@ -40,6 +47,7 @@ import bisect
 import itertools
 import logging
 import os
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
@@ -59,6 +67,12 @@ DEFAULT_PENDING_TIMEOUT_S: Final = 120.0
 GROWING_BYTES_PER_S: Final = 16 * 1024 * 1024
 GROWTH_WINDOW_S: Final = 0.25
 GROWTH_QUIET_S: Final = 1.0
+
+#: Every settlement's number, for the whole process: two guards of one process that
+#: share a settling queue (the default place is per memory group, not per guard) key
+#: their rows by (pid, number) and must never take each other's. It starts at random so
+#: that a worker reusing a dead worker's pid never takes the rows that one left behind.
+_NUMBERS: Final = itertools.count(secrets.randbits(40) + 1)
 
 Kind = Literal["http", "websocket"]
 Phase = Literal["request", "waiting", "held", "started", "done"]
@@ -194,7 +208,6 @@ class Settler:
         "_pid",
         "_queue",
         "_ramp_s",
-        "_seq",
         "_shortest_ramp_s",
         "past_response",
         "request_timeout_s",
@@ -226,7 +239,6 @@ class Settler:
         self._footprint_bytes = footprint_bytes
         self._on_expired = on_expired
         self._entries: dict[int, Settlement] = {}
-        self._seq = itertools.count(1)
         self._pid = os.getpid()
         self._last_used: int | None = None
         self._growth_ref: tuple[int, float] | None = None
@@ -262,7 +274,7 @@ class Settler:
     ) -> Settlement:
         """Queue a session just admitted, with the working set it was admitted at and
         what it is expected to add (its reserve, 0 or more)."""
-        seq = next(self._seq)
+        seq = next(_NUMBERS)
         entry = Settlement(seq, reservation, kind, route, now)
         self._entries[seq] = entry
         expected = expected_bytes
@@ -316,12 +328,18 @@ class Settler:
         return entry.held and entry.phase != "done"
 
     def started(self, entry: Settlement) -> list[Action]:
-        """The app says the session's memory is up: pending becomes active."""
+        """The app says the session's memory is up: pending becomes active (once it
+        covers no older session's memory: see the module notes)."""
         if entry.phase in ("request", "waiting", "held"):
+            floor, records = self._queue.load()
+            own = self._own_record(records, entry) if entry.queued else None
+            credited = own is not None and floor is not None and floor > own.base_bytes
             self._phase(entry, "started")
-            self._entries.pop(entry.seq, None)
-            self._mark_placeholder(entry)
-            return [(entry.reservation, "activate")]
+            if self._mark_placeholder(entry) and credited:
+                # It stays among the entries, its reserve held, until growth has paid
+                # for every placeholder (see the module notes).
+                return []
+            return self._activate(entry)
         return []
 
     def release(self, entry: Settlement) -> list[Action]:
@@ -359,9 +377,13 @@ class Settler:
         floor, records = self._queue.load()
         actions: list[Action] = []
         if records:
-            floor, kept = self._attribute(floor, records, used_bytes, now, actions)
-            self._queue.store(floor, kept)
+            floor, records = self._attribute(floor, records, used_bytes, now, actions)
+            self._queue.store(floor, records)
         if self._entries:
+            if not records or not records[0].placeholder:
+                # Growth has paid for every placeholder: the started sessions kept
+                # pending cover no one any longer (see the module notes).
+                actions += self._uncovered()
             if self._queue.shared:
                 actions += self._taken_by_others()
             # Entries are in admission order and every time limit counts from
@@ -372,8 +394,13 @@ class Settler:
             for entry in self._entries.values():
                 if entry.admitted_at > horizon:
                     break
-                if entry.phase in _PAST_RESPONSE or (
-                    entry.phase == "request" and now - entry.admitted_at >= self.request_timeout_s
+                if (
+                    entry.phase in _PAST_RESPONSE
+                    or (
+                        entry.phase == "request"
+                        and now - entry.admitted_at >= self.request_timeout_s
+                    )
+                    or (entry.phase == "started" and now - entry.admitted_at >= self.timeout_s)
                 ):
                     due.append(entry)
             for entry in due:
@@ -394,6 +421,8 @@ class Settler:
         actions: list[Action] = []
         for entry in list(self._entries.values()):
             if entry.queued and not entry.visible and entry.seq not in known:
+                if entry.phase == "started":
+                    continue  # its placeholder's leaving alone frees it of nothing
                 entry.visible = True
                 if entry.phase == "waiting":
                     actions += self._settle(entry)
@@ -450,6 +479,10 @@ class Settler:
 
     def _time_out(self, entry: Settlement, now: float) -> list[Action]:
         age = now - entry.admitted_at
+        if entry.phase == "started":
+            # Called past the timeout only: a placeholder behind others may not
+            # have reached the head by then.
+            return self._activate(entry)
         if entry.phase == "request":
             # A request still in progress past the timeout (a response the client
             # does not read, an app that never answers) holds nothing any longer:
@@ -492,6 +525,15 @@ class Settler:
         entry.released = outcome == "release"
         return [(entry.reservation, outcome)]
 
+    def _activate(self, entry: Settlement) -> list[Action]:
+        # A started session: active from now on, until its app releases it.
+        self._entries.pop(entry.seq, None)
+        return [(entry.reservation, "activate")]
+
+    def _uncovered(self) -> list[Action]:
+        covering = [entry for entry in self._entries.values() if entry.phase == "started"]
+        return [action for entry in covering for action in self._activate(entry)]
+
     def _drop(self, entry: Settlement) -> list[Action]:
         # Releasing is idempotent: a settled session (an active WebSocket, a started
         # ticket) is released here too when it ends.
@@ -506,23 +548,27 @@ class Settler:
                     self._queue.store(floor if kept else None, kept)
         return [(entry.reservation, "release")]
 
-    def _mark_placeholder(self, entry: Settlement) -> None:
+    def _own_record(self, records: list[QueueRecord], entry: Settlement) -> QueueRecord | None:
+        # Most changes concern recent sessions: search from the newest.
+        for record in reversed(records):
+            if record.pid == self._pid and record.seq == entry.seq:
+                return record
+        return None
+
+    def _mark_placeholder(self, entry: Settlement) -> bool:
         # A session that left without showing its memory may have all of it by
         # now, ahead of older sessions still ramping: it moves to the front (behind
         # the other placeholders) so that growth pays for it before crediting anyone.
         # It claims what a session of its route was learned to add, if less than its
-        # reserve; a claim of nothing leaves the queue at once.
+        # reserve; a claim of nothing leaves the queue at once. Whether it stays, as
+        # a placeholder.
         if not entry.queued:
-            return
+            return False
         floor, records = self._queue.load()
-        # Most changes concern recent sessions: search from the newest.
-        for index in range(len(records) - 1, -1, -1):
-            record = records[index]
-            if record.pid == self._pid and record.seq == entry.seq:
-                break
-        else:
-            return
-        del records[index]
+        record = self._own_record(records, entry)
+        if record is None:
+            return False
+        records.remove(record)
         footprint = self._footprint_bytes(entry.route)
         if footprint is not None:
             record.expected_bytes = min(record.expected_bytes, footprint)
@@ -531,6 +577,7 @@ class Settler:
             # Placeholders are a prefix of the queue.
             records.insert(bisect.bisect_left(records, True, key=_not_placeholder), record)
         self._queue.store(floor if records else None, records)
+        return record.placeholder
 
 
 def _not_placeholder(record: QueueRecord) -> bool:

@@ -41,7 +41,7 @@ from asgi_admission._admission.learning import (
     RouteObservations,
     empty_observations,
 )
-from asgi_admission._admission.safe_files import open_private_file
+from asgi_admission._admission.safe_files import open_private_file, process_alive
 from asgi_admission._admission.settling import QueueRecord
 
 logger = logging.getLogger("asgi_admission")
@@ -217,15 +217,7 @@ class SharedSettleQueue:
         )
 
     def owner_alive(self, pid: int) -> bool:
-        if pid == os.getpid():
-            return True
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return process_alive(pid)
 
     @property
     def shared(self) -> bool:

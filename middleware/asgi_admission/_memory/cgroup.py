@@ -187,6 +187,20 @@ class CgroupMemoryReader:
             # Missing file, or EOPNOTSUPP where PSI is compiled in but disabled: no PSI.
             return None
 
+    def group_directory(self) -> str | None:
+        """The directory of the memory cgroup this reader measures: the one whose files
+        answer (its own group, not an ancestor whose limit binds), else the first of its
+        places that exists; ``None`` where none does. Takes a reading if none was taken."""
+        with self._lock:
+            if self._active is None:
+                self._read_locked()
+            if self._active is not None:
+                return self._active.own.directory
+            for source in self._sources:
+                if os.path.isdir(source.own.directory):
+                    return source.own.directory
+            return None
+
     def files(self) -> list[str]:
         """The files the reader has open, for diagnostics (``asgi-admission probe``)."""
         with self._lock:

@@ -26,7 +26,7 @@ Notes:
   by ``MultiProcessCollector``. The memory gauges describe the container, which
   every worker shares, so they come from one fresh reading in the scraping worker
   (see ``_metrics_app``), not from a sum. Session counts are per worker unless
-  the ledger is shared (``AdmissionConfig.shared_dir``), so without a shared
+  the ledger is shared (``AdmissionConfig.shared_dir``, on by default), so without a shared
   ledger they are exported by a ``livesum`` gauge that each worker refreshes
   whenever its counts change (:meth:`DecisionMetrics.on_sessions`); a worker that
   dies drops out of the sum once ``mark_process_dead`` runs (or its file is
@@ -56,6 +56,7 @@ from asgi_admission._admission.latch import (
 )
 from asgi_admission._admission.ledger import SessionLedger
 from asgi_admission._admission.observer import AdmissionView, DecisionObserver, Kind
+from asgi_admission._admission.shared_ledger import SharedLedger
 from asgi_admission._memory.reading import MemoryReading
 
 logger = logging.getLogger("asgi_admission")
@@ -90,6 +91,7 @@ OUTCOMES: Final = (
     (False, "telemetry_unavailable", "rejected", "telemetry_unavailable"),
     (False, "no_memory_limit", "rejected", "no_memory_limit"),
     (False, "ledger_busy", "rejected", "ledger_busy"),
+    (False, "probing", "rejected", "probing"),
 )
 
 
@@ -241,10 +243,18 @@ class AdmissionCollector:
         build = GaugeMetricFamily(
             PREFIX + "build_info", "asgi-admission version; always 1.", labels=("version",)
         )
+        probing = _gauge(
+            "probing_routes",
+            "Session routes with no learned footprint whose first sessions are being probed.",
+        )
+        waiting = _gauge(
+            "probe_waiting_requests",
+            "Session requests held back, reserving nothing, until a probe's memory is known.",
+        )
         if describing:
             yield from (working_set, limit, reclaimable, ratio, stall, ceiling, high, resume)
             yield from (reserve, state, session_limit, build)
-            yield from (footprint, ramp, admissible, expired, failed)
+            yield from (footprint, ramp, admissible, expired, failed, probing, waiting)
             if self.include_sessions:
                 yield sessions
             return
@@ -312,6 +322,10 @@ class AdmissionCollector:
                         (kind, cause), sum(k.failed.get((kind, cause), 0) for k in keepers)
                     )
             yield from (footprint, ramp, expired, failed)
+            probed = [status for keeper in keepers for status in keeper.probe_status()]
+            probing.add_metric((), len({status.route for status in probed}))
+            waiting.add_metric((), sum(status.waiting for status in probed))
+            yield from (probing, waiting)
         if counts is not None and room is not None:
             admissible.add_metric((), room)
             yield admissible
@@ -476,7 +490,7 @@ _bindings_lock = threading.Lock()
 
 
 def admission_metrics(
-    view: AdmissionView, *, registry: CollectorRegistry | None = REGISTRY
+    view: AdmissionView, *, registry: CollectorRegistry | None = REGISTRY, shared: bool = False
 ) -> DecisionMetrics | None:
     """Export ``view``'s state on ``registry`` and return the observer for its decisions.
 
@@ -484,8 +498,9 @@ def admission_metrics(
     decision counters there; later calls rebind the collector to the new
     ``view`` and return the same counters, so building a guard twice never
     raises "Duplicated timeseries". ``registry=None`` exports nothing and
-    returns ``None``. In multiprocess mode session counts are
-    per worker, so they go to a ``livesum`` gauge (see :meth:`DecisionMetrics.on_sessions`).
+    returns ``None``. In multiprocess mode session counts are per worker unless the
+    ledger is ``shared``, so they go to a ``livesum`` gauge (see
+    :meth:`DecisionMetrics.on_sessions`).
     """
     if registry is None:
         return None
@@ -503,7 +518,7 @@ def admission_metrics(
             )
         # A shared ledger's counts are container-wide already: the scraping worker's
         # collector exports them once, where a livesum would add them once per worker.
-        live_sessions = multiprocess and view.config.shared_dir is None
+        live_sessions = multiprocess and not shared
         metrics = DecisionMetrics(registry=registry, live_sessions=live_sessions)
         collector = AdmissionCollector(include_sessions=not live_sessions)
         collector.add(view)
@@ -580,7 +595,7 @@ def instrument(
     ledger's ``on_change`` republishes the ``livesum`` session gauge after every
     activation and release.
     """
-    metrics = admission_metrics(view, registry=registry)
+    metrics = admission_metrics(view, registry=registry, shared=isinstance(ledger, SharedLedger))
     chosen: DecisionObserver | None = metrics
     if metrics is not None and metrics.live_sessions:
         live = _LiveSessions(metrics, view)

@@ -14,7 +14,7 @@ does not fit under the high watermark). Usage errors (a bad option, a
 ``--json`` prints one object (all sizes in bytes, percentages 0-100)::
 
     {
-      "schema": 3,
+      "schema": 4,
       "exit_status": 0 | 1 | 2 | 3,
       "problem": str | null,           # why nothing can be admitted (exit status 3)
       "source": "cgroup-v2" | "cgroup-v1" | "host" | null,
@@ -68,6 +68,16 @@ does not fit under the high watermark). Usage errors (a bad option, a
         "reserve_bytes": int,          # the reserve the service uses with what it learned
         "routes": [{"route": str, "footprint_bytes": int, "ramp_s": float,
                     "observations": int}, ...]
+      },
+      "probing": {                     # routes not learned yet, probed before trusting
+        "probe_sessions": int,         # sessions admitted at a time (0: no probing)
+        "wait_s": float,               # the longest the others wait for their evidence
+        "on": bool,                    # false: probe_sessions 0, or learning off
+        "evidence": bool,              # false: no shared directory or probing file
+        "note": str,
+        "routes": [{"route": str, "probes": int, "waiting": int, "since_s": float,
+                    "growth_bytes": int, "guess_bytes": int}, ...],   # being probed now
+        "concluded": [{"route": str, "footprint_bytes": int}, ...]    # probed lately
       }
     }
 
@@ -79,12 +89,15 @@ that binds is the one with less room (memory on a tie: the latch decides first).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+import time
 from dataclasses import replace
 from typing import Any
 
+from asgi_admission._admission import shared_place
 from asgi_admission._admission.latch import (
     AdmissionController,
     CapacityDecision,
@@ -93,15 +106,17 @@ from asgi_admission._admission.latch import (
     has_no_limit,
 )
 from asgi_admission._admission.learning import WINDOW, SessionLearner, effective_reserve
+from asgi_admission._admission.probing import describe
 from asgi_admission._admission.reserve import never_admits
 from asgi_admission._admission.shared_files import read_learned
-from asgi_admission._config import AdmissionConfig
+from asgi_admission._admission.shared_probes import read_probing
+from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionConfig
 from asgi_admission._factory import build_reader
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission.cli.errors import UsageError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 EXIT_STATUS = {"normal": 0, "pressured": 1, "unavailable": 2}
 #: The configuration can never admit a session at the limit found.
 EXIT_NEVER_ADMITS = 3
@@ -176,9 +191,12 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
             "warnings": list(reader.location.warnings),
             "files": reader.files(),
         }
+        group = shared_place.group_of(reader)
         reader.close()
     else:
-        reading = build_reader(config).read(pressure=True)
+        host = build_reader(config)
+        reading = host.read(pressure=True)
+        group = shared_place.group_of(host)
     controller = AdmissionController(
         high_watermark_percent=config.high_watermark_percent,
         resume_threshold_percent=config.resume_threshold_percent,
@@ -237,7 +255,8 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
             "state": decision.state,
             "reason": decision.reason,
         },
-        "learned": learned(config, reserve),
+        "learned": learned(config, reserve, group),
+        "probing": probing(config, group),
     }
 
 
@@ -281,10 +300,29 @@ def _binding(limits: dict[str, Any]) -> str:
     return f"memory: {memory_room} more session(s) fit under the ceiling ({cap_text}{other})"
 
 
-def learned(config: AdmissionConfig, reserve_bytes: int) -> dict[str, Any]:
+def _service_directory(
+    config: AdmissionConfig, group: shared_place.MemoryGroup | None
+) -> tuple[str | None, str]:
+    """The directory the service's workers share (with ``ADMISSION_SHARED_DIR`` unset,
+    the one they made for ``group``), or ``None`` and why there is none to read."""
+    if config.shared_dir == SHARED_DIR_OFF:
+        return None, "ADMISSION_SHARED_DIR=off"
+    directory: str | None = config.shared_dir
+    if directory == SHARED_DIR_AUTO:
+        directory = None if group is None else shared_place.find_place(group)
+    if directory is None:
+        return None, "no directory shared by the service's workers was found for this memory group"
+    return directory, ""
+
+
+def learned(
+    config: AdmissionConfig, reserve_bytes: int, group: shared_place.MemoryGroup | None = None
+) -> dict[str, Any]:
     """What the running service learned, where its shared directory makes it readable.
 
-    ``reserve_bytes`` is the reserve at the limit read (configured or derived).
+    ``reserve_bytes`` is the reserve at the limit read (configured or derived); with
+    ``ADMISSION_SHARED_DIR`` unset, the directory is the one the service's workers
+    made for ``group``, the memory group read, if there is one.
     """
     report: dict[str, Any] = {
         "learning": config.reserve_learning,
@@ -296,14 +334,15 @@ def learned(config: AdmissionConfig, reserve_bytes: int) -> dict[str, Any]:
     if config.reserve_learning == "off":
         report["note"] = "no evidence: ADMISSION_SESSION_RESERVE_LEARNING=off"
         return report
-    if config.shared_dir is None:
+    directory, why = _service_directory(config, group)
+    if directory is None:
         report["note"] = (
-            "no evidence: ADMISSION_SHARED_DIR is unset, so what the service learned stays "
-            "in its memory (see asgi_admission_session_footprint_bytes)"
+            f"no evidence: {why}, so what the service learned stays in its memory "
+            "(see asgi_admission_session_footprint_bytes)"
         )
         return report
     try:
-        observations = read_learned(config.shared_dir, window=WINDOW)
+        observations = read_learned(directory, window=WINDOW)
     except (OSError, ValueError) as exc:
         report["note"] = f"no evidence: {exc}"
         return report
@@ -311,10 +350,10 @@ def learned(config: AdmissionConfig, reserve_bytes: int) -> dict[str, Any]:
     learner.merge(observations or {})
     estimates = learner.estimates()
     if not estimates:
-        report["note"] = f"no evidence: no session observed yet in {config.shared_dir}"
+        report["note"] = f"no evidence: no session observed yet in {directory}"
         return report
     report["evidence"] = True
-    report["note"] = f"learned by the service's workers, from {config.shared_dir}"
+    report["note"] = f"learned by the service's workers, from {directory}"
     report["reserve_bytes"] = effective_reserve(
         reserve_bytes,
         estimates,
@@ -330,6 +369,57 @@ def learned(config: AdmissionConfig, reserve_bytes: int) -> dict[str, Any]:
         }
         for e in estimates
     ]
+    return report
+
+
+def probing(
+    config: AdmissionConfig, group: shared_place.MemoryGroup | None = None
+) -> dict[str, Any]:
+    """The routes the running service probes now, where its shared directory shows them
+    (with ``ADMISSION_SHARED_DIR`` unset, the one its workers made for ``group``)."""
+    on = config.probe_sessions > 0 and config.reserve_learning != "off"
+    report: dict[str, Any] = {
+        "probe_sessions": config.probe_sessions,
+        "wait_s": config.probe_wait_s,
+        "on": on,
+        "evidence": False,
+        "note": "",
+        "routes": [],
+        "concluded": [],
+    }
+    if not on:
+        why = (
+            "ADMISSION_SESSION_RESERVE_LEARNING=off"
+            if config.reserve_learning == "off"
+            else "ADMISSION_PROBE_SESSIONS=0"
+        )
+        report["note"] = f"off: {why}, so a route's first sessions are decided on the reserve"
+        return report
+    directory, why = _service_directory(config, group)
+    if directory is None:
+        report["note"] = (
+            f"no evidence: {why}, so the probes are in the service's memory "
+            "(see asgi_admission_probing_routes)"
+        )
+        return report
+    try:
+        windows = read_probing(directory)
+    except (OSError, ValueError) as exc:
+        report["note"] = f"no evidence: {exc}"
+        return report
+    if windows is None:
+        report["note"] = f"no evidence: nothing probed yet in {config.shared_dir}"
+        return report
+    now = time.monotonic()
+    report["evidence"] = True
+    report["note"] = f"probed by the service's workers, from {config.shared_dir}"
+    for window in windows.values():
+        if window.open:
+            report["routes"].append(dataclasses.asdict(describe(window, now, -1, 0)))
+        elif window.footprint_bytes is not None:
+            report["concluded"].append(
+                {"route": window.route, "footprint_bytes": window.footprint_bytes}
+            )
     return report
 
 
@@ -410,9 +500,29 @@ def render(report: dict[str, Any]) -> str:
         )
     if learned["evidence"]:
         lines.append(f"reserve in use:  {_size(learned['reserve_bytes'])}")
+    lines.extend(_probing_lines(report["probing"]))
     if report["problem"]:
         lines.append(f"error:           {report['problem']}")
     return "\n".join(lines)
+
+
+def _probing_lines(probing: dict[str, Any]) -> list[str]:
+    """The human lines for :func:`probing`."""
+    if not probing["on"]:
+        return [f"probing:         {probing['note']}"]
+    lines = [
+        f"probing:         {probing['probe_sessions']} session(s) of a route not learned yet at "
+        f"a time, the others wait up to {probing['wait_s']:g} s; {probing['note']}"
+    ]
+    for route in probing["routes"]:
+        lines.append(
+            f"  {route['route']}: probing for {route['since_s']:.1f} s, {route['probes']} "
+            f"probe(s), {route['waiting']} waiting, grown {_size(route['growth_bytes'])} "
+            f"(guessed {_size(route['guess_bytes'])})"
+        )
+    for route in probing["concluded"]:
+        lines.append(f"  {route['route']}: probed, {_size(route['footprint_bytes'])} per session")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

@@ -43,7 +43,8 @@ GROWTH_PAUSE_S: Final = 0.05
 # each time; every page is written so the kernel really charges it, in steps of
 # argv[2] MiB argv[3] seconds apart. With argv[4] seconds above 0 the first argv[1]
 # MiB arrive in eight parts spread over that time instead (a session booting after
-# its response). When the worker that reads its answers is gone (killed), it exits
+# its response): part k starts argv[4] * k / 7 seconds in, or at once if the parts
+# before it took longer. When the worker that reads its answers is gone (killed), it exits
 # quietly instead of printing a BrokenPipeError traceback into the server's log.
 CHILD_SCRIPT: Final = """
 import os, sys, time
@@ -64,9 +65,9 @@ def hold(mib):
         time.sleep(pause)
 mib, ramp_s = int(sys.argv[1]), float(sys.argv[4])
 if ramp_s > 0 and mib >= 8:
+    start = time.monotonic()
     for part in range(8):
-        if part:
-            time.sleep(ramp_s / 7)
+        time.sleep(max(0.0, start + ramp_s * part / 7 - time.monotonic()))
         hold(mib // 8 + (mib % 8 if part == 7 else 0))
 else:
     hold(mib)

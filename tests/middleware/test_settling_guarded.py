@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from asgi_admission import AdmissionConfig, AdmissionMiddleware
+from asgi_admission import AdmissionConfig, AdmissionController, AdmissionMiddleware
 
 
 def app() -> Starlette:
@@ -221,3 +221,28 @@ def test_the_watchdogs_peaks_teach_the_guard(tmp_path: Path) -> None:
     assert estimate.route == "POST /sessions"
     assert estimate.footprint_bytes >= 40 * MIB
     assert mw.controller.reserve_for(reader.limit) == estimate.footprint_bytes  # raised from 10 MiB
+
+
+def test_with_no_reserve_set_what_was_learned_replaces_the_derived_guess() -> None:
+    """No reserve configured: the eighth of the limit is a guess. Sessions of 40 MiB are
+    learned, and the reserve becomes about 40 MiB, not the 125 MiB derived from the
+    1000 MiB limit (``raise`` floors only a reserve that was configured)."""
+    reader = SettableReader(used_mb=100, limit_mb=1000)
+    with environment({"ADMISSION_SESSION_RESERVE_LEARNING": "raise"}):
+        mw = AdmissionMiddleware(
+            app(),
+            session_routes=["POST /sessions"],
+            controller=AdmissionController(
+                high_watermark_percent=80,
+                resume_threshold_percent=70,
+                reserve_bytes=None,
+                memory_reader=reader,
+            ),
+            registry=None,
+        )
+    assert mw.controller.reserve_for(reader.limit) == 125 * MIB
+    with TestClient(mw) as client:
+        assert client.post("/sessions").status_code == 200
+        reader.set_mb(140)
+        wait_for(lambda: mw.keeper.estimates())
+    assert 40 * MIB <= mw.controller.reserve_for(reader.limit) <= 44 * MIB

@@ -26,7 +26,7 @@ Notes:
   time: a few microseconds, four times a second, on the event loop like any
   decision. It never blocks on anything slower than the ledger's lock.
 - The reserve the latch uses is set here, from the configured reserve and
-  what was learned (``effective_reserve``), whenever an observation arrives.
+  what was learned (``learned_view.py``), whenever an observation arrives.
 - While a route has no learned footprint its sessions are probed
   (``probing.py``): the keeper tells the board of the probes' events and
   readings, and wakes the requests held for the probes' evidence (``holds.py``).
@@ -48,17 +48,13 @@ from typing import Final, Literal
 from starlette.types import Scope
 
 from asgi_admission._admission.end_rate import SessionEnds
+from asgi_admission._admission.freed import Mark
 from asgi_admission._admission.holds import HoldRegistry
 from asgi_admission._admission.latch import AdmissionController
-from asgi_admission._admission.learning import (
-    WINDOW,
-    RouteEstimate,
-    SessionLearner,
-    effective_reserve,
-)
+from asgi_admission._admission.learned_view import LearnedView
+from asgi_admission._admission.learning import WINDOW, RouteEstimate, SessionLearner
 from asgi_admission._admission.ledger import LedgerBusy, Reservation
 from asgi_admission._admission.probing import Gate, ProbeBoard, ProbeStatus, ProbeStore
-from asgi_admission._admission.reserve import derived_reserve_bytes
 from asgi_admission._admission.settling import (
     Action,
     Kind,
@@ -78,11 +74,6 @@ logger = logging.getLogger("asgi_admission")
 SAMPLE_INTERVAL_S: Final = 0.25
 #: How often a worker takes in what the other workers learned.
 SHARED_REFRESH_S: Final = 2.0
-#: A learned ramp time is stretched this much before it settles a reservation: under
-#: CPU contention a burst ramps slower than the sessions it was learned from, and a
-#: reservation held a little long costs less than one released before its memory.
-RAMP_MARGIN: Final = 2.0
-
 #: Why a session request opened nothing: the app answered with an error status, or
 #: its body had not arrived by ``ADMISSION_BODY_TIMEOUT_SECONDS``.
 FailureCause = Literal["error_status", "body_timeout"]
@@ -144,16 +135,13 @@ class ReservationKeeper:
         self.expired_total = 0
         #: Session requests that opened nothing, by kind and cause, in this process.
         self.failed: dict[tuple[Kind, FailureCause], int] = {}
-        self._cached_version = -1
-        self._cached_board = -1
-        self._cached: dict[str, RouteEstimate] = {}
-        #: Routes decided on an estimate (learned, or a probe's provisional footprint).
-        self._known: dict[str, RouteEstimate | None] = {}
-        self._expected: dict[tuple[str, int | None], int] = {}
         self.learner = SessionLearner(timeout_s=timeout_s)
         self.ends = SessionEnds()
         #: Active sessions seen ending by their route since the last sample.
         self._named_ends = 0
+        #: The limit of the last admission, and the reading of the last sample.
+        self._limit: int | None = None
+        self._sample_mark: Mark | None = None
         self._store: LearnedStore | None = None
         queue: SettleQueue = LocalSettleQueue()
         if shared_dir is not None:
@@ -175,13 +163,20 @@ class ReservationKeeper:
             on_wake=self.holds.wake,
             waiting=self.holds.count,
         )
+        self.view = LearnedView(
+            learner=self.learner,
+            board=self.board,
+            controller=controller,
+            learning=learning,
+            min_reserve_bytes=min_reserve_bytes,
+        )
         self.settler = Settler(
             queue=queue,
             timeout_s=timeout_s,
             request_timeout_s=request_timeout_s,
-            ramp_s=self._ramp_s,
-            min_ramp_s=self._min_ramp_s,
-            footprint_bytes=self._footprint_bytes,
+            ramp_s=self.view.ramp_s,
+            min_ramp_s=self.view.min_ramp_s,
+            footprint_bytes=self.view.footprint_bytes,
             on_expired=self._expired,
         )
         self._next_refresh = 0.0
@@ -198,64 +193,15 @@ class ReservationKeeper:
 
     # -- what settling expects ------------------------------------------------------
 
-    def _expected_bytes(self, route: str, limit_bytes: int | None) -> int:
-        # The route's own reserve: the one configured or derived from the limit,
-        # raised or replaced by what was learned of this route (a session smaller
-        # than it settles by its ramp). Asked on every admission: computed once per
-        # route, limit and observation.
-        key = (route, limit_bytes)
-        expected = self._expected.get(key)
-        if expected is None:
-            estimate = self._learned().get(route)
-            base = self._controller.reserve_bytes
-            expected = self._expected[key] = effective_reserve(
-                derived_reserve_bytes(limit_bytes) if base is None else base,
-                () if estimate is None else (estimate,),
-                mode=self.learning,
-                min_bytes=self.min_reserve_bytes,
-            )
-        return expected
-
-    def _ramp_s(self, route: str) -> float | None:
-        # Only a concluded estimate has a ramp: an open probe's is still growing.
-        estimate = self.known().get(route)
-        return None if estimate is None else estimate.ramp_s * RAMP_MARGIN
-
-    def _footprint_bytes(self, route: str) -> int | None:
-        estimate = self._learned().get(route)
-        return None if estimate is None else estimate.footprint_bytes
-
-    def _min_ramp_s(self) -> float | None:
-        ramps = (e.ramp_s * RAMP_MARGIN for e in self.known().values() if e is not None)
-        return min(ramps, default=None)
-
-    def _learned(self) -> dict[str, RouteEstimate]:
-        # Percentiles are computed once per new observation, not on every decision.
-        if self._cached_version != self.learner.version or self._cached_board != self.board.version:
-            self._cached_version = self.learner.version
-            self._cached_board = self.board.version
-            estimates = [] if self.learning == "off" else self.learner.estimates()
-            learned = {estimate.route: estimate for estimate in estimates}
-            # A probe's provisional footprint stands in until the learner has one.
-            provisional = {} if self.learning == "off" else self.board.estimates()
-            for route in learned:
-                provisional.pop(route, None)
-            self._cached = {**learned, **provisional}
-            self._known = {**self.board.concluded(), **learned}
-            self._expected = {}
-        return self._cached
-
     def known(self) -> dict[str, RouteEstimate | None]:
         """The routes whose sessions are decided on an estimate, not probed first."""
-        if self._cached_version != self.learner.version or self._cached_board != self.board.version:
-            self._learned()
-        return self._known
+        return self.view.known()
 
     def estimates(self) -> list[RouteEstimate]:
         """What was learned, per route (empty with learning off), and the provisional
         footprints of concluded probes; an open probe's growth is in :meth:`probe_status`."""
-        known = self.known()
-        return [estimate for route, estimate in self._learned().items() if route in known]
+        known = self.view.known()
+        return [estimate for route, estimate in self.view.estimates().items() if route in known]
 
     # -- on the decision path (inside the ledger's lock) ------------------------------
 
@@ -278,7 +224,9 @@ class ReservationKeeper:
             route = self.route(scope)
         if self.learning != "off":
             self.learner.on_admit(route, used_bytes, now, responded=False)
-        expected = self._expected_bytes(route, limit_bytes)
+        if limit_bytes is not None:
+            self._limit = limit_bytes
+        expected = self.view.expected_bytes(route, limit_bytes)
         entry = self.settler.admit(reservation, kind, route, used_bytes, now, expected)
         if probe and used_bytes is not None:
             self.board.add(route, entry.seq, used_bytes, expected, now)
@@ -433,6 +381,8 @@ class ReservationKeeper:
         if entry.phase == "started" or (entry.phase == "done" and not entry.released):
             # It was active: the next sample sees the active count fall for it too.
             self._named_ends += 1
+        # What it frees is credited to the sessions still settling (``freed.py``).
+        self.settler.ended(self.view.expected_bytes(entry.route, self._limit), self._clock())
         if self.learning != "off":
             self.learner.on_session_end(
                 self._clock(), route=entry.route, admitted_at=entry.admitted_at
@@ -515,6 +465,10 @@ class ReservationKeeper:
         # Ends whose route is known were told already; the others are the app's count
         # falling (or other workers' sessions), of a route the learner shares out.
         anonymous, self._named_ends = max(0, ended - self._named_ends), 0
+        if anonymous:
+            # Found by a count: they ended since the last sample's reading.
+            freed = anonymous * self._controller.reserve_for(self._limit)
+            self.settler.ended(freed, now, since=self._sample_mark)
         if anonymous and self.learning != "off":
             self.learner.on_session_end(now, count=anonymous)
         if ended and probing:
@@ -525,6 +479,7 @@ class ReservationKeeper:
                 actions += self._take(memory.used_bytes, now)
             else:
                 actions += self.settler.settle(None, now)
+        self._sample_mark = self.settler.mark
         # While requests wait for another worker's probe, what it learned is looked
         # for at every sample rather than every SHARED_REFRESH_S.
         if self._store is not None and (now >= self._next_refresh or (probing and self.holds)):
@@ -600,14 +555,15 @@ class ReservationKeeper:
         if self.probing:
             self.board.learned(self.board.watched() & self.learner.routes(), self._clock())
         self._learned_version = (self.learner.version, self.board.version)
-        self._expected = {}
+        self.view.forget()
         # An open probe's growth past its guess raises the reserve too, at once.
-        largest = max((e.footprint_bytes for e in self._learned().values()), default=None)
+        largest = max((e.footprint_bytes for e in self.view.estimates().values()), default=None)
         controller = self._controller
         learned = None
-        if largest is not None and self.learning != "off":
-            learned = max(largest, self.min_reserve_bytes) if self.learning == "adapt" else largest
-        controller.learned_replaces = self.learning == "adapt"
+        mode = self.view.mode
+        if largest is not None and mode != "off":
+            learned = max(largest, self.min_reserve_bytes) if mode == "adapt" else largest
+        controller.learned_replaces = mode == "adapt"
         if learned != controller.learned_reserve_bytes:
             controller.learned_reserve_bytes = learned
             if learned is not None:

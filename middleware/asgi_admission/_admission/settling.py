@@ -52,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
+from asgi_admission._admission.freed import FreedMemory, Mark, credited
 from asgi_admission._admission.ledger import Reservation
 
 logger = logging.getLogger("asgi_admission")
@@ -201,9 +202,11 @@ class Settler:
     __slots__ = (
         "_entries",
         "_footprint_bytes",
+        "_freed",
         "_growing_until",
         "_growth_ref",
         "_last_used",
+        "_mark",
         "_on_expired",
         "_pid",
         "_queue",
@@ -243,6 +246,9 @@ class Settler:
         self._last_used: int | None = None
         self._growth_ref: tuple[int, float] | None = None
         self._growing_until = 0.0
+        #: The last exact reading, and memory ended sessions may free (``freed.py``).
+        self._mark: Mark | None = None
+        self._freed = FreedMemory()
         #: This process's sessions past their response, not held, not yet settled.
         self.waiting = 0
         #: Those and the held tickets past their response, not yet started.
@@ -346,6 +352,18 @@ class Settler:
         """The app ended or gave up the session."""
         return self._drop(entry)
 
+    @property
+    def mark(self) -> Mark | None:
+        """The last exact reading settled with (``None`` before the first)."""
+        return self._mark
+
+    def ended(self, freed_bytes: int, now: float, *, since: Mark | None = None) -> None:
+        """Sessions ended after the reading ``since`` (default: the last), freeing at
+        most ``freed_bytes``: the falls seen next are credited (``freed.py``)."""
+        since = self._mark if since is None else since
+        if since is not None:
+            self._freed.ended(freed_bytes, since, now)
+
     def counted(self, app_count: int) -> list[Action]:
         """The app counts ``app_count`` sessions: fewer than are waiting means some ended.
 
@@ -376,9 +394,16 @@ class Settler:
             self._note_growth(used_bytes, now)
         floor, records = self._queue.load()
         actions: list[Action] = []
+        if used_bytes is not None:
+            credit = self._freed.step(used_bytes, now)
+            if credit is not None:
+                floor = credited(floor, records, credit)
         if records:
             floor, records = self._attribute(floor, records, used_bytes, now, actions)
             self._queue.store(floor, records)
+        if used_bytes is not None:
+            self._mark = Mark(used_bytes, now, floor if records else None)
+            self._freed.moved(self._mark)
         if self._entries:
             if not records or not records[0].placeholder:
                 # Growth has paid for every placeholder: the started sessions kept

@@ -1,0 +1,137 @@
+"""Settling under churn: memory freed by sessions that end does not hide others' growth.
+
+A session settles once its memory shows. When another session ends while it ramps,
+the working set can stay flat although the ramping session's memory has all come:
+these tests show that the end's freed memory is credited (docs/reservations.md,
+"Settling under churn"), and that what is not freed is never credited.
+"""
+
+from __future__ import annotations
+
+import time
+
+from mwkit import SettableReader, TestClient, controller, environment
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from asgi_admission import AdmissionMiddleware
+
+RESERVE_MB = 96
+
+
+class Sessions:
+    """An app that counts its own sessions (``current_sessions``), opened by POST and
+    closed by DELETE."""
+
+    def __init__(self) -> None:
+        self.live = 0
+
+    def app(self) -> Starlette:
+        async def open_one(request: Request) -> Response:
+            self.live += 1
+            return PlainTextResponse("open", status_code=201)
+
+        async def close_one(request: Request) -> Response:
+            self.live -= 1
+            return PlainTextResponse("closed")
+
+        return Starlette(
+            routes=[
+                Route("/sessions", open_one, methods=["POST"]),
+                Route("/sessions", close_one, methods=["DELETE"]),
+            ]
+        )
+
+
+def build(reader: SettableReader, sessions: Sessions) -> AdmissionMiddleware:
+    """The guard with a 96 MiB reserve, no learning, no probing, a long pending timeout
+    (so only memory can settle a session within these tests)."""
+    settings = {
+        "ADMISSION_SESSION_RESERVE_LEARNING": "off",
+        "ADMISSION_PROBE_SESSIONS": "0",
+        "ADMISSION_PENDING_TIMEOUT_SECONDS": "120",
+    }
+    with environment(settings):
+        return AdmissionMiddleware(
+            sessions.app(),
+            session_routes=["POST /sessions"],
+            controller=controller(reader, reserve_mb=RESERVE_MB),
+            current_sessions=lambda: sessions.live,
+            registry=None,
+        )
+
+
+def wait_until(condition: object, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_a_session_ending_while_another_ramps_does_not_hold_the_ramping_one() -> None:
+    """The first session settles; the second is admitted and ramps at 64 MiB a second;
+    the first closes mid-ramp and frees its 96 MiB at once, so the working set falls. The
+    second settles once its 96 MiB are in, not at the 120 s timeout."""
+    reader = SettableReader(used_mb=100, limit_mb=2000)
+    sessions = Sessions()
+    mw = build(reader, sessions)
+    with TestClient(mw) as client:
+        assert client.post("/sessions").status_code == 201
+        reader.set_mb(100 + RESERVE_MB)
+        assert wait_until(lambda: mw.session_counts() == (1, 0), 5)  # the app counts it
+        assert client.post("/sessions").status_code == 201
+        assert mw.session_counts() == (1, 1)  # counted once, as pending
+        time.sleep(0.3)
+        used = 100 + RESERVE_MB
+        for step in range(1, 13):
+            used += 8
+            if step == 7:
+                assert client.delete("/sessions").status_code == 200
+                used -= RESERVE_MB
+            reader.set_mb(used)
+            time.sleep(0.125)
+        assert used == 100 + RESERVE_MB  # the second's 96 MiB, the first's gone
+        assert wait_until(lambda: mw.session_counts() == (1, 0), 3)
+
+
+def test_memory_not_freed_at_an_end_credits_nothing() -> None:
+    """The first session closes but its memory stays (a server keeping a kernel for a
+    reconnect): the second, whose memory has not come, stays pending."""
+    reader = SettableReader(used_mb=100, limit_mb=2000)
+    sessions = Sessions()
+    mw = build(reader, sessions)
+    with TestClient(mw) as client:
+        assert client.post("/sessions").status_code == 201
+        reader.set_mb(100 + RESERVE_MB)
+        assert wait_until(lambda: mw.session_counts() == (1, 0), 5)
+        assert client.post("/sessions").status_code == 201
+        time.sleep(0.6)
+        assert client.delete("/sessions").status_code == 200
+        time.sleep(2.0)
+        assert mw.session_counts() == (0, 1)  # still pending: nothing showed
+
+
+def test_a_fall_at_an_end_is_not_taken_for_growth_that_never_came() -> None:
+    """The second session has not grown at all when the first frees its 96 MiB: after
+    the fall it stays pending, and settles only once its own 96 MiB have come on top."""
+    reader = SettableReader(used_mb=100, limit_mb=2000)
+    sessions = Sessions()
+    mw = build(reader, sessions)
+    with TestClient(mw) as client:
+        assert client.post("/sessions").status_code == 201
+        reader.set_mb(100 + RESERVE_MB)
+        assert wait_until(lambda: mw.session_counts() == (1, 0), 5)
+        assert client.post("/sessions").status_code == 201
+        time.sleep(0.6)
+        assert client.delete("/sessions").status_code == 200
+        reader.set_mb(100)
+        time.sleep(1.0)
+        reader.set_mb(100 + 48)  # half of the second's memory
+        time.sleep(1.0)
+        assert mw.session_counts() == (0, 1)
+        reader.set_mb(100 + RESERVE_MB)
+        assert wait_until(lambda: mw.session_counts() == (1, 0), 3)

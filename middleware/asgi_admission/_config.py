@@ -18,6 +18,8 @@ MemorySource = Literal["cgroup", "host"]
 Learning = Literal["raise", "adapt", "off"]
 #: How a refused WebSocket handshake is answered (see ``AdmissionConfig.websocket_refusal``).
 WebSocketRefusal = Literal["auto", "close", "deny"]
+#: Whether process sessions get memory groups of their own (docs/session-groups.md).
+SessionGroupsMode = Literal["auto", "off", "require"]
 
 MIB: Final = 1024 * 1024
 DEFAULT_HIGH_WATERMARK_PERCENT: Final = 80.0
@@ -59,6 +61,7 @@ ENV_BODY_TIMEOUT: Final = ("ADMISSION_BODY_TIMEOUT_SECONDS", None)
 ENV_BODY_BUFFER_KB: Final = ("ADMISSION_BODY_BUFFER_KB", None)
 ENV_PROBE_SESSIONS: Final = ("ADMISSION_PROBE_SESSIONS", None)
 ENV_PROBE_WAIT: Final = ("ADMISSION_PROBE_WAIT_SECONDS", None)
+ENV_SESSION_GROUPS: Final = ("ADMISSION_SESSION_GROUPS", None)
 #: Each field of AdmissionConfig and the variables from_env reads it from (the
 #: documentation's configuration reference is checked against this).
 ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
@@ -79,6 +82,7 @@ ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
     "body_buffer_bytes": ENV_BODY_BUFFER_KB,
     "probe_sessions": ENV_PROBE_SESSIONS,
     "probe_wait_s": ENV_PROBE_WAIT,
+    "session_groups": ENV_SESSION_GROUPS,
 }
 
 
@@ -158,6 +162,10 @@ class AdmissionConfig:
     #: The longest a session request waits for a probe's evidence before it is
     #: refused with the reason ``probing``.
     probe_wait_s: float = DEFAULT_PROBE_WAIT_S
+    #: Process sessions registered with a budget run in a memory group of their own
+    #: where one can be made (``"auto"``), never (``"off"``), or the watchdog refuses
+    #: to start where none can be (``"require"``).
+    session_groups: SessionGroupsMode = "auto"
 
     def __post_init__(self) -> None:
         check_watermarks(
@@ -215,6 +223,11 @@ class AdmissionConfig:
             raise ValueError(
                 "probe_wait_s (ADMISSION_PROBE_WAIT_SECONDS) must be a number of seconds "
                 f"above 0; got {self.probe_wait_s!r}."
+            )
+        if self.session_groups not in get_args(SessionGroupsMode):
+            raise ValueError(
+                "session_groups (ADMISSION_SESSION_GROUPS) must be 'auto', 'off' or "
+                f"'require'; got {self.session_groups!r}."
             )
         if self.reclaimable not in get_args(Reclaimable):
             raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}.")
@@ -285,6 +298,9 @@ class AdmissionConfig:
             body_buffer_bytes=buffer_kb * 1024,
             probe_sessions=probes,
             probe_wait_s=probe_wait,
+            session_groups=_env.choice(
+                env, ENV_SESSION_GROUPS, get_args(SessionGroupsMode), "auto"
+            ),
         )
 
 

@@ -205,3 +205,65 @@ def test_a_crashed_workers_empty_groups_are_removed_and_no_group_with_processes(
 
 def _procs(group: Path) -> list[str]:
     return (group / "cgroup.procs").read_text().split()
+
+
+#: Runs the rest with the cgroup v1 memory hierarchy mounted read-only (a mount namespace
+#: of its own), as a container without a writable cgroup filesystem sees it.
+READ_ONLY = [
+    "unshare",
+    "--mount",
+    "--propagation",
+    "private",
+    "sh",
+    "-c",
+    'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"',
+    "/sys/fs/cgroup/memory",
+]
+
+
+def _read_only_demo(group: Path, tmp_path: Path, mode: str) -> tuple[subprocess.Popen[bytes], Path]:
+    port = free_port()
+    log = tmp_path / f"read-only-{mode}.log"
+    argv = [*joining(group), *READ_ONLY, sys.executable, "-m", "asgi_admission.cli", "demo"]
+    env = {**os.environ, "ADMISSION_SESSION_GROUPS": mode, "DEMO_SESSION_MB": "0"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*argv, "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    return proc, log
+
+
+def test_require_on_a_read_only_hierarchy_fails_at_startup_naming_it(tmp_path: Path) -> None:
+    """ADMISSION_SESSION_GROUPS=require where the memory hierarchy is mounted read-only:
+    the server does not start, and its log names the setting and the group at fault."""
+    with memory_group(CONTAINER_MB, "groups_ro_require") as group:
+        proc, log = _read_only_demo(group, tmp_path, "require")
+        try:
+            code = proc.wait(timeout=60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        text = log.read_text()
+    assert code != 0, text
+    assert "ADMISSION_SESSION_GROUPS=require" in text, text
+    assert f"cgroup v1 memory group {group} is not writable by this process" in text, text
+
+
+def test_auto_on_a_read_only_hierarchy_falls_back_and_says_so(tmp_path: Path) -> None:
+    """ADMISSION_SESSION_GROUPS=auto on the same read-only hierarchy: the server starts
+    and says at INFO that session groups are off and why, and the watchdog does the work."""
+    with memory_group(CONTAINER_MB, "groups_ro_auto") as group:
+        proc, log = _read_only_demo(group, tmp_path, "auto")
+        try:
+            said = _wait(lambda: "session memory groups off" in log.read_text(), timeout=30)
+            alive = proc.poll() is None
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+        text = log.read_text()
+    assert said, text
+    assert alive, text
+    line = next(x for x in text.splitlines() if "session memory groups off" in x)
+    assert line.startswith("INFO"), line
+    assert f"cgroup v1 memory group {group} is not writable" in line, line
+    assert "the watchdog alone enforces session budgets" in line, line

@@ -35,7 +35,7 @@ SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "required": [
         "schema", "exit_status", "problem", "source", "cgroup", "memory", "config", "ceiling",
-        "limits", "decision", "learned", "probing",
+        "limits", "decision", "learned", "probing", "session_groups",
     ],
     "properties": {
         "schema": {"const": 4},
@@ -203,6 +203,18 @@ SCHEMA: dict[str, Any] = {
                         },
                     },
                 },
+            },
+        },
+        "session_groups": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["mode", "enabled", "version", "base", "reason"],
+            "properties": {
+                "mode": {"enum": ["auto", "off", "require"]},
+                "enabled": {"type": "boolean"},
+                "version": {"enum": ["v1", "v2", None]},
+                "base": NULLABLE_STR,
+                "reason": {"type": "string"},
             },
         },
     },
@@ -590,3 +602,35 @@ def test_the_routes_being_probed_are_shown_from_the_shared_dir(
     _, report = probe_json("--root", tree, env={**env, "ADMISSION_PROBE_SESSIONS": "0"})
     assert report["probing"]["on"] is False
     assert "ADMISSION_PROBE_SESSIONS=0" in report["probing"]["note"]
+
+
+def test_session_groups_show_where_they_would_go(tmp_path: Path) -> None:
+    """The probe says whether process sessions would get memory groups and where: on for
+    a v2 server whose parent delegates memory, off (and why) with the setting off."""
+    server = tmp_path / "sys/fs/cgroup/pod/server"
+    server.mkdir(parents=True)
+    (server / "memory.current").write_text(f"{100 * 1024 * 1024}\n")
+    (server / "memory.max").write_text(f"{1024 * 1024 * 1024}\n")
+    (server / "memory.stat").write_text("anon 0\ninactive_file 0\nactive_file 0\n")
+    (server.parent / "cgroup.subtree_control").write_text("memory\n")
+    (server.parent / "cgroup.procs").write_text("")
+    (tmp_path / "cgroup").write_text("0::/pod/server\n")
+    (tmp_path / "mountinfo").write_text("0 0 0:1 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
+    where = ["--proc-cgroup", str(tmp_path / "cgroup"), "--mountinfo", str(tmp_path / "mountinfo")]
+    where += ["--hostfs", str(tmp_path)]
+    env = {"ADMISSION_SESSION_GROUPS": "auto"}
+    _, report = probe_json(*where, env=env)
+    assert report["session_groups"] == {
+        "mode": "auto",
+        "enabled": True,
+        "version": "v2",
+        "base": str(server.parent / "asgi-admission"),
+        "reason": f"cgroup v2: session groups go under {server.parent}/asgi-admission",
+    }
+    text = run_probe(*where, env=env).stdout
+    assert f"session groups:  on (auto): cgroup v2: session groups go under {server.parent}" in text
+    _, off = probe_json(*where, env={"ADMISSION_SESSION_GROUPS": "off"})
+    assert (off["session_groups"]["enabled"], off["session_groups"]["reason"]) == (
+        False,
+        "ADMISSION_SESSION_GROUPS is off",
+    )

@@ -78,6 +78,13 @@ does not fit under the high watermark). Usage errors (a bad option, a
         "routes": [{"route": str, "probes": int, "waiting": int, "since_s": float,
                     "growth_bytes": int, "guess_bytes": int}, ...],   # being probed now
         "concluded": [{"route": str, "footprint_bytes": int}, ...]    # probed lately
+      },
+      "session_groups": {              # process sessions in memory groups of their own
+        "mode": "auto" | "off" | "require",
+        "enabled": bool,               # false: off, or no place for them here
+        "version": "v1" | "v2" | null,
+        "base": str | null,            # the directory the groups go in
+        "reason": str                  # where they go, or what is missing
       }
     }
 
@@ -114,6 +121,7 @@ from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionCon
 from asgi_admission._factory import build_reader
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.reading import MemoryReading
+from asgi_admission._watchdog.groups import GroupsPlace, find_place
 from asgi_admission.cli.errors import UsageError
 
 SCHEMA_VERSION = 4
@@ -257,6 +265,24 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         },
         "learned": learned(config, reserve, group),
         "probing": probing(config, group),
+        "session_groups": session_groups(config, args),
+    }
+
+
+def session_groups(config: AdmissionConfig, args: argparse.Namespace) -> dict[str, Any]:
+    """Whether a watchdog started here would give process sessions memory groups."""
+    if config.session_groups == "off":
+        place = GroupsPlace(None, None, "ADMISSION_SESSION_GROUPS is off")
+    else:
+        place = find_place(
+            proc_self_cgroup=args.proc_cgroup, mountinfo=args.mountinfo, hostfs=args.hostfs
+        )
+    return {
+        "mode": config.session_groups,
+        "enabled": place.parent is not None,
+        "version": place.version,
+        "base": place.base,
+        "reason": place.reason,
     }
 
 
@@ -501,6 +527,11 @@ def render(report: dict[str, Any]) -> str:
     if learned["evidence"]:
         lines.append(f"reserve in use:  {_size(learned['reserve_bytes'])}")
     lines.extend(_probing_lines(report["probing"]))
+    groups = report["session_groups"]
+    lines.append(
+        f"session groups:  {'on' if groups['enabled'] else 'off'} "
+        f"({groups['mode']}): {groups['reason']}"
+    )
     if report["problem"]:
         lines.append(f"error:           {report['problem']}")
     return "\n".join(lines)

@@ -45,6 +45,7 @@ ENV_OF_VALUE = {
     "reserveLearning": "ADMISSION_SESSION_RESERVE_LEARNING",
     "reserveMinMB": "ADMISSION_SESSION_RESERVE_MIN_MB",
     "pendingTimeoutSeconds": "ADMISSION_PENDING_TIMEOUT_SECONDS",
+    "sessionGroups": "ADMISSION_SESSION_GROUPS",
 }
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -619,3 +620,19 @@ def test_dashboard_is_well_formed() -> None:
         "psi",
     ):
         assert topic in titles, topic
+
+
+def test_session_groups_values_reach_the_pod(rendered: dict[str, list[Manifest]]) -> None:
+    """The full scenario's session-group values give the pod CRI-O's writable-cgroup
+    annotation and the RuntimeClass; the defaults give neither, and auto in the env."""
+    full = one(rendered["full"], "Deployment")["spec"]["template"]
+    assert full["metadata"]["annotations"]["io.kubernetes.cri-o.cgroup2-mount-hierarchy-rw"] == (
+        "true"
+    )
+    assert full["spec"]["runtimeClassName"] == "cgroup-writable"
+    default = one(rendered["default"], "Deployment")["spec"]["template"]
+    assert "io.kubernetes.cri-o.cgroup2-mount-hierarchy-rw" not in default["metadata"].get(
+        "annotations", {}
+    )
+    assert "runtimeClassName" not in default["spec"]
+    assert env_of(server_container(rendered["default"]))["ADMISSION_SESSION_GROUPS"] == "auto"

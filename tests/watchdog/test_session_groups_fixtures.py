@@ -286,3 +286,15 @@ def test_a_group_whose_session_ends_with_processes_left_is_removed_once_they_go(
         child.wait()
     assert not Path(group.path).exists()
     assert not groups.pending
+
+
+def test_join_moves_a_session_process_and_never_the_server(tmp_path: Path) -> None:
+    """join() writes the given pid to the group's cgroup.procs, and refuses the server's
+    own process (or 0, which would mean the writer: the server)."""
+    group = _groups(tmp_path).create("p1", 8 * MIB)
+    group.join(4242)
+    assert Path(group.procs_file).read_text() == "4242"
+    for pid in (os.getpid(), 0):
+        with pytest.raises(ValueError, match="never the server's own"):
+            group.join(pid)
+    assert Path(group.procs_file).read_text() == "4242"

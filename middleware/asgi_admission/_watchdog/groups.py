@@ -240,7 +240,11 @@ class SessionGroup:
 
     def join(self, pid: int) -> None:
         """Move an already running process in: what it allocated before stays charged
-        where it was, so prefer :meth:`command`."""
+        where it was, so prefer :meth:`command`. Never the server itself."""
+        if pid in (0, os.getpid()):
+            raise ValueError(
+                f"join() moves a session's process, never the server's own; got pid {pid}."
+            )
         _write(self.procs_file, str(pid))
 
     def pids(self) -> tuple[int, ...]:

@@ -73,7 +73,7 @@ def _session_groups(group: Path) -> list[str]:
 
 def _offender_run(group: Path, tmp_path: Path, mode: str) -> dict[str, Any]:
     """Three 64 MiB-budget process sessions, one of which then asks for 1 GiB at once:
-    what became of each, of the server, and of the groups."""
+    what became of each, of the server, and of the groups (also after it shut down)."""
     with (
         demo(group, tmp_path, mode, ADMISSION_SESSION_GROUPS=mode) as server,
         httpx.Client(base_url=server.base_url, timeout=60) as client,
@@ -99,7 +99,7 @@ def _offender_run(group: Path, tmp_path: Path, mode: str) -> dict[str, Any]:
         )
         time.sleep(1.5)  # three watchdog ticks: an ended session's group is gone by then
         states = [client.get(f"/processes/{s['id']}").json() for s in opened]
-        return {
+        run = {
             "grow_status": grown.status_code,
             "offender": ended,
             "others_running": [s["running"] for s in states[:2]],
@@ -112,14 +112,18 @@ def _offender_run(group: Path, tmp_path: Path, mode: str) -> dict[str, Any]:
             "groups_while_open": groups_while_open,
             "groups_after": _session_groups(group),
             "container_oom_kills": oom_kills(group),
-            "log": server.log_path.read_text(),
         }
+    # The server has shut down: it ended the live sessions, and their groups went too.
+    run["groups_after_shutdown"] = _session_groups(group)
+    run["log"] = server.log_path.read_text()
+    return run
 
 
 def test_only_the_offending_session_is_killed_inside_its_own_group(tmp_path: Path) -> None:
     """With groups on, a session asking for 1 GiB at once under a 64 MiB budget is killed
     by the kernel inside its own group: the other two sessions and the server live on, the
-    halt reason is memory_limit (metrics and log), and its group is gone afterwards."""
+    halt reason is memory_limit (metrics and log), its group is gone afterwards, and the
+    others' go when the server shuts down."""
     with memory_group(CONTAINER_MB, "groups_on") as group:
         run = _offender_run(group, tmp_path, "auto")
     print({k: v for k, v in run.items() if k != "log"})
@@ -137,6 +141,7 @@ def test_only_the_offending_session_is_killed_inside_its_own_group(tmp_path: Pat
     offender_id = run["offender"]["id"]
     assert [g for g in run["groups_after"] if g.endswith(f"-{offender_id}")] == []
     assert len(run["groups_after"]) == 2, run["groups_after"]
+    assert run["groups_after_shutdown"] == []
     assert "session memory groups on (cgroup v1" in run["log"]
     assert f"Session {offender_id} (pid " in run["log"]
     assert "reached the limit of its memory group" in run["log"]

@@ -19,9 +19,15 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from prometheus_client import CollectorRegistry
+from watchdogkit import FixedReader, reading
 
+from asgi_admission import AdmissionConfig, SessionPeak, SessionWatchdog
+from asgi_admission._watchdog.groups import GroupsPlace, SessionGroups
 from cgroupkit import joining, memory_group, oom_kills
 from processkit import Server, free_port
+
+INTERNAL = "a SessionGroups placed in a test's own memory group"
 
 pytestmark = [pytest.mark.real_cgroup, pytest.mark.real_server, pytest.mark.timeout(180)]
 
@@ -272,3 +278,40 @@ def test_auto_on_a_read_only_hierarchy_falls_back_and_says_so(tmp_path: Path) ->
     assert line.startswith("INFO"), line
     assert f"cgroup v1 memory group {group} is not writable" in line, line
     assert "the watchdog alone enforces session budgets" in line, line
+
+
+def test_a_real_groups_exact_peak_is_the_sessions_figure(tmp_path: Path) -> None:
+    """A session started in a real v1 group, holding 40 MiB and ending on its own, is
+    reported once with its group's own peak (source memory_group) to on_session_peak,
+    on_peak and the histogram, and its group is removed."""
+    with memory_group(CONTAINER_MB, "groups_peak") as container:
+        groups = SessionGroups(GroupsPlace("v1", str(container), "a test's group"), mode="require")
+        registry = CollectorRegistry()
+        watchdog = SessionWatchdog(
+            config=AdmissionConfig(session_groups="off"),
+            memory_reader=FixedReader(reading(10.0)),
+            registry=registry,
+            session_groups=groups,
+        )
+        peaks: list[SessionPeak] = []
+        learned: list[tuple[str, int]] = []
+        watchdog.on_session_peak = peaks.append
+        watchdog.on_peak = lambda route, peak: learned.append((route, peak))
+        group = watchdog.session_group(session_id="p1", budget_bytes=BUDGET_MB * MIB)
+        assert group is not None
+        code = "import time; b = bytearray(40 << 20); b[::4096] = b'1' * (10 << 10); time.sleep(1)"
+        child = subprocess.Popen(group.command([sys.executable, "-c", code]))
+        try:
+            watchdog.register(child.pid, session_id="p1", route="POST /processes", group=group)
+            assert str(child.pid) in _wait(lambda: _procs(Path(group.path)))
+            assert child.wait(timeout=30) == 0
+        finally:
+            child.kill()
+            child.wait()
+        watchdog.sample_once()  # sees the process gone: the session ends
+        assert not Path(group.path).exists()
+    (peak,) = peaks
+    assert (peak.source, peak.route, peak.halted) == ("memory_group", "POST /processes", None)
+    assert 40 * MIB <= peak.peak_bytes <= BUDGET_MB * MIB, peak
+    assert learned == [("POST /processes", peak.peak_bytes)]
+    assert registry.get_sample_value("asgi_admission_session_memory_bytes_sum") == (peak.peak_bytes)

@@ -159,8 +159,8 @@ class StuckWatch:
             "with nothing the guard admitted able to clear it. Working set %.1f MiB of "
             "%.1f MiB (%.1f%%); its %d session(s) account for %.1f MiB; %.1f MiB is the "
             "server's own (a leak or a cache). Sessions are refused until the working set "
-            "falls to the resume threshold (%.1f%%); a liveness path fails from %.0f s "
-            "(docs/operations.md).",
+            "falls to the resume threshold (%.1f%%); a liveness path fails once it has been "
+            "held for %.0f s (docs/operations.md).",
             status.held_s,
             split.working_set_bytes / _MIB,
             split.limit_bytes / _MIB,

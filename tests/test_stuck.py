@@ -1,8 +1,13 @@
-"""The stuck-pressure detector over tables of looks, its attribution and its liveness delay."""
+"""The stuck-pressure detector over tables of looks, its attribution, its liveness delay
+and its status file."""
 
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +19,7 @@ from asgi_admission._admission.stuck import (
     holds_latch,
     liveness_delay_s,
 )
+from asgi_admission._admission.stuck_watch import STUCK_FILE, StuckFile, read_stuck
 
 #: Internal on purpose: the detector is a private state machine the guard feeds.
 INTERNAL = "the stuck-pressure detector and its attribution, on constant readings"
@@ -184,3 +190,41 @@ def test_a_negative_window_is_an_error_naming_it() -> None:
     """A window below 0 is refused with a sentence naming after_s."""
     with pytest.raises(ValueError, match="after_s must be 0"):
         detector(after_s=-1)
+
+
+def test_the_status_file_waits_for_a_lock_held_elsewhere(tmp_path: Path) -> None:
+    """While another process holds the status file's lock the write is kept, not waited
+    for; the next flush writes it."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    store = StuckFile(str(shared))
+    watch = detector()
+    watch.observe(0.0, latched=True, memory=reading(850), active=0, pending=0)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(shared / STUCK_FILE)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "locked\n"
+        started = time.monotonic()
+        store.write(AFTER_S, 0.0, watch.status())
+        assert time.monotonic() - started < 0.5
+        assert (shared / STUCK_FILE).read_text() == ""
+    finally:
+        holder.communicate("done\n", timeout=10)
+    store.flush()
+    report = read_stuck(str(shared))
+    assert report is not None
+    assert (report["stuck"], report["working_set_bytes"]) == (False, 850)
+
+
+HOLD_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.readline()
+"""

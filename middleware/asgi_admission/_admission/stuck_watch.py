@@ -96,6 +96,8 @@ class StuckWatch:
         """One look where there is something to watch; never raises ``LedgerBusy``."""
         if not self.on:
             return
+        if self._store is not None:
+            self._store.flush()
         detector = self.detector
         now = self._clock()
         if self._controller.pressure_state != "pressured":
@@ -212,31 +214,46 @@ def encode(after_s: float, delay_s: float, status: StuckStatus, *, now: float) -
 
 
 class StuckFile:
-    """``asgi-admission.stuck`` in the shared directory, written at each change."""
+    """``asgi-admission.stuck`` in the shared directory, written at each change.
 
-    __slots__ = ("_broken", "_directory", "path")
+    Its ``flock`` is only tried: while another worker or ``probe`` holds it, the status
+    waits for the next look (:meth:`flush`), so a look never waits for another process.
+    """
+
+    __slots__ = ("_broken", "_directory", "_pending", "path")
 
     def __init__(self, directory: str) -> None:
         self._directory = directory
         self.path = os.path.join(directory, STUCK_FILE)
         self._broken = False
+        self._pending: bytes | None = None
 
     def write(self, after_s: float, delay_s: float, status: StuckStatus) -> None:
-        data = encode(after_s, delay_s, status, now=time.time())
+        self._pending = encode(after_s, delay_s, status, now=time.time())
+        self.flush()
+
+    def flush(self) -> None:
+        """Write the status not written yet, if any (and if the file is free now)."""
+        data = self._pending
+        if data is None:
+            return
         try:
             fd = open_private_file(self._directory, STUCK_FILE, setting=SETTING)
         except (OSError, ValueError) as exc:
             self._unusable(exc)
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.ftruncate(fd, 0)
             os.pwrite(fd, data, 0)
+        except BlockingIOError:
+            return  # held by another process for a moment: at the next look
         except OSError as exc:
             self._unusable(exc)
             return
         finally:
             os.close(fd)
+        self._pending = None
         if self._broken:
             self._broken = False
             logger.warning("asgi-admission: the stuck-pressure file %s is usable again.", self.path)

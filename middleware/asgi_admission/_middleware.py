@@ -91,6 +91,8 @@ class AdmissionMiddleware(SessionRequests):
     ``websocket_refusal`` (default: the config's, ``"auto"``) says how a refused
     WebSocket is told: closed with 1013 and the delay in the reason where a
     browser asks (``Origin``), the 503 denial response otherwise.
+    ``liveness_path`` (default: the config's) answers 503 once the memory pressure is
+    stuck, held by the server's own memory (``docs/operations.md``), and 200 otherwise.
     """
 
     def __init__(

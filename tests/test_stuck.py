@@ -3,6 +3,7 @@ and its status file."""
 
 from __future__ import annotations
 
+import logging
 import statistics
 import subprocess
 import sys
@@ -228,3 +229,31 @@ fcntl.flock(fd, fcntl.LOCK_EX)
 print("locked", flush=True)
 sys.stdin.readline()
 """
+
+
+def test_an_unusable_status_file_is_logged_once_and_never_raises(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A symlink planted at the status file's name: writes log one warning and go on;
+    once the file is usable again, that is said once and the status is written."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    (shared / STUCK_FILE).symlink_to(tmp_path / "elsewhere")
+    store = StuckFile(str(shared))
+    watch = detector()
+    watch.observe(0.0, latched=True, memory=reading(850), active=0, pending=0)
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        for _ in range(3):
+            store.write(AFTER_S, 0.0, watch.status())
+        with pytest.raises(ValueError, match="is a symlink"):
+            read_stuck(str(shared))
+        (shared / STUCK_FILE).unlink()
+        store.flush()
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert "cannot be used" in messages[0]
+    assert "usable again" in messages[1]
+    assert not (tmp_path / "elsewhere").exists()
+    report = read_stuck(str(shared))
+    assert report is not None
+    assert report["working_set_bytes"] == 850

@@ -51,7 +51,7 @@ from asgi_admission._admission.observer import DecisionObserver, Kind
 from asgi_admission._admission.probing import Gate
 from asgi_admission._admission.reserve import never_admits
 from asgi_admission._admission.sampling import serve_with_keeper
-from asgi_admission._admission.stuck_watch import StuckWatch, build_watch
+from asgi_admission._admission.stuck_watch import StuckWatch, build_watch, liveness_path_of
 from asgi_admission._admission.tickets import AdmissionTicket
 from asgi_admission._body import BodyReader
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
@@ -158,10 +158,7 @@ class AdmissionMiddleware(SessionRequests):
                 "thresholds, reserve and reader, and config would describe different ones."
             )
         self._config = config if config is not None else AdmissionConfig.from_env()
-        if liveness_path is None:
-            liveness_path = self._config.liveness_path
-        elif not (isinstance(liveness_path, str) and liveness_path.startswith("/")):
-            raise ValueError(f"liveness_path must start with '/'; got {liveness_path!r}.")
+        liveness_path = liveness_path_of(self._config, liveness_path, readiness_path)
         self._liveness_path = liveness_path
         self._look_further = (
             session_predicate is not None or readiness_path is not None or liveness_path is not None

@@ -137,3 +137,17 @@ def test_the_liveness_path_comes_from_the_config_and_must_start_with_a_slash() -
     assert response.headers["cache-control"] == "no-store"
     with pytest.raises(ValueError, match="liveness_path must start with '/'"):
         guard(app(), reader, liveness_path="alive")
+
+
+def test_one_path_cannot_be_both_readiness_and_liveness() -> None:
+    """The same path for both (given, or from ADMISSION_LIVENESS_PATH) is an error naming both."""
+    reader = SettableReader(used_mb=100)
+    with pytest.raises(ValueError, match="liveness_path and readiness_path are both '/ready'"):
+        guard(app(), reader, liveness_path="/ready", readiness_path="/ready")
+    with (
+        environment({"ADMISSION_LIVENESS_PATH": "/ready"}),
+        pytest.raises(ValueError, match="ADMISSION_LIVENESS_PATH"),
+    ):
+        AdmissionMiddleware(
+            app(), session_routes=["POST /sessions"], readiness_path="/ready", registry=None
+        )

@@ -14,7 +14,7 @@ does not fit under the high watermark). Usage errors (a bad option, a
 ``--json`` prints one object (all sizes in bytes, percentages 0-100)::
 
     {
-      "schema": 4,
+      "schema": 5,
       "exit_status": 0 | 1 | 2 | 3,
       "problem": str | null,           # why nothing can be admitted (exit status 3)
       "source": "cgroup-v2" | "cgroup-v1" | "host" | null,
@@ -85,6 +85,19 @@ does not fit under the high watermark). Usage errors (a bad option, a
         "version": "v1" | "v2" | null,
         "base": str | null,            # the directory the groups go in
         "reason": str                  # where they go, or what is missing
+      },
+      "stuck": {                       # the latch held by the server's own memory
+        "after_s": float,              # ADMISSION_STUCK_AFTER_SECONDS
+        "on": bool,                    # false: a window of 0
+        "evidence": bool,              # false: off, no shared directory or status file
+        "note": str,
+        "stuck": bool | null,          # null: no evidence
+        "held_s": float | null,        # how long it has been held; null: it is not
+        "liveness_fails_in_s": float | null,   # 0: a liveness path fails now
+        "sessions": [int, int] | null, # (active, pending) while it is held
+        "working_set_bytes": int | null,
+        "attributed_bytes": int | null,      # one reserve per session
+        "unattributed_bytes": int | null     # the server's own
       }
     }
 
@@ -123,8 +136,9 @@ from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._watchdog.groups import GroupsPlace, find_place
 from asgi_admission.cli.errors import UsageError
+from asgi_admission.cli.probe_stuck import stuck_lines, stuck_report
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 EXIT_STATUS = {"normal": 0, "pressured": 1, "unavailable": 2}
 #: The configuration can never admit a session at the limit found.
 EXIT_NEVER_ADMITS = 3
@@ -266,6 +280,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         "learned": learned(config, reserve, group),
         "probing": probing(config, group),
         "session_groups": session_groups(config, args),
+        "stuck": stuck_report(config, *_service_directory(config, group)),
     }
 
 
@@ -532,6 +547,7 @@ def render(report: dict[str, Any]) -> str:
         f"session groups:  {'on' if groups['enabled'] else 'off'} "
         f"({groups['mode']}): {groups['reason']}"
     )
+    lines.extend(stuck_lines(report["stuck"]))
     if report["problem"]:
         lines.append(f"error:           {report['problem']}")
     return "\n".join(lines)

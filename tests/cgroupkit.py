@@ -37,18 +37,30 @@ def memory_group(limit_mb: int, name: str, *, swap_too: bool = True) -> Iterator
         yield group
     finally:
         places = default_places(group)
-        for _ in range(200):
-            with contextlib.suppress(OSError):
-                for pid in (group / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), signal.SIGKILL)
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.05)
+        remove_group_tree(group)
         for place in places:
             shutil.rmtree(place, ignore_errors=True)
+
+
+def remove_group_tree(group: Path, *, attempts: int = 200) -> None:
+    """Kill every task in ``group`` and the groups below it (the session groups a guard
+    made there), then remove them all, deepest first; gives up after ``attempts`` tries."""
+    for _ in range(attempts):
+        tree = sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+        for member in [*tree, group]:
+            with contextlib.suppress(OSError):
+                for pid in (member / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+        try:
+            for member in [*tree, group]:
+                member.rmdir()
+            return
+        except FileNotFoundError:
+            if not group.exists():
+                return
+        except OSError:
+            time.sleep(0.05)
 
 
 def default_place_paths(group: Path) -> list[Path]:

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from asgi_admission._admission import shared_place
+from asgi_admission._watchdog import groups
 from cgroup_trees import FIXTURES, copy_files
 from requirekit import require_markers
 
 #: Internal on purpose: the suite keeps the guard's default shared place out of the
 #: machine's /dev/shm and /tmp (see the fixture below).
-INTERNAL = "the default shared place's bases and /proc"
+INTERNAL = "the default shared place's bases and /proc, and where session groups go"
 
 # By default the workers of one memory group share their ledger in a place of the
 # machine's (docs/operations.md). The suite's many servers and guards would then share
@@ -23,17 +24,22 @@ INTERNAL = "the default shared place's bases and /proc"
 # and guards built in this process find no base to make a place in. Tests of the
 # default set their own (tests/ledger/test_default_place.py and the real-server ones).
 os.environ["ADMISSION_SHARED_DIR"] = "off"
+# Likewise no server it starts makes memory groups for its process sessions (below the
+# group the test run itself is in) unless a test asks for them.
+os.environ["ADMISSION_SESSION_GROUPS"] = "off"
 
 
 @pytest.fixture(autouse=True)
 def no_default_shared_place(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Guards built in this process find no base for a default place and no /proc to
-    look for other workers in (an empty directory stands for it)."""
+    look for other workers in (an empty directory stands for it), and watchdogs find no
+    memory group of their own to make session groups below."""
     # A MonkeyPatch of its own: the test's ``monkeypatch`` is then made after the test's
     # other fixtures, and undone before their teardown, as without this fixture.
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(shared_place, "default_bases", lambda: ())
         patch.setattr(shared_place, "PROC", str(tmp_path_factory.getbasetemp() / "no-proc"))
+        patch.setattr(groups, "PROC_SELF_CGROUP", str(tmp_path_factory.getbasetemp() / "no-proc"))
         yield
 
 

@@ -38,6 +38,8 @@ def test_defaults_match_the_spec() -> None:
         websocket_refusal="auto",
         probe_sessions=1,
         probe_wait_s=5.0,
+        stuck_after_s=300.0,
+        liveness_path=None,
     )
 
 
@@ -59,6 +61,8 @@ def test_every_variable_is_read(caplog: pytest.LogCaptureFixture) -> None:
         "ADMISSION_WEBSOCKET_REFUSAL": " Close ",
         "ADMISSION_PROBE_SESSIONS": "2",
         "ADMISSION_PROBE_WAIT_SECONDS": "7.5",
+        "ADMISSION_STUCK_AFTER_SECONDS": "600",
+        "ADMISSION_LIVENESS_PATH": " /admission/alive ",
     }
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         config = AdmissionConfig.from_env(env)
@@ -78,6 +82,8 @@ def test_every_variable_is_read(caplog: pytest.LogCaptureFixture) -> None:
         websocket_refusal="close",
         probe_sessions=2,
         probe_wait_s=7.5,
+        stuck_after_s=600.0,
+        liveness_path="/admission/alive",
     )
     assert caplog.records == []
 
@@ -227,6 +233,16 @@ def test_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
             "0 or more; got -1.",
         ),
         (
+            {"stuck_after_s": -1.0},
+            "stuck_after_s (ADMISSION_STUCK_AFTER_SECONDS) must be a number of seconds, 0 "
+            "(never call the pressure stuck) or more; got -1.0.",
+        ),
+        (
+            {"liveness_path": "alive"},
+            "liveness_path (ADMISSION_LIVENESS_PATH) must be a path starting with '/', or None "
+            "for none; got 'alive'.",
+        ),
+        (
             {"probe_wait_s": 0.0},
             "probe_wait_s (ADMISSION_PROBE_WAIT_SECONDS) must be a number of seconds above 0; "
             "got 0.0.",
@@ -300,6 +316,10 @@ def test_host_reader_unusable_is_unavailable(virtual_memory: object) -> None:
         ("ADMISSION_PROBE_SESSIONS", "one", "probe_sessions", 1),
         ("ADMISSION_PROBE_WAIT_SECONDS", "0", "probe_wait_s", 5.0),
         ("ADMISSION_PROBE_WAIT_SECONDS", "inf", "probe_wait_s", 5.0),
+        ("ADMISSION_STUCK_AFTER_SECONDS", "-5", "stuck_after_s", 300.0),
+        ("ADMISSION_STUCK_AFTER_SECONDS", "inf", "stuck_after_s", 300.0),
+        ("ADMISSION_STUCK_AFTER_SECONDS", "later", "stuck_after_s", 300.0),
+        ("ADMISSION_LIVENESS_PATH", "alive", "liveness_path", None),
     ],
 )
 def test_bad_reservation_settings_fall_back_with_one_warning(

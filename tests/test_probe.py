@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,11 +14,14 @@ from typing import Any
 import jsonschema
 import pytest
 
-from asgi_admission import HostMemoryReader, cli
+from asgi_admission import AdmissionController, HostMemoryReader, MemoryReading, cli
 from asgi_admission._admission.learning import WINDOW, SessionLearner, empty_observations
 from asgi_admission._admission.probing import ProbeBoard
 from asgi_admission._admission.shared_files import LearnedStore
 from asgi_admission._admission.shared_probes import SharedProbeStore
+from asgi_admission._admission.stuck import StuckDetector
+from asgi_admission._admission.stuck_watch import StuckFile
+from asgi_admission._memory.reading import UNAVAILABLE
 from asgi_admission.cli import probe as probe_module
 from cgroup_trees import FIXTURES, copy_files
 
@@ -35,10 +39,10 @@ SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "required": [
         "schema", "exit_status", "problem", "source", "cgroup", "memory", "config", "ceiling",
-        "limits", "decision", "learned", "probing",
+        "limits", "decision", "learned", "probing", "session_groups", "stuck",
     ],
     "properties": {
-        "schema": {"const": 4},
+        "schema": {"const": 5},
         "exit_status": {"enum": [0, 1, 2, 3]},
         "problem": NULLABLE_STR,
         "source": {"enum": ["cgroup-v2", "cgroup-v1", "host", None]},
@@ -203,6 +207,44 @@ SCHEMA: dict[str, Any] = {
                         },
                     },
                 },
+            },
+        },
+        "session_groups": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["mode", "enabled", "version", "base", "reason"],
+            "properties": {
+                "mode": {"enum": ["auto", "off", "require"]},
+                "enabled": {"type": "boolean"},
+                "version": {"enum": ["v1", "v2", None]},
+                "base": NULLABLE_STR,
+                "reason": {"type": "string"},
+            },
+        },
+        "stuck": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": [
+                "after_s", "on", "evidence", "note", "stuck", "held_s", "liveness_fails_in_s",
+                "sessions", "working_set_bytes", "attributed_bytes", "unattributed_bytes",
+            ],
+            "properties": {
+                "after_s": {"type": "number"},
+                "on": {"type": "boolean"},
+                "evidence": {"type": "boolean"},
+                "note": {"type": "string"},
+                "stuck": {"type": ["boolean", "null"]},
+                "held_s": NULLABLE_NUM,
+                "liveness_fails_in_s": NULLABLE_NUM,
+                "sessions": {
+                    "type": ["array", "null"],
+                    "items": {"type": "integer"},
+                    "minItems": 2,
+                    "maxItems": 2,
+                },
+                "working_set_bytes": NULLABLE_INT,
+                "attributed_bytes": NULLABLE_INT,
+                "unattributed_bytes": NULLABLE_INT,
             },
         },
     },
@@ -591,3 +633,82 @@ def test_the_routes_being_probed_are_shown_from_the_shared_dir(
     _, report = probe_json("--root", tree, env={**env, "ADMISSION_PROBE_SESSIONS": "0"})
     assert report["probing"]["on"] is False
     assert "ADMISSION_PROBE_SESSIONS=0" in report["probing"]["note"]
+
+
+def test_session_groups_show_where_they_would_go(tmp_path: Path) -> None:
+    """The probe says whether process sessions would get memory groups and where: on for
+    a v2 server whose parent delegates memory, off (and why) with the setting off."""
+    server = tmp_path / "sys/fs/cgroup/pod/server"
+    server.mkdir(parents=True)
+    (server / "memory.current").write_text(f"{100 * 1024 * 1024}\n")
+    (server / "memory.max").write_text(f"{1024 * 1024 * 1024}\n")
+    (server / "memory.stat").write_text("anon 0\ninactive_file 0\nactive_file 0\n")
+    (server.parent / "cgroup.subtree_control").write_text("memory\n")
+    (server.parent / "cgroup.procs").write_text("")
+    (tmp_path / "cgroup").write_text("0::/pod/server\n")
+    (tmp_path / "mountinfo").write_text("0 0 0:1 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
+    where = ["--proc-cgroup", str(tmp_path / "cgroup"), "--mountinfo", str(tmp_path / "mountinfo")]
+    where += ["--hostfs", str(tmp_path)]
+    env = {"ADMISSION_SESSION_GROUPS": "auto"}
+    _, report = probe_json(*where, env=env)
+    assert report["session_groups"] == {
+        "mode": "auto",
+        "enabled": True,
+        "version": "v2",
+        "base": str(server.parent / "asgi-admission"),
+        "reason": f"cgroup v2: session groups go under {server.parent}/asgi-admission",
+    }
+    text = run_probe(*where, env=env).stdout
+    assert f"session groups:  on (auto): cgroup v2: session groups go under {server.parent}" in text
+    _, off = probe_json(*where, env={"ADMISSION_SESSION_GROUPS": "off"})
+    assert (off["session_groups"]["enabled"], off["session_groups"]["reason"]) == (
+        False,
+        "ADMISSION_SESSION_GROUPS is off",
+    )
+
+
+def test_stuck_pressure_is_shown_from_the_shared_dir(fixture_copy: Any, tmp_path: Path) -> None:
+    """With the service's status file, probe shows a stuck pressure, its split and when the
+    liveness path fails; without a file, with a writer gone, or off, it says why not."""
+    tree = str(fixture_copy("telegraf/v2"))
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    env = {"ADMISSION_SHARED_DIR": str(shared), "ADMISSION_STUCK_AFTER_SECONDS": "300"}
+    _, report = probe_json("--root", tree, env=env)
+    assert (report["stuck"]["on"], report["stuck"]["evidence"]) == (True, False)
+    assert "the latch has not been held" in report["stuck"]["note"]
+    latch = AdmissionController(reserve_bytes=100 * 2**20, memory_reader=lambda: UNAVAILABLE)
+    detector = StuckDetector(controller=latch, after_s=300.0, liveness_delay_s=60.0)
+    used = MemoryReading(used_bytes=900 * 2**20, limit_bytes=1000 * 2**20, available=True)
+    start = time.monotonic() - 320
+    detector.observe(start, latched=True, memory=used, active=1, pending=0)
+    detector.observe(start + 310, latched=True, memory=used, active=1, pending=0)
+    status = detector.status(time.monotonic())
+    StuckFile(str(shared)).write(300.0, 60.0, status)
+    _, report = probe_json("--root", tree, env=env)
+    stuck = report["stuck"]
+    assert (stuck["evidence"], stuck["stuck"], stuck["sessions"]) == (True, True, [1, 0])
+    assert 319 <= stuck["held_s"] <= 330
+    assert 30 <= stuck["liveness_fails_in_s"] <= 41
+    assert (stuck["attributed_bytes"], stuck["unattributed_bytes"]) == (100 * 2**20, 800 * 2**20)
+    text = run_probe("--root", tree, env=env).stdout
+    assert "stuck pressure:  STUCK: latch held by the server's own memory for 3" in text
+    assert "1 session(s) (0 pending) account for 100.0 MiB, 800.0 MiB is the server's own" in text
+    data = json.loads((shared / "asgi-admission.stuck").read_text())
+    (shared / "asgi-admission.stuck").write_text(json.dumps({**data, "pid": dead_pid()}))
+    _, report = probe_json("--root", tree, env=env)
+    assert report["stuck"]["evidence"] is False
+    assert "has ended" in report["stuck"]["note"]
+    _, report = probe_json("--root", tree, env={**env, "ADMISSION_STUCK_AFTER_SECONDS": "0"})
+    assert (report["stuck"]["on"], report["stuck"]["evidence"]) == (False, False)
+
+
+def dead_pid() -> int:
+    """The pid of a child that has exited and been reaped."""
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(child.stdout)

@@ -17,10 +17,12 @@ from asgi_admission._memory.reading import MemoryReader, MemoryReading
 from asgi_admission._metrics.serving import metrics_app, metrics_route, serving_metrics
 from asgi_admission._middleware import AdmissionMiddleware
 from asgi_admission._responses import RetryAfterPolicy
+from asgi_admission._watchdog.groups import SessionGroup
 from asgi_admission._watchdog.halt import HaltAction, ProcessGroupHalt, SessionHalt
 from asgi_admission._watchdog.lifespan import session_watchdog
 from asgi_admission._watchdog.sampler import ProcessSample
-from asgi_admission._watchdog.watchdog import SessionWatchdog, WatchedSession
+from asgi_admission._watchdog.session import SessionPeak, WatchedSession
+from asgi_admission._watchdog.watchdog import SessionWatchdog
 
 try:
     __version__ = _metadata.version("asgi-admission")
@@ -44,7 +46,9 @@ __all__ = [
     "ProcessGroupHalt",
     "ProcessSample",
     "RetryAfterPolicy",
+    "SessionGroup",
     "SessionHalt",
+    "SessionPeak",
     "SessionWatchdog",
     "WatchedSession",
     "__version__",

@@ -18,6 +18,8 @@ MemorySource = Literal["cgroup", "host"]
 Learning = Literal["raise", "adapt", "off"]
 #: How a refused WebSocket handshake is answered (see ``AdmissionConfig.websocket_refusal``).
 WebSocketRefusal = Literal["auto", "close", "deny"]
+#: Whether process sessions get memory groups of their own (docs/session-groups.md).
+SessionGroupsMode = Literal["auto", "off", "require"]
 
 MIB: Final = 1024 * 1024
 DEFAULT_HIGH_WATERMARK_PERCENT: Final = 80.0
@@ -37,6 +39,7 @@ SHARED_DIR_AUTO: Final = "auto"
 SHARED_DIR_OFF: Final = "off"
 DEFAULT_PROBE_SESSIONS: Final = 1
 DEFAULT_PROBE_WAIT_S: Final = 5.0
+DEFAULT_STUCK_AFTER_S: Final = 300.0
 
 # (current name, legacy name from the deployment this guard replaced, or None)
 ENV_HIGH: Final = ("ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT", "CODA_MEMORY_HIGH_WATERMARK_PERCENT")
@@ -59,6 +62,9 @@ ENV_BODY_TIMEOUT: Final = ("ADMISSION_BODY_TIMEOUT_SECONDS", None)
 ENV_BODY_BUFFER_KB: Final = ("ADMISSION_BODY_BUFFER_KB", None)
 ENV_PROBE_SESSIONS: Final = ("ADMISSION_PROBE_SESSIONS", None)
 ENV_PROBE_WAIT: Final = ("ADMISSION_PROBE_WAIT_SECONDS", None)
+ENV_SESSION_GROUPS: Final = ("ADMISSION_SESSION_GROUPS", None)
+ENV_STUCK_AFTER: Final = ("ADMISSION_STUCK_AFTER_SECONDS", None)
+ENV_LIVENESS_PATH: Final = ("ADMISSION_LIVENESS_PATH", None)
 #: Each field of AdmissionConfig and the variables from_env reads it from (the
 #: documentation's configuration reference is checked against this).
 ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
@@ -79,6 +85,9 @@ ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
     "body_buffer_bytes": ENV_BODY_BUFFER_KB,
     "probe_sessions": ENV_PROBE_SESSIONS,
     "probe_wait_s": ENV_PROBE_WAIT,
+    "session_groups": ENV_SESSION_GROUPS,
+    "stuck_after_s": ENV_STUCK_AFTER,
+    "liveness_path": ENV_LIVENESS_PATH,
 }
 
 
@@ -158,6 +167,17 @@ class AdmissionConfig:
     #: The longest a session request waits for a probe's evidence before it is
     #: refused with the reason ``probing``.
     probe_wait_s: float = DEFAULT_PROBE_WAIT_S
+    #: Process sessions registered with a budget run in a memory group of their own
+    #: where one can be made (``"auto"``), never (``"off"``), or the watchdog refuses
+    #: to start where none can be (``"require"``).
+    session_groups: SessionGroupsMode = "auto"
+    #: How long the latch must be held by the server's own memory (no session pending,
+    #: the same sessions open, their reserves not enough to clear it) before the pressure
+    #: is called stuck; ``0`` never calls it stuck.
+    stuck_after_s: float = DEFAULT_STUCK_AFTER_S
+    #: A path answered 200, or 503 once the pressure has been stuck for a further
+    #: jittered delay, for a liveness probe; ``None``: no such path.
+    liveness_path: str | None = None
 
     def __post_init__(self) -> None:
         check_watermarks(
@@ -216,6 +236,23 @@ class AdmissionConfig:
                 "probe_wait_s (ADMISSION_PROBE_WAIT_SECONDS) must be a number of seconds "
                 f"above 0; got {self.probe_wait_s!r}."
             )
+        if self.session_groups not in get_args(SessionGroupsMode):
+            raise ValueError(
+                "session_groups (ADMISSION_SESSION_GROUPS) must be 'auto', 'off' or "
+                f"'require'; got {self.session_groups!r}."
+            )
+        if not (math.isfinite(self.stuck_after_s) and self.stuck_after_s >= 0):
+            raise ValueError(
+                "stuck_after_s (ADMISSION_STUCK_AFTER_SECONDS) must be a number of seconds, "
+                f"0 (never call the pressure stuck) or more; got {self.stuck_after_s!r}."
+            )
+        if self.liveness_path is not None and not (
+            isinstance(self.liveness_path, str) and self.liveness_path.startswith("/")
+        ):
+            raise ValueError(
+                "liveness_path (ADMISSION_LIVENESS_PATH) must be a path starting with '/', "
+                f"or None for none; got {self.liveness_path!r}."
+            )
         if self.reclaimable not in get_args(Reclaimable):
             raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}.")
         if self.websocket_refusal not in get_args(WebSocketRefusal):
@@ -265,6 +302,15 @@ class AdmissionConfig:
         buffer_kb = _env.number(env, ENV_BODY_BUFFER_KB, DEFAULT_BODY_BUFFER_KB, int, minimum=0)
         probes = _env.number(env, ENV_PROBE_SESSIONS, DEFAULT_PROBE_SESSIONS, int, minimum=0)
         probe_wait = _seconds(env, ENV_PROBE_WAIT, DEFAULT_PROBE_WAIT_S)
+        stuck_after = _env.number(env, ENV_STUCK_AFTER, DEFAULT_STUCK_AFTER_S, float, minimum=0.0)
+        if not math.isfinite(stuck_after):
+            logger.warning(
+                "%s=%r is not a number of seconds; using the default %s.",
+                ENV_STUCK_AFTER[0],
+                stuck_after,
+                DEFAULT_STUCK_AFTER_S,
+            )
+            stuck_after = DEFAULT_STUCK_AFTER_S
         return cls(
             high_watermark_percent=high,
             resume_threshold_percent=resume,
@@ -285,6 +331,11 @@ class AdmissionConfig:
             body_buffer_bytes=buffer_kb * 1024,
             probe_sessions=probes,
             probe_wait_s=probe_wait,
+            session_groups=_env.choice(
+                env, ENV_SESSION_GROUPS, get_args(SessionGroupsMode), "auto"
+            ),
+            stuck_after_s=stuck_after,
+            liveness_path=_liveness_path(env),
         )
 
 
@@ -321,6 +372,18 @@ def _max_sessions(env: Mapping[str, str]) -> int | None:
         )
         return None
     return value
+
+
+def _liveness_path(env: Mapping[str, str]) -> str | None:
+    """``ADMISSION_LIVENESS_PATH``: unset or blank is none; one not starting with ``/``
+    is none too, with one warning (a liveness probe on it would never pass)."""
+    value = _env.text(env, ENV_LIVENESS_PATH)
+    if value is None or value.startswith("/"):
+        return value
+    logger.warning(
+        "%s=%r does not start with '/'; serving no liveness path.", ENV_LIVENESS_PATH[0], value
+    )
+    return None
 
 
 def _shared_dir(env: Mapping[str, str]) -> str:

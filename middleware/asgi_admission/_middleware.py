@@ -51,6 +51,7 @@ from asgi_admission._admission.observer import DecisionObserver, Kind
 from asgi_admission._admission.probing import Gate
 from asgi_admission._admission.reserve import never_admits
 from asgi_admission._admission.sampling import serve_with_keeper
+from asgi_admission._admission.stuck_watch import StuckWatch, build_watch, liveness_path_of
 from asgi_admission._admission.tickets import AdmissionTicket
 from asgi_admission._body import BodyReader
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
@@ -90,6 +91,8 @@ class AdmissionMiddleware(SessionRequests):
     ``websocket_refusal`` (default: the config's, ``"auto"``) says how a refused
     WebSocket is told: closed with 1013 and the delay in the reason where a
     browser asks (``Origin``), the 503 denial response otherwise.
+    ``liveness_path`` (default: the config's) answers 503 once the memory pressure is
+    stuck, held by the server's own memory (``docs/operations.md``), and 200 otherwise.
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class AdmissionMiddleware(SessionRequests):
         expose_details: bool = False,
         retry_after: RetryAfterPolicy | int | None = None,
         readiness_path: str | None = None,
+        liveness_path: str | None = None,
         websocket_refusal: WebSocketRefusal | None = None,
         observer: DecisionObserver | None = None,
         registry: CollectorRegistry | None = REGISTRY,
@@ -145,7 +149,6 @@ class AdmissionMiddleware(SessionRequests):
         ):
             raise ValueError(f"readiness_path must start with '/'; got {readiness_path!r}.")
         self._readiness_path = readiness_path
-        self._look_further = session_predicate is not None or readiness_path is not None
         # Whether the patterns were checked for a root_path prefix (at the first one seen).
         self._prefix_checked = False
 
@@ -155,6 +158,11 @@ class AdmissionMiddleware(SessionRequests):
                 "thresholds, reserve and reader, and config would describe different ones."
             )
         self._config = config if config is not None else AdmissionConfig.from_env()
+        liveness_path = liveness_path_of(self._config, liveness_path, readiness_path)
+        self._liveness_path = liveness_path
+        self._look_further = (
+            session_predicate is not None or readiness_path is not None or liveness_path is not None
+        )
         self._controller = controller if controller is not None else build_controller(self._config)
         # None: no count cap while memory is readable, the fallback one while blind.
         limit = self._config.max_sessions if max_sessions is None else max_sessions
@@ -223,6 +231,7 @@ class AdmissionMiddleware(SessionRequests):
             on_reserve=self._on_reserve,
             probe_sessions=config.probe_sessions,
         )
+        self._stuck = build_watch(config, self._controller, self._look, sharing.directory)
         self._refusal.learned = lambda: learned_details(self._keeper.estimates())
         self._refusal.probing = self._probing_details
         if watchdog is not None:
@@ -273,6 +282,11 @@ class AdmissionMiddleware(SessionRequests):
     def keeper(self) -> ReservationKeeper:
         """Settling, tickets and what was learned of the sessions."""
         return self._keeper
+
+    @property
+    def stuck(self) -> StuckWatch:
+        """The watch for stuck pressure (``docs/operations.md``)."""
+        return self._stuck
 
     def session_counts(self) -> tuple[int, int]:
         """``(active, pending)``; active comes from ``current_sessions`` when given.
@@ -343,6 +357,8 @@ class AdmissionMiddleware(SessionRequests):
                 await self._guard_http(scope, receive, send)
             elif path == self._readiness_path:
                 await self._readiness(scope, receive, send)
+            elif path == self._liveness_path:
+                await self._liveness(scope, receive, send)
             else:
                 await self.app(scope, receive, send)
         elif scope_type == "websocket":
@@ -374,7 +390,9 @@ class AdmissionMiddleware(SessionRequests):
         # session watchdog run with the app.
         if self._alone is not None:
             self._alone.start()
-        await serve_with_keeper(self._keeper, self._lifespan_app, scope, receive, send)
+        await serve_with_keeper(
+            self._keeper, self._lifespan_app, scope, receive, send, also=self._stuck.run
+        )
 
     async def _lifespan_app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._watchdog is None:
@@ -541,6 +559,10 @@ class AdmissionMiddleware(SessionRequests):
 
     def _check(self) -> CapacityDecision:
         """The readiness probe's latch evaluation: a decision that reserves nothing."""
+        return self._look()[0]
+
+    def _look(self) -> tuple[CapacityDecision, tuple[int, int]]:
+        """:meth:`_check`, with the counts it decided with (for the stuck-pressure watch)."""
         own = self._own_count()
         with self._attempt:
             current, pending = self._ledger.counts(own)
@@ -554,7 +576,7 @@ class AdmissionMiddleware(SessionRequests):
             if decision.transition == "pressured":
                 self._log_never_admits(decision.memory)
             log_change(decision, blind_changed, self._controller, self._session_limit)
-        return decision
+        return decision, (current, pending)
 
     def _note_blind(self, decision: CapacityDecision) -> bool:
         """Record whether ``decision`` was blind; whether that changed. Under the lock."""

@@ -356,6 +356,27 @@ async def send_readiness(send: Send, state: str, *, head: bool) -> None:
     await send({"type": "http.response.body", "body": body if not head else b""})
 
 
+async def send_liveness(send: Send, failing: bool, held_s: float, *, head: bool) -> None:
+    """The liveness answer: 200, or 503 while the pressure has been stuck long enough
+    that the pod should be restarted; ``held_s`` is how long the latch has been held."""
+    if failing:
+        body = b'{"alive":false,"stuck":true,"held_s":%d}' % int(held_s)
+    else:
+        body = b'{"alive":true}'
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503 if failing else 200,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"cache-control", b"no-store"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body if not head else b""})
+
+
 def close_reason(retry_after_s: int, reason: Reason) -> str:
     """The 1013 close reason: ``retry_after_s=N; reason=R; <title>``, at most 123 bytes."""
     text = f"retry_after_s={retry_after_s}; reason={reason}; {_TITLES[reason]}"

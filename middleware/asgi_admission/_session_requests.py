@@ -21,12 +21,14 @@ from asgi_admission._admission.latch import CapacityDecision
 from asgi_admission._admission.ledger import LedgerBusy, when_free
 from asgi_admission._admission.observer import Kind
 from asgi_admission._admission.sampling import sample_while_waiting
+from asgi_admission._admission.stuck_watch import StuckWatch
 from asgi_admission._admission.tickets import SCOPE_KEY, AdmissionTicket
 from asgi_admission._body import Arrival, BodyReader
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._responses import (
     Refusal,
     send_http_refusal,
+    send_liveness,
     send_readiness,
     send_request_timeout,
     send_websocket_refusal,
@@ -47,6 +49,7 @@ class SessionRequests:
     app: ASGIApp
     _config: AdmissionConfig
     _keeper: ReservationKeeper
+    _stuck: StuckWatch
     _bodies: BodyReader
     _refusal: Refusal
     _websocket_refusal: WebSocketRefusal
@@ -187,3 +190,14 @@ class SessionRequests:
             self._note_busy(exc)
             state = "ledger_busy"
         await send_readiness(send, state, head=scope["method"] == "HEAD")
+
+    async def _liveness(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Without a lifespan nothing else looks at the latch: the probe's own request does
+        # (tried, never waited for: a ledger held by another worker skips the look).
+        watch = self._stuck
+        if not watch.running:
+            watch.step()
+        status = watch.status()
+        await send_liveness(
+            send, status.liveness_failing, status.held_s, head=scope["method"] == "HEAD"
+        )

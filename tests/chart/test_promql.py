@@ -44,6 +44,8 @@ EXPORTED_METRICS = {
         "session_ramp_seconds",
         "admissible_sessions",
         "pending_expired_total",
+        "pressure_stuck",
+        "unattributed_bytes",
     )
 }
 # Grafana's interval variables, replaced by a fixed duration before promtool parses them.

@@ -45,6 +45,9 @@ ENV_OF_VALUE = {
     "reserveLearning": "ADMISSION_SESSION_RESERVE_LEARNING",
     "reserveMinMB": "ADMISSION_SESSION_RESERVE_MIN_MB",
     "pendingTimeoutSeconds": "ADMISSION_PENDING_TIMEOUT_SECONDS",
+    "sessionGroups": "ADMISSION_SESSION_GROUPS",
+    "stuckAfterSeconds": "ADMISSION_STUCK_AFTER_SECONDS",
+    "livenessPath": "ADMISSION_LIVENESS_PATH",
 }
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -70,11 +73,13 @@ def test_env_defaults_match_the_values_file(rendered: dict[str, list[Manifest]])
     admission = defaults()["admission"]
     assert isinstance(admission, dict)
     for key, name in ENV_OF_VALUE.items():
-        if key not in ("cgroupRoot", "sessionReserveMB", "maxSessions"):
+        if key not in ("cgroupRoot", "sessionReserveMB", "maxSessions", "livenessPath"):
             assert env[name] == str(admission[key]), name
     assert admission["sessionReserveMB"] is None
     assert admission["maxSessions"] is None
+    assert admission["livenessPath"] == ""
     for absent in (
+        "ADMISSION_LIVENESS_PATH",
         "ADMISSION_SESSION_RESERVE_MB",
         "ADMISSION_MAX_SESSIONS",
         "ADMISSION_CGROUP_ROOT",
@@ -579,6 +584,25 @@ def test_probes_follow_the_readiness_choice(rendered: dict[str, list[Manifest]])
     assert "startupProbe" not in server_container(rendered["subchart"])
 
 
+def test_a_liveness_path_moves_the_liveness_probe_onto_it(helm: str) -> None:
+    """admission.livenessPath sets ADMISSION_LIVENESS_PATH and the probe's path, keeping the
+    probe's other settings; with livenessProbe null there is still no probe."""
+    args = (*MEMORY, "--set", "admission.livenessPath=/admission/alive")
+    container = server_container(render(helm, "stuck", *args))
+    assert env_of(container)["ADMISSION_LIVENESS_PATH"] == "/admission/alive"
+    probe = container["livenessProbe"]
+    assert probe["httpGet"] == {"path": "/admission/alive", "port": "http"}
+    assert (probe["periodSeconds"], probe["failureThreshold"]) == (10, 3)
+    assert defaults()["livenessProbe"]["httpGet"]["path"] == "/health"  # type: ignore[index]
+    removed = server_container(render(helm, "stuck", *args, "--set", "livenessProbe=null"))
+    assert "livenessProbe" not in removed
+    failed = helm_template(
+        helm, "stuck", *MEMORY, "--set", "admission.livenessPath=alive", check=False
+    )
+    assert failed.returncode != 0
+    assert "livenessPath" in failed.stderr
+
+
 def test_image_defaults_to_the_demo_at_app_version(rendered: dict[str, list[Manifest]]) -> None:
     """The default image is the demo tagged with appVersion; a digest replaces the tag."""
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
@@ -619,3 +643,19 @@ def test_dashboard_is_well_formed() -> None:
         "psi",
     ):
         assert topic in titles, topic
+
+
+def test_session_groups_values_reach_the_pod(rendered: dict[str, list[Manifest]]) -> None:
+    """The full scenario's session-group values give the pod CRI-O's writable-cgroup
+    annotation and the RuntimeClass; the defaults give neither, and auto in the env."""
+    full = one(rendered["full"], "Deployment")["spec"]["template"]
+    assert full["metadata"]["annotations"]["io.kubernetes.cri-o.cgroup2-mount-hierarchy-rw"] == (
+        "true"
+    )
+    assert full["spec"]["runtimeClassName"] == "cgroup-writable"
+    default = one(rendered["default"], "Deployment")["spec"]["template"]
+    assert "io.kubernetes.cri-o.cgroup2-mount-hierarchy-rw" not in default["metadata"].get(
+        "annotations", {}
+    )
+    assert "runtimeClassName" not in default["spec"]
+    assert env_of(server_container(rendered["default"]))["ADMISSION_SESSION_GROUPS"] == "auto"

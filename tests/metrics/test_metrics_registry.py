@@ -182,7 +182,7 @@ def test_unbound_collector_exports_build_info_only(registry: CollectorRegistry) 
     assert names(registry) == {"asgi_admission_build_info"}
     described = {m.name for m in collector.describe()}
     assert "asgi_admission_sessions" in described
-    assert len(described) == 20
+    assert len(described) == 22
     without = {m.name for m in AdmissionCollector(include_sessions=False).describe()}
     assert described - without == {"asgi_admission_sessions"}
 

@@ -60,6 +60,8 @@ def test_metric_types_and_labels(registry: CollectorRegistry) -> None:
         "session_requests_failed": ("counter", {"kind", "cause"}),
         "probing_routes": ("gauge", set()),
         "probe_waiting_requests": ("gauge", set()),
+        "pressure_stuck": ("gauge", set()),
+        "unattributed_bytes": ("gauge", set()),
     }
     assert set(families) == {P + name for name in expected}
     for name, (kind, labels) in expected.items():

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cgroupkit import default_places, joining, oom_kills
+from cgroupkit import default_places, joining, oom_kills, remove_group_tree
 from processkit import free_port, stop_process_group
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -47,12 +47,7 @@ def group() -> Iterator[Path]:
         yield path
     finally:
         places = default_places(path)  # where the demo, with no settings, shared its ledger
-        for _ in range(50):
-            try:
-                path.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_group_tree(path, attempts=50)  # with the session groups the demo made in it
         for place in places:
             shutil.rmtree(place, ignore_errors=True)
 

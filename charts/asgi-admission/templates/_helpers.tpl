@@ -116,6 +116,21 @@ The Service port number that serves /metrics.
 {{- end }}
 
 {{/*
+The liveness probe: livenessProbe, with its httpGet.path replaced by admission.livenessPath
+when that is set (the path that fails while the pod's pressure is stuck). Empty when
+livenessProbe is null.
+*/}}
+{{- define "asgi-admission.livenessProbe" -}}
+{{- with .Values.livenessProbe }}
+{{- $probe := deepCopy . }}
+{{- if and $.Values.admission.livenessPath $probe.httpGet }}
+{{- $_ := set $probe.httpGet "path" $.Values.admission.livenessPath }}
+{{- end }}
+{{- toYaml $probe }}
+{{- end }}
+{{- end }}
+
+{{/*
 A PromQL label selector for this release's pods, for autoscaling queries. A Deployment
 names its pods <name>-<template hash>-<suffix>; anchoring both segments keeps a release
 whose name is a prefix of another's from counting the other's pods.

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -22,32 +24,42 @@ _helpers: weakref.WeakKeyDictionary[ReservationKeeper, asyncio.Task[None]] = (
 
 
 async def serve_with_keeper(
-    keeper: ReservationKeeper, app: ASGIApp, scope: Scope, receive: Receive, send: Send
+    keeper: ReservationKeeper,
+    app: ASGIApp,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    *,
+    also: Callable[[], Coroutine[Any, Any, None]] | None = None,
 ) -> None:
-    """Run ``app``'s lifespan with the keeper's periodic sample from startup to shutdown."""
-    task: asyncio.Task[None] | None = None
+    """Run ``app``'s lifespan with the keeper's periodic sample (and ``also``, another
+    watch of the guard's) from startup to shutdown."""
+    tasks: list[asyncio.Task[None]] = []
 
     async def send_and_track(message: Message) -> None:
-        nonlocal task
         kind = message["type"]
-        if kind == "lifespan.startup.complete" and task is None:
-            task = asyncio.get_running_loop().create_task(keeper.run())
+        if kind == "lifespan.startup.complete" and not tasks:
+            loop = asyncio.get_running_loop()
+            tasks.append(loop.create_task(keeper.run()))
+            if also is not None:
+                tasks.append(loop.create_task(also()))
         elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-            await _stop(task)
-            task = None
+            await _stop(tasks)
         await send(message)
 
     try:
         await app(scope, receive, send_and_track)
     finally:
-        await _stop(task)
+        await _stop(tasks)
 
 
-async def _stop(task: asyncio.Task[None] | None) -> None:
-    if task is not None and not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+async def _stop(tasks: list[asyncio.Task[None]]) -> None:
+    while tasks:
+        task = tasks.pop()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def sample_while_waiting(keeper: ReservationKeeper) -> None:

@@ -58,6 +58,7 @@ from asgi_admission._admission.ledger import SessionLedger
 from asgi_admission._admission.observer import AdmissionView, DecisionObserver, Kind
 from asgi_admission._admission.shared_ledger import SharedLedger
 from asgi_admission._memory.reading import MemoryReading
+from asgi_admission._metrics.stuck import stuck_families
 
 logger = logging.getLogger("asgi_admission")
 
@@ -255,6 +256,7 @@ class AdmissionCollector:
             yield from (working_set, limit, reclaimable, ratio, stall, ceiling, high, resume)
             yield from (reserve, state, session_limit, build)
             yield from (footprint, ramp, admissible, expired, failed, probing, waiting)
+            yield from stuck_families(views, None, None, describing=True)
             if self.include_sessions:
                 yield sessions
             return
@@ -353,6 +355,7 @@ class AdmissionCollector:
         for name in STATES:
             state.add_metric((name,), 1 if name == current else 0)
         yield state
+        yield from stuck_families(views, reading, counts, describing=False)
 
 
 def admissible_sessions(

@@ -34,7 +34,7 @@ import psutil
 
 from asgi_admission._memory.reading import MemoryReading
 
-HaltReason = Literal["budget_exceeded", "container_headroom"]
+HaltReason = Literal["budget_exceeded", "container_headroom", "memory_limit"]
 HALT_REASONS: Final[tuple[HaltReason, ...]] = get_args(HaltReason)
 
 
@@ -68,9 +68,12 @@ class SessionHalt:
     #: The ``WatchedSession`` halted.
     session: HaltableSession
     #: ``"budget_exceeded"``: over its own budget; ``"container_headroom"``: the
-    #: container crossed the critical watermark and this was the largest session.
+    #: container crossed the critical watermark and this was the largest session;
+    #: ``"memory_limit"``: the kernel's OOM killer struck inside the session's own
+    #: memory group, which had reached its budget (the watchdog reports it after).
     reason: HaltReason
-    #: The session's RSS in the sample that decided the halt.
+    #: The session's RSS in the sample that decided the halt (for ``memory_limit``,
+    #: the last sample before the kill, or the group's peak if there was none).
     rss_bytes: int
     budget_bytes: int | None
     #: The container reading that crossed the critical watermark (container halts only).
@@ -78,6 +81,8 @@ class SessionHalt:
     critical_watermark_percent: float
     #: One sentence an application may show its user.
     message: str
+    #: The session's memory group's peak usage (``memory_limit`` halts only).
+    group_peak_bytes: int | None = None
 
     @property
     def session_id(self) -> str:

@@ -1,4 +1,5 @@
-"""The session watchdog's two metrics: peak memory per session and halts by reason.
+"""The session watchdog's metrics: peak memory per session, halts by reason, and
+whether process sessions run in memory groups of their own.
 
 Built once per registry and cached, so constructing a second watchdog (or the
 app twice in one test run) on the same registry reuses them instead of failing
@@ -11,7 +12,7 @@ import threading
 import weakref
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from asgi_admission._watchdog.halt import HALT_REASONS
 
@@ -20,14 +21,16 @@ SESSION_MEMORY_BUCKETS: Final = tuple(float(2**n) for n in range(24, 35))
 
 
 class WatchdogMetrics:
-    """``asgi_admission_session_memory_bytes`` and ``asgi_admission_sessions_halted_total``."""
+    """``asgi_admission_session_memory_bytes``, ``asgi_admission_sessions_halted_total``
+    and ``asgi_admission_session_groups_enabled``."""
 
-    __slots__ = ("halted", "session_memory")
+    __slots__ = ("groups_enabled", "halted", "session_memory")
 
     def __init__(self, registry: CollectorRegistry | None) -> None:
         self.session_memory = Histogram(
             "asgi_admission_session_memory_bytes",
-            "Peak resident memory of each watched session, observed when it ends or is halted.",
+            "Peak memory of each watched session, observed when it ends or is halted (its "
+            "memory group's own peak where it runs in one, else its highest RSS).",
             buckets=SESSION_MEMORY_BUCKETS,
             registry=registry,
         )
@@ -39,6 +42,13 @@ class WatchdogMetrics:
         )
         for reason in HALT_REASONS:
             self.halted.labels(reason=reason)
+        self.groups_enabled = Gauge(
+            "asgi_admission_session_groups_enabled",
+            "1 when process sessions with a budget run in memory groups of their own (the "
+            "kernel enforces each budget), 0 when the watchdog alone does.",
+            registry=registry,
+            multiprocess_mode="max",
+        )
 
 
 _lock = threading.Lock()

@@ -23,7 +23,12 @@ Notes:
   second is the container runtime's to throttle, and a CPU-bound session is not
   a danger to its neighbours the way an out-of-memory kill is.
 - The peak RSS of every session goes into ``asgi_admission_session_memory_bytes``
-  once, when it is halted or ends: the evidence for choosing the reserve.
+  once, when it is halted or ends: the evidence for choosing the reserve. A session
+  in a memory group of its own (``groups.py``) gives its group's exact peak instead,
+  when it ends; ``on_session_peak`` is told either, saying which.
+- A session in a memory group is held to its budget by the kernel, so the sampled
+  RSS (an upper bound) no longer halts it; an OOM kill in its group is reported as
+  the halt ``memory_limit``, by the tick that sees it or when the session ends.
 """
 
 from __future__ import annotations
@@ -37,8 +42,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import psutil
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -46,6 +50,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from asgi_admission import _env
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.reading import MemoryReader, MemoryReading
+from asgi_admission._watchdog.groups import SessionGroup, SessionGroups
 from asgi_admission._watchdog.halt import (
     HaltAction,
     HaltReason,
@@ -59,9 +64,7 @@ from asgi_admission._watchdog.sampler import (
     let_the_loop_run,
     read_children_map,
 )
-
-if TYPE_CHECKING:
-    pass
+from asgi_admission._watchdog.session import SessionPeak, WatchedSession
 
 logger = logging.getLogger("asgi_admission")
 
@@ -75,113 +78,10 @@ _MIB: Final = 1024 * 1024
 
 #: A halted session that still runs, in a tick's measurements.
 _STILL: Final = "still running"
-#: One session's measurement: the session, whether it was halted, and its sample
-#: (``None``: the process has gone; ``_STILL``: halted and still running).
-_Measured = tuple["WatchedSession", bool, "ProcessSample | str | None"]
-
-
-class WatchedSession:
-    """A registered session process; returned by ``SessionWatchdog.register``.
-
-    Use it as a context manager to unregister when the block ends, or call
-    ``unregister()``. Its read-only properties say what the sampler last saw.
-    """
-
-    __slots__ = (
-        "_ended",
-        "_halt",
-        "_last",
-        "_observed",
-        "_peak",
-        "_sampler",
-        "_watchdog",
-        "budget_bytes",
-        "include_children",
-        "pid",
-        "route",
-        "session_id",
-    )
-
-    def __init__(
-        self,
-        watchdog: SessionWatchdog,
-        sampler: ProcessTreeSampler | None,
-        *,
-        pid: int,
-        session_id: str,
-        budget_bytes: int | None,
-        include_children: bool,
-        route: str | None = None,
-    ) -> None:
-        self._watchdog = watchdog
-        self._sampler = sampler
-        self.pid = pid
-        self.session_id = session_id
-        self.budget_bytes = budget_bytes
-        self.include_children = include_children
-        self.route = route  # the session route it was admitted by, for learning
-        self._last: ProcessSample | None = None
-        self._peak: int | None = None
-        self._halt: SessionHalt | None = None
-        self._ended = sampler is None
-        self._observed = False
-
-    def __repr__(self) -> str:
-        return (
-            f"<WatchedSession {self.session_id!r} pid={self.pid} "
-            f"peak_rss_bytes={self._peak} ended={self._ended}>"
-        )
-
-    @property
-    def last_sample(self) -> ProcessSample | None:
-        """The latest measurement, ``None`` until the first."""
-        return self._last
-
-    @property
-    def peak_rss_bytes(self) -> int | None:
-        """The highest RSS measured so far, ``None`` until the first measurement."""
-        return self._peak
-
-    @property
-    def halt(self) -> SessionHalt | None:
-        """Why the watchdog halted this session, or ``None`` if it has not."""
-        return self._halt
-
-    @property
-    def ended(self) -> bool:
-        """True once unregistered or once its process has gone; nothing samples it after."""
-        return self._ended
-
-    @property
-    def process(self) -> psutil.Process:
-        """The session's process as psutil sees it (safe against pid reuse)."""
-        if self._sampler is None:
-            return psutil.Process(self.pid)
-        return self._sampler.process
-
-    @property
-    def descendant_pids(self) -> tuple[int, ...]:
-        """The descendants counted by the last sample (empty without ``include_children``)."""
-        return () if self._sampler is None else self._sampler.descendant_pids
-
-    def is_running(self) -> bool:
-        """Whether the session's own process still runs (not exited, reaped or a zombie)."""
-        return self._sampler is not None and self._sampler.alive()
-
-    def unregister(self) -> None:
-        """End the session: no more samples, and its peak goes into the histogram."""
-        self._watchdog.unregister(self)
-
-    def __enter__(self) -> WatchedSession:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.unregister()
+#: One session's measurement: the session, whether it was halted, its sample
+#: (``None``: the process has gone; ``_STILL``: halted and still running), and the OOM
+#: kills counted in its memory group (0 without one).
+_Measured = tuple[WatchedSession, bool, "ProcessSample | str | None", int]
 
 
 class SessionWatchdog:
@@ -194,6 +94,8 @@ class SessionWatchdog:
     ``halt`` carries out a halt (default ``ProcessGroupHalt()``: SIGTERM to the
     process group, SIGKILL 5 s later) and ``on_halt`` is told of each one; either
     may be a coroutine function. ``registry=None`` registers no metrics.
+    ``session_groups`` says where process sessions get memory groups of their own
+    (default: found as ``config.session_groups`` says; docs/session-groups.md).
     """
 
     def __init__(
@@ -210,6 +112,7 @@ class SessionWatchdog:
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         logical_cpus: int | None = None,
         proc: str = "/proc",
+        session_groups: SessionGroups | None = None,
     ) -> None:
         if config is None:
             config = AdmissionConfig.from_env()
@@ -235,7 +138,15 @@ class SessionWatchdog:
         self._halt_action: HaltAction = ProcessGroupHalt() if halt is None else halt
         self._on_halt = on_halt
         self.on_peak: Callable[[str, int], None] | None = None  # the guard learns the peaks
+        #: Told each session's peak once, when it ends, with where the figure came from.
+        self.on_session_peak: Callable[[SessionPeak], None] | None = None
         self._metrics = watchdog_metrics(registry)
+        if session_groups is None:
+            session_groups = SessionGroups.find(config.session_groups)
+        self.session_groups = session_groups
+        self._metrics.groups_enabled.set(1 if session_groups.enabled else 0)
+        logger.info(session_groups.describe())
+        session_groups.clean_leftovers()
         self._clock = clock
         self._sleep = sleep
         self._logical_cpus = max(1, logical_cpus or psutil.cpu_count(logical=True) or 1)
@@ -317,6 +228,7 @@ class SessionWatchdog:
         session_id: str | None = None,
         include_children: bool = True,
         route: str | None = None,
+        group: SessionGroup | None = None,
     ) -> WatchedSession:
         """Watch the process ``pid`` for one session; returns its handle.
 
@@ -324,6 +236,8 @@ class SessionWatchdog:
         ``include_children=False``) exceeds it; ``None`` leaves it to the container
         check alone. A pid that is already gone gives a handle that has already ended.
         ``route`` (the admission ticket's) lets the guard learn from the session's peak.
+        ``group`` (from :meth:`session_group`, the process started in it) hands the
+        budget to the kernel; the group is removed when the session ends.
         """
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be above 0 or None; got {budget_bytes!r}.")
@@ -341,8 +255,11 @@ class SessionWatchdog:
             budget_bytes=budget_bytes,
             include_children=include_children,
             route=route,
+            group=group,
         )
-        if sampler is not None:
+        if sampler is None:
+            self._end(session)
+        else:
             with self._lock:
                 self._sessions[session] = None
             if self._task is None and not self._warned_not_running:
@@ -364,16 +281,61 @@ class SessionWatchdog:
         with self._lock:
             return tuple(self._sessions)
 
+    def session_group(self, *, session_id: str, budget_bytes: int) -> SessionGroup | None:
+        """A memory group of its own for a process session about to start, limited to
+        ``budget_bytes``; ``None`` where groups are off or cannot be made (the watchdog
+        alone then enforces the budget). Start the process with ``group.command(argv)``
+        and pass ``group=`` to :meth:`register`. A few writes to the cgroup files: cheap,
+        but call it from a thread (``asyncio.to_thread``) if that matters.
+        """
+        if budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be above 0; got {budget_bytes!r}.")
+        if not self.session_groups.enabled:
+            return None
+        try:
+            return self.session_groups.create(session_id, budget_bytes)
+        except OSError as error:
+            if self.session_groups.mode == "require":
+                raise
+            logger.warning(
+                "asgi-admission: could not make a memory group for session %s (%s); the "
+                "watchdog alone enforces its budget.",
+                session_id,
+                error,
+            )
+            return None
+
     def _end(self, session: WatchedSession) -> None:
         session._ended = True
+        group = session.group
+        if group is not None and session._halt is None and group.oom_kills():
+            self._memory_limit(session)
         self._observe_peak(session)
+        if group is not None:
+            self.session_groups.remove(group)
 
     def _observe_peak(self, session: WatchedSession) -> None:
-        if not session._observed and session._peak is not None:
-            session._observed = True
-            self._metrics.session_memory.observe(session._peak)
-            if self.on_peak is not None and session.route is not None:
-                self.on_peak(session.route, session._peak)
+        if session.group is not None and not session._ended:
+            return  # the group's peak is read once the session has ended
+        exact = None if session.group is None else session.group.peak_bytes()
+        peak = session._peak if exact is None else exact
+        if session._observed or peak is None:
+            return
+        session._observed = True
+        self._metrics.session_memory.observe(peak)
+        if self.on_peak is not None and session.route is not None:
+            self.on_peak(session.route, peak)
+        if self.on_session_peak is not None:
+            self.on_session_peak(
+                SessionPeak(
+                    session_id=session.session_id,
+                    route=session.route,
+                    peak_bytes=peak,
+                    source="rss" if exact is None else "memory_group",
+                    budget_bytes=session.budget_bytes,
+                    halted=None if session._halt is None else session._halt.reason,
+                )
+            )
 
     # -- sampling ----------------------------------------------------------------------
 
@@ -409,12 +371,15 @@ class SessionWatchdog:
             assert sampler is not None  # only live sessions are in the table
             if session._ended:
                 continue
+            ooms = 0 if session.group is None else session.group.oom_kills()
             if session._halt is not None:
                 # Halted: only wait for it to go; its RSS no longer decides anything.
-                measured.append((session, True, None if not sampler.alive() else _STILL))
+                measured.append((session, True, None if not sampler.alive() else _STILL, ooms))
                 continue
             sample = sampler.sample(children if session.include_children else None, now)
-            measured.append((session, False, sample))
+            measured.append((session, False, sample, ooms))
+        if self.session_groups.pending:
+            self.session_groups.retry()
         return measured
 
     def _apply(
@@ -422,9 +387,14 @@ class SessionWatchdog:
     ) -> tuple[SessionHalt, ...]:
         """The decisions of a tick, on the loop: record samples, end sessions, halt."""
         halts: list[SessionHalt] = []
-        for session, was_halted, sample in measured:
+        for session, was_halted, sample, ooms in measured:
             if session._ended:  # unregistered meanwhile (a callback, another thread)
                 continue
+            if ooms and not was_halted:
+                if isinstance(sample, ProcessSample):
+                    session._last = sample
+                halts.append(self._memory_limit(session))
+                was_halted = True
             if was_halted or sample is None:
                 if sample is None:
                     self._drop(session)
@@ -434,7 +404,7 @@ class SessionWatchdog:
             if session._peak is None or sample.rss_bytes > session._peak:
                 session._peak = sample.rss_bytes
             budget = session.budget_bytes
-            if budget is not None and sample.rss_bytes > budget:
+            if budget is not None and session.group is None and sample.rss_bytes > budget:
                 halts.append(
                     self._halt(
                         session,
@@ -488,34 +458,65 @@ class SessionWatchdog:
             )
         return halts
 
+    def _memory_limit(self, session: WatchedSession) -> SessionHalt:
+        """The kernel killed in the session's group: report it as a halt."""
+        group = session.group
+        assert group is not None
+        peak = group.peak_bytes()
+        budget = group.budget_bytes
+        event = self._halt(
+            session,
+            "memory_limit",
+            None,
+            "The session was stopped because it reached its memory limit of "
+            f"{budget / _MIB:.0f} MiB.",
+            group_peak_bytes=peak,
+        )
+        logger.warning(
+            "Session %s (pid %d) reached the limit of its memory group %s: the kernel killed "
+            "%d of its processes (budget %d bytes, group peak %s bytes, last RSS %d bytes).",
+            session.session_id,
+            session.pid,
+            group.path,
+            group.oom_kills(),
+            budget,
+            peak,
+            event.rss_bytes,
+        )
+        return event
+
     def _halt(
         self,
         session: WatchedSession,
         reason: HaltReason,
         reading: MemoryReading | None,
         message: str,
+        *,
+        group_peak_bytes: int | None = None,
     ) -> SessionHalt:
-        assert session._last is not None
+        last = session._last
         event = SessionHalt(
             session=session,
             reason=reason,
-            rss_bytes=session._last.rss_bytes,
+            rss_bytes=last.rss_bytes if last is not None else group_peak_bytes or 0,
             budget_bytes=session.budget_bytes,
             memory=reading,
             critical_watermark_percent=self.critical_watermark_percent,
             message=message,
+            group_peak_bytes=group_peak_bytes,
         )
         session._halt = event
         self._observe_peak(session)
         self._metrics.halted.labels(reason=reason).inc()
-        logger.warning(
-            "Halting session %s (pid %d, RSS %d bytes, budget %s): %s",
-            session.session_id,
-            session.pid,
-            event.rss_bytes,
-            session.budget_bytes,
-            reason,
-        )
+        if reason != "memory_limit":  # that one has a line of its own, with the group's figures
+            logger.warning(
+                "Halting session %s (pid %d, RSS %d bytes, budget %s): %s",
+                session.session_id,
+                session.pid,
+                event.rss_bytes,
+                session.budget_bytes,
+                reason,
+            )
         self._dispatch(self._halt_action, event)
         if self._on_halt is not None:
             self._dispatch(self._on_halt, event)
@@ -599,6 +600,8 @@ class SessionWatchdog:
         for item in pending:
             item.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        if self.session_groups.pending:
+            await asyncio.to_thread(self.session_groups.retry)
 
 
 async def _await(awaitable: Awaitable[None]) -> None:

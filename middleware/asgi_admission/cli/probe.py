@@ -14,7 +14,7 @@ does not fit under the high watermark). Usage errors (a bad option, a
 ``--json`` prints one object (all sizes in bytes, percentages 0-100)::
 
     {
-      "schema": 4,
+      "schema": 5,
       "exit_status": 0 | 1 | 2 | 3,
       "problem": str | null,           # why nothing can be admitted (exit status 3)
       "source": "cgroup-v2" | "cgroup-v1" | "host" | null,
@@ -78,6 +78,26 @@ does not fit under the high watermark). Usage errors (a bad option, a
         "routes": [{"route": str, "probes": int, "waiting": int, "since_s": float,
                     "growth_bytes": int, "guess_bytes": int}, ...],   # being probed now
         "concluded": [{"route": str, "footprint_bytes": int}, ...]    # probed lately
+      },
+      "session_groups": {              # process sessions in memory groups of their own
+        "mode": "auto" | "off" | "require",
+        "enabled": bool,               # false: off, or no place for them here
+        "version": "v1" | "v2" | null,
+        "base": str | null,            # the directory the groups go in
+        "reason": str                  # where they go, or what is missing
+      },
+      "stuck": {                       # the latch held by the server's own memory
+        "after_s": float,              # ADMISSION_STUCK_AFTER_SECONDS
+        "on": bool,                    # false: a window of 0
+        "evidence": bool,              # false: off, no shared directory or status file
+        "note": str,
+        "stuck": bool | null,          # null: no evidence
+        "held_s": float | null,        # how long it has been held; null: it is not
+        "liveness_fails_in_s": float | null,   # 0: a liveness path fails now
+        "sessions": [int, int] | null, # (active, pending) while it is held
+        "working_set_bytes": int | null,
+        "attributed_bytes": int | null,      # one reserve per session
+        "unattributed_bytes": int | null     # the server's own
       }
     }
 
@@ -114,9 +134,11 @@ from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionCon
 from asgi_admission._factory import build_reader
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.reading import MemoryReading
+from asgi_admission._watchdog.groups import GroupsPlace, find_place
 from asgi_admission.cli.errors import UsageError
+from asgi_admission.cli.probe_stuck import stuck_lines, stuck_report
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 EXIT_STATUS = {"normal": 0, "pressured": 1, "unavailable": 2}
 #: The configuration can never admit a session at the limit found.
 EXIT_NEVER_ADMITS = 3
@@ -257,6 +279,25 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         },
         "learned": learned(config, reserve, group),
         "probing": probing(config, group),
+        "session_groups": session_groups(config, args),
+        "stuck": stuck_report(config, *_service_directory(config, group)),
+    }
+
+
+def session_groups(config: AdmissionConfig, args: argparse.Namespace) -> dict[str, Any]:
+    """Whether a watchdog started here would give process sessions memory groups."""
+    if config.session_groups == "off":
+        place = GroupsPlace(None, None, "ADMISSION_SESSION_GROUPS is off")
+    else:
+        place = find_place(
+            proc_self_cgroup=args.proc_cgroup, mountinfo=args.mountinfo, hostfs=args.hostfs
+        )
+    return {
+        "mode": config.session_groups,
+        "enabled": place.parent is not None,
+        "version": place.version,
+        "base": place.base,
+        "reason": place.reason,
     }
 
 
@@ -501,6 +542,12 @@ def render(report: dict[str, Any]) -> str:
     if learned["evidence"]:
         lines.append(f"reserve in use:  {_size(learned['reserve_bytes'])}")
     lines.extend(_probing_lines(report["probing"]))
+    groups = report["session_groups"]
+    lines.append(
+        f"session groups:  {'on' if groups['enabled'] else 'off'} "
+        f"({groups['mode']}): {groups['reason']}"
+    )
+    lines.extend(stuck_lines(report["stuck"]))
     if report["problem"]:
         lines.append(f"error:           {report['problem']}")
     return "\n".join(lines)

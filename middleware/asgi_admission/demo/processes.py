@@ -8,6 +8,10 @@ seconds, as a browser or a kernel booting after its request would); ``POST
 watchdog measured and, once it acted, why it halted the session; ``DELETE`` ends it.
 Watch a session pass its budget, or the container pass the critical watermark, and
 be halted. The children run in their own process groups and are ended at shutdown.
+Where the watchdog can make memory groups (docs/session-groups.md), each child starts
+inside one limited to its budget: the kernel then stops it at the budget, and the
+watchdog reports that as the halt ``memory_limit``. ``&burst=1`` allocates the memory
+as fast as it can instead of in steps, faster than any sampling watchdog can act.
 
 A child grows in steps of 4 MiB at most 80 MiB a second, so that the watchdog,
 sampling every 0.5 s by default, sees it cross the line (40 MiB between samples;
@@ -107,18 +111,43 @@ class ProcessSessions:
         ramp_s: float = 0.0,
         on_ready: Callable[[], None] | None = None,
         route: str | None = None,
+        burst: bool = False,
     ) -> _Child:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            CHILD_SCRIPT,
-            str(hold_mb),
-            str(GROWTH_STEP_MB),
-            str(GROWTH_PAUSE_S),
-            str(ramp_s),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            start_new_session=True,
+        session_id = f"p{next(self._ids)}"
+        argv = [sys.executable, "-c", CHILD_SCRIPT, str(hold_mb)]
+        # A burst allocates in one block with no pause: as fast as the kernel gives pages.
+        argv += ["65536", "0"] if burst else [str(GROWTH_STEP_MB), str(GROWTH_PAUSE_S)]
+        argv.append(str(ramp_s))
+        budget = budget_mb * _MIB
+        # The group exists before the child: it starts inside it, before it allocates.
+        group = (
+            None
+            if watchdog is None
+            else await asyncio.to_thread(
+                watchdog.session_group, session_id=session_id, budget_bytes=budget
+            )
+        )
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *(argv if group is None else group.command(argv)),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except BaseException:
+            if watchdog is not None and group is not None:
+                watchdog.session_groups.remove(group)
+            raise
+        watched = (
+            None
+            if watchdog is None
+            else watchdog.register(
+                process.pid,
+                budget_bytes=budget,
+                session_id=session_id,
+                route=route,
+                group=group,
+            )
         )
         assert process.stdout is not None
         ramping = None
@@ -136,15 +165,9 @@ class ProcessSessions:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 await asyncio.shield(process.wait())
+                if watched is not None:
+                    watched.unregister()
                 raise
-        session_id = f"p{next(self._ids)}"
-        watched = (
-            None
-            if watchdog is None
-            else watchdog.register(
-                process.pid, budget_bytes=budget_mb * _MIB, session_id=session_id, route=route
-            )
-        )
         child = self._children[session_id] = _Child(
             session_id, process, watched, budget_mb, ramping
         )
@@ -229,6 +252,7 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
         budget_mb: int = Query(DEFAULT_BUDGET_MB, ge=1, le=65536),
         ramp_s: float = Query(0.0, ge=0, le=60),
         ticket: bool = Query(False),
+        burst: bool = Query(False),
     ) -> dict[str, Any]:
         try:
             watchdog: SessionWatchdog | None = session_watchdog(request)
@@ -248,6 +272,7 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
                 ramp_s=ramp_s,
                 on_ready=None if held is None else held.started,
                 route=None if admitted is None else admitted.route,
+                burst=burst,
             )
         except BaseException:
             if held is not None:

@@ -1,0 +1,144 @@
+"""A watched session's handle, and the figures the watchdog hands on when it ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal, Protocol
+
+import psutil
+
+from asgi_admission._watchdog.groups import SessionGroup
+from asgi_admission._watchdog.halt import HaltReason, SessionHalt
+from asgi_admission._watchdog.sampler import ProcessSample, ProcessTreeSampler
+
+#: Where a session's peak came from: its memory group's own counter (exact: every page
+#: charged to the session, counted by the kernel), or the highest RSS the sampler saw
+#: (an upper bound over its processes, sampled every interval).
+PeakSource = Literal["memory_group", "rss"]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPeak:
+    """One session's peak memory, told once when it ends (``SessionWatchdog.on_session_peak``)."""
+
+    session_id: str
+    #: The session route it was admitted by (the ticket's), ``None`` if not given.
+    route: str | None
+    peak_bytes: int
+    source: PeakSource
+    budget_bytes: int | None
+    #: Why it was halted, ``None`` if it ended on its own.
+    halted: HaltReason | None
+
+
+class _Unregisters(Protocol):
+    def unregister(self, session: WatchedSession) -> None: ...
+
+
+class WatchedSession:
+    """A registered session process; returned by ``SessionWatchdog.register``.
+
+    Use it as a context manager to unregister when the block ends, or call
+    ``unregister()``. Its read-only properties say what the sampler last saw.
+    """
+
+    __slots__ = (
+        "_ended",
+        "_halt",
+        "_last",
+        "_observed",
+        "_peak",
+        "_sampler",
+        "_watchdog",
+        "budget_bytes",
+        "group",
+        "include_children",
+        "pid",
+        "route",
+        "session_id",
+    )
+
+    def __init__(
+        self,
+        watchdog: _Unregisters,
+        sampler: ProcessTreeSampler | None,
+        *,
+        pid: int,
+        session_id: str,
+        budget_bytes: int | None,
+        include_children: bool,
+        route: str | None = None,
+        group: SessionGroup | None = None,
+    ) -> None:
+        self._watchdog = watchdog
+        self._sampler = sampler
+        self.pid = pid
+        self.session_id = session_id
+        self.budget_bytes = budget_bytes
+        self.include_children = include_children
+        self.route = route  # the session route it was admitted by, for learning
+        #: The memory group the kernel holds it to its budget in, if it has one.
+        self.group = group
+        self._last: ProcessSample | None = None
+        self._peak: int | None = None
+        self._halt: SessionHalt | None = None
+        self._ended = sampler is None
+        self._observed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<WatchedSession {self.session_id!r} pid={self.pid} "
+            f"peak_rss_bytes={self._peak} ended={self._ended}>"
+        )
+
+    @property
+    def last_sample(self) -> ProcessSample | None:
+        """The latest measurement, ``None`` until the first."""
+        return self._last
+
+    @property
+    def peak_rss_bytes(self) -> int | None:
+        """The highest RSS measured so far, ``None`` until the first measurement."""
+        return self._peak
+
+    @property
+    def halt(self) -> SessionHalt | None:
+        """Why the watchdog halted this session, or ``None`` if it has not."""
+        return self._halt
+
+    @property
+    def ended(self) -> bool:
+        """True once unregistered or once its process has gone; nothing samples it after."""
+        return self._ended
+
+    @property
+    def process(self) -> psutil.Process:
+        """The session's process as psutil sees it (safe against pid reuse)."""
+        if self._sampler is None:
+            return psutil.Process(self.pid)
+        return self._sampler.process
+
+    @property
+    def descendant_pids(self) -> tuple[int, ...]:
+        """The descendants counted by the last sample (empty without ``include_children``)."""
+        return () if self._sampler is None else self._sampler.descendant_pids
+
+    def is_running(self) -> bool:
+        """Whether the session's own process still runs (not exited, reaped or a zombie)."""
+        return self._sampler is not None and self._sampler.alive()
+
+    def unregister(self) -> None:
+        """End the session: no more samples, and its peak goes into the histogram."""
+        self._watchdog.unregister(self)
+
+    def __enter__(self) -> WatchedSession:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.unregister()

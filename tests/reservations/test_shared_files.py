@@ -143,6 +143,7 @@ def observed(
     footprints: Sequence[float] = (),
     ramps: Sequence[float] = (),
     ends: Sequence[float] = (),
+    exact: Sequence[float] = (),
     windows: Sequence[Window] = (),
 ) -> Observations:
     """What one route's observations look like in the file."""
@@ -151,6 +152,7 @@ def observed(
             "footprints": [float(v) for v in footprints],
             "ramps": [float(v) for v in ramps],
             "ends": [float(v) for v in ends],
+            "exact": [float(v) for v in exact],
             "windows": list(windows),
         }
     }
@@ -182,15 +184,17 @@ def test_learned_observations_are_merged_and_survive(tmp_path: Path) -> None:
 
 
 def test_windows_and_ends_are_shared_and_read_back(tmp_path: Path) -> None:
-    """Windows (with their overlaps) and the memory freed at ends go through the file as
-    they were made, windowed like the rest; the file says it is version 2."""
+    """Windows (with their overlaps), the memory freed at ends and the exact peaks of
+    sessions in groups of their own go through the file as they were made, windowed like
+    the rest; the file says it is version 2."""
     store = LearnedStore(str(tmp_path), window=2)
     overlap = (Overlap("WS /t", 0.75, 0.5, 48 * MIB, 0.5),)
-    store.add(observed("POST /s", ends=[48 * MIB], windows=[a_window(48)]))
+    store.add(observed("POST /s", ends=[48 * MIB], exact=[41 * MIB], windows=[a_window(48)]))
     store.add(observed("POST /s", windows=[a_window(100, overlaps=overlap), a_window(50)]))
     again = LearnedStore(str(tmp_path), window=2).load()
     assert again["POST /s"]["windows"] == [a_window(100, overlaps=overlap), a_window(50)]
     assert again["POST /s"]["ends"] == [48.0 * MIB]
+    assert again["POST /s"]["exact"] == [41.0 * MIB]
     assert json.loads((tmp_path / LEARNED_FILE).read_text())["version"] == 2
 
 

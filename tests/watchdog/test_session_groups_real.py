@@ -20,9 +20,21 @@ import httpx
 import psutil
 import pytest
 from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.testclient import TestClient
 from watchdogkit import FixedReader, reading
 
-from asgi_admission import AdmissionConfig, SessionPeak, SessionWatchdog
+from asgi_admission import (
+    AdmissionConfig,
+    AdmissionController,
+    AdmissionMiddleware,
+    MemoryReading,
+    SessionPeak,
+    SessionWatchdog,
+)
 from asgi_admission._watchdog.groups import GroupsPlace, SessionGroups
 from cgroupkit import joining, memory_group, oom_kills
 from processkit import Server, free_port
@@ -294,9 +306,9 @@ def test_a_real_groups_exact_peak_is_the_sessions_figure(tmp_path: Path) -> None
             session_groups=groups,
         )
         peaks: list[SessionPeak] = []
-        learned: list[tuple[str, int]] = []
+        learned: list[tuple[str, int, bool]] = []
         watchdog.on_session_peak = peaks.append
-        watchdog.on_peak = lambda route, peak: learned.append((route, peak))
+        watchdog.on_peak = lambda route, peak, exact=False: learned.append((route, peak, exact))
         group = watchdog.session_group(session_id="p1", budget_bytes=BUDGET_MB * MIB)
         assert group is not None
         code = "import time; b = bytearray(40 << 20); b[::4096] = b'1' * (10 << 10); time.sleep(1)"
@@ -313,5 +325,67 @@ def test_a_real_groups_exact_peak_is_the_sessions_figure(tmp_path: Path) -> None
     (peak,) = peaks
     assert (peak.source, peak.route, peak.halted) == ("memory_group", "POST /processes", None)
     assert 40 * MIB <= peak.peak_bytes <= BUDGET_MB * MIB, peak
-    assert learned == [("POST /processes", peak.peak_bytes)]
+    assert learned == [("POST /processes", peak.peak_bytes, True)]
     assert registry.get_sample_value("asgi_admission_session_memory_bytes_sum") == (peak.peak_bytes)
+
+
+def test_what_is_learned_of_grouped_sessions_is_their_groups_peaks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Four process sessions of about 40 MiB, opened through the guard one after another
+    and each started in a real v1 group of its own, while the container's working set
+    (a fake reading) rises by 60 MiB at each: the footprint the guard learns of their
+    route is their groups' peaks within 5 %, not the working set's rise."""
+    used = [100 * MIB]
+
+    def working_set() -> MemoryReading:
+        return MemoryReading(used_bytes=used[0], limit_bytes=4096 * MIB, available=True)
+
+    code = "import time; b = bytearray(40 << 20); b[::4096] = b'1' * (10 << 10); time.sleep(1)"
+    children: list[subprocess.Popen[bytes]] = []
+    with memory_group(CONTAINER_MB, "groups_learn") as container:
+        groups = SessionGroups(GroupsPlace("v1", str(container), "a test's group"), mode="require")
+        watchdog = SessionWatchdog(
+            config=AdmissionConfig(session_groups="off"),
+            memory_reader=FixedReader(reading(10.0)),
+            registry=CollectorRegistry(),
+            session_groups=groups,
+        )
+        peaks: list[SessionPeak] = []
+        watchdog.on_session_peak = peaks.append
+
+        def start(request: Request) -> Response:
+            n = len(children)
+            group = watchdog.session_group(session_id=f"p{n}", budget_bytes=BUDGET_MB * MIB)
+            assert group is not None
+            children.append(subprocess.Popen(group.command([sys.executable, "-c", code])))
+            watchdog.register(
+                children[-1].pid, session_id=f"p{n}", route="POST /processes", group=group
+            )
+            used[0] += 60 * MIB
+            return Response(status_code=201)
+
+        monkeypatch.setenv("ADMISSION_PROBE_SESSIONS", "0")
+        guard = AdmissionMiddleware(
+            Starlette(routes=[Route("/processes", start, methods=["POST"])]),
+            session_routes=["POST /processes"],
+            controller=AdmissionController(reserve_bytes=8 * MIB, memory_reader=working_set),
+            watchdog=watchdog,
+            registry=None,
+        )
+        try:
+            with TestClient(guard) as client:  # its lifespan samples the working set
+                for _ in range(4):
+                    assert client.post("/processes").status_code == 201
+                    assert children[-1].wait(timeout=30) == 0
+                    time.sleep(1.5)  # the working set stays up: the window closes
+                    watchdog.sample_once()  # the session ends: its group's peak is read
+        finally:
+            for child in children:
+                child.kill()
+                child.wait()
+    assert [p.source for p in peaks] == ["memory_group"] * 4
+    (estimate,) = guard.keeper.estimates()
+    assert estimate.route == "POST /processes"
+    for peak in peaks:
+        assert abs(estimate.footprint_bytes - peak.peak_bytes) <= 0.05 * peak.peak_bytes

@@ -388,13 +388,14 @@ class ReservationKeeper:
                 self._clock(), route=entry.route, admitted_at=entry.admitted_at
             )
 
-    def observe_peak(self, route: str, peak_bytes: int) -> None:
-        """The watchdog measured a session of ``route`` at ``peak_bytes`` (RSS) at most."""
+    def observe_peak(self, route: str, peak_bytes: int, *, exact: bool = False) -> None:
+        """The watchdog measured a session of ``route`` at ``peak_bytes`` (RSS) at most,
+        or (``exact``) its own memory group's peak."""
         if self.learning == "off":
             return
 
         def step() -> Sequence[Action]:
-            self.learner.observe(route, footprint_bytes=peak_bytes)
+            self.learner.observe(route, footprint_bytes=peak_bytes, exact=exact)
             self._publish_learned()
             return ()
 

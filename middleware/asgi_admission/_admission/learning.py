@@ -28,7 +28,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final, TypedDict
+from typing import Final, Literal, TypedDict
 
 from asgi_admission._admission.attribution import Fit, Overlap, Window, attributed, fit
 from asgi_admission._admission.ramp_profile import RampProfiles
@@ -59,6 +59,8 @@ class RouteObservations(TypedDict):
     ramps: list[float]
     #: Memory freed at one session's end, in a step in which nothing else ramped.
     ends: list[float]
+    #: Exact per-session peaks: a session's own memory group (no attribution needed).
+    exact: list[float]
     windows: list[Window]
 
 
@@ -83,16 +85,17 @@ def percentile(values: Iterable[float], share: float = PERCENTILE) -> float:
 
 
 def empty_observations() -> RouteObservations:
-    return {"footprints": [], "ramps": [], "ends": [], "windows": []}
+    return {"footprints": [], "ramps": [], "ends": [], "exact": [], "windows": []}
 
 
 class _Route:
-    __slots__ = ("ends", "footprints", "live", "ramps", "windows")
+    __slots__ = ("ends", "exact", "footprints", "live", "ramps", "windows")
 
     def __init__(self) -> None:
         self.footprints: deque[float] = deque(maxlen=WINDOW)
         self.ramps: deque[float] = deque(maxlen=WINDOW)
         self.ends: deque[float] = deque(maxlen=WINDOW)
+        self.exact: deque[float] = deque(maxlen=WINDOW)
         self.windows: deque[Window] = deque(maxlen=WINDOW)
         #: Sessions admitted here and not seen ended (fractions: ends of unknown route).
         self.live = 0.0
@@ -101,6 +104,7 @@ class _Route:
         self.footprints.extend(values["footprints"])
         self.ramps.extend(values["ramps"])
         self.ends.extend(values["ends"])
+        self.exact.extend(values["exact"])
         self.windows.extend(values["windows"])
 
 
@@ -226,15 +230,24 @@ class SessionLearner:
             self._changed()
         return route in self._estimates
 
-    def observe(self, route: str, *, footprint_bytes: int, ramp_s: float | None = None) -> None:
-        """One per-session observation of ``route`` (the watchdog's peaks)."""
+    def observe(
+        self,
+        route: str,
+        *,
+        footprint_bytes: int,
+        ramp_s: float | None = None,
+        exact: bool = False,
+    ) -> None:
+        """One per-session observation of ``route`` (the watchdog's peaks); ``exact``: the
+        session's own memory group's peak, which needs no attribution."""
         state = self._route(route)
         if state is None:
             return
         value = float(max(0, int(footprint_bytes)))
-        state.footprints.append(value)
+        key: Literal["exact", "footprints"] = "exact" if exact else "footprints"
+        (state.exact if exact else state.footprints).append(value)
         new = self._new.setdefault(route, empty_observations())
-        new["footprints"].append(value)
+        new[key].append(value)
         if ramp_s is not None:
             ramp = max(0.0, float(ramp_s))
             state.ramps.append(ramp)
@@ -268,10 +281,11 @@ class SessionLearner:
                 "footprints": list(state.footprints),
                 "ramps": list(state.ramps),
                 "ends": list(state.ends),
+                "exact": list(state.exact),
                 "windows": list(state.windows),
             }
             for route, state in self._routes.items()
-            if state.footprints or state.ramps or state.ends or state.windows
+            if state.footprints or state.ramps or state.ends or state.exact or state.windows
         }
 
     def merge(self, observations: Observations) -> None:
@@ -355,10 +369,14 @@ class SessionLearner:
         self._ramps = {}
         for route, state in self._routes.items():
             per_session = [*state.footprints, *state.ends]
-            if not state.windows and not per_session:
+            if not state.windows and not per_session and not state.exact:
                 continue
             footprint = 0.0
-            if state.windows:
+            if state.exact:
+                # Sessions in memory groups of their own: their peaks are their cost.
+                footprint = percentile(state.exact)
+                per_session = []
+            elif state.windows:
                 bounds = [attributed(route, w, self._fits, floors) for w in state.windows]
                 footprint = percentile(bounds)
                 known = self._fits.get(route)
@@ -378,7 +396,7 @@ class SessionLearner:
                 footprint_bytes=int(footprint),
                 # Not learned yet: the longest a session's memory is waited for.
                 ramp_s=self._windows.horizon_s if ramp_s is None else ramp_s,
-                observations=len(state.windows) + len(per_session),
+                observations=len(state.windows) + len(per_session) + len(state.exact),
             )
 
 

@@ -331,6 +331,7 @@ class LearnedStore:
                 "footprints": _missing(into["footprints"], values["footprints"]),
                 "ramps": _missing(into["ramps"], values["ramps"]),
                 "ends": _missing(into["ends"], values["ends"]),
+                "exact": _missing(into["exact"], values["exact"]),
                 "windows": _missing(into["windows"], values["windows"]),
             }
             _append(into, missing, self.window)
@@ -378,6 +379,7 @@ def _append(into: RouteObservations, values: RouteObservations, window: int) -> 
     into["footprints"] = [*into["footprints"], *values["footprints"]][-window:]
     into["ramps"] = [*into["ramps"], *values["ramps"]][-window:]
     into["ends"] = [*into["ends"], *values["ends"]][-window:]
+    into["exact"] = [*into["exact"], *values["exact"]][-window:]
     into["windows"] = [*into["windows"], *values["windows"]][-window:]
 
 
@@ -398,6 +400,7 @@ def _to_json(values: RouteObservations) -> dict[str, list[Any]]:
         "footprints": values["footprints"],
         "ramps": values["ramps"],
         "ends": values["ends"],
+        "exact": values["exact"],
         "windows": [
             [
                 w.growth,
@@ -433,6 +436,7 @@ def _from_json(values: Any, window: int) -> RouteObservations:
         "footprints": [float(v) for v in values["footprints"]][-window:],
         "ramps": [float(v) for v in values["ramps"]][-window:],
         "ends": [float(v) for v in values.get("ends", [])][-window:],
+        "exact": [float(v) for v in values.get("exact", [])][-window:],
         "windows": windows,
     }
 

@@ -142,3 +142,10 @@ class WatchedSession:
         tb: TracebackType | None,
     ) -> None:
         self.unregister()
+
+
+class PeakHook(Protocol):
+    """Told each watched session's peak once (``SessionWatchdog.on_peak``): ``exact``
+    when it is the session's own memory group's, else the highest RSS sampled."""
+
+    def __call__(self, route: str, peak_bytes: int, *, exact: bool = False) -> None: ...

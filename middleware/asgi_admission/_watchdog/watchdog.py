@@ -64,7 +64,7 @@ from asgi_admission._watchdog.sampler import (
     let_the_loop_run,
     read_children_map,
 )
-from asgi_admission._watchdog.session import SessionPeak, WatchedSession
+from asgi_admission._watchdog.session import PeakHook, SessionPeak, WatchedSession
 
 logger = logging.getLogger("asgi_admission")
 
@@ -137,7 +137,7 @@ class SessionWatchdog:
         self.interval_s = float(interval_s)
         self._halt_action: HaltAction = ProcessGroupHalt() if halt is None else halt
         self._on_halt = on_halt
-        self.on_peak: Callable[[str, int], None] | None = None  # the guard learns the peaks
+        self.on_peak: PeakHook | None = None  # the guard learns the peaks
         #: Told each session's peak once, when it ends, with where the figure came from.
         self.on_session_peak: Callable[[SessionPeak], None] | None = None
         self._metrics = watchdog_metrics(registry)
@@ -324,7 +324,7 @@ class SessionWatchdog:
         session._observed = True
         self._metrics.session_memory.observe(peak)
         if self.on_peak is not None and session.route is not None:
-            self.on_peak(session.route, peak)
+            self.on_peak(session.route, peak, exact=exact is not None)
         if self.on_session_peak is not None:
             self.on_session_peak(
                 SessionPeak(

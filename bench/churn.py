@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -128,6 +129,8 @@ class Attempt:
     #: Seconds into the run at which the 201 arrived.
     admitted_at: float | None = None
     halted: bool = False
+    #: Why a 503 was given (its body's ``reason``).
+    reason: str | None = None
 
 
 @dataclass
@@ -143,6 +146,8 @@ class Run:
     cap: int | None = None
     #: (seconds into the run, working set in bytes) every SAMPLE_S.
     samples: list[tuple[float, int]] = field(default_factory=list)
+    #: The guard's learned footprints and reserve at the end (MiB), from its metrics.
+    learned: dict[str, float] = field(default_factory=dict)
 
     def count(self, outcome: Outcome, kind: Kind | None = None) -> int:
         return sum(1 for a in self.attempts if a.outcome == outcome and kind in (None, a.kind))
@@ -277,7 +282,11 @@ async def _replay(base_url: str, trace: Trace, start_at: float) -> list[Attempt]
                 return Attempt(index, arrival.kind, "failed", type(exc).__name__)
             if response.status_code != 201:
                 outcome: Outcome = "refused" if response.status_code == 503 else "failed"
-                return Attempt(index, arrival.kind, outcome, response.status_code)
+                reason = None
+                if outcome == "refused":
+                    with contextlib.suppress(ValueError, AttributeError):
+                        reason = str(response.json().get("reason"))
+                return Attempt(index, arrival.kind, outcome, response.status_code, reason=reason)
             admitted_at = loop.time() - t0
             session = f"{path}/{response.json()['id']}"
             await asyncio.sleep(max(0.0, t0 + arrival.end(trace.window_s) - loop.time()))
@@ -322,6 +331,7 @@ def run_mode(mode: Mode, trace: Trace, *, limit_mb: int, cap: int | None = None)
         finally:
             sampler.stop_event.set()
             sampler.join(timeout=2)
+        learned = _learned(base_url) if mode in ("guard", "learn") else {}
         return Run(
             mode=mode,
             baseline_bytes=baseline,
@@ -331,7 +341,24 @@ def run_mode(mode: Mode, trace: Trace, *, limit_mb: int, cap: int | None = None)
             window_s=trace.window_s,
             cap=cap,
             samples=sampler.samples,
+            learned=learned,
         )
+
+
+def _learned(base_url: str) -> dict[str, float]:
+    """The guard's learned footprints (MiB) and reserve at the end, from its metrics."""
+    found: dict[str, float] = {}
+    try:
+        text = httpx.get(f"{base_url}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return found
+    for line in text.splitlines():
+        if line.startswith(
+            ("asgi_admission_session_footprint_bytes{", "asgi_admission_session_reserve_bytes ")
+        ):
+            name, value = line.rsplit(" ", 1)
+            found[name.removeprefix("asgi_admission_session_")] = round(float(value) / MIB, 1)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +400,10 @@ class Churn:
             else None,
             "above_watermark_by_more_than_a_session": over_mb > largest_mb,
             "served_by_kind": {kind: run.count("served", kind) for kind in KINDS},
+            "learned_mb": run.learned,
+            "refused_by_reason": dict(
+                collections.Counter(str(a.reason) for a in run.attempts if a.outcome == "refused")
+            ),
         }
 
     def summary(self) -> dict[str, object]:

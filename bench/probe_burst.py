@@ -137,10 +137,12 @@ def run_probe_burst(
     ramp_s: float = 2.0,
     probe_sessions: int | None = None,
     footprint: int | None = None,
+    workers: int = 1,
 ) -> ProbeResult:
     """Serve the demo in a fresh memory group for ``case``, fire the first burst, report.
 
-    ``probe_sessions`` sets ``ADMISSION_PROBE_SESSIONS`` (``None``: the default).
+    ``probe_sessions`` sets ``ADMISSION_PROBE_SESSIONS`` (``None``: the default); with
+    several ``workers`` they share a temporary ``ADMISSION_SHARED_DIR``.
     """
     limit_mb, hold_mb, too_small = SETUP[case]
     footprint = footprint if footprint is not None else ramp_burst.session_footprint(hold_mb)
@@ -151,6 +153,7 @@ def run_probe_burst(
     with (
         memory_group(limit_mb, f"probe_{case}") as group,
         tempfile.TemporaryFile() as log,
+        tempfile.TemporaryDirectory() as tmp,
     ):
         env = {
             **os.environ,
@@ -164,19 +167,21 @@ def run_probe_burst(
         if too_small is not None:
             reserve_mb = max(1, round(footprint_mb / too_small))
             env["ADMISSION_SESSION_RESERVE_MB"] = str(int(reserve_mb))
+        if workers > 1:
+            env["ADMISSION_SHARED_DIR"] = os.path.join(tmp, "shared")
         if probe_sessions is not None:
             env["ADMISSION_PROBE_SESSIONS"] = str(probe_sessions)
         else:
             env.pop("ADMISSION_PROBE_SESSIONS", None)
         proc = subprocess.Popen(
-            ramp_burst._serve_argv(group, port, 1, True),
+            ramp_burst._serve_argv(group, port, workers, True),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         try:
-            ramp_burst._wait_ready(base_url, proc, 1)
+            ramp_burst._wait_ready(base_url, proc, workers)
             time.sleep(0.5)
             baseline = working_set_bytes(group)
             ceiling = limit_mb * MIB * ramp_burst.HIGH_WATERMARK / 100

@@ -485,7 +485,9 @@ class AdmissionMiddleware(SessionRequests):
             if probing:
                 decision, gate = self._probe_decision(route, current, pending, expired)
             else:
-                decision = self._controller.assess(current, limit, pending, read=self._safe_read)
+                decision = self._controller.assess(
+                    current, limit, pending, read=self._safe_read, route=route
+                )
             memory = decision.memory
             entry = held = None
             retry_after_s = 0
@@ -535,7 +537,9 @@ class AdmissionMiddleware(SessionRequests):
         blind = not memory.exact or is_blind(memory)
         # The gate first: this reading may conclude the probes, and raise the reserve.
         gate: Gate = "known" if blind else self._keeper.gate(route, memory.used_bytes)
-        decision = self._controller.decide(memory, current, self._session_limit, pending)
+        decision = self._controller.decide(
+            memory, current, self._session_limit, pending, route=route
+        )
         if not decision.allowed or blind:
             return decision, "known"  # refused anyway, or blind: nothing to probe with
         if gate == "hold" and expired:

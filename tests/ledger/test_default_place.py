@@ -28,7 +28,7 @@ from asgi_admission import (
 from asgi_admission._admission import shared_files, shared_place
 from asgi_admission._admission.learning import empty_observations
 from asgi_admission._admission.ledger import InProcessLedger
-from asgi_admission._admission.settling import QueueRecord
+from asgi_admission._admission.settle_queue import QueueRecord
 from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger, read_entries
 from asgi_admission._admission.shared_place import AloneCheck, MemoryGroup
 from asgi_admission._factory import build_sharing

@@ -41,12 +41,15 @@ def machine() -> None:
         pytest.skip(message)
 
 
-@pytest.mark.parametrize("case", probe_burst.CASES)
-def test_a_first_burst_is_cut_at_capacity_by_probing(case: probe_burst.Case) -> None:
-    """No reserve set for sessions twice the default one, or a reserve 12x too small: the
-    first burst of 24 admits capacity +-1 at once, no OOM kill, every refusal a 503 with
-    Retry-After, and no admitted request waits much more than one ramp."""
-    result = probe_burst.run_probe_burst(case, sessions=24, ramp_s=RAMP_S)
+@pytest.mark.parametrize(
+    ("case", "workers"), [*((case, 1) for case in probe_burst.CASES), ("small", 4)]
+)
+def test_a_first_burst_is_cut_at_capacity_by_probing(case: probe_burst.Case, workers: int) -> None:
+    """No reserve set for sessions twice the default one, or a reserve 12x too small (also
+    over 4 workers sharing a ledger): the first burst of 24 admits capacity +-1 at once,
+    no OOM kill, every refusal a 503 with Retry-After, and no admitted request waits much
+    more than one ramp."""
+    result = probe_burst.run_probe_burst(case, sessions=24, ramp_s=RAMP_S, workers=workers)
     summary = result.summary()
     print(summary)  # the figures, for the record (pytest -s)
     if case == "default":

@@ -63,13 +63,22 @@ def test_ramping_burst_is_cut_at_capacity(footprint: int, mode: ramp_burst.Mode)
         assert result.learned_within_15pct_s is not None, result.summary()
 
 
-def test_a_burst_after_an_overlapping_warm_up_is_cut_at_capacity(footprint: int) -> None:
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_burst_after_an_overlapping_warm_up_is_cut_at_capacity(
+    footprint: int, workers: int
+) -> None:
     """Four warm-up sessions, each opened 0.6 s after the one before had ramped, all
-    closed together, and a burst of 40 a second later, the reserve 12x too small: the
-    footprint is learned from the working set before any session ends (there is never
-    a quiet episode), within 15 %, and the burst is cut at capacity +-1."""
+    closed together, and a burst of 40 a second later, the reserve 12x too small (one
+    worker, or four sharing a ledger in a 1 GiB group): the footprint is learned from the
+    working set before any session ends (there is never a quiet episode), within 15 %,
+    and the burst is cut at capacity +-1."""
     result = ramp_burst.run_ramp_burst(
-        "learn", hold_mb=HOLD_MB, footprint=footprint, warm_up="overlapping"
+        "learn",
+        hold_mb=HOLD_MB,
+        footprint=footprint,
+        warm_up="overlapping",
+        workers=workers,
+        limit_mb=768 if workers == 1 else 1024,
     )
     assert_cut_at_capacity(result)
     learned = result.learned_before_ends_mb

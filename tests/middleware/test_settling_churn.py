@@ -135,3 +135,32 @@ def test_a_fall_at_an_end_is_not_taken_for_growth_that_never_came() -> None:
         assert mw.session_counts() == (0, 1)
         reader.set_mb(100 + RESERVE_MB)
         assert wait_until(lambda: mw.session_counts() == (1, 0), 3)
+
+
+def test_a_pending_session_holds_back_only_what_it_has_still_to_add() -> None:
+    """A 200 MiB reserve, 1000 MiB limit (high watermark 800 MiB), working set 300 MiB:
+    the first session is pending and has grown 150 MiB. One more fits (450 + the 50 still
+    to come + 200 = 700 MiB), where counting the pending one at its whole reserve on top
+    of the 150 it holds already (850 MiB) refused it; a third does not fit."""
+    reader = SettableReader(used_mb=300, limit_mb=1000)
+    settings = {
+        "ADMISSION_SESSION_RESERVE_LEARNING": "off",
+        "ADMISSION_PROBE_SESSIONS": "0",
+        "ADMISSION_PENDING_TIMEOUT_SECONDS": "120",
+    }
+    with environment(settings):
+        mw = AdmissionMiddleware(
+            Sessions().app(),
+            session_routes=["POST /sessions"],
+            controller=controller(reader, reserve_mb=200),
+            registry=None,
+        )
+    with TestClient(mw) as client:
+        assert client.post("/sessions").status_code == 201
+        reader.set_mb(450)
+        time.sleep(0.6)  # a sample or two see its growth
+        assert mw.session_counts() == (0, 1)
+        assert client.post("/sessions").status_code == 201
+        time.sleep(0.6)
+        # 450 + 50 + 200 (the second, all to come) + 200 more = 900 MiB: no.
+        assert client.post("/sessions").status_code == 503

@@ -112,9 +112,9 @@ def test_learning_raises_the_reserve_and_shows_it() -> None:
         reader.set_mb(150)
         # The probe's growth raises the reserve at once; the footprint is learned once
         # its memory has stopped growing: 50 MiB, and what drift may have hidden over
-        # its window (1 MiB a second).
+        # its window (256 KiB a second).
         wait_for(lambda: mw.keeper.estimates())
-        assert 50 * MIB <= mw.controller.reserve_for(reader.limit) <= 56 * MIB
+        assert 50 * MIB <= mw.controller.reserve_for(reader.limit) <= 52 * MIB
         footprint = registry.get_sample_value(
             "asgi_admission_session_footprint_bytes", {"route": "POST /sessions"}
         )

@@ -74,8 +74,8 @@ def test_the_evidence_is_in_once_the_memory_has_stopped_growing() -> None:
     assert b.woken == [ROUTE]
     [estimate] = b.learner.estimates()
     assert estimate.route == ROUTE
-    # What arrived, and what drift may have hidden over the window (1 MiB a second).
-    assert 100 * MIB <= estimate.footprint_bytes <= 104 * MIB
+    # What arrived, and what drift may have hidden over the window (256 KiB a second).
+    assert 100 * MIB <= estimate.footprint_bytes <= 101 * MIB
     assert 1.5 <= estimate.ramp_s <= 2.25
     assert b.board.estimates() == {}  # learned: nothing provisional is left
     assert not b.board.busy
@@ -123,8 +123,8 @@ def test_memory_still_growing_after_the_response_waits_for_the_quiet_spell() -> 
     for step in range(3, 12):
         b.read(BASE + 90 * MIB, 0.2 + step * CONFIRM_S)
     assert b.woken == [ROUTE]
-    # What arrived, and what drift may have hidden over the window (1 MiB a second).
-    assert 90 * MIB <= b.learner.estimates()[0].footprint_bytes <= 93 * MIB
+    # What arrived, and what drift may have hidden over the window (256 KiB a second).
+    assert 90 * MIB <= b.learner.estimates()[0].footprint_bytes <= 91 * MIB
 
 
 def test_a_probe_that_opened_nothing_frees_its_slot() -> None:
@@ -165,21 +165,23 @@ def test_a_probe_whose_session_ended_concludes_never_below_the_guess() -> None:
     assert b.learner.estimates() == []
 
 
-def test_a_session_ending_elsewhere_makes_the_probe_look_larger_not_smaller() -> None:
+def test_a_session_ending_elsewhere_does_not_make_the_probe_look_smaller() -> None:
     """Memory freed meanwhile could hide a probe's growth: the step with the end is taken
-    to have grown as the one before it did, so what is learned is more than was seen."""
+    to have grown as the slower of the two before it did, so what is learned is never
+    less than was seen."""
     b = Board()
     b.admit(1, BASE, 0.0)
     b.board.responded(1, BASE, 0.01)
     b.read(BASE + 6 * MIB, 0.25)
     b.learner.on_session_end(0.3, count=1)  # the keeper tells both
     b.board.session_ended(0.3)
-    for step in range(2, 10):
-        b.read(BASE + 6 * MIB, step * 0.25)
+    b.read(BASE, 0.5)  # the other session's memory is gone
+    for step in range(3, 10):
+        b.read(BASE, step * 0.25)
     assert b.woken == [ROUTE]
     assert b.board.gate(ROUTE, 3.0) == "known"
     [estimate] = b.learner.estimates()
-    assert estimate.footprint_bytes >= 12 * MIB
+    assert estimate.footprint_bytes >= 6 * MIB
 
 
 def test_another_admission_makes_the_footprint_provisional_and_larger() -> None:
@@ -205,8 +207,8 @@ def test_a_probe_with_no_growth_concludes_with_next_to_no_footprint() -> None:
     for step in range(1, 6):
         b.read(BASE, step * 0.25)
     assert b.woken == [ROUTE]
-    # Nothing arrived; only what drift may have hidden over the window (1 MiB a second).
-    assert b.learner.estimates()[0].footprint_bytes <= 2 * MIB
+    # Nothing arrived; only what drift may have hidden over the window (256 KiB a second).
+    assert b.learner.estimates()[0].footprint_bytes <= MIB
 
 
 def test_a_probe_that_never_answers_keeps_its_window_open() -> None:

@@ -8,12 +8,8 @@ import pytest
 from reskit import MIB, apply, counts
 
 from asgi_admission._admission.ledger import InProcessLedger
-from asgi_admission._admission.settling import (
-    LocalSettleQueue,
-    QueueRecord,
-    Settlement,
-    Settler,
-)
+from asgi_admission._admission.settle_queue import LocalSettleQueue, QueueRecord
+from asgi_admission._admission.settling import Settlement, Settler
 
 #: Internal on purpose: the settler's attribution, on tables of readings.
 INTERNAL = "the settler's attribution, on tables of readings"

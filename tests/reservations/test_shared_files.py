@@ -14,7 +14,7 @@ from reskit import MIB
 from asgi_admission._admission import shared_files
 from asgi_admission._admission.attribution import Overlap, Window
 from asgi_admission._admission.learning import Observations
-from asgi_admission._admission.settling import QueueRecord
+from asgi_admission._admission.settle_queue import QueueRecord
 from asgi_admission._admission.shared_files import (
     LEARNED_FILE,
     SETTLING_FILE,

@@ -34,8 +34,9 @@ from typing import Final
 NOISE_FLOOR_BYTES: Final = 1024 * 1024
 NOISE_SHARE: Final = 0.03
 #: How fast memory is taken to drift down for other reasons, at most, when a single
-#: window is all there is to go by (a fit averages drift out).
-DRIFT_BYTES_PER_S: Final = 1024 * 1024
+#: window is all there is to go by (a fit averages drift out). Slow: a fall of more than
+#: FREE_STEP_BYTES in one step is left out of the growth series anyway (session_windows.py).
+DRIFT_BYTES_PER_S: Final = 256 * 1024
 #: A fit whose one-sided 95 % bound is within this share of it is taken as known.
 DETERMINED_SHARE: Final = 0.2
 #: Windows of its own a route needs before its fit can be taken as known, and windows

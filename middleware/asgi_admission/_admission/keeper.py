@@ -55,14 +55,8 @@ from asgi_admission._admission.learned_view import LearnedView
 from asgi_admission._admission.learning import WINDOW, RouteEstimate, SessionLearner
 from asgi_admission._admission.ledger import LedgerBusy, Reservation
 from asgi_admission._admission.probing import Gate, ProbeBoard, ProbeStatus, ProbeStore
-from asgi_admission._admission.settling import (
-    Action,
-    Kind,
-    LocalSettleQueue,
-    Settlement,
-    SettleQueue,
-    Settler,
-)
+from asgi_admission._admission.settle_queue import LocalSettleQueue, SettleQueue
+from asgi_admission._admission.settling import Action, Kind, Settlement, Settler
 from asgi_admission._admission.shared_files import LearnedStore, SharedSettleQueue
 from asgi_admission._admission.shared_probes import SharedProbeStore
 from asgi_admission._config import Learning
@@ -185,6 +179,8 @@ class ReservationKeeper:
         #: How many periodic samples run (from a lifespan: :meth:`run`).
         self.sampling = 0
         self._update_reserve()
+        # The latch counts the pending sessions by what they still add (held_bytes).
+        controller.held_bytes = self.held_bytes
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forked(ref))
 
@@ -233,6 +229,18 @@ class ReservationKeeper:
         elif self.probing and self.board.busy:
             self.board.other_admitted(now)
         return entry
+
+    def held_bytes(self, route: str | None, pending: int, limit_bytes: int) -> int:
+        """What the ``pending`` sessions and one more of ``route`` hold back under
+        ``limit_bytes`` (the latch's ``held_bytes``): this process's pending sessions what
+        they are still expected to add, the others (other workers') a reserve each, and one
+        more its route's reserve where the route is known, else the largest."""
+        reserve = self._controller.reserve_for(limit_bytes)
+        own, counted = self.settler.held()
+        new = reserve
+        if route is not None and route in self.view.estimates():
+            new = min(reserve, self.view.expected_bytes(route, limit_bytes))
+        return own + max(0, pending - counted) * reserve + new
 
     def gate(self, route: str, used_bytes: int | None = None) -> Gate:
         """How to decide one more session of ``route`` (inside the ledger's lock), at the

@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from asgi_admission._admission.reserve import derived_reserve_bytes
 from asgi_admission._config import (
@@ -140,6 +140,13 @@ def count_cap_from(
     return "blind_fallback" if blind else None
 
 
+class HeldBytes(Protocol):
+    """``(route, pending_sessions, limit_bytes) -> bytes``: what the pending sessions and
+    one more of ``route`` (``None``: of the largest reserve) hold back."""
+
+    def __call__(self, route: str | None, pending: int, limit: int, /) -> int: ...
+
+
 class AdmissionController:
     """High-watermark/resume hysteresis latch with per-session memory reserves.
 
@@ -153,6 +160,7 @@ class AdmissionController:
         "_lock",
         "_pressured",
         "_read_bound",
+        "held_bytes",
         "high_watermark_percent",
         "learned_replaces",
         "learned_reserve_bytes",
@@ -179,6 +187,10 @@ class AdmissionController:
         #: nothing learned, or learning off.
         self.learned_reserve_bytes: int | None = None
         self.learned_replaces = False
+        #: What the pending sessions and one more of ``route`` hold, given the pending
+        #: count and the limit (the guard's settling knows what each still adds);
+        #: ``None``: one reserve each.
+        self.held_bytes: HeldBytes | None = None
         self.memory_reader: MemoryReader = memory_reader or read_cgroup_memory
         self._pressured = False
         # The state of the last full decision: the fast path follows only "normal".
@@ -210,9 +222,10 @@ class AdmissionController:
         return learned
 
     def ceiling_bytes(self, limit_bytes: int, pending_sessions: int = 0) -> float:
-        """Working set above which one more session is refused (high minus reserves)."""
-        return limit_bytes * self.high_watermark_percent / 100 - (
-            (pending_sessions + 1) * self.reserve_for(limit_bytes)
+        """Working set above which one more session is refused (high minus what the
+        pending sessions and one more hold back)."""
+        return limit_bytes * self.high_watermark_percent / 100 - self._held(
+            None, pending_sessions, limit_bytes
         )
 
     def memory_room(self, memory: MemoryReading | None, pending_sessions: int = 0) -> int | None:
@@ -260,6 +273,7 @@ class AdmissionController:
         pending_sessions: int = 0,
         *,
         read: Callable[[], MemoryReading] | None = None,
+        route: str | None = None,
     ) -> CapacityDecision:
         """:meth:`evaluate` for callers that hold their own lock, with the fast path.
 
@@ -283,11 +297,13 @@ class AdmissionController:
                     and bound.used_bytes is not None
                     and bound.limit_bytes is not None
                     and bound.available
-                    and self._bound_admits(bound.used_bytes, bound.limit_bytes, pending_sessions)
+                    and self._bound_admits(
+                        bound.used_bytes, bound.limit_bytes, pending_sessions, route
+                    )
                 ):
                     return _decision(True, "normal", bound, None, None)
         memory = (read or self.memory_reader)()
-        return self.decide(memory, current_sessions, session_limit, pending_sessions)
+        return self.decide(memory, current_sessions, session_limit, pending_sessions, route=route)
 
     def _look_up_bounds(self) -> None:
         # memory_reader may be replaced: look its bound methods up again then.
@@ -295,7 +311,9 @@ class AdmissionController:
         self._bound_of = reader
         self._read_bound = getattr(reader, "read_bound", None)
 
-    def _bound_admits(self, used: int, limit: int, pending_sessions: int) -> bool:
+    def _bound_admits(
+        self, used: int, limit: int, pending_sessions: int, route: str | None = None
+    ) -> bool:
         """Whether the latch stays clear even at an upper bound ``used`` of the working set.
 
         The conditions of :meth:`decide` (percent rounded as ``MemoryReading.percent``
@@ -310,7 +328,14 @@ class AdmissionController:
         # _rounded_at_least's first test inlined: the common case is far below high.
         if percent >= high - 0.01 and _rounded_at_least(percent, high):
             return False
-        return used + (pending_sessions + 1) * self.reserve_for(limit) <= limit * high / 100
+        return used + self._held(route, pending_sessions, limit) <= limit * high / 100
+
+    def _held(self, route: str | None, pending_sessions: int, limit: int) -> int:
+        """What the pending sessions and one more (of ``route``) hold back."""
+        held = self.held_bytes
+        if held is None:
+            return (pending_sessions + 1) * self.reserve_for(limit)
+        return held(route, pending_sessions, limit)
 
     def decide(
         self,
@@ -318,6 +343,8 @@ class AdmissionController:
         current_sessions: int,
         session_limit: int | None,
         pending_sessions: int = 0,
+        *,
+        route: str | None = None,
     ) -> CapacityDecision:
         """Like :meth:`evaluate`, with a reading the caller already took.
 
@@ -343,7 +370,7 @@ class AdmissionController:
             )
 
         high = self.high_watermark_percent
-        reserve_fits = used + (pending_sessions + 1) * self.reserve_for(limit) <= limit * high / 100
+        reserve_fits = used + self._held(route, pending_sessions, limit) <= limit * high / 100
         # Compared as MemoryReading.percent (rounded to two decimals) would be.
         unrounded = used * 100 / limit
         if was_pressured:

@@ -48,6 +48,10 @@ QUIET_S: Final = 1.0
 #: A route with a learned ramp is watched for this many ramps, and ``RAMP_PAD_S`` more.
 RAMP_WINDOWS: Final = 1.5
 RAMP_PAD_S: Final = 0.5
+#: The shortest window of a route with a learned ramp: sessions that build their memory
+#: inside the request are watched only a little past their response, so that what other
+#: sessions add meanwhile is not taken for theirs.
+MIN_WINDOW_S: Final = 0.3
 #: How much shorter and longer than learned other sessions' ramps are taken to be at
 #: most, for what is taken away from a session's growth.
 RAMP_SPREAD: Final = (0.5, 1.5)
@@ -273,7 +277,7 @@ class GrowthWindows:
         rise = float(used_bytes - last[0])
         freed: list[Freed] = []
         if rise < -FREE_STEP_BYTES or ended:
-            carried = max(0.0, *self._last_rises)
+            carried = max(0.0, min(self._last_rises))
             if not self._ramping(now, expected):
                 # Growth in the same step would hide part of what was freed.
                 freed = _freed(ended, carried - rise)
@@ -447,6 +451,8 @@ def window_length(ramp_s: float | None) -> float | None:
     nothing learned yet, watched until quiet)."""
     if ramp_s is None:
         return None
+    if ramp_s <= MIN_WINDOW_S / RAMP_WINDOWS:
+        return MIN_WINDOW_S
     return max(QUIET_S, RAMP_WINDOWS * ramp_s + RAMP_PAD_S)
 
 

@@ -49,11 +49,11 @@ import logging
 import os
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from typing import Final, Literal
 
 from asgi_admission._admission.freed import FreedMemory, Mark, credited
 from asgi_admission._admission.ledger import Reservation
+from asgi_admission._admission.settle_queue import LocalSettleQueue, QueueRecord, SettleQueue
 
 logger = logging.getLogger("asgi_admission")
 
@@ -82,64 +82,6 @@ Action = tuple[Reservation, Outcome]
 _PAST_RESPONSE: Final = ("waiting", "held")
 
 
-@dataclass(slots=True)
-class QueueRecord:
-    """One unsettled session in the attribution queue (the file's row when shared)."""
-
-    pid: int
-    seq: int
-    admitted_at: float
-    base_bytes: int
-    expected_bytes: int
-    #: Left without showing its memory; still counts its expected bytes.
-    placeholder: bool = False
-
-
-class SettleQueue(Protocol):
-    """The attribution queue: in this process, or shared by the workers in a file.
-
-    Called only inside the ledger's critical section.
-    """
-
-    def load(self) -> tuple[int | None, list[QueueRecord]]:
-        """The floor (``None`` while empty) and the records in admission order."""
-        ...
-
-    def store(self, floor: int | None, records: list[QueueRecord]) -> None: ...
-
-    def owner_alive(self, pid: int) -> bool:
-        """Whether the worker that queued a record still runs."""
-        ...
-
-    @property
-    def shared(self) -> bool:
-        """Whether other workers' passes may take this worker's records off the queue."""
-        ...
-
-
-class LocalSettleQueue:
-    """The queue of one process."""
-
-    __slots__ = ("_floor", "_records")
-
-    def __init__(self) -> None:
-        self._floor: int | None = None
-        self._records: list[QueueRecord] = []
-
-    def load(self) -> tuple[int | None, list[QueueRecord]]:
-        return self._floor, self._records
-
-    def store(self, floor: int | None, records: list[QueueRecord]) -> None:
-        self._floor, self._records = floor, records
-
-    def owner_alive(self, pid: int) -> bool:
-        return True
-
-    @property
-    def shared(self) -> bool:
-        return False
-
-
 class Settlement:
     """One admitted session's state, from admission until its reservation settles.
 
@@ -155,6 +97,7 @@ class Settlement:
         "phase",
         "queued",
         "released",
+        "remaining",
         "reservation",
         "route",
         "seq",
@@ -179,6 +122,8 @@ class Settlement:
         self.queued = False
         #: Its reservation was given back (settled over HTTP, expired, released).
         self.released = False
+        #: What its memory is still expected to add (its reserve, less what showed).
+        self.remaining = 0
 
     @property
     def settle_outcome(self) -> Outcome:
@@ -283,7 +228,7 @@ class Settler:
         seq = next(_NUMBERS)
         entry = Settlement(seq, reservation, kind, route, now)
         self._entries[seq] = entry
-        expected = expected_bytes
+        expected = entry.remaining = expected_bytes
         if not expected:
             # Nothing to wait for (no reserve, or sessions of this route add nothing).
             entry.visible = True
@@ -351,6 +296,12 @@ class Settler:
     def release(self, entry: Settlement) -> list[Action]:
         """The app ended or gave up the session."""
         return self._drop(entry)
+
+    def held(self) -> tuple[int, int]:
+        """What this process's pending sessions are still expected to add, and how many
+        there are (the head of the queue's memory partly shown, the others' in full)."""
+        entries = self._entries.values()
+        return sum(entry.remaining for entry in entries), len(entries)
 
     @property
     def mark(self) -> Mark | None:
@@ -483,6 +434,9 @@ class Settler:
             shown = used is not None and used - base >= VISIBLE_FRACTION * head.expected_bytes
             if not shown and not (head.placeholder and now - head.admitted_at >= self.timeout_s):
                 floor = base
+                own = self._entries.get(head.seq) if head.pid == self._pid else None
+                if own is not None and used is not None:
+                    own.remaining = max(0, head.expected_bytes - max(0, used - base))
                 break
             floor = base + head.expected_bytes
             start += 1

@@ -42,7 +42,7 @@ from asgi_admission._admission.learning import (
     empty_observations,
 )
 from asgi_admission._admission.safe_files import open_private_file, process_alive
-from asgi_admission._admission.settling import QueueRecord
+from asgi_admission._admission.settle_queue import QueueRecord
 
 logger = logging.getLogger("asgi_admission")
 

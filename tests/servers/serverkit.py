@@ -4,33 +4,39 @@ the shared part of the tests of servers nobody here wrote (jupyverse, marimo).""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import os
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import pytest
 
-from cgroupkit import V1_MEMORY, joining, memory_group, working_set_bytes
+from cgroupkit import joining, memory_group, working_set_bytes
 from processkit import free_port, stop_process_group
+from requirekit import require, require_cgroup_v1
 
 MIB = 1024 * 1024
 HIGH_WATERMARK = 0.80  # the guard's default
 
 
-def require_real_cgroup() -> None:
-    """Skip (fail on CI) where there is no root or no writable v1 memory hierarchy."""
-    if os.geteuid() == 0 and os.access(V1_MEMORY / "memory.limit_in_bytes", os.W_OK):
-        return
-    message = "needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
+def require_server(module: str) -> None:
+    """Skip (fail under ``CI=true``) without root, a writable v1 memory hierarchy or
+    ``module`` (installed by the ``servers`` extra)."""
+    require_cgroup_v1()
+    found = importlib.util.find_spec(module) is not None
+    require(found, f"needs {module}: pip install -e '.[servers]'")
+
+
+def default_environment() -> dict[str, str]:
+    """This process's environment less every ``ADMISSION_*`` setting, the suite's own
+    included: a server started with it runs the guard with its defaults, as a new user's
+    does (its shared place, under the memory group's own name, goes with the group)."""
+    return {key: value for key, value in os.environ.items() if not key.startswith("ADMISSION_")}
 
 
 @dataclass
@@ -53,15 +59,16 @@ class Served:
 def serve_in_group(
     argv: list[str], *, limit_mb: int, name: str, ready_path: str, env: dict[str, str], cwd: Path
 ) -> Iterator[Served]:
-    """``argv`` (``{port}`` filled in) started inside a fresh memory group with the
-    guard's default settings, once it answers ``ready_path``; stopped and removed after."""
+    """``argv`` (``{port}`` filled in) started in ``cwd`` inside a fresh memory group with
+    the guard's default settings (``env`` added), once it answers ``ready_path``;
+    stopped and removed after."""
     port = free_port()
     with memory_group(limit_mb, name) as group, tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp, "server.log")
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [*joining(group), *(part.format(port=port) for part in argv)],
-                env={**os.environ, **env},
+                env={**default_environment(), **env},
                 cwd=cwd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -110,6 +117,8 @@ class BurstResult:
     oom_kills: int
     server_alive: bool
     settled_mb: float
+    #: How many refusals gave each reason (``memory_pressure``, ``probing``, ...).
+    reasons: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -67,14 +67,16 @@ REFUSAL = re.compile(r"retry_after_s=(\d+); reason=(\w+); ")
 STARTED = "started"
 
 
-def serve(tmp: Path, name: str, limit_mb: int) -> AbstractContextManager[serverkit.Served]:
+def serve(
+    tmp: Path, name: str, limit_mb: int, settings: dict[str, str] | None = None
+) -> AbstractContextManager[serverkit.Served]:
     (tmp / "notebook.py").write_text(NOTEBOOK)
     argv = [
         str(Path(sys.executable).with_name("uvicorn")),
         *("--app-dir", str(APP_DIR), "guarded_marimo:app", "--port", "{port}"),
     ]
     return serverkit.serve_in_group(
-        argv, limit_mb=limit_mb, name=name, ready_path=READY, env={}, cwd=tmp
+        argv, limit_mb=limit_mb, name=name, ready_path=READY, env=settings or {}, cwd=tmp
     )
 
 
@@ -166,15 +168,21 @@ def result_of(
     )
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"ADMISSION_SESSION_RESERVE_MB": "8"}],
+    ids=["defaults", "reserve_10x_too_small"],
+)
 def test_first_burst_of_notebook_sessions_is_cut_at_capacity(
-    footprint: int, tmp_path: Path
+    footprint: int, tmp_path: Path, settings: dict[str, str]
 ) -> None:
     """A first burst of 24 notebook WebSockets on a fresh guarded marimo, in a group with
-    room for a handful, starts capacity give or take one kernels, refuses the rest with a
-    1013 close carrying Retry-After, and the kernel's OOM killer kills nothing; closing
-    them all frees nothing (marimo keeps their kernels), and a second burst then is not
-    admitted into memory that is still held."""
-    with serve(tmp_path, "marimo_burst", LIMIT_MB) as served:
+    room for a handful, with the guard's defaults or a reserve set ten times too small,
+    starts capacity give or take one kernels, refuses the rest with a 1013 close carrying
+    Retry-After, and the kernel's OOM killer kills nothing; closing them all frees
+    nothing (marimo keeps their kernels), and a second burst then is not admitted into
+    memory that is still held."""
+    with serve(tmp_path, "marimo_burst", LIMIT_MB, settings) as served:
         time.sleep(1)
         baseline = working_set_bytes(served.group)
         first = result_of(

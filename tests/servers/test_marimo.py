@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import serverkit
 import websockets
+from websockets.typing import Origin
 
 from cgroupkit import oom_kills, working_set_bytes
 
@@ -42,7 +43,7 @@ LIMIT_MB = 640
 SESSIONS = 24
 # What a session computes: about 85 MiB of data, built over 1.7 s as a notebook that
 # loads something would.
-NOTEBOOK = '''import marimo
+NOTEBOOK = """import marimo
 
 app = marimo.App()
 
@@ -60,7 +61,7 @@ def _():
 
 if __name__ == "__main__":
     app.run()
-'''
+"""
 # A refusal is a close with 1013 (the guard's answer to a handshake with an Origin, as
 # every browser sends) and a reason that starts with the delay.
 REFUSAL = re.compile(r"retry_after_s=(\d+); reason=(\w+); ")
@@ -86,11 +87,9 @@ async def session(
     """One notebook session as marimo's front end opens it: ``decided`` gets
     :data:`STARTED` once its notebook has run, or how it ended; it stays open until
     ``hold`` is done."""
-    import websockets
-
     url = base_url.replace("http://", "ws://") + f"/nb/ws?session_id={session_id}"
     try:
-        async with websockets.connect(url, origin=base_url, open_timeout=60) as socket:
+        async with websockets.connect(url, origin=Origin(base_url), open_timeout=60) as socket:
             while json.loads(await socket.recv()).get("op") != "completed-run":
                 pass
             decided(STARTED)
@@ -109,9 +108,7 @@ async def _burst(base_url: str, prefix: str, n: int, held: Callable[[list[str]],
     outcomes = [loop.create_future() for _ in range(n)]
     hold = loop.create_future()
     tasks = [
-        asyncio.create_task(
-            session(base_url, f"s_{prefix}{i:05d}", outcomes[i].set_result, hold)
-        )
+        asyncio.create_task(session(base_url, f"s_{prefix}{i:05d}", outcomes[i].set_result, hold))
         for i in range(n)
     ]
     decided = await asyncio.gather(*outcomes)

@@ -102,13 +102,14 @@ async def session(
 
 
 async def _burst(base_url: str, prefix: str, n: int, held: Callable[[list[str]], None]) -> None:
-    """``n`` sessions opened at once; ``held`` gets how each was decided while the
-    started ones are still open, and they close when it returns."""
+    """``n`` sessions opened at once, with ids shaped as marimo's page makes them
+    (``s_`` and six of ``[0-9a-z]``: ``prefix`` is three); ``held`` gets how each was
+    decided while the started ones are still open, and they close when it returns."""
     loop = asyncio.get_running_loop()
     outcomes = [loop.create_future() for _ in range(n)]
     hold = loop.create_future()
     tasks = [
-        asyncio.create_task(session(base_url, f"s_{prefix}{i:05d}", outcomes[i].set_result, hold))
+        asyncio.create_task(session(base_url, f"s_{prefix}{i:03d}", outcomes[i].set_result, hold))
         for i in range(n)
     ]
     decided = await asyncio.gather(*outcomes)
@@ -183,7 +184,7 @@ def test_first_burst_of_notebook_sessions_is_cut_at_capacity(
         time.sleep(1)
         baseline = working_set_bytes(served.group)
         first = result_of(
-            *burst(served, "first", SESSIONS), footprint=footprint, baseline=baseline, served=served
+            *burst(served, "fst", SESSIONS), footprint=footprint, baseline=baseline, served=served
         )
         print(first.summary())
         assert first.capacity >= 3, first.summary()
@@ -199,7 +200,7 @@ def test_first_burst_of_notebook_sessions_is_cut_at_capacity(
         held = working_set_bytes(served.group)
         room = serverkit.capacity(LIMIT_MB, held, footprint)
         second = result_of(
-            *burst(served, "again", 2 * first.capacity),
+            *burst(served, "snd", 2 * first.capacity),
             footprint=footprint,
             baseline=held,
             served=served,

@@ -43,6 +43,9 @@ from asgi_admission._config import Learning
 WINDOW: Final = 32
 MAX_ROUTES: Final = 64
 PERCENTILE: Final = 0.9
+#: Windows that knew every other session's ramp a route needs before its bound comes
+#: from those alone.
+MIN_EXACT_WINDOWS: Final = 4
 #: The ramp assumed of a route's sessions before any is learned: long, so that less of
 #: them is taken to have arrived in another session's window (the safe side).
 _UNKNOWN_RAMP_S: Final = HORIZON_S / 2
@@ -377,7 +380,12 @@ class SessionLearner:
                 footprint = percentile(state.exact)
                 per_session = []
             elif state.windows:
-                bounds = [attributed(route, w, self._fits, floors) for w in state.windows]
+                # Windows made while another route's ramp was not known yet take its
+                # share as a lower bound: once enough windows know every ramp in them,
+                # the bound comes from those alone.
+                exact = [w for w in state.windows if w.exact]
+                windows = exact if len(exact) >= MIN_EXACT_WINDOWS else state.windows
+                bounds = [attributed(route, w, self._fits, floors) for w in windows]
                 footprint = percentile(bounds)
                 known = self._fits.get(route)
                 if known is not None and known.determined:

@@ -277,7 +277,7 @@ class GrowthWindows:
         rise = float(used_bytes - last[0])
         freed: list[Freed] = []
         if rise < -FREE_STEP_BYTES or ended:
-            carried = max(0.0, min(self._last_rises))
+            carried = max(0.0, *self._last_rises)
             if not self._ramping(now, expected):
                 # Growth in the same step would hide part of what was freed.
                 freed = _freed(ended, carried - rise)

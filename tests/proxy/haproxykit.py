@@ -46,6 +46,7 @@ LIMITS_MB = (224, 320, 416)
 AGENT_INTER_MS = 100
 
 Balance = Literal["agent", "roundrobin"]
+BALANCES: tuple[Balance, ...] = ("agent", "roundrobin")
 
 
 def haproxy_binary() -> str:
@@ -371,6 +372,8 @@ def settle(replicas: list[Replica], rooms: list[int], *, timeout: float = 10) ->
 
 __all__ = [
     "AGENT_INTER_MS",
+    "BALANCES",
+    "Balance",
     "Burst",
     "HAProxy",
     "Relay",

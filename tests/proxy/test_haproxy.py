@@ -10,13 +10,14 @@ The same burst round robin, with the same retry, costs more refused attempts.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from haproxykit import (
     AGENT_INTER_MS,
+    BALANCES,
+    Balance,
     Burst,
     Relay,
     Replica,
@@ -31,9 +32,11 @@ pytestmark = [pytest.mark.real_cgroup, pytest.mark.real_server, pytest.mark.slow
 #: Between two sessions of a burst: a little more than two agent intervals.
 PACE_S = 2.5 * AGENT_INTER_MS / 1000
 
+Fleet = tuple[list[Replica], list[int]]
+
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Replica], list[int]]]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """The three replicas, and the room each agent says while they are empty."""
     haproxy_binary()
     with replicas(tmp_path_factory.mktemp("replicas")) as started:
@@ -42,7 +45,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Repli
         assert [replica.oom_kills() for replica in started] == [0, 0, 0]
 
 
-def test_empty_replicas_say_their_room_in_sessions(fleet: tuple[list[Replica], list[int]]) -> None:
+def test_empty_replicas_say_their_room_in_sessions(fleet: Fleet) -> None:
     """Each agent says ``ready N%`` with N its admissible sessions, larger groups more."""
     _, rooms = fleet
     assert all(room >= 2 for room in rooms), rooms
@@ -51,7 +54,7 @@ def test_empty_replicas_say_their_room_in_sessions(fleet: tuple[list[Replica], l
 
 
 def test_a_burst_spreads_by_room_and_no_client_is_refused_while_one_has_room(
-    fleet: tuple[list[Replica], list[int]], tmp_path: Path
+    fleet: Fleet, tmp_path: Path
 ) -> None:
     """A burst of three more sessions than the three have room for lands in proportion
     to each one's room; a client sees a 503 only once every replica drains, and no
@@ -59,12 +62,17 @@ def test_a_burst_spreads_by_room_and_no_client_is_refused_while_one_has_room(
     pods, rooms = fleet
     before = [pod.refused() for pod in pods]
     burst = Burst(pods)
-    with haproxy(tmp_path, pods, balance="agent") as proxy, asyncio.Runner() as loop:
-        loop.run(burst.open(proxy.url, sum(rooms) + 3, pace_s=PACE_S))
-        shares = [pod.sessions() for pod in pods]
-        refused = [pod.refused() - old for pod, old in zip(pods, before, strict=True)]
-        assert loop.run(burst.echo())
-        loop.run(burst.close())
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        with haproxy(tmp_path, pods, balance="agent") as proxy:
+            await burst.open(proxy.url, sum(rooms) + 3, pace_s=PACE_S)
+            shares = [pod.sessions() for pod in pods]
+            refused = [pod.refused() - old for pod, old in zip(pods, before, strict=True)]
+            assert await burst.echo()
+            await burst.close()
+        return shares, refused
+
+    shares, refused = asyncio.run(scenario())
     print(f"leastconn + agent-check: rooms {rooms}, shares {shares}, refused attempts {refused}")
     assert burst.refusals, "every session fitted: the burst never filled the replicas"
     assert all(said == ["drain\n"] * 3 for said in burst.refusals), burst.refusals
@@ -77,40 +85,43 @@ def test_a_burst_spreads_by_room_and_no_client_is_refused_while_one_has_room(
 
 
 def test_a_full_replica_drains_keeps_its_websockets_and_comes_back(
-    fleet: tuple[list[Replica], list[int]], tmp_path: Path
+    fleet: Fleet, tmp_path: Path
 ) -> None:
     """A replica filled first drains within about two agent intervals: it receives no
     new session and its open WebSockets live on; once they end it gets sessions again."""
     pods, rooms = fleet
     full, others = pods[0], pods[1:]
-    direct, burst = Burst(pods), Burst(pods)
-    with haproxy(tmp_path, pods, balance="agent") as proxy, asyncio.Runner() as loop:
-        assert loop.run(direct.fill(full)) >= rooms[0] - 1
-        drained_in = proxy.wait_for(full.name, "DRAIN")
-        print(f"{full.name} drained {drained_in:.2f} s after it refused")
-        refused = full.refused()
-        taken = full.sessions()
-        loop.run(burst.open(proxy.url, sum(rooms[1:]) - 2, pace_s=PACE_S))
-        assert burst.refusals == []
-        assert full.sessions() == taken
-        assert full.refused() == refused  # HAProxy never sent it one
-        assert sum(pod.sessions() for pod in others) == sum(rooms[1:]) - 2
-        assert loop.run(direct.echo())
+    direct, burst, again = Burst(pods), Burst(pods), Burst(pods)
 
-        loop.run(direct.close())
-        proxy.wait_for(full.name, "UP")
-        again = Burst(pods)
-        loop.run(again.open(proxy.url, 2, pace_s=PACE_S))
-        assert again.refusals == []
-        assert full.sessions() >= 1
-        for opened in (burst, again):
-            loop.run(opened.close())
+    async def scenario() -> float:
+        with haproxy(tmp_path, pods, balance="agent") as proxy:
+            assert await direct.fill(full) >= rooms[0] - 1
+            drained_in = proxy.wait_for(full.name, "DRAIN")
+            refused, taken = full.refused(), full.sessions()
+            await burst.open(proxy.url, sum(rooms[1:]) - 2, pace_s=PACE_S)
+            assert burst.refusals == []
+            assert full.sessions() == taken
+            assert full.refused() == refused  # HAProxy never sent it one
+            assert sum(pod.sessions() for pod in others) == sum(rooms[1:]) - 2
+            assert await direct.echo()
+
+            await direct.close()
+            proxy.wait_for(full.name, "UP")
+            await again.open(proxy.url, 2, pace_s=PACE_S)
+            assert again.refusals == []
+            assert full.sessions() >= 1
+            for opened in (burst, again):
+                await opened.close()
+        return drained_in
+
+    drained_in = asyncio.run(scenario())
+    print(f"{full.name} drained {drained_in:.2f} s after it refused")
     assert drained_in < 1.0
     settle(pods, rooms)
 
 
 def test_a_dead_agent_leaves_the_last_weight_and_the_retry_saves_the_session(
-    fleet: tuple[list[Replica], list[int]], tmp_path: Path
+    fleet: Fleet, tmp_path: Path
 ) -> None:
     """With one replica's agent gone HAProxy keeps its last weight; that replica, full
     meanwhile, refuses what HAProxy still sends it, and the 503 retry takes each such
@@ -120,50 +131,58 @@ def test_a_dead_agent_leaves_the_last_weight_and_the_retry_saves_the_session(
     relay = Relay(blind.agent_port)
     agents = [pods[0].agent_port, pods[1].agent_port, relay.port]
     direct, burst = Burst(pods), Burst(pods)
-    try:
+
+    async def scenario() -> None:
         with haproxy(tmp_path, pods, balance="agent", agents=agents) as proxy:
             weight = proxy.servers()[blind.name]["weight"]
             assert weight == str(rooms[2])
             relay.kill()
-            with asyncio.Runner() as loop:
-                loop.run(direct.fill(blind))
-                time.sleep(5 * AGENT_INTER_MS / 1000)
-                row = proxy.servers()[blind.name]
-                assert (row["status"], row["weight"]) == ("UP", weight)
-                refused, taken = blind.refused(), blind.sessions()
-                loop.run(burst.open(proxy.url, 3, pace_s=PACE_S))
-                assert burst.refusals == []
-                assert blind.refused() > refused  # it was sent sessions, and refused them
-                assert blind.sessions() == taken
-                assert sum(pod.sessions() for pod in pods[:2]) == 3
-                for opened in (direct, burst):
-                    loop.run(opened.close())
+            await direct.fill(blind)
+            await asyncio.sleep(5 * AGENT_INTER_MS / 1000)
+            row = proxy.servers()[blind.name]
+            assert (row["status"], row["weight"]) == ("UP", weight)
+            refused, taken = blind.refused(), blind.sessions()
+            await burst.open(proxy.url, 3, pace_s=PACE_S)
+            assert burst.refusals == []
+            assert blind.refused() > refused  # it was sent sessions, and refused them
+            assert blind.sessions() == taken
+            assert sum(pod.sessions() for pod in pods[:2]) == 3
+            for opened in (direct, burst):
+                await opened.close()
+
+    try:
+        asyncio.run(scenario())
     finally:
         relay.kill()
     settle(pods, rooms)
 
 
 def test_round_robin_with_the_retry_costs_more_refused_attempts(
-    fleet: tuple[list[Replica], list[int]], tmp_path: Path
+    fleet: Fleet, tmp_path: Path
 ) -> None:
     """The same burst round robin, with the same 503 retry: clients still see a 503 only
     once every replica is full, but the replicas refuse more attempts than with the agent
     checks (the figures docs/containers.md compares)."""
     pods, rooms = fleet
-    figures = {}
-    for balance in ("agent", "roundrobin"):
-        before = [pod.refused() for pod in pods]
+    figures: dict[str, tuple[int, int, int]] = {}
+
+    async def one(balance: Balance) -> Burst:
+        before = sum(pod.refused() for pod in pods)
         burst = Burst(pods)
-        with haproxy(tmp_path, pods, balance=balance) as proxy, asyncio.Runner() as loop:
-            loop.run(burst.open(proxy.url, sum(rooms) + 3, pace_s=PACE_S))
-            refused = sum(pod.refused() for pod in pods) - sum(before)
+        with haproxy(tmp_path, pods, balance=balance) as proxy:
+            await burst.open(proxy.url, sum(rooms) + 3, pace_s=PACE_S)
+            refused = sum(pod.refused() for pod in pods) - before
             figures[balance] = (len(burst.sockets), len(burst.refusals), refused)
-            loop.run(burst.close())
+            await burst.close()
+        return burst
+
+    for balance in BALANCES:
+        burst = asyncio.run(one(balance))
         assert all(said == ["drain\n"] * 3 for said in burst.refusals), burst.refusals
         settle(pods, rooms)
-    for balance, (admitted, clients, refused) in figures.items():
+    for name, (admitted, clients, refused) in figures.items():
         print(
-            f"{balance}: {sum(rooms) + 3} sessions, {admitted} admitted, {clients} refused "
+            f"{name}: {sum(rooms) + 3} sessions, {admitted} admitted, {clients} refused "
             f"to the client, {refused} refused attempts"
         )
     assert figures["agent"][2] < figures["roundrobin"][2], figures

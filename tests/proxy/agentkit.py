@@ -48,9 +48,12 @@ async def session_app(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": b"{}"})
 
 
-def agent_guard(reader: SettableReader, **options: Any) -> AdmissionMiddleware:
+def agent_guard(
+    reader: SettableReader, *, env: dict[str, str] | None = None, **options: Any
+) -> AdmissionMiddleware:
     """A guard of ``POST /sessions`` on ``reader``: 10 MiB reserves, an 80 % high
-    watermark, 100 sessions at most, no probing (a fixed reading never grows)."""
+    watermark, 100 sessions at most, no probing (a fixed reading never grows); ``env``
+    sets further variables while it is built."""
     controller = AdmissionController(
         high_watermark_percent=80,
         resume_threshold_percent=70,
@@ -58,8 +61,9 @@ def agent_guard(reader: SettableReader, **options: Any) -> AdmissionMiddleware:
         memory_reader=reader,
     )
     # With controller=, the other settings come from the environment.
-    saved = os.environ.get("ADMISSION_PROBE_SESSIONS")
-    os.environ["ADMISSION_PROBE_SESSIONS"] = "0"
+    settings = {"ADMISSION_PROBE_SESSIONS": "0", **(env or {})}
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     try:
         return AdmissionMiddleware(
             session_app,
@@ -70,10 +74,11 @@ def agent_guard(reader: SettableReader, **options: Any) -> AdmissionMiddleware:
             **options,
         )
     finally:
-        if saved is None:
-            del os.environ["ADMISSION_PROBE_SESSIONS"]
-        else:
-            os.environ["ADMISSION_PROBE_SESSIONS"] = saved
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 @contextlib.asynccontextmanager

@@ -12,10 +12,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import httpx
 import pytest
 from agentkit import SettableReader, agent_guard, ask, serving
 
-from asgi_admission import AdmissionConfig
+from asgi_admission import AdmissionConfig, AdmissionMiddleware
 from asgi_admission._admission.latch import CapacityDecision
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._proxy.agent import ANSWER_TIMEOUT_S, MAX_CONNECTIONS
@@ -212,3 +213,72 @@ def test_hostile_clients_cannot_stall_the_loop_or_leak() -> None:
             assert await asyncio.to_thread(ask, port) == b"ready 70%\n"
 
     run(test)
+
+
+def test_session_responses_carry_the_load_report_when_asked() -> None:
+    """With ``ADMISSION_LOAD_METRICS_HEADER=true`` a session response says the memory
+    share and the sessions that still fit (this one counted); other routes say nothing,
+    and without the setting no response does."""
+    reader = SettableReader(used_mb=100, limit_mb=1000)
+    on = agent_guard(reader, env={"ADMISSION_LOAD_METRICS_HEADER": "true"})
+    off = agent_guard(reader)
+
+    async def post(app: AdmissionMiddleware, path: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post(path)
+
+    session = asyncio.run(post(on, "/sessions"))
+    assert session.status_code == 201
+    assert session.headers["endpoint-load-metrics"] == (
+        "TEXT mem_utilization=0.1000, named_metrics.admissible_sessions=69"
+    )
+    assert "endpoint-load-metrics" not in asyncio.run(post(on, "/other")).headers
+    assert "endpoint-load-metrics" not in asyncio.run(post(off, "/sessions")).headers
+    reader.set_mb(795)
+    refused = asyncio.run(
+        post(agent_guard(reader, env={"ADMISSION_LOAD_METRICS_HEADER": "1"}), "/sessions")
+    )
+    assert refused.status_code == 503
+    assert refused.headers["endpoint-load-metrics"] == (
+        "TEXT mem_utilization=0.7950, named_metrics.admissible_sessions=0"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "port"), [("9001", 9001), (" 9001 ", 9001), ("", None), ("0", None), ("http", None)]
+)
+def test_the_agent_port_from_the_environment(
+    raw: str, port: int | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A port number starts the listener; anything else starts none, with one warning
+    naming ADMISSION_AGENT_PORT where something was set."""
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        config = AdmissionConfig.from_env({"ADMISSION_AGENT_PORT": raw})
+    assert config.agent_port == port
+    warned = [r for r in caplog.records if "ADMISSION_AGENT_PORT" in r.getMessage()]
+    assert len(warned) == (1 if raw.strip() and port is None else 0)
+
+
+@pytest.mark.parametrize(
+    ("raw", "on"), [("true", True), ("ON", True), ("0", False), ("no", False), ("maybe", False)]
+)
+def test_the_load_report_setting_from_the_environment(
+    raw: str, on: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Yes/no words in any case; anything else is the default (off), with one warning."""
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        config = AdmissionConfig.from_env({"ADMISSION_LOAD_METRICS_HEADER": raw})
+    assert config.load_metrics_header is on
+    warned = [r for r in caplog.records if "ADMISSION_LOAD_METRICS_HEADER" in r.getMessage()]
+    assert len(warned) == (1 if raw == "maybe" else 0)
+
+
+@pytest.mark.parametrize("port", [0, 65536, -1, True, "9001"])
+def test_a_bad_agent_port_in_code_is_refused_naming_the_setting(port: object) -> None:
+    """``AdmissionConfig(agent_port=...)`` and the middleware's ``agent_port=`` refuse
+    anything but a port number, naming the setting and its variable."""
+    with pytest.raises(ValueError, match=r"agent_port \(ADMISSION_AGENT_PORT\)"):
+        AdmissionConfig(agent_port=port)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"agent_port \(ADMISSION_AGENT_PORT\)"):
+        agent_guard(SettableReader(), agent_port=port)

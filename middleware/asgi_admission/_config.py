@@ -185,7 +185,7 @@ class AdmissionConfig:
     #: The TCP port of the agent-check listener (HAProxy's ``agent-check``), started
     #: with the app's lifespan on every interface; ``None``: no listener.
     agent_port: int | None = None
-    #: Whether session responses carry an ``endpoint-load-metrics`` header (ORCA TEXT)
+    #: Whether HTTP session responses carry an ``endpoint-load-metrics`` header (ORCA TEXT)
     #: with the container's admissible sessions and memory use, for Envoy.
     load_metrics_header: bool = False
 

@@ -218,6 +218,8 @@ defaults
     retries 3
     option redispatch 1
     retry-on 503 conn-failure empty-response
+    # What HAProxy answers itself when every server drains: a Retry-After too.
+    http-error status 503 content-type application/json string "{{}}" hdr retry-after 1
 frontend sessions
     bind 127.0.0.1:{port}
     default_backend replicas
@@ -319,6 +321,8 @@ class Burst:
     replicas: list[Replica]
     sockets: list[ClientConnection] = field(default_factory=list)
     refusals: list[list[str]] = field(default_factory=list)
+    #: The ``Retry-After`` of each refusal a client saw (``None``: none).
+    retry_afters: list[str | None] = field(default_factory=list)
 
     async def open(self, url: str, count: int, *, pace_s: float) -> None:
         """``count`` WebSocket sessions, one every ``pace_s``; each stays open."""
@@ -330,6 +334,7 @@ class Burst:
                 if exc.response.status_code != 503:
                     raise
                 self.refusals.append([replica.agent() for replica in self.replicas])
+                self.retry_afters.append(exc.response.headers.get("retry-after"))
             await asyncio.sleep(pace_s)
 
     async def fill(self, replica: Replica) -> int:

@@ -57,8 +57,8 @@ def test_a_burst_spreads_by_room_and_no_client_is_refused_while_one_has_room(
     fleet: Fleet, tmp_path: Path
 ) -> None:
     """A burst of three more sessions than the three have room for lands in proportion
-    to each one's room; a client sees a 503 only once every replica drains, and no
-    process is OOM-killed."""
+    to each one's room; a client sees a 503 (with a Retry-After) only once every replica
+    drains, and no process is OOM-killed."""
     pods, rooms = fleet
     before = [pod.refused() for pod in pods]
     burst = Burst(pods)
@@ -76,6 +76,7 @@ def test_a_burst_spreads_by_room_and_no_client_is_refused_while_one_has_room(
     print(f"leastconn + agent-check: rooms {rooms}, shares {shares}, refused attempts {refused}")
     assert burst.refusals, "every session fitted: the burst never filled the replicas"
     assert all(said == ["drain\n"] * 3 for said in burst.refusals), burst.refusals
+    assert None not in burst.retry_afters  # HAProxy's own 503 says when to come back
     assert all(abs(share - room) <= 1 for share, room in zip(shares, rooms, strict=True)), (
         shares,
         rooms,
@@ -179,6 +180,7 @@ def test_round_robin_with_the_retry_costs_more_refused_attempts(
     for balance in BALANCES:
         burst = asyncio.run(one(balance))
         assert all(said == ["drain\n"] * 3 for said in burst.refusals), burst.refusals
+        assert None not in burst.retry_afters
         settle(pods, rooms)
     for name, (admitted, clients, refused) in figures.items():
         print(

@@ -23,7 +23,7 @@ from asgi_admission._proxy.agent import ANSWER_TIMEOUT_S, MAX_CONNECTIONS
 from asgi_admission._proxy.room import MAX_AGE_S, Room, agent_line, load_metrics, room_of
 from processkit import free_port
 
-INTERNAL = "the agent's line and load report for a room, and the listener's bounds"
+INTERNAL = "the agent's line and load report for a room, and the listener's bounds and connections"
 
 
 def test_the_line_is_the_admissible_sessions_capped_at_haproxys_256() -> None:
@@ -115,7 +115,7 @@ def test_no_agent_port_means_no_listener() -> None:
     """Off by default: the guard built from the environment has no agent port."""
     assert AdmissionConfig.from_env({}).agent_port is None
     assert AdmissionConfig().agent_port is None
-    assert agent_guard(SettableReader())._agent is None
+    assert agent_guard(SettableReader())._reports.agent is None
 
 
 def test_a_port_taken_by_another_program_is_logged_and_the_service_runs_on(
@@ -208,8 +208,9 @@ def test_hostile_clients_cannot_stall_the_loop_or_leak() -> None:
             assert looks <= took / MAX_AGE_S + 2, (looks, took)
             await asyncio.sleep(0.2)  # the last closes reach the loop
             assert open_fds() <= baseline
-            assert app._agent is not None
-            assert not app._agent.open
+            agent = app._reports.agent
+            assert agent is not None
+            assert not agent.open
             assert await asyncio.to_thread(ask, port) == b"ready 70%\n"
 
     run(test)

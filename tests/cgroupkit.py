@@ -13,13 +13,13 @@ from pathlib import Path
 
 from asgi_admission._admission import shared_place
 from asgi_admission._memory.cgroup import CgroupMemoryReader
+from suitekit import MIB
 
 # Bound at import: the suite's conftest replaces shared_place.default_bases for the
 # guards it builds, but the servers it starts use the machine's own.
 _machine_bases = shared_place.default_bases
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
-MIB = 1024 * 1024
 
 
 @contextlib.contextmanager

@@ -23,12 +23,11 @@ from asgi_admission._admission.stuck import StuckDetector
 from asgi_admission._admission.stuck_watch import StuckFile
 from asgi_admission._memory.reading import UNAVAILABLE
 from asgi_admission.cli import probe as probe_module
-from cgroup_trees import FIXTURES, copy_files
+from cgroup_trees import ELASTIC, copy_files
 
 #: Internal on purpose: the probe command's module, called in-process as well as run.
 INTERNAL = "the probe command's module, called in-process as well as run"
 
-ELASTIC = FIXTURES / "elastic-agent-system-metrics"
 NULLABLE_INT = {"type": ["integer", "null"]}
 NULLABLE_STR = {"type": ["string", "null"]}
 NULLABLE_NUM = {"type": ["number", "null"]}

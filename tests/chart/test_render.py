@@ -9,7 +9,6 @@ import subprocess
 import pytest
 import yaml
 from chartlib import (
-    CHART,
     Manifest,
     env_of,
     helm_template,
@@ -20,6 +19,8 @@ from chartlib import (
     scenario_values,
     server_container,
 )
+
+from suitekit import CHART
 
 MEMORY = ("--set", "resources.limits.memory=1Gi")
 SELECTOR_KEYS = {"app.kubernetes.io/name", "app.kubernetes.io/instance"}

@@ -26,7 +26,6 @@ from cgroupkit import oom_kills as oom_kills
 from processkit import free_port, stop_process_group
 
 __all__ = [
-    "MIB",
     "SPAWN",
     "Workers",
     "burst",
@@ -123,7 +122,6 @@ def release_on_a_stuck_loop(directory: str, held: int, released: int, ready: Eve
 
 # -- real servers ----------------------------------------------------------------------
 
-MIB = 1024 * 1024
 V1_MOUNT = Path("/sys/fs/cgroup/memory")
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from asgi_admission._admission.keeper import apply as apply
 from asgi_admission._admission.ledger import InProcessLedger
 
-MIB = 1024 * 1024
-
 
 def counts(ledger: InProcessLedger) -> tuple[int, int]:
     """``(active, pending)`` of an in-process ledger."""

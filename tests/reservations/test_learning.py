@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-from reskit import MIB
 
 from asgi_admission._admission.learning import (
     WINDOW,
@@ -14,6 +13,7 @@ from asgi_admission._admission.learning import (
     effective_reserve,
     percentile,
 )
+from suitekit import MIB
 
 #: Internal on purpose: the session learner, on synthetic readings.
 INTERNAL = "the session learner, on synthetic readings"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from reskit import MIB, apply, counts
+from reskit import apply, counts
 
 from asgi_admission._admission.ledger import InProcessLedger
 from asgi_admission._admission.settling import (
@@ -14,6 +14,7 @@ from asgi_admission._admission.settling import (
     Settlement,
     Settler,
 )
+from suitekit import MIB
 
 #: Internal on purpose: the settler's attribution, on tables of readings.
 INTERNAL = "the settler's attribution, on tables of readings"

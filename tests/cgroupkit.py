@@ -11,9 +11,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from asgi_admission import CgroupMemoryReader
 from asgi_admission._admission import shared_place
-from asgi_admission._memory.cgroup import CgroupMemoryReader
 from suitekit import MIB
+
+#: Internal on purpose: where the servers it starts put their default shared place.
+INTERNAL = "the default shared place's bases and directory name, for a real group"
 
 # Bound at import: the suite's conftest replaces shared_place.default_bases for the
 # guards it builds, but the servers it starts use the machine's own.

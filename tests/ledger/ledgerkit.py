@@ -25,6 +25,9 @@ from cgroupkit import memory_group as _memory_group
 from cgroupkit import oom_kills as oom_kills
 from processkit import free_port, stop_process_group
 
+#: Internal on purpose: processes drive the shared ledger itself, below the middleware.
+INTERNAL = "the shared ledger, driven by processes of its own"
+
 __all__ = [
     "SPAWN",
     "Workers",

@@ -5,6 +5,9 @@ from __future__ import annotations
 from asgi_admission._admission.keeper import apply as apply
 from asgi_admission._admission.ledger import InProcessLedger
 
+#: Internal on purpose: the reservation tests drive the keeper and ledger directly.
+INTERNAL = "the reservation keeper's apply and the in-process ledger"
+
 
 def counts(ledger: InProcessLedger) -> tuple[int, int]:
     """``(active, pending)`` of an in-process ledger."""

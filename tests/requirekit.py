@@ -9,11 +9,19 @@ would be a lie: there the same call fails the test, saying why.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
+
+#: The markers of the tests that need a part of the machine beyond the Python running
+#: them. Every other test is a unit test: scripts/check runs those (``-m unit``) on each
+#: Python the package claims, in a virtualenv holding only the ``unit`` extra.
+MACHINE_MARKERS = ("real_cgroup", "real_server", "browser", "container", "tool")
+#: The fixtures that hand a test a tool scripts/setup installs outside Python.
+TOOL_FIXTURES = frozenset({"helm", "promtool", "prometheus"})
 
 
 def in_ci() -> bool:
@@ -54,3 +62,13 @@ def require_markers(item: pytest.Item) -> None:
     """What a test's markers say it needs: ``real_cgroup``, root and cgroup v1."""
     if item.get_closest_marker("real_cgroup") is not None:
         require_cgroup_v1()
+
+
+def mark_units(items: Iterable[pytest.Item]) -> None:
+    """Mark ``tool`` each test that takes a :data:`TOOL_FIXTURES` fixture (directly or
+    through another fixture), then ``unit`` each test with no :data:`MACHINE_MARKERS`."""
+    for item in items:
+        if TOOL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker("tool")
+        if not any(item.get_closest_marker(name) for name in MACHINE_MARKERS):
+            item.add_marker("unit")

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 import requirekit
-from requirekit import cgroup_v1_problem, require, require_cgroup_v1, require_markers
+from requirekit import (
+    cgroup_v1_problem,
+    mark_units,
+    require,
+    require_cgroup_v1,
+    require_markers,
+)
 
 
 def test_met_requirements_do_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,3 +70,47 @@ def test_real_cgroup_tests_fail_in_ci_without_a_hierarchy(
     require_markers(_Marked(False))  # type: ignore[arg-type]
     with pytest.raises(pytest.fail.Exception, match="no cgroup v1 memory hierarchy"):
         require_markers(_Marked(True))  # type: ignore[arg-type]
+
+
+class _Item:
+    """Just enough of a pytest item for the collection hook: fixtures and markers."""
+
+    def __init__(self, *markers: str, fixtures: tuple[str, ...] = ()) -> None:
+        self.fixturenames = list(fixtures)
+        self.markers = set(markers)
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if name in self.markers else None
+
+    def add_marker(self, name: str) -> None:
+        self.markers.add(name)
+
+
+@pytest.mark.parametrize(
+    ("markers", "fixtures", "expected"),
+    [
+        ((), ("tmp_path",), {"unit"}),
+        (("slow",), (), {"slow", "unit"}),
+        ((), ("tmp_path", "helm"), {"tool"}),
+        ((), ("promtool",), {"tool"}),
+        ((), ("prometheus",), {"tool"}),
+        (("real_cgroup",), (), {"real_cgroup"}),
+        (("real_server",), (), {"real_server"}),
+        (("browser", "real_server"), (), {"browser", "real_server"}),
+        (("container",), (), {"container"}),
+    ],
+)
+def test_tests_needing_nothing_but_python_are_marked_unit(
+    markers: tuple[str, ...], fixtures: tuple[str, ...], expected: set[str]
+) -> None:
+    """A test taking helm, promtool or prometheus is marked tool; a test with no marker
+    of a machine part (slow alone is none) is marked unit, and no other."""
+    item = _Item(*markers, fixtures=fixtures)
+    mark_units([item])  # type: ignore[list-item]
+    assert item.markers == expected
+
+
+def test_the_suite_marks_its_tests(request: pytest.FixtureRequest) -> None:
+    """The suite's collection hook runs mark_units: this test is a unit test."""
+    assert request.node.get_closest_marker("unit") is not None
+    assert request.node.get_closest_marker("tool") is None

@@ -7,11 +7,14 @@ from pathlib import Path
 import pytest
 
 import requirekit
+from cgroupkit import memory_group
+from processkit import Server
 from requirekit import (
     cgroup_v1_problem,
     mark_units,
     require,
     require_cgroup_v1,
+    require_marker,
     require_markers,
 )
 
@@ -114,3 +117,33 @@ def test_the_suite_marks_its_tests(request: pytest.FixtureRequest) -> None:
     """The suite's collection hook runs mark_units: this test is a unit test."""
     assert request.node.get_closest_marker("unit") is not None
     assert request.node.get_closest_marker("tool") is None
+
+
+@pytest.mark.parametrize("marked", [False, True])
+def test_a_part_used_by_a_test_not_marked_for_it_fails_the_test(
+    monkeypatch: pytest.MonkeyPatch, marked: bool
+) -> None:
+    """A kit about to start a server fails a test not marked real_server, naming the
+    marker; a marked test goes on, and so does a bench (no test running)."""
+    item = _Item(*(["real_server"] if marked else []))
+    monkeypatch.setattr(requirekit, "_running", [item])
+    if marked:
+        require_marker("real_server", "starts a server process")
+    else:
+        with pytest.raises(pytest.fail.Exception, match="not marked real_server: mark it"):
+            require_marker("real_server", "starts a server process")
+    monkeypatch.setattr(requirekit, "_running", [])
+    require_marker("real_server", "starts a server process")
+
+
+def test_a_unit_test_cannot_start_a_server_or_make_a_memory_group(tmp_path: Path) -> None:
+    """Through the suite's setup hook, the kits refuse this unmarked test a server
+    process and a real memory group before making either."""
+    with pytest.raises(pytest.fail.Exception, match="starts a server process"):
+        Server(["true"], 0, {}, tmp_path / "server.log")
+    with (
+        pytest.raises(pytest.fail.Exception, match="makes a real memory group"),
+        memory_group(16, "unit"),
+    ):
+        pass
+    assert list(tmp_path.iterdir()) == []

@@ -12,10 +12,9 @@ from typing import Any
 from starlette.types import Message, Receive, Scope, Send
 
 from asgi_admission import AdmissionController, AdmissionMiddleware, MemoryReading
+from suitekit import MIB
 
 __all__ = ["SettableReader", "agent_guard", "ask", "serving", "session_app"]
-
-MIB = 1024 * 1024
 
 
 class SettableReader:

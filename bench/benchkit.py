@@ -21,8 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from cgroup_trees import write_v2_tree
 from cgroupkit import joining, memory_group, oom_kills, working_set_bytes
 from processkit import free_port, stop_process_group
+from suitekit import MIB
 
 __all__ = [
+    "MIB",
     "burst_outcome",
     "free_port",
     "joining",

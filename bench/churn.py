@@ -59,6 +59,7 @@ from typing import Literal, get_args
 import httpx
 
 from benchkit import (
+    MIB,
     free_port,
     joining,
     memory_group,
@@ -71,7 +72,6 @@ from benchkit import (
 from churn_trace import (
     HIGH_WATERMARK_PERCENT,
     KINDS,
-    MIB,
     NOMINAL_LIMIT_MB,
     CapChoice,
     Kind,

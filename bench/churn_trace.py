@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
-MIB = 1024 * 1024
-
 Kind = Literal["build", "ramp"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 

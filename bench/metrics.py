@@ -31,8 +31,8 @@ from asgi_admission import (
     MemoryReading,
 )
 from asgi_admission._metrics.collector import DecisionMetrics
+from benchkit import MIB
 
-MIB = 1024 * 1024
 TARGET_ADDED_US = 2.0
 READING = MemoryReading(
     used_bytes=300 * MIB, limit_bytes=1000 * MIB, available=True, reclaimable_bytes=MIB

@@ -55,9 +55,8 @@ from asgi_admission import (
     CgroupMemoryReader,
     MemoryReading,
 )
-from benchkit import free_port, stop_process_group, write_v2_tree
+from benchkit import MIB, free_port, stop_process_group, write_v2_tree
 
-MIB = 1024 * 1024
 ROOT_ENV = "BENCH_CGROUP_ROOT"
 
 

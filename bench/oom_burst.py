@@ -37,6 +37,7 @@ from pathlib import Path
 import httpx
 
 from benchkit import (
+    MIB,
     burst_outcome,
     free_port,
     joining,
@@ -47,7 +48,6 @@ from benchkit import (
     working_set_bytes,
 )
 
-MIB = 1024 * 1024
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
 HIGH_WATERMARK = 80.0
 RESUME = 70.0

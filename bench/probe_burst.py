@@ -42,6 +42,7 @@ import httpx
 
 import ramp_burst
 from benchkit import (
+    MIB,
     burst_outcome,
     free_port,
     memory_group,
@@ -51,7 +52,6 @@ from benchkit import (
     working_set_bytes,
 )
 
-MIB = 1024 * 1024
 Case = Literal["default", "small"]
 CASES: tuple[Case, ...] = ("default", "small")
 #: (limit MiB, MiB each session holds, configured reserve: None = derived, or the

@@ -14,8 +14,7 @@ import argparse
 import timeit
 
 from asgi_admission import AdmissionController, MemoryReading
-
-MIB = 1024 * 1024
+from benchkit import MIB
 
 
 def best_ns(controller: AdmissionController, reading: MemoryReading, number: int) -> float:

@@ -63,9 +63,8 @@ import websockets
 import soak_app
 from asgi_admission._admission.ledger_file import FILE_NAME, header_problem, read_entries
 from asgi_admission._admission.shared_ledger import DEFAULT_CAPACITY
-from benchkit import free_port, joining, memory_group, oom_kills, stop_process_group
+from benchkit import MIB, free_port, joining, memory_group, oom_kills, stop_process_group
 
-MIB = 1024 * 1024
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
 LIMIT_MB = 1536
 MAX_SESSIONS = 24

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import yaml
 
-README = Path(__file__).resolve().parents[1] / "charts" / "asgi-admission" / "README.md"
+from suitekit import CHART
+
+README = CHART / "README.md"
 # The fenced YAML block of the README's "Autoscaling" section that starts with `rules:`.
 RULES_BLOCK = re.compile(r"```yaml\n(\s*rules:\n.*?)\s*```", re.S)
 PLACEHOLDER = re.compile(r"<<\s*\.(\w+)\s*>>")

@@ -5,8 +5,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from suitekit import MIB
+
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
-MIB = 1024 * 1024
+#: The captured trees of elastic/elastic-agent-system-metrics.
+ELASTIC = FIXTURES / "elastic-agent-system-metrics"
 
 
 def write_v2_tree(root: Path, *, used_mb: int = 100, limit_mb: int = 4096) -> Path:

@@ -11,15 +11,19 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from asgi_admission import CgroupMemoryReader
 from asgi_admission._admission import shared_place
-from asgi_admission._memory.cgroup import CgroupMemoryReader
+from requirekit import require_marker
+from suitekit import MIB
+
+#: Internal on purpose: where the servers it starts put their default shared place.
+INTERNAL = "the default shared place's bases and directory name, for a real group"
 
 # Bound at import: the suite's conftest replaces shared_place.default_bases for the
 # guards it builds, but the servers it starts use the machine's own.
 _machine_bases = shared_place.default_bases
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
-MIB = 1024 * 1024
 
 
 @contextlib.contextmanager
@@ -27,6 +31,7 @@ def memory_group(limit_mb: int, name: str, *, swap_too: bool = True) -> Iterator
     """A fresh v1 memory group ``asgi_admission_<name>_<pid>_<ns>`` limited to
     ``limit_mb`` (and its swap too, where the kernel counts swap, unless ``swap_too``
     is false); on exit its tasks are killed and it is removed, even after a failure."""
+    require_marker("real_cgroup", "makes a real memory group")
     group = V1_MEMORY / f"asgi_admission_{name}_{os.getpid()}_{time.monotonic_ns()}"
     group.mkdir()
     try:

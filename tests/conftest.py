@@ -11,7 +11,7 @@ import pytest
 from asgi_admission._admission import shared_place
 from asgi_admission._watchdog import groups
 from cgroup_trees import FIXTURES, copy_files
-from requirekit import require_markers
+from requirekit import mark_units, require_markers
 
 #: Internal on purpose: the suite keeps the guard's default shared place out of the
 #: machine's /dev/shm and /tmp (see the fixture below).
@@ -41,6 +41,13 @@ def no_default_shared_place(tmp_path_factory: pytest.TempPathFactory) -> Iterato
         patch.setattr(shared_place, "PROC", str(tmp_path_factory.getbasetemp() / "no-proc"))
         patch.setattr(groups, "PROC_SELF_CGROUP", str(tmp_path_factory.getbasetemp() / "no-proc"))
         yield
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests taking helm, promtool or prometheus are ``tool`` tests; tests needing no
+    part of the machine beyond Python are ``unit`` tests (``pytest -m unit``)."""
+    mark_units(items)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

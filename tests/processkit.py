@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from requirekit import require_marker
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -38,6 +40,7 @@ class Server:
     """A server subprocess on 127.0.0.1, stopped with SIGTERM then SIGKILL."""
 
     def __init__(self, argv: list[str], port: int, env: dict[str, str], log: Path) -> None:
+        require_marker("real_server", "starts a server process")
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
         self._log = log.open("wb")

@@ -14,11 +14,10 @@ import pytest
 
 from asgi_admission import CgroupMemoryReader, MemoryReading
 from asgi_admission._memory import discover
+from suitekit import GIB
 
 #: Internal on purpose: the reader's cgroup discovery (initial cgroup namespace), on fixture trees.
 INTERNAL = "the reader's cgroup discovery (initial cgroup namespace), on fixture trees"
-
-GIB = 1024**3
 
 
 def bound_of(reader: CgroupMemoryReader) -> MemoryReading | None:

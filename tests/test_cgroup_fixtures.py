@@ -11,12 +11,11 @@ import pytest
 
 from asgi_admission import CgroupMemoryReader
 from asgi_admission._memory.cgroup import read_cgroup_memory
-from cgroup_trees import FIXTURES, copy_files
+from cgroup_trees import ELASTIC, FIXTURES, copy_files
 
 #: Internal on purpose: the per-root reader cache behind the latch's default reader.
 INTERNAL = "the per-root reader cache behind the latch's default reader"
 
-ELASTIC = FIXTURES / "elastic-agent-system-metrics"
 
 # (fixture dir, file prefix, usage, limit, default working set, kubelet working set, source)
 # The working sets are those derived in tests/fixtures/cgroup/SOURCES.md.
@@ -135,7 +134,7 @@ def test_fixture_read_through_read_cgroup_memory(
 
 def test_v1_files_in_memory_subdirectory(tmp_path: Path) -> None:
     """With an explicit root, v1 files are found in <root>/memory as well as in <root>."""
-    copy_files(FIXTURES / "elastic-agent-system-metrics/amzn2-k8s-v1", tmp_path / "memory")
+    copy_files(ELASTIC / "amzn2-k8s-v1", tmp_path / "memory")
     reading = CgroupMemoryReader(tmp_path)()
     assert reading.used_bytes == 1137303552
     assert reading.path == str(tmp_path / "memory")

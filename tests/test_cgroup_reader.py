@@ -19,12 +19,11 @@ from asgi_admission._memory.discover import discover_cgroup, parse_mountinfo, pa
 from asgi_admission._memory.parse import parse_cgroup_memory_value, parse_pressure_some_avg10
 from asgi_admission._memory.reading import available_reading
 from cgroup_trees import FIXTURES, copy_files
+from suitekit import GIB, MIB
 
 #: Internal on purpose: cgroup discovery, parsing and the reader cache, on fixture trees.
 INTERNAL = "cgroup discovery, parsing and the reader cache, on fixture trees"
 
-MIB = 1024 * 1024
-GIB = 1024 * MIB
 V1_UNLIMITED = "9223372036854771712"
 
 

@@ -25,9 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from suitekit import MIB
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import churn_trace
-from churn_trace import MIB, Arrival, Trace
+from churn_trace import Arrival, Trace
 
 BENCH = Path(churn_trace.__file__).parent
 

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from processkit import free_port, stop_process_group
+from suitekit import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 #: "About a minute" on a fresh machine; generous, since the test machines are shared.
 SERVE_WITHIN_S = 240
 

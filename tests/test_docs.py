@@ -29,13 +29,12 @@ from asgi_admission import (
 from asgi_admission._config import ENVIRONMENT
 from asgi_admission._watchdog.watchdog import ENV_CRITICAL_WATERMARK, ENV_INTERVAL
 from asgi_admission.demo import ENV_METRICS_PORT
+from suitekit import PACKAGE, ROOT
 
 #: Internal on purpose: the configuration's environment table, checked against the docs.
 INTERNAL = "the configuration's environment table, checked against the docs"
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-PACKAGE = ROOT / "middleware" / "asgi_admission"
 CODE = re.compile(r"`([^`]+)`")
 
 

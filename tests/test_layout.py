@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import asgi_admission
 
 PACKAGE = Path(asgi_admission.__file__).parent
@@ -102,22 +104,54 @@ def test_importing_the_package_loads_no_web_framework_or_demo() -> None:
     assert out.strip() == "[]"
 
 
-def test_tests_that_reach_into_private_modules_say_so() -> None:
-    """A test module that imports a private module names the internal it is about
-    (``INTERNAL = "..."``); everything else goes through the public API."""
+def reaches_inside(tree: ast.Module) -> bool:
+    """Whether a module imports a private module of the package, in any spelling."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            names = [alias.name for alias in node.names] if module == "asgi_admission" else []
+            if module.startswith("asgi_admission._") or any(
+                name.startswith("_") and not name.startswith("__") for name in names
+            ):
+                return True
+        elif isinstance(node, ast.Import) and any(
+            alias.name.startswith("asgi_admission._") for alias in node.names
+        ):
+            return True
+    return False
+
+
+def test_suite_modules_that_reach_into_private_modules_say_so() -> None:
+    """A module of the suite (a test, a kit, an app it serves, a conftest) that imports a
+    private module names the internal it is about (``INTERNAL = "..."``); everything
+    else goes through the public API."""
     tests = Path(__file__).parent
     unmarked = []
-    for path in sorted(tests.rglob("test_*.py")):
+    for path in sorted(tests.rglob("*.py")):
         tree = ast.parse(path.read_text())
-        private = any(
-            isinstance(node, ast.ImportFrom) and (node.module or "").startswith("asgi_admission._")
-            for node in ast.walk(tree)
-        )
         named = any(
             isinstance(node, ast.Assign)
             and any(isinstance(t, ast.Name) and t.id == "INTERNAL" for t in node.targets)
             for node in tree.body
         )
-        if private and not named:
+        if reaches_inside(tree) and not named:
             unmarked.append(str(path.relative_to(tests)))
     assert unmarked == []
+
+
+@pytest.mark.parametrize(
+    ("source", "inside"),
+    [
+        ("from asgi_admission._admission import keeper", True),
+        ("import asgi_admission._config", True),
+        ("from asgi_admission import _config", True),
+        ("def f():\n    from asgi_admission._config import AdmissionConfig", True),
+        ("from asgi_admission import AdmissionConfig, __version__", False),
+        ("import asgi_admission", False),
+        ("from asgi_admission.demo import create_app", False),
+    ],
+)
+def test_every_spelling_of_a_private_import_is_seen(source: str, inside: bool) -> None:
+    """The check above sees a private module imported in each spelling Python allows,
+    and lets the public names (``__version__`` too) and public subpackages pass."""
+    assert reaches_inside(ast.parse(source)) is inside

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from importlib.metadata import metadata
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from suitekit import ROOT
 
 
 def test_licence_file_is_the_apache_license_2_0() -> None:

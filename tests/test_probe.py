@@ -23,12 +23,11 @@ from asgi_admission._admission.stuck import StuckDetector
 from asgi_admission._admission.stuck_watch import StuckFile
 from asgi_admission._memory.reading import UNAVAILABLE
 from asgi_admission.cli import probe as probe_module
-from cgroup_trees import FIXTURES, copy_files
+from cgroup_trees import ELASTIC, copy_files
 
 #: Internal on purpose: the probe command's module, called in-process as well as run.
 INTERNAL = "the probe command's module, called in-process as well as run"
 
-ELASTIC = FIXTURES / "elastic-agent-system-metrics"
 NULLABLE_INT = {"type": ["integer", "null"]}
 NULLABLE_STR = {"type": ["string", "null"]}
 NULLABLE_NUM = {"type": ["number", "null"]}
@@ -584,7 +583,8 @@ def test_what_the_service_learned_is_shown_from_the_shared_dir(
     shared.mkdir(mode=0o700)
     _, report = probe_json("--root", tree, env=env)
     assert report["learned"]["evidence"] is False
-    observed = {**empty_observations(), "footprints": [100.0 * 1024**2], "ramps": [2.0]}
+    observed = empty_observations()
+    observed["footprints"], observed["ramps"] = [100.0 * 1024**2], [2.0]
     LearnedStore(str(shared), window=WINDOW).add({"POST /s": observed})
     _, report = probe_json("--root", tree, env=env)
     learned = report["learned"]

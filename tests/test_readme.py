@@ -12,13 +12,15 @@ import pytest
 from fastapi import FastAPI
 from starlette.applications import Starlette
 
+from suitekit import ROOT
+
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = ROOT / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
 
 

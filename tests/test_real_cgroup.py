@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from asgi_admission import AdmissionController, CgroupMemoryReader
+from suitekit import MIB
 
 V1 = Path("/sys/fs/cgroup/memory")
-MIB = 1024 * 1024
 LIMIT = 256 * MIB
 TOUCHED = 64 * MIB
 TOLERANCE = 2 * MIB

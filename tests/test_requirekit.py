@@ -7,7 +7,16 @@ from pathlib import Path
 import pytest
 
 import requirekit
-from requirekit import cgroup_v1_problem, require, require_cgroup_v1, require_markers
+from cgroupkit import memory_group
+from processkit import Server
+from requirekit import (
+    cgroup_v1_problem,
+    mark_units,
+    require,
+    require_cgroup_v1,
+    require_marker,
+    require_markers,
+)
 
 
 def test_met_requirements_do_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,3 +73,77 @@ def test_real_cgroup_tests_fail_in_ci_without_a_hierarchy(
     require_markers(_Marked(False))  # type: ignore[arg-type]
     with pytest.raises(pytest.fail.Exception, match="no cgroup v1 memory hierarchy"):
         require_markers(_Marked(True))  # type: ignore[arg-type]
+
+
+class _Item:
+    """Just enough of a pytest item for the collection hook: fixtures and markers."""
+
+    def __init__(self, *markers: str, fixtures: tuple[str, ...] = ()) -> None:
+        self.fixturenames = list(fixtures)
+        self.markers = set(markers)
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if name in self.markers else None
+
+    def add_marker(self, name: str) -> None:
+        self.markers.add(name)
+
+
+@pytest.mark.parametrize(
+    ("markers", "fixtures", "expected"),
+    [
+        ((), ("tmp_path",), {"unit"}),
+        (("slow",), (), {"slow", "unit"}),
+        ((), ("tmp_path", "helm"), {"tool"}),
+        ((), ("promtool",), {"tool"}),
+        ((), ("prometheus",), {"tool"}),
+        (("real_cgroup",), (), {"real_cgroup"}),
+        (("real_server",), (), {"real_server"}),
+        (("browser", "real_server"), (), {"browser", "real_server"}),
+        (("container",), (), {"container"}),
+    ],
+)
+def test_tests_needing_nothing_but_python_are_marked_unit(
+    markers: tuple[str, ...], fixtures: tuple[str, ...], expected: set[str]
+) -> None:
+    """A test taking helm, promtool or prometheus is marked tool; a test with no marker
+    of a machine part (slow alone is none) is marked unit, and no other."""
+    item = _Item(*markers, fixtures=fixtures)
+    mark_units([item])  # type: ignore[list-item]
+    assert item.markers == expected
+
+
+def test_the_suite_marks_its_tests(request: pytest.FixtureRequest) -> None:
+    """The suite's collection hook runs mark_units: this test is a unit test."""
+    assert request.node.get_closest_marker("unit") is not None
+    assert request.node.get_closest_marker("tool") is None
+
+
+@pytest.mark.parametrize("marked", [False, True])
+def test_a_part_used_by_a_test_not_marked_for_it_fails_the_test(
+    monkeypatch: pytest.MonkeyPatch, marked: bool
+) -> None:
+    """A kit about to start a server fails a test not marked real_server, naming the
+    marker; a marked test goes on, and so does a bench (no test running)."""
+    item = _Item(*(["real_server"] if marked else []))
+    monkeypatch.setattr(requirekit, "_running", [item])
+    if marked:
+        require_marker("real_server", "starts a server process")
+    else:
+        with pytest.raises(pytest.fail.Exception, match="not marked real_server: mark it"):
+            require_marker("real_server", "starts a server process")
+    monkeypatch.setattr(requirekit, "_running", [])
+    require_marker("real_server", "starts a server process")
+
+
+def test_a_unit_test_cannot_start_a_server_or_make_a_memory_group(tmp_path: Path) -> None:
+    """Through the suite's setup hook, the kits refuse this unmarked test a server
+    process and a real memory group before making either."""
+    with pytest.raises(pytest.fail.Exception, match="starts a server process"):
+        Server(["true"], 0, {}, tmp_path / "server.log")
+    with (
+        pytest.raises(pytest.fail.Exception, match="makes a real memory group"),
+        memory_group(16, "unit"),
+    ):
+        pass
+    assert list(tmp_path.iterdir()) == []

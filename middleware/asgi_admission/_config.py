@@ -65,6 +65,8 @@ ENV_PROBE_WAIT: Final = ("ADMISSION_PROBE_WAIT_SECONDS", None)
 ENV_SESSION_GROUPS: Final = ("ADMISSION_SESSION_GROUPS", None)
 ENV_STUCK_AFTER: Final = ("ADMISSION_STUCK_AFTER_SECONDS", None)
 ENV_LIVENESS_PATH: Final = ("ADMISSION_LIVENESS_PATH", None)
+ENV_AGENT_PORT: Final = ("ADMISSION_AGENT_PORT", None)
+ENV_LOAD_METRICS: Final = ("ADMISSION_LOAD_METRICS_HEADER", None)
 #: Each field of AdmissionConfig and the variables from_env reads it from (the
 #: documentation's configuration reference is checked against this).
 ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
@@ -88,6 +90,8 @@ ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
     "session_groups": ENV_SESSION_GROUPS,
     "stuck_after_s": ENV_STUCK_AFTER,
     "liveness_path": ENV_LIVENESS_PATH,
+    "agent_port": ENV_AGENT_PORT,
+    "load_metrics_header": ENV_LOAD_METRICS,
 }
 
 
@@ -178,6 +182,12 @@ class AdmissionConfig:
     #: A path answered 200, or 503 once the pressure has been stuck for a further
     #: jittered delay, for a liveness probe; ``None``: no such path.
     liveness_path: str | None = None
+    #: The TCP port of the agent-check listener (HAProxy's ``agent-check``), started
+    #: with the app's lifespan on every interface; ``None``: no listener.
+    agent_port: int | None = None
+    #: Whether HTTP session responses carry an ``endpoint-load-metrics`` header (ORCA TEXT)
+    #: with the container's admissible sessions and memory use, for Envoy.
+    load_metrics_header: bool = False
 
     def __post_init__(self) -> None:
         check_watermarks(
@@ -252,6 +262,18 @@ class AdmissionConfig:
             raise ValueError(
                 "liveness_path (ADMISSION_LIVENESS_PATH) must be a path starting with '/', "
                 f"or None for none; got {self.liveness_path!r}."
+            )
+        if self.agent_port is not None and (
+            type(self.agent_port) is not int or not 0 < self.agent_port < 65536
+        ):
+            raise ValueError(
+                "agent_port (ADMISSION_AGENT_PORT) must be a TCP port number (1-65535), or "
+                f"None for no agent-check listener; got {self.agent_port!r}."
+            )
+        if not isinstance(self.load_metrics_header, bool):
+            raise ValueError(
+                "load_metrics_header (ADMISSION_LOAD_METRICS_HEADER) must be True or False; "
+                f"got {self.load_metrics_header!r}."
             )
         if self.reclaimable not in get_args(Reclaimable):
             raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}.")
@@ -336,6 +358,8 @@ class AdmissionConfig:
             ),
             stuck_after_s=stuck_after,
             liveness_path=_liveness_path(env),
+            agent_port=_agent_port(env),
+            load_metrics_header=_env.flag(env, ENV_LOAD_METRICS, default=False),
         )
 
 
@@ -382,6 +406,21 @@ def _liveness_path(env: Mapping[str, str]) -> str | None:
         return value
     logger.warning(
         "%s=%r does not start with '/'; serving no liveness path.", ENV_LIVENESS_PATH[0], value
+    )
+    return None
+
+
+def _agent_port(env: Mapping[str, str]) -> int | None:
+    """``ADMISSION_AGENT_PORT``: ``None`` (no listener) when unset, blank or no port number."""
+    raw = _env.text(env, ENV_AGENT_PORT)
+    if raw is None:
+        return None
+    if raw.isdigit() and 0 < int(raw) < 65536:
+        return int(raw)
+    logger.warning(
+        "%s=%r is not a TCP port number (1-65535); no agent-check listener is started.",
+        ENV_AGENT_PORT[0],
+        raw,
     )
     return None
 

@@ -101,3 +101,27 @@ def choice(env: Mapping[str, str], names: EnvNames, choices: tuple[_S, ...], def
         default,
     )
     return default
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def flag(env: Mapping[str, str], names: EnvNames, *, default: bool) -> bool:
+    """A yes/no setting (``true``/``false``, ``1``/``0``, ``yes``/``no``, ``on``/``off``);
+    the default, with one warning, for anything else."""
+    raw = raw_value(env, names)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    logger.warning(
+        "%s=%r is neither true nor false; using the default %s.",
+        setting_name(env, names),
+        raw,
+        "true" if default else "false",
+    )
+    return default

@@ -59,6 +59,7 @@ from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
 from asgi_admission._factory import build_controller, build_sharing
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
 from asgi_admission._metrics.collector import instrument
+from asgi_admission._proxy.reports import RoomReports
 from asgi_admission._responses import (
     Refusal,
     RetryAfterPolicy,
@@ -93,6 +94,7 @@ class AdmissionMiddleware(SessionRequests):
     browser asks (``Origin``), the 503 denial response otherwise.
     ``liveness_path`` (default: the config's) answers 503 once the memory pressure is
     stuck, held by the server's own memory (``docs/operations.md``), and 200 otherwise.
+    ``agent_port`` (default: the config's) serves HAProxy's agent check with the lifespan.
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class AdmissionMiddleware(SessionRequests):
         observer: DecisionObserver | None = None,
         registry: CollectorRegistry | None = REGISTRY,
         watchdog: SessionWatchdog | None = None,
+        agent_port: int | None = None,
     ) -> None:
         self.app = app
         if watchdog is not None and not isinstance(watchdog, SessionWatchdog):
@@ -141,8 +144,7 @@ class AdmissionMiddleware(SessionRequests):
         self._current_sessions = current_sessions
         # Whether current_sessions() failed last time, to log failure and recovery once.
         self._count_failed = False
-        # Whether a ledger_busy refusal was logged (once per guard: the ledger logs
-        # its own outages and recoveries).
+        # Whether a ledger_busy refusal was logged (once: the ledger logs its outages).
         self._busy_logged = False
         if readiness_path is not None and not (
             isinstance(readiness_path, str) and readiness_path.startswith("/")
@@ -158,6 +160,8 @@ class AdmissionMiddleware(SessionRequests):
                 "thresholds, reserve and reader, and config would describe different ones."
             )
         self._config = config if config is not None else AdmissionConfig.from_env()
+        if agent_port is not None:
+            self._config = dataclasses.replace(self._config, agent_port=agent_port)
         liveness_path = liveness_path_of(self._config, liveness_path, readiness_path)
         self._liveness_path = liveness_path
         self._look_further = (
@@ -232,6 +236,7 @@ class AdmissionMiddleware(SessionRequests):
             probe_sessions=config.probe_sessions,
         )
         self._stuck = build_watch(config, self._controller, self._look, sharing.directory)
+        self._reports = RoomReports(guard=self, check=self._look, read=self._safe_read)
         self._refusal.learned = lambda: learned_details(self._keeper.estimates())
         self._refusal.probing = self._probing_details
         if watchdog is not None:
@@ -386,13 +391,11 @@ class AdmissionMiddleware(SessionRequests):
         return route_path(scope)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The one place startup/shutdown hooks go: the reservation sample and the
-        # session watchdog run with the app.
+        # The one place startup/shutdown hooks go (the sample, the watchdog, the agent).
         if self._alone is not None:
             self._alone.start()
-        await serve_with_keeper(
-            self._keeper, self._lifespan_app, scope, receive, send, also=self._stuck.run
-        )
+        app = self._reports.lifespan(self._lifespan_app)
+        await serve_with_keeper(self._keeper, app, scope, receive, send, also=self._stuck.run)
 
     async def _lifespan_app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._watchdog is None:

@@ -25,6 +25,8 @@ from asgi_admission._admission.stuck_watch import StuckWatch
 from asgi_admission._admission.tickets import SCOPE_KEY, AdmissionTicket
 from asgi_admission._body import Arrival, BodyReader
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
+from asgi_admission._proxy.reports import RoomReports
+from asgi_admission._proxy.room import reporting
 from asgi_admission._responses import (
     Refusal,
     send_http_refusal,
@@ -56,6 +58,7 @@ class SessionRequests:
     _admit: Callable[[Kind, Scope | None, Hold | None, bool], Outcome]
     _decide_later: Callable[[Kind, Scope | None, LedgerBusy, Hold | None, bool], Awaitable[Outcome]]
     _check: Callable[[], CapacityDecision]
+    _reports: RoomReports
     _note_busy: Callable[[LedgerBusy], None]
 
     async def _wait(
@@ -73,6 +76,9 @@ class SessionRequests:
         return await wait_then_decide(hold, self._keeper.holds, decide, listening)
 
     async def _guard_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        load_report = self._reports.load_report
+        if load_report is not None:
+            send = reporting(load_report, send)
         # The body first: a client still sending it holds nothing (_body.py).
         config = self._config
         bodies = self._bodies

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "asgi-admission"
+from suitekit import CHART
+
 SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
 HERE = Path(__file__).resolve().parent
 

@@ -25,10 +25,10 @@ from chartlib import one, render, require_tool
 
 from adapterkit import hpa_wanted, quantity, readme_rules
 from processkit import free_port, stop_process_group
+from suitekit import MIB
 
 pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
-MIB = 1024 * 1024
 LIMIT_MB = 1000
 MAX_SESSIONS = 4
 NAMESPACE = "shop"

@@ -7,7 +7,9 @@ import subprocess
 
 import pytest
 import yaml
-from chartlib import CHART, SCENARIOS, Manifest, of_kind, scenario_name
+from chartlib import SCENARIOS, Manifest, of_kind, scenario_name
+
+from suitekit import CHART
 
 
 @pytest.mark.parametrize("values", SCENARIOS, ids=scenario_name)

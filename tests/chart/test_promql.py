@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 import yaml
-from chartlib import CHART, HERE, Manifest, of_kind
+from chartlib import HERE, Manifest, of_kind
 
 from adapterkit import KNOWN_PLACEHOLDERS, readme_rules
+from suitekit import CHART
 
 ALERTS = CHART / "files" / "alerts.yaml"
 DASHBOARD = CHART / "files" / "dashboard.json"

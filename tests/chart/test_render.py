@@ -9,7 +9,6 @@ import subprocess
 import pytest
 import yaml
 from chartlib import (
-    CHART,
     Manifest,
     env_of,
     helm_template,
@@ -20,6 +19,8 @@ from chartlib import (
     scenario_values,
     server_container,
 )
+
+from suitekit import CHART
 
 MEMORY = ("--set", "resources.limits.memory=1Gi")
 SELECTOR_KEYS = {"app.kubernetes.io/name", "app.kubernetes.io/instance"}
@@ -659,3 +660,37 @@ def test_session_groups_values_reach_the_pod(rendered: dict[str, list[Manifest]]
     )
     assert "runtimeClassName" not in default["spec"]
     assert env_of(server_container(rendered["default"]))["ADMISSION_SESSION_GROUPS"] == "auto"
+
+
+def test_the_room_report_renders_the_agent_port_and_the_header(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    """roomReport.agentPort adds the "agent" container port and ADMISSION_AGENT_PORT, and
+    loadMetricsHeader ADMISSION_LOAD_METRICS_HEADER; by default neither is rendered."""
+    container = server_container(rendered["full"])
+    assert {"name": "agent", "containerPort": 9001, "protocol": "TCP"} in container["ports"]
+    env = env_of(container)
+    assert env["ADMISSION_AGENT_PORT"] == "9001"
+    assert env["ADMISSION_LOAD_METRICS_HEADER"] == "true"
+    default = server_container(rendered["default"])
+    assert "agent" not in [port["name"] for port in default["ports"]]
+    assert "ADMISSION_AGENT_PORT" not in env_of(default)
+    assert "ADMISSION_LOAD_METRICS_HEADER" not in env_of(default)
+
+
+@pytest.mark.parametrize("taken", ["containerPort=9001", "metrics.port=9001"])
+def test_an_agent_port_shared_with_another_fails_the_render(helm: str, taken: str) -> None:
+    """The agent port equal to the application's or the metrics' fails with a sentence."""
+    proc = helm_template(
+        helm, "r", *MEMORY, "--set", "roomReport.agentPort=9001", "--set", taken, check=False
+    )
+    assert proc.returncode != 0
+    assert "roomReport.agentPort equals containerPort or metrics.port" in proc.stderr
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "agent"])
+def test_the_schema_refuses_an_agent_port_that_is_no_port(helm: str, port: str) -> None:
+    """values.schema.json takes a port number (or null) for roomReport.agentPort."""
+    proc = helm_template(helm, "r", *MEMORY, "--set", f"roomReport.agentPort={port}", check=False)
+    assert proc.returncode != 0
+    assert "agentPort" in proc.stderr

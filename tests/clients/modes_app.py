@@ -20,6 +20,9 @@ from starlette.websockets import WebSocket
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
 from asgi_admission._config import WebSocketRefusal
 
+#: Internal on purpose: one guard per mode the setting's type lists, none forgotten.
+INTERNAL = "the websocket_refusal modes, from the setting's own type"
+
 
 def create() -> ASGIApp:
     async def health(request: Request) -> Response:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import httpx
@@ -13,10 +12,11 @@ import pytest
 from clientkit import holding, serving
 
 from processkit import Server
+from suitekit import ROOT
 
 pytestmark = [pytest.mark.real_server, pytest.mark.timeout(90)]
 
-RECIPES = Path(__file__).resolve().parents[2] / "examples" / "clients"
+RECIPES = ROOT / "examples" / "clients"
 
 
 def load(name: str) -> ModuleType:

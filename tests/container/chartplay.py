@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from containerkit import ROOT, free_port, podman, remove_pod, wait_http
+from containerkit import free_port, podman, remove_pod, wait_http
 
-CHART = ROOT / "charts" / "asgi-admission"
+from suitekit import CHART, ROOT
+
 NAMESPACE = "default"
 RELEASE = f"t{os.getpid()}"
 

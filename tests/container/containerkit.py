@@ -25,11 +25,12 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from suitekit import MIB, ROOT
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from processkit import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "deploy" / "podman" / "containers.conf"
 # One tag per checkout (scripts/image builds :dev by default): the gates of several
 # clones on one machine each run the image of their own source.
@@ -37,7 +38,6 @@ TAG = "dev-" + hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]
 IMAGE = f"localhost/asgi-admission-demo:{TAG}"
 HELM_TEST_IMAGE = "localhost/asgi-admission-helm-test:dev"
 MEMORY_V1 = Path("/sys/fs/cgroup/memory")
-MIB = 1024 * 1024
 LIMIT = 512 * MIB
 PREFIX = f"asgi-admission-test-{os.getpid()}"
 
@@ -45,7 +45,6 @@ __all__ = [
     "HELM_TEST_IMAGE",
     "IMAGE",
     "LIMIT",
-    "MIB",
     "PREFIX",
     "ROOT",
     "TAG",

@@ -13,7 +13,9 @@ from typing import Literal
 
 import httpx
 import pytest
-from containerkit import LIMIT, MIB, ROOT, burst, podman, running, sample
+from containerkit import LIMIT, burst, podman, running, sample
+
+from suitekit import MIB, PACKAGE, ROOT
 
 pytestmark = [pytest.mark.container, pytest.mark.usefixtures("podman_ready")]
 
@@ -27,7 +29,6 @@ ENV = {
     "ADMISSION_RETRY_AFTER_SECONDS": "2",
 }
 HIGH_WATERMARK = 0.80
-PACKAGE = ROOT / "middleware" / "asgi_admission"
 # Prints "path digest" for each module of the package installed in the image.
 INSTALLED_DIGESTS = """
 import hashlib, pathlib, asgi_admission

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from containerkit import MIB, Container, inspect, running
+from containerkit import Container, inspect, running
 
 from cgroupkit import working_set_bytes
+from suitekit import MIB
 
 pytestmark = [pytest.mark.container, pytest.mark.usefixtures("podman_ready")]
 

@@ -9,11 +9,12 @@ the sessions those requests opened still count once the requests have ended.
 from __future__ import annotations
 
 import contextlib
-import struct
 from collections.abc import Iterator
 
 import pytest
 from containerkit import Container, burst, running
+
+from suitekit import LEDGER_HEADER, LEDGER_SLOT
 
 pytestmark = [pytest.mark.container, pytest.mark.usefixtures("podman_ready")]
 
@@ -28,17 +29,15 @@ ENV = {
     "ADMISSION_MAX_SESSIONS": str(MAX_SESSIONS),
     "ADMISSION_SHARED_DIR": LEDGER_DIR,
 }
-# The ledger file: a header (magic, slot capacity, slots in use), then one slot per worker
-# that decided: pid, start time, pending, active.
-HEADER = struct.Struct("=8sII")
-SLOT = struct.Struct("=qqqq")
 
 
 def deciding_workers(raw: bytes) -> set[int]:
     """The pids of the workers with a slot in the ledger file ``raw``."""
-    magic, _capacity, used = HEADER.unpack_from(raw)
+    magic, _capacity, used = LEDGER_HEADER.unpack_from(raw)
     assert magic == b"ASGIADM1"
-    slots = SLOT.iter_unpack(raw[HEADER.size : HEADER.size + used * SLOT.size])
+    slots = LEDGER_SLOT.iter_unpack(
+        raw[LEDGER_HEADER.size : LEDGER_HEADER.size + used * LEDGER_SLOT.size]
+    )
     return {pid for pid, _start, _pending, _active in slots if pid}
 
 

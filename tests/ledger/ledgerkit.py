@@ -25,8 +25,10 @@ from cgroupkit import memory_group as _memory_group
 from cgroupkit import oom_kills as oom_kills
 from processkit import free_port, stop_process_group
 
+#: Internal on purpose: processes drive the shared ledger itself, below the middleware.
+INTERNAL = "the shared ledger, driven by processes of its own"
+
 __all__ = [
-    "MIB",
     "SPAWN",
     "Workers",
     "burst",
@@ -123,7 +125,6 @@ def release_on_a_stuck_loop(directory: str, held: int, released: int, ready: Eve
 
 # -- real servers ----------------------------------------------------------------------
 
-MIB = 1024 * 1024
 V1_MOUNT = Path("/sys/fs/cgroup/memory")
 
 

@@ -6,7 +6,9 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from ledgerkit import MIB, Workers, burst, memory_group, oom_kills
+from ledgerkit import Workers, burst, memory_group, oom_kills
+
+from suitekit import MIB
 
 pytestmark = [
     pytest.mark.real_cgroup,

@@ -27,12 +27,10 @@ from asgi_admission._admission.shared_ledger import (
     SharedLedger,
     read_entries,
 )
+from suitekit import LEDGER_HEADER, LEDGER_SLOT
 
 #: Internal on purpose: the shared ledger's file format, locks and recovery.
 INTERNAL = "the shared ledger's file format, locks and recovery"
-
-SLOT = struct.Struct("=qqqq")
-HEADER_SIZE = 16
 
 
 @pytest.fixture
@@ -202,7 +200,7 @@ def test_dead_slot_is_recovered_when_claimed(
     """A new worker taking a dead worker's slot drops the counts it left behind."""
     directory = shared[0]
     SharedLedger(directory).close()
-    poke(directory, HEADER_SIZE, SLOT.pack(999_999, 1, 4, 1))
+    poke(directory, LEDGER_HEADER.size, LEDGER_SLOT.pack(999_999, 1, 4, 1))
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         ledger = open_ledger(shared)
         assert counts(ledger) == (0, 0)
@@ -279,7 +277,7 @@ def test_truncated_file_is_rebuilt_not_crashed(
         other.reserve()
     with ledger.locked():
         ledger.reserve()
-    os.truncate(os.path.join(shared[0], FILE_NAME), HEADER_SIZE + 8)
+    os.truncate(os.path.join(shared[0], FILE_NAME), LEDGER_HEADER.size + 8)
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         assert counts(ledger) == (0, 1)
     assert "shorter than its 2 slots in use" in caplog.text
@@ -298,11 +296,11 @@ def test_short_or_empty_file_is_rebuilt_on_open(
     assert "a header of 4 bytes" in caplog.text
     caplog.clear()
     with path.open("r+b") as file:
-        file.truncate(HEADER_SIZE + SLOT.size)
+        file.truncate(LEDGER_HEADER.size + LEDGER_SLOT.size)
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         ledger = open_ledger(shared)
     assert "shorter than its 256 slots" in caplog.text
-    assert path.stat().st_size == HEADER_SIZE + 256 * SLOT.size
+    assert path.stat().st_size == LEDGER_HEADER.size + 256 * LEDGER_SLOT.size
     assert counts(ledger) == (0, 0)
 
 
@@ -315,7 +313,11 @@ def test_own_slot_changed_by_someone_else_is_rewritten(
         ledger.reserve()
     [mine] = read_entries(shared[0])
     for _ in range(2):
-        poke(shared[0], HEADER_SIZE + mine.slot * SLOT.size, SLOT.pack(mine.pid, 0, -5, 9))
+        poke(
+            shared[0],
+            LEDGER_HEADER.size + mine.slot * LEDGER_SLOT.size,
+            LEDGER_SLOT.pack(mine.pid, 0, -5, 9),
+        )
         with caplog.at_level(logging.WARNING, logger="asgi_admission"):
             assert counts(ledger) == (0, 1)
     assert caplog.text.count("changed by someone else") == 1
@@ -332,7 +334,7 @@ def test_negative_counts_of_another_worker_count_as_zero(
     with ledger.locked():
         ledger.reserve()
     [theirs] = [e for e in read_entries(shared[0]) if e.slot == 0]
-    poke(shared[0], HEADER_SIZE, SLOT.pack(theirs.pid, 0, -3, 2))
+    poke(shared[0], LEDGER_HEADER.size, LEDGER_SLOT.pack(theirs.pid, 0, -3, 2))
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         assert counts(ledger) == (2, 1)
     assert "negative session counts (slot 0: pending -3, active 2)" in caplog.text
@@ -374,7 +376,7 @@ def test_directory_is_created(tmp_path: Path) -> None:
     """A missing directory is created, parents included."""
     directory = tmp_path / "a" / "b"
     SharedLedger(directory).close()
-    assert (directory / FILE_NAME).stat().st_size == HEADER_SIZE + 256 * SLOT.size
+    assert (directory / FILE_NAME).stat().st_size == LEDGER_HEADER.size + 256 * LEDGER_SLOT.size
 
 
 @pytest.mark.parametrize("make", ["file", "under_file"])

@@ -20,11 +20,9 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Scope
 from starlette.websockets import WebSocket
 
-from asgi_admission import AdmissionController, AdmissionMiddleware, MemoryReading
-from asgi_admission._metrics.serving import metrics_route
+from asgi_admission import AdmissionController, AdmissionMiddleware, MemoryReading, metrics_route
 from processkit import free_port as free_port
-
-MIB = 1024 * 1024
+from suitekit import MIB
 
 
 class SettableReader:

@@ -10,9 +10,11 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from metricskit import MIB, SettableReader, guarded_app, request, websocket
+from metricskit import SettableReader, guarded_app, request, websocket
 from prometheus_client import CollectorRegistry, values
 from prometheus_client.parser import text_string_to_metric_families
+
+from suitekit import MIB
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from metricskit import MIB, SettableReader, guarded_app, request
+from metricskit import SettableReader, guarded_app, request
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from asgi_admission import AdmissionConfig, CapacityDecision, CgroupMemoryReader, MemoryReading
 from asgi_admission._admission.observer import Kind
 from asgi_admission._metrics.collector import AdmissionCollector, DecisionMetrics, admission_metrics
 from cgroup_trees import write_v2_tree
+from suitekit import MIB
 
 #: Internal on purpose: the collector and decision metrics, registered by hand.
 INTERNAL = "the collector and decision metrics, registered by hand"

@@ -7,11 +7,12 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from metricskit import MIB, SettableReader, guarded_app, request, websocket
+from metricskit import SettableReader, guarded_app, request, websocket
 from prometheus_client import CollectorRegistry
 
 from asgi_admission import CgroupMemoryReader, MemoryReading, __version__
 from cgroup_trees import write_v2_tree
+from suitekit import MIB
 
 P = "asgi_admission_"
 

@@ -18,6 +18,7 @@ from asgi_admission import (
 from cgroup_trees import write_v2_tree as write_v2_tree
 from processkit import Server as Server
 from processkit import free_port as free_port
+from suitekit import MIB
 
 with warnings.catch_warnings():
     # Starlette 1.x prefers the httpx2 fork for its TestClient and warns when it
@@ -26,7 +27,6 @@ with warnings.catch_warnings():
     from starlette.testclient import TestClient
 
 __all__ = [
-    "MIB",
     "NOT_PROBING",
     "Server",
     "SettableReader",
@@ -36,7 +36,6 @@ __all__ = [
     "guard",
 ]
 
-MIB = 1024 * 1024
 #: A pending timeout so short that a reservation ends with its response or accept, as
 #: an in-request session's does once its memory shows: these tests are about the
 #: request's lifecycle (tests/middleware/test_settling*.py are about settling).

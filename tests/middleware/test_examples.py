@@ -11,8 +11,9 @@ import pytest
 from mwkit import TestClient, write_v2_tree
 
 from asgi_admission import AdmissionMiddleware
+from suitekit import ROOT
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = ROOT / "examples"
 
 
 def load(name: str) -> ModuleType:

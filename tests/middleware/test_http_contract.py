@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from fastapi import FastAPI
-from mwkit import MIB, SettableReader, controller, guard
+from mwkit import SettableReader, controller, guard
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
@@ -18,6 +18,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from asgi_admission import AdmissionController, AdmissionMiddleware, MemoryReading
+from suitekit import MIB
 
 pytestmark = pytest.mark.anyio
 

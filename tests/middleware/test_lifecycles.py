@@ -7,10 +7,11 @@ import itertools
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mwkit import AT_RESPONSE, MIB, controller, environment
+from mwkit import AT_RESPONSE, controller, environment
 from starlette.types import Message, Receive, Scope, Send
 
 from asgi_admission import AdmissionMiddleware, MemoryReading
+from suitekit import MIB
 
 HTTP_ACTIONS = (
     "complete",

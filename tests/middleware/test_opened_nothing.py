@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 from fastapi import FastAPI
-from mwkit import MIB, NOT_PROBING, SettableReader, TestClient, controller, environment
+from mwkit import NOT_PROBING, SettableReader, TestClient, controller, environment
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 from starlette.applications import Starlette
@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from asgi_admission import AdmissionMiddleware, admission_ticket
+from suitekit import MIB
 
 #: 300 MiB used of 1000 MiB, high 80 %, 100 MiB per session: 5 pending sessions fit.
 FIT = 5

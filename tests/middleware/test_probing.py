@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mwkit import MIB, SettableReader, controller, environment
+from mwkit import SettableReader, controller, environment
 from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
 from asgi_admission import AdmissionMiddleware, admission_ticket
+from suitekit import MIB
 
 #: A guard that held nothing back would leave some of these scenarios waiting for ever.
 pytestmark = pytest.mark.timeout(30)

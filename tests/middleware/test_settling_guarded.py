@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import psutil
-from mwkit import MIB, SettableReader, TestClient, controller, environment
+from mwkit import SettableReader, TestClient, controller, environment
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -17,6 +17,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from asgi_admission import AdmissionConfig, AdmissionController, AdmissionMiddleware
+from suitekit import MIB
 
 
 def app() -> Starlette:

@@ -20,9 +20,9 @@ import pytest
 
 from cgroupkit import default_places, joining, oom_kills, remove_group_tree
 from processkit import free_port, stop_process_group
+from suitekit import MIB
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
-MIB = 1024 * 1024
 LIMIT_MB = 512
 
 pytestmark = [pytest.mark.real_cgroup, pytest.mark.real_server, pytest.mark.timeout(120)]

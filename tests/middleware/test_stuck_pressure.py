@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from mwkit import MIB, SettableReader, TestClient, environment, guard
+from mwkit import SettableReader, TestClient, environment, guard
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
+from suitekit import MIB
 
 WINDOW_S = 0.4
 LIVE = "/admission/alive"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from asgi_admission._admission.keeper import apply as apply
 from asgi_admission._admission.ledger import InProcessLedger
 
-MIB = 1024 * 1024
+#: Internal on purpose: the reservation tests drive the keeper and ledger directly.
+INTERNAL = "the reservation keeper's apply and the in-process ledger"
 
 
 def counts(ledger: InProcessLedger) -> tuple[int, int]:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reskit import MIB
-
 from asgi_admission._admission.freed import CREDIT_S, FreedMemory, Mark, credited
+from suitekit import MIB
 
 INTERNAL = "the freed-memory credits of settling, on synthetic readings"
 

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from reskit import MIB, counts
+from reskit import counts
 
 from asgi_admission import (
     AdmissionController,
@@ -22,6 +22,7 @@ from asgi_admission._admission.keeper import ReservationKeeper, apply
 from asgi_admission._admission.learning import SessionLearner
 from asgi_admission._admission.ledger import InProcessLedger, LedgerBusy
 from asgi_admission._memory.reading import UNAVAILABLE
+from suitekit import MIB
 
 #: Internal on purpose: the reservation keeper, as a unit below the middleware.
 INTERNAL = "the reservation keeper, as a unit below the middleware"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 
 import pytest
-from reskit import MIB
 
 from asgi_admission._admission.attribution import DRIFT_BYTES_PER_S
 from asgi_admission._admission.learning import (
@@ -20,6 +19,7 @@ from asgi_admission._admission.learning import (
     percentile,
 )
 from asgi_admission._admission.session_windows import HORIZON_S
+from suitekit import MIB
 
 #: Internal on purpose: the session learner, on synthetic readings.
 INTERNAL = "the session learner, on synthetic readings"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from reskit import MIB
 from traffic import SAMPLE_S, Sample, Traffic, drive
 
 from asgi_admission._admission.learning import WINDOW, SessionLearner
+from suitekit import MIB
 
 #: Internal on purpose: the session learner, fed synthetic traffic with a fake clock.
 INTERNAL = "the session learner, fed synthetic traffic with a fake clock"

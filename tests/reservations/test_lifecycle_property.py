@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from reskit import MIB, apply, counts
+from reskit import apply, counts
 
 from asgi_admission._admission.ledger import InProcessLedger, Reservation
 from asgi_admission._admission.settling import VISIBLE_FRACTION, Action, Settlement, Settler
+from suitekit import MIB
 
 #: Internal on purpose: the settler and keeper, driven through random lifecycles.
 INTERNAL = "the settler and keeper, driven through random lifecycles"

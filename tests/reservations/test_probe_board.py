@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from reskit import MIB
 
 from asgi_admission._admission.learning import SessionLearner
 from asgi_admission._admission.probing import CONFIRM_S, ProbeBoard
 from asgi_admission._admission.shared_probes import SharedProbeStore, read_probing
+from suitekit import MIB
 
 INTERNAL = "the probe board and its shared file, on synthetic readings"
 

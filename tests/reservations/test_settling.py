@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 
 import pytest
-from reskit import MIB, apply, counts
+from reskit import apply, counts
 
 from asgi_admission._admission.ledger import InProcessLedger
 from asgi_admission._admission.settle_queue import LocalSettleQueue, QueueRecord
 from asgi_admission._admission.settling import Settlement, Settler
+from suitekit import MIB
 
 #: Internal on purpose: the settler's attribution, on tables of readings.
 INTERNAL = "the settler's attribution, on tables of readings"

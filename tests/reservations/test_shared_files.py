@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from reskit import MIB
 
 from asgi_admission._admission import shared_files
 from asgi_admission._admission.attribution import Overlap, Window
@@ -22,6 +21,7 @@ from asgi_admission._admission.shared_files import (
     SharedSettleQueue,
     read_learned,
 )
+from suitekit import MIB
 
 #: Internal on purpose: the files the workers share for settling and learning.
 INTERNAL = "the files the workers share for settling and learning"

@@ -15,9 +15,11 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from reskit import MIB
-
 from asgi_admission._admission.learning import SessionLearner
+from suitekit import MIB
+
+#: Internal on purpose: it drives the session learner with a fake clock.
+INTERNAL = "the session learner, driven with a fake clock"
 
 SAMPLE_S = 0.25
 BASE_BYTES = 300 * MIB

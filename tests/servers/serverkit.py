@@ -19,8 +19,8 @@ import httpx
 from cgroupkit import joining, memory_group, working_set_bytes
 from processkit import free_port, stop_process_group
 from requirekit import require, require_cgroup_v1
+from suitekit import MIB
 
-MIB = 1024 * 1024
 HIGH_WATERMARK = 0.80  # the guard's default
 
 

@@ -22,6 +22,7 @@ import pytest
 import serverkit
 
 from cgroupkit import oom_kills, working_set_bytes
+from suitekit import MIB
 
 pytestmark = [
     pytest.mark.real_cgroup,
@@ -112,15 +113,15 @@ def test_first_burst_of_kernels_is_cut_at_capacity(footprint: int, tmp_path: Pat
         time.sleep(1)
         baseline = working_set_bytes(served.group)
         cap = serverkit.capacity(LIMIT_MB, baseline, footprint)
-        assert cap >= 2, (footprint / serverkit.MIB, baseline / serverkit.MIB)
+        assert cap >= 2, (footprint / MIB, baseline / MIB)
         sessions = 3 * cap + 2
         responses = asyncio.run(_burst(served.base_url, sessions))
         settled = serverkit.settled_peak(served.group)
         codes = [r if isinstance(r, str) else r.status_code for r in responses]
         refusals = [r for r in responses if not isinstance(r, str) and r.status_code == 503]
         result = serverkit.BurstResult(
-            footprint_mb=round(footprint / serverkit.MIB, 1),
-            baseline_mb=round(baseline / serverkit.MIB, 1),
+            footprint_mb=round(footprint / MIB, 1),
+            baseline_mb=round(baseline / MIB, 1),
             capacity=cap,
             sessions=sessions,
             admitted=codes.count(201),
@@ -130,7 +131,7 @@ def test_first_burst_of_kernels_is_cut_at_capacity(footprint: int, tmp_path: Pat
             other=[str(c) for c in codes if c not in (201, 503)],
             oom_kills=oom_kills(served.group),
             server_alive=served.alive(READY),
-            settled_mb=round(settled / serverkit.MIB, 1),
+            settled_mb=round(settled / MIB, 1),
             reasons=dict(Counter(reason(r) for r in refusals)),
         )
         print(result.summary())

@@ -27,6 +27,7 @@ import websockets
 from websockets.typing import Origin
 
 from cgroupkit import oom_kills, working_set_bytes
+from suitekit import MIB
 
 pytestmark = [
     pytest.mark.real_cgroup,
@@ -150,8 +151,8 @@ def result_of(
 ) -> serverkit.BurstResult:
     refusals = [m for m in (REFUSAL.search(d) for d in decided) if m]
     return serverkit.BurstResult(
-        footprint_mb=round(footprint / serverkit.MIB, 1),
-        baseline_mb=round(baseline / serverkit.MIB, 1),
+        footprint_mb=round(footprint / MIB, 1),
+        baseline_mb=round(baseline / MIB, 1),
         capacity=serverkit.capacity(LIMIT_MB, baseline, footprint),
         sessions=len(decided),
         admitted=decided.count(STARTED),
@@ -161,7 +162,7 @@ def result_of(
         other=[d for d in decided if d != STARTED and not REFUSAL.search(d)],
         oom_kills=oom_kills(served.group),
         server_alive=served.alive(READY),
-        settled_mb=round(settled / serverkit.MIB, 1),
+        settled_mb=round(settled / MIB, 1),
         reasons=dict(Counter(m.group(2) for m in refusals)),
     )
 
@@ -205,7 +206,7 @@ def test_first_burst_of_notebook_sessions_is_cut_at_capacity(
             baseline=held,
             served=served,
         )
-        print({"held_mb": round(held / serverkit.MIB, 1), "room": room, **second.summary()})
+        print({"held_mb": round(held / MIB, 1), "room": room, **second.summary()})
         assert held > baseline + (first.admitted - 0.5) * footprint, (held, first.summary())
         assert second.oom_kills == 0, second.summary()
         assert second.server_alive, second.summary()

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
-from watchdogkit import MIB, FixedReader, reading
+from watchdogkit import FixedReader, reading
 
 from asgi_admission import AdmissionConfig, SessionPeak, SessionWatchdog
 from asgi_admission._watchdog.groups import GroupsPlace, SessionGroups, find_place
+from suitekit import MIB
 
 INTERNAL = "where session groups go, and the SessionGroups that makes them"
 

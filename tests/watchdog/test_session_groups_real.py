@@ -38,12 +38,12 @@ from asgi_admission import (
 from asgi_admission._watchdog.groups import GroupsPlace, SessionGroups
 from cgroupkit import joining, memory_group, oom_kills
 from processkit import Server, free_port
+from suitekit import MIB
 
 INTERNAL = "a SessionGroups placed in a test's own memory group"
 
 pytestmark = [pytest.mark.real_cgroup, pytest.mark.real_server, pytest.mark.timeout(180)]
 
-MIB = 1024 * 1024
 BUDGET_MB = 64
 #: The container: room for the server, three small sessions and a little more, far
 #: less than the 1 GiB the offender asks for.

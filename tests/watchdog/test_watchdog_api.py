@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.requests import HTTPConnection
 from starlette.types import Scope
-from watchdogkit import MIB, FixedReader, Recorder, Spawn
+from watchdogkit import FixedReader, Recorder, Spawn
 
 from asgi_admission import (
     AdmissionConfig,
@@ -25,6 +25,7 @@ from asgi_admission import (
     session_watchdog,
 )
 from asgi_admission._watchdog.metrics import SESSION_MEMORY_BUCKETS, watchdog_metrics
+from suitekit import MIB
 
 #: Internal on purpose: the watchdog's per-registry metrics cache.
 INTERNAL = "the watchdog's per-registry metrics cache"

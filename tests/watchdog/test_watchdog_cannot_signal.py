@@ -11,9 +11,10 @@ from collections.abc import Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
-from watchdogkit import MIB, FixedReader, Spawn
+from watchdogkit import FixedReader, Spawn
 
 from asgi_admission import AdmissionConfig, ProcessGroupHalt, SessionWatchdog
+from suitekit import MIB
 
 #: Internal on purpose: the halt's handling of refused signals (it signals by os.killpg).
 INTERNAL = "the halt's handling of refused signals"

@@ -12,11 +12,12 @@ from typing import Any
 import psutil
 import pytest
 from prometheus_client import CollectorRegistry
-from watchdogkit import MIB, FixedReader, TestClient, reading
+from watchdogkit import FixedReader, TestClient, reading
 
 from asgi_admission import AdmissionController, SessionWatchdog
 from asgi_admission.demo import create_app
 from asgi_admission.demo.processes import CHILD_SCRIPT
+from suitekit import MIB
 
 
 def _poll(client: TestClient, path: str, done: Any, timeout: float = 10.0) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 import pytest
 from prometheus_client import CollectorRegistry
-from watchdogkit import MIB, FixedReader, Recorder, Spawn, reading
+from watchdogkit import FixedReader, Recorder, Spawn, reading
 
 from asgi_admission import (
     AdmissionConfig,
@@ -20,6 +20,7 @@ from asgi_admission import (
     SessionHalt,
     SessionWatchdog,
 )
+from suitekit import MIB
 
 
 def _watchdog(

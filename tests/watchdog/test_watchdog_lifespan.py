@@ -103,7 +103,8 @@ def test_real_uvicorn_runs_and_stops_the_watchdog(tmp_path: Path) -> None:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, "PYTHONASYNCIODEBUG": "1"},
+            # The app's kit takes the suite's constants from tests/ (suitekit).
+            env={**os.environ, "PYTHONASYNCIODEBUG": "1", "PYTHONPATH": str(HERE.parent)},
         )
     base = f"http://127.0.0.1:{port}"
     try:

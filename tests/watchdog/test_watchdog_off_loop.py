@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from watchdogkit import MIB, FixedReader, Spawn
+from watchdogkit import FixedReader, Spawn
 
 from asgi_admission import AdmissionConfig, SessionWatchdog
 from asgi_admission._watchdog.sampler import ProcessTreeSampler
+from suitekit import MIB
 
 #: Internal on purpose: the watchdog's measuring thread.
 INTERNAL = "the watchdog's measuring thread"

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from watchdogkit import MIB, Spawn, vm_rss_bytes
+from watchdogkit import Spawn, vm_rss_bytes
 
 from asgi_admission._watchdog.sampler import ProcessTreeSampler, read_children_map
+from suitekit import MIB
 
 #: Internal on purpose: the process-tree sampler.
 INTERNAL = "the process-tree sampler"

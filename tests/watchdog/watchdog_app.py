@@ -32,8 +32,7 @@ from asgi_admission import (
     WatchedSession,
     session_watchdog,
 )
-
-MIB = 1024 * 1024
+from suitekit import MIB
 
 
 def build_app(**watchdog_options: Any) -> Starlette:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asgi_admission import MemoryReading
+from suitekit import MIB
 
 with warnings.catch_warnings():
     # Starlette 1.x prefers the httpx2 fork for its TestClient and warns when it
@@ -16,11 +17,9 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient
 
-MIB = 1024 * 1024
 
 __all__ = [
     "CHILD",
-    "MIB",
     "Child",
     "FixedReader",
     "Recorder",

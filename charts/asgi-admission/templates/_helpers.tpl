@@ -166,6 +166,11 @@ schema is skipped. Included by the Deployment, which every render contains.
 {{- if and .Values.metrics.port (eq (int .Values.metrics.port) (int .Values.containerPort)) }}
 {{- fail "metrics.port equals containerPort: a separate metrics port must differ from the application port; leave metrics.port empty to serve /metrics on the application port." }}
 {{- end }}
+{{- with .Values.roomReport.agentPort }}
+{{- if or (eq (int .) (int $.Values.containerPort)) (and $.Values.metrics.port (eq (int .) (int $.Values.metrics.port))) }}
+{{- fail "roomReport.agentPort equals containerPort or metrics.port: the agent-check listener needs a port of its own, which HAProxy's agent-port names." }}
+{{- end }}
+{{- end }}
 {{- if gt (float64 .Values.admission.resumeThresholdPercent) (float64 .Values.admission.highWatermarkPercent) }}
 {{- fail "admission.resumeThresholdPercent is above admission.highWatermarkPercent: the latch resumes admitting below the high watermark, so the resume threshold must be at or below it." }}
 {{- end }}

@@ -1,0 +1,178 @@
+"""The agent-check listener: one line of room per connection, for HAProxy's ``agent-check``.
+
+Notes:
+
+- Started with the app's lifespan (just before the server hears that startup
+  completed) and stopped with it; on every interface, with ``SO_REUSEPORT``, so
+  that each worker of a container listens on the same port and the kernel hands
+  each connection to one of them. Their answers agree: the memory is the
+  container's and the counts are the shared ledger's (``docs/containers.md``).
+- A connection is answered as soon as the room is known (``RoomView``: one look per
+  interval, however many connect) and then closed. Nothing the client sends is
+  needed: it is read and dropped, and a client that sends more than
+  ``MAX_RECEIVED_BYTES`` or is still connected ``ANSWER_TIMEOUT_S`` after it came
+  (one that never reads) is cut off. At most ``MAX_CONNECTIONS`` are open at a
+  time; one more is closed at once, unanswered.
+- Everything runs on the event loop as callbacks and one shared task; nothing
+  blocks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Final, cast
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from asgi_admission._proxy.room import RoomView, agent_line
+
+logger = logging.getLogger("asgi_admission")
+
+#: The longest a connection stays open, answered or not.
+ANSWER_TIMEOUT_S: Final = 2.0
+#: What a client may send (HAProxy sends nothing, or its short ``agent-send`` string).
+MAX_RECEIVED_BYTES: Final = 1024
+#: Connections open at once; more are closed unanswered.
+MAX_CONNECTIONS: Final = 256
+
+
+class _Answer(asyncio.Protocol):
+    """One agent-check connection."""
+
+    __slots__ = ("_agent", "_received", "_timer", "_transport")
+
+    def __init__(self, agent: AgentListener) -> None:
+        self._agent = agent
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._received = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are no asyncio.Transport subclasses, but have its methods.
+        transport = cast(asyncio.Transport, transport)
+        self._transport = transport
+        agent = self._agent
+        if len(agent.open) >= MAX_CONNECTIONS:
+            transport.abort()
+            return
+        agent.open.add(self)
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(ANSWER_TIMEOUT_S, transport.abort)
+        room = agent.view.fresh()
+        if room is not None:
+            self.answer(agent_line(room))
+        else:
+            agent.waiting.append(self)
+            agent.look_soon()
+
+    def answer(self, line: bytes | None) -> None:
+        """Say ``line`` (``None``: nothing, the look failed) and close once it is sent."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if line is not None:
+            transport.write(line)
+        transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        self._received += len(data)
+        if self._received > MAX_RECEIVED_BYTES and self._transport is not None:
+            self._transport.abort()
+
+    def eof_received(self) -> bool:
+        return True  # half-closed by the client: the answer can still go out
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._agent.open.discard(self)
+        self._transport = None
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+
+class AgentListener:
+    """The agent-check listener on ``port``, answering from ``view``."""
+
+    def __init__(self, view: RoomView, *, port: int, host: str | None = None) -> None:
+        self.view = view
+        self.port = port
+        self._host = host
+        self._server: asyncio.Server | None = None
+        self.open: set[_Answer] = set()
+        self.waiting: list[_Answer] = []
+        self._looking: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Listen; a port that cannot be had is logged at ERROR and left alone (the
+        service runs on, and the proxy on its own weights and the 503 retry)."""
+        if self._server is not None:
+            return
+        try:
+            self._server = await asyncio.get_running_loop().create_server(
+                lambda: _Answer(self), self._host, self.port, reuse_port=True, backlog=128
+            )
+        except OSError as exc:
+            logger.error(
+                "asgi-admission: the agent-check listener cannot listen on port %d "
+                "(ADMISSION_AGENT_PORT): %s. The service runs without it.",
+                self.port,
+                exc,
+            )
+
+    async def stop(self) -> None:
+        """Stop listening and cut off the connections still open."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for answer in list(self.open):
+            answer.abort()
+        self.waiting.clear()
+        looking, self._looking = self._looking, None
+        if looking is not None and not looking.done():
+            looking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await looking
+        if server is not None:
+            await server.wait_closed()
+
+    def look_soon(self) -> None:
+        """Answer the waiting connections once the room is looked at (one look for all)."""
+        if self._looking is None or self._looking.done():
+            self._looking = asyncio.get_running_loop().create_task(self._answer_waiting())
+
+    async def _answer_waiting(self) -> None:
+        try:
+            line: bytes | None = agent_line(await self.view.now())
+        except Exception:
+            line = None  # logged by the view; HAProxy keeps the last weight
+        waiting, self.waiting = self.waiting, []
+        for answer in waiting:
+            answer.answer(line)
+
+
+async def serve_with_agent(
+    agent: AgentListener | None, app: ASGIApp, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Run ``app``'s lifespan with ``agent`` (if any) listening from just before the server
+    hears that startup completed until the app's shutdown has completed."""
+    if agent is None:
+        await app(scope, receive, send)
+        return
+
+    async def send_and_track(message: Message) -> None:
+        kind = message["type"]
+        if kind == "lifespan.startup.complete":
+            await agent.start()
+        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+            await agent.stop()
+        await send(message)
+
+    try:
+        await app(scope, receive, send_and_track)
+    finally:
+        await agent.stop()

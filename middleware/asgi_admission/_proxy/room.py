@@ -1,0 +1,187 @@
+"""A replica's room for more sessions, in the forms proxies read (docs/containers.md).
+
+Notes:
+
+- One look is the guard's own: the latch on an exact reading, as the readiness
+  probe evaluates it, and the admissible sessions the metrics report
+  (``asgi_admission_admissible_sessions``), over the container's counts where the
+  workers share a ledger. Nothing here does that arithmetic again.
+- A look is taken at most every ``MAX_AGE_S``: a flood of agent checks or session
+  responses costs one reading per interval, not one each.
+- HAProxy's agent check reads ``ready N%``: N percent of the server's configured
+  weight, at most 256 in all. With ``weight 100`` on each server (the documented
+  configuration), N is the admissible sessions, capped at 256. ``drain`` where no
+  session would be admitted now. ``down`` is never said: a replica that refuses
+  sessions still serves its open ones and every other request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from starlette.types import Message, Send
+
+from asgi_admission._admission.latch import CapacityDecision
+from asgi_admission._admission.ledger import LedgerBusy, when_free
+
+logger = logging.getLogger("asgi_admission")
+
+#: The oldest look an answer is given from.
+MAX_AGE_S: Final = 0.1
+#: HAProxy's cap on a server's weight; ``ready N%`` says at most this much.
+MAX_PERCENT: Final = 256
+#: The percentage said where nothing bounds the sessions (no count cap, a reserve of 0):
+#: the server's configured weight.
+UNBOUNDED_PERCENT: Final = 100
+
+#: What a look is: the latch's decision for one more session and the admissible sessions.
+Look = Callable[[], tuple[CapacityDecision, "int | None"]]
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """The replica's room at one look."""
+
+    #: More sessions that would be admitted now, one after another; ``None``: nothing
+    #: bounds them (no count cap and a reserve of 0).
+    admissible: int | None
+    #: Whether the next session would be refused (latch set, none fit, ledger busy).
+    full: bool
+    #: The working set's share of the limit (0-1); ``None`` while blind.
+    utilization: float | None
+
+
+#: The room while the workers' shared ledger cannot be had: sessions are refused then.
+BUSY: Final = Room(admissible=0, full=True, utilization=None)
+
+
+def room_of(decision: CapacityDecision, admissible: int | None) -> Room:
+    """The :class:`Room` a look found."""
+    memory = decision.memory
+    utilization = None
+    if memory.available and memory.used_bytes is not None and memory.limit_bytes:
+        utilization = min(1.0, max(0.0, memory.used_bytes / memory.limit_bytes))
+    full = not decision.allowed or admissible == 0
+    return Room(admissible=0 if full else admissible, full=full, utilization=utilization)
+
+
+def agent_line(room: Room) -> bytes:
+    """HAProxy's agent-check answer for ``room``: ``drain``, or ``ready N%``."""
+    if room.full:
+        return b"drain\n"
+    if room.admissible is None:
+        return b"ready %d%%\n" % UNBOUNDED_PERCENT
+    return b"ready %d%%\n" % min(room.admissible, MAX_PERCENT)
+
+
+def load_metrics(room: Room) -> bytes | None:
+    """The ``endpoint-load-metrics`` header's value (ORCA's TEXT form) for ``room``;
+    ``None`` where there is nothing to report (blind and unbounded)."""
+    parts = []
+    if room.utilization is not None:
+        parts.append(b"mem_utilization=%.4f" % room.utilization)
+    if room.admissible is not None:
+        parts.append(b"named_metrics.admissible_sessions=%d" % room.admissible)
+    if not parts:
+        return None
+    return b"TEXT " + b", ".join(parts)
+
+
+class RoomView:
+    """The guard's room, looked at no more often than every ``max_age_s``."""
+
+    def __init__(self, look: Look, *, max_age_s: float = MAX_AGE_S) -> None:
+        self._look = look
+        self._max_age_s = max_age_s
+        self._room: Room | None = None
+        self._at = 0.0
+        # The look in flight, shared by every caller that came while it ran.
+        self._pending: asyncio.Task[Room] | None = None
+        self._failed = False
+
+    def fresh(self) -> Room | None:
+        """The last look's room if it is recent enough, else ``None``."""
+        if self._room is not None and time.monotonic() - self._at < self._max_age_s:
+            return self._room
+        return None
+
+    async def now(self) -> Room:
+        """A recent room: the last look's, or one new look shared by concurrent callers.
+
+        While another worker holds the shared ledger the look is retried without
+        blocking the loop for at most ``LOCK_WAIT_S`` (then :data:`BUSY`). A look that
+        fails in any other way raises, logged once.
+        """
+        room = self.fresh()
+        if room is not None:
+            return room
+        task = self._pending
+        if task is None or task.done():
+            task = self._pending = asyncio.get_running_loop().create_task(self._take())
+            task.add_done_callback(_retrieve)
+        return await asyncio.shield(task)
+
+    def now_or_last(self) -> Room | None:
+        """For a response on its way: a recent room, one look if the ledger is free now,
+        else the last one (``None``: none yet). Never waits."""
+        room = self.fresh()
+        if room is not None:
+            return room
+        try:
+            return self._store(room_of(*self._look()))
+        except LedgerBusy:
+            return self._room
+        except Exception:
+            self._log_failure()
+            return self._room
+
+    async def _take(self) -> Room:
+        try:
+            looked = await when_free(self._look)
+        except LedgerBusy:
+            return self._store(BUSY)
+        except Exception:
+            self._log_failure()
+            raise
+        return self._store(room_of(*looked))
+
+    def _store(self, room: Room) -> Room:
+        self._room, self._at = room, time.monotonic()
+        if self._failed:
+            self._failed = False
+            logger.info("asgi-admission: the replica's room can be looked at again.")
+        return room
+
+    def _log_failure(self) -> None:
+        if not self._failed:
+            self._failed = True
+            logger.exception(
+                "asgi-admission: looking at the replica's room failed; the proxy gets no "
+                "answer from the agent check (it keeps the last weight) until it works again."
+            )
+
+
+def _retrieve(task: asyncio.Task[Room]) -> None:
+    # Its callers may all have left (their connections closed): the failure was logged.
+    if not task.cancelled():
+        task.exception()
+
+
+def reporting(view: RoomView, send: Send) -> Send:
+    """``send`` with an ``endpoint-load-metrics`` header added to the response's start."""
+
+    async def send_with_report(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            room = view.now_or_last()
+            value = None if room is None else load_metrics(room)
+            if value is not None:
+                headers = [*message.get("headers", ()), (b"endpoint-load-metrics", value)]
+                message = {**message, "headers": headers}
+        await send(message)
+
+    return send_with_report

@@ -1,0 +1,21 @@
+"""The constants the tests, their kits and the benches share, each defined once here."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+#: One mebibyte: the tests write memory sizes in MiB.
+MIB = 1024 * 1024
+#: One gibibyte.
+GIB = 1024 * MIB
+#: The checkout: the folder holding pyproject.toml.
+ROOT = Path(__file__).resolve().parent.parent
+#: The package's source in the checkout.
+PACKAGE = ROOT / "middleware" / "asgi_admission"
+#: The Helm chart.
+CHART = ROOT / "charts" / "asgi-admission"
+#: The shared ledger file, read by the tests on their own: a header (magic, slot capacity,
+#: slots in use), then one slot per worker that decided (pid, start time, pending, active).
+LEDGER_HEADER = struct.Struct("=8sII")
+LEDGER_SLOT = struct.Struct("=qqqq")

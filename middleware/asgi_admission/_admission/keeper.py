@@ -179,9 +179,10 @@ class ReservationKeeper:
         #: How many periodic samples run (from a lifespan: :meth:`run`).
         self.sampling = 0
         self._update_reserve()
-        # The latch counts the pending sessions by what they still add (held_bytes).
-        controller.held_bytes = self.held_bytes
         ref = weakref.ref(self)
+        # The latch counts the pending sessions by what they still add (held_bytes),
+        # through a weak reference: a guard that is gone is not kept by its controller.
+        controller.held_bytes = _HeldBy(ref)
         os.register_at_fork(after_in_child=lambda: _forked(ref))
 
     def _expired(self) -> None:
@@ -583,6 +584,19 @@ class ReservationKeeper:
         self.board.after_fork()
         if isinstance(self._queue, SharedSettleQueue):
             self._queue.after_fork()
+
+
+class _HeldBy:
+    """A keeper's :meth:`ReservationKeeper.held_bytes`, while the keeper lives."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, ref: weakref.ReferenceType[ReservationKeeper]) -> None:
+        self._ref = ref
+
+    def __call__(self, route: str | None, pending: int, limit: int, /) -> int | None:
+        keeper = self._ref()
+        return None if keeper is None else keeper.held_bytes(route, pending, limit)
 
 
 def _forked(ref: weakref.ReferenceType[ReservationKeeper]) -> None:

@@ -142,9 +142,10 @@ def count_cap_from(
 
 class HeldBytes(Protocol):
     """``(route, pending_sessions, limit_bytes) -> bytes``: what the pending sessions and
-    one more of ``route`` (``None``: of the largest reserve) hold back."""
+    one more of ``route`` (``None``: of the largest reserve) hold back; ``None``: one
+    reserve each."""
 
-    def __call__(self, route: str | None, pending: int, limit: int, /) -> int: ...
+    def __call__(self, route: str | None, pending: int, limit: int, /) -> int | None: ...
 
 
 class AdmissionController:
@@ -333,9 +334,8 @@ class AdmissionController:
     def _held(self, route: str | None, pending_sessions: int, limit: int) -> int:
         """What the pending sessions and one more (of ``route``) hold back."""
         held = self.held_bytes
-        if held is None:
-            return (pending_sessions + 1) * self.reserve_for(limit)
-        return held(route, pending_sessions, limit)
+        value = None if held is None else held(route, pending_sessions, limit)
+        return (pending_sessions + 1) * self.reserve_for(limit) if value is None else value
 
     def decide(
         self,

@@ -34,13 +34,25 @@ DECISIVE: Final = 0.75
 
 
 class _Profile:
-    __slots__ = ("matured", "sums")
+    __slots__ = ("matured", "scale", "sums")
 
     def __init__(self) -> None:
         #: Per candidate, sums over the steps of x*x, x*u, u*u, x*y, u*y and y*y: x the
-        #: route's own ramps, u the unknown routes' ramps, y the growth.
+        #: route's own ramps, u the unknown routes' ramps, y the growth; each divided by
+        #: ``scale``, so that fading (on every admission) touches one number. Only ratios
+        #: of the sums are ever used.
         self.sums = [[0.0] * 6 for _ in CANDIDATES]
+        self.scale = 1.0
         self.matured = 0.0
+
+    def fade(self) -> None:
+        self.scale *= FADE
+        self.matured *= FADE
+        if self.scale < 1e-100:
+            for sums in self.sums:
+                for k in range(6):
+                    sums[k] *= self.scale
+            self.scale = 1.0
 
     def best(self) -> float | None:
         """The candidate with the least squared error, ``None`` before any step."""
@@ -91,10 +103,7 @@ class RampProfiles:
         profile = self._profiles.get(route)
         if profile is None:
             profile = self._profiles[route] = _Profile()
-        for sums in profile.sums:
-            for k in range(6):
-                sums[k] *= FADE
-        profile.matured *= FADE
+        profile.fade()
 
     def ramp_s(self, route: str) -> float | None:
         """The route's learned ramp time (to 90 %), ``None`` before it is trusted."""
@@ -143,14 +152,15 @@ class RampProfiles:
             profile = self._profiles[route]
             y = growth - (total - predicted.get(route, 0.0))
             u = others_unknown - unknown.get(route, 0.0)
+            weight = 1.0 / profile.scale
             for length, sums in zip(CANDIDATES, profile.sums, strict=True):
                 x = sum(_rise(length, start, end, at, ended) for at, ended in rows)
-                sums[0] += x * x
-                sums[1] += x * u
-                sums[2] += u * u
-                sums[3] += x * y
-                sums[4] += u * y
-                sums[5] += y * y
+                sums[0] += weight * x * x
+                sums[1] += weight * x * u
+                sums[2] += weight * u * u
+                sums[3] += weight * x * y
+                sums[4] += weight * u * y
+                sums[5] += weight * y * y
             # Sessions past the longest candidate in this step: their ramp is over
             # whichever it was.
             profile.matured += sum(1 for at, _e in rows if start < at + longest <= end)

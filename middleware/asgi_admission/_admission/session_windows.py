@@ -217,21 +217,27 @@ class GrowthWindows:
         self._ended.append((route, weight))
         if admitted_at is None:
             return
-        for admission in self._recent:
+        # Most ends are of recent sessions: looked for from the newest (admission order).
+        for admission in reversed(self._recent):
+            if admission.at < admitted_at:
+                break
             if admission.route == route and admission.at == admitted_at:
                 admission.ended = now
                 break
         # A session that ended before its memory had all arrived teaches nothing.
-        self._open = [
-            w
-            for w in self._open
-            if not (w.admission.route == route and w.admission.at == admitted_at)
-        ]
+        if any(w.admission.at == admitted_at for w in self._open):
+            self._open = [
+                w
+                for w in self._open
+                if not (w.admission.route == route and w.admission.at == admitted_at)
+            ]
 
     def respond(self, admitted_at: float, now: float) -> None:
         """The session admitted at ``admitted_at`` answered: its window may close from
         now on (its memory usually starts to arrive then)."""
         for admission in reversed(self._recent):
+            if admission.at < admitted_at:
+                break
             if admission.at == admitted_at:
                 if admission.responded is None:
                     admission.responded = now
@@ -240,7 +246,9 @@ class GrowthWindows:
     def failed(self, admitted_at: float) -> str | None:
         """The session admitted at ``admitted_at`` opened nothing: it is forgotten. Its
         route, or ``None`` when it is no longer remembered."""
-        for admission in self._recent:
+        for admission in reversed(self._recent):
+            if admission.at < admitted_at:
+                break
             if admission.at == admitted_at:
                 self._recent.remove(admission)
                 self._open = [w for w in self._open if w.admission is not admission]

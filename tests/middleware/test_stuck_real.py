@@ -129,6 +129,72 @@ def test_a_server_side_leak_with_no_session_is_stuck_then_clears(tmp_path: Path)
     assert "Traceback" not in log
 
 
+def test_a_latch_set_by_sessions_that_end_is_never_called_stuck(tmp_path: Path) -> None:
+    """Sessions of 40 MiB fill 256 MiB until one is refused (the latch set by them), then
+    end one every 1.2 s, longer in all than the 2 s window: the pressure is never called
+    stuck and the liveness path never fails; once they are gone the latch clears."""
+    env = {
+        "ADMISSION_STUCK_AFTER_SECONDS": str(WINDOW_S),
+        "ADMISSION_LIVENESS_PATH": ALIVE,
+        "ADMISSION_SHARED_DIR": str(tmp_path / "shared"),
+        "ADMISSION_PROBE_SESSIONS": "0",
+    }
+    with memory_group(LIMIT_MB, "stuck_ending") as group:
+        port = free_port()
+        argv = [
+            *joining(group),
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            "leak_app:create",
+            "--app-dir",
+            str(Path(__file__).parent),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ]
+        server = Server(argv, port, env, tmp_path / "uvicorn.log")
+        try:
+            server.wait_ready()
+            with httpx.Client(base_url=server.base_url, timeout=10) as client:
+                opened: list[int] = []
+                for _ in range(8):
+                    answer = client.post("/sessions?mb=40")
+                    if answer.status_code == 503:
+                        break
+                    assert answer.status_code == 201
+                    opened.append(answer.json()["id"])
+                    time.sleep(0.5)  # its memory shows and it settles
+                assert answer.status_code == 503, "the sessions never set the latch"
+                assert len(opened) >= 2, opened
+                seen: list[tuple[int, float]] = []
+                for number in opened:
+                    deadline = time.monotonic() + 1.2
+                    while time.monotonic() < deadline:
+                        seen.append(
+                            (
+                                client.get(ALIVE).status_code,
+                                gauges(client)["asgi_admission_pressure_stuck"],
+                            )
+                        )
+                        time.sleep(0.1)
+                    assert client.delete(f"/sessions/{number}").status_code == 200
+                assert len(opened) * 1.2 > WINDOW_S
+                assert {status for status, _ in seen} == {200}, seen
+                assert {stuck for _, stuck in seen} == {0}, seen
+                wait_for(lambda: client.get("/admission/ready").status_code == 200, timeout=10)
+        finally:
+            server.stop()
+        assert oom_kills(group) == 0
+    log = server.log_path.read_text()
+    assert "memory pressure is stuck" not in log, log
+    assert "Traceback" not in log
+
+
 def probe(group: Path, env: dict[str, str]) -> dict[str, Any]:
     """``asgi-admission probe --json`` on ``group`` with the service's settings."""
     result = subprocess.run(

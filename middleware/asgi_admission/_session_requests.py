@@ -142,6 +142,9 @@ class SessionRequests:
                 listening.close()
 
     async def _guard_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        load_report = self._reports.load_report
+        if load_report is not None:
+            send = reporting(load_report, send)
         try:
             outcome: Outcome | None = self._admit("websocket", scope, None, False)
         except LedgerBusy as exc:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,6 +14,12 @@ from starlette.types import Message, Receive, Scope, Send
 
 from asgi_admission import AdmissionController, AdmissionMiddleware, MemoryReading
 from suitekit import MIB
+
+with warnings.catch_warnings():
+    # Starlette 1.x prefers the httpx2 fork for its TestClient and warns when it
+    # falls back to httpx; the fallback works, and httpx is what the project pins.
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+    from starlette.testclient import TestClient as TestClient
 
 __all__ = ["SettableReader", "agent_guard", "ask", "serving", "session_app"]
 
@@ -34,7 +41,13 @@ class SettableReader:
 
 
 async def session_app(scope: Scope, receive: Receive, send: Send) -> None:
-    """Answers every HTTP request 201 (a session opened), and accepts its lifespan."""
+    """Answers every HTTP request 201 (a session opened), accepts every WebSocket (then
+    closes it), and accepts its lifespan."""
+    if scope["type"] == "websocket":
+        await receive()  # websocket.connect
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": 1000})
+        return
     if scope["type"] == "lifespan":
         while True:
             message = await receive()
@@ -52,7 +65,7 @@ def agent_guard(
 ) -> AdmissionMiddleware:
     """A guard of ``POST /sessions`` on ``reader``: 10 MiB reserves, an 80 % high
     watermark, 100 sessions at most, no probing (a fixed reading never grows); ``env``
-    sets further variables while it is built."""
+    sets further variables while it is built; ``session_routes=`` others than that."""
     controller = AdmissionController(
         high_watermark_percent=80,
         resume_threshold_percent=70,
@@ -66,7 +79,7 @@ def agent_guard(
     try:
         return AdmissionMiddleware(
             session_app,
-            session_routes=["POST /sessions"],
+            session_routes=options.pop("session_routes", ["POST /sessions"]),
             controller=controller,
             max_sessions=100,
             registry=None,

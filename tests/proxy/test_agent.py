@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from agentkit import SettableReader, agent_guard, ask, serving
+from agentkit import SettableReader, TestClient, agent_guard, ask, serving
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
 from asgi_admission._admission.latch import CapacityDecision
@@ -244,6 +244,25 @@ def test_session_responses_carry_the_load_report_when_asked() -> None:
     assert refused.headers["endpoint-load-metrics"] == (
         "TEXT mem_utilization=0.7950, named_metrics.admissible_sessions=0"
     )
+
+
+def test_a_websocket_sessions_accept_carries_the_load_report_when_asked() -> None:
+    """A WebSocket session route's accept (the 101 a proxy sees) carries the same report,
+    this session counted; without the setting it carries none."""
+    reader = SettableReader(used_mb=100, limit_mb=1000)
+    on = agent_guard(
+        reader, env={"ADMISSION_LOAD_METRICS_HEADER": "true"}, session_routes=["WS /ws"]
+    )
+    off = agent_guard(reader, session_routes=["WS /ws"])
+
+    def accept_headers(app: AdmissionMiddleware) -> dict[bytes, bytes]:
+        with TestClient(app).websocket_connect("/ws") as session:
+            return dict(session.extra_headers or [])
+
+    assert accept_headers(on)[b"endpoint-load-metrics"] == (
+        b"TEXT mem_utilization=0.1000, named_metrics.admissible_sessions=69"
+    )
+    assert b"endpoint-load-metrics" not in accept_headers(off)
 
 
 @pytest.mark.parametrize(

@@ -24,8 +24,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.testclient import TestClient
-from watchdogkit import FixedReader, reading
+from watchdogkit import FixedReader, TestClient, reading
 
 from asgi_admission import (
     AdmissionConfig,

@@ -172,11 +172,18 @@ def _retrieve(task: asyncio.Task[Room]) -> None:
         task.exception()
 
 
+#: The messages that start what a proxy sees as a response, headers and all.
+_STARTS: Final = frozenset(
+    ("http.response.start", "websocket.accept", "websocket.http.response.start")
+)
+
+
 def reporting(view: RoomView, send: Send) -> Send:
-    """``send`` with an ``endpoint-load-metrics`` header added to the response's start."""
+    """``send`` with an ``endpoint-load-metrics`` header added to the response's start, a
+    WebSocket's accept (its ``101``) or its denial response."""
 
     async def send_with_report(message: Message) -> None:
-        if message["type"] == "http.response.start":
+        if message["type"] in _STARTS:
             room = view.now_or_last()
             value = None if room is None else load_metrics(room)
             if value is not None:

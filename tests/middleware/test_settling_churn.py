@@ -8,7 +8,9 @@ these tests show that the end's freed memory is credited (docs/reservations.md,
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 from mwkit import SettableReader, TestClient, controller, environment
 from starlette.applications import Starlette
@@ -72,10 +74,10 @@ def wait_until(condition: object, timeout: float) -> bool:
     return True
 
 
-def test_a_session_ending_while_another_ramps_does_not_hold_the_ramping_one() -> None:
-    """The first session settles; the second is admitted and ramps at 64 MiB a second;
-    the first closes mid-ramp and frees its 96 MiB at once, so the working set falls. The
-    second settles once its 96 MiB are in, not at the 120 s timeout."""
+@contextlib.contextmanager
+def second_pending() -> Iterator[tuple[SettableReader, AdmissionMiddleware, TestClient]]:
+    """A guard whose first session has settled (its 96 MiB in) and whose second has just
+    been admitted, pending: the reader, the guard and a client inside its lifespan."""
     reader = SettableReader(used_mb=100, limit_mb=2000)
     sessions = Sessions()
     mw = build(reader, sessions)
@@ -84,6 +86,14 @@ def test_a_session_ending_while_another_ramps_does_not_hold_the_ramping_one() ->
         reader.set_mb(100 + RESERVE_MB)
         assert wait_until(lambda: mw.session_counts() == (1, 0), 5)  # the app counts it
         assert client.post("/sessions").status_code == 201
+        yield reader, mw, client
+
+
+def test_a_session_ending_while_another_ramps_does_not_hold_the_ramping_one() -> None:
+    """The first session settles; the second is admitted and ramps at 64 MiB a second;
+    the first closes mid-ramp and frees its 96 MiB at once, so the working set falls. The
+    second settles once its 96 MiB are in, not at the 120 s timeout."""
+    with second_pending() as (reader, mw, client):
         assert mw.session_counts() == (1, 1)  # counted once, as pending
         time.sleep(0.3)
         used = 100 + RESERVE_MB
@@ -101,14 +111,7 @@ def test_a_session_ending_while_another_ramps_does_not_hold_the_ramping_one() ->
 def test_memory_not_freed_at_an_end_credits_nothing() -> None:
     """The first session closes but its memory stays (a server keeping a kernel for a
     reconnect): the second, whose memory has not come, stays pending."""
-    reader = SettableReader(used_mb=100, limit_mb=2000)
-    sessions = Sessions()
-    mw = build(reader, sessions)
-    with TestClient(mw) as client:
-        assert client.post("/sessions").status_code == 201
-        reader.set_mb(100 + RESERVE_MB)
-        assert wait_until(lambda: mw.session_counts() == (1, 0), 5)
-        assert client.post("/sessions").status_code == 201
+    with second_pending() as (_reader, mw, client):
         time.sleep(0.6)
         assert client.delete("/sessions").status_code == 200
         time.sleep(2.0)
@@ -118,14 +121,7 @@ def test_memory_not_freed_at_an_end_credits_nothing() -> None:
 def test_a_fall_at_an_end_is_not_taken_for_growth_that_never_came() -> None:
     """The second session has not grown at all when the first frees its 96 MiB: after
     the fall it stays pending, and settles only once its own 96 MiB have come on top."""
-    reader = SettableReader(used_mb=100, limit_mb=2000)
-    sessions = Sessions()
-    mw = build(reader, sessions)
-    with TestClient(mw) as client:
-        assert client.post("/sessions").status_code == 201
-        reader.set_mb(100 + RESERVE_MB)
-        assert wait_until(lambda: mw.session_counts() == (1, 0), 5)
-        assert client.post("/sessions").status_code == 201
+    with second_pending() as (reader, mw, client):
         time.sleep(0.6)
         assert client.delete("/sessions").status_code == 200
         reader.set_mb(100)

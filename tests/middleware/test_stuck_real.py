@@ -54,6 +54,28 @@ def gauges(client: httpx.Client) -> dict[str, float]:
     }
 
 
+def leak_server(group: Path, env: dict[str, str], tmp_path: Path) -> Server:
+    """``leak_app`` under uvicorn inside ``group`` (not started yet)."""
+    port = free_port()
+    argv = [
+        *joining(group),
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "leak_app:create",
+        "--app-dir",
+        str(Path(__file__).parent),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    return Server(argv, port, env, tmp_path / "uvicorn.log")
+
+
 def test_a_server_side_leak_with_no_session_is_stuck_then_clears(tmp_path: Path) -> None:
     """A 160 MiB leak in 256 MiB, no session ever opened: stuck after 2 s (once at WARNING,
     in the gauges and probe), the liveness path fails within its delay, and freeing the
@@ -66,24 +88,7 @@ def test_a_server_side_leak_with_no_session_is_stuck_then_clears(tmp_path: Path)
     }
     env_clean = {k: v for k, v in os.environ.items() if not k.startswith(("ADMISSION_", "CODA_"))}
     with memory_group(LIMIT_MB, "stuck") as group:
-        port = free_port()
-        argv = [
-            *joining(group),
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "--factory",
-            "leak_app:create",
-            "--app-dir",
-            str(Path(__file__).parent),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ]
-        server = Server(argv, port, env, tmp_path / "uvicorn.log")
+        server = leak_server(group, env, tmp_path)
         try:
             server.wait_ready()
             with httpx.Client(base_url=server.base_url, timeout=10) as client:
@@ -140,24 +145,7 @@ def test_a_latch_set_by_sessions_that_end_is_never_called_stuck(tmp_path: Path) 
         "ADMISSION_PROBE_SESSIONS": "0",
     }
     with memory_group(LIMIT_MB, "stuck_ending") as group:
-        port = free_port()
-        argv = [
-            *joining(group),
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "--factory",
-            "leak_app:create",
-            "--app-dir",
-            str(Path(__file__).parent),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ]
-        server = Server(argv, port, env, tmp_path / "uvicorn.log")
+        server = leak_server(group, env, tmp_path)
         try:
             server.wait_ready()
             with httpx.Client(base_url=server.base_url, timeout=10) as client:

@@ -92,8 +92,9 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
         "ADMISSION_CGROUP_ROOT": str(cgroup),
         "ADMISSION_MAX_SESSIONS": "100000",
         # Small: the first test opens sessions until both workers have admitted one, and
-        # each stays pending (nothing ever shows its memory); with 10 MiB a busy machine
-        # that handed every connection to one worker reached the ceiling after 70.
+        # each stays pending (nothing ever shows its memory); with 10 MiB, 70 pending
+        # reach the ceiling, which one worker taking connection after connection on a
+        # busy machine can do first.
         "ADMISSION_SESSION_RESERVE_MB": "1",
         # The tests move the fixture's memory by hundreds of MiB right after sessions
         # open: learning would take that for what the sessions cost (it is not what

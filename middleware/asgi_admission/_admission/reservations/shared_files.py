@@ -35,14 +35,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
-from asgi_admission._admission.attribution import Overlap, Window
-from asgi_admission._admission.learning import (
+from asgi_admission._admission.ledger.safe_files import open_private_file, process_alive
+from asgi_admission._admission.reservations.attribution import Overlap, Window
+from asgi_admission._admission.reservations.learning import (
     Observations,
     RouteObservations,
     empty_observations,
 )
-from asgi_admission._admission.safe_files import open_private_file, process_alive
-from asgi_admission._admission.settle_queue import QueueRecord
+from asgi_admission._admission.reservations.settle_queue import QueueRecord
 
 logger = logging.getLogger("asgi_admission")
 

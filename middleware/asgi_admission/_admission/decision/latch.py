@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from asgi_admission._admission.reserve import derived_reserve_bytes
+from asgi_admission._admission.decision.reserve import derived_reserve_bytes
 from asgi_admission._config import (
     BLIND_MAX_SESSIONS,
     DEFAULT_HIGH_WATERMARK_PERCENT,

@@ -8,7 +8,7 @@ Notes:
   (``/dev/shm``, a ``medium: Memory`` emptyDir): it never touches a disk.
 - It is read and written with ``os.pread``/``os.pwrite``, not ``mmap``: a
   truncated file then gives a short read (rebuilt, with a warning) instead of a
-  ``SIGBUS`` on the request path, for 0.1 µs more per decision. A decision reads
+  ``SIGBUS`` on the request path, for a little more per decision. A decision reads
   the header and the slots in use in one ``pread`` and takes every slot's pending
   and active counts with one ``unpack_from``; a worker writes its own slot only
   when the row changed (a release followed by a reservation leaves it as it was).
@@ -16,8 +16,8 @@ Notes:
   its own slot for as long as its descriptor is open, and the kernel drops it when
   the process dies, ``SIGKILL`` included; a slot with counts whose lock is free
   (``F_OFD_GETLK``) belongs to a dead worker. Pid reuse cannot fool it, and it
-  costs 0.5 µs per slot with counts, against 7 µs for reading ``/proc/<pid>/stat``
-  to compare start times (``bench/ledger.py``). The start time is still stored,
+  costs far less per slot with counts than reading ``/proc/<pid>/stat`` to compare
+  start times (``bench/ledger.py``, bench/README.md). The start time is still stored,
   for people reading the file.
 
 :class:`LedgerFile` is one worker's hold on the file: its descriptor, its slot

@@ -290,7 +290,8 @@ class SharedLedger(LedgerFile):
             if now >= self._next_link_check:
                 # Deleted or replaced under us (a tmp cleaner, an operator's rm)? The
                 # workers that open the path now would share nothing with this one.
-                # An fstat costs about 1 µs, so it is asked at most every quarter second.
+                # An fstat per decision would show in its cost, so it is asked at most
+                # every quarter second.
                 self._next_link_check = now + LINK_CHECK_INTERVAL_S
                 if os.fstat(self._fd).st_nlink == 0:
                     self._move_to_new_file(self._fd)

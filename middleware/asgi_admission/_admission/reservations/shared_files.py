@@ -119,7 +119,8 @@ class SharedSettleQueue:
     def load(self) -> tuple[int | None, list[QueueRecord]]:
         now = time.monotonic()
         if now >= self._next_check:
-            # An fstat costs about 1 µs: asked at most every LINK_CHECK_INTERVAL_S.
+            # An fstat per decision would show in its cost: asked at most every
+            # LINK_CHECK_INTERVAL_S.
             self._next_check = now + LINK_CHECK_INTERVAL_S
             if os.fstat(self._fd).st_nlink == 0:
                 if self._following_allowed():

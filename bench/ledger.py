@@ -31,9 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, AdmissionTicket
-from asgi_admission._admission.ledger import InProcessLedger, Reservation, SessionLedger
-from asgi_admission._admission.ledger_file import _held, _start_time
-from asgi_admission._admission.shared_ledger import SharedLedger
+from asgi_admission._admission.ledger.ledger import InProcessLedger, Reservation, SessionLedger
+from asgi_admission._admission.ledger.ledger_file import process_start_time, slot_held
+from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from benchkit import timings_us, write_v2_tree
 
 TARGET_US = 20.0
@@ -146,8 +146,8 @@ def main() -> int:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
         for name, call in (
-            ("F_OFD_GETLK on the slot (chosen)", lambda: _held(fd, 0)),
-            ("/proc/<pid>/stat start time", lambda: _start_time(pid)),
+            ("F_OFD_GETLK on the slot (chosen)", lambda: slot_held(fd, 0)),
+            ("/proc/<pid>/stat start time", lambda: process_start_time(pid)),
             ("os.kill(pid, 0) (no reuse check)", lambda: os.kill(pid, 0)),
             ("flock LOCK_EX + LOCK_UN", flock_round_trip),
         ):

@@ -61,8 +61,8 @@ import psutil
 import websockets
 
 import soak_app
-from asgi_admission._admission.ledger_file import FILE_NAME, header_problem, read_entries
-from asgi_admission._admission.shared_ledger import DEFAULT_CAPACITY
+from asgi_admission._admission.ledger.ledger_file import FILE_NAME, header_problem, read_entries
+from asgi_admission._admission.ledger.shared_ledger import DEFAULT_CAPACITY
 from benchkit import MIB, free_port, joining, memory_group, oom_kills, stop_process_group
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")

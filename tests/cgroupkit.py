@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from asgi_admission import CgroupMemoryReader
-from asgi_admission._admission import shared_place
+from asgi_admission._admission.ledger import shared_place
 from requirekit import require_marker
 from suitekit import MIB
 

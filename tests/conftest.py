@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from asgi_admission._admission import shared_place
+from asgi_admission._admission.ledger import shared_place
 from asgi_admission._watchdog import groups
 from cgroup_trees import FIXTURES, copy_files
 from requirekit import mark_units, require_markers

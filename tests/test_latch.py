@@ -446,7 +446,7 @@ def test_the_latch_compares_the_rounded_percent_exactly(
 def test_internal_rounded_comparisons_agree_with_round_next_to_the_bound(bound: float) -> None:
     """Internal on purpose (the latch's private shortcuts): within a hundredth of a point
     either side, they give round()'s answer."""
-    from asgi_admission._admission.latch import _rounded_at_least, _rounded_at_most
+    from asgi_admission._admission.decision.latch import _rounded_at_least, _rounded_at_most
 
     for step in range(-40, 41):
         percent = bound + step * 0.0005

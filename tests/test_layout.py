@@ -142,7 +142,7 @@ def test_suite_modules_that_reach_into_private_modules_say_so() -> None:
 @pytest.mark.parametrize(
     ("source", "inside"),
     [
-        ("from asgi_admission._admission import keeper", True),
+        ("from asgi_admission._admission.reservations import keeper", True),
         ("import asgi_admission._config", True),
         ("from asgi_admission import _config", True),
         ("def f():\n    from asgi_admission._config import AdmissionConfig", True),

@@ -15,12 +15,16 @@ import jsonschema
 import pytest
 
 from asgi_admission import AdmissionController, HostMemoryReader, MemoryReading, cli
-from asgi_admission._admission.learning import WINDOW, SessionLearner, empty_observations
-from asgi_admission._admission.probing import ProbeBoard
-from asgi_admission._admission.shared_files import LearnedStore
-from asgi_admission._admission.shared_probes import SharedProbeStore
-from asgi_admission._admission.stuck import StuckDetector
-from asgi_admission._admission.stuck_watch import StuckFile
+from asgi_admission._admission.decision.stuck import StuckDetector
+from asgi_admission._admission.decision.stuck_watch import StuckFile
+from asgi_admission._admission.reservations.learning import (
+    WINDOW,
+    SessionLearner,
+    empty_observations,
+)
+from asgi_admission._admission.reservations.probing import ProbeBoard
+from asgi_admission._admission.reservations.shared_files import LearnedStore
+from asgi_admission._admission.reservations.shared_probes import SharedProbeStore
 from asgi_admission._memory.reading import UNAVAILABLE
 from asgi_admission.cli import probe as probe_module
 from cgroup_trees import ELASTIC, copy_files

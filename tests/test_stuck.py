@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from asgi_admission import AdmissionController, MemoryReading
-from asgi_admission._admission.stuck import (
+from asgi_admission._admission.decision.stuck import (
     LIVENESS_JITTER_SHARE,
     StuckDetector,
     attribute,
     holds_latch,
     liveness_delay_s,
 )
-from asgi_admission._admission.stuck_watch import STUCK_FILE, StuckFile, read_stuck
+from asgi_admission._admission.decision.stuck_watch import STUCK_FILE, StuckFile, read_stuck
 
 #: Internal on purpose: the detector is a private state machine the guard feeds.
 INTERNAL = "the stuck-pressure detector and its attribution, on constant readings"

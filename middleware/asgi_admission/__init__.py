@@ -7,9 +7,9 @@ Everything else lives in private modules.
 
 from importlib import metadata as _metadata
 
-from asgi_admission._admission.latch import AdmissionController, CapacityDecision
-from asgi_admission._admission.observer import DecisionObserver
-from asgi_admission._admission.tickets import AdmissionTicket, admission_ticket
+from asgi_admission._admission.decision.latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.decision.observer import DecisionObserver
+from asgi_admission._admission.reservations.tickets import AdmissionTicket, admission_ticket
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.host import HostMemoryReader

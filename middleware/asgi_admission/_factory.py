@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from asgi_admission._admission import shared_place
-from asgi_admission._admission.latch import AdmissionController
-from asgi_admission._admission.ledger import InProcessLedger, SessionLedger
-from asgi_admission._admission.shared_ledger import SharedLedger
-from asgi_admission._admission.shared_place import AloneCheck
+from asgi_admission._admission.decision.latch import AdmissionController
+from asgi_admission._admission.ledger import shared_place
+from asgi_admission._admission.ledger.ledger import InProcessLedger, SessionLedger
+from asgi_admission._admission.ledger.shared_ledger import SharedLedger
+from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionConfig
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.host import HostMemoryReader

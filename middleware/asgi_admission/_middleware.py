@@ -17,13 +17,13 @@ Notes:
   ``ADMISSION_BODY_TIMEOUT_SECONDS`` gets a ``408``.
 - A reservation outlives its response (HTTP) or accept (WebSocket) until the
   session's memory shows, its learned ramp time or the pending timeout passes,
-  or the app's ticket says (``_admission/keeper.py``, ``docs/reservations.md``).
+  or the app's ticket says (``_admission/reservations/keeper.py``, ``docs/reservations.md``).
   A request that opened nothing (an error answer) or failed before that point
   gives it back at once (``_watching.py``).
 - A route whose footprint is not learned yet is probed: its first sessions are
   decided on an exact reading and admitted a few at a time, and the others are
   held, reserving nothing, until the probes' evidence is in (``_waiting.py``,
-  ``_admission/probing.py``). Learned routes cost one dict lookup more.
+  ``_admission/reservations/probing.py``). Learned routes cost one dict lookup more.
 """
 
 from __future__ import annotations
@@ -38,21 +38,21 @@ from typing import TypeVar, get_args
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from asgi_admission._admission.decision_log import log_change
-from asgi_admission._admission.holds import Hold
-from asgi_admission._admission.keeper import ReservationKeeper, apply
-from asgi_admission._admission.latch import AdmissionController, CapacityDecision, is_blind
-from asgi_admission._admission.ledger import (
+from asgi_admission._admission.decision.decision_log import log_change
+from asgi_admission._admission.decision.latch import AdmissionController, CapacityDecision, is_blind
+from asgi_admission._admission.decision.observer import DecisionObserver, Kind
+from asgi_admission._admission.decision.reserve import never_admits
+from asgi_admission._admission.decision.stuck_watch import StuckWatch, build_watch, liveness_path_of
+from asgi_admission._admission.ledger.ledger import (
     LedgerBusy,
     SessionLedger,
     when_free,
 )
-from asgi_admission._admission.observer import DecisionObserver, Kind
-from asgi_admission._admission.probing import Gate
-from asgi_admission._admission.reserve import never_admits
-from asgi_admission._admission.sampling import serve_with_keeper
-from asgi_admission._admission.stuck_watch import StuckWatch, build_watch, liveness_path_of
-from asgi_admission._admission.tickets import AdmissionTicket
+from asgi_admission._admission.reservations.holds import Hold
+from asgi_admission._admission.reservations.keeper import ReservationKeeper, apply
+from asgi_admission._admission.reservations.probing import Gate
+from asgi_admission._admission.reservations.sampling import serve_with_keeper
+from asgi_admission._admission.reservations.tickets import AdmissionTicket
 from asgi_admission._body import BodyReader
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside

@@ -31,8 +31,13 @@ from typing import Final
 
 from starlette.types import Receive, Scope, Send
 
-from asgi_admission._admission.latch import CapacityDecision, Reason, count_cap, count_cap_from
-from asgi_admission._admission.learning import RouteEstimate
+from asgi_admission._admission.decision.latch import (
+    CapacityDecision,
+    Reason,
+    count_cap,
+    count_cap_from,
+)
+from asgi_admission._admission.reservations.learning import RouteEstimate
 from asgi_admission._config import WebSocketRefusal
 
 PROBLEM_TYPE_PREFIX: Final = "urn:asgi-admission:problem:"

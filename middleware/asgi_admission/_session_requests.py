@@ -15,14 +15,14 @@ from collections.abc import Awaitable, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from asgi_admission._admission.holds import Hold
-from asgi_admission._admission.keeper import ReservationKeeper
-from asgi_admission._admission.latch import CapacityDecision
-from asgi_admission._admission.ledger import LedgerBusy, when_free
-from asgi_admission._admission.observer import Kind
-from asgi_admission._admission.sampling import sample_while_waiting
-from asgi_admission._admission.stuck_watch import StuckWatch
-from asgi_admission._admission.tickets import SCOPE_KEY, AdmissionTicket
+from asgi_admission._admission.decision.latch import CapacityDecision
+from asgi_admission._admission.decision.observer import Kind
+from asgi_admission._admission.decision.stuck_watch import StuckWatch
+from asgi_admission._admission.ledger.ledger import LedgerBusy, when_free
+from asgi_admission._admission.reservations.holds import Hold
+from asgi_admission._admission.reservations.keeper import ReservationKeeper
+from asgi_admission._admission.reservations.sampling import sample_while_waiting
+from asgi_admission._admission.reservations.tickets import SCOPE_KEY, AdmissionTicket
 from asgi_admission._body import Arrival, BodyReader
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._proxy.reports import RoomReports

@@ -1,7 +1,7 @@
 """A session request held for a probe's evidence: until woken, its deadline, or its client left.
 
 The decision (``_middleware.py``) may answer a request of a route being probed
-with a :class:`Hold` (``_admission/holds.py``) instead of a ticket or a refusal.
+with a :class:`Hold` (``_admission/reservations/holds.py``) instead of a ticket or a refusal.
 The request then waits here, holding nothing, and is decided again once woken or
 once its deadline passes (``ADMISSION_PROBE_WAIT_SECONDS``), which the decision
 turns into a refusal (``probing``) if the probe's evidence is still not in.
@@ -30,7 +30,7 @@ from typing import TypeVar
 
 from starlette.types import Message, Receive
 
-from asgi_admission._admission.holds import Hold, HoldRegistry
+from asgi_admission._admission.reservations.holds import Hold, HoldRegistry
 
 _DISCONNECTS = frozenset({"http.disconnect", "websocket.disconnect"})
 _T = TypeVar("_T")

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import psutil
 
-from asgi_admission._admission.ledger import Reservation
-from asgi_admission._admission.shared_ledger import SharedLedger
+from asgi_admission._admission.ledger.ledger import Reservation
+from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from cgroup_trees import write_v2_tree as write_v2_tree
 from cgroupkit import memory_group as _memory_group
 from cgroupkit import oom_kills as oom_kills

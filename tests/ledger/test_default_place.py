@@ -25,12 +25,13 @@ from asgi_admission import (
     MemoryReading,
     _factory,
 )
-from asgi_admission._admission import shared_files, shared_place
-from asgi_admission._admission.learning import empty_observations
-from asgi_admission._admission.ledger import InProcessLedger
-from asgi_admission._admission.settle_queue import QueueRecord
-from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger, read_entries
-from asgi_admission._admission.shared_place import AloneCheck, MemoryGroup
+from asgi_admission._admission.ledger import shared_place
+from asgi_admission._admission.ledger.ledger import InProcessLedger
+from asgi_admission._admission.ledger.shared_ledger import FILE_NAME, SharedLedger, read_entries
+from asgi_admission._admission.ledger.shared_place import AloneCheck, MemoryGroup
+from asgi_admission._admission.reservations import shared_files
+from asgi_admission._admission.reservations.learning import empty_observations
+from asgi_admission._admission.reservations.settle_queue import QueueRecord
 from asgi_admission._factory import build_sharing
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission.cli.probe import learned
@@ -241,7 +242,7 @@ def test_a_read_only_base_is_passed_over(tmp_path: Path) -> None:
     group = tree(tmp_path, "app")
     script = (
         "import sys\n"
-        "from asgi_admission._admission import shared_place\n"
+        "from asgi_admission._admission.ledger import shared_place\n"
         "from asgi_admission._memory.cgroup import CgroupMemoryReader\n"
         "group = shared_place.group_of(CgroupMemoryReader(sys.argv[1]))\n"
         "place = shared_place.choose_place(group, bases=sys.argv[2:])\n"

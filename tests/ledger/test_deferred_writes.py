@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from ledgerkit import SPAWN, release_on_a_stuck_loop
 
-from asgi_admission._admission import shared_ledger
-from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger, read_entries
+from asgi_admission._admission.ledger import shared_ledger
+from asgi_admission._admission.ledger.shared_ledger import FILE_NAME, SharedLedger, read_entries
 
 #: Internal on purpose: the shared ledger's file, read between a change and its write.
 INTERNAL = "the shared ledger's file, read between a change and its write"

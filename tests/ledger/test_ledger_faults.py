@@ -19,9 +19,10 @@ from ledgerkit import write_v2_tree
 from prometheus_client import CollectorRegistry
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
-from asgi_admission._admission import shared_files, shared_ledger
-from asgi_admission._admission.ledger import LedgerBusy
-from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger, read_entries
+from asgi_admission._admission.ledger import shared_ledger
+from asgi_admission._admission.ledger.ledger import LedgerBusy
+from asgi_admission._admission.ledger.shared_ledger import FILE_NAME, SharedLedger, read_entries
+from asgi_admission._admission.reservations import shared_files
 
 #: Internal on purpose: the shared ledger's file and timings, faulted on purpose.
 INTERNAL = "the shared ledger's file and timings, faulted on purpose"

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ledgerkit import SPAWN, random_worker
 
-from asgi_admission._admission.ledger import InProcessLedger, Reservation
-from asgi_admission._admission.shared_ledger import SharedLedger, read_entries
+from asgi_admission._admission.ledger.ledger import InProcessLedger, Reservation
+from asgi_admission._admission.ledger.shared_ledger import SharedLedger, read_entries
 
 #: Internal on purpose: the shared ledger's file format and recovery, below the middleware.
 INTERNAL = "the shared ledger's file format and recovery, below the middleware"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from ledgerkit import Workers, burst, wait_for, write_v2_tree
 
-from asgi_admission._admission.shared_ledger import SharedLedger, read_entries
+from asgi_admission._admission.ledger.shared_ledger import SharedLedger, read_entries
 
 #: Internal on purpose: the shared ledger's file, read to check what the workers counted.
 INTERNAL = "the shared ledger's file, read to check what the workers counted"

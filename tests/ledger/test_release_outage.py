@@ -19,8 +19,8 @@ from starlette.routing import Route
 from test_ledger_faults import post, replace_with_a_file, restore
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, admission_ticket
-from asgi_admission._admission import shared_ledger
-from asgi_admission._admission.shared_ledger import FILE_NAME, read_entries
+from asgi_admission._admission.ledger import shared_ledger
+from asgi_admission._admission.ledger.shared_ledger import FILE_NAME, read_entries
 
 #: The second test is internal on purpose: it holds the ledger's lock from outside and
 #: times the workers' link checks, to reach the sample's catch-up in a deleted file.

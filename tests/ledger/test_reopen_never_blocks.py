@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from asgi_admission._admission.ledger import LOCK_WAIT_S, LedgerBusy
-from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger
+from asgi_admission._admission.ledger.ledger import LOCK_WAIT_S, LedgerBusy
+from asgi_admission._admission.ledger.shared_ledger import FILE_NAME, SharedLedger
 
 #: Internal on purpose: the shared ledger's reopening, its link check and its lock.
 INTERNAL = "the shared ledger's reopening, its link check and its lock"

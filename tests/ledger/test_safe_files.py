@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
-from asgi_admission._admission.safe_files import (
+from asgi_admission._admission.ledger.safe_files import (
     UnsafeFileError,
     open_private_dir,
     open_private_file,
 )
-from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger
+from asgi_admission._admission.ledger.shared_ledger import FILE_NAME, SharedLedger
 from requirekit import require_root
 
 #: Internal on purpose: the safe opener for files in the shared directory.

@@ -18,10 +18,10 @@ import pytest
 from ledgerkit import SPAWN, hold_sessions, write_v2_tree
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, AdmissionTicket
-from asgi_admission._admission import ledger_file, shared_ledger
-from asgi_admission._admission.ledger import InProcessLedger
-from asgi_admission._admission.ledger_file import _start_time
-from asgi_admission._admission.shared_ledger import (
+from asgi_admission._admission.ledger import ledger_file, shared_ledger
+from asgi_admission._admission.ledger.ledger import InProcessLedger
+from asgi_admission._admission.ledger.ledger_file import process_start_time
+from asgi_admission._admission.ledger.shared_ledger import (
     FILE_NAME,
     LedgerEntry,
     SharedLedger,
@@ -153,7 +153,7 @@ def test_killed_worker_is_recovered_by_the_next_decision(
         assert counts(ledger) == (2, 4)
         [entry] = [e for e in read_entries(shared[0]) if e.pid == worker.pid]
         assert entry == LedgerEntry(entry.slot, worker.pid, entry.start_time, 3, 2, True)
-        assert entry.start_time == _start_time(worker.pid)
+        assert entry.start_time == process_start_time(worker.pid)
     finally:
         assert worker.pid is not None
         os.kill(worker.pid, signal.SIGKILL)
@@ -397,8 +397,8 @@ def test_capacity_must_be_positive(tmp_path: Path) -> None:
 
 def test_start_time_of_a_missing_process_is_zero() -> None:
     """The start time of a process that does not exist reads as 0."""
-    assert _start_time(2**22 + 1) == 0
-    assert _start_time() > 0
+    assert process_start_time(2**22 + 1) == 0
+    assert process_start_time() > 0
 
 
 def test_two_guards_share_one_count(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from asgi_admission._admission.ledger import LedgerBusy, LedgerUnavailable, when_free
+from asgi_admission._admission.ledger.ledger import LedgerBusy, LedgerUnavailable, when_free
 
 #: Internal on purpose: the ledger's retry helper, which has no public API.
 INTERNAL = "the ledger's retry helper, which has no public API"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from asgi_admission import AdmissionConfig
-from asgi_admission._admission.ledger import InProcessLedger
-from asgi_admission._admission.shared_ledger import FILE_NAME, SharedLedger
+from asgi_admission._admission.ledger.ledger import InProcessLedger
+from asgi_admission._admission.ledger.shared_ledger import FILE_NAME, SharedLedger
 from asgi_admission._factory import build_sharing
 
 #: Internal on purpose: the ledger the factory builds for a configuration.

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from asgi_admission import RetryAfterPolicy
-from asgi_admission._admission.latch import Reason
+from asgi_admission._admission.decision.latch import Reason
 from asgi_admission._responses import _TITLES, close_reason, coerce_policy
 
 #: Internal on purpose: the refusal's titles, close reason and Retry-After policy coercion.

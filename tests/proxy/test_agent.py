@@ -17,7 +17,7 @@ import pytest
 from agentkit import SettableReader, TestClient, agent_guard, ask, serving
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
-from asgi_admission._admission.latch import CapacityDecision
+from asgi_admission._admission.decision.latch import CapacityDecision
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._proxy.agent import ANSWER_TIMEOUT_S, MAX_CONNECTIONS
 from asgi_admission._proxy.room import MAX_AGE_S, Room, agent_line, load_metrics, room_of

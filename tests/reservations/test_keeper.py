@@ -18,9 +18,9 @@ from asgi_admission import (
     AdmissionTicket,
     MemoryReading,
 )
-from asgi_admission._admission.keeper import ReservationKeeper, apply
-from asgi_admission._admission.learning import SessionLearner
-from asgi_admission._admission.ledger import InProcessLedger, LedgerBusy
+from asgi_admission._admission.ledger.ledger import InProcessLedger, LedgerBusy
+from asgi_admission._admission.reservations.keeper import ReservationKeeper, apply
+from asgi_admission._admission.reservations.learning import SessionLearner
 from asgi_admission._memory.reading import UNAVAILABLE
 from suitekit import MIB
 

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from asgi_admission._admission.attribution import DRIFT_BYTES_PER_S
-from asgi_admission._admission.learning import (
+from asgi_admission._admission.reservations.attribution import DRIFT_BYTES_PER_S
+from asgi_admission._admission.reservations.learning import (
     WINDOW,
     RouteEstimate,
     SessionLearner,
@@ -18,7 +18,7 @@ from asgi_admission._admission.learning import (
     empty_observations,
     percentile,
 )
-from asgi_admission._admission.session_windows import HORIZON_S
+from asgi_admission._admission.reservations.session_windows import HORIZON_S
 from suitekit import MIB
 
 #: Internal on purpose: the session learner, on synthetic readings.

@@ -7,7 +7,7 @@ import time
 import pytest
 from traffic import SAMPLE_S, Sample, Traffic, drive
 
-from asgi_admission._admission.learning import WINDOW, SessionLearner
+from asgi_admission._admission.reservations.learning import WINDOW, SessionLearner
 from suitekit import MIB
 
 #: Internal on purpose: the session learner, fed synthetic traffic with a fake clock.

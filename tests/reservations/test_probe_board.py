@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from asgi_admission._admission.learning import SessionLearner
-from asgi_admission._admission.probing import CONFIRM_S, ProbeBoard
-from asgi_admission._admission.shared_probes import SharedProbeStore, read_probing
+from asgi_admission._admission.reservations.learning import SessionLearner
+from asgi_admission._admission.reservations.probing import CONFIRM_S, ProbeBoard
+from asgi_admission._admission.reservations.shared_probes import SharedProbeStore, read_probing
 from suitekit import MIB
 
 INTERNAL = "the probe board and its shared file, on synthetic readings"

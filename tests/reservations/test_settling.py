@@ -7,9 +7,9 @@ import logging
 import pytest
 from reskit import apply, counts
 
-from asgi_admission._admission.ledger import InProcessLedger
-from asgi_admission._admission.settle_queue import LocalSettleQueue, QueueRecord
-from asgi_admission._admission.settling import Settlement, Settler
+from asgi_admission._admission.ledger.ledger import InProcessLedger
+from asgi_admission._admission.reservations.settle_queue import LocalSettleQueue, QueueRecord
+from asgi_admission._admission.reservations.settling import Settlement, Settler
 from suitekit import MIB
 
 #: Internal on purpose: the settler's attribution, on tables of readings.

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from asgi_admission._admission import shared_files
-from asgi_admission._admission.attribution import Overlap, Window
-from asgi_admission._admission.learning import Observations
-from asgi_admission._admission.settle_queue import QueueRecord
-from asgi_admission._admission.shared_files import (
+from asgi_admission._admission.reservations import shared_files
+from asgi_admission._admission.reservations.attribution import Overlap, Window
+from asgi_admission._admission.reservations.learning import Observations
+from asgi_admission._admission.reservations.settle_queue import QueueRecord
+from asgi_admission._admission.reservations.shared_files import (
     LEARNED_FILE,
     SETTLING_FILE,
     LearnedStore,

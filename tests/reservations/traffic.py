@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from asgi_admission._admission.learning import SessionLearner
+from asgi_admission._admission.reservations.learning import SessionLearner
 from suitekit import MIB
 
 #: Internal on purpose: it drives the session learner with a fake clock.

@@ -1,1 +1,1 @@
-"""Deciding admission: the latch, and the ledgers that count pending and active sessions."""
+"""Admission, in three rooms: the decision, the reservations, and the ledger that counts."""

@@ -115,7 +115,7 @@ class CgroupMemoryReader:
 
     def __call__(self) -> MemoryReading:
         """Take one reading (without PSI, which the decision path does not need)."""
-        # The request path: one call layer fewer than read() (about 0.2 µs).
+        # The request path: one call layer fewer than read().
         with self._lock:
             return self._read_locked()
 

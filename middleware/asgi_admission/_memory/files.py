@@ -3,11 +3,11 @@
 Notes:
 
 - Readings are on the request path (docs/how-it-decides.md has the figures).
-  Files are opened once and re-read with ``os.pread`` at offset 0 (0.7 µs for a
-  one-value cgroupfs file, 3.5 µs for a v1 ``memory.stat``, which the kernel
-  formats on every read; ``Path.read_text`` of the same three files takes about
-  30 µs). A descriptor that fails is reopened, since a cgroup is recreated when a
-  container restarts (old descriptors then fail with ENODEV).
+  Files are opened once and re-read with ``os.pread`` at offset 0, a fraction of
+  what opening them each time costs (the kernel still formats a v1 ``memory.stat``
+  on every read; bench/README.md has the figures). A descriptor that fails is
+  reopened, since a cgroup is recreated when a container restarts (old descriptors
+  then fail with ENODEV).
 - Regular files (fixture trees, snapshots) can be replaced under an open
   descriptor without it failing, so for those alone an unlinked file is noticed
   with ``fstat``; cgroupfs files report size 0 yet have content, which is how

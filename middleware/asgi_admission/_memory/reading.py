@@ -60,9 +60,9 @@ def draft_class(cls: type) -> Any:
     """A plain class with the slots of the frozen, slotted dataclass ``cls``.
 
     The generated ``__init__`` of a frozen dataclass sets each field through
-    ``object.__setattr__``, about 1 µs per object. The readings and decisions
-    made on the request path are written as an instance of this class instead,
-    whose slots are plain attributes (a few ns each), and then handed ``cls`` as
+    ``object.__setattr__``, which is slow on the request path (bench/README.md).
+    The readings and decisions made there are written as an instance of this class
+    instead, whose slots are plain attributes, and then handed ``cls`` as
     their class: CPython allows that between classes of one layout and raises
     ``TypeError`` otherwise. Tests check the results equal the constructor's.
     """

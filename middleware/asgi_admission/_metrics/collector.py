@@ -46,17 +46,17 @@ from typing import Final, get_args
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from asgi_admission._admission.keeper import FailureCause
-from asgi_admission._admission.latch import (
+from asgi_admission._admission.decision.latch import (
     AdmissionController,
     CapacityDecision,
     count_cap,
     has_no_limit,
     is_blind,
 )
-from asgi_admission._admission.ledger import SessionLedger
-from asgi_admission._admission.observer import AdmissionView, DecisionObserver, Kind
-from asgi_admission._admission.shared_ledger import SharedLedger
+from asgi_admission._admission.decision.observer import AdmissionView, DecisionObserver, Kind
+from asgi_admission._admission.ledger.ledger import SessionLedger
+from asgi_admission._admission.ledger.shared_ledger import SharedLedger
+from asgi_admission._admission.reservations.keeper import FailureCause
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._metrics.stuck import stuck_families
 

@@ -3,7 +3,7 @@
 ``asgi_admission_pressure_stuck`` is 1 while any guard described calls its
 pressure stuck (its last look, from its lifespan watch or its liveness path);
 ``asgi_admission_unattributed_bytes`` is the working set less one reserve per
-counted session (``_admission/stuck.py``), from the scrape's own reading.
+counted session (``_admission/decision/stuck.py``), from the scrape's own reading.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from asgi_admission._admission.observer import AdmissionView
-from asgi_admission._admission.stuck import attribute
-from asgi_admission._admission.stuck_watch import StuckWatch
+from asgi_admission._admission.decision.observer import AdmissionView
+from asgi_admission._admission.decision.stuck import attribute
+from asgi_admission._admission.decision.stuck_watch import StuckWatch
 from asgi_admission._memory.reading import MemoryReading
 
 PREFIX = "asgi_admission_"

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from asgi_admission._admission.latch import CapacityDecision
-from asgi_admission._admission.observer import AdmissionView
+from asgi_admission._admission.decision.latch import CapacityDecision
+from asgi_admission._admission.decision.observer import AdmissionView
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._metrics.collector import admissible_sessions
 from asgi_admission._proxy.agent import AgentListener, serve_with_agent

@@ -26,8 +26,8 @@ from typing import Final
 
 from starlette.types import Message, Send
 
-from asgi_admission._admission.latch import CapacityDecision
-from asgi_admission._admission.ledger import LedgerBusy, when_free
+from asgi_admission._admission.decision.latch import CapacityDecision
+from asgi_admission._admission.ledger.ledger import LedgerBusy, when_free
 
 logger = logging.getLogger("asgi_admission")
 

@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from asgi_admission._admission.safe_files import process_alive
+from asgi_admission._admission.ledger.safe_files import process_alive
 from asgi_admission._config import SessionGroupsMode
 from asgi_admission._memory.discover import discover_cgroup
 

@@ -12,7 +12,7 @@ Notes:
   only sets psutil's baseline and reads 0.
 - Descendants: ``Process.children(recursive=True)`` scans all of ``/proc`` per
   call. One scan per tick (``read_children_map``) serves every session instead;
-  it costs about 3 µs per process on the machine (``bench/watchdog.py``).
+  its cost per process on the machine is in ``bench/watchdog.md``.
   The tree is rebuilt from scratch each tick, so a reused pid that is not one of
   the session's descendants is never counted.
 """

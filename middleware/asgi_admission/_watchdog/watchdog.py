@@ -8,8 +8,8 @@ Notes:
   same way: it is the normal end of a session, not an error.
 - ``run()`` is a task on the application's event loop, started and stopped with
   the lifespan (``lifespan.py``). Each tick measures in a thread of its own
-  (``_measure``: a ``/proc`` scan, about 4 µs per process on the machine, and
-  about 34 µs per session process), so many sessions never hold the loop; only
+  (``_measure``: a ``/proc`` scan and a read per session process, whose cost
+  grows with the sessions), so many sessions never hold the loop; only
   the cheap decisions (``_apply``) run on it. ``sample_once()`` does both,
   synchronously, for tests (``bench/watchdog.md``). Without a lifespan, call
   ``await start()`` and ``await stop()`` yourself.
@@ -27,7 +27,7 @@ Notes:
   in a memory group of its own (``groups.py``) gives its group's exact peak instead,
   when it ends; ``on_session_peak`` is told either, saying which.
 - A session in a memory group is held to its budget by the kernel, so the sampled
-  RSS (an upper bound) no longer halts it; an OOM kill in its group is reported as
+  RSS (an upper bound) does not halt it; an OOM kill in its group is reported as
   the halt ``memory_limit``, by the tick that sees it or when the session ends.
 """
 

@@ -117,19 +117,23 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from asgi_admission._admission import shared_place
-from asgi_admission._admission.latch import (
+from asgi_admission._admission.decision.latch import (
     AdmissionController,
     CapacityDecision,
     count_cap,
     count_cap_from,
     has_no_limit,
 )
-from asgi_admission._admission.learning import WINDOW, SessionLearner, effective_reserve
-from asgi_admission._admission.probing import describe
-from asgi_admission._admission.reserve import never_admits
-from asgi_admission._admission.shared_files import read_learned
-from asgi_admission._admission.shared_probes import read_probing
+from asgi_admission._admission.decision.reserve import never_admits
+from asgi_admission._admission.ledger import shared_place
+from asgi_admission._admission.reservations.learning import (
+    WINDOW,
+    SessionLearner,
+    effective_reserve,
+)
+from asgi_admission._admission.reservations.probing import describe
+from asgi_admission._admission.reservations.shared_files import read_learned
+from asgi_admission._admission.reservations.shared_probes import read_probing
 from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionConfig
 from asgi_admission._factory import build_reader
 from asgi_admission._memory.cgroup import CgroupMemoryReader

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from asgi_admission._admission.safe_files import process_alive
-from asgi_admission._admission.stuck_watch import read_stuck
+from asgi_admission._admission.decision.stuck_watch import read_stuck
+from asgi_admission._admission.ledger.safe_files import process_alive
 from asgi_admission._config import AdmissionConfig
 
 _FIGURES = ("working_set_bytes", "attributed_bytes", "unattributed_bytes")

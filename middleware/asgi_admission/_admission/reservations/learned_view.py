@@ -14,10 +14,14 @@ from __future__ import annotations
 
 from typing import Final
 
-from asgi_admission._admission.latch import AdmissionController
-from asgi_admission._admission.learning import RouteEstimate, SessionLearner, effective_reserve
-from asgi_admission._admission.probing import ProbeBoard
-from asgi_admission._admission.reserve import derived_reserve_bytes
+from asgi_admission._admission.decision.latch import AdmissionController
+from asgi_admission._admission.decision.reserve import derived_reserve_bytes
+from asgi_admission._admission.reservations.learning import (
+    RouteEstimate,
+    SessionLearner,
+    effective_reserve,
+)
+from asgi_admission._admission.reservations.probing import ProbeBoard
 from asgi_admission._config import Learning
 
 #: A learned ramp time is stretched this much before it settles a reservation: under

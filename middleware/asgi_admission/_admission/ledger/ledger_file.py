@@ -8,7 +8,7 @@ Notes:
   (``/dev/shm``, a ``medium: Memory`` emptyDir): it never touches a disk.
 - It is read and written with ``os.pread``/``os.pwrite``, not ``mmap``: a
   truncated file then gives a short read (rebuilt, with a warning) instead of a
-  ``SIGBUS`` on the request path, for 0.1 µs more per decision. A decision reads
+  ``SIGBUS`` on the request path, for a little more per decision. A decision reads
   the header and the slots in use in one ``pread`` and takes every slot's pending
   and active counts with one ``unpack_from``; a worker writes its own slot only
   when the row changed (a release followed by a reservation leaves it as it was).
@@ -16,8 +16,8 @@ Notes:
   its own slot for as long as its descriptor is open, and the kernel drops it when
   the process dies, ``SIGKILL`` included; a slot with counts whose lock is free
   (``F_OFD_GETLK``) belongs to a dead worker. Pid reuse cannot fool it, and it
-  costs 0.5 µs per slot with counts, against 7 µs for reading ``/proc/<pid>/stat``
-  to compare start times (``bench/ledger.py``). The start time is still stored,
+  costs far less per slot with counts than reading ``/proc/<pid>/stat`` to compare
+  start times (``bench/ledger.py``, bench/README.md). The start time is still stored,
   for people reading the file.
 
 :class:`LedgerFile` is one worker's hold on the file: its descriptor, its slot
@@ -38,8 +38,8 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
-from asgi_admission._admission.ledger import LedgerBusy
-from asgi_admission._admission.safe_files import open_private_file
+from asgi_admission._admission.ledger.ledger import LedgerBusy
+from asgi_admission._admission.ledger.safe_files import open_private_file
 
 logger = logging.getLogger("asgi_admission")
 
@@ -47,8 +47,8 @@ FILE_NAME: Final = "asgi-admission.ledger"
 SETTING: Final = "ADMISSION_SHARED_DIR"
 MAGIC: Final = b"ASGIADM1"
 
-_HEADER: Final = struct.Struct("=8sII")  # magic, capacity, slots in use
-_SLOT: Final = struct.Struct("=qqqq")  # pid, start time (clock ticks), pending, active
+HEADER: Final = struct.Struct("=8sII")  # magic, capacity, slots in use
+SLOT: Final = struct.Struct("=qqqq")  # pid, start time (clock ticks), pending, active
 # struct flock on 64-bit Linux: short type, short whence, (pad), off_t start,
 # off_t len, pid_t pid, (pad).
 _FLOCK: Final = struct.Struct("hhqqi4x")
@@ -66,7 +66,7 @@ class LedgerEntry:
     alive: bool
 
 
-def _start_time(pid: int | str = "self") -> int:
+def process_start_time(pid: int | str = "self") -> int:
     """Field 22 of ``/proc/<pid>/stat``: when the process started, in clock ticks."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
@@ -76,13 +76,13 @@ def _start_time(pid: int | str = "self") -> int:
         return 0
 
 
-def _slot_offset(slot: int) -> int:
-    return _HEADER.size + slot * _SLOT.size
+def slot_offset(slot: int) -> int:
+    return HEADER.size + slot * SLOT.size
 
 
 def _slot_lock(fd: int, slot: int, command: int, lock_type: int) -> int:
     """``fcntl`` an OFD lock over one slot; returns the lock type the kernel reports."""
-    request = _FLOCK.pack(lock_type, os.SEEK_SET, _slot_offset(slot), _SLOT.size, 0)
+    request = _FLOCK.pack(lock_type, os.SEEK_SET, slot_offset(slot), SLOT.size, 0)
     lock_type_now: int = _FLOCK.unpack(fcntl.fcntl(fd, command, request))[0]
     return lock_type_now
 
@@ -90,18 +90,18 @@ def _slot_lock(fd: int, slot: int, command: int, lock_type: int) -> int:
 @functools.lru_cache(maxsize=1024)
 def _probe(slot: int) -> bytes:
     # Packed once per slot: every decision probes each busy slot's lock.
-    return _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, _slot_offset(slot), _SLOT.size, 0)
+    return _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, slot_offset(slot), SLOT.size, 0)
 
 
 _UNLOCKED: Final = struct.pack("h", fcntl.F_UNLCK)
 
 
-def _held(fd: int, slot: int) -> bool:
+def slot_held(fd: int, slot: int) -> bool:
     """Whether another open file description holds ``slot``'s lock: its worker lives."""
     return fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot))[:2] != _UNLOCKED
 
 
-class Settling:
+class Rejoining:
     """After a fault lost the other workers' rows: whether they are all back yet.
 
     ``start`` counts the slots other live workers hold locks on in ``fd``; ``done`` is
@@ -137,12 +137,12 @@ class Settling:
 def file_problem(fd: int, capacity: int) -> str | None:
     """What is wrong with the whole file: ``""`` when it is empty (new), else as
     :func:`header_problem`, or too short for its slots."""
-    header = os.pread(fd, _HEADER.size, 0)
+    header = os.pread(fd, HEADER.size, 0)
     if not header:
         return ""
     problem = header_problem(header, capacity)
     size = os.fstat(fd).st_size
-    if problem is None and size < _slot_offset(capacity):
+    if problem is None and size < slot_offset(capacity):
         problem = f"{size} bytes, shorter than its {capacity} slots"
     return problem
 
@@ -150,16 +150,16 @@ def file_problem(fd: int, capacity: int) -> str | None:
 def others_live(fd: int, capacity: int, own: int, *, with_rows: bool) -> int:
     """How many slots but ``own`` another live worker's lock holds (``with_rows``: and
     whose row names a process); one ``fcntl`` per slot, so only for rare moments."""
-    data = os.pread(fd, _slot_offset(capacity), 0)
+    data = os.pread(fd, slot_offset(capacity), 0)
     count = 0
     for slot in range(capacity):
         if slot == own:
             continue
         if with_rows:
-            offset = _slot_offset(slot)
-            if len(data) < offset + _SLOT.size or not _SLOT.unpack_from(data, offset)[0]:
+            offset = slot_offset(slot)
+            if len(data) < offset + SLOT.size or not SLOT.unpack_from(data, offset)[0]:
                 continue
-        count += _held(fd, slot)
+        count += slot_held(fd, slot)
     return count
 
 
@@ -183,9 +183,9 @@ def flock_by(fd: int, deadline: float) -> bool:
 
 def header_problem(header: bytes, expected_capacity: int) -> str | None:
     """What is wrong with a ledger file's header, or ``None``."""
-    if len(header) < _HEADER.size:
+    if len(header) < HEADER.size:
         return f"a header of {len(header)} bytes"
-    magic, capacity, used = _HEADER.unpack(header)
+    magic, capacity, used = HEADER.unpack(header)
     if magic != MAGIC:
         return "no ledger header"
     if capacity != expected_capacity:
@@ -205,10 +205,12 @@ def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
     try:
         data = os.pread(fd, os.fstat(fd).st_size, 0)
         entries = []
-        for slot in range(max(0, len(data) - _HEADER.size) // _SLOT.size):
-            pid, start_time, pending, active = _SLOT.unpack_from(data, _slot_offset(slot))
+        for slot in range(max(0, len(data) - HEADER.size) // SLOT.size):
+            pid, start_time, pending, active = SLOT.unpack_from(data, slot_offset(slot))
             if pid or pending or active:
-                entries.append(LedgerEntry(slot, pid, start_time, pending, active, _held(fd, slot)))
+                entries.append(
+                    LedgerEntry(slot, pid, start_time, pending, active, slot_held(fd, slot))
+                )
         return entries
     finally:
         os.close(fd)
@@ -241,8 +243,8 @@ class LedgerFile:
         "_own",
         "_pid",
         "_quiet",
+        "_rejoining",
         "_row",
-        "_settling",
         "_slot",
         "_start",
         "_used",
@@ -265,7 +267,7 @@ class LedgerFile:
         self._own: tuple[int, int, int | None] = (0, 0, None)
         #: Counts changed since the row was written: the next section writes them.
         self._dirty = False
-        self._settling = Settling(settle_s)
+        self._rejoining = Rejoining(settle_s)
         self._fd = -1
         self._slot = -1
         self._pid = os.getpid()
@@ -284,7 +286,7 @@ class LedgerFile:
             self._own_row_changed()
 
     def _own_row_changed(self) -> None:
-        self._settling.start(self._fd, self._capacity, self._slot)
+        self._rejoining.start(self._fd, self._capacity, self._slot)
         # Edited, or rebuilt (perhaps with fewer slots in use than this one).
         self._warn_once(
             "own",
@@ -317,12 +319,12 @@ class LedgerFile:
         os.close(fd)  # drops this worker's slot lock in the old file
         # Expected now, so that they are waited for even where this worker gets into
         # the new file only at a later section.
-        self._settling.expect(others)
+        self._rejoining.expect(others)
         # Made again if the directory went too. Never waited for: this is inside a
         # section, perhaps on the event loop. An error, or the new file's lock taken,
         # leaves _fd at -1, and the next critical section tries again.
         new_fd = self._open(0.0)
-        self._settling.expect(others + others_live(new_fd, self._capacity, -1, with_rows=True))
+        self._rejoining.expect(others + others_live(new_fd, self._capacity, -1, with_rows=True))
         try:
             fcntl.flock(new_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -356,15 +358,15 @@ class LedgerFile:
 
     def _rebuild(self, problem: str | None) -> None:
         if problem is not None:
-            self._settling.start(self._fd, self._capacity, self._slot)
+            self._rejoining.start(self._fd, self._capacity, self._slot)
             logger.warning(
                 "asgi-admission: the shared session ledger %s was unusable (%s); rebuilding "
                 "it. Each worker writes its sessions back at its next heartbeat or decision.",
                 self.path,
                 problem,
             )
-        os.ftruncate(self._fd, _slot_offset(self._capacity))
-        os.pwrite(self._fd, bytes(_slot_offset(self._capacity)), 0)
+        os.ftruncate(self._fd, slot_offset(self._capacity))
+        os.pwrite(self._fd, bytes(slot_offset(self._capacity)), 0)
         self._write_header(max(self._slot + 1, 0))
         if self._slot >= 0:
             self._restore_own()
@@ -376,8 +378,8 @@ class LedgerFile:
     def _set_used(self, used: int) -> None:
         self._quiet = b""
         self._used = used
-        self._want = _slot_offset(used)
-        self._header = _HEADER.pack(MAGIC, self._capacity, used)
+        self._want = slot_offset(used)
+        self._header = HEADER.pack(MAGIC, self._capacity, used)
         self._layout = counts_layout(used)
 
     def _read(self) -> bytes | None:
@@ -391,12 +393,12 @@ class LedgerFile:
         """After a read that found the header changed: ``data`` again with the slots in
         use now, or ``None`` after rebuilding a bad file."""
         fd, want = self._fd, self._want
-        problem = header_problem(data[: _HEADER.size], self._capacity)
+        problem = header_problem(data[: HEADER.size], self._capacity)
         if problem is None:
-            used = _HEADER.unpack_from(data)[2]
+            used = HEADER.unpack_from(data)[2]
             if used != self._used:
                 self._set_used(used)
-                want = _slot_offset(used)
+                want = slot_offset(used)
                 data = os.pread(fd, want, 0)
             if len(data) < want:
                 problem = f"{len(data)} bytes, shorter than its {used} slots in use"
@@ -416,12 +418,12 @@ class LedgerFile:
                 if exc.errno in (errno.EAGAIN, errno.EACCES):
                     continue
                 raise
-            _, _, pending, active = _SLOT.unpack(os.pread(fd, _SLOT.size, _slot_offset(slot)))
+            _, _, pending, active = SLOT.unpack(os.pread(fd, SLOT.size, slot_offset(slot)))
             if pending or active:
                 self._recover(slot, pending, active)
             self._slot = slot
-            self._offset = _slot_offset(slot)
-            self._start = _start_time()
+            self._offset = slot_offset(slot)
+            self._start = process_start_time()
             self._restore_own()
             return
         self._warn_once(
@@ -439,7 +441,7 @@ class LedgerFile:
             self._dirty = False
             own = self._own
             published = own[1] if own[2] is None else own[2]
-            row = _SLOT.pack(self._pid, self._start, own[0], published)
+            row = SLOT.pack(self._pid, self._start, own[0], published)
             if row != self._row:
                 try:
                     os.pwrite(self._fd, row, self._offset)
@@ -450,7 +452,7 @@ class LedgerFile:
                 quiet = self._quiet
                 if quiet:  # still what the file holds, with this row in it
                     offset = self._offset
-                    self._quiet = quiet[:offset] + row + quiet[offset + _SLOT.size :]
+                    self._quiet = quiet[:offset] + row + quiet[offset + SLOT.size :]
 
     def _restore_own(self) -> None:
         """Write this worker's slot and make sure the header counts it as in use."""
@@ -458,14 +460,14 @@ class LedgerFile:
         self._write_own()
         # The file's header, not the cached one: a worker's first claim must not
         # trust the cache's initial guess of one slot in use.
-        used = _HEADER.unpack(os.pread(self._fd, _HEADER.size, 0))[2]
+        used = HEADER.unpack(os.pread(self._fd, HEADER.size, 0))[2]
         if self._slot >= used:
             self._write_header(self._slot + 1)
         else:
             self._set_used(used)
 
     def _recover(self, slot: int, pending: int, active: int) -> None:
-        pid = _SLOT.unpack(os.pread(self._fd, _SLOT.size, _slot_offset(slot)))[0]
+        pid = SLOT.unpack(os.pread(self._fd, SLOT.size, slot_offset(slot)))[0]
         logger.warning(
             "asgi-admission: worker pid %d exited holding %d pending and %d active sessions "
             "in the shared ledger; releasing them.",
@@ -473,7 +475,7 @@ class LedgerFile:
             pending,
             active,
         )
-        os.pwrite(self._fd, bytes(_SLOT.size), _slot_offset(slot))
+        os.pwrite(self._fd, bytes(SLOT.size), slot_offset(slot))
 
     def _warn_once(self, key: str, message: str, *args: object) -> None:
         if key not in self._warned:

@@ -35,14 +35,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
-from asgi_admission._admission.attribution import Overlap, Window
-from asgi_admission._admission.learning import (
+from asgi_admission._admission.ledger.safe_files import open_private_file, process_alive
+from asgi_admission._admission.reservations.attribution import Overlap, Window
+from asgi_admission._admission.reservations.learning import (
     Observations,
     RouteObservations,
     empty_observations,
 )
-from asgi_admission._admission.safe_files import open_private_file, process_alive
-from asgi_admission._admission.settle_queue import QueueRecord
+from asgi_admission._admission.reservations.settle_queue import QueueRecord
 
 logger = logging.getLogger("asgi_admission")
 
@@ -119,7 +119,8 @@ class SharedSettleQueue:
     def load(self) -> tuple[int | None, list[QueueRecord]]:
         now = time.monotonic()
         if now >= self._next_check:
-            # An fstat costs about 1 µs: asked at most every LINK_CHECK_INTERVAL_S.
+            # An fstat per decision would show in its cost: asked at most every
+            # LINK_CHECK_INTERVAL_S.
             self._next_check = now + LINK_CHECK_INTERVAL_S
             if os.fstat(self._fd).st_nlink == 0:
                 if self._following_allowed():

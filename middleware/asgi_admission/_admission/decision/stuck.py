@@ -30,7 +30,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from asgi_admission._admission.latch import AdmissionController
+from asgi_admission._admission.decision.latch import AdmissionController
 from asgi_admission._memory.reading import MemoryReading
 
 #: The liveness answer fails up to this share of the window after the pressure is stuck.

@@ -51,9 +51,13 @@ import secrets
 from collections.abc import Callable
 from typing import Final, Literal
 
-from asgi_admission._admission.freed import FreedMemory, Mark, credited
-from asgi_admission._admission.ledger import Reservation
-from asgi_admission._admission.settle_queue import LocalSettleQueue, QueueRecord, SettleQueue
+from asgi_admission._admission.ledger.ledger import Reservation
+from asgi_admission._admission.reservations.freed import FreedMemory, Mark, credited
+from asgi_admission._admission.reservations.settle_queue import (
+    LocalSettleQueue,
+    QueueRecord,
+    SettleQueue,
+)
 
 logger = logging.getLogger("asgi_admission")
 

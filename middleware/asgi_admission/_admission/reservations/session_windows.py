@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from asgi_admission._admission.attribution import Overlap
+from asgi_admission._admission.reservations.attribution import Overlap
 
 #: A step that fell by more than this freed memory (its growth is carried on instead).
 FREE_STEP_BYTES: Final = 2 * 1024 * 1024

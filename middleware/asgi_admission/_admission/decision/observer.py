@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-from asgi_admission._admission.latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.decision.latch import AdmissionController, CapacityDecision
 from asgi_admission._config import AdmissionConfig
 
 Kind = Literal["http", "websocket"]

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from asgi_admission._admission.reserve import derived_reserve_bytes
+from asgi_admission._admission.decision.reserve import derived_reserve_bytes
 from asgi_admission._config import (
     BLIND_MAX_SESSIONS,
     DEFAULT_HIGH_WATERMARK_PERCENT,
@@ -93,7 +93,7 @@ def _decision(
 
 # The latch compares the percentage rounded to two decimals, as the guard it replaced
 # did, so that both decide alike at the bounds.
-# round() is slow (about 0.3 µs), and it can only move a value by 0.005: further
+# round() is slow (bench/README.md), and it can only move a value by 0.005: further
 # than 0.01 from the bound, the unrounded value gives the same answer.
 def _rounded_at_least(percent: float, bound: float) -> bool:
     """``round(percent, 2) >= bound``."""

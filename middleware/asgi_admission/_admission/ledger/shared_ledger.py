@@ -26,7 +26,7 @@ Notes (the whole story, with the faults each part answers: ``docs/trust.md``):
   worker that held a slot lock has a row again (at most ``SETTLE_MAX_S``).
 - A slot with counts whose OFD lock is free belongs to a dead worker, ``SIGKILL``
   included: the next decision zeroes it. Negative counts in other slots count as 0.
-- Files are opened through ``_admission.safe_files``: never through a symlink,
+- Files are opened through ``_admission.ledger.safe_files``: never through a symlink,
   created private, refused when another user owns them or may write to them.
 """
 
@@ -44,21 +44,21 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Final
 
-from asgi_admission._admission.ledger import ACTIVE, LOCK_WAIT_S, PENDING, RELEASED
-from asgi_admission._admission.ledger import LedgerBusy as LedgerBusy
-from asgi_admission._admission.ledger import LedgerUnavailable as LedgerUnavailable
-from asgi_admission._admission.ledger_file import (
-    _HEADER,
-    _SLOT,
+from asgi_admission._admission.ledger.ledger import ACTIVE, LOCK_WAIT_S, PENDING, RELEASED
+from asgi_admission._admission.ledger.ledger import LedgerBusy as LedgerBusy
+from asgi_admission._admission.ledger.ledger import LedgerUnavailable as LedgerUnavailable
+from asgi_admission._admission.ledger.ledger_file import FILE_NAME as FILE_NAME
+from asgi_admission._admission.ledger.ledger_file import (
+    HEADER,
+    SLOT,
     LedgerFile,
-    _held,
-    _slot_offset,
     flock_by,
     published,
+    slot_held,
+    slot_offset,
 )
-from asgi_admission._admission.ledger_file import FILE_NAME as FILE_NAME
-from asgi_admission._admission.ledger_file import LedgerEntry as LedgerEntry
-from asgi_admission._admission.ledger_file import read_entries as read_entries
+from asgi_admission._admission.ledger.ledger_file import LedgerEntry as LedgerEntry
+from asgi_admission._admission.ledger.ledger_file import read_entries as read_entries
 
 logger = logging.getLogger("asgi_admission")
 
@@ -290,7 +290,8 @@ class SharedLedger(LedgerFile):
             if now >= self._next_link_check:
                 # Deleted or replaced under us (a tmp cleaner, an operator's rm)? The
                 # workers that open the path now would share nothing with this one.
-                # An fstat costs about 1 µs, so it is asked at most every quarter second.
+                # An fstat per decision would show in its cost, so it is asked at most
+                # every quarter second.
                 self._next_link_check = now + LINK_CHECK_INTERVAL_S
                 if os.fstat(self._fd).st_nlink == 0:
                     self._move_to_new_file(self._fd)
@@ -415,7 +416,7 @@ class SharedLedger(LedgerFile):
             data = checked
         # The pending and active fields of every slot in use, pairs in slot order, as
         # read (restoring this worker's row below may change the slots in use).
-        fields = self._layout.unpack_from(data, _HEADER.size)
+        fields = self._layout.unpack_from(data, HEADER.size)
         slot = self._slot
         if slot < 0:  # no slot of its own (all taken): every slot is another's
             return self._add_others(fields, len(fields), active, pending)
@@ -440,7 +441,7 @@ class SharedLedger(LedgerFile):
             if not (slot_pending or slot_active) or index == mine:
                 continue
             slot = index >> 1
-            if not _held(fd, slot):
+            if not slot_held(fd, slot):
                 if os.fstat(fd).st_nlink == 0:  # not dead: moved on to a new file
                     self._next_link_check = 0.0  # so follow it now, and settle there
                     raise LedgerBusy(f"the shared ledger {self.path} was replaced")
@@ -463,7 +464,7 @@ class SharedLedger(LedgerFile):
 
     def reserve(self) -> _SharedReservation:
         """A new pending reservation in this worker's slot; call inside ``locked()``."""
-        if self._settling.until and not self._settling.done(self._fd, self._capacity, self._slot):
+        if self._rejoining.until and not self._rejoining.done(self._fd, self._capacity, self._slot):
             raise LedgerBusy(f"the shared ledger {self.path} was rebuilt; workers re-register")
         with self._mem:
             pending, active, reported = self._own
@@ -492,7 +493,7 @@ class SharedLedger(LedgerFile):
                 if self._slot >= 0:
                     # Zeroing our own slot needs no flock (no one else writes a live
                     # slot), and shutdown must not wait for another worker.
-                    os.pwrite(fd, bytes(_SLOT.size), _slot_offset(self._slot))
+                    os.pwrite(fd, bytes(SLOT.size), slot_offset(self._slot))
             finally:
                 self._slot = -1
                 os.close(fd)  # drops the flock and the slot's OFD lock

@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from asgi_admission._admission.keeper import SAMPLE_INTERVAL_S, ReservationKeeper
+from asgi_admission._admission.reservations.keeper import SAMPLE_INTERVAL_S, ReservationKeeper
 
 #: The sample started for requests waiting without a lifespan, per keeper.
 _helpers: weakref.WeakKeyDictionary[ReservationKeeper, asyncio.Task[None]] = (

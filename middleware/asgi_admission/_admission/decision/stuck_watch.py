@@ -30,15 +30,15 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from asgi_admission._admission.latch import AdmissionController, CapacityDecision
-from asgi_admission._admission.ledger import LedgerBusy
-from asgi_admission._admission.safe_files import open_private_file
-from asgi_admission._admission.stuck import (
+from asgi_admission._admission.decision.latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.decision.stuck import (
     Change,
     StuckDetector,
     StuckStatus,
     liveness_delay_s,
 )
+from asgi_admission._admission.ledger.ledger import LedgerBusy
+from asgi_admission._admission.ledger.safe_files import open_private_file
 from asgi_admission._config import AdmissionConfig
 
 logger = logging.getLogger("asgi_admission")

@@ -8,7 +8,11 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from asgi_admission._admission.latch import AdmissionController, CapacityDecision, count_cap
+from asgi_admission._admission.decision.latch import (
+    AdmissionController,
+    CapacityDecision,
+    count_cap,
+)
 
 logger = logging.getLogger("asgi_admission")
 

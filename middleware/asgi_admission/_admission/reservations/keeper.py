@@ -47,18 +47,18 @@ from typing import Final, Literal
 
 from starlette.types import Scope
 
-from asgi_admission._admission.end_rate import SessionEnds
-from asgi_admission._admission.freed import Mark
-from asgi_admission._admission.holds import HoldRegistry
-from asgi_admission._admission.latch import AdmissionController
-from asgi_admission._admission.learned_view import LearnedView
-from asgi_admission._admission.learning import WINDOW, RouteEstimate, SessionLearner
-from asgi_admission._admission.ledger import LedgerBusy, Reservation
-from asgi_admission._admission.probing import Gate, ProbeBoard, ProbeStatus, ProbeStore
-from asgi_admission._admission.settle_queue import LocalSettleQueue, SettleQueue
-from asgi_admission._admission.settling import Action, Kind, Settlement, Settler
-from asgi_admission._admission.shared_files import LearnedStore, SharedSettleQueue
-from asgi_admission._admission.shared_probes import SharedProbeStore
+from asgi_admission._admission.decision.latch import AdmissionController
+from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
+from asgi_admission._admission.reservations.freed import Mark
+from asgi_admission._admission.reservations.holds import HoldRegistry
+from asgi_admission._admission.reservations.learned_view import LearnedView
+from asgi_admission._admission.reservations.learning import WINDOW, RouteEstimate, SessionLearner
+from asgi_admission._admission.reservations.probing import Gate, ProbeBoard, ProbeStatus, ProbeStore
+from asgi_admission._admission.reservations.session_ends import SessionEnds
+from asgi_admission._admission.reservations.settle_queue import LocalSettleQueue, SettleQueue
+from asgi_admission._admission.reservations.settling import Action, Kind, Settlement, Settler
+from asgi_admission._admission.reservations.shared_files import LearnedStore, SharedSettleQueue
+from asgi_admission._admission.reservations.shared_probes import SharedProbeStore
 from asgi_admission._config import Learning
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._routes import RouteNames

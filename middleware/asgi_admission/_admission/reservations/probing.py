@@ -40,9 +40,9 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
-from asgi_admission._admission.learning import RouteEstimate, SessionLearner
-from asgi_admission._admission.session_windows import QUIET_S
-from asgi_admission._admission.settling import VISIBLE_FRACTION
+from asgi_admission._admission.reservations.learning import RouteEstimate, SessionLearner
+from asgi_admission._admission.reservations.session_windows import QUIET_S
+from asgi_admission._admission.reservations.settling import VISIBLE_FRACTION
 
 #: How long after the probes' responses memory already visible must stay without a
 #: new peak before it counts as all there: one periodic sample.

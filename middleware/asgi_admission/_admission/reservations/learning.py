@@ -30,9 +30,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Literal, TypedDict
 
-from asgi_admission._admission.attribution import Fit, Overlap, Window, attributed, fit
-from asgi_admission._admission.ramp_profile import RampProfiles
-from asgi_admission._admission.session_windows import (
+from asgi_admission._admission.reservations.attribution import Fit, Overlap, Window, attributed, fit
+from asgi_admission._admission.reservations.ramp_profile import RampProfiles
+from asgi_admission._admission.reservations.session_windows import (
     HORIZON_S,
     ClosedWindow,
     GrowthWindows,

@@ -1,0 +1,1 @@
+"""The reservations: settling, tickets, learning and probing of the sessions admitted."""

@@ -390,12 +390,11 @@ class ReservationKeeper:
         if entry.phase == "started" or (entry.phase == "done" and not entry.released):
             # It was active: the next sample sees the active count fall for it too.
             self._named_ends += 1
+        now = self._clock()
         # What it frees is credited to the sessions still settling (``freed.py``).
-        self.settler.ended(self.view.expected_bytes(entry.route, self._limit), self._clock())
+        self.settler.ended(self.view.expected_bytes(entry.route, self._limit), now)
         if self.learning != "off":
-            self.learner.on_session_end(
-                self._clock(), route=entry.route, admitted_at=entry.admitted_at
-            )
+            self.learner.on_session_end(now, route=entry.route, admitted_at=entry.admitted_at)
 
     def observe_peak(self, route: str, peak_bytes: int, *, exact: bool = False) -> None:
         """The watchdog measured a session of ``route`` at ``peak_bytes`` (RSS) at most,

@@ -154,7 +154,6 @@ class Settler:
         "_freed",
         "_growing_until",
         "_growth_ref",
-        "_last_used",
         "_mark",
         "_on_expired",
         "_pid",
@@ -192,7 +191,6 @@ class Settler:
         self._on_expired = on_expired
         self._entries: dict[int, Settlement] = {}
         self._pid = os.getpid()
-        self._last_used: int | None = None
         self._growth_ref: tuple[int, float] | None = None
         self._growing_until = 0.0
         #: The last exact reading, and memory ended sessions may free (``freed.py``).
@@ -237,7 +235,9 @@ class Settler:
             # Nothing to wait for (no reserve, or sessions of this route add nothing).
             entry.visible = True
             return entry
-        base = used_bytes if used_bytes is not None else self._last_used
+        base = used_bytes
+        if base is None and self._mark is not None:
+            base = self._mark.used_bytes  # the last exact reading
         if base is not None:
             floor, records = self._queue.load()
             records.append(QueueRecord(self._pid, seq, now, base, expected))
@@ -344,12 +344,10 @@ class Settler:
 
     def settle(self, used_bytes: int | None, now: float) -> list[Action]:
         """Attribute the working set ``used_bytes`` (exact) and settle what it shows."""
-        if used_bytes is not None:
-            self._last_used = used_bytes
-            self._note_growth(used_bytes, now)
         floor, records = self._queue.load()
         actions: list[Action] = []
         if used_bytes is not None:
+            self._note_growth(used_bytes, now)
             credit = self._freed.step(used_bytes, now)
             if credit is not None:
                 floor = credited(floor, records, credit)

@@ -169,6 +169,33 @@ def test_session_ends_reach_the_learner_once() -> None:
     assert learner.told[2:] == []
 
 
+class ForeignEnds(Ends):
+    """The learner, recording the ends it is told of as other workers'."""
+
+    def on_foreign_end(self) -> None:
+        self.told.append(("other worker", None, 0))
+        super().on_foreign_end()
+
+
+def test_other_workers_ends_are_not_taken_for_this_workers_own(tmp_path: Path) -> None:
+    """With a shared ledger the container's active count falls for every worker's ends:
+    only as much as the app's own count fell is an end of this worker's (of unknown
+    route); the rest is told as another worker's, which teaches no freed memory."""
+    memory = Memory(100)
+    active, own = [5], [2]
+    keeper, _ledger = make(memory, learning="raise", shared_dir=str(tmp_path / "shared"))
+    learner = keeper.learner = ForeignEnds()
+    keeper._active_count = lambda count: active[0]
+    keeper._own_count = lambda: own[0]
+    keeper.sample()
+    active[0], own[0] = 3, 1  # two ended: one of this worker's, one of another's
+    keeper.sample()
+    assert learner.told == [(None, None, 1), ("other worker", None, 0)]
+    active[0] = 2  # another worker's alone
+    keeper.sample()
+    assert learner.told[2:] == [("other worker", None, 0)]
+
+
 def _child_sees_nothing(
     keeper: ReservationKeeper, result: multiprocessing.Queue[tuple[int, int, int]]
 ) -> None:

@@ -113,6 +113,26 @@ def test_the_settling_queue_round_trips(tmp_path: Path) -> None:
     second.close()
 
 
+def test_the_settling_queue_shows_when_other_workers_sessions_were_admitted(
+    tmp_path: Path,
+) -> None:
+    """At each load the queue says when the other workers' sessions on it were admitted
+    (what the learner must not take for this worker's own), and only theirs."""
+    queue = SharedSettleQueue(str(tmp_path))
+    other = os.getpid() + 1
+    records = [
+        QueueRecord(os.getpid(), 1, 2.5, 100 * MIB, 50 * MIB),
+        QueueRecord(other, 7, 3.5, 100 * MIB, 50 * MIB),
+    ]
+    seen: list[tuple[float, ...]] = []
+    for stored in (records, records[:1]):
+        queue.store(None, stored)
+        queue.load()
+        seen.append(queue.others)
+    assert seen == [(3.5,), ()]
+    queue.close()
+
+
 def test_a_malformed_settling_file_is_rebuilt(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

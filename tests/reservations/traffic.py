@@ -113,14 +113,26 @@ class Sample:
 
 
 def drive(
-    learner: SessionLearner, traffic: Traffic, *, named_ends: bool = True
+    learner: SessionLearner,
+    traffic: Traffic,
+    *,
+    named_ends: bool = True,
+    workers: int = 1,
+    tell_others: bool = True,
 ) -> Iterator[Sample]:
     """Feed ``learner`` the traffic; yields every route's estimate after each reading.
 
     ``named_ends``: ends come with their route (WebSockets, tickets), else as the
-    app's count falling (route unknown).
+    app's count falling (route unknown). With several ``workers`` the sessions are
+    dealt round the workers and ``learner`` is the first one's: the others' sessions
+    are in the working set only, and (``tell_others``) told at each reading while they
+    settle, as the shared settling queue shows them, and their ends as the container's
+    count falling by more than this worker's own.
     """
     sessions = traffic.sessions()
+    others = sessions[1::workers] if workers > 1 else []
+    others += [s for k in range(2, workers) for s in sessions[k::workers]]
+    foreign = set(map(id, others))
     background = traffic.background()
     jitter = random.Random(traffic.seed + 7)
     upcoming = iter(sessions)
@@ -136,23 +148,33 @@ def drive(
     while t < traffic.duration_s:
         t += SAMPLE_S
         while following is not None and following.admitted_at <= t:
-            learner.on_admit(
-                following.route, int(used(following.admitted_at)), following.admitted_at
-            )
+            if id(following) not in foreign:
+                learner.on_admit(
+                    following.route, int(used(following.admitted_at)), following.admitted_at
+                )
+                admitted[following.route] += 1
             live.append(following)
-            admitted[following.route] += 1
             following = next(upcoming, None)
         for session in [s for s in live if s.ends_at <= t]:
             live.remove(session)
             if session.free_lag_s:
                 freeing.append(session)
+            if id(session) in foreign:
+                # The container's count fell by more than this worker's own (keeper.py).
+                learner.on_foreign_end()
+                continue
             if named_ends:
                 learner.on_session_end(t, route=session.route, admitted_at=session.admitted_at)
             else:
                 learner.on_session_end(t)
         freeing = [s for s in freeing if s.ends_at + s.free_lag_s > t]
         reading = used(t) + jitter.uniform(-traffic.jitter_bytes, traffic.jitter_bytes)
-        learner.on_reading(int(reading), t)
+        settling = tuple(
+            s.admitted_at
+            for s in live
+            if id(s) in foreign and t < s.admitted_at + s.delay_s + s.ramp_s
+        )
+        learner.on_reading(int(reading), t, others=settling if tell_others else ())
         for route in traffic.sizes:
             estimate = learner.estimate(route)
             yield Sample(

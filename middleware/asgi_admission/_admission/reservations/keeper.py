@@ -473,13 +473,19 @@ class ReservationKeeper:
         ended = self.ends.on_active(self._active_count(own), now)
         # Ends whose route is known were told already; the others are the app's count
         # falling (or other workers' sessions), of a route the learner shares out.
-        anonymous, self._named_ends = max(0, ended - self._named_ends), 0
+        named, self._named_ends = self._named_ends, 0
+        anonymous = max(0, ended - named)
+        # The container's count has the other workers' ends in it too.
+        mine = self.ends.own_share(anonymous, named, own) if self._queue.shared else anonymous
         if anonymous:
             # Found by a count: they ended since the last sample's reading.
             freed = anonymous * self._controller.reserve_for(self._limit)
             self.settler.ended(freed, now, since=self._sample_mark)
         if anonymous and self.learning != "off":
-            self.learner.on_session_end(now, count=anonymous)
+            if mine:
+                self.learner.on_session_end(now, count=mine)
+            if anonymous > mine:
+                self.learner.on_foreign_end()
         if ended and probing:
             self.board.session_ended(now)
         if self.settler.unsettled or self.learner.observing or self._queue_busy() or probing:
@@ -528,7 +534,7 @@ class ReservationKeeper:
         self._next_look = now + SAMPLE_INTERVAL_S
         if self.learning != "off":
             busy = self.probing and self.board.busy
-            self.learner.on_reading(used_bytes, now)
+            self.learner.on_reading(used_bytes, now, others=self._queue.others)
             if busy:
                 self.board.on_reading(used_bytes, now, self.learner)
             self._publish_learned()

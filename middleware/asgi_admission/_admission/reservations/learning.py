@@ -46,6 +46,10 @@ PERCENTILE: Final = 0.9
 #: Windows that knew every other session's ramp a route needs before its bound comes
 #: from those alone.
 MIN_EXACT_WINDOWS: Final = 4
+#: Beside windows, per-session values (memory freed at ends, the watchdog's peaks) raise
+#: a route's estimate only once there are this many: one drop that other memory freed
+#: in the same moment must not (their median needs two of three to say more).
+MIN_PER_SESSION: Final = 3
 #: The ramp assumed of a route's sessions before any is learned: long, so that less of
 #: them is taken to have arrived in another session's window (the safe side).
 _UNKNOWN_RAMP_S: Final = HORIZON_S / 2
@@ -206,8 +210,18 @@ class SessionLearner:
             state.live -= weight
             self._windows.end(name, weight, now, None)
 
-    def on_reading(self, used_bytes: int, now: float) -> None:
-        """An exact working set; may close windows and record observations."""
+    def on_foreign_end(self) -> None:
+        """Another worker's session ended (a shared ledger's count fell): what the next
+        reading shows freed is not only this worker's."""
+        self._windows.foreign_end()
+
+    def on_reading(self, used_bytes: int, now: float, *, others: tuple[float, ...] = ()) -> None:
+        """An exact working set; may close windows and record observations. ``others``:
+        when the other workers' sessions still settling were admitted (a shared ledger)."""
+        if others:
+            # Their routes are not known here: each may ramp as long as the longest.
+            ramps = (self._expected(route)[1] for route in self._routes)
+            self._windows.others(others, now, max(ramps, default=_UNKNOWN_RAMP_S))
         closed, freed, step = self._windows.reading(used_bytes, now, self._expected, self._length)
         if step is not None:
             known = {route: self._expected(route) for route in self._fits}
@@ -390,7 +404,7 @@ class SessionLearner:
                 known = self._fits.get(route)
                 if known is not None and known.determined:
                     footprint = min(footprint, known.upper())
-            if per_session:
+            if per_session and (not state.windows or len(per_session) >= MIN_PER_SESSION):
                 # Alone, the per-session values' high percentile; beside windows, they
                 # raise the estimate where most of them say more.
                 share = 0.5 if state.windows else PERCENTILE

@@ -22,11 +22,22 @@ _KEEP: Final = 64
 class SessionEnds:
     """Recent session ends, from successive active counts. Not thread-safe alone."""
 
-    __slots__ = ("_ends", "_last_active")
+    __slots__ = ("_ends", "_last_active", "_last_own")
 
     def __init__(self) -> None:
         self._ends: deque[float] = deque(maxlen=_KEEP)
         self._last_active: int | None = None
+        self._last_own: int | None = None
+
+    def own_share(self, anonymous: int, named: int, own: int | None) -> int:
+        """Of ``anonymous`` ends found by a container-wide count (a shared ledger), how
+        many were this worker's: as many as the app's own count ``own`` fell, less the
+        ``named`` ends already told (none where the app gives no count). Called at
+        every sample, with its own count."""
+        last, self._last_own = self._last_own, own
+        if own is None or last is None:
+            return 0
+        return max(0, min(anonymous, last - own - named))
 
     def on_active(self, active: int, now: float) -> int:
         """The active count now; each one fewer than last time is a session that ended.

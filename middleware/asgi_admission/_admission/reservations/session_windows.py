@@ -23,6 +23,16 @@ Notes:
   least it adds to any later window it lies in.
 - A step in which sessions of one route were reported ended and nothing else was
   ramping says how much memory one of them freed: evidence of its footprint too.
+- Other workers' sessions (a shared ledger) are in the working set but not in this
+  worker's admissions: while one of them may still be ramping (it is on the shared
+  settling queue, or within the longest known ramp of its admission), no window can
+  tell its own session's growth from theirs: the windows open over that time are
+  dropped (unless the working set did not grow over them: that bounds their sessions
+  all the same), and the steps in it, or in which another worker's session ended (the
+  container's count fell by more than the app's own), teach no freed memory. Each
+  worker learns footprints
+  from the spells its own sessions had to themselves; ramps, which say when memory
+  comes rather than how much, still come from every step (``ramp_profile.py``).
 - Bounded: at most ``MAX_OPEN`` open windows and the admissions of the last
   ``2 x HORIZON_S`` (at most ``MAX_RECENT``); a reading costs a pass over the recent
   admissions for each open window.
@@ -136,6 +146,7 @@ class _Window:
         "alone",
         "base",
         "clean",
+        "crowded",
         "own_ramp",
         "pauses",
         "peak",
@@ -150,6 +161,8 @@ class _Window:
         self.start = start
         self.base = base
         self.clean = True
+        #: Another worker's session may have ramped in it (see the module notes).
+        self.crowded = False
         #: No other session has ramped in it (yet), and its ramp if it had ended before.
         self.alone = True
         self.own_ramp: float | None = None
@@ -170,7 +183,17 @@ class _Window:
 class GrowthWindows:
     """The growth series and the open windows; pure, fed readings and events with times."""
 
-    __slots__ = ("_ended", "_growth", "_last", "_last_rises", "_open", "_recent", "horizon_s")
+    __slots__ = (
+        "_ended",
+        "_foreign_ended",
+        "_foreign_until",
+        "_growth",
+        "_last",
+        "_last_rises",
+        "_open",
+        "_recent",
+        "horizon_s",
+    )
 
     def __init__(self, *, horizon_s: float = HORIZON_S) -> None:
         self.horizon_s = min(HORIZON_S, horizon_s)
@@ -182,6 +205,10 @@ class GrowthWindows:
         self._recent: deque[_Admission] = deque()
         #: Session ends reported since the last reading: route and weight.
         self._ended: list[tuple[str, float]] = []
+        #: Until when another worker's session may still be ramping, and whether one
+        #: ended since the last reading.
+        self._foreign_until = float("-inf")
+        self._foreign_ended = False
 
     @property
     def open(self) -> int:
@@ -211,6 +238,22 @@ class GrowthWindows:
         if last is None or len(self._open) >= MAX_OPEN or now - last[1] > MAX_STEP_S:
             return
         self._open.append(_Window(admission, last[1], self._growth))
+
+    def others(self, admitted: tuple[float, ...], now: float, ramp_s: float) -> None:
+        """Other workers' sessions admitted at ``admitted`` were still settling at the last
+        look: each may grow until ``ramp_s`` after its admission, and for a quiet spell
+        after it was last seen settling."""
+        if admitted:
+            until = max(now, max(admitted) + ramp_s) + QUIET_S
+            self._foreign_until = max(self._foreign_until, until)
+
+    def foreign_end(self) -> None:
+        """Another worker's session ended: the next step's drop is not only this worker's."""
+        self._foreign_ended = True
+
+    def crowded(self, since: float) -> bool:
+        """Whether another worker's session may have been ramping after ``since``."""
+        return since < self._foreign_until
 
     def end(self, route: str, weight: float, now: float, admitted_at: float | None) -> None:
         """A session of ``route`` ended (``weight`` below 1: possibly, one of several routes)."""
@@ -265,7 +308,8 @@ class GrowthWindows:
             return []
         self._open = [w for w in self._open if w.admission.route != route]
         now = self._last[1]
-        return [self._closed(window, now, expected, lengths) for window in closing]
+        closed = [self._closed(window, now, expected, lengths) for window in closing]
+        return [w for w in closed if w is not None]
 
     def sessions(self) -> list[tuple[str, float, float | None]]:
         """The recent admissions: ``(route, admitted_at, ended_at)``."""
@@ -278,15 +322,17 @@ class GrowthWindows:
         and the step it made (``None`` after a gap)."""
         last = self._last
         ended, self._ended = self._ended, []
+        foreign_ended, self._foreign_ended = self._foreign_ended, False
         if last is None or not 0 < now - last[1] <= MAX_STEP_S:
             self._restart(used_bytes, now)
             return [], [], None
         self._last = (used_bytes, now)
         rise = float(used_bytes - last[0])
         freed: list[Freed] = []
-        if rise < -FREE_STEP_BYTES or ended:
+        if rise < -FREE_STEP_BYTES or ended or foreign_ended:
             carried = max(0.0, *self._last_rises)
-            if not self._ramping(now, expected):
+            mine = not foreign_ended and not self.crowded(last[1])
+            if mine and not self._ramping(now, expected):
                 # Growth in the same step would hide part of what was freed.
                 freed = _freed(ended, carried - rise)
             rise = carried
@@ -296,7 +342,11 @@ class GrowthWindows:
         horizon = now - 2 * self.horizon_s
         while self._recent and self._recent[0].at < horizon:
             self._recent.popleft()
-        return self._close_due(last[1], now, expected, lengths), freed, Step(rise, last[1], now)
+        if self._open and self.crowded(self._open[0].start):
+            for window in self._open:
+                window.crowded = window.crowded or self.crowded(window.start)
+        closed = self._close_due(last[1], now, expected, lengths)
+        return [w for w in closed if w is not None], freed, Step(rise, last[1], now)
 
     # -- internals -------------------------------------------------------------------
 
@@ -332,7 +382,7 @@ class GrowthWindows:
 
     def _close_due(
         self, start: float, now: float, expected: Expected, lengths: Lengths
-    ) -> list[ClosedWindow]:
+    ) -> list[ClosedWindow | None]:
         """Windows due to close at the reading at ``now`` (the step began at ``start``)."""
         if not self._open:
             return []
@@ -345,7 +395,7 @@ class GrowthWindows:
             footprint, ramp_s = expected(admission.route)
             if admission.ended is None:
                 ramping.append((admission, admission.at + max(ramp_s, QUIET_S), bool(footprint)))
-        closed: list[ClosedWindow] = []
+        closed: list[ClosedWindow | None] = []
         still: list[_Window] = []
         for window in self._open:
             admission = window.admission
@@ -400,8 +450,12 @@ class GrowthWindows:
 
     def _closed(
         self, window: _Window, now: float, expected: Expected, lengths: Lengths
-    ) -> ClosedWindow:
+    ) -> ClosedWindow | None:
+        """What ``window`` says; ``None`` when another worker's growth may be in it (all
+        but a window in which nothing grew: that one bounds its session all the same)."""
         own = window.admission
+        if window.crowded and self._growth - window.base > FREE_STEP_BYTES:
+            return None
         if window.alone:
             own.seen, own.seen_until = window.peak, now
         overlaps: dict[str, list[float]] = {}

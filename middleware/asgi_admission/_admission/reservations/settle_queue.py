@@ -41,6 +41,12 @@ class SettleQueue(Protocol):
         """Whether other workers' passes may take this worker's records off the queue."""
         ...
 
+    @property
+    def others(self) -> tuple[float, ...]:
+        """When the other workers' sessions on the queue at the last load were admitted
+        (``time.monotonic()``, one clock for every process of the machine)."""
+        ...
+
 
 class LocalSettleQueue:
     """The queue of one process."""
@@ -63,3 +69,7 @@ class LocalSettleQueue:
     @property
     def shared(self) -> bool:
         return False
+
+    @property
+    def others(self) -> tuple[float, ...]:
+        return ()

@@ -73,7 +73,16 @@ def _open(directory: str, name: str) -> int:
 class SharedSettleQueue:
     """The settling queue of every worker, in one file; used inside the ledger's lock."""
 
-    __slots__ = ("_broken", "_directory", "_fd", "_may_follow", "_next_check", "path")
+    __slots__ = (
+        "_broken",
+        "_directory",
+        "_fd",
+        "_may_follow",
+        "_next_check",
+        "_others",
+        "_pid",
+        "path",
+    )
 
     def __init__(self, directory: str, *, may_follow: Callable[[], bool] | None = None) -> None:
         # Whether this worker's ledger is the file now at its path. The queue is used
@@ -86,6 +95,8 @@ class SharedSettleQueue:
         self._fd = _open(directory, SETTLING_FILE)
         self._next_check = time.monotonic() + LINK_CHECK_INTERVAL_S
         self._broken = False
+        self._pid = os.getpid()
+        self._others: tuple[float, ...] = ()
         with self._exclusive():
             header = os.pread(self._fd, _HEADER.size, 0)
             if not self._usable(header):
@@ -144,6 +155,7 @@ class SharedSettleQueue:
             return None, []
         _magic, _capacity, count, floor = _HEADER.unpack(header)
         if not count:
+            self._others = ()
             return None, []
         data = os.pread(self._fd, count * _ROW.size, _HEADER.size)
         records = [
@@ -152,6 +164,8 @@ class SharedSettleQueue:
                 data[: len(data) - len(data) % _ROW.size]
             )
         ]
+        pid = self._pid
+        self._others = tuple(r.admitted_at for r in records if r.pid != pid)
         return (None if floor < 0 else floor), records
 
     def store(self, floor: int | None, records: list[QueueRecord]) -> None:
@@ -224,10 +238,15 @@ class SharedSettleQueue:
     def shared(self) -> bool:
         return True
 
+    @property
+    def others(self) -> tuple[float, ...]:
+        return self._others
+
     def after_fork(self) -> None:
         # flock belongs to the open file description: a child opens its own. Never
         # raises (a fork hook has no caller to tell): if the file cannot be opened now,
         # the child keeps the parent's and looks again at its next load.
+        self._pid = os.getpid()
         try:
             fd = _open(self._directory, SETTLING_FILE)
         except (OSError, ValueError):

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from asgi_admission._admission.reservations.learning import SessionLearner
-from asgi_admission._admission.reservations.probing import CONFIRM_S, ProbeBoard
+from asgi_admission._admission.reservations.probing import CONFIRM_S, SOLO_S, ProbeBoard
 from asgi_admission._admission.reservations.shared_probes import SharedProbeStore, read_probing
 from suitekit import MIB
 
 INTERNAL = "the probe board and its shared file, on synthetic readings"
 
 ROUTE = "POST /sessions"
+OTHER = "WS /terminal"
 GUESS = 10 * MIB
 BASE = 300 * MIB
 
@@ -58,7 +59,23 @@ def test_one_probe_at_a_time_and_the_others_wait() -> None:
     assert b.board.gate(ROUTE, 0.0) == "probe"
     b.admit(1, BASE, 0.0)
     assert b.board.gate(ROUTE, 0.01) == "hold"
-    assert b.board.gate("POST /other", 0.01) == "probe"  # each route has its own
+
+
+def test_one_route_is_probed_at_a_time() -> None:
+    """Another route not learned yet waits while the first route's probe ramps (its growth
+    would be taken for the other's), and is probed once that probe's evidence is in, or
+    beside it once the first has ramped for longer than a learner's window watches."""
+    b = Board()
+    b.admit(1, BASE, 0.0)
+    assert b.board.gate(OTHER, 0.01) == "hold"
+    b.board.responded(1, BASE, 0.05)
+    ramp(b, start=0.05, growth=100 * MIB, ramp_s=2.0, until=3.5)
+    assert b.woken == [ROUTE]
+    assert b.board.gate(OTHER, 3.5) == "probe"
+    slow = Board()
+    slow.admit(1, BASE, 0.0)
+    assert slow.board.gate(OTHER, SOLO_S - 0.1) == "hold"
+    assert slow.board.gate(OTHER, SOLO_S) == "probe"
 
 
 def test_the_evidence_is_in_once_the_memory_has_stopped_growing() -> None:

@@ -24,6 +24,9 @@ Notes:
   other sessions' growth only makes the footprint larger, the safe side.
 - While a window is open, growth per probe beyond the guessed reserve raises the
   route's estimate at once (the reserve the latch uses with it).
+- One route is probed at a time: a route not probed yet waits while another route's
+  probes ramp (for at most ``SOLO_S``), so that neither's growth is taken for the
+  other's; sessions of routes already known are admitted meanwhile.
 - A probe that opened nothing (an error answer, a failure before its response)
   frees its slot, and the next waiter becomes a probe; a probe whose session ended
   concludes its window with what it showed.
@@ -41,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
 from asgi_admission._admission.reservations.learning import RouteEstimate, SessionLearner
-from asgi_admission._admission.reservations.session_windows import QUIET_S
+from asgi_admission._admission.reservations.session_windows import HORIZON_S, QUIET_S
 from asgi_admission._admission.reservations.settling import VISIBLE_FRACTION
 
 #: How long after the probes' responses memory already visible must stay without a
@@ -55,6 +58,9 @@ _MIN_STEP: Final = 256 * 1024
 _MAX_PEAKS: Final = 64
 #: At most this many routes are probed at once; others are decided on their reserve.
 MAX_WINDOWS: Final = 64
+#: A route not probed yet waits while another route's probes are younger than this
+#: (the longest a learner's window watches), and is probed beside them after it.
+SOLO_S: Final = HORIZON_S
 #: How long a shared window stays in the file once concluded, so that the other
 #: workers take in its footprint before what was learned reaches them.
 CONCLUDED_KEEP_S: Final = 60.0
@@ -251,7 +257,11 @@ class ProbeBoard:
         self._load(now)
         window = self._windows.get(route)
         if window is None:
-            return "probe" if len(self._windows) < MAX_WINDOWS else "known"
+            if len(self._windows) >= MAX_WINDOWS:
+                return "known"
+            # One route at a time: another route's probes ramping in this one's window
+            # would be taken for its own, and its probes in theirs.
+            return "hold" if self._probing_other(route, now) else "probe"
         if window.open and now - window.started_at >= self.timeout_s:
             self._conclude(window, now, timed_out=True)
             self._save()
@@ -259,6 +269,13 @@ class ProbeBoard:
             self._take(window)
             return "known"
         return "probe" if len(window.probes) < self.probe_sessions else "hold"
+
+    def _probing_other(self, route: str, now: float) -> bool:
+        """Whether another route's probes are still ramping (for at most ``SOLO_S``)."""
+        return any(
+            w.open and w.route != route and now - w.started_at < SOLO_S
+            for w in self._windows.values()
+        )
 
     def add(self, route: str, seq: int, used_bytes: int, guess_bytes: int, now: float) -> None:
         """Session ``seq`` of this process was admitted as a probe of ``route``."""

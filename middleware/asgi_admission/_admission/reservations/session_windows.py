@@ -407,6 +407,10 @@ class GrowthWindows:
             rising = mine > last_peak + max(_PEAK_STEP, _PEAK_SHARE * last_peak)
             for other, until, known in ramping:
                 if other is not admission and other.at < now and until > window.start:
+                    if known and _quick(lengths(other.route)):
+                        # Its memory came inside its request, where its known share is
+                        # taken away: it hides neither this session's growth nor its ramp.
+                        continue
                     quiet = window.quiet + (0 if rising else 1)
                     if window.alone and window.peaks and quiet >= 2 and quiet > window.pauses:
                         # Its own growth had stopped before company came, for more
@@ -502,6 +506,11 @@ class GrowthWindows:
             ),
             exact=exact,
         )
+
+
+def _quick(length: float | None) -> bool:
+    """Whether a route watched for ``length`` builds its memory inside the request."""
+    return length is not None and length <= MIN_WINDOW_S
 
 
 def _share(admission: _Admission, ramp_s: float, start: float, end: float) -> float:

@@ -131,7 +131,7 @@ from asgi_admission._admission.reservations.learning import (
     SessionLearner,
     effective_reserve,
 )
-from asgi_admission._admission.reservations.probing import describe
+from asgi_admission._admission.reservations.probe_window import describe
 from asgi_admission._admission.reservations.shared_files import read_learned
 from asgi_admission._admission.reservations.shared_probes import read_probing
 from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionConfig

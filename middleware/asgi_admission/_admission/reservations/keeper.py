@@ -53,7 +53,9 @@ from asgi_admission._admission.reservations.freed import Mark
 from asgi_admission._admission.reservations.holds import HoldRegistry
 from asgi_admission._admission.reservations.learned_view import LearnedView
 from asgi_admission._admission.reservations.learning import WINDOW, RouteEstimate, SessionLearner
-from asgi_admission._admission.reservations.probing import Gate, ProbeBoard, ProbeStatus, ProbeStore
+from asgi_admission._admission.reservations.probe_store import ProbeStore
+from asgi_admission._admission.reservations.probe_window import ProbeStatus
+from asgi_admission._admission.reservations.probing import Gate, ProbeBoard
 from asgi_admission._admission.reservations.session_ends import SessionEnds
 from asgi_admission._admission.reservations.settle_queue import LocalSettleQueue, SettleQueue
 from asgi_admission._admission.reservations.settling import Action, Kind, Settlement, Settler

@@ -58,7 +58,8 @@ from asgi_admission._admission.reservations.probe_window import ProbeStatus
 from asgi_admission._admission.reservations.probing import Gate, ProbeBoard
 from asgi_admission._admission.reservations.session_ends import SessionEnds
 from asgi_admission._admission.reservations.settle_queue import LocalSettleQueue, SettleQueue
-from asgi_admission._admission.reservations.settling import Action, Kind, Settlement, Settler
+from asgi_admission._admission.reservations.settlement import Action, Kind, Settlement
+from asgi_admission._admission.reservations.settling import Settler
 from asgi_admission._admission.reservations.shared_files import LearnedStore, SharedSettleQueue
 from asgi_admission._admission.reservations.shared_probes import SharedProbeStore
 from asgi_admission._config import Learning

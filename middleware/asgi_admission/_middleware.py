@@ -49,9 +49,10 @@ from asgi_admission._admission.ledger.ledger import (
     when_free,
 )
 from asgi_admission._admission.reservations.holds import Hold
-from asgi_admission._admission.reservations.keeper import ReservationKeeper, apply
+from asgi_admission._admission.reservations.keeper import ReservationKeeper
 from asgi_admission._admission.reservations.probing import Gate
 from asgi_admission._admission.reservations.sampling import serve_with_keeper
+from asgi_admission._admission.reservations.settlement import apply
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
 from asgi_admission._body import BodyReader
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal

@@ -34,7 +34,7 @@ from asgi_admission._admission.reservations.learning import empty_observations
 from asgi_admission._admission.reservations.settle_queue import QueueRecord
 from asgi_admission._factory import build_sharing
 from asgi_admission._memory.cgroup import CgroupMemoryReader
-from asgi_admission.cli.probe import learned
+from asgi_admission.cli.probe_learned import learned
 
 #: Internal on purpose: the bases the default place is made under are injected (the
 #: suite never uses the machine's /dev/shm), and so is the /proc the look reads.

@@ -18,7 +18,7 @@ import pytest
 from ledgerkit import SPAWN, hold_sessions, write_v2_tree
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, AdmissionTicket
-from asgi_admission._admission.ledger import ledger_file, shared_ledger
+from asgi_admission._admission.ledger import ledger_file, ledger_section, shared_ledger
 from asgi_admission._admission.ledger.ledger import InProcessLedger
 from asgi_admission._admission.ledger.ledger_file import process_start_time
 from asgi_admission._admission.ledger.shared_ledger import (
@@ -531,7 +531,7 @@ def test_a_deleted_or_replaced_file_is_left_for_the_new_one_with_the_counts(
 ) -> None:
     """Workers whose ledger file was unlinked move to the file now at the path at their
     next decision, each with its own counts, so the container-wide count heals."""
-    monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 0.0)
+    monkeypatch.setattr(ledger_section, "LINK_CHECK_INTERVAL_S", 0.0)
     first, second = open_ledger(shared), open_ledger(shared)
     with first.locked():
         first.reserve()
@@ -572,5 +572,5 @@ def test_the_file_is_checked_at_most_every_quarter_second(
     with open_ledger(shared).locked():
         pass  # a new file at the path
     assert counts(first) == (0, 1)  # within the interval: still the old file
-    time.sleep(shared_ledger.LINK_CHECK_INTERVAL_S + 0.05)
+    time.sleep(ledger_section.LINK_CHECK_INTERVAL_S + 0.05)
     assert counts(first) == (0, 0)  # moved: the second worker has not followed yet

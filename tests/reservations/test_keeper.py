@@ -19,8 +19,9 @@ from asgi_admission import (
     MemoryReading,
 )
 from asgi_admission._admission.ledger.ledger import InProcessLedger, LedgerBusy
-from asgi_admission._admission.reservations.keeper import ReservationKeeper, apply
+from asgi_admission._admission.reservations.keeper import ReservationKeeper
 from asgi_admission._admission.reservations.learning import SessionLearner
+from asgi_admission._admission.reservations.settlement import apply
 from asgi_admission._memory.reading import UNAVAILABLE
 from suitekit import MIB
 

@@ -21,12 +21,8 @@ from hypothesis import strategies as st
 from reskit import apply, counts
 
 from asgi_admission._admission.ledger.ledger import InProcessLedger, Reservation
-from asgi_admission._admission.reservations.settling import (
-    VISIBLE_FRACTION,
-    Action,
-    Settlement,
-    Settler,
-)
+from asgi_admission._admission.reservations.settlement import Action, Settlement
+from asgi_admission._admission.reservations.settling import VISIBLE_FRACTION, Settler
 from suitekit import MIB
 
 #: Internal on purpose: the settler and keeper, driven through random lifecycles.

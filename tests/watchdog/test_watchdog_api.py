@@ -253,10 +253,10 @@ async def test_async_callbacks_run_as_tasks(spawn: Spawn, calm: FixedReader) -> 
     watchdog.sample_once()
     for _ in range(20):
         await asyncio.sleep(0.01)
-        if not watchdog._callbacks:
+        if not watchdog._halter.pending():
             break
     assert sorted(seen) == ["halt s1", "told budget_exceeded"]
-    assert not watchdog._callbacks
+    assert not watchdog._halter.pending()
 
 
 class _Clock:

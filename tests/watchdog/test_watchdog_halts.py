@@ -139,9 +139,9 @@ async def test_escalation_ends_early_when_the_process_leaves(
     assert child.popen.wait(timeout=10) == -signal.SIGTERM
     for _ in range(50):
         await asyncio.sleep(0.1)
-        if not watchdog._callbacks:
+        if not watchdog._halter.pending():
             break
-    assert not watchdog._callbacks
+    assert not watchdog._halter.pending()
 
 
 @pytest.mark.anyio
@@ -155,7 +155,7 @@ async def test_stop_kills_a_pending_escalation(spawn: Spawn, calm: FixedReader) 
     assert child.popen.poll() is None
     await watchdog.stop()
     assert child.popen.wait(timeout=10) == -signal.SIGKILL
-    assert not watchdog._callbacks
+    assert not watchdog._halter.pending()
 
 
 def test_container_breach_halts_the_largest_first(

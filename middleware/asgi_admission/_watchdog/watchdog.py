@@ -29,14 +29,15 @@ Notes:
 - A session in a memory group is held to its budget by the kernel, so the sampled
   RSS (an upper bound) does not halt it; an OOM kill in its group is reported as
   the halt ``memory_limit``, by the tick that sees it or when the session ends.
+- A decided halt is carried out by ``halter.Halter`` (the event, its count and log
+  line, the callbacks); the two settings are checked and read from the environment
+  in ``settings.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-import math
 import os
 import threading
 import time
@@ -47,16 +48,11 @@ from typing import Any, Final
 import psutil
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from asgi_admission import _env
 from asgi_admission._config import AdmissionConfig
-from asgi_admission._memory.reading import MemoryReader, MemoryReading
+from asgi_admission._memory.reading import MemoryReader
 from asgi_admission._watchdog.groups import SessionGroup, SessionGroups
-from asgi_admission._watchdog.halt import (
-    HaltAction,
-    HaltReason,
-    ProcessGroupHalt,
-    SessionHalt,
-)
+from asgi_admission._watchdog.halt import HaltAction, ProcessGroupHalt, SessionHalt
+from asgi_admission._watchdog.halter import Halter
 from asgi_admission._watchdog.metrics import watchdog_metrics
 from asgi_admission._watchdog.sampler import (
     ProcessSample,
@@ -65,13 +61,14 @@ from asgi_admission._watchdog.sampler import (
     read_children_map,
 )
 from asgi_admission._watchdog.session import PeakHook, SessionPeak, WatchedSession
+from asgi_admission._watchdog.settings import (
+    DEFAULT_CRITICAL_WATERMARK_PERCENT,
+    DEFAULT_INTERVAL_S,
+    check_settings,
+    settings_from_env,
+)
 
 logger = logging.getLogger("asgi_admission")
-
-DEFAULT_CRITICAL_WATERMARK_PERCENT: Final = 90.0
-DEFAULT_INTERVAL_S: Final = 0.5
-ENV_CRITICAL_WATERMARK: Final = ("ADMISSION_CRITICAL_WATERMARK_PERCENT", None)
-ENV_INTERVAL: Final = ("ADMISSION_WATCHDOG_INTERVAL_SECONDS", None)
 
 _MIB: Final = 1024 * 1024
 
@@ -116,17 +113,11 @@ class SessionWatchdog:
     ) -> None:
         if config is None:
             config = AdmissionConfig.from_env()
-        high = config.high_watermark_percent
-        if not (
-            math.isfinite(critical_watermark_percent) and high < critical_watermark_percent <= 100
-        ):
-            raise ValueError(
-                "critical_watermark_percent must lie above the high watermark and at most 100 "
-                f"(high < critical <= 100); got critical={critical_watermark_percent!r}, "
-                f"high={high!r}."
-            )
-        if not (math.isfinite(interval_s) and interval_s > 0):
-            raise ValueError(f"interval_s must be a number of seconds above 0; got {interval_s!r}.")
+        check_settings(
+            critical_watermark_percent=critical_watermark_percent,
+            interval_s=interval_s,
+            high=config.high_watermark_percent,
+        )
         if memory_reader is None:
             from asgi_admission._factory import build_reader
 
@@ -135,12 +126,16 @@ class SessionWatchdog:
         self.memory_reader = memory_reader
         self.critical_watermark_percent = float(critical_watermark_percent)
         self.interval_s = float(interval_s)
-        self._halt_action: HaltAction = ProcessGroupHalt() if halt is None else halt
-        self._on_halt = on_halt
         self.on_peak: PeakHook | None = None  # the guard learns the peaks
         #: Told each session's peak once, when it ends, with where the figure came from.
         self.on_session_peak: Callable[[SessionPeak], None] | None = None
         self._metrics = watchdog_metrics(registry)
+        self._halter = Halter(
+            action=ProcessGroupHalt() if halt is None else halt,
+            on_halt=on_halt,
+            metrics=self._metrics,
+            observe_peak=self._observe_peak,
+        )
         if session_groups is None:
             session_groups = SessionGroups.find(config.session_groups)
         self.session_groups = session_groups
@@ -156,7 +151,6 @@ class SessionWatchdog:
         self._sessions: dict[WatchedSession, None] = {}
         self._lock = threading.Lock()
         self._task: asyncio.Task[None] | None = None
-        self._callbacks: set[asyncio.Task[Any]] = set()
         self._warned_not_running = False
 
     @classmethod
@@ -181,33 +175,7 @@ class SessionWatchdog:
         env = os.environ if environ is None else environ
         if config is None:
             config = AdmissionConfig.from_env(env)
-        high = config.high_watermark_percent
-        critical = _env.number(
-            env, ENV_CRITICAL_WATERMARK, DEFAULT_CRITICAL_WATERMARK_PERCENT, float
-        )
-        if not (math.isfinite(critical) and high < critical <= 100):
-            fallback = (
-                DEFAULT_CRITICAL_WATERMARK_PERCENT
-                if high < DEFAULT_CRITICAL_WATERMARK_PERCENT
-                else (high + 100) / 2
-            )
-            logger.warning(
-                "%s=%s must lie above the high watermark %s and at most 100; using %s.",
-                ENV_CRITICAL_WATERMARK[0],
-                critical,
-                high,
-                fallback,
-            )
-            critical = fallback
-        interval = _env.number(env, ENV_INTERVAL, DEFAULT_INTERVAL_S, float)
-        if not (math.isfinite(interval) and interval > 0):
-            logger.warning(
-                "%s=%s must be above 0; using the default %s.",
-                ENV_INTERVAL[0],
-                interval,
-                DEFAULT_INTERVAL_S,
-            )
-            interval = DEFAULT_INTERVAL_S
+        critical, interval = settings_from_env(env, high=config.high_watermark_percent)
         return cls(
             config=config,
             memory_reader=memory_reader,
@@ -309,7 +277,7 @@ class SessionWatchdog:
         session._ended = True
         group = session.group
         if group is not None and session._halt is None and group.oom_kills():
-            self._memory_limit(session)
+            self._halter.memory_limit(session, self.critical_watermark_percent)
         self._observe_peak(session)
         if group is not None:
             self.session_groups.remove(group)
@@ -393,7 +361,7 @@ class SessionWatchdog:
             if ooms and not was_halted:
                 if isinstance(sample, ProcessSample):
                     session._last = sample
-                halts.append(self._memory_limit(session))
+                halts.append(self._halter.memory_limit(session, self.critical_watermark_percent))
                 was_halted = True
             if was_halted or sample is None:
                 if sample is None:
@@ -406,17 +374,22 @@ class SessionWatchdog:
             budget = session.budget_bytes
             if budget is not None and session.group is None and sample.rss_bytes > budget:
                 halts.append(
-                    self._halt(
+                    self._halter.halt(
                         session,
                         "budget_exceeded",
                         None,
                         f"The session was halted because it used {sample.rss_bytes / _MIB:.0f} MiB "
                         f"of memory, over its budget of {budget / _MIB:.0f} MiB.",
+                        critical_percent=self.critical_watermark_percent,
                     )
                 )
         live = [s for s in sessions if not s._ended]
         if live:
-            halts.extend(self._container_halts(live))
+            halts.extend(
+                self._halter.container_halts(
+                    live, self.memory_reader(), self.critical_watermark_percent
+                )
+            )
         return tuple(halts)
 
     def _drop(self, session: WatchedSession) -> None:
@@ -426,131 +399,6 @@ class SessionWatchdog:
                 del self._sessions[session]
         if registered:
             self._end(session)
-
-    def _container_halts(self, sessions: list[WatchedSession]) -> list[SessionHalt]:
-        reading = self.memory_reader()
-        percent, used, limit = reading.percent, reading.used_bytes, reading.limit_bytes
-        if percent is None or used is None or limit is None:
-            return []
-        if percent < self.critical_watermark_percent:
-            return []
-        critical_bytes = limit * self.critical_watermark_percent / 100
-        freeing = sum(s._last.rss_bytes for s in sessions if s._halt and s._last)
-        candidates = sorted(
-            (s for s in sessions if s._halt is None and s._last is not None),
-            key=lambda s: s._last.rss_bytes if s._last else 0,
-            reverse=True,
-        )
-        halts: list[SessionHalt] = []
-        for session in candidates:
-            if used - freeing < critical_bytes:
-                break
-            assert session._last is not None
-            freeing += session._last.rss_bytes
-            halts.append(
-                self._halt(
-                    session,
-                    "container_headroom",
-                    reading,
-                    "The session was halted because the service ran short of memory "
-                    f"({percent:.1f}% of its limit in use) and it was the largest session.",
-                )
-            )
-        return halts
-
-    def _memory_limit(self, session: WatchedSession) -> SessionHalt:
-        """The kernel killed in the session's group: report it as a halt."""
-        group = session.group
-        assert group is not None
-        peak = group.peak_bytes()
-        budget = group.budget_bytes
-        event = self._halt(
-            session,
-            "memory_limit",
-            None,
-            "The session was stopped because it reached its memory limit of "
-            f"{budget / _MIB:.0f} MiB.",
-            group_peak_bytes=peak,
-        )
-        logger.warning(
-            "Session %s (pid %d) reached the limit of its memory group %s: the kernel killed "
-            "%d of its processes (budget %d bytes, group peak %s bytes, last RSS %d bytes).",
-            session.session_id,
-            session.pid,
-            group.path,
-            group.oom_kills(),
-            budget,
-            peak,
-            event.rss_bytes,
-        )
-        return event
-
-    def _halt(
-        self,
-        session: WatchedSession,
-        reason: HaltReason,
-        reading: MemoryReading | None,
-        message: str,
-        *,
-        group_peak_bytes: int | None = None,
-    ) -> SessionHalt:
-        last = session._last
-        event = SessionHalt(
-            session=session,
-            reason=reason,
-            rss_bytes=last.rss_bytes if last is not None else group_peak_bytes or 0,
-            budget_bytes=session.budget_bytes,
-            memory=reading,
-            critical_watermark_percent=self.critical_watermark_percent,
-            message=message,
-            group_peak_bytes=group_peak_bytes,
-        )
-        session._halt = event
-        self._observe_peak(session)
-        self._metrics.halted.labels(reason=reason).inc()
-        if reason != "memory_limit":  # that one has a line of its own, with the group's figures
-            logger.warning(
-                "Halting session %s (pid %d, RSS %d bytes, budget %s): %s",
-                session.session_id,
-                session.pid,
-                event.rss_bytes,
-                session.budget_bytes,
-                reason,
-            )
-        self._dispatch(self._halt_action, event)
-        if self._on_halt is not None:
-            self._dispatch(self._on_halt, event)
-        return event
-
-    def _dispatch(
-        self, callback: Callable[[SessionHalt], Awaitable[None] | None], event: SessionHalt
-    ) -> None:
-        try:
-            result = callback(event)
-        except Exception:
-            logger.exception("A halt callback failed for session %s.", event.session_id)
-            return
-        if result is None:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            if inspect.iscoroutine(result):
-                result.close()
-            logger.error(
-                "A halt callback for session %s returned an awaitable, but no event loop "
-                "is running to await it.",
-                event.session_id,
-            )
-            return
-        task = loop.create_task(_await(result))
-        self._callbacks.add(task)
-        task.add_done_callback(self._callback_done)
-
-    def _callback_done(self, task: asyncio.Task[Any]) -> None:
-        self._callbacks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("A halt callback failed.", exc_info=task.exception())
 
     # -- the lifespan task -------------------------------------------------------------
 
@@ -596,13 +444,9 @@ class SessionWatchdog:
         Registered sessions stay registered; their processes are the application's.
         """
         task, self._task = self._task, None
-        pending = [*self._callbacks, *([task] if task is not None else [])]
+        pending = [*self._halter.pending(), *([task] if task is not None else [])]
         for item in pending:
             item.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         if self.session_groups.pending:
             await asyncio.to_thread(self.session_groups.retry)
-
-
-async def _await(awaitable: Awaitable[None]) -> None:
-    await awaitable

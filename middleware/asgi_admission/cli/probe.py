@@ -104,16 +104,18 @@ does not fit under the high watermark). Usage errors (a bad option, a
 The ceiling is the working set above which one more session is refused: the
 high watermark minus one reserve per pending session plus the new one. The limit
 that binds is the one with less room (memory on a tie: the latch decides first).
+
+The parts read from the service's shared directory are built in ``probe_learned``
+(``learned``, ``probing``) and ``probe_stuck`` (``stuck``); ``probe_render`` writes
+the human-readable form.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -126,21 +128,15 @@ from asgi_admission._admission.decision.latch import (
 )
 from asgi_admission._admission.decision.reserve import never_admits
 from asgi_admission._admission.ledger import shared_place
-from asgi_admission._admission.reservations.learning import (
-    WINDOW,
-    SessionLearner,
-    effective_reserve,
-)
-from asgi_admission._admission.reservations.probing import describe
-from asgi_admission._admission.reservations.shared_files import read_learned
-from asgi_admission._admission.reservations.shared_probes import read_probing
-from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionConfig
+from asgi_admission._config import AdmissionConfig
 from asgi_admission._factory import build_reader
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._watchdog.groups import GroupsPlace, find_place
 from asgi_admission.cli.errors import UsageError
-from asgi_admission.cli.probe_stuck import stuck_lines, stuck_report
+from asgi_admission.cli.probe_learned import learned, probing, service_directory
+from asgi_admission.cli.probe_render import render
+from asgi_admission.cli.probe_stuck import stuck_report
 
 SCHEMA_VERSION = 5
 EXIT_STATUS = {"normal": 0, "pressured": 1, "unavailable": 2}
@@ -284,7 +280,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         "learned": learned(config, reserve, group),
         "probing": probing(config, group),
         "session_groups": session_groups(config, args),
-        "stuck": stuck_report(config, *_service_directory(config, group)),
+        "stuck": stuck_report(config, *service_directory(config, group)),
     }
 
 
@@ -327,253 +323,10 @@ def limits(
     }
 
 
-def _binding(limits: dict[str, Any]) -> str:
-    """The human line for :func:`limits`."""
-    cap, memory_room = limits["count_cap"], limits["memory_room"]
-    if cap is None:
-        cap_text = "no count cap"
-    elif limits["count_cap_from"] == "max_sessions":
-        cap_text = f"count cap {cap} (max_sessions)"
-    else:
-        cap_text = f"count cap {cap} (the fallback while blind; ADMISSION_MAX_SESSIONS sets it)"
-    if limits["binds"] == "count_cap":
-        memory = "" if memory_room is None else f"; memory would fit {memory_room}"
-        return f"{cap_text}: {limits['count_room']} more session(s){memory}"
-    if memory_room is None:
-        return f"memory: below the high watermark, no reserve to count in ({cap_text})"
-    other = "" if cap is None else f" would allow {limits['count_room']}"
-    return f"memory: {memory_room} more session(s) fit under the ceiling ({cap_text}{other})"
-
-
-def _service_directory(
-    config: AdmissionConfig, group: shared_place.MemoryGroup | None
-) -> tuple[str | None, str]:
-    """The directory the service's workers share (with ``ADMISSION_SHARED_DIR`` unset,
-    the one they made for ``group``), or ``None`` and why there is none to read."""
-    if config.shared_dir == SHARED_DIR_OFF:
-        return None, "ADMISSION_SHARED_DIR=off"
-    directory: str | None = config.shared_dir
-    if directory == SHARED_DIR_AUTO:
-        directory = None if group is None else shared_place.find_place(group)
-    if directory is None:
-        return None, "no directory shared by the service's workers was found for this memory group"
-    return directory, ""
-
-
-def learned(
-    config: AdmissionConfig, reserve_bytes: int, group: shared_place.MemoryGroup | None = None
-) -> dict[str, Any]:
-    """What the running service learned, where its shared directory makes it readable.
-
-    ``reserve_bytes`` is the reserve at the limit read (configured or derived); with
-    ``ADMISSION_SHARED_DIR`` unset, the directory is the one the service's workers
-    made for ``group``, the memory group read, if there is one.
-    """
-    report: dict[str, Any] = {
-        "learning": config.reserve_learning,
-        "evidence": False,
-        "note": "",
-        "reserve_bytes": reserve_bytes,
-        "routes": [],
-    }
-    if config.reserve_learning == "off":
-        report["note"] = "no evidence: ADMISSION_SESSION_RESERVE_LEARNING=off"
-        return report
-    directory, why = _service_directory(config, group)
-    if directory is None:
-        report["note"] = (
-            f"no evidence: {why}, so what the service learned stays in its memory "
-            "(see asgi_admission_session_footprint_bytes)"
-        )
-        return report
-    try:
-        observations = read_learned(directory, window=WINDOW)
-    except (OSError, ValueError) as exc:
-        report["note"] = f"no evidence: {exc}"
-        return report
-    learner = SessionLearner()
-    learner.merge(observations or {})
-    estimates = learner.estimates()
-    if not estimates:
-        report["note"] = f"no evidence: no session observed yet in {directory}"
-        return report
-    report["evidence"] = True
-    report["note"] = f"learned by the service's workers, from {directory}"
-    report["reserve_bytes"] = effective_reserve(
-        reserve_bytes,
-        estimates,
-        mode=config.reserve_learning,
-        min_bytes=config.reserve_min_bytes,
-    )
-    report["routes"] = [
-        {
-            "route": e.route,
-            "footprint_bytes": e.footprint_bytes,
-            "ramp_s": round(e.ramp_s, 2),
-            "observations": e.observations,
-        }
-        for e in estimates
-    ]
-    return report
-
-
-def probing(
-    config: AdmissionConfig, group: shared_place.MemoryGroup | None = None
-) -> dict[str, Any]:
-    """The routes the running service probes now, where its shared directory shows them
-    (with ``ADMISSION_SHARED_DIR`` unset, the one its workers made for ``group``)."""
-    on = config.probe_sessions > 0 and config.reserve_learning != "off"
-    report: dict[str, Any] = {
-        "probe_sessions": config.probe_sessions,
-        "wait_s": config.probe_wait_s,
-        "on": on,
-        "evidence": False,
-        "note": "",
-        "routes": [],
-        "concluded": [],
-    }
-    if not on:
-        why = (
-            "ADMISSION_SESSION_RESERVE_LEARNING=off"
-            if config.reserve_learning == "off"
-            else "ADMISSION_PROBE_SESSIONS=0"
-        )
-        report["note"] = f"off: {why}, so a route's first sessions are decided on the reserve"
-        return report
-    directory, why = _service_directory(config, group)
-    if directory is None:
-        report["note"] = (
-            f"no evidence: {why}, so the probes are in the service's memory "
-            "(see asgi_admission_probing_routes)"
-        )
-        return report
-    try:
-        windows = read_probing(directory)
-    except (OSError, ValueError) as exc:
-        report["note"] = f"no evidence: {exc}"
-        return report
-    if windows is None:
-        report["note"] = f"no evidence: nothing probed yet in {config.shared_dir}"
-        return report
-    now = time.monotonic()
-    report["evidence"] = True
-    report["note"] = f"probed by the service's workers, from {config.shared_dir}"
-    for window in windows.values():
-        if window.open:
-            report["routes"].append(dataclasses.asdict(describe(window, now, -1, 0)))
-        elif window.footprint_bytes is not None:
-            report["concluded"].append(
-                {"route": window.route, "footprint_bytes": window.footprint_bytes}
-            )
-    return report
-
-
 def _limit_state(reading: MemoryReading) -> str:
     if reading.available and reading.limit_bytes:
         return "limited"
     return "unlimited" if has_no_limit(reading) else "unreadable"
-
-
-def _size(value: int | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value} B ({value / 1024**2:.1f} MiB)"
-
-
-def render(report: dict[str, Any]) -> str:
-    """The human-readable form of :func:`probe`'s report."""
-    memory, config, decision = report["memory"], report["config"], report["decision"]
-    lines = [f"source:          {report['source'] or 'none readable'}"]
-    cgroup = report["cgroup"]
-    if cgroup is not None:
-        lines.append(f"cgroup:          {cgroup['path'] or '-'} ({cgroup['how']})")
-        lines.extend(f"warning:         {warning}" for warning in cgroup["warnings"])
-        lines.append(f"files read:      {', '.join(cgroup['files']) or 'none'}")
-    lines.append(f"usage:           {_size(memory['usage_bytes'])}")
-    if cgroup is not None:
-        # File cache and PSI are cgroup figures: host mode has neither.
-        subtracted = (
-            "inactive_file + active_file" if memory["reclaimable"] == "file" else "inactive_file"
-        )
-        lines.append(f"reclaimable:     {_size(memory['reclaimable_bytes'])} ({subtracted})")
-    lines.append(f"working set:     {_size(memory['working_set_bytes'])}")
-    if memory["limit"] == "limited":
-        limit = _size(memory["limit_bytes"])
-        origin = (
-            f"set by {memory['limit_file']}"
-            if cgroup is not None
-            else "(all RAM minus the host headroom)"
-        )
-        lines.append(f"limit:           {limit} {origin}")
-    elif memory["limit"] == "unlimited":
-        lines.append("limit:           unlimited (no memory limit is set)")
-    else:
-        lines.append("limit:           unreadable (memory could not be read)")
-    percent = memory["percent"]
-    lines.append(f"percent:         {'-' if percent is None else f'{percent:.2f} %'}")
-    if cgroup is not None:
-        psi = memory["pressure_some_avg10"]
-        lines.append(f"PSI some avg10:  {'not available' if psi is None else f'{psi:.2f} %'}")
-    derived = " (derived from the limit)" if config["reserve_derived"] else ""
-    max_sessions = config["max_sessions"]
-    lines.append(
-        f"thresholds:      high {config['high_watermark_percent']} %, "
-        f"resume {config['resume_threshold_percent']} %, "
-        f"reserve {_size(config['reserve_bytes'])} per session{derived}, "
-        + ("no count cap" if max_sessions is None else f"max {max_sessions} sessions")
-    )
-    ceiling = report["ceiling"]
-    if ceiling is not None:
-        lines.append(
-            f"ceiling:         {_size(ceiling['bytes'])} = {ceiling['percent']:.2f} % "
-            f"(high minus {decision['pending'] + 1} reserve(s))"
-        )
-    else:
-        lines.append("ceiling:         none (no limit to take a percentage of)")
-    lines.append(f"binding limit:   {_binding(report['limits'])}")
-    verdict = "admit" if decision["allowed"] else f"refuse ({decision['reason']})"
-    lines.append(
-        f"one more session: {verdict}, state {decision['state']} "
-        f"(sessions {decision['sessions']}, pending {decision['pending']})"
-    )
-    learned = report["learned"]
-    lines.append(f"learned:         {learned['note']}")
-    for route in learned["routes"]:
-        lines.append(
-            f"  {route['route']}: {_size(route['footprint_bytes'])} per session, "
-            f"ramp {route['ramp_s']:.2f} s ({route['observations']} observations)"
-        )
-    if learned["evidence"]:
-        lines.append(f"reserve in use:  {_size(learned['reserve_bytes'])}")
-    lines.extend(_probing_lines(report["probing"]))
-    groups = report["session_groups"]
-    lines.append(
-        f"session groups:  {'on' if groups['enabled'] else 'off'} "
-        f"({groups['mode']}): {groups['reason']}"
-    )
-    lines.extend(stuck_lines(report["stuck"]))
-    if report["problem"]:
-        lines.append(f"error:           {report['problem']}")
-    return "\n".join(lines)
-
-
-def _probing_lines(probing: dict[str, Any]) -> list[str]:
-    """The human lines for :func:`probing`."""
-    if not probing["on"]:
-        return [f"probing:         {probing['note']}"]
-    lines = [
-        f"probing:         {probing['probe_sessions']} session(s) of a route not learned yet at "
-        f"a time, the others wait up to {probing['wait_s']:g} s; {probing['note']}"
-    ]
-    for route in probing["routes"]:
-        lines.append(
-            f"  {route['route']}: probing for {route['since_s']:.1f} s, {route['probes']} "
-            f"probe(s), {route['waiting']} waiting, grown {_size(route['growth_bytes'])} "
-            f"(guessed {_size(route['guess_bytes'])})"
-        )
-    for route in probing["concluded"]:
-        lines.append(f"  {route['route']}: probed, {_size(route['footprint_bytes'])} per session")
-    return lines
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,7 +41,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Final, Literal
 
@@ -53,10 +53,13 @@ from asgi_admission._admission.reservations.freed import Mark
 from asgi_admission._admission.reservations.holds import HoldRegistry
 from asgi_admission._admission.reservations.learned_view import LearnedView
 from asgi_admission._admission.reservations.learning import WINDOW, RouteEstimate, SessionLearner
-from asgi_admission._admission.reservations.probing import Gate, ProbeBoard, ProbeStatus, ProbeStore
+from asgi_admission._admission.reservations.probe_store import ProbeStore
+from asgi_admission._admission.reservations.probe_window import ProbeStatus
+from asgi_admission._admission.reservations.probing import Gate, ProbeBoard
 from asgi_admission._admission.reservations.session_ends import SessionEnds
 from asgi_admission._admission.reservations.settle_queue import LocalSettleQueue, SettleQueue
-from asgi_admission._admission.reservations.settling import Action, Kind, Settlement, Settler
+from asgi_admission._admission.reservations.settlement import Action, Kind, Settlement, apply
+from asgi_admission._admission.reservations.settling import Settler
 from asgi_admission._admission.reservations.shared_files import LearnedStore, SharedSettleQueue
 from asgi_admission._admission.reservations.shared_probes import SharedProbeStore
 from asgi_admission._config import Learning
@@ -71,15 +74,6 @@ SHARED_REFRESH_S: Final = 2.0
 #: Why a session request opened nothing: the app answered with an error status, or
 #: its body had not arrived by ``ADMISSION_BODY_TIMEOUT_SECONDS``.
 FailureCause = Literal["error_status", "body_timeout"]
-
-
-def apply(actions: Iterable[Action]) -> None:
-    """Do what the settler decided; outside the ledger's lock."""
-    for reservation, outcome in actions:
-        if outcome == "release":
-            reservation.release()
-        else:
-            reservation.activate()
 
 
 class ReservationKeeper:

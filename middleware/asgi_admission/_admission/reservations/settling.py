@@ -43,20 +43,30 @@ Notes:
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import logging
 import os
-import secrets
 from collections.abc import Callable
-from typing import Final, Literal
+from typing import Final
 
 from asgi_admission._admission.ledger.ledger import Reservation
 from asgi_admission._admission.reservations.freed import FreedMemory, Mark, credited
+from asgi_admission._admission.reservations.growth import Growth
 from asgi_admission._admission.reservations.settle_queue import (
     LocalSettleQueue,
     QueueRecord,
     SettleQueue,
+    drop_record,
+    make_placeholder,
+    own_record,
+)
+from asgi_admission._admission.reservations.settlement import (
+    NUMBERS,
+    PAST_RESPONSE,
+    Action,
+    Kind,
+    Phase,
+    Settlement,
+    due,
 )
 
 logger = logging.getLogger("asgi_admission")
@@ -64,76 +74,6 @@ logger = logging.getLogger("asgi_admission")
 #: The share of its expected bytes a session's growth must show to settle.
 VISIBLE_FRACTION: Final = 0.9
 DEFAULT_PENDING_TIMEOUT_S: Final = 120.0
-#: A working set growing at least this fast (over readings at least GROWTH_WINDOW_S
-#: apart) is memory still arriving: no session settles by its ramp time until it has
-#: been quiet for GROWTH_QUIET_S. Sessions ramp slower when many start at once on a
-#: busy machine than the ramp learned from calmer ones; releasing them by time while
-#: their memory is visibly still coming would admit a burst past capacity.
-GROWING_BYTES_PER_S: Final = 16 * 1024 * 1024
-GROWTH_WINDOW_S: Final = 0.25
-GROWTH_QUIET_S: Final = 1.0
-
-#: Every settlement's number, for the whole process: two guards of one process that
-#: share a settling queue (the default place is per memory group, not per guard) key
-#: their rows by (pid, number) and must never take each other's. It starts at random so
-#: that a worker reusing a dead worker's pid never takes the rows that one left behind.
-_NUMBERS: Final = itertools.count(secrets.randbits(40) + 1)
-
-Kind = Literal["http", "websocket"]
-Phase = Literal["request", "waiting", "held", "started", "done"]
-Outcome = Literal["release", "activate"]
-Action = tuple[Reservation, Outcome]
-_PAST_RESPONSE: Final = ("waiting", "held")
-
-
-class Settlement:
-    """One admitted session's state, from admission until its reservation settles.
-
-    Owned by the :class:`Settler` that made it and changed only under the
-    ledger's lock.
-    """
-
-    __slots__ = (
-        "admitted_at",
-        "expired",
-        "held",
-        "kind",
-        "phase",
-        "queued",
-        "released",
-        "remaining",
-        "reservation",
-        "route",
-        "seq",
-        "visible",
-    )
-
-    def __init__(
-        self, seq: int, reservation: Reservation, kind: Kind, route: str, admitted_at: float
-    ) -> None:
-        self.seq = seq
-        self.reservation = reservation
-        self.kind = kind
-        self.route = route
-        self.admitted_at = admitted_at
-        self.phase: Phase = "request"
-        #: Its memory showed (it left the queue's head that way).
-        self.visible = False
-        #: An app's ticket holds it until ``started()`` or ``release()``.
-        self.held = False
-        self.expired = False
-        #: In the attribution queue (not when admitted with no reading to start from).
-        self.queued = False
-        #: Its reservation was given back (settled over HTTP, expired, released).
-        self.released = False
-        #: What its memory is still expected to add (its reserve, less what showed).
-        self.remaining = 0
-
-    @property
-    def settle_outcome(self) -> Outcome:
-        # A WebSocket (or a ticket's session) counts as active once settled; an
-        # HTTP session's slot is given back (the app's count takes over).
-        return "activate" if self.kind == "websocket" else "release"
 
 
 class Settler:
@@ -152,8 +92,7 @@ class Settler:
         "_entries",
         "_footprint_bytes",
         "_freed",
-        "_growing_until",
-        "_growth_ref",
+        "_growth",
         "_mark",
         "_on_expired",
         "_pid",
@@ -191,8 +130,7 @@ class Settler:
         self._on_expired = on_expired
         self._entries: dict[int, Settlement] = {}
         self._pid = os.getpid()
-        self._growth_ref: tuple[int, float] | None = None
-        self._growing_until = 0.0
+        self._growth = Growth()
         #: The last exact reading, and memory ended sessions may free (``freed.py``).
         self._mark: Mark | None = None
         self._freed = FreedMemory()
@@ -227,7 +165,7 @@ class Settler:
     ) -> Settlement:
         """Queue a session just admitted, with the working set it was admitted at and
         what it is expected to add (its reserve, 0 or more)."""
-        seq = next(_NUMBERS)
+        seq = next(NUMBERS)
         entry = Settlement(seq, reservation, kind, route, now)
         self._entries[seq] = entry
         expected = entry.remaining = expected_bytes
@@ -287,7 +225,7 @@ class Settler:
         covers no older session's memory: see the module notes)."""
         if entry.phase in ("request", "waiting", "held"):
             floor, records = self._queue.load()
-            own = self._own_record(records, entry) if entry.queued else None
+            own = own_record(records, self._pid, entry.seq) if entry.queued else None
             credited = own is not None and floor is not None and floor > own.base_bytes
             self._phase(entry, "started")
             if self._mark_placeholder(entry) and credited:
@@ -347,7 +285,7 @@ class Settler:
         floor, records = self._queue.load()
         actions: list[Action] = []
         if used_bytes is not None:
-            self._note_growth(used_bytes, now)
+            self._growth.note(used_bytes, now)
             credit = self._freed.step(used_bytes, now)
             if credit is not None:
                 floor = credited(floor, records, credit)
@@ -364,34 +302,15 @@ class Settler:
                 actions += self._uncovered()
             if self._queue.shared:
                 actions += self._taken_by_others()
-            # Entries are in admission order and every time limit counts from
-            # admission: past the first one too young for the shortest limit, none
-            # is due.
-            horizon = now - min(self.timeout_s, self._min_ramp_s())
-            due: list[Settlement] = []
-            for entry in self._entries.values():
-                if entry.admitted_at > horizon:
-                    break
-                if (
-                    entry.phase in _PAST_RESPONSE
-                    or (
-                        entry.phase == "request"
-                        and now - entry.admitted_at >= self.request_timeout_s
-                    )
-                    or (entry.phase == "started" and now - entry.admitted_at >= self.timeout_s)
-                ):
-                    due.append(entry)
-            for entry in due:
+            for entry in due(
+                self._entries.values(),
+                now,
+                shortest_s=min(self.timeout_s, self._min_ramp_s()),
+                timeout_s=self.timeout_s,
+                request_timeout_s=self.request_timeout_s,
+            ):
                 actions += self._time_out(entry, now)
         return actions
-
-    def _note_growth(self, used_bytes: int, now: float) -> None:
-        ref = self._growth_ref
-        if ref is not None and now - ref[1] < GROWTH_WINDOW_S:
-            return
-        if ref is not None and (used_bytes - ref[0]) / (now - ref[1]) >= GROWING_BYTES_PER_S:
-            self._growing_until = now + GROWTH_QUIET_S
-        self._growth_ref = (used_bytes, now)
 
     def _taken_by_others(self) -> list[Action]:
         """Own entries another worker's pass found visible and took off the shared queue."""
@@ -414,7 +333,7 @@ class Settler:
 
     def _phase(self, entry: Settlement, phase: Phase) -> None:
         self.waiting += (phase == "waiting") - (entry.phase == "waiting")
-        self.past_response += (phase in _PAST_RESPONSE) - (entry.phase in _PAST_RESPONSE)
+        self.past_response += (phase in PAST_RESPONSE) - (entry.phase in PAST_RESPONSE)
         entry.phase = phase
 
     def _attribute(
@@ -494,7 +413,7 @@ class Settler:
             self._mark_placeholder(entry)
             return self._settle(entry)
         ramp = self._ramp_s(entry.route)
-        if ramp is not None and age >= ramp and now >= self._growing_until:
+        if ramp is not None and age >= ramp and self._growth.quiet(now):
             self._mark_placeholder(entry)
             return self._settle(entry)
         return []
@@ -523,43 +442,19 @@ class Settler:
             self._phase(entry, "done")
             self._entries.pop(entry.seq, None)
             if entry.queued:
-                floor, records = self._queue.load()
-                kept = [r for r in records if not (r.pid == self._pid and r.seq == entry.seq)]
-                if len(kept) != len(records):
-                    self._queue.store(floor if kept else None, kept)
+                drop_record(self._queue, self._pid, entry.seq)
         return [(entry.reservation, "release")]
-
-    def _own_record(self, records: list[QueueRecord], entry: Settlement) -> QueueRecord | None:
-        # Most changes concern recent sessions: search from the newest.
-        for record in reversed(records):
-            if record.pid == self._pid and record.seq == entry.seq:
-                return record
-        return None
 
     def _mark_placeholder(self, entry: Settlement) -> bool:
         # A session that left without showing its memory may have all of it by
-        # now, ahead of older sessions still ramping: it moves to the front (behind
-        # the other placeholders) so that growth pays for it before crediting anyone.
-        # It claims what a session of its route was learned to add, if less than its
-        # reserve; a claim of nothing leaves the queue at once. Whether it stays, as
-        # a placeholder.
+        # now, ahead of older sessions still ramping: it moves to the front so that
+        # growth pays for it before crediting anyone. Whether it stays, as a placeholder.
         if not entry.queued:
             return False
-        floor, records = self._queue.load()
-        record = self._own_record(records, entry)
-        if record is None:
-            return False
-        records.remove(record)
-        footprint = self._footprint_bytes(entry.route)
-        if footprint is not None:
-            record.expected_bytes = min(record.expected_bytes, footprint)
-        if record.expected_bytes > 0:
-            record.placeholder = True
-            # Placeholders are a prefix of the queue.
-            records.insert(bisect.bisect_left(records, True, key=_not_placeholder), record)
-        self._queue.store(floor if records else None, records)
-        return record.placeholder
-
-
-def _not_placeholder(record: QueueRecord) -> bool:
-    return not record.placeholder
+        return make_placeholder(
+            self._queue,
+            self._pid,
+            entry.seq,
+            route=entry.route,
+            footprint_bytes=self._footprint_bytes,
+        )

@@ -29,7 +29,7 @@ import os
 from typing import Any, Final
 
 from asgi_admission._admission.ledger.safe_files import open_private_file, process_alive
-from asgi_admission._admission.reservations.probing import Probe, ProbeWindow
+from asgi_admission._admission.reservations.probe_window import Probe, ProbeWindow
 
 logger = logging.getLogger("asgi_admission")
 

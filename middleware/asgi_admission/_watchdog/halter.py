@@ -1,0 +1,190 @@
+"""Carrying out the watchdog's halts: the event, its count and log line, then the halt
+action and ``on_halt``, each awaited as a task of its own when it returns an awaitable.
+
+The watchdog (``watchdog.py``) measures and decides which session breaks its budget;
+the halter also picks the sessions the container's headroom takes (the largest first,
+``container_headroom``) and reports a kill in a session's memory group as the halt
+``memory_limit``. Every halt tells the watchdog's ``observe_peak`` first, so the
+session's peak is recorded before its process is signalled; the callbacks still
+running are the watchdog's to cancel when it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+from asgi_admission._memory.reading import MemoryReading
+from asgi_admission._watchdog.halt import HaltAction, HaltReason, SessionHalt
+from asgi_admission._watchdog.metrics import WatchdogMetrics
+from asgi_admission._watchdog.session import WatchedSession
+
+logger = logging.getLogger("asgi_admission")
+
+_MIB: Final = 1024 * 1024
+
+
+class Halter:
+    """Halts sessions for the watchdog: ``action`` carries a halt out, ``on_halt`` is
+    told of it (either may be a coroutine function), ``metrics.halted`` counts it and
+    ``observe_peak(session)`` records the session's peak as it is halted."""
+
+    __slots__ = ("_action", "_metrics", "_observe_peak", "_on_halt", "_tasks")
+
+    def __init__(
+        self,
+        *,
+        action: HaltAction,
+        on_halt: HaltAction | None,
+        metrics: WatchdogMetrics,
+        observe_peak: Callable[[WatchedSession], None],
+    ) -> None:
+        self._action = action
+        self._on_halt = on_halt
+        self._metrics = metrics
+        self._observe_peak = observe_peak
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def pending(self) -> tuple[asyncio.Task[Any], ...]:
+        """The halt callbacks still running, as tasks."""
+        return tuple(self._tasks)
+
+    def container_halts(
+        self, sessions: list[WatchedSession], reading: MemoryReading, critical_percent: float
+    ) -> list[SessionHalt]:
+        """While the working set in ``reading`` is at or above ``critical_percent`` of the
+        limit: halt the largest of ``sessions`` until what they free brings it under."""
+        percent, used, limit = reading.percent, reading.used_bytes, reading.limit_bytes
+        if percent is None or used is None or limit is None:
+            return []
+        if percent < critical_percent:
+            return []
+        critical_bytes = limit * critical_percent / 100
+        freeing = sum(s._last.rss_bytes for s in sessions if s._halt and s._last)
+        candidates = sorted(
+            (s for s in sessions if s._halt is None and s._last is not None),
+            key=lambda s: s._last.rss_bytes if s._last else 0,
+            reverse=True,
+        )
+        halts: list[SessionHalt] = []
+        for session in candidates:
+            if used - freeing < critical_bytes:
+                break
+            assert session._last is not None
+            freeing += session._last.rss_bytes
+            halts.append(
+                self.halt(
+                    session,
+                    "container_headroom",
+                    reading,
+                    "The session was halted because the service ran short of memory "
+                    f"({percent:.1f}% of its limit in use) and it was the largest session.",
+                    critical_percent=critical_percent,
+                )
+            )
+        return halts
+
+    def memory_limit(self, session: WatchedSession, critical_percent: float) -> SessionHalt:
+        """The kernel killed in the session's group: report it as a halt."""
+        group = session.group
+        assert group is not None
+        peak = group.peak_bytes()
+        budget = group.budget_bytes
+        event = self.halt(
+            session,
+            "memory_limit",
+            None,
+            "The session was stopped because it reached its memory limit of "
+            f"{budget / _MIB:.0f} MiB.",
+            critical_percent=critical_percent,
+            group_peak_bytes=peak,
+        )
+        logger.warning(
+            "Session %s (pid %d) reached the limit of its memory group %s: the kernel killed "
+            "%d of its processes (budget %d bytes, group peak %s bytes, last RSS %d bytes).",
+            session.session_id,
+            session.pid,
+            group.path,
+            group.oom_kills(),
+            budget,
+            peak,
+            event.rss_bytes,
+        )
+        return event
+
+    def halt(
+        self,
+        session: WatchedSession,
+        reason: HaltReason,
+        reading: MemoryReading | None,
+        message: str,
+        *,
+        critical_percent: float,
+        group_peak_bytes: int | None = None,
+    ) -> SessionHalt:
+        """Halt ``session`` for ``reason``: the event, its peak, its count and log line,
+        then the halt action and ``on_halt``."""
+        last = session._last
+        event = SessionHalt(
+            session=session,
+            reason=reason,
+            rss_bytes=last.rss_bytes if last is not None else group_peak_bytes or 0,
+            budget_bytes=session.budget_bytes,
+            memory=reading,
+            critical_watermark_percent=critical_percent,
+            message=message,
+            group_peak_bytes=group_peak_bytes,
+        )
+        session._halt = event
+        self._observe_peak(session)
+        self._metrics.halted.labels(reason=reason).inc()
+        if reason != "memory_limit":  # that one has a line of its own, with the group's figures
+            logger.warning(
+                "Halting session %s (pid %d, RSS %d bytes, budget %s): %s",
+                session.session_id,
+                session.pid,
+                event.rss_bytes,
+                session.budget_bytes,
+                reason,
+            )
+        self._dispatch(self._action, event)
+        if self._on_halt is not None:
+            self._dispatch(self._on_halt, event)
+        return event
+
+    def _dispatch(
+        self, callback: Callable[[SessionHalt], Awaitable[None] | None], event: SessionHalt
+    ) -> None:
+        try:
+            result = callback(event)
+        except Exception:
+            logger.exception("A halt callback failed for session %s.", event.session_id)
+            return
+        if result is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if inspect.iscoroutine(result):
+                result.close()
+            logger.error(
+                "A halt callback for session %s returned an awaitable, but no event loop "
+                "is running to await it.",
+                event.session_id,
+            )
+            return
+        task = loop.create_task(_await(result))
+        self._tasks.add(task)
+        task.add_done_callback(self._callback_done)
+
+    def _callback_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("A halt callback failed.", exc_info=task.exception())
+
+
+async def _await(awaitable: Awaitable[None]) -> None:
+    await awaitable

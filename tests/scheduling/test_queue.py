@@ -414,3 +414,33 @@ def test_a_queue_that_cannot_work_is_refused(kwargs: dict[str, Any], message: st
     settings: dict[str, Any] = {"classes": ("default",), "limit": 1, "timeout_s": 1.0}
     with pytest.raises(ValueError, match=message):
         WaitQueue(**{**settings, **kwargs})
+
+
+def test_a_queue_outlives_a_loop_that_stopped_with_a_pass_scheduled() -> None:
+    """A wake left unserved by a loop that closed does not keep the next loop's waiters
+    from being tried."""
+    capacity = Capacity(free=0)
+    line = queue(timeout_s=0.2)
+
+    async def first() -> None:
+        assert (
+            await line.wait(
+                class_name="default",
+                attempt=capacity.attempt("early", 5),
+                give_back=capacity.give_back,
+            )
+        ).outcome == "timeout"
+
+    old = asyncio.new_event_loop()
+    old.run_until_complete(first())
+    line.wake()  # from outside the loop, which never runs again
+    old.close()
+
+    async def second() -> None:
+        capacity.free = 1
+        waited = await line.wait(
+            class_name="default", attempt=capacity.attempt("late"), give_back=capacity.give_back
+        )
+        assert waited.outcome == "admitted"
+
+    run(second)

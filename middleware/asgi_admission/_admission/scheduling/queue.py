@@ -244,6 +244,9 @@ class WaitQueue(Generic[T]):
             if self.total():
                 raise RuntimeError("a WaitQueue serves the waiters of one event loop at a time.")
             self._loop = loop
+            # A pass scheduled on a loop that stopped before running it never will.
+            with self._schedule_lock:
+                self._scheduled = False
         waiter = _Waiter(class_name, attempt, give_back, loop.create_future())
         since = self._clock()
         deadline = loop.time() + self.timeout_s

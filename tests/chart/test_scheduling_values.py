@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 from chartlib import Manifest, env_of, helm_template, render, server_container
@@ -130,3 +131,14 @@ def test_a_ceiling_follows_the_watermarks_set(helm: str) -> None:
     )
     assert proc.returncode != 0
     assert 'the class "batch" has the ceiling 45, at or below 50' in proc.stderr
+
+
+def test_a_large_queue_limit_renders_as_a_whole_number(
+    helm: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A limit of two million from a values file (a float to Helm) renders as digits the
+    guard reads, not as 2e+06."""
+    values = tmp_path / "values.yaml"
+    values.write_text("scheduling:\n  queueLimit: 2000000\n")
+    config = config_of(render(helm, "r", *MEMORY, "-f", str(values)), caplog)
+    assert config.queue_limit == 2_000_000

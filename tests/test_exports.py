@@ -24,6 +24,7 @@ EXPORTED = [
     "HostMemoryReader",
     "MemoryReader",
     "MemoryReading",
+    "PriorityClass",
     "ProcessGroupHalt",
     "ProcessSample",
     "RetryAfterPolicy",

@@ -10,6 +10,7 @@ from importlib import metadata as _metadata
 from asgi_admission._admission.decision.latch import AdmissionController, CapacityDecision
 from asgi_admission._admission.decision.observer import DecisionObserver
 from asgi_admission._admission.reservations.tickets import AdmissionTicket, admission_ticket
+from asgi_admission._admission.scheduling.priority import PriorityClass
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.host import HostMemoryReader
@@ -43,6 +44,7 @@ __all__ = [
     "HostMemoryReader",
     "MemoryReader",
     "MemoryReading",
+    "PriorityClass",
     "ProcessGroupHalt",
     "ProcessSample",
     "RetryAfterPolicy",

@@ -10,6 +10,18 @@ from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 from asgi_admission import _env
+from asgi_admission._admission.scheduling.priority import PriorityClass
+from asgi_admission._admission.scheduling.settings import (
+    DEFAULT_QUEUE_LIMIT,
+    ENV_PRIORITY_CLASSES,
+    ENV_QUEUE_LIMIT,
+    ENV_QUEUE_TIMEOUT,
+    ENV_TENANT_MAX_SHARE,
+    check_scheduling,
+    priority_classes_from,
+    queue_timeout_from,
+    tenant_max_share_from,
+)
 from asgi_admission._memory.reading import Reclaimable
 
 logger = logging.getLogger("asgi_admission")
@@ -92,6 +104,10 @@ ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
     "liveness_path": ENV_LIVENESS_PATH,
     "agent_port": ENV_AGENT_PORT,
     "load_metrics_header": ENV_LOAD_METRICS,
+    "queue_timeout_s": ENV_QUEUE_TIMEOUT,
+    "queue_limit": ENV_QUEUE_LIMIT,
+    "priority_classes": ENV_PRIORITY_CLASSES,
+    "tenant_max_share": ENV_TENANT_MAX_SHARE,
 }
 
 
@@ -188,6 +204,17 @@ class AdmissionConfig:
     #: Whether HTTP session responses carry an ``endpoint-load-metrics`` header (ORCA TEXT)
     #: with the container's admissible sessions and memory use, for Envoy.
     load_metrics_header: bool = False
+    #: The longest a session request that does not fit waits for capacity, holding
+    #: nothing, before it is refused (``queue_timeout``); ``0`` refuses at once.
+    queue_timeout_s: float = 0.0
+    #: How many session requests may wait at once; one more is refused (``queue_full``).
+    queue_limit: int = DEFAULT_QUEUE_LIMIT
+    #: The priority classes, first served first, each with its own ceiling; empty: one
+    #: class, ``"default"``, at ``high_watermark_percent``.
+    priority_classes: tuple[PriorityClass, ...] = ()
+    #: The most of the counted sessions one tenant may hold while requests wait or are
+    #: refused (``tenant_share``); ``1.0`` sets no share.
+    tenant_max_share: float = 1.0
 
     def __post_init__(self) -> None:
         check_watermarks(
@@ -275,6 +302,14 @@ class AdmissionConfig:
                 "load_metrics_header (ADMISSION_LOAD_METRICS_HEADER) must be True or False; "
                 f"got {self.load_metrics_header!r}."
             )
+        check_scheduling(
+            queue_timeout_s=self.queue_timeout_s,
+            queue_limit=self.queue_limit,
+            priority_classes=self.priority_classes,
+            tenant_max_share=self.tenant_max_share,
+            high_watermark_percent=self.high_watermark_percent,
+            resume_threshold_percent=self.resume_threshold_percent,
+        )
         if self.reclaimable not in get_args(Reclaimable):
             raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}.")
         if self.websocket_refusal not in get_args(WebSocketRefusal):
@@ -360,6 +395,10 @@ class AdmissionConfig:
             liveness_path=_liveness_path(env),
             agent_port=_agent_port(env),
             load_metrics_header=_env.flag(env, ENV_LOAD_METRICS, default=False),
+            queue_timeout_s=queue_timeout_from(env),
+            queue_limit=_env.number(env, ENV_QUEUE_LIMIT, DEFAULT_QUEUE_LIMIT, int, minimum=0),
+            priority_classes=priority_classes_from(env, high=high, resume=resume),
+            tenant_max_share=tenant_max_share_from(env),
         )
 
 

@@ -177,6 +177,7 @@ schema is skipped. Included by the Deployment, which every render contains.
 {{- if le (float64 .Values.admission.criticalWatermarkPercent) (float64 .Values.admission.highWatermarkPercent) }}
 {{- fail "admission.criticalWatermarkPercent is not above admission.highWatermarkPercent: the watchdog halts running sessions only after admission has stopped new ones, so the critical watermark must be higher." }}
 {{- end }}
+{{- include "asgi-admission.validatePriorityClasses" . }}
 {{- $reserve := .Values.admission.sessionReserveMB }}
 {{- $limit := dig "limits" "memory" "" (.Values.resources | default dict) }}
 {{- $limitMiB := include "asgi-admission.memoryMiB" $limit }}
@@ -202,5 +203,43 @@ empty for a form it does not know (the API server then has the last word on it).
 {{- $factors := dict "" 1.0 "k" 1000.0 "M" 1000000.0 "G" 1000000000.0 "T" 1000000000000.0 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 }}
 {{- if and $number (hasKey $factors $suffix) }}
 {{- divf (mulf (float64 $number) (get $factors $suffix)) 1048576.0 }}
+{{- end }}
+{{- end }}
+
+{{/*
+scheduling.priorityClasses as ADMISSION_PRIORITY_CLASSES: "critical=90,batch=65".
+*/}}
+{{- define "asgi-admission.priorityClasses" -}}
+{{- $entries := list }}
+{{- range .Values.scheduling.priorityClasses }}
+{{- $entries = append $entries (printf "%s=%v" .name .highWatermarkPercent) }}
+{{- end }}
+{{- join "," $entries }}
+{{- end }}
+
+{{/*
+What the schema cannot say of scheduling.priorityClasses: each name once, each ceiling at
+most the one before it (the first class is served first) and above the gap between the
+high watermark and the resume threshold, where a class's latch clears.
+*/}}
+{{- define "asgi-admission.validatePriorityClasses" -}}
+{{- $gap := subf (float64 .Values.admission.highWatermarkPercent) (float64 .Values.admission.resumeThresholdPercent) }}
+{{- $seen := dict }}
+{{- $above := "" }}
+{{- $aboveCeiling := 100.0 }}
+{{- range .Values.scheduling.priorityClasses }}
+{{- $ceiling := float64 .highWatermarkPercent }}
+{{- if hasKey $seen .name }}
+{{- fail (printf "scheduling.priorityClasses names the class %q twice: give each class one name, used once." .name) }}
+{{- end }}
+{{- $_ := set $seen .name true }}
+{{- if le $ceiling $gap }}
+{{- fail (printf "scheduling.priorityClasses: the class %q has the ceiling %v, at or below %v (admission.highWatermarkPercent less admission.resumeThresholdPercent), where its latch would have to clear: no session of it could be admitted once the latch set. Raise its ceiling above %v." .name .highWatermarkPercent $gap $gap) }}
+{{- end }}
+{{- if gt $ceiling $aboveCeiling }}
+{{- fail (printf "scheduling.priorityClasses: the class %q (%v) comes after %q (%v) but has a higher ceiling; classes are served in the order given, so list them from the highest ceiling down." .name .highWatermarkPercent $above $aboveCeiling) }}
+{{- end }}
+{{- $above = .name }}
+{{- $aboveCeiling = $ceiling }}
 {{- end }}
 {{- end }}

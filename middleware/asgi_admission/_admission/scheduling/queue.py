@@ -1,0 +1,348 @@
+"""The bounded wait for capacity: session requests that do not fit yet, served in order.
+
+A session request that does not fit may wait here (``ADMISSION_QUEUE_TIMEOUT_SECONDS``,
+at most ``ADMISSION_QUEUE_LIMIT`` at once) instead of being refused at once. A waiter
+holds nothing (no count slot, no reserve): it holds an *attempt*, a callable the
+admission service hands in that decides the request again and returns its admission,
+or a :class:`Verdict` saying it still does not fit (docs/configuration.md).
+
+Waiters are served by class (the configured order, first served first), then in
+arrival order. A pass tries the first waiter, then the next, and stops at the first
+that does not fit (``Verdict.FULL``), so nobody jumps the queue; a waiter whose turn
+it is not (``Verdict.DEFERRED``: its tenant holds its share) keeps its place and the
+next one is tried.
+
+Notes:
+
+- No polling: a waiter awaits one future (its admission), its client's next message
+  and its deadline, all at once. Something that may have freed capacity (a session
+  settles or ends, a ticket is released, a sample shows memory freed) calls
+  :meth:`WaitQueue.wake`, from any thread.
+- ``wake()`` never decides: it schedules one pass on the waiters' loop, and wakes
+  that come while a pass is scheduled join it, so a burst of releases costs one pass.
+  The attempts run on the loop, as every decision does, never under the caller's
+  lock (a release under the ledger's lock must not find the ledger busy).
+- The waiters' state is touched on their loop only: no lock but the one that keeps
+  a pass from being scheduled twice, held for a few instructions. One loop at a time
+  (an ASGI server runs one per process).
+- A waiter that leaves (its deadline, its client gone, its task cancelled) gives back
+  an admission it was handed in that same instant (``give_back``); where it was the
+  waiter a pass stopped at, the next pass runs, since those behind it may fit.
+- Bookkeeping for the metrics: how many wait per class, and each wait's seconds and
+  outcome (``admitted``, ``timeout``, ``cancelled``), counted per class and outcome,
+  and told to ``on_wait_end`` as it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+T = TypeVar("T")
+
+#: How a wait ended: ``full`` means the queue was full and nothing was waited.
+Outcome = Literal["admitted", "timeout", "cancelled", "full"]
+#: The outcomes a wait that took place ends with (the metrics' ``outcome`` label).
+WaitOutcome = Literal["admitted", "timeout", "cancelled"]
+
+
+class Verdict(enum.Enum):
+    """What an attempt answers when it does not admit."""
+
+    #: Does not fit: the pass stops here, nobody behind goes before it.
+    FULL = "full"
+    #: Not this waiter's turn (its tenant holds its share): it keeps its place and the
+    #: next waiter is tried.
+    DEFERRED = "deferred"
+
+
+@dataclass(frozen=True, slots=True)
+class Waited(Generic[T]):
+    """The end of one wait: its outcome, the admission (exactly when ``admitted``), and
+    how long it waited (by the queue's clock)."""
+
+    outcome: Outcome
+    admission: T | None
+    waited_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaitRecord:
+    """One wait that took place, as the metrics observe it."""
+
+    class_name: str
+    outcome: WaitOutcome
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaitTotals:
+    """The waits of one class and outcome so far: how many, and their seconds in all."""
+
+    count: int
+    seconds: float
+
+
+class ClientListener(Protocol):
+    """The client's messages while its request waits (``_waiting.Listening`` is one)."""
+
+    def next_message(self) -> asyncio.Task[Any] | None:
+        """The next message, read in the background; ``None``: no longer listening."""
+
+    def heard(self) -> bool:
+        """After the task completed: whether the client left."""
+
+
+class _Waiter(Generic[T]):
+    __slots__ = ("attempt", "class_name", "future", "give_back")
+
+    def __init__(
+        self,
+        class_name: str,
+        attempt: Callable[[], T | Verdict],
+        give_back: Callable[[T], None],
+        future: asyncio.Future[T],
+    ) -> None:
+        self.class_name = class_name
+        self.attempt = attempt
+        self.give_back = give_back
+        self.future = future
+
+
+class WaitQueue(Generic[T]):
+    """The session requests of one process waiting for capacity; see the module's notes.
+
+    ``classes`` are the class names in serving order; ``limit`` how many may wait at
+    once (0: none); ``timeout_s`` (above 0) the longest one waits; ``clock`` measures
+    the waits for the bookkeeping (deadlines are the loop's own timers);
+    ``on_wait_end`` is told of every wait that took place as it ends, on the loop.
+    """
+
+    __slots__ = (
+        "_blocker",
+        "_clock",
+        "_lines",
+        "_loop",
+        "_on_wait_end",
+        "_schedule_lock",
+        "_scheduled",
+        "_totals",
+        "classes",
+        "limit",
+        "timeout_s",
+    )
+
+    def __init__(
+        self,
+        *,
+        classes: Sequence[str],
+        limit: int,
+        timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_wait_end: Callable[[WaitRecord], None] | None = None,
+    ) -> None:
+        if not classes or len(set(classes)) != len(classes):
+            raise ValueError(f"classes must name at least one class, each once; got {classes!r}.")
+        if limit < 0:
+            raise ValueError(f"limit must be 0 or more; got {limit!r}.")
+        if not timeout_s > 0:
+            raise ValueError(
+                f"timeout_s must be above 0 (with 0, build no queue: refuse at once); "
+                f"got {timeout_s!r}."
+            )
+        self.classes = tuple(classes)
+        self.limit = limit
+        self.timeout_s = float(timeout_s)
+        self._clock = clock
+        self._on_wait_end = on_wait_end
+        self._lines: dict[str, deque[_Waiter[T]]] = {name: deque() for name in self.classes}
+        self._totals: dict[tuple[str, WaitOutcome], WaitTotals] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._schedule_lock = threading.Lock()
+        self._scheduled = False
+        # The waiter the last pass stopped at: only its leaving can let those behind go.
+        self._blocker: _Waiter[T] | None = None
+
+    def total(self) -> int:
+        """How many wait, in every class."""
+        return sum(len(line) for line in self._lines.values())
+
+    def waiting(self) -> dict[str, int]:
+        """How many wait in each class, every class named (the metrics' gauge)."""
+        return {name: len(line) for name, line in self._lines.items()}
+
+    def ahead(self, class_name: str) -> int:
+        """How many waiters a new request of ``class_name`` must let go first: those of
+        its class and of the classes served before it. 0: it may be decided at once."""
+        found = 0
+        for name in self.classes:
+            found += len(self._lines[name])
+            if name == class_name:
+                return found
+        raise ValueError(f"{class_name!r} is not one of the classes {self.classes!r}.")
+
+    def totals(self) -> dict[tuple[str, WaitOutcome], WaitTotals]:
+        """The waits that took place, per class and outcome."""
+        return dict(self._totals)
+
+    def wake(self) -> None:
+        """Capacity may have freed: a pass over the waiters is run soon on their loop.
+
+        From any thread, under any lock: it decides nothing itself, and a wake while a
+        pass is already scheduled joins that pass.
+        """
+        loop = self._loop
+        if loop is None:
+            return
+        with self._schedule_lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        try:
+            if running is loop:
+                loop.call_soon(self._scheduled_pass)
+            else:
+                loop.call_soon_threadsafe(self._scheduled_pass)
+        except RuntimeError:  # the loop is closed: nobody is left to wait on it
+            with self._schedule_lock:
+                self._scheduled = False
+
+    async def wait(
+        self,
+        *,
+        class_name: str,
+        attempt: Callable[[], T | Verdict],
+        give_back: Callable[[T], None],
+        listening: ClientListener | None = None,
+    ) -> Waited[T]:
+        """Wait in line for ``class_name`` until ``attempt`` admits, the deadline, or the
+        client leaves (``listening``); ``full`` at once where ``limit`` wait already.
+
+        ``attempt`` is called on this loop each time the waiter's turn comes; what it
+        returns other than a :class:`Verdict` is the admission, which this waiter then
+        owns (``give_back`` returns it where the waiter leaves in the same instant).
+        Joining runs a pass, so a request that was not tried (others were ahead) is
+        tried as soon as those ahead are.
+        """
+        line = self._lines.get(class_name)
+        if line is None:
+            raise ValueError(f"{class_name!r} is not one of the classes {self.classes!r}.")
+        if self.total() >= self.limit:
+            return Waited("full", None, 0.0)
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self.total():
+                raise RuntimeError("a WaitQueue serves the waiters of one event loop at a time.")
+            self._loop = loop
+            # A pass scheduled on a loop that stopped before running it never will.
+            with self._schedule_lock:
+                self._scheduled = False
+        waiter = _Waiter(class_name, attempt, give_back, loop.create_future())
+        since = self._clock()
+        deadline = loop.time() + self.timeout_s
+        line.append(waiter)
+        self.wake()
+        try:
+            outcome = await self._await(waiter, deadline, listening)
+        except BaseException:
+            self._leave(waiter)
+            self._record(class_name, "cancelled", since)
+            raise
+        if outcome == "admitted" and waiter.future.exception() is not None:
+            # The attempt raised: the wait ends with its error, counted as cancelled.
+            self._record(class_name, "cancelled", since)
+            waiter.future.result()
+        waited = self._record(class_name, outcome, since)
+        if outcome == "admitted":
+            return Waited("admitted", waiter.future.result(), waited)
+        return Waited(outcome, None, waited)
+
+    async def _await(
+        self, waiter: _Waiter[T], deadline: float, listening: ClientListener | None
+    ) -> WaitOutcome:
+        """``admitted`` once the future is done, else the waiter has left the line."""
+        loop = asyncio.get_running_loop()
+        while not waiter.future.done():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                self._leave(waiter)
+                return "timeout"
+            message = None if listening is None else listening.next_message()
+            waits: set[asyncio.Future[Any]] = {waiter.future}
+            if message is not None:
+                waits.add(message)
+            done, _ = await asyncio.wait(
+                waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            if waiter.future.done():
+                break
+            if message is not None and message in done:
+                assert listening is not None
+                if listening.heard():
+                    self._leave(waiter)
+                    return "cancelled"
+        return "admitted"
+
+    def _leave(self, waiter: _Waiter[T]) -> None:
+        """``waiter`` waits no longer: out of its line, its admission (if one came in the
+        same instant) given back, and the next pass run if it was the one that blocked."""
+        line = self._lines[waiter.class_name]
+        if waiter in line:
+            line.remove(waiter)
+        future = waiter.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            waiter.give_back(future.result())
+        else:
+            future.cancel()
+        if self._blocker is waiter:
+            self._blocker = None
+            self.wake()
+
+    def _record(self, class_name: str, outcome: WaitOutcome, since: float) -> float:
+        seconds = max(0.0, self._clock() - since)
+        key = (class_name, outcome)
+        before = self._totals.get(key)
+        self._totals[key] = (
+            WaitTotals(1, seconds)
+            if before is None
+            else WaitTotals(before.count + 1, before.seconds + seconds)
+        )
+        if self._on_wait_end is not None:
+            self._on_wait_end(WaitRecord(class_name, outcome, seconds))
+        return seconds
+
+    def _scheduled_pass(self) -> None:
+        """One pass: each class in order, each line from its head, until one does not fit.
+
+        Wakes from here on (an attempt's own among them) schedule the next pass."""
+        with self._schedule_lock:
+            self._scheduled = False
+        self._blocker = None
+        for name in self.classes:
+            for waiter in list(self._lines[name]):
+                if waiter.future.done():
+                    continue  # left in this very instant; its wait removes it
+                try:
+                    result = waiter.attempt()
+                except Exception as error:
+                    # Its wait ends with the error; those behind are not held up by it.
+                    self._lines[name].remove(waiter)
+                    waiter.future.set_exception(error)
+                    continue
+                if result is Verdict.FULL:
+                    self._blocker = waiter
+                    return
+                if result is Verdict.DEFERRED:
+                    continue
+                self._lines[name].remove(waiter)
+                waiter.future.set_result(result)

@@ -1,0 +1,121 @@
+"""Fair share: the sessions each tenant holds, and whether one more would be beyond its share.
+
+``tenant=callable(scope)`` names a request's tenant; ``ADMISSION_TENANT_MAX_SHARE``
+(``tenant_max_share``) is the most of the counted sessions one tenant may hold while
+requests wait or are refused (docs/configuration.md). The admission service counts a
+tenant's session in when it admits it (:meth:`TenantShares.admitted`, which hands back
+a :class:`TenantSlot` that goes with the session) and out when the session ends
+(:meth:`TenantShares.released`), and asks :meth:`TenantShares.over_share` while
+requests wait or are refused.
+
+Notes:
+
+- Bounded memory, whatever names clients invent: a tenant is tracked only while it
+  holds a session (its entry goes with its last one), and at most ``max_tenants``
+  are tracked by name. A tenant first seen while that many are tracked is counted in
+  one shared bucket with every other such tenant, so together they hold at most one
+  share: a client inventing a name per request gains nothing by it (a tenant whose
+  first sessions went there is counted by name once there is room). Each session
+  keeps its slot, so its release always finds the count it was added to.
+- A tenant may always hold one session: with ``share * total`` below one, a share
+  would refuse even the first session of a tenant that holds none.
+- Thread-safe: one lock, held for a dictionary update.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Final
+
+#: How many tenants are tracked by name at most; beyond it they share one bucket.
+DEFAULT_MAX_TENANTS: Final = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSlot:
+    """What one admitted session of a tenant was counted under; handed back on release.
+
+    ``bucket`` is the tenant's name, or ``None`` for the shared bucket of the tenants
+    first seen while ``max_tenants`` were tracked.
+    """
+
+    bucket: str | None
+
+
+class TenantShares:
+    """Sessions held per tenant, within a share of the counted sessions; see the notes."""
+
+    __slots__ = ("_counts", "_lock", "_shared", "max_share", "max_tenants")
+
+    def __init__(self, *, max_share: float, max_tenants: int = DEFAULT_MAX_TENANTS) -> None:
+        if not 0 < max_share <= 1:
+            raise ValueError(
+                "max_share (ADMISSION_TENANT_MAX_SHARE) must be above 0 and at most 1; "
+                f"got {max_share!r}."
+            )
+        if max_tenants < 1:
+            raise ValueError(f"max_tenants must be 1 or more; got {max_tenants!r}.")
+        self.max_share = float(max_share)
+        self.max_tenants = max_tenants
+        self._counts: dict[str, int] = {}
+        self._shared = 0
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a share is set (below 1): otherwise no tenant is ever over it."""
+        return self.max_share < 1
+
+    def admitted(self, tenant: str) -> TenantSlot:
+        """Count one more session of ``tenant``; keep the slot with the session."""
+        with self._lock:
+            count = self._counts.get(tenant)
+            if count is not None:
+                self._counts[tenant] = count + 1
+                return TenantSlot(tenant)
+            if len(self._counts) < self.max_tenants:
+                self._counts[tenant] = 1
+                return TenantSlot(tenant)
+            self._shared += 1
+            return TenantSlot(None)
+
+    def released(self, slot: TenantSlot) -> None:
+        """One session counted under ``slot`` ended; a tenant left with none is forgotten."""
+        with self._lock:
+            bucket = slot.bucket
+            if bucket is None:
+                self._shared = max(0, self._shared - 1)
+                return
+            count = self._counts.get(bucket, 0) - 1
+            if count > 0:
+                self._counts[bucket] = count
+            else:
+                self._counts.pop(bucket, None)
+
+    def held(self, tenant: str) -> int:
+        """How many sessions the count for ``tenant`` holds (the shared bucket's, for a
+        tenant not tracked by name while ``max_tenants`` are)."""
+        with self._lock:
+            return self._held(tenant)
+
+    def _held(self, tenant: str) -> int:
+        count = self._counts.get(tenant)
+        if count is not None:
+            return count
+        return self._shared if len(self._counts) >= self.max_tenants else 0
+
+    def tracked(self) -> int:
+        """How many tenants are tracked by name now (at most ``max_tenants``)."""
+        with self._lock:
+            return len(self._counts)
+
+    def over_share(self, tenant: str | None, counted_total: int) -> bool:
+        """Whether one more session of ``tenant`` would hold more than its share of the
+        counted sessions (``counted_total`` now, one more with it); a request with no
+        tenant, or with no share set, never is. A tenant may always hold one."""
+        if tenant is None or not self.enabled:
+            return False
+        with self._lock:
+            after = self._held(tenant) + 1
+        return after > max(1.0, self.max_share * (counted_total + 1))

@@ -98,6 +98,7 @@ class Settler:
         "_pid",
         "_queue",
         "_ramp_s",
+        "_routes",
         "_shortest_ramp_s",
         "past_response",
         "request_timeout_s",
@@ -129,6 +130,8 @@ class Settler:
         self._footprint_bytes = footprint_bytes
         self._on_expired = on_expired
         self._entries: dict[int, Settlement] = {}
+        #: The route of each of this process's sessions in the queue, placeholders too.
+        self._routes: dict[int, str] = {}
         self._pid = os.getpid()
         self._growth = Growth()
         #: The last exact reading, and memory ended sessions may free (``freed.py``).
@@ -147,6 +150,7 @@ class Settler:
     def after_fork(self) -> None:
         """A forked worker starts with nothing of its parent's."""
         self._entries = {}
+        self._routes = {}
         self.waiting = self.past_response = 0
         self._pid = os.getpid()
         if isinstance(self._queue, LocalSettleQueue):
@@ -181,6 +185,7 @@ class Settler:
             records.append(QueueRecord(self._pid, seq, now, base, expected))
             self._queue.store(floor, records)
             entry.queued = True
+            self._routes[seq] = route
         return entry
 
     def respond(self, entry: Settlement, now: float) -> list[Action]:
@@ -289,6 +294,8 @@ class Settler:
             credit = self._freed.step(used_bytes, now)
             if credit is not None:
                 floor = credited(floor, records, credit)
+        if self._routes:
+            self._learned(records)
         if records:
             floor, records = self._attribute(floor, records, used_bytes, now, actions)
             self._queue.store(floor, records)
@@ -311,6 +318,25 @@ class Settler:
             ):
                 actions += self._time_out(entry, now)
         return actions
+
+    def _learned(self, records: list[QueueRecord]) -> None:
+        """This process's sessions in the queue expect no more than their route is now
+        learned to add: one admitted on a guess that proved too large would otherwise
+        never show its memory, and, a placeholder at the queue's front, keep every later
+        session from showing theirs until the timeout."""
+        routes: dict[int, str] = {}
+        for record in records:
+            route = self._routes.get(record.seq) if record.pid == self._pid else None
+            if route is None:
+                continue
+            routes[record.seq] = route
+            footprint = self._footprint_bytes(route)
+            if footprint is not None and footprint < record.expected_bytes:
+                record.expected_bytes = footprint
+                entry = self._entries.get(record.seq)
+                if entry is not None:
+                    entry.remaining = min(entry.remaining, footprint)
+        self._routes = routes
 
     def _taken_by_others(self) -> list[Action]:
         """Own entries another worker's pass found visible and took off the shared queue."""

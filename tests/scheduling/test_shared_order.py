@@ -5,6 +5,7 @@ workers: each has its own open file description, so its own slot lock)."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 from collections.abc import Iterator
@@ -179,6 +180,23 @@ def test_a_torn_or_garbage_row_is_ignored_and_written_back_by_its_worker(
         os.close(fd)
     assert not b.ahead(0, 2.0)
     assert a.first()
+    assert b.ahead(0, 2.0)
+
+
+def test_a_claim_that_finds_the_file_busy_is_tried_again_at_the_next_publish(
+    shared: tuple[Path, list[SharedOrder]],
+) -> None:
+    """Never waiting for the file's lock: a worker that finds another in it publishes
+    nothing that time, and claims its slot at its next publish of the same waiter."""
+    a, b = open_order(shared), open_order(shared)
+    fd = os.open(shared[0] / FILE_NAME, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another worker rebuilding or claiming
+        a.publish((0, 1.0), 1)
+        assert not b.ahead(0, 2.0)
+    finally:
+        os.close(fd)
+    a.publish((0, 1.0), 1)
     assert b.ahead(0, 2.0)
 
 

@@ -103,7 +103,8 @@ def test_workers_admit_in_container_order_and_a_killed_workers_waiters_vanish(
     directory = tmp_path / "shm"
     ledger = SharedLedger(directory)
     with ledger.locked():
-        held = [ledger.reserve() for _ in range(LIMIT)]  # the capacity, all taken
+        # The capacity, all taken.
+        held: list[Reservation] = [ledger.reserve() for _ in range(LIMIT)]
     for worker, name, class_name in ARRIVALS:
         pool.join(worker, name, class_name)
     admitted = []

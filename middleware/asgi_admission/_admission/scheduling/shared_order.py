@@ -138,6 +138,7 @@ class SharedOrder:
         "_pid",
         "_row",
         "_slot",
+        "_waiting",
         "_want",
         "_warned",
         "directory",
@@ -153,7 +154,9 @@ class SharedOrder:
         self.path = os.path.join(self.directory, FILE_NAME)
         self._capacity = capacity
         self._warned: set[str] = set()
+        #: What this worker last published: its first waiter, and how many wait.
         self._head: tuple[int, float] | None = None
+        self._waiting = 0
         self._fd = -1
         self._slot = -1
         self._offset = 0
@@ -184,7 +187,14 @@ class SharedOrder:
         """This worker's first waiter (its class's rank, its arrival) and how many wait;
         ``None`` and 0 when none does. Never raises: a failure is logged once, and
         this worker's waiters are then served in its own order."""
-        self._head = head
+        if (
+            head == self._head
+            and waiting == self._waiting
+            and self._row  # b"": unknown, written again
+            and (self._slot >= 0 or head is None)  # else a claim to try again
+        ):
+            return  # as written (a pass that admitted no one, a wake that changed nothing)
+        self._head, self._waiting = head, waiting
         row = _EMPTY if head is None or not waiting else _row(self._pid, *head, waiting)
         if row == self._row or self._fd < 0:
             return
@@ -424,7 +434,7 @@ class SharedOrder:
         # slot lock: it opens its own and claims afresh.
         old, self._fd = self._fd, -1
         self._reset_slot()
-        self._head = None
+        self._head, self._waiting = None, 0
         if old >= 0:
             os.close(old)
         try:

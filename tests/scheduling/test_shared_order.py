@@ -183,11 +183,11 @@ def test_a_torn_or_garbage_row_is_ignored_and_written_back_by_its_worker(
     assert b.ahead(0, 2.0)
 
 
-def test_a_claim_that_finds_the_file_busy_is_tried_again_at_the_next_publish(
+def test_a_claim_that_finds_the_file_busy_is_tried_again_at_the_next_sample(
     shared: tuple[Path, list[SharedOrder]],
 ) -> None:
     """Never waiting for the file's lock: a worker that finds another in it publishes
-    nothing that time, and claims its slot at its next publish of the same waiter."""
+    nothing that time, and claims its slot at its next sample."""
     a, b = open_order(shared), open_order(shared)
     fd = os.open(shared[0] / FILE_NAME, os.O_RDWR)
     try:
@@ -196,8 +196,26 @@ def test_a_claim_that_finds_the_file_busy_is_tried_again_at_the_next_publish(
         assert not b.ahead(0, 2.0)
     finally:
         os.close(fd)
-    a.publish((0, 1.0), 1)
+    assert a.first()  # the sample claims it, the queue having nothing new to publish
     assert b.ahead(0, 2.0)
+
+
+def test_a_deleted_file_is_followed_by_the_sample_with_this_workers_waiter(
+    shared: tuple[Path, list[SharedOrder]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker still in a deleted file moves its first waiter to the file now at the
+    path at its next sample, saying so: a worker started since sees it again."""
+    a = open_order(shared)
+    a.publish((0, 1.0), 1)
+    (shared[0] / FILE_NAME).unlink()
+    b = open_order(shared)
+    b.publish((0, 2.0), 1)
+    assert not b.ahead(0, 2.0)  # a's waiter is in the old file
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        assert a.first()
+    assert "was deleted or replaced; moving this worker's waiters" in caplog.text
+    assert b.ahead(0, 2.0)
+    assert len(read_waiting(shared[0])) == 2
 
 
 def test_a_symlink_at_the_files_name_is_refused_and_its_target_untouched(tmp_path: Path) -> None:

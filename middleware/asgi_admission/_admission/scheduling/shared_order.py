@@ -248,9 +248,30 @@ class SharedOrder:
 
     def first(self) -> bool:
         """Whether this worker has waiters and its first is the container's first: for
-        the periodic sample, which then wakes the queue (its pass runs again)."""
+        the periodic sample, which then wakes the queue (its pass runs again).
+
+        It also claims a slot that a busy file lock put off, and follows a file deleted
+        or replaced under this worker (an ``fstat``, too dear for every attempt but not
+        for a sample), moving its row to the file now at the path, where the workers
+        that open it from now on look."""
+        try:
+            if self._fd >= 0 and os.fstat(self._fd).st_nlink == 0:
+                self._follow()
+        except (OSError, ValueError) as exc:
+            self._warn_once(
+                "follow",
+                "asgi-admission: the shared waiting order %s was deleted or replaced and "
+                "cannot be opened again (%s); this worker serves its waiters in its own "
+                "order until it can.",
+                self.path,
+                exc,
+            )
         head = self._head
-        return head is not None and not self.ahead(head[0], head[1])
+        if head is None:
+            return False
+        if self._slot < 0:
+            self.publish(head, self._waiting)  # a claim put off by a busy file lock
+        return not self.ahead(head[0], head[1])
 
     def close(self) -> None:
         """Clear this worker's slot and close the file (shutdown and tests)."""
@@ -265,6 +286,21 @@ class SharedOrder:
             os.close(fd)  # drops the slot's lock
 
     # -- the file -----------------------------------------------------------------------
+
+    def _follow(self) -> None:
+        fd = open_private_file(self.directory, FILE_NAME, setting=SETTING)
+        logger.warning(
+            "asgi-admission: the shared waiting order %s was deleted or replaced; moving "
+            "this worker's waiters to the file now at that path.",
+            self.path,
+        )
+        old, self._fd = self._fd, fd
+        self._reset_slot()
+        self._set_used(1)
+        os.close(old)  # drops this worker's slot lock in the old file
+        head, waiting = self._head, self._waiting
+        self._head, self._waiting = None, 0
+        self.publish(head, waiting)
 
     def _reset_slot(self) -> None:
         self._slot = -1

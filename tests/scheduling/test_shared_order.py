@@ -5,9 +5,12 @@ workers: each has its own open file description, so its own slot lock)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -216,6 +219,144 @@ def test_a_deleted_file_is_followed_by_the_sample_with_this_workers_waiter(
     assert "was deleted or replaced; moving this worker's waiters" in caplog.text
     assert b.ahead(0, 2.0)
     assert len(read_waiting(shared[0])) == 2
+
+
+@pytest.mark.parametrize(
+    ("header", "problem"),
+    [
+        (HEADER.pack(MAGIC, 128, 1), "128 slots where 256 were expected"),
+        (HEADER.pack(MAGIC, 256, 300), "300 slots in use of 256"),
+        (b"ASGI", "a header of 4 bytes"),
+    ],
+)
+def test_a_header_this_version_cannot_use_is_rebuilt_naming_what_is_wrong(
+    shared: tuple[Path, list[SharedOrder]],
+    caplog: pytest.LogCaptureFixture,
+    header: bytes,
+    problem: str,
+) -> None:
+    """Another capacity, more slots in use than there are, or a header cut short: the
+    file is rebuilt with a warning that says which, and the waiters in it are kept."""
+    a, b = open_order(shared), open_order(shared)
+    a.publish((0, 1.0), 1)
+    path = shared[0] / FILE_NAME
+    if len(header) < HEADER.size:
+        os.truncate(path, len(header))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, header, 0)
+    finally:
+        os.close(fd)
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        b.ahead(0, 2.0)
+    assert f"{path} was unusable ({problem})" in caplog.text
+    assert a.first()
+    assert b.ahead(0, 2.0)
+
+
+def test_with_every_slot_held_a_worker_serves_its_own_order_saying_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker that finds no free slot says so once and publishes nothing, and still
+    lets the others' waiters go first."""
+    a, b = SharedOrder(tmp_path, capacity=1), SharedOrder(tmp_path, capacity=1)
+    try:
+        a.publish((0, 1.0), 1)
+        with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+            b.publish((0, 2.0), 1)
+        assert "all 1 slots of the shared waiting order" in caplog.text
+        assert [e.waiting for e in read_waiting(tmp_path)] == [1]
+        assert b.ahead(0, 2.0)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_closed_order_answers_nobody_is_ahead_and_says_why_once(
+    shared: tuple[Path, list[SharedOrder]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the file cannot be read, a worker serves its own order: nobody ahead, with
+    one warning naming the file."""
+    a = open_order(shared)
+    a.close()
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        assert not a.ahead(0, 1.0)
+        assert not a.ahead(0, 1.0)
+        a.publish((0, 1.0), 1)
+    assert caplog.text.count("cannot be read") == 1
+
+
+def test_a_failed_write_is_said_once_and_made_again_by_the_next_publish(
+    shared: tuple[Path, list[SharedOrder]],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A write that fails (a full memory-backed directory) never raises into the queue:
+    one warning naming the file, and the same waiter published again is written."""
+    a, b = open_order(shared), open_order(shared)
+    a.publish((0, 1.0), 1)
+
+    def full(*args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        a.publish((0, 1.0), 2)
+        a.publish((0, 1.0), 3)
+    monkeypatch.undo()
+    assert caplog.text.count("cannot be written (") == 1
+    assert [e.waiting for e in read_waiting(shared[0])] == [1]
+    a.publish((0, 1.0), 3)
+    assert [e.waiting for e in read_waiting(shared[0])] == [3]
+    assert b.ahead(0, 2.0)
+
+
+def test_capacity_must_be_at_least_one(tmp_path: Path) -> None:
+    """A file with no slot is refused with a sentence naming the parameter."""
+    with pytest.raises(ValueError, match="capacity must be 1 or more; got 0"):
+        SharedOrder(tmp_path, capacity=0)
+
+
+#: Run in a fresh interpreter (no threads of the test run): the child of a fork with an
+#: order publishes a critical waiter; it prints what each side saw.
+FORKING = """
+import os, sys
+from asgi_admission._admission.scheduling.shared_order import SharedOrder, read_waiting
+
+def live():
+    return sorted(e.pid for e in read_waiting(sys.argv[1]) if e.alive)
+
+order = SharedOrder(sys.argv[1])
+order.publish((1, 1.0), 1)
+told, tell = os.pipe()
+resumed, resume = os.pipe()
+pid = os.fork()
+if pid == 0:
+    order.publish((0, 2.0), 1)
+    os.write(tell, b"y" if order.ahead(1, 1.5) else b"n")
+    os.read(resumed, 1)
+    os._exit(0)
+child_saw_parent = os.read(told, 1).decode()
+both = live() == sorted([os.getpid(), pid])
+parent_behind = order.ahead(1, 1.5)
+os.write(resume, b"x")
+os.waitpid(pid, 0)
+print(child_saw_parent, both, parent_behind, live() == [os.getpid()], order.ahead(1, 1.5))
+"""
+
+
+def test_a_forked_worker_claims_a_slot_of_its_own(tmp_path: Path) -> None:
+    """A child forked from a process with an order opens its own file description: its
+    waiter goes in a slot of its own, each side sees the other's, and the child's leaves
+    with it."""
+    out = subprocess.run(
+        [sys.executable, "-c", FORKING, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert out.split() == ["y", "True", "True", "True", "False"]
 
 
 def test_a_symlink_at_the_files_name_is_refused_and_its_target_untouched(tmp_path: Path) -> None:

@@ -476,7 +476,7 @@ def test_failed_claim_releases_the_critical_section(
     def refuse(*args: object) -> int:
         raise OSError(errno.EINVAL, "no OFD locks here")
 
-    monkeypatch.setattr(ledger_file, "_slot_lock", refuse)
+    monkeypatch.setattr(ledger_file, "slot_lock", refuse)
     with pytest.raises(shared_ledger.LedgerUnavailable, match="no OFD locks"), ledger.locked():
         pass
     monkeypatch.undo()

@@ -80,7 +80,7 @@ def slot_offset(slot: int) -> int:
     return HEADER.size + slot * SLOT.size
 
 
-def _slot_lock(fd: int, slot: int, command: int, lock_type: int) -> int:
+def slot_lock(fd: int, slot: int, command: int, lock_type: int) -> int:
     """``fcntl`` an OFD lock over one slot; returns the lock type the kernel reports."""
     request = _FLOCK.pack(lock_type, os.SEEK_SET, slot_offset(slot), SLOT.size, 0)
     lock_type_now: int = _FLOCK.unpack(fcntl.fcntl(fd, command, request))[0]
@@ -413,7 +413,7 @@ class LedgerFile:
         self._check_file()
         for slot in range(self._capacity):
             try:
-                _slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
+                slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
             except OSError as exc:
                 if exc.errno in (errno.EAGAIN, errno.EACCES):
                     continue

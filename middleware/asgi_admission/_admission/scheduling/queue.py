@@ -28,6 +28,13 @@ Notes:
 - A waiter that leaves (its deadline, its client gone, its task cancelled) gives back
   an admission it was handed in that same instant (``give_back``); where it was the
   waiter a pass stopped at, the next pass runs, since those behind it may fit.
+- Across the workers of a container, an optional ``order`` (a :class:`WaitOrder`, the
+  shared one is ``shared_order.SharedOrder``) takes part: the queue tells it its first
+  waiter whenever that may have changed (a waiter joins, leaves or is admitted), and
+  asks it before each attempt whether another worker's waiter comes first; if so the
+  pass stops there, as at a waiter that does not fit. A waiter whose last attempt was
+  ``DEFERRED`` is not published as first (it could not take the capacity it would be
+  left). Without an order the queue is exactly the worker's own.
 - Bookkeeping for the metrics: how many wait per class, and each wait's seconds and
   outcome (``admitted``, ``timeout``, ``cancelled``), counted per class and outcome,
   and told to ``on_wait_end`` as it ends.
@@ -99,8 +106,23 @@ class ClientListener(Protocol):
         """After the task completed: whether the client left."""
 
 
+class WaitOrder(Protocol):
+    """The waiting order of several queues (one per worker), ``shared_order.SharedOrder``."""
+
+    def now(self) -> float:
+        """An arrival time, by a clock every queue of the order shares."""
+
+    def publish(self, head: tuple[int, float] | None, waiting: int) -> None:
+        """This queue's first waiter (its class's rank in serving order, its arrival)
+        and how many wait; ``None`` and 0 when none does."""
+
+    def ahead(self, rank: int, arrived: float) -> bool:
+        """Whether another queue's waiter goes before one of class ``rank`` that
+        arrived at ``arrived``."""
+
+
 class _Waiter(Generic[T]):
-    __slots__ = ("attempt", "class_name", "future", "give_back")
+    __slots__ = ("arrived", "attempt", "class_name", "deferred", "future", "give_back", "rank")
 
     def __init__(
         self,
@@ -108,11 +130,17 @@ class _Waiter(Generic[T]):
         attempt: Callable[[], T | Verdict],
         give_back: Callable[[T], None],
         future: asyncio.Future[T],
+        rank: int,
+        arrived: float,
     ) -> None:
         self.class_name = class_name
         self.attempt = attempt
         self.give_back = give_back
         self.future = future
+        self.rank = rank
+        self.arrived = arrived
+        #: Its last attempt said ``DEFERRED``: not published as first meanwhile.
+        self.deferred = False
 
 
 class WaitQueue(Generic[T]):
@@ -121,7 +149,8 @@ class WaitQueue(Generic[T]):
     ``classes`` are the class names in serving order; ``limit`` how many may wait at
     once (0: none); ``timeout_s`` (above 0) the longest one waits; ``clock`` measures
     the waits for the bookkeeping (deadlines are the loop's own timers);
-    ``on_wait_end`` is told of every wait that took place as it ends, on the loop.
+    ``on_wait_end`` is told of every wait that took place as it ends, on the loop;
+    ``order`` is the order across processes this queue takes part in (``None``: its own).
     """
 
     __slots__ = (
@@ -130,6 +159,7 @@ class WaitQueue(Generic[T]):
         "_lines",
         "_loop",
         "_on_wait_end",
+        "_order",
         "_schedule_lock",
         "_scheduled",
         "_totals",
@@ -146,6 +176,7 @@ class WaitQueue(Generic[T]):
         timeout_s: float,
         clock: Callable[[], float] = time.monotonic,
         on_wait_end: Callable[[WaitRecord], None] | None = None,
+        order: WaitOrder | None = None,
     ) -> None:
         if not classes or len(set(classes)) != len(classes):
             raise ValueError(f"classes must name at least one class, each once; got {classes!r}.")
@@ -161,6 +192,7 @@ class WaitQueue(Generic[T]):
         self.timeout_s = float(timeout_s)
         self._clock = clock
         self._on_wait_end = on_wait_end
+        self._order = order
         self._lines: dict[str, deque[_Waiter[T]]] = {name: deque() for name in self.classes}
         self._totals: dict[tuple[str, WaitOutcome], WaitTotals] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -179,11 +211,15 @@ class WaitQueue(Generic[T]):
 
     def ahead(self, class_name: str) -> int:
         """How many waiters a new request of ``class_name`` must let go first: those of
-        its class and of the classes served before it. 0: it may be decided at once."""
+        its class and of the classes served before it (with an ``order``, another
+        process's waiter counts as one). 0: it may be decided at once."""
         found = 0
-        for name in self.classes:
+        for rank, name in enumerate(self.classes):
             found += len(self._lines[name])
             if name == class_name:
+                order = self._order
+                if order is not None and order.ahead(rank, order.now()):
+                    found += 1
                 return found
         raise ValueError(f"{class_name!r} is not one of the classes {self.classes!r}.")
 
@@ -247,10 +283,20 @@ class WaitQueue(Generic[T]):
             # A pass scheduled on a loop that stopped before running it never will.
             with self._schedule_lock:
                 self._scheduled = False
-        waiter = _Waiter(class_name, attempt, give_back, loop.create_future())
+        order = self._order
+        waiter = _Waiter(
+            class_name,
+            attempt,
+            give_back,
+            loop.create_future(),
+            self.classes.index(class_name),
+            0.0 if order is None else order.now(),
+        )
         since = self._clock()
         deadline = loop.time() + self.timeout_s
         line.append(waiter)
+        if order is not None:
+            self._publish(order)
         self.wake()
         try:
             outcome = await self._await(waiter, deadline, listening)
@@ -299,6 +345,8 @@ class WaitQueue(Generic[T]):
         line = self._lines[waiter.class_name]
         if waiter in line:
             line.remove(waiter)
+            if self._order is not None:
+                self._publish(self._order)
         future = waiter.future
         if future.done() and not future.cancelled() and future.exception() is None:
             waiter.give_back(future.result())
@@ -321,17 +369,45 @@ class WaitQueue(Generic[T]):
             self._on_wait_end(WaitRecord(class_name, outcome, seconds))
         return seconds
 
+    def _publish(self, order: WaitOrder) -> None:
+        """Tell ``order`` this queue's first waiter that may take capacity, and how many wait."""
+        waiting = 0
+        head = None
+        for line in self._lines.values():
+            waiting += len(line)
+            if head is None:
+                for waiter in line:
+                    if not waiter.deferred:
+                        head = (waiter.rank, waiter.arrived)
+                        break
+        order.publish(head, waiting)
+
     def _scheduled_pass(self) -> None:
-        """One pass: each class in order, each line from its head, until one does not fit.
+        """One pass (see :meth:`_pass`), then the order told of the first waiter now.
 
         Wakes from here on (an attempt's own among them) schedule the next pass."""
         with self._schedule_lock:
             self._scheduled = False
         self._blocker = None
+        order = self._order
+        if order is None:
+            self._pass(None)
+            return
+        try:
+            self._pass(order)
+        finally:
+            self._publish(order)
+
+    def _pass(self, order: WaitOrder | None) -> None:
+        """Each class in order, each line from its head, until one does not fit or
+        (``order``) another process's waiter goes first."""
         for name in self.classes:
             for waiter in list(self._lines[name]):
                 if waiter.future.done():
                     continue  # left in this very instant; its wait removes it
+                if order is not None and order.ahead(waiter.rank, waiter.arrived):
+                    self._blocker = waiter
+                    return
                 try:
                     result = waiter.attempt()
                 except Exception as error:
@@ -339,6 +415,7 @@ class WaitQueue(Generic[T]):
                     self._lines[name].remove(waiter)
                     waiter.future.set_exception(error)
                     continue
+                waiter.deferred = result is Verdict.DEFERRED
                 if result is Verdict.FULL:
                     self._blocker = waiter
                     return

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from asgi_admission._admission.reservations.attribution import Overlap
+from asgi_admission._admission.reservations.attribution import DRIFT_BYTES_PER_S, Overlap
 
 #: A step that fell by more than this freed memory (its growth is carried on instead).
 FREE_STEP_BYTES: Final = 2 * 1024 * 1024
@@ -331,6 +331,11 @@ class GrowthWindows:
         freed: list[Freed] = []
         if rise < -FREE_STEP_BYTES or ended or foreign_ended:
             carried = max(0.0, *self._last_rises)
+            going_on = None if self.crowded(last[1]) else self._going_on(last[1], now, expected)
+            if going_on is not None:
+                # What may still be growing is all known: no more than it adds goes on
+                # (a session's memory built in its request came at once, and is done).
+                carried = min(carried, going_on)
             mine = not foreign_ended and not self.crowded(last[1])
             if mine and not self._ramping(now, expected):
                 # Growth in the same step would hide part of what was freed.
@@ -355,6 +360,24 @@ class GrowthWindows:
         self._last = (used_bytes, now)
         self._last_rises = (0.0, 0.0)
         self._open = []
+
+    def _going_on(self, start: float, end: float, expected: Expected) -> float | None:
+        """The most the recent sessions can have added from ``start`` to ``end`` by what is
+        known of them (their ramps as much shorter or longer as ``RAMP_SPREAD`` allows),
+        with the drift allowance; ``None`` while one that may still grow is not known."""
+        total = DRIFT_BYTES_PER_S * (end - start)
+        for admission in self._recent:
+            if admission.ended is not None and admission.ended <= start:
+                continue
+            footprint, ramp_s = expected(admission.route)
+            if admission.at + RAMP_SPREAD[1] * ramp_s + QUIET_S <= start:
+                continue  # its memory has all come
+            if not footprint:
+                return None
+            total += footprint * max(
+                _share(admission, spread * ramp_s, start, end) for spread in (*RAMP_SPREAD, 1.0)
+            )
+        return total
 
     def _ramping(self, now: float, expected: Expected) -> bool:
         """Whether a recent session may still be growing (within its ramp, or a quiet

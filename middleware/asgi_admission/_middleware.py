@@ -134,7 +134,7 @@ class AdmissionMiddleware:
         )
         #: Where this guard shares its counts (``None``: alone).
         self.shared_dir = service.shared_dir
-        self._reports = RoomReports(guard=service, check=service.look, read=service.read)
+        self._reports = RoomReports(service)
         self._guarded = Guarded(
             service=service,
             refusal=refusal_for(service, expose_details=bool(expose_details)),

@@ -188,7 +188,7 @@ def test_other_workers_ends_are_not_taken_for_this_workers_own(tmp_path: Path) -
     keeper, _ledger = make(memory, learning="raise", shared_dir=str(tmp_path / "shared"))
     learner = keeper.learner = ForeignEnds()
     keeper._active_count = lambda count: active[0]
-    keeper._own_count = lambda: own[0]
+    keeper._app_count = lambda: own[0]  # none pending past a response: its own count
     keeper.sample()
     active[0], own[0] = 3, 1  # two ended: one of this worker's, one of another's
     keeper.sample()

@@ -328,7 +328,8 @@ class AdmissionService:
             if wait is not None:
                 return self._retry_after.delay_for(wait)
         elif decision.reason == "probing":
-            ramp = self._keeper.probe_ramp_s(route, time.monotonic())
+            ramp = self._keeper.expected_wait_s(time.monotonic(), probed=route)
+            assert ramp is not None  # a probed route's ramp is always known
             return self._retry_after.delay_for(ramp)
         return self._retry_after.next_delay()
 

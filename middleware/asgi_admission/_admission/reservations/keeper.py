@@ -47,7 +47,7 @@ from typing import Final, Literal
 
 from starlette.types import Scope
 
-from asgi_admission._admission.decision.latch import AdmissionController
+from asgi_admission._admission.decision.latch import AdmissionController, HeldBytes
 from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
 from asgi_admission._admission.reservations.freed import Mark
 from asgi_admission._admission.reservations.holds import HoldRegistry
@@ -176,7 +176,7 @@ class ReservationKeeper:
         ref = weakref.ref(self)
         # The latch counts the pending sessions by what they still add (held_bytes),
         # through a weak reference: a guard that is gone is not kept by its controller.
-        controller.held_by(_HeldBy(ref))
+        controller.held_by(_held_by(ref))
         os.register_at_fork(after_in_child=lambda: _forked(ref))
 
     def _expired(self) -> None:
@@ -195,17 +195,16 @@ class ReservationKeeper:
         return [estimate for route, estimate in self.view.estimates().items() if route in known]
 
     def own_count(self, count: int | None = None) -> int | None:
-        """The app's count (``count``, or asked now) less its sessions still pending past
-        their response: a session whose response has ended is in the app's count already
-        and still pending until it settles, so it is counted once, as pending."""
+        """The app's count (``count``, or asked now) less its sessions pending past their
+        response: those are in the app's count already, and counted once, as pending."""
         if count is None and (count := self._app_count()) is None:
             return None
         return max(0, count - self.settler.past_response)
 
     def reconcile(self, count: int | None) -> int | None:
-        """Before a decision, outside the lock: what the app's ``count`` says ended and the
-        events kept for later are settled; ``count`` less the sessions still pending past
-        their response. ``LedgerBusy`` while another worker holds the shared ledger."""
+        """Before a decision, outside the lock: settle what the app's ``count`` says ended
+        and the events kept for later; :meth:`own_count` of ``count``. ``LedgerBusy``
+        while another worker holds the shared ledger."""
         settler = self.settler
         if count is not None and settler.waiting and count < settler.past_response:
             with self._attempt:  # the app counts fewer sessions than wait to settle
@@ -217,13 +216,12 @@ class ReservationKeeper:
             apply(caught_up)
         return None if count is None else self.own_count(count)
 
-    def expected_wait_s(self, now: float) -> float | None:
-        """How long until a session ends, at the rate they have been ending."""
+    def expected_wait_s(self, now: float, probed: str | None = None) -> float | None:
+        """How long until a session ends, at the rate they have been ending; for a route
+        being ``probed``, how long its probes have been ramping (for ``Retry-After``)."""
+        if probed is not None:
+            return self.board.retry_after_s(probed, now)
         return self.ends.expected_wait_s(now)
-
-    def probe_ramp_s(self, route: str, now: float) -> float:
-        """How long the probes of ``route`` have been ramping, for a refusal's delay."""
-        return self.board.retry_after_s(route, now)
 
     # -- on the decision path (inside the ledger's lock) ------------------------------
 
@@ -590,17 +588,14 @@ class ReservationKeeper:
             self._queue.after_fork()
 
 
-class _HeldBy:
+def _held_by(ref: weakref.ReferenceType[ReservationKeeper]) -> HeldBytes:
     """A keeper's :meth:`ReservationKeeper.held_bytes`, while the keeper lives."""
 
-    __slots__ = ("_ref",)
-
-    def __init__(self, ref: weakref.ReferenceType[ReservationKeeper]) -> None:
-        self._ref = ref
-
-    def __call__(self, route: str | None, pending: int, limit: int, /) -> int | None:
-        keeper = self._ref()
+    def held(route: str | None, pending: int, limit: int, /) -> int | None:
+        keeper = ref()
         return None if keeper is None else keeper.held_bytes(route, pending, limit)
+
+    return held
 
 
 def _forked(ref: weakref.ReferenceType[ReservationKeeper]) -> None:

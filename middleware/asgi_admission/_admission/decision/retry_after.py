@@ -21,7 +21,7 @@ class RetryAfterPolicy:
     persisted for a whole current delay, up to ``max_s``, and divided by
     ``growth`` for each quiet ``base_s`` since the last refusal, down to ``base_s``.
     ``rng`` and ``clock`` are injectable for tests. Not thread-safe on its own:
-    the middleware calls it inside its lock.
+    the admission service calls it inside its lock.
     """
 
     __slots__ = (

@@ -17,7 +17,7 @@ Notes:
 - The critical section is only ever tried (``attempt``): where another worker
   holds the shared ledger, a session's event (its response, its end, a ticket)
   is kept, in order, for the next sample, so neither the event loop nor a
-  response waits for another process and nothing is lost (docs/trust.md). A
+  response waits for another process and nothing is lost (``actions.py``, docs/trust.md). A
   release (a ticket's, a WebSocket's end) still gives its reservation back at
   once; the sample catches up in a critical section of its own, so what the kept
   events decided is done even if the sample's look then fails. The app's own
@@ -35,7 +35,6 @@ Notes:
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import os
@@ -49,6 +48,7 @@ from starlette.types import Scope
 
 from asgi_admission._admission.decision.latch import AdmissionController, HeldBytes
 from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
+from asgi_admission._admission.reservations.actions import KeptEvents
 from asgi_admission._admission.reservations.freed import Mark
 from asgi_admission._admission.reservations.holds import HoldRegistry
 from asgi_admission._admission.reservations.learned_view import LearnedView
@@ -113,7 +113,7 @@ class ReservationKeeper:
         self._active_count = active_count
         self._app_count = app_count
         #: Events kept while another worker held the shared ledger, oldest first.
-        self._deferred: collections.deque[Callable[[], Sequence[Action]]] = collections.deque()
+        self._kept = KeptEvents()
         #: The session pattern a scope came by (``"predicate"`` when none matched).
         self.route = RouteNames(route_of)
         self.learning: Learning = learning
@@ -210,10 +210,7 @@ class ReservationKeeper:
             with self._attempt:  # the app counts fewer sessions than wait to settle
                 ended = settler.counted(count)
             apply(ended)
-        if self._deferred:
-            with self._attempt:
-                caught_up = self.catch_up()
-            apply(caught_up)
+        self._kept.catch_up(self._attempt)
         return None if count is None else self.own_count(count)
 
     def expected_wait_s(self, now: float, probed: str | None = None) -> float | None:
@@ -321,8 +318,8 @@ class ReservationKeeper:
 
     def respond(self, entry: Settlement) -> None:
         """The response ended or the WebSocket was accepted."""
-        # Once a session request: _now_or_later's steps, without a closure.
-        if not self._deferred:
+        # Once a session request: now_or_later's steps, without a closure.
+        if not self._kept:
             try:
                 with self._attempt:
                     actions = self._responded(entry)
@@ -331,7 +328,7 @@ class ReservationKeeper:
             else:
                 apply(actions)
                 return
-        self._deferred.append(functools.partial(self._responded, entry))
+        self._kept.keep(functools.partial(self._responded, entry))
 
     def _responded(self, entry: Settlement) -> Sequence[Action]:
         now = self._clock()
@@ -365,7 +362,7 @@ class ReservationKeeper:
             self._probe_left(entry, False)
             return self.settler.release(entry)
 
-        self._now_or_later(step, releases=entry.reservation)
+        self._kept.now_or_later(step, self._attempt, releases=entry.reservation)
 
     def count_failure(self, kind: Kind, cause: FailureCause) -> None:
         """One more session request of ``kind`` that opened nothing, for the metrics."""
@@ -382,7 +379,9 @@ class ReservationKeeper:
             self._probe_left(entry, entry.phase != "request")
             return self.settler.abandon(entry, session_over=session_over)
 
-        self._now_or_later(step, releases=entry.reservation if session_over else None)
+        self._kept.now_or_later(
+            step, self._attempt, releases=entry.reservation if session_over else None
+        )
 
     def ticket(self, operation: str, entry: Settlement) -> bool:
         """``hold``, ``started`` or ``release`` for a ticket; whether hold took effect
@@ -394,10 +393,10 @@ class ReservationKeeper:
                 held.append(self.settler.hold(entry))
                 return ()
 
-            self._now_or_later(hold)
+            self._kept.now_or_later(hold, self._attempt)
             return held[0] if held else True
         if operation == "started":
-            self._now_or_later(lambda: self.settler.started(entry))
+            self._kept.now_or_later(lambda: self.settler.started(entry), self._attempt)
         else:
 
             def release() -> Sequence[Action]:
@@ -405,7 +404,7 @@ class ReservationKeeper:
                 self._probe_left(entry, entry.phase != "request")
                 return self.settler.release(entry)
 
-            self._now_or_later(release, releases=entry.reservation)
+            self._kept.now_or_later(release, self._attempt, releases=entry.reservation)
         return True
 
     def _ended(self, entry: Settlement) -> None:
@@ -430,43 +429,17 @@ class ReservationKeeper:
             self._publish_learned()
             return ()
 
-        self._now_or_later(step)
+        self._kept.now_or_later(step, self._attempt)
 
-    def _now_or_later(
-        self, step: Callable[[], Sequence[Action]], *, releases: Reservation | None = None
-    ) -> None:
-        """``step`` in the critical section, then what it decided; while another worker
-        holds the shared ledger (or earlier events wait), kept for the next sample.
-
-        A step that ends its session (``releases``: a ticket's release, a WebSocket's
-        end) gives the reservation back at once even then: the ledger's release never
-        waits and never raises, and nothing that comes later may count that session
-        again (an activation after it is a no-op). Only the settler's bookkeeping waits.
-        """
-        if not self._deferred:
-            try:
-                with self._attempt:
-                    actions = step()
-            except LedgerBusy:
-                pass
-            else:
-                apply(actions)
-                return
-        self._deferred.append(step)
-        if releases is not None:
-            releases.release()
+    @property
+    def probes_busy(self) -> bool:
+        """Whether requests wait for a probe's evidence, or a probe is open."""
+        return bool(self.holds) or self.board.busy
 
     @property
     def deferred(self) -> int:
-        """How many session events wait for the shared ledger (see :meth:`catch_up`)."""
-        return len(self._deferred)
-
-    def catch_up(self) -> list[Action]:
-        """Inside the critical section: the events kept for later, in order."""
-        actions: list[Action] = []
-        while self._deferred:
-            actions += self._deferred.popleft()()
-        return actions
+        """How many session events wait for the shared ledger (``actions.py``)."""
+        return len(self._kept)
 
     # -- the periodic sample ------------------------------------------------------------
 
@@ -478,12 +451,8 @@ class ReservationKeeper:
         now = self._clock()
         own = self.own_count()
         try:
-            if self._deferred:
-                # A critical section of their own: what they decided is done even if
-                # the sample's own look then fails (the file found replaced, say).
-                with self._attempt:
-                    caught_up = self.catch_up()
-                apply(caught_up)
+            # Their own critical section: done even if the look then fails (a file replaced).
+            self._kept.catch_up(self._attempt)
             with self._attempt:
                 actions = self._sample_locked(own, now)
         except LedgerBusy:

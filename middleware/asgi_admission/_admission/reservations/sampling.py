@@ -101,5 +101,5 @@ def sample_while_waiting(keeper: ReservationKeeper) -> None:
 
 
 async def _sample_waiting(keeper: ReservationKeeper) -> None:
-    while not sampling(keeper) and (keeper.holds or keeper.board.busy):
+    while not sampling(keeper) and keeper.probes_busy:
         await sample_after(keeper, SAMPLE_INTERVAL_S)

@@ -32,10 +32,9 @@ import time
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from asgi_admission._admission.decision.decision_log import log_change
+from asgi_admission._admission.decision.decision_log import DecisionLog
 from asgi_admission._admission.decision.latch import AdmissionController, CapacityDecision, is_blind
 from asgi_admission._admission.decision.observer import DecisionObserver, Kind
-from asgi_admission._admission.decision.reserve import never_admits
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.decision.stuck import StuckStatus
 from asgi_admission._admission.decision.stuck_watch import StuckWatch, build_watch
@@ -51,7 +50,7 @@ from asgi_admission._admission.reservations.settlement import apply
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
 from asgi_admission._admission.waiting import Listener, wait_then_decide
 from asgi_admission._config import AdmissionConfig
-from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
+from asgi_admission._memory.reading import UNAVAILABLE
 
 logger = logging.getLogger("asgi_admission")
 
@@ -129,13 +128,7 @@ class AdmissionService:
         # Asked once for the decision path: the ledger's critical section (the same
         # reusable context manager every time), only tried.
         self._attempt = ledger.attempt()
-        # Shared, lock-protected: whether the last decision was blind, for logging
-        # telemetry loss and recovery once each.
-        self._blind = False
-        # Whether the ERROR for a configuration that can never admit has been logged.
-        self._never_admits_logged = False
-        # Whether a ledger_busy refusal was logged (once: the ledger logs its outages).
-        self._busy_logged = False
+        self._log = DecisionLog(controller, session_limit)
         self._stuck = build_watch(config, controller, self.look, shared_dir)
 
     # -- what the guard shows -------------------------------------------------------
@@ -240,7 +233,7 @@ class AdmissionService:
             # A fast-path decision reads a bound (usage with its cache), never
             # used for settling: a look at the exact working set is due instead.
             settled = keeper.settle_with(memory) if memory.exact else keeper.due()
-            blind_changed = self._note_blind(decision)
+            blind_changed = self._log.note_blind(decision)
         if settled:
             apply(settled)
         if observer is not None:
@@ -249,7 +242,7 @@ class AdmissionService:
             else:  # not decided yet: only what the latch did counts
                 observer.on_check(decision)
         if blind_changed or decision.transition is not None:
-            self._log_change(decision, blind_changed)
+            self._log.changed(decision, blind_changed)
         if held is not None:
             return held
         if entry is not None:
@@ -269,7 +262,7 @@ class AdmissionService:
         try:
             return await when_free(lambda: self.admit(kind, scope, hold, expired), tried=tried)
         except LedgerBusy as exc:
-            self._note_busy(exc)
+            self._log.busy(exc)
             decision = CapacityDecision(
                 allowed=False,
                 state=self._controller.pressure_state,
@@ -347,11 +340,11 @@ class AdmissionService:
             decision = self._controller.assess(
                 current, self._session_limit, pending, read=self.read
             )
-            blind_changed = self._note_blind(decision)
+            blind_changed = self._log.note_blind(decision)
         if self._observer is not None:
             self._observer.on_check(decision)
         if blind_changed or decision.transition is not None:
-            self._log_change(decision, blind_changed)
+            self._log.changed(decision, blind_changed)
         return decision, (current, pending)
 
     async def readiness(self) -> str:
@@ -360,7 +353,7 @@ class AdmissionService:
         try:
             return (await when_free(self.check)).state
         except LedgerBusy as exc:
-            self._note_busy(exc)
+            self._log.busy(exc)
             return "ledger_busy"
 
     def liveness(self) -> StuckStatus:
@@ -380,43 +373,6 @@ class AdmissionService:
         if self.alone is not None:
             self.alone.start()
         await serve_with_keeper(self._keeper, app, scope, receive, send, also=self._stuck.run)
-
-    # -- the log ------------------------------------------------------------------------
-
-    def _note_busy(self, exc: LedgerBusy) -> None:
-        if not self._busy_logged:
-            self._busy_logged = True
-            logger.warning(
-                "asgi-admission: refusing sessions with ledger_busy: %s. Logged once.", exc
-            )
-
-    def _note_blind(self, decision: CapacityDecision) -> bool:
-        """Record whether ``decision`` was blind; whether that changed. Under the lock."""
-        blind = decision.state == "unavailable"
-        changed = blind != self._blind
-        self._blind = blind
-        return changed
-
-    def _log_change(self, decision: CapacityDecision, blind_changed: bool) -> None:
-        if decision.transition == "pressured":
-            self._log_never_admits(decision.memory)
-        log_change(decision, blind_changed, self._controller, self._session_limit)
-
-    def _log_never_admits(self, memory: MemoryReading) -> None:
-        # A latch that sets at the first reading of a limit may be set for good: a
-        # reserve the limit cannot hold. Said once, at ERROR, naming the setting.
-        if self._never_admits_logged:
-            return
-        controller = self._controller
-        problem = never_admits(
-            limit_bytes=memory.limit_bytes,
-            high_watermark_percent=controller.high_watermark_percent,
-            reserve_bytes=controller.reserve_for(memory.limit_bytes),
-            reserve_configured=controller.reserve_bytes is not None,
-        )
-        if problem is not None:
-            self._never_admits_logged = True
-            logger.error("asgi-admission: %s", problem)
 
 
 def _learned(estimate: RouteEstimate) -> dict[str, object]:

@@ -83,10 +83,15 @@ def test_the_library_never_imports_the_demo() -> None:
 
 
 def test_admission_imports_nothing_of_the_asgi_side() -> None:
-    """The service and its rooms (``_admission``) import only the configuration, the
-    memory readings and the route names: the dependencies point one way, from the
+    """The service and its rooms (``_admission``) import only the configuration (and its
+    environment), the memory readings and the route names: the dependencies point one way, from the
     middleware to admission (docs/design.md)."""
-    allowed = ("asgi_admission._admission", "asgi_admission._config", "asgi_admission._memory")
+    allowed = (
+        "asgi_admission._admission",
+        "asgi_admission._config",
+        "asgi_admission._env",
+        "asgi_admission._memory",
+    )
     outside = {
         (name, target)
         for name, targets in library_graph().items()

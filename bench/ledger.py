@@ -5,7 +5,7 @@
 Times, in one run and on the same fake cgroup v2 tree (in ``--dir``, memory-backed
 like the ledger file):
 
-- a whole decision, ``AdmissionMiddleware._admit("http")``: the lock, the
+- a whole decision, ``AdmissionService.admit("http")``: the lock, the
   counts, a memory reading, the latch and the reservation (released again
   outside the timed window), with the in-process ledger and with the shared one,
   the latter both alone and with 3 other "workers" holding sessions, so that
@@ -68,7 +68,7 @@ def decision_cost(config: AdmissionConfig, iterations: int) -> tuple[float, floa
     )
 
     def decide() -> AdmissionTicket | None:
-        outcome = guard._admit("http")
+        outcome = guard.service.admit("http")
         return outcome if isinstance(outcome, AdmissionTicket) else None
 
     assert decide() is not None, "the benchmark decision must admit"

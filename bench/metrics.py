@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/metrics.py [--iterations 200000] [--scrapes 2000]
 
-Decision: times ``AdmissionMiddleware._admit("http")`` (read, latch, reserve,
+Decision: times ``AdmissionService.admit("http")`` (read, latch, reserve,
 observer) plus the release of its reservation, with a fixed in-memory reader so
 that only the guard's own work is measured, once with ``registry=None`` (no
 metrics) and once with a fresh registry, interleaved in rounds so that drift in
@@ -54,7 +54,7 @@ def guard(registry: CollectorRegistry | None) -> AdmissionMiddleware:
 
 
 def decision_loop(middleware: AdmissionMiddleware) -> Callable[[int], float]:
-    admit = middleware._admit
+    admit = middleware.service.admit
 
     def run(n: int) -> float:
         start = time.perf_counter()

@@ -141,7 +141,7 @@ def admission_cost(root: Path, iterations: int, rounds: int = 5) -> tuple[float,
 
     def admit_and_release(guard: AdmissionMiddleware) -> Callable[[], None]:
         def call() -> None:
-            ticket = guard._admit("http", scope)
+            ticket = guard.service.admit("http", scope)
             assert isinstance(ticket, AdmissionTicket), "the benchmark decision must admit"
             ticket.release()
 

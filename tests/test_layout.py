@@ -82,6 +82,26 @@ def test_the_library_never_imports_the_demo() -> None:
     assert importers == set()
 
 
+def test_admission_imports_nothing_of_the_asgi_side() -> None:
+    """The service and its rooms (``_admission``) import only the configuration (and its
+    environment), the memory readings and the route names: the dependencies point one way, from the
+    middleware to admission (docs/design.md)."""
+    allowed = (
+        "asgi_admission._admission",
+        "asgi_admission._config",
+        "asgi_admission._env",
+        "asgi_admission._memory",
+    )
+    outside = {
+        (name, target)
+        for name, targets in library_graph().items()
+        if name.startswith("asgi_admission._admission")
+        for target in targets
+        if not target.startswith(allowed) and target != "asgi_admission._routes"
+    }
+    assert outside == set()
+
+
 def test_no_module_is_long() -> None:
     """Every module stays short enough to read in one sitting."""
     lengths = {

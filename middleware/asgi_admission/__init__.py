@@ -9,6 +9,7 @@ from importlib import metadata as _metadata
 
 from asgi_admission._admission.decision.latch import AdmissionController, CapacityDecision
 from asgi_admission._admission.decision.observer import DecisionObserver
+from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.reservations.tickets import AdmissionTicket, admission_ticket
 from asgi_admission._admission.scheduling.priority import PriorityClass
 from asgi_admission._config import AdmissionConfig
@@ -17,7 +18,6 @@ from asgi_admission._memory.host import HostMemoryReader
 from asgi_admission._memory.reading import MemoryReader, MemoryReading
 from asgi_admission._metrics.serving import metrics_app, metrics_route, serving_metrics
 from asgi_admission._middleware import AdmissionMiddleware
-from asgi_admission._responses import RetryAfterPolicy
 from asgi_admission._watchdog.groups import SessionGroup
 from asgi_admission._watchdog.halt import HaltAction, ProcessGroupHalt, SessionHalt
 from asgi_admission._watchdog.lifespan import session_watchdog

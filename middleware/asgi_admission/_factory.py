@@ -1,20 +1,40 @@
-"""Building the reader, the latch and the ledger a configuration describes."""
+"""Building what a configuration describes: the reader, the latch, the ledger, the service.
+
+Everything is built here, in dependency order, and handed in at construction:
+the ledger and the reader first, then the keeper (which asks them), the observer of
+the decisions, and the :class:`AdmissionService` that asks all of them
+(``docs/design.md``).
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client import CollectorRegistry
+from starlette.types import Scope
 
 from asgi_admission._admission.decision.latch import AdmissionController
+from asgi_admission._admission.decision.observer import DecisionObserver
+from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
+from asgi_admission._admission.inputs import AppCount, SafeReader
 from asgi_admission._admission.ledger import shared_place
 from asgi_admission._admission.ledger.ledger import InProcessLedger, SessionLedger
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.ledger.shared_place import AloneCheck
+from asgi_admission._admission.reservations.holds import HoldRegistry
+from asgi_admission._admission.reservations.keeper import ReservationKeeper
+from asgi_admission._admission.service import AdmissionService, SessionCounts
 from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionConfig
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.host import HostMemoryReader
+from asgi_admission._metrics.instrument import expose, instrument
 
 logger = logging.getLogger("asgi_admission")
+
+_MIB: Final = 1024 * 1024
 
 
 def build_reader(config: AdmissionConfig) -> CgroupMemoryReader | HostMemoryReader:
@@ -102,3 +122,84 @@ def build_sharing(config: AdmissionConfig, reader: object) -> Sharing:
 def _alone(reason: str, label: str, procs: tuple[str, ...] | None) -> Sharing:
     check = AloneCheck(reason=reason, label=label, procs=procs)
     return Sharing(InProcessLedger(), None, check)
+
+
+def build_service(
+    config: AdmissionConfig,
+    controller: AdmissionController,
+    *,
+    current_sessions: Callable[[], int] | None,
+    session_limit: int | None,
+    retry_after: RetryAfterPolicy,
+    route_of: Callable[[Scope], str | None],
+    registry: CollectorRegistry | None,
+    observer: DecisionObserver | None,
+) -> AdmissionService:
+    """The admission service ``config`` describes around ``controller``, its metrics on
+    ``registry`` (``None``: none) and ``observer`` told of every decision as well.
+
+    Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when a directory it names
+    cannot be used.
+    """
+    sharing = build_sharing(config, controller.memory_reader)
+    ledger = sharing.ledger
+    read = SafeReader(controller)
+    app_count = AppCount(current_sessions)
+    holds = HoldRegistry()
+    keeper = ReservationKeeper(
+        controller=controller,
+        attempt=ledger.attempt(),
+        read=read,
+        active_count=lambda own: ledger.counts(own)[0],
+        app_count=app_count,
+        route_of=route_of,
+        learning=config.reserve_learning,
+        min_reserve_bytes=config.reserve_min_bytes,
+        timeout_s=config.pending_timeout_s,
+        # A body larger than the buffer may take the body timeout to arrive, and
+        # keeps its reservation for that long if it does.
+        request_timeout_s=max(config.pending_timeout_s, config.body_timeout_s),
+        shared_dir=sharing.directory,
+        ledger_is_current=getattr(ledger, "is_current", None),
+        on_reserve=_reserve_logger(config),
+        probe_sessions=config.probe_sessions,
+        holds=holds,
+    )
+    counts = SessionCounts(ledger, keeper)
+    service = AdmissionService(
+        config=config,
+        controller=controller,
+        ledger=ledger,
+        keeper=keeper,
+        holds=holds,
+        app_count=app_count,
+        read=read,
+        counts=counts,
+        session_limit=session_limit,
+        retry_after=retry_after,
+        observer=instrument(ledger, counts, registry=registry, observer=observer),
+        shared_dir=sharing.directory,
+        alone=sharing.alone,
+    )
+    expose(service, registry=registry)
+    return service
+
+
+def _reserve_logger(config: AdmissionConfig) -> Callable[[int, int | None], None]:
+    learning = config.reserve_learning
+
+    def on_reserve(learned_bytes: int, configured_bytes: int | None) -> None:
+        # Debug only: it changes with observations (the metrics show it); the latch's
+        # transitions and telemetry are what the log says at INFO and above.
+        logger.debug(
+            "asgi-admission: one session was learned to need %.1f MiB; with learning %s "
+            "that %s the reserve (%s).",
+            learned_bytes / _MIB,
+            learning,
+            "replaces" if learning == "adapt" else "sets a floor for",
+            "derived from the limit"
+            if configured_bytes is None
+            else f"configured {configured_bytes / _MIB:.1f} MiB",
+        )
+
+    return on_reserve

@@ -1,4 +1,4 @@
-"""What a refused client receives, and how long it is told to wait; the readiness answer.
+"""What a refused client receives; the readiness and liveness answers.
 
 Notes:
 
@@ -15,18 +15,14 @@ Notes:
   Programs read the 503 denial response (``websocket.http.response``) as they
   read the HTTP one. ``websocket_refusal="auto"`` picks by the ``Origin`` header,
   which every browser sends and most programs do not.
-- Jitter keeps refused clients from coming back in lockstep. The adaptive mode
-  follows Kubernetes API Priority and Fairness: while refusals persist the delay
-  grows (clients told to wait came back and were refused again), and once they
-  stop it shrinks back towards the base, always within ``[1, max_s]``.
+- The ``Retry-After`` delay comes from the service's policy
+  (``_admission/decision/retry_after.py``).
 """
 
 from __future__ import annotations
 
 import json
-import random
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Final
 
 from starlette.types import Receive, Scope, Send
@@ -37,7 +33,7 @@ from asgi_admission._admission.decision.latch import (
     count_cap,
     count_cap_from,
 )
-from asgi_admission._admission.reservations.learning import RouteEstimate
+from asgi_admission._admission.service import AdmissionService
 from asgi_admission._config import WebSocketRefusal
 
 PROBLEM_TYPE_PREFIX: Final = "urn:asgi-admission:problem:"
@@ -81,109 +77,18 @@ _MAX_CLOSE_REASON: Final = 123
 WS_TRY_AGAIN_LATER: Final = 1013
 
 
-class RetryAfterPolicy:
-    """The ``Retry-After`` seconds for each refusal: jittered, optionally adaptive.
-
-    ``jitter`` is the fraction either side of the delay (0.2 → ±20%). With
-    ``adaptive``, the delay is multiplied by ``growth`` each time refusals have
-    persisted for a whole current delay, up to ``max_s``, and divided by
-    ``growth`` for each quiet ``base_s`` since the last refusal, down to ``base_s``.
-    ``rng`` and ``clock`` are injectable for tests. Not thread-safe on its own:
-    the middleware calls it inside its lock.
-    """
-
-    __slots__ = (
-        "_clock",
-        "_first_refusal",
-        "_last_refusal",
-        "_level",
-        "_rng",
-        "adaptive",
-        "base_s",
-        "growth",
-        "jitter",
-        "max_s",
+def refusal_for(service: AdmissionService, *, expose_details: bool) -> Refusal:
+    """The refusals of ``service``'s guard; ``expose_details``: with its figures."""
+    controller = service.controller
+    return Refusal(
+        expose_details=expose_details,
+        high=controller.high_watermark_percent,
+        resume=controller.resume_threshold_percent,
+        reserve_for=controller.reserve_for,
+        session_limit=service.session_limit,
+        learned=service.learned_details,
+        probing=service.probing_details,
     )
-
-    def __init__(
-        self,
-        base_s: int = 5,
-        *,
-        jitter: float = 0.2,
-        adaptive: bool = False,
-        max_s: int = 60,
-        growth: float = 2.0,
-        rng: random.Random | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if isinstance(base_s, bool) or not isinstance(base_s, int) or base_s < 1:
-            raise ValueError(f"Retry-After base_s must be an integer of 1 or more; got {base_s!r}.")
-        if not 0 <= jitter < 1:
-            raise ValueError(f"Retry-After jitter must be at least 0 and below 1; got {jitter!r}.")
-        if max_s < base_s:
-            raise ValueError(f"Retry-After max_s ({max_s!r}) must be at least base_s ({base_s!r}).")
-        if not growth > 1:
-            raise ValueError(f"Retry-After growth must be greater than 1; got {growth!r}.")
-        self.base_s = base_s
-        self.jitter = float(jitter)
-        self.adaptive = adaptive
-        self.max_s = max_s
-        self.growth = float(growth)
-        self._rng = rng or random.Random()
-        self._clock = clock
-        self._level = float(base_s)
-        self._first_refusal: float | None = None
-        self._last_refusal: float | None = None
-
-    @property
-    def level_s(self) -> float:
-        """The current delay before jitter."""
-        return self._level
-
-    def next_delay(self) -> int:
-        """Record one refusal and return the whole seconds to send with it."""
-        if self.adaptive:
-            self._adapt(self._clock())
-        delay = self._level
-        if self.jitter:
-            delay *= self._rng.uniform(1 - self.jitter, 1 + self.jitter)
-        return max(1, min(self.max_s, round(delay)))
-
-    def delay_for(self, seconds: float) -> int:
-        """Whole seconds to send for an expected wait of ``seconds``: jittered, 1 to ``max_s``."""
-        delay = seconds
-        if self.jitter:
-            delay *= self._rng.uniform(1 - self.jitter, 1 + self.jitter)
-        return max(1, min(self.max_s, round(delay)))
-
-    def _adapt(self, now: float) -> None:
-        last = self._last_refusal
-        if last is not None:
-            quiet = now - last
-            if quiet >= self.base_s:
-                steps = int(quiet // self.base_s)
-                self._level = max(float(self.base_s), self._level / self.growth**steps)
-                self._first_refusal = now
-            elif self._first_refusal is not None and now - self._first_refusal >= self._level:
-                self._level = min(float(self.max_s), self._level * self.growth)
-                self._first_refusal = now
-        else:
-            self._first_refusal = now
-        self._last_refusal = now
-
-
-def coerce_policy(retry_after: RetryAfterPolicy | int | None, base_s: int) -> RetryAfterPolicy:
-    """The policy for the middleware's ``retry_after=`` argument."""
-    if retry_after is None:
-        return RetryAfterPolicy(base_s)
-    if isinstance(retry_after, RetryAfterPolicy):
-        return retry_after
-    if isinstance(retry_after, bool) or not isinstance(retry_after, int):
-        raise ValueError(
-            "retry_after must be a RetryAfterPolicy or a whole number of seconds; "
-            f"got {retry_after!r}."
-        )
-    return RetryAfterPolicy(retry_after)
 
 
 class Refusal:
@@ -209,6 +114,7 @@ class Refusal:
         reserve_for: Callable[[int | None], int],
         session_limit: int | None = None,
         learned: Callable[[], list[dict[str, object]]] | None = None,
+        probing: Callable[[], list[dict[str, object]]] | None = None,
     ) -> None:
         self.expose_details = expose_details
         self.high = high
@@ -220,7 +126,7 @@ class Refusal:
         #: What the guard learned of its sessions, for the detailed body.
         self.learned = learned
         #: The routes being probed now, for the detailed body.
-        self.probing: Callable[[], list[dict[str, object]]] | None = None
+        self.probing = probing
         self._bodies: dict[tuple[str, int], bytes] = {}
 
     def body(
@@ -282,19 +188,6 @@ class Refusal:
         return json.dumps(problem, separators=(",", ":")).encode()
 
 
-def learned_details(estimates: Iterable[RouteEstimate]) -> list[dict[str, object]]:
-    """What was learned of each route, as a detailed refusal body shows it."""
-    return [
-        {
-            "route": estimate.route,
-            "footprint_bytes": estimate.footprint_bytes,
-            "ramp_s": round(estimate.ramp_s, 2),
-            "observations": estimate.observations,
-        }
-        for estimate in estimates
-    ]
-
-
 def refusal_headers(retry_after_s: int, body: bytes) -> list[tuple[bytes, bytes]]:
     return [
         *_STATIC_HEADERS,
@@ -341,9 +234,10 @@ async def send_request_timeout(send: Send, timeout_s: float) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_readiness(send: Send, state: str, *, head: bool) -> None:
+async def answer_readiness(service: AdmissionService, scope: Scope, send: Send) -> None:
     """The readiness answer: 200 while sessions can be admitted, 503 while latched or
     while the shared ledger is held, with the latch state in a small JSON body."""
+    state = await service.readiness()
     ready = state not in ("pressured", "ledger_busy")
     body = b'{"ready":true,"state":"%s"}' if ready else b'{"ready":false,"state":"%s"}'
     body = body % state.encode()
@@ -358,14 +252,16 @@ async def send_readiness(send: Send, state: str, *, head: bool) -> None:
             ],
         }
     )
-    await send({"type": "http.response.body", "body": body if not head else b""})
+    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
 
 
-async def send_liveness(send: Send, failing: bool, held_s: float, *, head: bool) -> None:
+async def answer_liveness(service: AdmissionService, scope: Scope, send: Send) -> None:
     """The liveness answer: 200, or 503 while the pressure has been stuck long enough
-    that the pod should be restarted; ``held_s`` is how long the latch has been held."""
+    that the pod should be restarted, with how long the latch has been held."""
+    status = service.liveness()
+    failing = status.liveness_failing
     if failing:
-        body = b'{"alive":false,"stuck":true,"held_s":%d}' % int(held_s)
+        body = b'{"alive":false,"stuck":true,"held_s":%d}' % int(status.held_s)
     else:
         body = b'{"alive":true}'
     await send(
@@ -379,7 +275,7 @@ async def send_liveness(send: Send, failing: bool, held_s: float, *, head: bool)
             ],
         }
     )
-    await send({"type": "http.response.body", "body": body if not head else b""})
+    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
 
 
 def close_reason(retry_after_s: int, reason: Reason) -> str:

@@ -1,15 +1,10 @@
-"""A session request held for a probe's evidence: until woken, its deadline, or its client left.
+"""The client of a session request held for a probe's evidence, heard while it waits.
 
-The decision (``_middleware.py``) may answer a request of a route being probed
-with a :class:`Hold` (``_admission/reservations/holds.py``) instead of a ticket or a refusal.
-The request then waits here, holding nothing, and is decided again once woken or
-once its deadline passes (``ADMISSION_PROBE_WAIT_SECONDS``), which the decision
-turns into a refusal (``probing``) if the probe's evidence is still not in.
+The service (``_admission/waiting.py``) waits a held request; this is what it
+listens to meanwhile, so that a client that leaves ends the wait.
 
 Notes:
 
-- The wait is one ``asyncio.wait`` on the hold's future and, where the client can
-  be heard, on its next message: no polling, no timer but the deadline's.
 - HTTP: the body has been read before the decision, so the next message is the
   client's disconnect, which ends the wait with nothing sent. A body larger than
   the guard's buffer is still arriving: it is not read ahead (it belongs to the
@@ -24,16 +19,10 @@ Notes:
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 from starlette.types import Message, Receive
 
-from asgi_admission._admission.reservations.holds import Hold, HoldRegistry
-
 _DISCONNECTS = frozenset({"http.disconnect", "websocket.disconnect"})
-_T = TypeVar("_T")
 
 
 class Listening:
@@ -95,48 +84,3 @@ class Listening:
                     task.exception()  # retrieved, so that asyncio does not log it
             else:
                 task.cancel()
-
-
-async def wait_then_decide(
-    hold: Hold,
-    holds: HoldRegistry,
-    decide: Callable[[Hold, bool], Awaitable[_T | Hold]],
-    listening: Listening | None,
-) -> _T | None:
-    """Wait with ``hold`` until woken or its deadline, then ``decide(hold, expired)``
-    again; ``None`` when the client left meanwhile (it holds nothing)."""
-    while True:
-        outcome = await _wait(hold, holds, listening)
-        if outcome is None:
-            return None
-        decided = await decide(hold, outcome)
-        if not isinstance(decided, Hold):
-            return decided
-        hold = decided
-
-
-async def _wait(hold: Hold, holds: HoldRegistry, listening: Listening | None) -> bool | None:
-    """``False`` once woken, ``True`` at the deadline, ``None`` when the client left."""
-    try:
-        while True:
-            remaining = hold.deadline - time.monotonic()
-            if remaining <= 0:
-                holds.leave(hold)
-                return True
-            message = None if listening is None else listening.next_message()
-            waits: set[asyncio.Future[object]] = {hold.future}  # type: ignore[arg-type]
-            if message is not None:
-                waits.add(message)  # type: ignore[arg-type]
-            done, _ = await asyncio.wait(
-                waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-            )
-            if hold.future in done:
-                return False
-            if message is not None and message in done:
-                assert listening is not None
-                if listening.heard():
-                    holds.leave(hold)
-                    return None
-    except BaseException:
-        holds.leave(hold)
-        raise

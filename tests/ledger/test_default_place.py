@@ -159,7 +159,7 @@ def test_off_and_a_named_directory_are_still_obeyed(
     a directory named is used as it is; an empty value is refused, naming the setting."""
     group = tree(tmp_path, "app")
     assert guard(group, shared_dir="off").shared_dir is None
-    assert isinstance(guard(group, shared_dir="off")._ledger, InProcessLedger)
+    assert isinstance(guard(group, shared_dir="off").service.ledger, InProcessLedger)
     monkeypatch.setenv("ADMISSION_SHARED_DIR", " OFF ")
     assert AdmissionConfig.from_env().shared_dir == "off"
     monkeypatch.setenv("ADMISSION_SHARED_DIR", "")
@@ -225,8 +225,8 @@ def test_a_missing_base_is_passed_over_quietly(
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         alone = guard(group)
-        assert alone._alone is not None
-        assert alone._alone.look() == []
+        assert alone.service.alone is not None
+        assert alone.service.alone.look() == []
     assert alone.shared_dir is None
     assert caplog.records == []
 
@@ -310,7 +310,7 @@ def test_two_guards_of_one_process_never_take_each_others_settling_rows(
     assert first.shared_dir is not None
     entries = []
     for middleware in (first, second):
-        outcome = middleware._admit("http")
+        outcome = middleware.service.admit("http")
         assert isinstance(outcome, AdmissionTicket)
         entries.append(outcome)
     # A slot each in the ledger: each guard is a worker of its own there.
@@ -374,7 +374,7 @@ def test_a_guard_that_counts_alone_warns_once_of_sibling_workers(
     monkeypatch.setattr(shared_place, "default_bases", lambda: ())
     monkeypatch.setattr(shared_place, "PROC", str(proc))
     middleware = guard(group)
-    check = middleware._alone
+    check = middleware.service.alone
     assert isinstance(check, AloneCheck)
     assert middleware.shared_dir is None
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
@@ -455,7 +455,7 @@ def test_a_default_place_whose_ledger_fails_counts_alone(
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         middleware = guard(tree(tmp_path, "app"))
     assert middleware.shared_dir is None
-    assert middleware._alone is not None
+    assert middleware.service.alone is not None
     assert "cannot be used" in caplog.text
 
 

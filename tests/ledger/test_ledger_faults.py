@@ -388,4 +388,4 @@ def test_the_guards_settling_queue_asks_its_own_ledger(tmp_path: Path, ledger_di
     middleware = guard(tmp_path, ledger_dir, ok_app)
     queue = middleware.keeper._queue
     assert isinstance(queue, shared_files.SharedSettleQueue)
-    assert queue._may_follow == middleware._ledger.is_current  # type: ignore[attr-defined]
+    assert queue._may_follow == middleware.service.ledger.is_current  # type: ignore[attr-defined]

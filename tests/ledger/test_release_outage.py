@@ -103,7 +103,7 @@ def test_events_caught_up_by_a_sample_that_then_finds_the_file_replaced_are_kept
         sessions = [asyncio.ensure_future(post(first)), asyncio.ensure_future(post(second))]
         await asyncio.sleep(0.05)
         monkeypatch.setattr(ledger_section, "LINK_CHECK_INTERVAL_S", 3600.0)
-        first._ledger._next_link_check = time.monotonic() + 3600.0  # type: ignore[attr-defined]
+        first.service.ledger._next_link_check = time.monotonic() + 3600.0  # type: ignore[attr-defined]
         fd = os.open(shared / FILE_NAME, os.O_RDWR)
         fcntl.flock(fd, fcntl.LOCK_EX)  # another worker inside its critical section
         try:
@@ -113,13 +113,13 @@ def test_events_caught_up_by_a_sample_that_then_finds_the_file_replaced_are_kept
             os.close(fd)
         assert first.keeper.deferred == 1
         (shared / FILE_NAME).unlink()
-        second._ledger._next_link_check = 0.0  # type: ignore[attr-defined]
+        second.service.ledger._next_link_check = 0.0  # type: ignore[attr-defined]
         second.session_counts()  # second moves to the new file, its old row left behind
         first.keeper.sample()  # catches up, then finds second's row unlocked: replaced
         gates["second"].set()
         await sessions[1]
 
     asyncio.run(scenario())
-    first._ledger._next_link_check = 0.0  # type: ignore[attr-defined]
+    first.service.ledger._next_link_check = 0.0  # type: ignore[attr-defined]
     assert first.session_counts() == (0, 0)
     assert second.session_counts() == (0, 0)

@@ -59,7 +59,7 @@ def guards_over(
     """One middleware per ``options`` over one shared ledger: workers of one container.
 
     They read a v2 tree far from any limit; their app is never called (the tests
-    drive ``_admit`` directly).
+    drive ``service.admit`` directly).
     """
     cgroup = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=4096)
     # No probing: the tests decide one session after another, synchronously.
@@ -180,14 +180,14 @@ def test_a_killed_workers_sessions_stop_counting_against_the_cap(
         assert ready.wait(30)
         with ledger.locked():
             assert ledger.counts() == (1, 2)
-        refused = guard._admit("http")  # 3 of 3 held by the live worker
+        refused = guard.service.admit("http")  # 3 of 3 held by the live worker
         assert isinstance(refused, tuple)
         assert refused[0].reason == "session_limit"
     finally:
         assert worker.pid is not None
         os.kill(worker.pid, signal.SIGKILL)
         worker.join()
-    admitted = guard._admit("http")
+    admitted = guard.service.admit("http")
     assert isinstance(admitted, AdmissionTicket)
     with ledger.locked():  # recovered for every worker
         assert ledger.counts() == (0, 1)
@@ -404,9 +404,9 @@ def test_start_time_of_a_missing_process_is_zero() -> None:
 def test_two_guards_share_one_count(tmp_path: Path) -> None:
     """Two middlewares configured with one shared_dir refuse by their combined count."""
     guards = guards_over(tmp_path, str(tmp_path / "ledger"), 2, {}, {})
-    first = guards[0]._admit("http")
-    second = guards[1]._admit("http")
-    third = guards[0]._admit("http")
+    first = guards[0].service.admit("http")
+    second = guards[1].service.admit("http")
+    third = guards[0].service.admit("http")
     assert isinstance(first, AdmissionTicket)
     assert isinstance(second, AdmissionTicket)
     assert isinstance(third, tuple)
@@ -454,16 +454,16 @@ def test_two_guards_share_the_apps_own_counts(tmp_path: Path) -> None:
         {"current_sessions": lambda: own[0]},
         {"current_sessions": lambda: own[1]},
     )
-    admitted = guards[0]._admit("http")  # publishes 2 active; 1 pending
+    admitted = guards[0].service.admit("http")  # publishes 2 active; 1 pending
     assert isinstance(admitted, AdmissionTicket)
-    refused = guards[1]._admit("http")
+    refused = guards[1].service.admit("http")
     assert isinstance(refused, tuple)
     assert refused[0].reason == "session_limit"
     assert guards[1].session_counts() == (2, 1)
     admitted.release()
     own[0] = 0
     assert guards[0].session_counts() == (0, 0)
-    assert not isinstance(guards[1]._admit("http"), tuple)
+    assert not isinstance(guards[1].service.admit("http"), tuple)
 
 
 def test_failed_claim_releases_the_critical_section(

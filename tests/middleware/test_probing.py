@@ -387,6 +387,13 @@ def test_a_websocket_waits_before_its_accept() -> None:
     assert mw.session_counts() == (0, 0)
 
 
+async def sample_every(guard: AdmissionMiddleware, interval_s: float = 0.25) -> None:
+    """What a lifespan runs for ``guard``: its keeper's sample, four times a second."""
+    while True:
+        await asyncio.sleep(interval_s)
+        guard.keeper.sample()
+
+
 def test_workers_probe_once_and_wait_for_each_other(tmp_path: Path) -> None:
     """Two guards over one shared directory: one probe in the container; the other
     guard's request waits for it and is decided on what that probe showed."""
@@ -396,7 +403,7 @@ def test_workers_probe_once_and_wait_for_each_other(tmp_path: Path) -> None:
     async def scenario() -> tuple[Answer, Answer, Answer]:
         first = guarded(answered(), reader, shared_dir=shared)
         second = guarded(answered(), reader, shared_dir=shared)
-        sampling = asyncio.create_task(first.keeper.run())  # the first worker's lifespan
+        sampling = asyncio.create_task(sample_every(first))  # the first worker's lifespan
         probe = await post(first)
         growing = asyncio.create_task(ramp(reader, 400, over_s=0.5))
         other, third = await asyncio.gather(post(second), post(second))

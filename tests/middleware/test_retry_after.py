@@ -8,7 +8,8 @@ import pytest
 
 from asgi_admission import RetryAfterPolicy
 from asgi_admission._admission.decision.latch import Reason
-from asgi_admission._responses import _TITLES, close_reason, coerce_policy
+from asgi_admission._admission.decision.retry_after import coerce_policy
+from asgi_admission._responses import _TITLES, close_reason
 
 #: Internal on purpose: the refusal's titles, close reason and Retry-After policy coercion.
 INTERNAL = "the refusal's titles, close reason and Retry-After policy coercion"

@@ -181,7 +181,7 @@ def test_a_session_is_named_by_its_route() -> None:
     assert matcher.pattern_of(http("POST", "/api/sessions", "/api")) == "POST /sessions"
     assert matcher.pattern_of(http("POST", "/api/sessions", "")) == "POST /api/sessions"
     mw = guard(Inner(), SettableReader(), routes=["POST /sessions", "POST /api/sessions"])
-    keeper = mw._keeper
+    keeper = mw.keeper
     assert keeper.route(http("POST", "/api/sessions", "/api")) == "POST /sessions"
     assert keeper.route(http("POST", "/api/sessions", None)) == "POST /api/sessions"
     assert keeper.route(http("POST", "/sessions", "/api")) == "POST /sessions"

@@ -19,6 +19,7 @@ from asgi_admission import (
     MemoryReading,
 )
 from asgi_admission._admission.ledger.ledger import InProcessLedger, LedgerBusy
+from asgi_admission._admission.reservations import sampling
 from asgi_admission._admission.reservations.keeper import ReservationKeeper
 from asgi_admission._admission.reservations.learning import SessionLearner
 from asgi_admission._admission.reservations.settlement import apply
@@ -50,7 +51,7 @@ def make(
     controller = AdmissionController(reserve_bytes=10 * MIB, memory_reader=memory)
     keeper = ReservationKeeper(
         controller=controller,
-        locked=ledger.locked(),
+        attempt=ledger.locked(),
         read=memory,
         active_count=lambda own: active,
         route_of=lambda scope: "POST /s",
@@ -113,7 +114,7 @@ def test_a_failing_sample_is_logged_and_the_loop_goes_on(
     monkeypatch.setattr(keeper, "sample", failing)
 
     async def run() -> None:
-        task = asyncio.create_task(keeper.run(0.001))
+        task = asyncio.create_task(sampling.run(keeper, 0.001))
         await asyncio.wait_for(second.wait(), 10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -187,7 +188,7 @@ def test_other_workers_ends_are_not_taken_for_this_workers_own(tmp_path: Path) -
     keeper, _ledger = make(memory, learning="raise", shared_dir=str(tmp_path / "shared"))
     learner = keeper.learner = ForeignEnds()
     keeper._active_count = lambda count: active[0]
-    keeper._own_count = lambda: own[0]
+    keeper._app_count = lambda: own[0]  # none pending past a response: its own count
     keeper.sample()
     active[0], own[0] = 3, 1  # two ended: one of this worker's, one of another's
     keeper.sample()
@@ -252,7 +253,7 @@ def test_events_wait_in_order_while_the_shared_ledger_is_held() -> None:
     memory = Memory(100)
     keeper, ledger = make(memory)
     lock = Busy(ledger)
-    keeper._locked = lock
+    keeper._attempt = lock
     with ledger.locked():
         entry = keeper.admitted(ledger.reserve(), "http", None, 100 * MIB)
     lock.held = True
@@ -313,18 +314,18 @@ def test_a_decision_nets_out_the_apps_count_after_the_kept_events(
         registry=None,
     )
     scope = {"type": "http", "method": "POST", "path": "/s"}
-    first = guard._admit("http", scope)
+    first = guard.service.admit("http", scope)
     assert isinstance(first, AdmissionTicket)
     store.append("first")  # the app counts its session once it has answered
     keeper = guard.keeper
-    ledger = guard._ledger
+    ledger = guard.service.ledger
     assert isinstance(ledger, InProcessLedger)
     lock = Busy(ledger)
-    keeper._locked = lock
+    keeper._attempt = lock
     lock.held = True
     keeper.respond(first._entry)  # kept: its memory has not shown yet
     assert keeper.deferred == 1
     lock.held = False
-    second = guard._admit("http", scope)
+    second = guard.service.admit("http", scope)
     assert keeper.deferred == 0
     assert isinstance(second, AdmissionTicket), second

@@ -53,9 +53,7 @@ from asgi_admission._admission.decision.latch import (
     has_no_limit,
     is_blind,
 )
-from asgi_admission._admission.decision.observer import AdmissionView, DecisionObserver, Kind
-from asgi_admission._admission.ledger.ledger import SessionLedger
-from asgi_admission._admission.ledger.shared_ledger import SharedLedger
+from asgi_admission._admission.decision.observer import AdmissionView, Kind
 from asgi_admission._admission.reservations.keeper import FailureCause
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._metrics.stuck import stuck_families
@@ -134,8 +132,8 @@ def _gauge(name: str, documentation: str, unit: str = "") -> GaugeMetricFamily:
 class AdmissionCollector:
     """A prometheus_client collector of what the guard sees, read at scrape time.
 
-    ``view`` is the running guard (an :class:`AdmissionView`, such as
-    ``AdmissionMiddleware``); it may be swapped with :attr:`view` at any time.
+    ``view`` is a running guard's admission (an :class:`AdmissionView`, such as
+    its ``AdmissionService``, or the guard itself).
     Without a view only ``asgi_admission_build_info`` is exported.
     ``include_sessions=False`` leaves ``asgi_admission_sessions`` to another
     source (multiprocess mode without a shared ledger: a ``livesum`` gauge).
@@ -481,6 +479,8 @@ class DecisionMetrics:
 
 
 class _Binding:
+    """A registry's scrape-time collector and decision counters."""
+
     __slots__ = ("collector", "metrics")
 
     def __init__(self, collector: AdmissionCollector, metrics: DecisionMetrics) -> None:
@@ -507,11 +507,17 @@ def admission_metrics(
     """
     if registry is None:
         return None
+    binding = registry_binding(registry, shared=shared)
+    binding.collector.add(view)
+    return binding.metrics
+
+
+def registry_binding(registry: CollectorRegistry, *, shared: bool) -> _Binding:
+    """The registry's collector and counters, registered there at the first call."""
     with _bindings_lock:
         binding = _bindings.get(registry)
         if binding is not None:
-            binding.collector.add(view)
-            return binding.metrics
+            return binding
         multiprocess = multiprocess_dir() is not None
         if multiprocess and not _values_are_multiprocess():
             logger.warning(
@@ -524,10 +530,9 @@ def admission_metrics(
         live_sessions = multiprocess and not shared
         metrics = DecisionMetrics(registry=registry, live_sessions=live_sessions)
         collector = AdmissionCollector(include_sessions=not live_sessions)
-        collector.add(view)
         registry.register(collector)
-        _bindings[registry] = _Binding(collector, metrics)
-        return metrics
+        binding = _bindings[registry] = _Binding(collector, metrics)
+        return binding
 
 
 def bound_collector(registry: CollectorRegistry) -> AdmissionCollector | None:
@@ -535,75 +540,3 @@ def bound_collector(registry: CollectorRegistry) -> AdmissionCollector | None:
     with _bindings_lock:
         binding = _bindings.get(registry)
     return binding.collector if binding is not None else None
-
-
-class _Both:
-    """Tells two observers of each decision: the metrics first, then the caller's own."""
-
-    __slots__ = ("_first", "_first_check", "_second", "_second_check")
-
-    def __init__(self, first: DecisionObserver, second: DecisionObserver) -> None:
-        self._first = first.on_decision
-        self._second = second.on_decision
-        self._first_check = first.on_check
-        self._second_check = second.on_check
-
-    def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
-        self._first(kind, decision, seconds)
-        self._second(kind, decision, seconds)
-
-    def on_check(self, decision: CapacityDecision) -> None:
-        self._first_check(decision)
-        self._second_check(decision)
-
-
-class _LiveSessions:
-    """Multiprocess mode: republishes this worker's session counts whenever they change.
-
-    After each decision (a reservation may have been taken) and after each
-    activation or release, outside the ledger lock, since ``session_counts``
-    takes it.
-    """
-
-    __slots__ = ("_metrics", "_view")
-
-    def __init__(self, metrics: DecisionMetrics, view: AdmissionView) -> None:
-        self._metrics = metrics
-        self._view = view
-
-    def publish(self) -> None:
-        active, pending = self._view.session_counts()
-        self._metrics.on_sessions(active, pending)
-
-    def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
-        self._metrics.on_decision(kind, decision, seconds)
-        self.publish()
-
-    def on_check(self, decision: CapacityDecision) -> None:
-        self._metrics.on_check(decision)
-
-
-def instrument(
-    view: AdmissionView,
-    ledger: SessionLedger,
-    *,
-    registry: CollectorRegistry | None = REGISTRY,
-    observer: DecisionObserver | None = None,
-) -> DecisionObserver | None:
-    """The observer a guard should tell of its decisions to export its metrics on ``registry``.
-
-    ``registry=None`` exports nothing: no observer (``None``) unless one is given.
-    An explicit ``observer`` is told of every decision as well as the metrics (after
-    them), so passing one never switches metrics off. In multiprocess mode the
-    ledger's ``on_change`` republishes the ``livesum`` session gauge after every
-    activation and release.
-    """
-    metrics = admission_metrics(view, registry=registry, shared=isinstance(ledger, SharedLedger))
-    chosen: DecisionObserver | None = metrics
-    if metrics is not None and metrics.live_sessions:
-        live = _LiveSessions(metrics, view)
-        chosen = live
-        ledger.on_change = live.publish
-    if observer is not None:
-        chosen = observer if chosen is None else _Both(chosen, observer)
-    return chosen

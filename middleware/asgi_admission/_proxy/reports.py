@@ -7,33 +7,22 @@ set, and the view session responses are reported from where the header is on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asgi_admission._admission.decision.latch import CapacityDecision
-from asgi_admission._admission.decision.observer import AdmissionView
-from asgi_admission._memory.reading import MemoryReading
+from asgi_admission._admission.service import AdmissionService
 from asgi_admission._metrics.collector import admissible_sessions
 from asgi_admission._proxy.agent import AgentListener, serve_with_agent
 from asgi_admission._proxy.room import RoomView
 
-#: The readiness probe's look: its decision and the counts it was decided with.
-Check = Callable[[], tuple[CapacityDecision, tuple[int, int]]]
-
 
 class RoomReports:
-    """The room ``guard`` reports, and where it reports it; ``check`` is its readiness
-    probe's look, ``read`` its reader that never raises."""
+    """The room ``service``'s guard reports, and where it reports it."""
 
-    def __init__(
-        self, *, guard: AdmissionView, check: Check, read: Callable[[], MemoryReading]
-    ) -> None:
-        self._guard = guard
-        self._check = check
-        self._read = read
+    def __init__(self, service: AdmissionService) -> None:
+        self._service = service
         self.view = RoomView(self.look)
-        config = guard.config
+        config = service.config
         port = config.agent_port
         self.agent = None if port is None else AgentListener(self.view, port=port)
         #: The view session responses report from; ``None``: no header.
@@ -43,10 +32,10 @@ class RoomReports:
         """The readiness probe's look (the latch and the counts, container-wide where the
         workers share a ledger), and the admissible sessions the metrics report, on an
         exact reading: the fast path's bound would understate the room."""
-        decision, counts = self._check()
-        memory = decision.memory if decision.memory.exact else self._read()
-        guard = self._guard
-        fits = admissible_sessions(guard.controller, memory, counts, guard.session_limit)
+        service = self._service
+        decision, counts = service.look()
+        memory = decision.memory if decision.memory.exact else service.read()
+        fits = admissible_sessions(service.controller, memory, counts, service.session_limit)
         return decision, fits
 
     def lifespan(self, app: ASGIApp) -> ASGIApp:

@@ -201,6 +201,21 @@ class AdmissionController:
         self._read_bound: Callable[[], MemoryReading | None] | None = None
         self._lock = threading.Lock()
 
+    def learned(self, reserve_bytes: int | None, *, replaces: bool) -> bool:
+        """What the guard learned one session adds (``None``: nothing, or learning
+        off), and whether it replaces the configured reserve or only raises it;
+        whether the learned reserve changed."""
+        self.learned_replaces = replaces
+        if reserve_bytes == self.learned_reserve_bytes:
+            return False
+        self.learned_reserve_bytes = reserve_bytes
+        return True
+
+    def held_by(self, held: HeldBytes) -> None:
+        """Count what the pending sessions hold with ``held`` (the guard's settling
+        knows what each still adds) instead of one reserve each."""
+        self.held_bytes = held
+
     @property
     def pressure_state(self) -> Literal["normal", "pressured"]:
         """Whether the latch is set right now."""

@@ -1,8 +1,9 @@
-"""The seam between the middleware and what watches it (metrics, tests).
+"""The seam between admission and what watches it (metrics, tests).
 
-The middleware reports every decision to one ``DecisionObserver`` and exposes
-an ``AdmissionView`` for collectors that read its state at scrape time. Nothing
-here imports the middleware or Prometheus, so either side can be tested alone.
+The admission service reports every decision to one ``DecisionObserver`` and is
+an ``AdmissionView`` for collectors that read its state at scrape time (so is the
+middleware). Nothing here imports the service or Prometheus, so either side can be
+tested alone.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@
 ``ReservationKeeper`` ties together the :class:`Settler` (how long a reservation
 lasts), the :class:`SessionLearner` (what a session costs), the record of
 session ends (for ``Retry-After``) and, with ``ADMISSION_SHARED_DIR``, the files
-the workers share. The middleware calls it on the decision path (inside the
-ledger's lock: cheap), when a response ends or a WebSocket is accepted or
-closed, and from the lifespan (:meth:`run`, a periodic sample so that settling
-and learning never wait for traffic). Tickets call it from any thread.
+the workers share. The admission service calls it on the decision path (inside
+the ledger's lock: cheap), the watched request when a response ends or a
+WebSocket is accepted or closed, and the lifespan (``sampling.py``, a periodic
+sample so that settling and learning never wait for traffic). Tickets call it
+from any thread.
 
 Notes:
 
@@ -16,7 +17,7 @@ Notes:
 - The critical section is only ever tried (``attempt``): where another worker
   holds the shared ledger, a session's event (its response, its end, a ticket)
   is kept, in order, for the next sample, so neither the event loop nor a
-  response waits for another process and nothing is lost (docs/trust.md). A
+  response waits for another process and nothing is lost (``actions.py``, docs/trust.md). A
   release (a ticket's, a WebSocket's end) still gives its reservation back at
   once; the sample catches up in a critical section of its own, so what the kept
   events decided is done even if the sample's look then fails. The app's own
@@ -34,8 +35,6 @@ Notes:
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import functools
 import logging
 import os
@@ -47,8 +46,9 @@ from typing import Final, Literal
 
 from starlette.types import Scope
 
-from asgi_admission._admission.decision.latch import AdmissionController
+from asgi_admission._admission.decision.latch import AdmissionController, HeldBytes
 from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
+from asgi_admission._admission.reservations.actions import KeptEvents
 from asgi_admission._admission.reservations.freed import Mark
 from asgi_admission._admission.reservations.holds import HoldRegistry
 from asgi_admission._admission.reservations.learned_view import LearnedView
@@ -77,24 +77,24 @@ FailureCause = Literal["error_status", "body_timeout"]
 
 
 class ReservationKeeper:
-    """Settling, tickets and learning for one middleware (see the module notes).
+    """Settling, tickets and learning for one guard (see the module notes).
 
-    ``locked`` is the ledger's critical section, tried without waiting (its
-    ``attempt``, which raises ``LedgerBusy`` while another worker holds it);
-    ``read`` takes an exact reading and never raises; ``own_count()`` is the
-    app's own count of its sessions (app code: asked outside ``locked``) and
+    ``attempt`` is the ledger's critical section, tried without waiting (it
+    raises ``LedgerBusy`` while another worker holds it); ``read`` takes an
+    exact reading and never raises; ``app_count()`` is the app's own count of
+    its sessions (app code: asked outside ``attempt``; ``None``: none) and
     ``active_count(own)`` the container's active sessions with it (inside
-    ``locked``); ``route_of(scope)`` names a session's route.
+    ``attempt``); ``route_of(scope)`` names a session's route.
     """
 
     def __init__(
         self,
         *,
         controller: AdmissionController,
-        locked: AbstractContextManager[object],
+        attempt: AbstractContextManager[object],
         read: Callable[[], MemoryReading],
         active_count: Callable[[int | None], int],
-        own_count: Callable[[], int | None] = lambda: None,
+        app_count: Callable[[], int | None] = lambda: None,
         route_of: Callable[[Scope], str | None],
         learning: Learning,
         min_reserve_bytes: int,
@@ -105,14 +105,15 @@ class ReservationKeeper:
         on_reserve: Callable[[int, int | None], None] = lambda learned, configured: None,
         clock: Callable[[], float] = time.monotonic,
         probe_sessions: int = 0,
+        holds: HoldRegistry | None = None,
     ) -> None:
         self._controller = controller
-        self._locked = locked
+        self._attempt = attempt
         self._read = read
         self._active_count = active_count
-        self._own_count = own_count
+        self._app_count = app_count
         #: Events kept while another worker held the shared ledger, oldest first.
-        self._deferred: collections.deque[Callable[[], Sequence[Action]]] = collections.deque()
+        self._kept = KeptEvents()
         #: The session pattern a scope came by (``"predicate"`` when none matched).
         self.route = RouteNames(route_of)
         self.learning: Learning = learning
@@ -140,7 +141,8 @@ class ReservationKeeper:
         self._queue = queue
         #: Whether routes not learned yet are probed (``probing.py``).
         self.probing = probe_sessions > 0 and learning != "off"
-        self.holds = HoldRegistry()
+        #: The requests held for the probes' evidence (the service's, which waits them).
+        self.holds = HoldRegistry() if holds is None else holds
         store: ProbeStore | None = None
         if shared_dir is not None and self.probing:
             store = SharedProbeStore(shared_dir)
@@ -170,13 +172,11 @@ class ReservationKeeper:
         self._next_refresh = 0.0
         self._next_look = 0.0
         self._learned_version = (-1, -1)
-        #: How many periodic samples run (from a lifespan: :meth:`run`).
-        self.sampling = 0
         self._update_reserve()
         ref = weakref.ref(self)
         # The latch counts the pending sessions by what they still add (held_bytes),
         # through a weak reference: a guard that is gone is not kept by its controller.
-        controller.held_bytes = _HeldBy(ref)
+        controller.held_by(_held_by(ref))
         os.register_at_fork(after_in_child=lambda: _forked(ref))
 
     def _expired(self) -> None:
@@ -193,6 +193,32 @@ class ReservationKeeper:
         footprints of concluded probes; an open probe's growth is in :meth:`probe_status`."""
         known = self.view.known()
         return [estimate for route, estimate in self.view.estimates().items() if route in known]
+
+    def own_count(self, count: int | None = None) -> int | None:
+        """The app's count (``count``, or asked now) less its sessions pending past their
+        response: those are in the app's count already, and counted once, as pending."""
+        if count is None and (count := self._app_count()) is None:
+            return None
+        return max(0, count - self.settler.past_response)
+
+    def reconcile(self, count: int | None) -> int | None:
+        """Before a decision, outside the lock: settle what the app's ``count`` says ended
+        and the events kept for later; :meth:`own_count` of ``count``. ``LedgerBusy``
+        while another worker holds the shared ledger."""
+        settler = self.settler
+        if count is not None and settler.waiting and count < settler.past_response:
+            with self._attempt:  # the app counts fewer sessions than wait to settle
+                ended = settler.counted(count)
+            apply(ended)
+        self._kept.catch_up(self._attempt)
+        return None if count is None else self.own_count(count)
+
+    def expected_wait_s(self, now: float, probed: str | None = None) -> float | None:
+        """How long until a session ends, at the rate they have been ending; for a route
+        being ``probed``, how long its probes have been ramping (for ``Retry-After``)."""
+        if probed is not None:
+            return self.board.retry_after_s(probed, now)
+        return self.ends.expected_wait_s(now)
 
     # -- on the decision path (inside the ledger's lock) ------------------------------
 
@@ -252,7 +278,7 @@ class ReservationKeeper:
         """The routes being probed now (for metrics and refusals: outside the lock)."""
         if self.board.shared:
             try:
-                with self._locked:
+                with self._attempt:
                     return self.board.status(self._clock(), load=True)
             except LedgerBusy:
                 pass  # as this worker last saw them
@@ -292,17 +318,17 @@ class ReservationKeeper:
 
     def respond(self, entry: Settlement) -> None:
         """The response ended or the WebSocket was accepted."""
-        # Once a session request: _now_or_later's steps, without a closure.
-        if not self._deferred:
+        # Once a session request: now_or_later's steps, without a closure.
+        if not self._kept:
             try:
-                with self._locked:
+                with self._attempt:
                     actions = self._responded(entry)
             except LedgerBusy:
                 pass
             else:
                 apply(actions)
                 return
-        self._deferred.append(functools.partial(self._responded, entry))
+        self._kept.keep(functools.partial(self._responded, entry))
 
     def _responded(self, entry: Settlement) -> Sequence[Action]:
         now = self._clock()
@@ -336,7 +362,7 @@ class ReservationKeeper:
             self._probe_left(entry, False)
             return self.settler.release(entry)
 
-        self._now_or_later(step, releases=entry.reservation)
+        self._kept.now_or_later(step, self._attempt, releases=entry.reservation)
 
     def count_failure(self, kind: Kind, cause: FailureCause) -> None:
         """One more session request of ``kind`` that opened nothing, for the metrics."""
@@ -353,7 +379,9 @@ class ReservationKeeper:
             self._probe_left(entry, entry.phase != "request")
             return self.settler.abandon(entry, session_over=session_over)
 
-        self._now_or_later(step, releases=entry.reservation if session_over else None)
+        self._kept.now_or_later(
+            step, self._attempt, releases=entry.reservation if session_over else None
+        )
 
     def ticket(self, operation: str, entry: Settlement) -> bool:
         """``hold``, ``started`` or ``release`` for a ticket; whether hold took effect
@@ -365,10 +393,10 @@ class ReservationKeeper:
                 held.append(self.settler.hold(entry))
                 return ()
 
-            self._now_or_later(hold)
+            self._kept.now_or_later(hold, self._attempt)
             return held[0] if held else True
         if operation == "started":
-            self._now_or_later(lambda: self.settler.started(entry))
+            self._kept.now_or_later(lambda: self.settler.started(entry), self._attempt)
         else:
 
             def release() -> Sequence[Action]:
@@ -376,7 +404,7 @@ class ReservationKeeper:
                 self._probe_left(entry, entry.phase != "request")
                 return self.settler.release(entry)
 
-            self._now_or_later(release, releases=entry.reservation)
+            self._kept.now_or_later(release, self._attempt, releases=entry.reservation)
         return True
 
     def _ended(self, entry: Settlement) -> None:
@@ -401,43 +429,17 @@ class ReservationKeeper:
             self._publish_learned()
             return ()
 
-        self._now_or_later(step)
+        self._kept.now_or_later(step, self._attempt)
 
-    def _now_or_later(
-        self, step: Callable[[], Sequence[Action]], *, releases: Reservation | None = None
-    ) -> None:
-        """``step`` in the critical section, then what it decided; while another worker
-        holds the shared ledger (or earlier events wait), kept for the next sample.
-
-        A step that ends its session (``releases``: a ticket's release, a WebSocket's
-        end) gives the reservation back at once even then: the ledger's release never
-        waits and never raises, and nothing that comes later may count that session
-        again (an activation after it is a no-op). Only the settler's bookkeeping waits.
-        """
-        if not self._deferred:
-            try:
-                with self._locked:
-                    actions = step()
-            except LedgerBusy:
-                pass
-            else:
-                apply(actions)
-                return
-        self._deferred.append(step)
-        if releases is not None:
-            releases.release()
+    @property
+    def probes_busy(self) -> bool:
+        """Whether requests wait for a probe's evidence, or a probe is open."""
+        return bool(self.holds) or self.board.busy
 
     @property
     def deferred(self) -> int:
-        """How many session events wait for the shared ledger (see :meth:`catch_up`)."""
-        return len(self._deferred)
-
-    def catch_up(self) -> list[Action]:
-        """Inside the critical section: the events kept for later, in order."""
-        actions: list[Action] = []
-        while self._deferred:
-            actions += self._deferred.popleft()()
-        return actions
+        """How many session events wait for the shared ledger (``actions.py``)."""
+        return len(self._kept)
 
     # -- the periodic sample ------------------------------------------------------------
 
@@ -447,15 +449,11 @@ class ReservationKeeper:
         Skipped (until the next) while another worker holds the shared ledger.
         """
         now = self._clock()
-        own = self._own_count()
+        own = self.own_count()
         try:
-            if self._deferred:
-                # A critical section of their own: what they decided is done even if
-                # the sample's own look then fails (the file found replaced, say).
-                with self._locked:
-                    caught_up = self.catch_up()
-                apply(caught_up)
-            with self._locked:
+            # Their own critical section: done even if the look then fails (a file replaced).
+            self._kept.catch_up(self._attempt)
+            with self._attempt:
                 actions = self._sample_locked(own, now)
         except LedgerBusy:
             return
@@ -500,23 +498,6 @@ class ReservationKeeper:
             for route in self.board.ready(self.holds.routes(), self.known(), now):
                 self.holds.wake(route)
         return actions
-
-    async def run(self, interval_s: float = SAMPLE_INTERVAL_S) -> None:
-        """Sample every ``interval_s`` until cancelled (the lifespan runs this)."""
-        self.sampling += 1
-        try:
-            while True:
-                await self.sample_after(interval_s)
-        finally:
-            self.sampling -= 1
-
-    async def sample_after(self, interval_s: float) -> None:
-        """:meth:`sample` once ``interval_s`` has passed; a failure is logged, never raised."""
-        await asyncio.sleep(interval_s)
-        try:
-            self.sample()
-        except Exception:
-            logger.exception("asgi-admission: the reservation sample failed; trying again.")
 
     # -- internals ------------------------------------------------------------------------
 
@@ -565,18 +546,9 @@ class ReservationKeeper:
             self.board.learned(self.board.watched() & self.learner.routes(), self._clock())
         self._learned_version = (self.learner.version, self.board.version)
         self.view.forget()
-        # An open probe's growth past its guess raises the reserve too, at once.
-        largest = max((e.footprint_bytes for e in self.view.estimates().values()), default=None)
-        controller = self._controller
-        learned = None
-        mode = self.view.mode
-        if largest is not None and mode != "off":
-            learned = max(largest, self.min_reserve_bytes) if mode == "adapt" else largest
-        controller.learned_replaces = mode == "adapt"
-        if learned != controller.learned_reserve_bytes:
-            controller.learned_reserve_bytes = learned
-            if learned is not None:
-                self._on_reserve(learned, controller.reserve_bytes)
+        learned, controller = self.view.reserve_bytes(), self._controller
+        if controller.learned(learned, replaces=self.view.mode == "adapt") and learned is not None:
+            self._on_reserve(learned, controller.reserve_bytes)
 
     def _after_fork(self) -> None:
         self.settler.after_fork()
@@ -585,17 +557,14 @@ class ReservationKeeper:
             self._queue.after_fork()
 
 
-class _HeldBy:
+def _held_by(ref: weakref.ReferenceType[ReservationKeeper]) -> HeldBytes:
     """A keeper's :meth:`ReservationKeeper.held_bytes`, while the keeper lives."""
 
-    __slots__ = ("_ref",)
-
-    def __init__(self, ref: weakref.ReferenceType[ReservationKeeper]) -> None:
-        self._ref = ref
-
-    def __call__(self, route: str | None, pending: int, limit: int, /) -> int | None:
-        keeper = self._ref()
+    def held(route: str | None, pending: int, limit: int, /) -> int | None:
+        keeper = ref()
         return None if keeper is None else keeper.held_bytes(route, pending, limit)
+
+    return held
 
 
 def _forked(ref: weakref.ReferenceType[ReservationKeeper]) -> None:

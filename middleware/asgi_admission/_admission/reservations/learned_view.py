@@ -130,6 +130,16 @@ class LearnedView:
         self.estimates()
         return self._known
 
+    def reserve_bytes(self) -> int | None:
+        """The reserve what was learned sets (``None``: nothing learned, or learning off):
+        the largest footprint, an open probe's growth past its guess included, never below
+        the minimum where it replaces the reserve."""
+        largest = max((e.footprint_bytes for e in self.estimates().values()), default=None)
+        mode = self.mode
+        if largest is None or mode == "off":
+            return None
+        return max(largest, self.min_reserve_bytes) if mode == "adapt" else largest
+
     def forget(self) -> None:
         """The configured or learned reserve changed: recompute each route's."""
         self._expected = {}

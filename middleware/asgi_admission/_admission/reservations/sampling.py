@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -17,10 +18,38 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.reservations.keeper import SAMPLE_INTERVAL_S, ReservationKeeper
 
+logger = logging.getLogger("asgi_admission")
+
 #: The sample started for requests waiting without a lifespan, per keeper.
 _helpers: weakref.WeakKeyDictionary[ReservationKeeper, asyncio.Task[None]] = (
     weakref.WeakKeyDictionary()
 )
+#: How many periodic samples run per keeper (from a lifespan: :func:`run`).
+_running: weakref.WeakKeyDictionary[ReservationKeeper, int] = weakref.WeakKeyDictionary()
+
+
+async def run(keeper: ReservationKeeper, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+    """Sample ``keeper`` every ``interval_s`` until cancelled (the lifespan runs this)."""
+    _running[keeper] = _running.get(keeper, 0) + 1
+    try:
+        while True:
+            await sample_after(keeper, interval_s)
+    finally:
+        _running[keeper] -= 1
+
+
+async def sample_after(keeper: ReservationKeeper, interval_s: float) -> None:
+    """One sample once ``interval_s`` has passed; a failure is logged, never raised."""
+    await asyncio.sleep(interval_s)
+    try:
+        keeper.sample()
+    except Exception:
+        logger.exception("asgi-admission: the reservation sample failed; trying again.")
+
+
+def sampling(keeper: ReservationKeeper) -> bool:
+    """Whether a periodic sample of ``keeper`` runs (from a lifespan)."""
+    return _running.get(keeper, 0) > 0
 
 
 async def serve_with_keeper(
@@ -40,7 +69,7 @@ async def serve_with_keeper(
         kind = message["type"]
         if kind == "lifespan.startup.complete" and not tasks:
             loop = asyncio.get_running_loop()
-            tasks.append(loop.create_task(keeper.run()))
+            tasks.append(loop.create_task(run(keeper)))
             if also is not None:
                 tasks.append(loop.create_task(also()))
         elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
@@ -66,11 +95,11 @@ def sample_while_waiting(keeper: ReservationKeeper) -> None:
     """Requests wait for a probe: with no lifespan sampling, a task of the running loop
     samples every ``SAMPLE_INTERVAL_S`` until nothing waits or is probed any more."""
     helper = _helpers.get(keeper)
-    if keeper.sampling or (helper is not None and not helper.done()):
+    if sampling(keeper) or (helper is not None and not helper.done()):
         return
     _helpers[keeper] = asyncio.get_running_loop().create_task(_sample_waiting(keeper))
 
 
 async def _sample_waiting(keeper: ReservationKeeper) -> None:
-    while not keeper.sampling and (keeper.holds or keeper.board.busy):
-        await keeper.sample_after(SAMPLE_INTERVAL_S)
+    while not sampling(keeper) and keeper.probes_busy:
+        await sample_after(keeper, SAMPLE_INTERVAL_S)

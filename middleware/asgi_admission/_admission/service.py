@@ -1,0 +1,384 @@
+"""``AdmissionService``: read, decide and reserve; what the ASGI side asks of admission.
+
+Notes:
+
+- One session request flows one way: (ledger lock) reader → latch → ledger
+  reserve → a ticket, a refusal, or a hold for a probe's evidence. The middleware
+  asks :meth:`AdmissionService.admit` and answers the client; it holds no
+  decision state of its own.
+- Read, decide and reserve happen inside the ledger's critical section with no
+  ``await`` in between, so a burst of concurrent requests cannot all pass one
+  reading. The latch and the counts are the one deliberate shared state; the lock
+  also serialises the controller, whose ``decide`` expects its caller to hold one.
+- Most admissions are decided by an upper bound of the working set (raw usage
+  and the exact limit, two small reads) while the latch is clear and far from
+  the ceiling: the latch's fast path (``AdmissionController.assess``).
+- The critical section is only tried: where another worker holds the shared
+  ledger, :meth:`~AdmissionService.admit` raises ``LedgerBusy`` and
+  :meth:`~AdmissionService.admit_later` retries without blocking the loop, then
+  refuses with ``ledger_busy``.
+- A route whose footprint is not learned yet is probed: its first sessions are
+  decided on an exact reading and admitted a few at a time, and the others are
+  held, reserving nothing, until the probes' evidence is in (:meth:`wait`,
+  ``waiting.py``, ``reservations/probing.py``). Learned routes cost one dict
+  lookup more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from asgi_admission._admission.decision.decision_log import DecisionLog
+from asgi_admission._admission.decision.latch import AdmissionController, CapacityDecision, is_blind
+from asgi_admission._admission.decision.observer import DecisionObserver, Kind
+from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
+from asgi_admission._admission.decision.stuck import StuckStatus
+from asgi_admission._admission.decision.stuck_watch import StuckWatch, build_watch
+from asgi_admission._admission.inputs import AppCount, SafeReader
+from asgi_admission._admission.ledger.ledger import LedgerBusy, SessionLedger, when_free
+from asgi_admission._admission.ledger.shared_place import AloneCheck
+from asgi_admission._admission.reservations.holds import Hold, HoldRegistry
+from asgi_admission._admission.reservations.keeper import ReservationKeeper
+from asgi_admission._admission.reservations.learning import RouteEstimate
+from asgi_admission._admission.reservations.probing import Gate
+from asgi_admission._admission.reservations.sampling import sample_while_waiting, serve_with_keeper
+from asgi_admission._admission.reservations.settlement import apply
+from asgi_admission._admission.reservations.tickets import AdmissionTicket
+from asgi_admission._admission.waiting import Listener, wait_then_decide
+from asgi_admission._config import AdmissionConfig
+from asgi_admission._memory.reading import UNAVAILABLE
+
+logger = logging.getLogger("asgi_admission")
+
+#: What a refusal needs: the decision, the Retry-After delay, (active, pending).
+Refused = tuple[CapacityDecision, int, tuple[int, int]]
+#: What a decision comes to: a ticket, a refusal, or a hold for a probe's evidence.
+Outcome = AdmissionTicket | Refused | Hold
+
+
+class SessionCounts:
+    """``(active, pending)`` sessions, waiting for the ledger's lock; active comes from
+    the app's own count when it gives one (less those still pending past their response).
+
+    With a shared ledger held by another worker this waits at most ``LOCK_WAIT_S``
+    and then raises ``LedgerBusy`` (a scrape reports no counts).
+    """
+
+    __slots__ = ("_keeper", "_ledger", "_locked")
+
+    def __init__(self, ledger: SessionLedger, keeper: ReservationKeeper) -> None:
+        self._ledger = ledger
+        self._keeper = keeper
+        self._locked = ledger.locked()
+
+    def __call__(self) -> tuple[int, int]:
+        own = self._keeper.own_count()
+        with self._locked:
+            return self._ledger.counts(own)
+
+
+class AdmissionService:
+    """The admission of one guard: every collaborator is built and handed in by
+    ``build_service`` (``_factory.py``), and nothing here speaks ASGI but the lifespan.
+
+    ``session_limit`` is the configured count cap (``None``: none while memory is
+    readable); ``app_count`` the app's own count of its sessions; ``read`` the
+    controller's reader, never raising; ``holds`` the requests waiting for a probe
+    (the keeper's too); ``observer`` is told of every decision (``None``: nobody).
+    """
+
+    def __init__(
+        self,
+        *,
+        config: AdmissionConfig,
+        controller: AdmissionController,
+        ledger: SessionLedger,
+        keeper: ReservationKeeper,
+        holds: HoldRegistry,
+        app_count: AppCount,
+        read: SafeReader,
+        counts: SessionCounts,
+        session_limit: int | None,
+        retry_after: RetryAfterPolicy,
+        observer: DecisionObserver | None,
+        shared_dir: str | None,
+        alone: AloneCheck | None,
+    ) -> None:
+        self._config = config
+        self._controller = controller
+        self._ledger = ledger
+        self._keeper = keeper
+        self._holds = holds
+        self._app_count = app_count
+        self._counts_app = app_count.current_sessions is not None
+        self.read = read
+        #: ``(active, pending)``, waiting for the lock (the metrics' and the scrape's).
+        self.session_counts = counts
+        self._session_limit = session_limit
+        self._retry_after = retry_after
+        self._observer = observer
+        #: Where this guard shares its counts (``None``: alone), and the look for other
+        #: workers where it counts alone by default (started with the lifespan).
+        self.shared_dir = shared_dir
+        self.alone = alone
+        # Asked once for the decision path: the ledger's critical section (the same
+        # reusable context manager every time), only tried.
+        self._attempt = ledger.attempt()
+        self._log = DecisionLog(controller, session_limit)
+        self._stuck = build_watch(config, controller, self.look, shared_dir)
+
+    # -- what the guard shows -------------------------------------------------------
+
+    @property
+    def config(self) -> AdmissionConfig:
+        return self._config
+
+    @property
+    def controller(self) -> AdmissionController:
+        return self._controller
+
+    @property
+    def ledger(self) -> SessionLedger:
+        """Where the sessions are counted: this process's, or the workers' shared one."""
+        return self._ledger
+
+    @property
+    def session_limit(self) -> int | None:
+        """The configured count cap; ``None``: none while memory is readable."""
+        return self._session_limit
+
+    @property
+    def retry_after(self) -> RetryAfterPolicy:
+        return self._retry_after
+
+    @property
+    def keeper(self) -> ReservationKeeper:
+        """Settling, tickets and what was learned of the sessions."""
+        return self._keeper
+
+    @property
+    def stuck(self) -> StuckWatch:
+        """The watch for stuck pressure (``docs/operations.md``)."""
+        return self._stuck
+
+    def learned_details(self) -> list[dict[str, object]]:
+        """What was learned of each route, as a detailed refusal body shows it."""
+        return [_learned(estimate) for estimate in self._keeper.estimates()]
+
+    def probing_details(self) -> list[dict[str, object]]:
+        """The routes being probed now, as a detailed refusal body shows them."""
+        return [dataclasses.asdict(status) for status in self._keeper.probe_status()]
+
+    # -- the decision ---------------------------------------------------------------
+
+    def admit(
+        self,
+        kind: Kind,
+        scope: Scope | None = None,
+        hold: Hold | None = None,
+        expired: bool = False,
+    ) -> Outcome:
+        """Read, decide and (when admitted) reserve, atomically; no awaits here.
+
+        The admitted session's ticket, what a refusal needs (the decision, the
+        Retry-After delay and the counts it was decided with), or a :class:`Hold`
+        while its route is probed (``hold``: the one it waited with, ``expired``: at
+        its deadline, which refuses it with ``probing`` if it would wait again).
+        ``scope`` names the session's route. ``LedgerBusy`` when the shared ledger
+        is held by another worker right now (:meth:`admit_later` retries).
+        """
+        observer = self._observer
+        start = time.perf_counter() if observer is not None else 0.0
+        ledger = self._ledger
+        keeper = self._keeper
+        # The app's own count (current_sessions) replaces the ledger's count of
+        # accepted WebSockets; a shared ledger adds the other workers' counts. App
+        # code, so it is asked once, before the critical section, never inside it.
+        count = self._app_count() if self._counts_app else None
+        own = keeper.reconcile(count)
+        route = keeper.route(scope)
+        probing = keeper.probing and route not in keeper.known()
+        with self._attempt:
+            current, pending = ledger.counts(own)
+            gate: Gate = "known"
+            if probing:
+                decision, gate = self._probe_decision(route, current, pending, expired)
+            else:
+                decision = self._controller.assess(
+                    current, self._session_limit, pending, read=self.read, route=route
+                )
+            memory = decision.memory
+            entry = held = None
+            retry_after_s = 0
+            if gate == "hold":
+                # Waits for its probes' evidence (a hold that waited keeps its deadline).
+                deadline = time.monotonic() + self._config.probe_wait_s
+                held = self._holds.hold(route, deadline, hold)
+            elif decision.allowed:
+                entry = keeper.admitted(
+                    ledger.reserve(),
+                    kind,
+                    scope,
+                    memory.used_bytes,
+                    memory.limit_bytes,
+                    route=route,
+                    probe=gate == "probe",
+                )
+            else:
+                retry_after_s = self._retry_delay(decision, route)
+            # A fast-path decision reads a bound (usage with its cache), never
+            # used for settling: a look at the exact working set is due instead.
+            settled = keeper.settle_with(memory) if memory.exact else keeper.due()
+            blind_changed = self._log.note_blind(decision)
+        if settled:
+            apply(settled)
+        if observer is not None:
+            if held is None:
+                observer.on_decision(kind, decision, time.perf_counter() - start)
+            else:  # not decided yet: only what the latch did counts
+                observer.on_check(decision)
+        if blind_changed or decision.transition is not None:
+            self._log.changed(decision, blind_changed)
+        if held is not None:
+            return held
+        if entry is not None:
+            return AdmissionTicket(keeper, entry)
+        return decision, retry_after_s, (current, pending)
+
+    async def admit_later(
+        self,
+        kind: Kind,
+        scope: Scope | None,
+        tried: LedgerBusy,
+        hold: Hold | None = None,
+        expired: bool = False,
+    ) -> Outcome:
+        """:meth:`admit` retried without blocking the loop after the caller's first try
+        raised ``tried`` (a free ledger costs no coroutine); else a ``ledger_busy`` refusal."""
+        try:
+            return await when_free(lambda: self.admit(kind, scope, hold, expired), tried=tried)
+        except LedgerBusy as exc:
+            self._log.busy(exc)
+            decision = CapacityDecision(
+                allowed=False,
+                state=self._controller.pressure_state,
+                memory=UNAVAILABLE,
+                reason="ledger_busy",
+            )
+            if self._observer is not None:
+                self._observer.on_decision(kind, decision, 0.0)
+            return decision, self._retry_after.next_delay(), (0, 0)
+
+    async def wait(
+        self, kind: Kind, scope: Scope, hold: Hold, listening: Listener | None
+    ) -> AdmissionTicket | Refused | None:
+        """Wait with ``hold`` for the probes' evidence, then decide; ``None``: the client
+        left (``listening`` hears it; ``None``: it cannot be heard)."""
+
+        async def decide(hold: Hold, expired: bool) -> Outcome:
+            try:
+                return self.admit(kind, scope, hold, expired)
+            except LedgerBusy as exc:
+                return await self.admit_later(kind, scope, exc, hold, expired)
+
+        sample_while_waiting(self._keeper)
+        return await wait_then_decide(hold, self._holds, decide, listening)
+
+    def leave(self, hold: Hold) -> None:
+        """A held request goes before it waited (its client left, or sent no connect)."""
+        self._holds.leave(hold)
+
+    def _probe_decision(
+        self, route: str, current: int, pending: int, expired: bool
+    ) -> tuple[CapacityDecision, Gate]:
+        """A route not learned yet: the latch on an exact reading (a probe's growth counts
+        from it), then whether the session is a probe, waits, or is decided as it is."""
+        memory = self.read()
+        blind = not memory.exact or is_blind(memory)
+        # The gate first: this reading may conclude the probes, and raise the reserve.
+        gate: Gate = "known" if blind else self._keeper.gate(route, memory.used_bytes)
+        decision = self._controller.decide(
+            memory, current, self._session_limit, pending, route=route
+        )
+        if not decision.allowed or blind:
+            return decision, "known"  # refused anyway, or blind: nothing to probe with
+        if gate == "hold" and expired:
+            refused = CapacityDecision(
+                False, decision.state, memory, "probing", decision.transition
+            )
+            return refused, "known"
+        return decision, gate
+
+    def _retry_delay(self, decision: CapacityDecision, route: str) -> int:
+        """Retry-After for a refusal: from the rate of session ends when memory is short,
+        about the probes' ramp so far while probing."""
+        if decision.reason == "memory_pressure":
+            wait = self._keeper.expected_wait_s(time.monotonic())
+            if wait is not None:
+                return self._retry_after.delay_for(wait)
+        elif decision.reason == "probing":
+            ramp = self._keeper.expected_wait_s(time.monotonic(), probed=route)
+            assert ramp is not None  # a probed route's ramp is always known
+            return self._retry_after.delay_for(ramp)
+        return self._retry_after.next_delay()
+
+    # -- readiness, liveness and the lifespan -----------------------------------------
+
+    def check(self) -> CapacityDecision:
+        """The readiness probe's latch evaluation: a decision that reserves nothing."""
+        return self.look()[0]
+
+    def look(self) -> tuple[CapacityDecision, tuple[int, int]]:
+        """:meth:`check`, with the counts it decided with (for the stuck-pressure watch)."""
+        own = self._keeper.own_count()
+        with self._attempt:
+            current, pending = self._ledger.counts(own)
+            decision = self._controller.assess(
+                current, self._session_limit, pending, read=self.read
+            )
+            blind_changed = self._log.note_blind(decision)
+        if self._observer is not None:
+            self._observer.on_check(decision)
+        if blind_changed or decision.transition is not None:
+            self._log.changed(decision, blind_changed)
+        return decision, (current, pending)
+
+    async def readiness(self) -> str:
+        """The readiness probe's state: the latch's, or ``ledger_busy`` while another
+        worker holds the shared ledger for longer than a retry waits."""
+        try:
+            return (await when_free(self.check)).state
+        except LedgerBusy as exc:
+            self._log.busy(exc)
+            return "ledger_busy"
+
+    def liveness(self) -> StuckStatus:
+        """The stuck-pressure watch's status for the liveness probe. Without a lifespan
+        nothing else looks at the latch: the probe's own request does (tried, never waited
+        for: a ledger held by another worker skips the look)."""
+        watch = self._stuck
+        if not watch.running:
+            watch.step()
+        return watch.status()
+
+    async def serve_lifespan(
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """``app``'s lifespan with what admission runs alongside: the keeper's periodic
+        sample, the stuck-pressure watch and the look for other workers."""
+        if self.alone is not None:
+            self.alone.start()
+        await serve_with_keeper(self._keeper, app, scope, receive, send, also=self._stuck.run)
+
+
+def _learned(estimate: RouteEstimate) -> dict[str, object]:
+    return {
+        "route": estimate.route,
+        "footprint_bytes": estimate.footprint_bytes,
+        "ramp_s": round(estimate.ramp_s, 2),
+        "observations": estimate.observations,
+    }

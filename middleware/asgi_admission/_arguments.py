@@ -1,0 +1,85 @@
+"""``AdmissionMiddleware``'s arguments about admission, checked and resolved.
+
+Each argument left out is the configuration's (``AdmissionConfig.from_env()``
+when no ``config`` is given); a bad one is a ``ValueError`` naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import get_args
+
+from asgi_admission._admission.decision.latch import AdmissionController
+from asgi_admission._admission.decision.retry_after import RetryAfterPolicy, coerce_policy
+from asgi_admission._admission.decision.stuck_watch import liveness_path_of
+from asgi_admission._config import AdmissionConfig, WebSocketRefusal
+from asgi_admission._factory import build_controller
+
+logger = logging.getLogger("asgi_admission")
+
+
+@dataclass(frozen=True, slots=True)
+class Arguments:
+    """What the guard is built with, every default filled in."""
+
+    config: AdmissionConfig
+    controller: AdmissionController
+    #: The configured count cap; ``None``: none while memory is readable.
+    session_limit: int | None
+    retry_after: RetryAfterPolicy
+    websocket_refusal: WebSocketRefusal
+    liveness_path: str | None
+
+
+def check_arguments(
+    *,
+    config: AdmissionConfig | None,
+    controller: AdmissionController | None,
+    current_sessions: Callable[[], int] | None,
+    max_sessions: int | None,
+    retry_after: RetryAfterPolicy | int | None,
+    readiness_path: str | None,
+    liveness_path: str | None,
+    websocket_refusal: WebSocketRefusal | None,
+    agent_port: int | None,
+) -> Arguments:
+    """The arguments checked, in the order the constructor takes them, and resolved."""
+    if current_sessions is not None and not callable(current_sessions):
+        raise ValueError(
+            f"current_sessions must be a callable returning an int; got {current_sessions!r}."
+        )
+    if readiness_path is not None and not (
+        isinstance(readiness_path, str) and readiness_path.startswith("/")
+    ):
+        raise ValueError(f"readiness_path must start with '/'; got {readiness_path!r}.")
+    if config is not None and controller is not None:
+        raise ValueError(
+            "Pass config or controller, not both: the controller carries its own "
+            "thresholds, reserve and reader, and config would describe different ones."
+        )
+    config = config if config is not None else AdmissionConfig.from_env()
+    if agent_port is not None:
+        config = dataclasses.replace(config, agent_port=agent_port)
+    liveness_path = liveness_path_of(config, liveness_path, readiness_path)
+    if controller is None:
+        controller = build_controller(config)
+    # None: no count cap while memory is readable, the fallback one while blind.
+    limit = config.max_sessions if max_sessions is None else max_sessions
+    if limit is not None and (type(limit) is not int or limit < 0):  # bool is not int here
+        raise ValueError(f"max_sessions must be a whole number, 0 or more; got {limit!r}.")
+    if limit == 0:
+        logger.warning(
+            "asgi-admission: max_sessions is 0, so every session request is refused "
+            "(reason session_limit) while other requests pass."
+        )
+    policy = coerce_policy(retry_after, config.retry_after_s)
+    if websocket_refusal is None:
+        websocket_refusal = config.websocket_refusal
+    elif websocket_refusal not in get_args(WebSocketRefusal):
+        raise ValueError(
+            f"websocket_refusal must be 'auto', 'close' or 'deny'; got {websocket_refusal!r}."
+        )
+    return Arguments(config, controller, limit, policy, websocket_refusal, liveness_path)

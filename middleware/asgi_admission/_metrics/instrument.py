@@ -1,0 +1,101 @@
+"""How a guard's admission is instrumented: the observer of its decisions, its view.
+
+The decision counters and the scrape-time collector belong to a registry
+(``collector.py``); a guard is told which observer to tell of its decisions
+(:func:`instrument`), and once its service exists that service is what the
+registry's collector describes (:func:`expose`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from asgi_admission._admission.decision.latch import CapacityDecision
+from asgi_admission._admission.decision.observer import AdmissionView, DecisionObserver, Kind
+from asgi_admission._admission.ledger.ledger import SessionLedger
+from asgi_admission._admission.ledger.shared_ledger import SharedLedger
+from asgi_admission._metrics.collector import DecisionMetrics, registry_binding
+
+
+class _Both:
+    """Tells two observers of each decision: the metrics first, then the caller's own."""
+
+    __slots__ = ("_first", "_first_check", "_second", "_second_check")
+
+    def __init__(self, first: DecisionObserver, second: DecisionObserver) -> None:
+        self._first = first.on_decision
+        self._second = second.on_decision
+        self._first_check = first.on_check
+        self._second_check = second.on_check
+
+    def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
+        self._first(kind, decision, seconds)
+        self._second(kind, decision, seconds)
+
+    def on_check(self, decision: CapacityDecision) -> None:
+        self._first_check(decision)
+        self._second_check(decision)
+
+
+class _LiveSessions:
+    """Multiprocess mode: republishes this worker's session counts whenever they change.
+
+    After each decision (a reservation may have been taken) and after each
+    activation or release, outside the ledger lock, since ``session_counts``
+    takes it.
+    """
+
+    __slots__ = ("_counts", "_metrics")
+
+    def __init__(self, metrics: DecisionMetrics, counts: Callable[[], tuple[int, int]]) -> None:
+        self._metrics = metrics
+        self._counts = counts
+
+    def publish(self) -> None:
+        active, pending = self._counts()
+        self._metrics.on_sessions(active, pending)
+
+    def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
+        self._metrics.on_decision(kind, decision, seconds)
+        self.publish()
+
+    def on_check(self, decision: CapacityDecision) -> None:
+        self._metrics.on_check(decision)
+
+
+def instrument(
+    ledger: SessionLedger,
+    counts: Callable[[], tuple[int, int]],
+    *,
+    registry: CollectorRegistry | None = REGISTRY,
+    observer: DecisionObserver | None = None,
+) -> DecisionObserver | None:
+    """The observer a guard should tell of its decisions to export its metrics on ``registry``.
+
+    ``registry=None`` exports nothing: no observer (``None``) unless one is given.
+    An explicit ``observer`` is told of every decision as well as the metrics (after
+    them), so passing one never switches metrics off. In multiprocess mode the
+    ledger's ``on_change`` republishes the ``livesum`` session gauge (``counts()``)
+    after every activation and release. What the guard shows at scrape time is
+    added once it exists (:func:`describe`).
+    """
+    chosen: DecisionObserver | None = None
+    if registry is not None:
+        metrics = registry_binding(registry, shared=isinstance(ledger, SharedLedger)).metrics
+        chosen = metrics
+        if metrics.live_sessions:
+            live = _LiveSessions(metrics, counts)
+            chosen = live
+            ledger.on_change = live.publish
+    if observer is not None:
+        chosen = observer if chosen is None else _Both(chosen, observer)
+    return chosen
+
+
+def expose(view: AdmissionView, *, registry: CollectorRegistry | None = REGISTRY) -> None:
+    """Export what ``view`` (a running guard's service) shows at scrape time on
+    ``registry``, for as long as it lives (``None``: nowhere)."""
+    if registry is not None:
+        registry_binding(registry, shared=False).collector.add(view)

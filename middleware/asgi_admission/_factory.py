@@ -26,6 +26,9 @@ from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.reservations.holds import HoldRegistry
 from asgi_admission._admission.reservations.keeper import ReservationKeeper
+from asgi_admission._admission.reservations.tickets import AdmissionTicket
+from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
+from asgi_admission._admission.scheduling.queue import WaitQueue
 from asgi_admission._admission.service import AdmissionService, SessionCounts
 from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionConfig
 from asgi_admission._memory.cgroup import CgroupMemoryReader
@@ -166,6 +169,8 @@ def build_service(
         holds=holds,
     )
     counts = SessionCounts(ledger, keeper)
+    queue = build_queue(config)
+    _warn_unused(config)
     service = AdmissionService(
         config=config,
         controller=controller,
@@ -180,9 +185,55 @@ def build_service(
         observer=instrument(ledger, counts, registry=registry, observer=observer),
         shared_dir=sharing.directory,
         alone=sharing.alone,
+        queue=queue,
     )
     expose(service, registry=registry)
+    if queue is not None:
+        _wake_on_change(ledger, holds, queue)
     return service
+
+
+def build_queue(config: AdmissionConfig) -> WaitQueue[AdmissionTicket] | None:
+    """The wait queue ``config`` describes; ``None`` where requests that do not fit are
+    refused at once (``ADMISSION_QUEUE_TIMEOUT_SECONDS`` 0)."""
+    if config.queue_timeout_s <= 0:
+        return None
+    return WaitQueue(
+        classes=(DEFAULT_CLASS,), limit=config.queue_limit, timeout_s=config.queue_timeout_s
+    )
+
+
+def _warn_unused(config: AdmissionConfig) -> None:
+    """Settings checked but not used by the request path yet (docs/configuration.md):
+    one warning each, so that nobody counts on them."""
+    if config.priority_classes:
+        logger.warning(
+            "asgi-admission: ADMISSION_PRIORITY_CLASSES (priority_classes) is set, but the "
+            "request path does not use priority classes yet: every session request is of "
+            "the one class 'default', at the high watermark."
+        )
+    if config.tenant_max_share < 1.0:
+        logger.warning(
+            "asgi-admission: ADMISSION_TENANT_MAX_SHARE (tenant_max_share) is set, but the "
+            "request path does not tell tenants apart yet: no share is kept."
+        )
+
+
+def _wake_on_change(
+    ledger: SessionLedger, holds: HoldRegistry, queue: WaitQueue[AdmissionTicket]
+) -> None:
+    """What may free capacity wakes the waiters: a reservation of this process given back
+    or activated (after whatever the ledger told before, the metrics' republishing), and
+    a probe's evidence."""
+    before = ledger.on_change
+
+    def changed() -> None:
+        if before is not None:
+            before()
+        queue.wake()
+
+    ledger.on_change = changed
+    holds.on_wake = queue.wake
 
 
 def _reserve_logger(config: AdmissionConfig) -> Callable[[int, int | None], None]:

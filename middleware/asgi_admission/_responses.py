@@ -45,6 +45,8 @@ _TITLES: Final[dict[str, str]] = {
     "no_memory_limit": "Session limit reached",
     "ledger_busy": "Session count unavailable",
     "probing": "Measuring what a new session costs",
+    "queue_timeout": "Not enough memory for a new session",
+    "queue_full": "Too many session requests waiting",
 }
 _DETAILS: Final[dict[str, str]] = {
     "memory_pressure": (
@@ -66,6 +68,13 @@ _DETAILS: Final[dict[str, str]] = {
     "probing": (
         "The service is still measuring the memory of its first sessions of this kind, "
         "and this request's wait for that measurement ran out."
+    ),
+    "queue_timeout": (
+        "The service had no room for another session, and this request's wait for room ran out."
+    ),
+    "queue_full": (
+        "The service has no room for another session, and as many session requests as it "
+        "lets wait are waiting already."
     ),
 }
 _STATIC_HEADERS: Final = (

@@ -6,7 +6,8 @@ that request's state: the HTTP body is read before the decision (``_body.py``: a
 sending it holds nothing, and one slower than ``ADMISSION_BODY_TIMEOUT_SECONDS``
 gets a ``408``),
 the decision is the service's (``_admission/service.py``), a request held for a
-probe's evidence waits with its client heard (``_waiting.py``), a refusal is sent
+probe's evidence or for capacity waits with its client heard (``_waiting.py``), a
+refusal is sent
 (``_responses.py``), and an admitted one runs the app watched (``_watching.py``).
 Nothing here holds the ledger's lock across an ``await``.
 """
@@ -20,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from asgi_admission._admission.ledger.ledger import LedgerBusy
 from asgi_admission._admission.reservations.holds import Hold
 from asgi_admission._admission.reservations.tickets import SCOPE_KEY, AdmissionTicket
+from asgi_admission._admission.room import Queued
 from asgi_admission._admission.service import AdmissionService, Outcome
 from asgi_admission._body import Arrival, BodyReader
 from asgi_admission._config import WebSocketRefusal
@@ -100,12 +102,14 @@ class HttpSessionResponder:
         except LedgerBusy as exc:
             outcome = await service.admit_later("http", scope, exc)
         try:
-            if isinstance(outcome, Hold):
+            if isinstance(outcome, (Hold, Queued)) and arrival == "complete":
                 # The body is in: the client's next message can only be its disconnect.
-                if arrival == "complete":
-                    self._listening = Listening(receive)
-                    receive = self._listening.receive
+                self._listening = Listening(receive)
+                receive = self._listening.receive
+            if isinstance(outcome, Hold):
                 outcome = await service.wait("http", scope, outcome, self._listening)
+            if isinstance(outcome, Queued):
+                outcome = await service.wait_for_room("http", scope, outcome, self._listening)
             if outcome is None:
                 return  # the client left while it waited: it holds nothing
             if isinstance(outcome, tuple):
@@ -151,20 +155,25 @@ class WebSocketSessionResponder:
         except LedgerBusy as exc:
             outcome = await service.admit_later("websocket", scope, exc)
         try:
-            if isinstance(outcome, Hold):
+            if isinstance(outcome, (Hold, Queued)):
                 # Before the accept: the server's connect is kept for the app, and the
                 # next message can only be the client's disconnect.
                 try:
                     first = await receive()
                 except BaseException:
-                    service.leave(outcome)
+                    if isinstance(outcome, Hold):
+                        service.leave(outcome)
                     raise
                 if first["type"] != "websocket.connect":
-                    service.leave(outcome)
+                    if isinstance(outcome, Hold):
+                        service.leave(outcome)
                     return
                 self._listening = Listening(receive, [first])
                 receive = self._listening.receive
+            if isinstance(outcome, Hold):
                 outcome = await service.wait("websocket", scope, outcome, self._listening)
+            if isinstance(outcome, Queued):
+                outcome = await service.wait_for_room("websocket", scope, outcome, self._listening)
             if outcome is None:
                 return  # the client left while it waited: it holds nothing
             if isinstance(outcome, tuple):

@@ -22,6 +22,17 @@ Notes:
   held, reserving nothing, until the probes' evidence is in (:meth:`wait`,
   ``waiting.py``, ``reservations/probing.py``). Learned routes cost one dict
   lookup more.
+- With ``ADMISSION_QUEUE_TIMEOUT_SECONDS`` above 0, a request that does not fit
+  (memory, the count cap, a probe's wait run out) is answered :class:`Queued` and
+  waits in the wait queue (``scheduling/queue.py``), holding nothing, until a
+  decision admits it, its wait runs out (``queue_timeout``) or its client leaves;
+  a full queue refuses at once (``queue_full``). While anyone waits, a new request
+  goes behind them instead of being decided. The decisions of a waiting request
+  that do not admit are checks, not refusals, for the metrics: only its outcome
+  counts. What may free capacity wakes the queue: a reservation given back or
+  activated (the ledger's ``on_change``), a probe's evidence, and, while anyone
+  waits, a look every sample interval that finds fewer sessions or less memory used
+  (other workers' sessions ending, the app's own count falling).
 """
 
 from __future__ import annotations
@@ -33,7 +44,12 @@ import time
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asgi_admission._admission.decision.decision_log import DecisionLog
-from asgi_admission._admission.decision.latch import AdmissionController, CapacityDecision, is_blind
+from asgi_admission._admission.decision.latch import (
+    AdmissionController,
+    CapacityDecision,
+    Reason,
+    is_blind,
+)
 from asgi_admission._admission.decision.observer import DecisionObserver, Kind
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.decision.stuck import StuckStatus
@@ -42,22 +58,24 @@ from asgi_admission._admission.inputs import AppCount, SafeReader
 from asgi_admission._admission.ledger.ledger import LedgerBusy, SessionLedger, when_free
 from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.reservations.holds import Hold, HoldRegistry
-from asgi_admission._admission.reservations.keeper import ReservationKeeper
+from asgi_admission._admission.reservations.keeper import SAMPLE_INTERVAL_S, ReservationKeeper
 from asgi_admission._admission.reservations.learning import RouteEstimate
 from asgi_admission._admission.reservations.probing import Gate
 from asgi_admission._admission.reservations.sampling import sample_while_waiting, serve_with_keeper
 from asgi_admission._admission.reservations.settlement import apply
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
+from asgi_admission._admission.room import WAITABLE, FreedWatch, Queued, Refused, wait_in_line
+from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
+from asgi_admission._admission.scheduling.queue import WaitQueue
 from asgi_admission._admission.waiting import Listener, wait_then_decide
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.reading import UNAVAILABLE
 
 logger = logging.getLogger("asgi_admission")
 
-#: What a refusal needs: the decision, the Retry-After delay, (active, pending).
-Refused = tuple[CapacityDecision, int, tuple[int, int]]
-#: What a decision comes to: a ticket, a refusal, or a hold for a probe's evidence.
-Outcome = AdmissionTicket | Refused | Hold
+#: What a decision comes to: a ticket, a refusal, a hold for a probe's evidence, or a
+#: place in the wait queue.
+Outcome = AdmissionTicket | Refused | Hold | Queued
 
 
 class SessionCounts:
@@ -107,6 +125,7 @@ class AdmissionService:
         observer: DecisionObserver | None,
         shared_dir: str | None,
         alone: AloneCheck | None,
+        queue: WaitQueue[AdmissionTicket] | None = None,
     ) -> None:
         self._config = config
         self._controller = controller
@@ -130,6 +149,11 @@ class AdmissionService:
         self._attempt = ledger.attempt()
         self._log = DecisionLog(controller, session_limit)
         self._stuck = build_watch(config, controller, self.look, shared_dir)
+        #: The session requests waiting for capacity (``None``: none wait, refused at once).
+        self.wait_queue = queue
+        self._freed = (
+            None if queue is None else FreedWatch(queue, self._counted_and_used, SAMPLE_INTERVAL_S)
+        )
 
     # -- what the guard shows -------------------------------------------------------
 
@@ -181,6 +205,7 @@ class AdmissionService:
         scope: Scope | None = None,
         hold: Hold | None = None,
         expired: bool = False,
+        waiting: bool = False,
     ) -> Outcome:
         """Read, decide and (when admitted) reserve, atomically; no awaits here.
 
@@ -188,9 +213,16 @@ class AdmissionService:
         Retry-After delay and the counts it was decided with), or a :class:`Hold`
         while its route is probed (``hold``: the one it waited with, ``expired``: at
         its deadline, which refuses it with ``probing`` if it would wait again).
+        With the wait queue on, :class:`Queued` where it could wait instead of being
+        refused, or others wait already (``waiting``: an attempt of a request in the
+        queue, answered its refusal, told to the observer as a check).
         ``scope`` names the session's route. ``LedgerBusy`` when the shared ledger
         is held by another worker right now (:meth:`admit_later` retries).
         """
+        queue = self.wait_queue
+        # Others wait for capacity: deciding this one now would let it jump the line.
+        if queue is not None and not waiting and queue.total() and queue.ahead(DEFAULT_CLASS):
+            return Queued(self._queued_refusal())
         observer = self._observer
         start = time.perf_counter() if observer is not None else 0.0
         ledger = self._ledger
@@ -228,7 +260,7 @@ class AdmissionService:
                     route=route,
                     probe=gate == "probe",
                 )
-            else:
+            elif queue is None or decision.reason not in WAITABLE:
                 retry_after_s = self._retry_delay(decision, route)
             # A fast-path decision reads a bound (usage with its cache), never
             # used for settling: a look at the exact working set is due instead.
@@ -236,8 +268,11 @@ class AdmissionService:
             blind_changed = self._log.note_blind(decision)
         if settled:
             apply(settled)
+        queued = (
+            entry is None and held is None and queue is not None and decision.reason in WAITABLE
+        )
         if observer is not None:
-            if held is None:
+            if held is None and not queued:
                 observer.on_decision(kind, decision, time.perf_counter() - start)
             else:  # not decided yet: only what the latch did counts
                 observer.on_check(decision)
@@ -247,6 +282,8 @@ class AdmissionService:
             return held
         if entry is not None:
             return AdmissionTicket(keeper, entry)
+        if queued and not waiting:
+            return Queued((decision, retry_after_s, (current, pending)))
         return decision, retry_after_s, (current, pending)
 
     async def admit_later(
@@ -275,9 +312,10 @@ class AdmissionService:
 
     async def wait(
         self, kind: Kind, scope: Scope, hold: Hold, listening: Listener | None
-    ) -> AdmissionTicket | Refused | None:
-        """Wait with ``hold`` for the probes' evidence, then decide; ``None``: the client
-        left (``listening`` hears it; ``None``: it cannot be heard)."""
+    ) -> AdmissionTicket | Refused | Queued | None:
+        """Wait with ``hold`` for the probes' evidence, then decide (:class:`Queued`: it
+        waits on in the wait queue); ``None``: the client left (``listening`` hears it;
+        ``None``: it cannot be heard)."""
 
         async def decide(hold: Hold, expired: bool) -> Outcome:
             try:
@@ -287,6 +325,60 @@ class AdmissionService:
 
         sample_while_waiting(self._keeper)
         return await wait_then_decide(hold, self._holds, decide, listening)
+
+    async def wait_for_room(
+        self, kind: Kind, scope: Scope, queued: Queued, listening: Listener | None
+    ) -> AdmissionTicket | Refused | None:
+        """Wait in the queue for capacity, holding nothing (``room.py``), then the ticket, a
+        refusal (``queue_timeout``, ``queue_full``), or ``None``: the client left
+        (``listening`` hears it; ``None``: it cannot be heard)."""
+        queue = self.wait_queue
+        freed = self._freed
+        assert queue is not None
+        assert freed is not None
+
+        def decide() -> AdmissionTicket | Refused:
+            # A probe's wait is over for a request in the queue: it waits here instead.
+            outcome = self.admit(kind, scope, expired=True, waiting=True)
+            assert isinstance(outcome, (AdmissionTicket, tuple))  # never held nor queued
+            return outcome
+
+        freed.start()
+        waited, last = await wait_in_line(
+            queue, decide=decide, give_back=self._give_back, queued=queued, listening=listening
+        )
+        if waited.outcome == "admitted":
+            assert waited.admission is not None
+            return waited.admission
+        if waited.outcome == "cancelled":
+            return None  # the client left: it holds nothing
+        decision, _, counts = last
+        reason: Reason = "queue_full" if waited.outcome == "full" else "queue_timeout"
+        refused = dataclasses.replace(decision, reason=reason, transition=None)
+        if self._observer is not None:
+            self._observer.on_decision(kind, refused, waited.waited_s)
+        return refused, self._retry_delay(refused, ""), counts
+
+    def _queued_refusal(self) -> Refused:
+        """What a request that waits behind others would be answered if it could not wait:
+        the latch as it stands, without a reading (the attempt's to take)."""
+        state = self._controller.pressure_state
+        reason: Reason = "memory_pressure" if state == "pressured" else "session_limit"
+        return CapacityDecision(False, state, UNAVAILABLE, reason), 0, (0, 0)
+
+    def _give_back(self, ticket: AdmissionTicket) -> None:
+        """A waiter left in the instant it was admitted: its session never opens."""
+        self._keeper.abandon(ticket._entry)
+
+    def _counted_and_used(self) -> tuple[int, int]:
+        """The sessions counted and the memory used (0: unread), for the freed watch;
+        ``LedgerBusy`` while another worker holds the ledger."""
+        own = self._keeper.own_count()
+        with self._attempt:
+            active, pending = self._ledger.counts(own)
+        memory = self.read()
+        used = memory.used_bytes if memory.available else None
+        return active + pending, used or 0
 
     def leave(self, hold: Hold) -> None:
         """A held request goes before it waited (its client left, or sent no connect)."""
@@ -316,7 +408,7 @@ class AdmissionService:
     def _retry_delay(self, decision: CapacityDecision, route: str) -> int:
         """Retry-After for a refusal: from the rate of session ends when memory is short,
         about the probes' ramp so far while probing."""
-        if decision.reason == "memory_pressure":
+        if decision.reason in ("memory_pressure", "queue_timeout", "queue_full"):
             wait = self._keeper.expected_wait_s(time.monotonic())
             if wait is not None:
                 return self._retry_after.delay_for(wait)

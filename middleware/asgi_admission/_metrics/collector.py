@@ -91,6 +91,8 @@ OUTCOMES: Final = (
     (False, "no_memory_limit", "rejected", "no_memory_limit"),
     (False, "ledger_busy", "rejected", "ledger_busy"),
     (False, "probing", "rejected", "probing"),
+    (False, "queue_timeout", "rejected", "queue_timeout"),
+    (False, "queue_full", "rejected", "queue_full"),
 )
 
 

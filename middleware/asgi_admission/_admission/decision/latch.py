@@ -42,8 +42,9 @@ from asgi_admission._memory.cgroup import read_cgroup_memory
 from asgi_admission._memory.reading import MemoryReader, MemoryReading, draft_class
 
 State = Literal["normal", "pressured", "unavailable"]
-#: ``ledger_busy`` and ``probing`` are the middleware's own: the shared ledger could not be
-#: had in time, or a request's wait for a probe's evidence ran out.
+#: ``ledger_busy``, ``probing``, ``queue_timeout`` and ``queue_full`` are the middleware's
+#: own: the shared ledger could not be had in time, a request's wait for a probe's evidence
+#: ran out, its wait for capacity ran out, or too many waited already to wait at all.
 Reason = Literal[
     "memory_pressure",
     "session_limit",
@@ -51,6 +52,8 @@ Reason = Literal[
     "no_memory_limit",
     "ledger_busy",
     "probing",
+    "queue_timeout",
+    "queue_full",
 ]
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 
 class Hold:
@@ -83,11 +84,14 @@ def _resolve(future: asyncio.Future[None]) -> None:
 class HoldRegistry:
     """The holds of one process, per route; thread-safe."""
 
-    __slots__ = ("_holds", "_lock")
+    __slots__ = ("_holds", "_lock", "on_wake")
 
     def __init__(self) -> None:
         self._holds: dict[str, list[Hold]] = {}
         self._lock = threading.Lock()
+        #: Told whenever a route's requests may go on (the wait queue's, whose requests
+        #: past their probe's wait may go on too); from any thread.
+        self.on_wake: Callable[[], None] | None = None
 
     def __bool__(self) -> bool:
         return bool(self._holds)
@@ -110,6 +114,8 @@ class HoldRegistry:
             woken = self._holds.pop(route, ())
         for hold in woken:
             hold.wake()
+        if self.on_wake is not None:
+            self.on_wake()
 
     def leave(self, hold: Hold) -> None:
         """``hold`` waits no longer (decided, timed out, or its client left)."""

@@ -1,0 +1,126 @@
+"""Waiting for room: a session request that does not fit, in the wait queue until it does.
+
+With ``ADMISSION_QUEUE_TIMEOUT_SECONDS`` above 0 the admission service answers a
+request that does not fit (memory, the count cap, a probe's wait run out) with
+:class:`Queued` instead of a refusal, and the request waits here, holding nothing
+(``scheduling/queue.py``), until a decision admits it, its wait runs out, or its client
+leaves (docs/configuration.md, "Waiting and priority").
+
+Notes:
+
+- A waiter's attempt is a decision like any other (``AdmissionService.admit``), on the
+  loop, inside the ledger's critical section; one that does not admit stops the pass
+  (``Verdict.FULL``), so nobody behind it goes first. A ledger held by another worker
+  stops the pass too, and the queue is woken again a few milliseconds later.
+- What may free capacity wakes the queue: this process's reservations given back or
+  activated (the ledger's ``on_change``) and a probe's evidence (``_factory.py`` wires
+  both), and :class:`FreedWatch`, a look every sample interval while anyone waits that
+  finds fewer sessions or less memory used than the look before (other workers'
+  sessions ending, the app's own count falling, memory the app freed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from asgi_admission._admission.decision.latch import CapacityDecision
+from asgi_admission._admission.ledger.ledger import LedgerBusy
+from asgi_admission._admission.reservations.tickets import AdmissionTicket
+from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
+from asgi_admission._admission.scheduling.queue import ClientListener, Verdict, Waited, WaitQueue
+
+#: What a refusal needs: the decision, the Retry-After delay, (active, pending).
+Refused = tuple[CapacityDecision, int, tuple[int, int]]
+
+#: The refusals a wait for capacity may turn into an admission: those that sessions
+#: ending, settling or being learned can lift.
+WAITABLE: Final = frozenset(
+    ("memory_pressure", "session_limit", "telemetry_unavailable", "no_memory_limit", "probing")
+)
+#: After a waiter's attempt found the shared ledger held by another worker: the next try.
+BUSY_RETRY_S: Final = 0.005
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """The request does not fit now and may wait for capacity (:func:`wait_in_line`):
+    ``refused`` is what it would be answered if it could not wait at all."""
+
+    refused: Refused
+
+
+async def wait_in_line(
+    queue: WaitQueue[AdmissionTicket],
+    *,
+    decide: Callable[[], AdmissionTicket | Refused],
+    give_back: Callable[[AdmissionTicket], None],
+    queued: Queued,
+    listening: ClientListener | None,
+) -> tuple[Waited[AdmissionTicket], Refused]:
+    """Wait in ``queue`` with ``decide`` as the attempt (``LedgerBusy`` where the ledger is
+    held elsewhere); how the wait ended, and the last refusal it was answered (the one it
+    was ``queued`` with where it was never tried)."""
+    last = [queued.refused]
+    loop = asyncio.get_running_loop()
+
+    def attempt() -> AdmissionTicket | Verdict:
+        try:
+            outcome = decide()
+        except LedgerBusy:
+            # Another worker holds the shared ledger for microseconds: try again then.
+            loop.call_later(BUSY_RETRY_S, queue.wake)
+            return Verdict.FULL
+        if isinstance(outcome, AdmissionTicket):
+            return outcome
+        last[0] = outcome
+        return Verdict.FULL
+
+    waited = await queue.wait(
+        class_name=DEFAULT_CLASS, attempt=attempt, give_back=give_back, listening=listening
+    )
+    return waited, last[0]
+
+
+class FreedWatch:
+    """While anyone waits in ``queue``: every ``interval_s``, ``look()`` (the sessions
+    counted and the memory used, ``LedgerBusy`` while the ledger is held elsewhere), and a
+    wake where either fell since the look before."""
+
+    __slots__ = ("_interval_s", "_look", "_queue", "_task")
+
+    def __init__(
+        self,
+        queue: WaitQueue[AdmissionTicket],
+        look: Callable[[], tuple[int, int]],
+        interval_s: float,
+    ) -> None:
+        self._queue = queue
+        self._look = look
+        self._interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """A request joins the queue: the watch runs (on the running loop) unless it does."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        queue = self._queue
+        before = self._try_look()
+        while queue.total():
+            await asyncio.sleep(self._interval_s)
+            now = self._try_look()
+            if now is None:
+                continue
+            if before is not None and (now[0] < before[0] or now[1] < before[1]):
+                queue.wake()
+            before = now
+
+    def _try_look(self) -> tuple[int, int] | None:
+        try:
+            return self._look()
+        except LedgerBusy:
+            return None

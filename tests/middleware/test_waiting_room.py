@@ -1,0 +1,392 @@
+"""The bounded wait for capacity, through the middleware: who waits, is admitted, is refused.
+
+The sessions are WebSockets that hold their count slot until they close, under a count
+cap of 1 (or a settable reading), the requests raw ASGI calls on one event loop, with no
+lifespan. A wait must be woken by what frees capacity, never by a polling loop: the
+freed watch's interval is a quarter of a second, so an admission within a tenth of one
+after a session ends was woken by the end itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+from mwkit import SettableReader, controller, environment
+from starlette.types import Message, Receive, Scope, Send
+
+from asgi_admission import AdmissionMiddleware, CapacityDecision
+from asgi_admission._admission.decision.observer import Kind
+
+INTERNAL = "the guard's wait queue (how many wait) and the observer's request kinds"
+
+#: A guard that woke nobody would leave these scenarios waiting for ever.
+pytestmark = pytest.mark.timeout(30)
+
+
+class Observed:
+    """The decisions the guard reported: (kind, reason or ``admitted``)."""
+
+    def __init__(self) -> None:
+        self.decisions: list[tuple[Kind, str]] = []
+
+    def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
+        self.decisions.append((kind, decision.reason or "admitted"))
+
+    def on_check(self, decision: CapacityDecision) -> None:
+        pass
+
+
+def guarded(
+    *,
+    wait_s: str = "5",
+    limit: str = "256",
+    max_sessions: int = 1,
+    reader: SettableReader | None = None,
+    observer: Observed | None = None,
+) -> AdmissionMiddleware:
+    """The guard over an app whose ``WS /terminal`` accepts and waits for the close and
+    whose ``POST /sessions`` answers 201, with the wait queue on (``wait_s``)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            assert (await receive())["type"] == "websocket.connect"
+            await send({"type": "websocket.accept"})
+            while (await receive())["type"] != "websocket.disconnect":
+                pass
+            return
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    settings = {
+        "ADMISSION_QUEUE_TIMEOUT_SECONDS": wait_s,
+        "ADMISSION_QUEUE_LIMIT": limit,
+        "ADMISSION_PROBE_SESSIONS": "0",
+        "ADMISSION_PENDING_TIMEOUT_SECONDS": "1e-9",
+    }
+    with environment(settings):
+        return AdmissionMiddleware(
+            app,
+            session_routes=["POST /sessions", "WS /terminal"],
+            controller=controller(reader or SettableReader(used_mb=100), reserve_mb=10),
+            max_sessions=max_sessions,
+            retry_after=5,
+            registry=None,
+            observer=observer,
+        )
+
+
+class Socket:
+    """One WebSocket client: accepted (``opened``), told to leave (``leave``), and what
+    the guard sent it, with the seconds from its connect to its accept or close."""
+
+    def __init__(self, mw: AdmissionMiddleware) -> None:
+        self.mw = mw
+        self.sent: list[Message] = []
+        self.opened = asyncio.Event()
+        self.leave = asyncio.Event()
+        self.answered_s: float | None = None
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        connected = False
+        start = time.monotonic()
+
+        async def receive() -> Message:
+            nonlocal connected
+            if not connected:
+                connected = True
+                return {"type": "websocket.connect"}
+            await self.leave.wait()
+            return {"type": "websocket.disconnect", "code": 1000}
+
+        async def send(message: Message) -> None:
+            self.sent.append(message)
+            if self.answered_s is None:
+                self.answered_s = time.monotonic() - start
+            if message["type"] == "websocket.accept":
+                self.opened.set()
+
+        scope = {"type": "websocket", "path": "/terminal", "headers": [], "query_string": b""}
+        await self.mw(scope | {"root_path": "", "subprotocols": []}, receive, send)
+
+    async def close(self) -> None:
+        self.leave.set()
+        await self.task
+
+
+async def post(mw: AdmissionMiddleware, leave: asyncio.Event | None = None) -> dict[str, Any]:
+    """One ``POST /sessions`` whose client disconnects once ``leave`` is set: its status
+    (``None``: nothing sent), headers and body."""
+    sent: list[Message] = []
+    messages = [{"type": "http.request", "body": b"", "more_body": False}]
+    gone = leave or asyncio.Event()
+
+    async def receive() -> Message:
+        if messages:
+            return messages.pop()
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope: Scope = {"type": "http", "method": "POST", "path": "/sessions", "headers": []}
+    scope.update(query_string=b"", root_path="")
+    await mw(scope, receive, send)
+    start = next((m for m in sent if m["type"] == "http.response.start"), None)
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return {
+        "status": None if start is None else start["status"],
+        "headers": {} if start is None else {k.decode(): v.decode() for k, v in start["headers"]},
+        "body": json.loads(body) if body else {},
+    }
+
+
+def waiting(mw: AdmissionMiddleware) -> int:
+    """INTERNAL: how many wait in the guard's queue."""
+    queue = mw.service.wait_queue
+    assert queue is not None
+    return queue.total()
+
+
+def test_a_waiter_is_admitted_the_moment_a_session_ends() -> None:
+    """At the count cap a second WebSocket waits before its accept, holding nothing, and
+    is accepted as soon as the first closes (woken by its end, not by a poll)."""
+
+    async def scenario() -> tuple[int, tuple[int, int], float, list[Message]]:
+        mw = guarded()
+        first = Socket(mw)
+        await first.opened.wait()
+        second = Socket(mw)
+        await asyncio.sleep(0.5)
+        assert second.sent == []
+        held = waiting(mw), mw.session_counts()
+        closed = time.monotonic()
+        first.leave.set()
+        await asyncio.wait_for(second.opened.wait(), timeout=2)
+        latency = time.monotonic() - closed
+        await first.task
+        await second.close()
+        return held[0], held[1], latency, second.sent
+
+    queued, counts, latency, sent = asyncio.run(scenario())
+    assert queued == 1
+    assert counts == (1, 0)  # the waiter holds no slot
+    assert latency < 0.1
+    assert sent[0]["type"] == "websocket.accept"
+
+
+def test_waiters_are_admitted_in_arrival_order() -> None:
+    """Four WebSockets wait at a cap of 1; as each session ends the next to arrive opens."""
+
+    async def scenario() -> list[int]:
+        mw = guarded()
+        current = Socket(mw)
+        await current.opened.wait()
+        sockets = []
+        for _ in range(4):
+            sockets.append(Socket(mw))
+            await asyncio.sleep(0.02)
+        order: list[int] = []
+        for _ in range(4):
+            await current.close()
+            await asyncio.sleep(0.1)
+            opened = [i for i, s in enumerate(sockets) if s.opened.is_set() and i not in order]
+            assert len(opened) == 1
+            order.append(opened[0])
+            current = sockets[opened[0]]
+        await current.close()
+        return order
+
+    assert asyncio.run(scenario()) == [0, 1, 2, 3]
+
+
+def test_a_wait_that_runs_out_is_refused_with_queue_timeout() -> None:
+    """An HTTP request that waits past the timeout gets the 503 with reason
+    ``queue_timeout`` and a Retry-After; counted once, as that refusal."""
+    observer = Observed()
+
+    async def scenario() -> tuple[dict[str, Any], float, int]:
+        mw = guarded(wait_s="0.3", observer=observer)
+        first = Socket(mw)
+        await first.opened.wait()
+        start = time.monotonic()
+        answer = await post(mw)
+        seconds = time.monotonic() - start
+        left = waiting(mw)
+        await first.close()
+        return answer, seconds, left
+
+    answer, seconds, left = asyncio.run(scenario())
+    assert answer["status"] == 503
+    assert answer["body"]["reason"] == "queue_timeout"
+    assert int(answer["headers"]["retry-after"]) >= 1
+    assert 0.3 <= seconds < 1.0
+    assert left == 0
+    assert observer.decisions == [("websocket", "admitted"), ("http", "queue_timeout")]
+
+
+def test_a_websocket_that_times_out_is_closed_with_1013() -> None:
+    """A WebSocket whose wait runs out is closed with 1013 naming ``queue_timeout``."""
+
+    async def scenario() -> list[Message]:
+        mw = guarded(wait_s="0.2")
+        first = Socket(mw)
+        await first.opened.wait()
+        second = Socket(mw)
+        await asyncio.wait_for(second.task, timeout=2)
+        await first.close()
+        return second.sent
+
+    sent = asyncio.run(scenario())
+    # No denial response extension here: the refusal is an accept and the 1013 close.
+    assert [m["type"] for m in sent] == ["websocket.accept", "websocket.close"]
+    assert sent[1]["code"] == 1013
+    assert "reason=queue_timeout" in sent[1]["reason"]
+
+
+def test_a_full_queue_refuses_at_once_with_queue_full() -> None:
+    """With one waiting already and a limit of 1, the next is refused at once (queue_full)."""
+
+    async def scenario() -> tuple[dict[str, Any], float]:
+        mw = guarded(limit="1")
+        first = Socket(mw)
+        await first.opened.wait()
+        second = Socket(mw)
+        await asyncio.sleep(0.05)
+        start = time.monotonic()
+        answer = await post(mw)
+        seconds = time.monotonic() - start
+        await first.close()
+        await asyncio.wait_for(second.opened.wait(), timeout=2)
+        await second.close()
+        return answer, seconds
+
+    answer, seconds = asyncio.run(scenario())
+    assert answer["status"] == 503
+    assert answer["body"]["reason"] == "queue_full"
+    assert seconds < 0.1
+
+
+def test_a_client_that_leaves_while_waiting_leaves_the_queue() -> None:
+    """A waiting HTTP client that disconnects is answered nothing and waits no longer;
+    the slot freed after goes to the one behind it."""
+
+    async def scenario() -> tuple[dict[str, Any], int, dict[str, Any], tuple[int, int]]:
+        mw = guarded()
+        first = Socket(mw)
+        await first.opened.wait()
+        gone = asyncio.Event()
+        leaver = asyncio.create_task(post(mw, gone))
+        await asyncio.sleep(0.05)
+        behind = asyncio.create_task(post(mw))
+        await asyncio.sleep(0.05)
+        gone.set()
+        left = await leaver
+        still = waiting(mw)
+        await first.close()
+        admitted = await asyncio.wait_for(behind, timeout=2)
+        return left, still, admitted, mw.session_counts()
+
+    left, still, admitted, counts = asyncio.run(scenario())
+    assert left["status"] is None
+    assert still == 1
+    assert admitted["status"] == 201
+    assert counts == (0, 0)
+
+
+def test_a_new_request_goes_behind_those_waiting() -> None:
+    """While one waits, a request that arrives the instant memory frees is not decided
+    ahead of it: the waiter opens first."""
+    reader = SettableReader(used_mb=795)  # 80 % of 1000 MiB less a 10 MiB reserve: full
+
+    async def scenario() -> list[str]:
+        mw = guarded(reader=reader, max_sessions=10)
+        opened: list[str] = []
+        early = Socket(mw)
+        await asyncio.sleep(0.05)
+        assert waiting(mw) == 1
+        reader.set_mb(700)  # room again, and before the freed watch looks, a new one
+        late = Socket(mw)
+
+        async def note(name: str, socket: Socket) -> None:
+            await socket.opened.wait()
+            opened.append(name)
+
+        await asyncio.wait_for(asyncio.gather(note("early", early), note("late", late)), timeout=2)
+        await early.close()
+        await late.close()
+        return opened
+
+    assert asyncio.run(scenario()) == ["early", "late"]
+
+
+def test_without_a_wait_a_refusal_is_at_once() -> None:
+    """``ADMISSION_QUEUE_TIMEOUT_SECONDS`` 0 (the default) builds no queue: refused at once."""
+
+    async def scenario() -> tuple[dict[str, Any], float, object]:
+        mw = guarded(wait_s="0")
+        first = Socket(mw)
+        await first.opened.wait()
+        start = time.monotonic()
+        answer = await post(mw)
+        seconds = time.monotonic() - start
+        await first.close()
+        return answer, seconds, mw.service.wait_queue
+
+    answer, seconds, queue = asyncio.run(scenario())
+    assert queue is None
+    assert answer["status"] == 503
+    assert answer["body"]["reason"] == "session_limit"
+    assert seconds < 0.1
+
+
+def test_a_first_burst_waits_for_its_probe_in_the_queue() -> None:
+    """A request held for a probe's evidence past ``ADMISSION_PROBE_WAIT_SECONDS`` waits on
+    in the queue instead of being refused with ``probing``, and is admitted once the
+    probe's session ends (its ticket released from a worker thread)."""
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], int, float]:
+        held: list[Any] = []
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            ticket = scope.get("asgi_admission.ticket")
+            if ticket is not None and not held:
+                ticket.hold()
+                held.append(ticket)
+            await send({"type": "http.response.start", "status": 201, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+
+        settings = {
+            "ADMISSION_QUEUE_TIMEOUT_SECONDS": "5",
+            "ADMISSION_PROBE_SESSIONS": "1",
+            "ADMISSION_PROBE_WAIT_SECONDS": "0.2",
+            "ADMISSION_SESSION_RESERVE_LEARNING": "raise",
+        }
+        with environment(settings):
+            mw = AdmissionMiddleware(
+                app,
+                session_routes=["POST /sessions"],
+                controller=controller(SettableReader(used_mb=100), reserve_mb=10),
+                max_sessions=100,
+                retry_after=5,
+                registry=None,
+            )
+        probe = await post(mw)
+        waiter = asyncio.create_task(post(mw))
+        await asyncio.sleep(0.5)  # past its probe wait: in the queue now
+        queued = waiting(mw)
+        released = time.monotonic()
+        await asyncio.to_thread(held[0].release)
+        answer = await asyncio.wait_for(waiter, timeout=2)
+        return probe, answer, queued, time.monotonic() - released
+
+    probe, answer, queued, latency = asyncio.run(scenario())
+    assert probe["status"] == 201
+    assert queued == 1
+    assert answer["status"] == 201
+    assert latency < 0.2

@@ -30,7 +30,7 @@ from asgi_admission import (
     AdmissionTicket,
     MemoryReading,
 )
-from asgi_admission._metrics.collector import DecisionMetrics
+from asgi_admission._metrics.decisions import DecisionMetrics
 from benchkit import MIB
 
 TARGET_ADDED_US = 2.0

@@ -193,7 +193,7 @@ def test_metrics_reference_matches_a_real_exposition(fixture_copy: Callable[...,
 
 def test_refusal_reasons_are_all_documented() -> None:
     """The decisions counter's reason values in the code are the ones the page lists."""
-    from asgi_admission._metrics.collector import OUTCOMES
+    from asgi_admission._metrics.decisions import OUTCOMES
 
     row = next(
         row

@@ -28,12 +28,12 @@ from asgi_admission._admission.reservations.holds import HoldRegistry
 from asgi_admission._admission.reservations.keeper import ReservationKeeper
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
-from asgi_admission._admission.scheduling.queue import WaitQueue
+from asgi_admission._admission.scheduling.queue import WaitQueue, WaitRecord
 from asgi_admission._admission.service import AdmissionService, SessionCounts
 from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionConfig
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.host import HostMemoryReader
-from asgi_admission._metrics.instrument import expose, instrument
+from asgi_admission._metrics.instrument import expose, instrument, queue_metrics
 
 logger = logging.getLogger("asgi_admission")
 
@@ -169,7 +169,8 @@ def build_service(
         holds=holds,
     )
     counts = SessionCounts(ledger, keeper)
-    queue = build_queue(config)
+    metrics = queue_metrics(ledger, registry=registry)
+    queue = build_queue(config, on_wait_end=None if metrics is None else metrics.on_wait_end)
     _warn_unused(config)
     service = AdmissionService(
         config=config,
@@ -186,6 +187,7 @@ def build_service(
         shared_dir=sharing.directory,
         alone=sharing.alone,
         queue=queue,
+        queue_watcher=metrics,
     )
     expose(service, registry=registry)
     if queue is not None:
@@ -193,13 +195,19 @@ def build_service(
     return service
 
 
-def build_queue(config: AdmissionConfig) -> WaitQueue[AdmissionTicket] | None:
-    """The wait queue ``config`` describes; ``None`` where requests that do not fit are
-    refused at once (``ADMISSION_QUEUE_TIMEOUT_SECONDS`` 0)."""
+def build_queue(
+    config: AdmissionConfig, *, on_wait_end: Callable[[WaitRecord], None] | None = None
+) -> WaitQueue[AdmissionTicket] | None:
+    """The wait queue ``config`` describes (``on_wait_end``: told of each wait's end);
+    ``None`` where requests that do not fit are refused at once
+    (``ADMISSION_QUEUE_TIMEOUT_SECONDS`` 0)."""
     if config.queue_timeout_s <= 0:
         return None
     return WaitQueue(
-        classes=(DEFAULT_CLASS,), limit=config.queue_limit, timeout_s=config.queue_timeout_s
+        classes=(DEFAULT_CLASS,),
+        limit=config.queue_limit,
+        timeout_s=config.queue_timeout_s,
+        on_wait_end=on_wait_end,
     )
 
 

@@ -40,6 +40,10 @@ EXPORTED_METRICS = {
         "decision_duration_seconds_bucket",
         "decision_duration_seconds_sum",
         "decision_duration_seconds_count",
+        "queue_waiting",
+        "queue_wait_seconds_bucket",
+        "queue_wait_seconds_sum",
+        "queue_wait_seconds_count",
         "build_info",
         "session_footprint_bytes",
         "session_ramp_seconds",
@@ -186,6 +190,7 @@ def test_queries_name_only_exported_metrics(rendered: dict[str, list[Manifest]])
     assert "asgi_admission_decision_duration_seconds_bucket" in used
     assert "asgi_admission_admissible_sessions" in used
     assert "asgi_admission_session_footprint_bytes" in used
+    assert "asgi_admission_queue_wait_seconds_bucket" in used
 
 
 def adapter_exprs() -> dict[str, str]:

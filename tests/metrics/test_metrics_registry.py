@@ -12,7 +12,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from asgi_admission import AdmissionConfig, CapacityDecision, CgroupMemoryReader, MemoryReading
 from asgi_admission._admission.decision.observer import Kind
-from asgi_admission._metrics.collector import AdmissionCollector, DecisionMetrics, admission_metrics
+from asgi_admission._metrics.collector import AdmissionCollector, admission_metrics
+from asgi_admission._metrics.decisions import DecisionMetrics
 from cgroup_trees import write_v2_tree
 from suitekit import MIB
 

@@ -52,6 +52,8 @@ def test_metric_types_and_labels(registry: CollectorRegistry) -> None:
         "latch_transitions": ("counter", {"to"}),
         "telemetry_failures": ("counter", set()),
         "decision_duration_seconds": ("histogram", set()),
+        "queue_waiting": ("gauge", {"class"}),
+        "queue_wait_seconds": ("histogram", {"class", "outcome"}),
         "build_info": ("gauge", {"version"}),
         # Learned per route: no sample (so no label) before the first session is observed.
         "session_footprint_bytes": ("gauge", set()),

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from mwkit import SettableReader, controller, environment
+from prometheus_client import CollectorRegistry
 from starlette.types import Message, Receive, Scope, Send
 
 from asgi_admission import AdmissionMiddleware, CapacityDecision
@@ -47,6 +48,7 @@ def guarded(
     max_sessions: int = 1,
     reader: SettableReader | None = None,
     observer: Observed | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> AdmissionMiddleware:
     """The guard over an app whose ``WS /terminal`` accepts and waits for the close and
     whose ``POST /sessions`` answers 201, with the wait queue on (``wait_s``)."""
@@ -74,7 +76,7 @@ def guarded(
             controller=controller(reader or SettableReader(used_mb=100), reserve_mb=10),
             max_sessions=max_sessions,
             retry_after=5,
-            registry=None,
+            registry=registry,
             observer=observer,
         )
 
@@ -390,3 +392,48 @@ def test_a_first_burst_waits_for_its_probe_in_the_queue() -> None:
     assert queued == 1
     assert answer["status"] == 201
     assert latency < 0.2
+
+
+def test_the_metrics_show_who_waits_and_how_each_wait_ended() -> None:
+    """``asgi_admission_queue_waiting`` counts the waiter while it waits; the wait seconds
+    histogram observes an admitted wait and a timed-out one; the decisions counter has the
+    admissions and the one ``queue_timeout``, no refusal for the decisions while waiting."""
+    registry = CollectorRegistry()
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    async def scenario() -> float | None:
+        mw = guarded(registry=registry, wait_s="1")
+        first = Socket(mw)
+        await first.opened.wait()
+        second = Socket(mw)
+        await asyncio.sleep(0.2)
+        during = sample("asgi_admission_queue_waiting", **{"class": "default"})
+        await first.close()
+        await second.opened.wait()
+        await post(mw)  # waits its 1 s: the slot stays held
+        await second.close()
+        return during
+
+    assert asyncio.run(scenario()) == 1
+    assert sample("asgi_admission_queue_waiting", **{"class": "default"}) == 0
+    for outcome, count in (("admitted", 1), ("timeout", 1), ("cancelled", 0)):
+        labels = {"class": "default", "outcome": outcome}
+        assert sample("asgi_admission_queue_wait_seconds_count", **labels) == count, outcome
+    assert (
+        1
+        <= (
+            sample(
+                "asgi_admission_queue_wait_seconds_sum",
+                **{"class": "default", "outcome": "timeout"},
+            )
+            or 0
+        )
+        < 1.5
+    )
+    decisions = "asgi_admission_decisions_total"
+    assert sample(decisions, kind="websocket", outcome="admitted", reason="none") == 2
+    assert sample(decisions, kind="http", outcome="rejected", reason="queue_timeout") == 1
+    assert sample(decisions, kind="websocket", outcome="rejected", reason="session_limit") == 0
+    assert sample(decisions, kind="http", outcome="rejected", reason="session_limit") == 0

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from asgi_admission._admission.decision.latch import CapacityDecision
 from asgi_admission._admission.ledger.ledger import LedgerBusy
@@ -44,6 +44,14 @@ WAITABLE: Final = frozenset(
 BUSY_RETRY_S: Final = 0.005
 
 
+class WaitWatcher(Protocol):
+    """Told as a request joins the queue and leaves it (the metrics' gauge)."""
+
+    def joined(self, class_name: str) -> None: ...
+
+    def left(self, class_name: str) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Queued:
     """The request does not fit now and may wait for capacity (:func:`wait_in_line`):
@@ -59,10 +67,11 @@ async def wait_in_line(
     give_back: Callable[[AdmissionTicket], None],
     queued: Queued,
     listening: ClientListener | None,
+    watcher: WaitWatcher | None = None,
 ) -> tuple[Waited[AdmissionTicket], Refused]:
     """Wait in ``queue`` with ``decide`` as the attempt (``LedgerBusy`` where the ledger is
     held elsewhere); how the wait ended, and the last refusal it was answered (the one it
-    was ``queued`` with where it was never tried)."""
+    was ``queued`` with where it was never tried). ``watcher`` is told of the wait."""
     last = [queued.refused]
     loop = asyncio.get_running_loop()
 
@@ -78,9 +87,15 @@ async def wait_in_line(
         last[0] = outcome
         return Verdict.FULL
 
-    waited = await queue.wait(
-        class_name=DEFAULT_CLASS, attempt=attempt, give_back=give_back, listening=listening
-    )
+    if watcher is not None:
+        watcher.joined(DEFAULT_CLASS)
+    try:
+        waited = await queue.wait(
+            class_name=DEFAULT_CLASS, attempt=attempt, give_back=give_back, listening=listening
+        )
+    finally:
+        if watcher is not None:
+            watcher.left(DEFAULT_CLASS)
     return waited, last[0]
 
 

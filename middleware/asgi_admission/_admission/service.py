@@ -64,7 +64,14 @@ from asgi_admission._admission.reservations.probing import Gate
 from asgi_admission._admission.reservations.sampling import sample_while_waiting, serve_with_keeper
 from asgi_admission._admission.reservations.settlement import apply
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
-from asgi_admission._admission.room import WAITABLE, FreedWatch, Queued, Refused, wait_in_line
+from asgi_admission._admission.room import (
+    WAITABLE,
+    FreedWatch,
+    Queued,
+    Refused,
+    WaitWatcher,
+    wait_in_line,
+)
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
 from asgi_admission._admission.scheduling.queue import WaitQueue
 from asgi_admission._admission.waiting import Listener, wait_then_decide
@@ -126,6 +133,7 @@ class AdmissionService:
         shared_dir: str | None,
         alone: AloneCheck | None,
         queue: WaitQueue[AdmissionTicket] | None = None,
+        queue_watcher: WaitWatcher | None = None,
     ) -> None:
         self._config = config
         self._controller = controller
@@ -151,6 +159,7 @@ class AdmissionService:
         self._stuck = build_watch(config, controller, self.look, shared_dir)
         #: The session requests waiting for capacity (``None``: none wait, refused at once).
         self.wait_queue = queue
+        self._queue_watcher = queue_watcher
         self._freed = (
             None if queue is None else FreedWatch(queue, self._counted_and_used, SAMPLE_INTERVAL_S)
         )
@@ -345,7 +354,12 @@ class AdmissionService:
 
         freed.start()
         waited, last = await wait_in_line(
-            queue, decide=decide, give_back=self._give_back, queued=queued, listening=listening
+            queue,
+            decide=decide,
+            give_back=self._give_back,
+            queued=queued,
+            listening=listening,
+            watcher=self._queue_watcher,
         )
         if waited.outcome == "admitted":
             assert waited.admission is not None

@@ -8,11 +8,11 @@ Notes:
   ``read(pressure=True)``) and ``controller.pressure_state``, never ``evaluate``.
   A reader or view that fails gives fewer samples, never a failed scrape (as
   prometheus_client's ``process_collector`` does on ``OSError``).
-- Counters and the histogram are updated on the decision path by
-  :class:`DecisionMetrics`. Every labelled child is bound once, in a dict keyed by
-  ``(kind, allowed, reason)``, so a decision costs a dict lookup and three
-  increments, never a label lookup. All reachable label combinations start at 0,
-  so ``rate()`` works from the first scrape.
+- Counters and the histograms are updated on the decision path by
+  :class:`~asgi_admission._metrics.decisions.DecisionMetrics` (``decisions.py``) and
+  around each wait for capacity by
+  :class:`~asgi_admission._metrics.queue.QueueMetrics` (``queue.py``); this module
+  binds them to a registry with the collector.
 - "Duplicated timeseries": metrics belong to a registry, not to a guard. The
   counters are created once per registry (cached in a ``WeakKeyDictionary``) and
   shared by every guard built on it, the way a module-level counter would be, and
@@ -39,61 +39,29 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import cache
 from typing import Final, get_args
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, values
+from prometheus_client import REGISTRY, CollectorRegistry, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from asgi_admission._admission.decision.latch import (
     AdmissionController,
-    CapacityDecision,
     count_cap,
-    has_no_limit,
     is_blind,
 )
-from asgi_admission._admission.decision.observer import AdmissionView, Kind
+from asgi_admission._admission.decision.observer import AdmissionView
 from asgi_admission._admission.reservations.keeper import FailureCause
 from asgi_admission._memory.reading import MemoryReading
+from asgi_admission._metrics.decisions import KINDS, PREFIX, DecisionMetrics
+from asgi_admission._metrics.queue import QueueMetrics
 from asgi_admission._metrics.stuck import stuck_families
 
 logger = logging.getLogger("asgi_admission")
 
-PREFIX: Final = "asgi_admission_"
-
-#: Bucket upper bounds of ``asgi_admission_decision_duration_seconds``: 1 µs to 10 ms.
-DURATION_BUCKETS: Final = (
-    1e-6,
-    2.5e-6,
-    5e-6,
-    1e-5,
-    2.5e-5,
-    5e-5,
-    1e-4,
-    2.5e-4,
-    5e-4,
-    1e-3,
-    2.5e-3,
-    5e-3,
-    1e-2,
-)
-
-KINDS: Final[tuple[Kind, ...]] = ("http", "websocket")
 FAILURE_CAUSES: Final = get_args(FailureCause)
 STATES: Final = ("normal", "pressured", "unavailable")
-#: ``(allowed, reason)`` pairs a decision can carry, with their label values.
-OUTCOMES: Final = (
-    (True, None, "admitted", "none"),
-    (False, "memory_pressure", "rejected", "memory_pressure"),
-    (False, "session_limit", "rejected", "session_limit"),
-    (False, "telemetry_unavailable", "rejected", "telemetry_unavailable"),
-    (False, "no_memory_limit", "rejected", "no_memory_limit"),
-    (False, "ledger_busy", "rejected", "ledger_busy"),
-    (False, "probing", "rejected", "probing"),
-    (False, "queue_timeout", "rejected", "queue_timeout"),
-    (False, "queue_full", "rejected", "queue_full"),
-)
 
 
 @cache
@@ -381,113 +349,17 @@ def admissible_sessions(
     return by_memory
 
 
-class _Families:
-    """The decision-path metric objects of one registry."""
+class _Binding:
+    """A registry's scrape-time collector, decision counters and wait queue metrics."""
 
-    __slots__ = ("decisions", "duration", "sessions", "telemetry_failures", "transitions")
-
-    def __init__(self, registry: CollectorRegistry | None, *, live_sessions: bool) -> None:
-        self.decisions = Counter(
-            PREFIX + "decisions",
-            "Session admission decisions, by request kind, outcome and refusal reason.",
-            ("kind", "outcome", "reason"),
-            registry=registry,
-        )
-        self.transitions = Counter(
-            PREFIX + "latch_transitions",
-            "Times the memory latch set (to=pressured) or cleared (to=normal).",
-            ("to",),
-            registry=registry,
-        )
-        self.telemetry_failures = Counter(
-            PREFIX + "telemetry_failures",
-            "Session decisions taken because memory could not be read (not for no limit).",
-            registry=registry,
-        )
-        self.duration = Histogram(
-            PREFIX + "decision_duration_seconds",
-            "Time to read memory, run the latch and reserve, per session decision.",
-            buckets=DURATION_BUCKETS,
-            registry=registry,
-        )
-        self.sessions: Gauge | None = None
-        if live_sessions:
-            self.sessions = Gauge(
-                PREFIX + "sessions",
-                "Sessions admitted, by state.",
-                ("state",),
-                registry=registry,
-                multiprocess_mode="livesum",
-            )
-
-
-class DecisionMetrics:
-    """The counters and histogram of the decision path: a ``DecisionObserver``.
-
-    ``registry`` is where the metrics are registered (``None``: nowhere, for
-    callers that collect them themselves). ``live_sessions=True`` adds the
-    ``livesum`` session gauge of multiprocess mode, set by :meth:`on_sessions`.
-    """
-
-    __slots__ = ("_families", "_incs", "_observe", "_sessions", "_telemetry", "_transition")
+    __slots__ = ("collector", "metrics", "queue")
 
     def __init__(
-        self, *, registry: CollectorRegistry | None = REGISTRY, live_sessions: bool = False
+        self, collector: AdmissionCollector, metrics: DecisionMetrics, queue: QueueMetrics
     ) -> None:
-        self._families = families = _Families(registry, live_sessions=live_sessions)
-        incs: dict[tuple[str, bool, str | None], Callable[[], None]] = {}
-        for kind in KINDS:
-            for allowed, reason, outcome, label in OUTCOMES:
-                incs[kind, allowed, reason] = families.decisions.labels(kind, outcome, label).inc
-        self._incs = incs
-        self._transition = {
-            to: families.transitions.labels(to).inc for to in ("pressured", "normal")
-        }
-        self._telemetry = families.telemetry_failures.inc
-        self._observe = families.duration.observe
-        self._sessions: tuple[Callable[[float], None], Callable[[float], None]] | None = None
-        if families.sessions is not None:
-            self._sessions = (
-                families.sessions.labels("active").set,
-                families.sessions.labels("pending").set,
-            )
-
-    def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
-        """Count one decision and time it; called on the decision path."""
-        self._incs[kind, decision.allowed, decision.reason]()
-        self._observe(seconds)
-        if decision.transition is not None:
-            self._transition[decision.transition]()
-        if decision.state == "unavailable" and not has_no_limit(decision.memory):
-            self._telemetry()
-
-    def on_check(self, decision: CapacityDecision) -> None:
-        """Count what a readiness check did to the latch; it is not a decision."""
-        if decision.transition is not None:
-            self._transition[decision.transition]()
-        if decision.state == "unavailable" and not has_no_limit(decision.memory):
-            self._telemetry()
-
-    @property
-    def live_sessions(self) -> bool:
-        """Whether this exports session counts itself (the multiprocess ``livesum`` gauge)."""
-        return self._sessions is not None
-
-    def on_sessions(self, active: int, pending: int) -> None:
-        """Publish this worker's session counts (only with ``live_sessions``)."""
-        if self._sessions is not None:
-            self._sessions[0](active)
-            self._sessions[1](pending)
-
-
-class _Binding:
-    """A registry's scrape-time collector and decision counters."""
-
-    __slots__ = ("collector", "metrics")
-
-    def __init__(self, collector: AdmissionCollector, metrics: DecisionMetrics) -> None:
         self.collector = collector
         self.metrics = metrics
+        self.queue = queue
 
 
 _bindings: weakref.WeakKeyDictionary[CollectorRegistry, _Binding] = weakref.WeakKeyDictionary()
@@ -533,7 +405,8 @@ def registry_binding(registry: CollectorRegistry, *, shared: bool) -> _Binding:
         metrics = DecisionMetrics(registry=registry, live_sessions=live_sessions)
         collector = AdmissionCollector(include_sessions=not live_sessions)
         registry.register(collector)
-        binding = _bindings[registry] = _Binding(collector, metrics)
+        queue = QueueMetrics(registry=registry)
+        binding = _bindings[registry] = _Binding(collector, metrics, queue)
         return binding
 
 

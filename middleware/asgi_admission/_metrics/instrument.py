@@ -16,7 +16,9 @@ from asgi_admission._admission.decision.latch import CapacityDecision
 from asgi_admission._admission.decision.observer import AdmissionView, DecisionObserver, Kind
 from asgi_admission._admission.ledger.ledger import SessionLedger
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
-from asgi_admission._metrics.collector import DecisionMetrics, registry_binding
+from asgi_admission._metrics.collector import registry_binding
+from asgi_admission._metrics.decisions import DecisionMetrics
+from asgi_admission._metrics.queue import QueueMetrics
 
 
 class _Both:
@@ -92,6 +94,15 @@ def instrument(
     if observer is not None:
         chosen = observer if chosen is None else _Both(chosen, observer)
     return chosen
+
+
+def queue_metrics(
+    ledger: SessionLedger, *, registry: CollectorRegistry | None = REGISTRY
+) -> QueueMetrics | None:
+    """The wait queue's metrics on ``registry`` (``None``: none)."""
+    if registry is None:
+        return None
+    return registry_binding(registry, shared=isinstance(ledger, SharedLedger)).queue
 
 
 def expose(view: AdmissionView, *, registry: CollectorRegistry | None = REGISTRY) -> None:

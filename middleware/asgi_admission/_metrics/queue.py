@@ -1,0 +1,66 @@
+"""The wait queue's metrics: how many wait, per class, and how long each wait took.
+
+``asgi_admission_queue_waiting{class}`` is a gauge moved as each request joins and
+leaves the queue (``livesum`` in multiprocess mode, so the scrape sums the workers'
+waiters and a dead worker's drop out); ``asgi_admission_queue_wait_seconds{class,
+outcome}`` is a histogram observed as each wait ends (``admitted``, ``timeout``,
+``cancelled``). The ``class`` label takes the configured classes' names only (a
+bounded set, checked by the configuration); every combination starts at 0. Created
+once per registry with the decision metrics (``collector.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final, get_args
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+
+from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
+from asgi_admission._admission.scheduling.queue import WaitOutcome, WaitRecord
+from asgi_admission._metrics.decisions import PREFIX
+
+#: Bucket upper bounds of ``asgi_admission_queue_wait_seconds``: 5 ms (a wake on the
+#: loop) to a minute (the longest wait worth configuring behind a proxy).
+WAIT_BUCKETS: Final = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+WAIT_OUTCOMES: Final[tuple[WaitOutcome, ...]] = get_args(WaitOutcome)
+
+
+class QueueMetrics:
+    """The wait queue's gauge and histogram on ``registry``, for ``classes``."""
+
+    __slots__ = ("_seconds", "_waiting")
+
+    def __init__(
+        self, *, registry: CollectorRegistry | None, classes: Iterable[str] = (DEFAULT_CLASS,)
+    ) -> None:
+        self._waiting = Gauge(
+            PREFIX + "queue_waiting",
+            "Session requests waiting for capacity, by priority class.",
+            ("class",),
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self._seconds = Histogram(
+            PREFIX + "queue_wait_seconds",
+            "How long session requests waited for capacity, by class and how the wait ended.",
+            ("class", "outcome"),
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        for name in classes:
+            self._waiting.labels(name).set(0)
+            for outcome in WAIT_OUTCOMES:
+                self._seconds.labels(name, outcome)
+
+    def joined(self, class_name: str) -> None:
+        """A request of ``class_name`` waits."""
+        self._waiting.labels(class_name).inc()
+
+    def left(self, class_name: str) -> None:
+        """A request of ``class_name`` waits no longer (or never waited: the queue was full)."""
+        self._waiting.labels(class_name).dec()
+
+    def on_wait_end(self, record: WaitRecord) -> None:
+        """One wait ended (the queue's ``on_wait_end``)."""
+        self._seconds.labels(record.class_name, record.outcome).observe(record.seconds)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,6 +50,7 @@ def guarded(
     reader: SettableReader | None = None,
     observer: Observed | None = None,
     registry: CollectorRegistry | None = None,
+    shared_dir: str = "off",
 ) -> AdmissionMiddleware:
     """The guard over an app whose ``WS /terminal`` accepts and waits for the close and
     whose ``POST /sessions`` answers 201, with the wait queue on (``wait_s``)."""
@@ -68,6 +70,7 @@ def guarded(
         "ADMISSION_QUEUE_LIMIT": limit,
         "ADMISSION_PROBE_SESSIONS": "0",
         "ADMISSION_PENDING_TIMEOUT_SECONDS": "1e-9",
+        "ADMISSION_SHARED_DIR": shared_dir,
     }
     with environment(settings):
         return AdmissionMiddleware(
@@ -437,3 +440,28 @@ def test_the_metrics_show_who_waits_and_how_each_wait_ended() -> None:
     assert sample(decisions, kind="http", outcome="rejected", reason="queue_timeout") == 1
     assert sample(decisions, kind="websocket", outcome="rejected", reason="session_limit") == 0
     assert sample(decisions, kind="http", outcome="rejected", reason="session_limit") == 0
+
+
+def test_a_session_ending_in_another_worker_admits_the_waiter(tmp_path: Path) -> None:
+    """Two guards sharing their ledger (two workers), one slot: a waiter of the second is
+    admitted once the first's session ends, seen by its look every sample interval."""
+    shared = str(tmp_path / "shared")
+
+    async def scenario() -> tuple[int, float]:
+        first = guarded(shared_dir=shared)
+        second = guarded(shared_dir=shared)
+        holder = Socket(first)
+        await holder.opened.wait()
+        waiter = Socket(second)
+        await asyncio.sleep(0.3)
+        queued = waiting(second)
+        closed = time.monotonic()
+        await holder.close()
+        await asyncio.wait_for(waiter.opened.wait(), timeout=2)
+        latency = time.monotonic() - closed
+        await waiter.close()
+        return queued, latency
+
+    queued, latency = asyncio.run(scenario())
+    assert queued == 1
+    assert latency < 0.6  # within two looks of a quarter of a second

@@ -9,13 +9,14 @@ the decisions, and the :class:`AdmissionService` that asks all of them
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from prometheus_client import CollectorRegistry
 from starlette.types import Scope
 
+from asgi_admission._admission.decision.classes import ClassCeilings
 from asgi_admission._admission.decision.latch import AdmissionController
 from asgi_admission._admission.decision.observer import DecisionObserver
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
@@ -24,10 +25,12 @@ from asgi_admission._admission.ledger import shared_place
 from asgi_admission._admission.ledger.ledger import InProcessLedger, SessionLedger
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.ledger.shared_place import AloneCheck
+from asgi_admission._admission.priorities import Priorities
 from asgi_admission._admission.reservations.holds import HoldRegistry
-from asgi_admission._admission.reservations.keeper import ReservationKeeper
+from asgi_admission._admission.reservations.keeper import SAMPLE_INTERVAL_S, ReservationKeeper
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
-from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
+from asgi_admission._admission.room import FreedWatch, counted_and_used
+from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS, classes_in_force
 from asgi_admission._admission.scheduling.queue import WaitQueue, WaitRecord
 from asgi_admission._admission.service import AdmissionService, SessionCounts
 from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionConfig
@@ -137,13 +140,32 @@ def build_service(
     route_of: Callable[[Scope], str | None],
     registry: CollectorRegistry | None,
     observer: DecisionObserver | None,
+    route_classes: Mapping[str, str] | None = None,
+    priority: Callable[[Scope], str] | None = None,
 ) -> AdmissionService:
     """The admission service ``config`` describes around ``controller``, its metrics on
     ``registry`` (``None``: none) and ``observer`` told of every decision as well.
 
+    ``route_classes`` maps session patterns to their priority class, ``priority`` picks
+    one per request (``_admission/priorities.py``).
+
     Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when a directory it names
-    cannot be used.
+    cannot be used, or naming a route mapped to a class that is not configured.
     """
+    classes = classes_in_force(
+        config.priority_classes, high_watermark_percent=controller.high_watermark_percent
+    )
+    names = tuple(entry.name for entry in classes)
+    priorities = None
+    if route_classes or priority is not None or names != (DEFAULT_CLASS,):
+        priorities = Priorities(names=names, route_classes=route_classes or {}, priority=priority)
+    ceilings = None
+    if len(classes) > 1 or classes[0].high_watermark_percent != controller.high_watermark_percent:
+        ceilings = ClassCeilings(
+            classes=classes,
+            high_watermark_percent=controller.high_watermark_percent,
+            resume_threshold_percent=controller.resume_threshold_percent,
+        )
     sharing = build_sharing(config, controller.memory_reader)
     ledger = sharing.ledger
     read = SafeReader(controller)
@@ -170,7 +192,9 @@ def build_service(
     )
     counts = SessionCounts(ledger, keeper)
     metrics = queue_metrics(ledger, registry=registry)
-    queue = build_queue(config, on_wait_end=None if metrics is None else metrics.on_wait_end)
+    if metrics is not None:
+        metrics.declare(names)
+    queue = build_queue(config, names, on_wait_end=None if metrics is None else metrics.on_wait_end)
     _warn_unused(config)
     service = AdmissionService(
         config=config,
@@ -188,6 +212,15 @@ def build_service(
         alone=sharing.alone,
         queue=queue,
         queue_watcher=metrics,
+        freed=None
+        if queue is None
+        else FreedWatch(
+            queue,
+            counted_and_used(ledger.attempt(), keeper.own_count, ledger.counts, read),
+            SAMPLE_INTERVAL_S,
+        ),
+        ceilings=ceilings,
+        priorities=priorities,
     )
     expose(service, registry=registry)
     if queue is not None:
@@ -196,15 +229,18 @@ def build_service(
 
 
 def build_queue(
-    config: AdmissionConfig, *, on_wait_end: Callable[[WaitRecord], None] | None = None
+    config: AdmissionConfig,
+    classes: tuple[str, ...] = (DEFAULT_CLASS,),
+    *,
+    on_wait_end: Callable[[WaitRecord], None] | None = None,
 ) -> WaitQueue[AdmissionTicket] | None:
-    """The wait queue ``config`` describes (``on_wait_end``: told of each wait's end);
-    ``None`` where requests that do not fit are refused at once
-    (``ADMISSION_QUEUE_TIMEOUT_SECONDS`` 0)."""
+    """The wait queue ``config`` describes, its ``classes`` served in that order
+    (``on_wait_end``: told of each wait's end); ``None`` where requests that do not fit
+    are refused at once (``ADMISSION_QUEUE_TIMEOUT_SECONDS`` 0)."""
     if config.queue_timeout_s <= 0:
         return None
     return WaitQueue(
-        classes=(DEFAULT_CLASS,),
+        classes=classes,
         limit=config.queue_limit,
         timeout_s=config.queue_timeout_s,
         on_wait_end=on_wait_end,
@@ -212,14 +248,8 @@ def build_queue(
 
 
 def _warn_unused(config: AdmissionConfig) -> None:
-    """Settings checked but not used by the request path yet (docs/configuration.md):
-    one warning each, so that nobody counts on them."""
-    if config.priority_classes:
-        logger.warning(
-            "asgi-admission: ADMISSION_PRIORITY_CLASSES (priority_classes) is set, but the "
-            "request path does not use priority classes yet: every session request is of "
-            "the one class 'default', at the high watermark."
-        )
+    """A setting checked but not used by the request path yet (docs/configuration.md):
+    a warning, so that nobody counts on it."""
     if config.tenant_max_share < 1.0:
         logger.warning(
             "asgi-admission: ADMISSION_TENANT_MAX_SHARE (tenant_max_share) is set, but the "

@@ -17,7 +17,7 @@ Notes:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -63,13 +63,16 @@ class AdmissionMiddleware:
     ``liveness_path`` (default: the config's) answers 503 once the memory pressure is
     stuck, held by the server's own memory (``docs/operations.md``), and 200 otherwise.
     ``agent_port`` (default: the config's) serves HAProxy's agent check with the lifespan.
+    ``session_routes`` may map each pattern to its priority class
+    (``ADMISSION_PRIORITY_CLASSES``; a plain list: the default class), and
+    ``priority(scope)`` pick the class of each request (docs/configuration.md).
     """
 
     def __init__(
         self,
         app: ASGIApp,
         *,
-        session_routes: Iterable[str] = (),
+        session_routes: Iterable[str] | Mapping[str, str] = (),
         session_predicate: Callable[[Scope], bool] | None = None,
         config: AdmissionConfig | None = None,
         controller: AdmissionController | None = None,
@@ -84,6 +87,7 @@ class AdmissionMiddleware:
         registry: CollectorRegistry | None = REGISTRY,
         watchdog: SessionWatchdog | None = None,
         agent_port: int | None = None,
+        priority: Callable[[Scope], str] | None = None,
     ) -> None:
         self.app = app
         if watchdog is not None and not isinstance(watchdog, SessionWatchdog):
@@ -99,6 +103,11 @@ class AdmissionMiddleware:
             raise ValueError(
                 "AdmissionMiddleware needs session_routes (e.g. ['POST /sessions']) or a "
                 "session_predicate; without either it would guard nothing."
+            )
+        if priority is not None and not callable(priority):
+            raise ValueError(
+                f"priority must be a callable taking the ASGI scope and returning a priority "
+                f"class's name; got {priority!r}."
             )
         self._predicate = session_predicate
         # __call__ runs on every request: most are a miss on one dict lookup, and only
@@ -131,6 +140,8 @@ class AdmissionMiddleware:
             route_of=self._matcher.pattern_of,
             registry=registry,
             observer=observer,
+            route_classes=_route_classes(session_routes),
+            priority=priority,
         )
         #: Where this guard shares its counts (``None``: alone).
         self.shared_dir = service.shared_dir
@@ -244,3 +255,10 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
         else:
             await serve_lifespan(self._watchdog, self.app, scope, receive, send)
+
+
+def _route_classes(session_routes: Iterable[str] | Mapping[str, str]) -> dict[str, str]:
+    """The priority class of each pattern ``session_routes`` maps to one (a list: none)."""
+    if isinstance(session_routes, Mapping):
+        return dict(session_routes)
+    return {}

@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from asgi_admission._admission.decision.latch import CapacityDecision
+from asgi_admission._admission.decision.latch import CapacityDecision, Reason, State
 from asgi_admission._admission.ledger.ledger import LedgerBusy
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
 from asgi_admission._admission.scheduling.queue import ClientListener, Verdict, Waited, WaitQueue
+from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
 
 #: What a refusal needs: the decision, the Retry-After delay, (active, pending).
 Refused = tuple[CapacityDecision, int, tuple[int, int]]
@@ -58,6 +60,8 @@ class Queued:
     ``refused`` is what it would be answered if it could not wait at all."""
 
     refused: Refused
+    #: The request's priority class, which it waits in.
+    class_name: str = DEFAULT_CLASS
 
 
 async def wait_in_line(
@@ -68,10 +72,12 @@ async def wait_in_line(
     queued: Queued,
     listening: ClientListener | None,
     watcher: WaitWatcher | None = None,
+    freed: FreedWatch | None = None,
 ) -> tuple[Waited[AdmissionTicket], Refused]:
     """Wait in ``queue`` with ``decide`` as the attempt (``LedgerBusy`` where the ledger is
     held elsewhere); how the wait ended, and the last refusal it was answered (the one it
-    was ``queued`` with where it was never tried). ``watcher`` is told of the wait."""
+    was ``queued`` with where it was never tried). ``watcher`` is told of the wait;
+    ``freed`` watches for capacity freed elsewhere while anyone waits."""
     last = [queued.refused]
     loop = asyncio.get_running_loop()
 
@@ -87,15 +93,18 @@ async def wait_in_line(
         last[0] = outcome
         return Verdict.FULL
 
+    class_name = queued.class_name
+    if freed is not None:
+        freed.start()
     if watcher is not None:
-        watcher.joined(DEFAULT_CLASS)
+        watcher.joined(class_name)
     try:
         waited = await queue.wait(
-            class_name=DEFAULT_CLASS, attempt=attempt, give_back=give_back, listening=listening
+            class_name=class_name, attempt=attempt, give_back=give_back, listening=listening
         )
     finally:
         if watcher is not None:
-            watcher.left(DEFAULT_CLASS)
+            watcher.left(class_name)
     return waited, last[0]
 
 
@@ -139,3 +148,31 @@ class FreedWatch:
             return self._look()
         except LedgerBusy:
             return None
+
+
+def behind_others(state: State) -> Refused:
+    """What a request that waits behind others would be answered if it could not wait:
+    the latch as it stands (``state``), without a reading (the attempt's to take)."""
+    reason: Reason = "memory_pressure" if state == "pressured" else "session_limit"
+    return CapacityDecision(False, state, UNAVAILABLE, reason), 0, (0, 0)
+
+
+def counted_and_used(
+    attempt: AbstractContextManager[object],
+    own: Callable[[], int | None],
+    counts: Callable[[int | None], tuple[int, int]],
+    read: Callable[[], MemoryReading],
+) -> Callable[[], tuple[int, int]]:
+    """The freed watch's look: the sessions counted (``counts`` of the app's own count
+    ``own()``, asked before the ledger's critical section, which is only tried:
+    ``LedgerBusy``) and the memory used (0: unread)."""
+
+    def look() -> tuple[int, int]:
+        mine = own()
+        with attempt:
+            active, pending = counts(mine)
+        memory = read()
+        used = memory.used_bytes if memory.available else None
+        return active + pending, used or 0
+
+    return look

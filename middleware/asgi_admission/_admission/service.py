@@ -22,17 +22,12 @@ Notes:
   held, reserving nothing, until the probes' evidence is in (:meth:`wait`,
   ``waiting.py``, ``reservations/probing.py``). Learned routes cost one dict
   lookup more.
-- With ``ADMISSION_QUEUE_TIMEOUT_SECONDS`` above 0, a request that does not fit
-  (memory, the count cap, a probe's wait run out) is answered :class:`Queued` and
-  waits in the wait queue (``scheduling/queue.py``), holding nothing, until a
-  decision admits it, its wait runs out (``queue_timeout``) or its client leaves;
-  a full queue refuses at once (``queue_full``). While anyone waits, a new request
-  goes behind them instead of being decided. The decisions of a waiting request
-  that do not admit are checks, not refusals, for the metrics: only its outcome
-  counts. What may free capacity wakes the queue: a reservation given back or
-  activated (the ledger's ``on_change``), a probe's evidence, and, while anyone
-  waits, a look every sample interval that finds fewer sessions or less memory used
-  (other workers' sessions ending, the app's own count falling).
+- With ``ADMISSION_QUEUE_TIMEOUT_SECONDS`` above 0, a request that does not fit is
+  answered :class:`Queued` and waits for capacity, holding nothing (``room.py``);
+  while others of its class or a higher one wait, a new one goes behind them. The
+  decisions of a waiting request that do not admit are checks, not refusals, for the
+  metrics. With priority classes each request is decided against its class's ceiling
+  and latch (``decision/classes.py``; one class at the high watermark: the controller).
 """
 
 from __future__ import annotations
@@ -43,6 +38,7 @@ import time
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from asgi_admission._admission.decision.classes import ClassCeilings
 from asgi_admission._admission.decision.decision_log import DecisionLog
 from asgi_admission._admission.decision.latch import (
     AdmissionController,
@@ -57,8 +53,9 @@ from asgi_admission._admission.decision.stuck_watch import StuckWatch, build_wat
 from asgi_admission._admission.inputs import AppCount, SafeReader
 from asgi_admission._admission.ledger.ledger import LedgerBusy, SessionLedger, when_free
 from asgi_admission._admission.ledger.shared_place import AloneCheck
+from asgi_admission._admission.priorities import Priorities
 from asgi_admission._admission.reservations.holds import Hold, HoldRegistry
-from asgi_admission._admission.reservations.keeper import SAMPLE_INTERVAL_S, ReservationKeeper
+from asgi_admission._admission.reservations.keeper import ReservationKeeper
 from asgi_admission._admission.reservations.learning import RouteEstimate
 from asgi_admission._admission.reservations.probing import Gate
 from asgi_admission._admission.reservations.sampling import sample_while_waiting, serve_with_keeper
@@ -70,13 +67,14 @@ from asgi_admission._admission.room import (
     Queued,
     Refused,
     WaitWatcher,
+    behind_others,
     wait_in_line,
 )
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
 from asgi_admission._admission.scheduling.queue import WaitQueue
 from asgi_admission._admission.waiting import Listener, wait_then_decide
 from asgi_admission._config import AdmissionConfig
-from asgi_admission._memory.reading import UNAVAILABLE
+from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
 
 logger = logging.getLogger("asgi_admission")
 
@@ -134,6 +132,9 @@ class AdmissionService:
         alone: AloneCheck | None,
         queue: WaitQueue[AdmissionTicket] | None = None,
         queue_watcher: WaitWatcher | None = None,
+        freed: FreedWatch | None = None,
+        ceilings: ClassCeilings | None = None,
+        priorities: Priorities | None = None,
     ) -> None:
         self._config = config
         self._controller = controller
@@ -159,10 +160,12 @@ class AdmissionService:
         self._stuck = build_watch(config, controller, self.look, shared_dir)
         #: The session requests waiting for capacity (``None``: none wait, refused at once).
         self.wait_queue = queue
+        #: Each priority class's ceiling and latch; ``None``: one class at the high
+        #: watermark, decided by the controller (the same answers, and cheaper).
+        self.ceilings = ceilings
+        self._priorities = priorities
         self._queue_watcher = queue_watcher
-        self._freed = (
-            None if queue is None else FreedWatch(queue, self._counted_and_used, SAMPLE_INTERVAL_S)
-        )
+        self._freed = freed
 
     # -- what the guard shows -------------------------------------------------------
 
@@ -215,6 +218,7 @@ class AdmissionService:
         hold: Hold | None = None,
         expired: bool = False,
         waiting: bool = False,
+        klass: str | None = None,
     ) -> Outcome:
         """Read, decide and (when admitted) reserve, atomically; no awaits here.
 
@@ -223,15 +227,13 @@ class AdmissionService:
         while its route is probed (``hold``: the one it waited with, ``expired``: at
         its deadline, which refuses it with ``probing`` if it would wait again).
         With the wait queue on, :class:`Queued` where it could wait instead of being
-        refused, or others wait already (``waiting``: an attempt of a request in the
-        queue, answered its refusal, told to the observer as a check).
+        refused, or others of its class or a higher one wait already (``waiting``: an
+        attempt of a request in the queue, answered its refusal, told to the observer as
+        a check). ``klass``: the request's priority class (``None``: its own, found here).
         ``scope`` names the session's route. ``LedgerBusy`` when the shared ledger
         is held by another worker right now (:meth:`admit_later` retries).
         """
         queue = self.wait_queue
-        # Others wait for capacity: deciding this one now would let it jump the line.
-        if queue is not None and not waiting and queue.total() and queue.ahead(DEFAULT_CLASS):
-            return Queued(self._queued_refusal())
         observer = self._observer
         start = time.perf_counter() if observer is not None else 0.0
         ledger = self._ledger
@@ -242,16 +244,24 @@ class AdmissionService:
         count = self._app_count() if self._counts_app else None
         own = keeper.reconcile(count)
         route = keeper.route(scope)
+        if klass is None:
+            klass = DEFAULT_CLASS if self._priorities is None else self._priorities.of(scope, route)
+        # Others wait for capacity: deciding this one now would let it jump the line.
+        if queue is not None and not waiting and queue.total() and queue.ahead(klass):
+            return Queued(behind_others(self._controller.pressure_state), klass)
         probing = keeper.probing and route not in keeper.known()
+        ceilings = self.ceilings
         with self._attempt:
             current, pending = ledger.counts(own)
             gate: Gate = "known"
             if probing:
-                decision, gate = self._probe_decision(route, current, pending, expired)
-            else:
+                decision, gate = self._probe_decision(route, current, pending, expired, klass)
+            elif ceilings is None:
                 decision = self._controller.assess(
                     current, self._session_limit, pending, read=self.read, route=route
                 )
+            else:
+                decision = self._by_class(klass, self.read(), route, current, pending)
             memory = decision.memory
             entry = held = None
             retry_after_s = 0
@@ -292,7 +302,7 @@ class AdmissionService:
         if entry is not None:
             return AdmissionTicket(keeper, entry)
         if queued and not waiting:
-            return Queued((decision, retry_after_s, (current, pending)))
+            return Queued((decision, retry_after_s, (current, pending)), klass)
         return decision, retry_after_s, (current, pending)
 
     async def admit_later(
@@ -342,24 +352,23 @@ class AdmissionService:
         refusal (``queue_timeout``, ``queue_full``), or ``None``: the client left
         (``listening`` hears it; ``None``: it cannot be heard)."""
         queue = self.wait_queue
-        freed = self._freed
         assert queue is not None
-        assert freed is not None
 
         def decide() -> AdmissionTicket | Refused:
             # A probe's wait is over for a request in the queue: it waits here instead.
-            outcome = self.admit(kind, scope, expired=True, waiting=True)
+            outcome = self.admit(kind, scope, expired=True, waiting=True, klass=queued.class_name)
             assert isinstance(outcome, (AdmissionTicket, tuple))  # never held nor queued
             return outcome
 
-        freed.start()
         waited, last = await wait_in_line(
             queue,
             decide=decide,
-            give_back=self._give_back,
+            # A waiter left in the instant it was admitted: its session never opens.
+            give_back=lambda ticket: self._keeper.abandon(ticket._entry),
             queued=queued,
             listening=listening,
             watcher=self._queue_watcher,
+            freed=self._freed,
         )
         if waited.outcome == "admitted":
             assert waited.admission is not None
@@ -373,33 +382,29 @@ class AdmissionService:
             self._observer.on_decision(kind, refused, waited.waited_s)
         return refused, self._retry_delay(refused, ""), counts
 
-    def _queued_refusal(self) -> Refused:
-        """What a request that waits behind others would be answered if it could not wait:
-        the latch as it stands, without a reading (the attempt's to take)."""
-        state = self._controller.pressure_state
-        reason: Reason = "memory_pressure" if state == "pressured" else "session_limit"
-        return CapacityDecision(False, state, UNAVAILABLE, reason), 0, (0, 0)
-
-    def _give_back(self, ticket: AdmissionTicket) -> None:
-        """A waiter left in the instant it was admitted: its session never opens."""
-        self._keeper.abandon(ticket._entry)
-
-    def _counted_and_used(self) -> tuple[int, int]:
-        """The sessions counted and the memory used (0: unread), for the freed watch;
-        ``LedgerBusy`` while another worker holds the ledger."""
-        own = self._keeper.own_count()
-        with self._attempt:
-            active, pending = self._ledger.counts(own)
-        memory = self.read()
-        used = memory.used_bytes if memory.available else None
-        return active + pending, used or 0
-
     def leave(self, hold: Hold) -> None:
         """A held request goes before it waited (its client left, or sent no connect)."""
         self._holds.leave(hold)
 
+    def _by_class(
+        self, klass: str, memory: MemoryReading, route: str, current: int, pending: int
+    ) -> CapacityDecision:
+        """The decision for a request of priority class ``klass``: its class's ceiling
+        and latch on ``memory``, the reserves as the controller counts them."""
+        ceilings = self.ceilings
+        assert ceilings is not None
+        limit = memory.limit_bytes
+        return ceilings.decide(
+            klass,
+            memory,
+            current_sessions=current,
+            session_limit=self._session_limit,
+            pending_sessions=pending,
+            held_bytes=self._controller.held(route, pending, limit) if limit else 0,
+        )
+
     def _probe_decision(
-        self, route: str, current: int, pending: int, expired: bool
+        self, route: str, current: int, pending: int, expired: bool, klass: str
     ) -> tuple[CapacityDecision, Gate]:
         """A route not learned yet: the latch on an exact reading (a probe's growth counts
         from it), then whether the session is a probe, waits, or is decided as it is."""
@@ -407,9 +412,12 @@ class AdmissionService:
         blind = not memory.exact or is_blind(memory)
         # The gate first: this reading may conclude the probes, and raise the reserve.
         gate: Gate = "known" if blind else self._keeper.gate(route, memory.used_bytes)
-        decision = self._controller.decide(
-            memory, current, self._session_limit, pending, route=route
-        )
+        if self.ceilings is None:
+            decision = self._controller.decide(
+                memory, current, self._session_limit, pending, route=route
+            )
+        else:
+            decision = self._by_class(klass, memory, route, current, pending)
         if not decision.allowed or blind:
             return decision, "known"  # refused anyway, or blind: nothing to probe with
         if gate == "hold" and expired:

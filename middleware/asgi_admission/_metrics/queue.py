@@ -48,8 +48,12 @@ class QueueMetrics:
             buckets=WAIT_BUCKETS,
             registry=registry,
         )
+        self.declare(classes)
+
+    def declare(self, classes: Iterable[str]) -> None:
+        """Start every combination of ``classes`` at 0 (a guard's configured classes)."""
         for name in classes:
-            self._waiting.labels(name).set(0)
+            self._waiting.labels(name)
             for outcome in WAIT_OUTCOMES:
                 self._seconds.labels(name, outcome)
 

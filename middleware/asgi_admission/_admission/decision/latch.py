@@ -243,7 +243,7 @@ class AdmissionController:
     def ceiling_bytes(self, limit_bytes: int, pending_sessions: int = 0) -> float:
         """Working set above which one more session is refused (high minus what the
         pending sessions and one more hold back)."""
-        return limit_bytes * self.high_watermark_percent / 100 - self._held(
+        return limit_bytes * self.high_watermark_percent / 100 - self.held(
             None, pending_sessions, limit_bytes
         )
 
@@ -347,10 +347,11 @@ class AdmissionController:
         # _rounded_at_least's first test inlined: the common case is far below high.
         if percent >= high - 0.01 and _rounded_at_least(percent, high):
             return False
-        return used + self._held(route, pending_sessions, limit) <= limit * high / 100
+        return used + self.held(route, pending_sessions, limit) <= limit * high / 100
 
-    def _held(self, route: str | None, pending_sessions: int, limit: int) -> int:
-        """What the pending sessions and one more (of ``route``) hold back."""
+    def held(self, route: str | None, pending_sessions: int, limit: int) -> int:
+        """What the pending sessions and one more (of ``route``) hold back under ``limit``
+        bytes: the ``held_bytes`` a priority class's ceiling is checked with."""
         held = self.held_bytes
         value = None if held is None else held(route, pending_sessions, limit)
         return (pending_sessions + 1) * self.reserve_for(limit) if value is None else value
@@ -388,7 +389,7 @@ class AdmissionController:
             )
 
         high = self.high_watermark_percent
-        reserve_fits = used + self._held(route, pending_sessions, limit) <= limit * high / 100
+        reserve_fits = used + self.held(route, pending_sessions, limit) <= limit * high / 100
         # Compared as MemoryReading.percent (rounded to two decimals) would be.
         unrounded = used * 100 / limit
         if was_pressured:

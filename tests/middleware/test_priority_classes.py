@@ -1,0 +1,201 @@
+"""Priority classes through the middleware: each class its own ceiling, waiters served by
+class then arrival, the route's class or the ``priority`` callable's, and the default
+class deciding exactly as the single latch does.
+
+Raw ASGI calls on one loop, a settable reading of 1000 MiB, a 10 MiB reserve, the high
+watermark 80 and the resume threshold 70 (a gap of 10 points per class).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+import httpx
+import pytest
+from mwkit import SettableReader, controller, environment
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+from waitkit import Socket, post
+
+from asgi_admission import AdmissionMiddleware
+
+pytestmark = pytest.mark.timeout(30)
+
+CLASSES = "critical=90,standard=80,batch=65"
+
+
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "websocket":
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        while (await receive())["type"] != "websocket.disconnect":
+            pass
+        return
+    await send({"type": "http.response.start", "status": 201, "headers": []})
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+def guarded(
+    routes: Mapping[str, str] | list[str],
+    *,
+    reader: SettableReader | None = None,
+    classes: str = CLASSES,
+    wait_s: str = "5",
+    max_sessions: int = 100,
+    priority: Callable[[Scope], str] | None = None,
+) -> AdmissionMiddleware:
+    settings = {
+        "ADMISSION_PRIORITY_CLASSES": classes,
+        "ADMISSION_QUEUE_TIMEOUT_SECONDS": wait_s,
+        "ADMISSION_PROBE_SESSIONS": "0",
+        "ADMISSION_PENDING_TIMEOUT_SECONDS": "1e-9",
+        "ADMISSION_SHARED_DIR": "off",
+    }
+    with environment(settings):
+        return AdmissionMiddleware(
+            app,
+            session_routes=routes,
+            controller=controller(reader or SettableReader(used_mb=100), reserve_mb=10),
+            max_sessions=max_sessions,
+            retry_after=5,
+            registry=None,
+            priority=priority,
+        )
+
+
+def test_a_route_mapped_to_an_unknown_class_is_a_clear_error() -> None:
+    """A class name that is not configured is refused at construction, naming the route."""
+    with pytest.raises(ValueError, match=r"'WS /terminal'.*'urgent'.*ADMISSION_PRIORITY_CLASSES"):
+        guarded({"POST /sessions": "batch", "WS /terminal": "urgent"})
+
+
+def test_a_priority_that_is_not_callable_is_a_clear_error() -> None:
+    """``priority`` must be a callable of the scope."""
+    with pytest.raises(ValueError, match="priority must be a callable"):
+        guarded(["POST /sessions"], priority="critical")  # type: ignore[arg-type]
+
+
+def test_each_class_has_its_own_ceiling() -> None:
+    """At 70 % used a batch session (ceiling 65) is refused at once without a wait, and a
+    critical one (ceiling 90) is admitted, by their routes' classes."""
+    reader = SettableReader(used_mb=700)
+
+    async def scenario() -> tuple[int | None, str, int | None]:
+        mw = guarded(
+            {"POST /sessions": "batch", "POST /admin": "critical"}, reader=reader, wait_s="0"
+        )
+        batch = await post(mw)
+        admin = await post(mw, path="/admin")
+        return batch["status"], batch["body"].get("reason", ""), admin["status"]
+
+    assert asyncio.run(scenario()) == (503, "memory_pressure", 201)
+
+
+def test_waiters_are_served_by_class_then_arrival() -> None:
+    """At a count cap of 1, two batch and two critical WebSockets wait, batch first: as
+    the session ends each time, the critical ones open first, then the batch ones, each
+    class in arrival order."""
+
+    async def scenario() -> list[str]:
+        names = {"/terminal": "batch", "/admin": "critical"}
+        mw = guarded({"WS /terminal": "batch", "WS /admin": "critical"}, max_sessions=1)
+        holder = Socket(mw)
+        await holder.opened.wait()
+        waiting: list[tuple[str, Socket]] = []
+        for path, n in (("/terminal", 1), ("/terminal", 2), ("/admin", 1), ("/admin", 2)):
+            waiting.append((f"{names[path]}{n}", Socket(mw, path=path)))
+            await asyncio.sleep(0.02)
+        order: list[str] = []
+        current = holder
+        for _ in range(4):
+            await current.close()
+            await asyncio.sleep(0.1)
+            opened = [(n, s) for n, s in waiting if s.opened.is_set() and n not in order]
+            assert len(opened) == 1, opened
+            order.append(opened[0][0])
+            current = opened[0][1]
+        await current.close()
+        return order
+
+    assert asyncio.run(scenario()) == ["critical1", "critical2", "batch1", "batch2"]
+
+
+def test_the_priority_callable_picks_the_class_and_its_errors_fall_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``priority(scope)`` wins over the route's class; one that raises or names no class
+    leaves the request its route's class, logged once."""
+    reader = SettableReader(used_mb=700)
+
+    def priority(scope: Scope) -> str:
+        headers: dict[bytes, bytes] = dict(scope["headers"])
+        tier = headers.get(b"x-tier", b"").decode()
+        if tier == "boom":
+            raise RuntimeError("no tier")
+        return tier
+
+    async def scenario() -> list[int | None]:
+        mw = guarded({"POST /sessions": "batch"}, reader=reader, wait_s="0", priority=priority)
+        statuses = []
+        for tier in ("critical", "boom", "nonsense", "boom"):
+            answer = await post(mw, headers=[(b"x-tier", tier.encode())])
+            statuses.append(answer["status"])
+        return statuses
+
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        assert asyncio.run(scenario()) == [201, 503, 503, 503]
+    logged = [r for r in caplog.records if "priority callable" in r.getMessage()]
+    assert len(logged) == 1
+
+
+def test_the_default_class_beside_others_decides_as_the_single_latch() -> None:
+    """The burst of tests/middleware/test_burst.py (60 concurrent openings, 50 MiB
+    reserves, 100 MiB used of 1000): 14 admitted and 46 refused with only the default
+    class (the latch), and exactly so with the default class decided beside others."""
+
+    def burst(classes: str) -> tuple[int, int]:
+        release = asyncio.Event()
+
+        async def open_session(request: Request) -> Response:
+            await release.wait()
+            return PlainTextResponse("opened")
+
+        inner = Starlette(routes=[Route("/sessions", open_session, methods=["POST"])])
+        settings = {
+            "ADMISSION_PRIORITY_CLASSES": classes,
+            "ADMISSION_PROBE_SESSIONS": "0",
+            "ADMISSION_PENDING_TIMEOUT_SECONDS": "1e-9",
+        }
+        with environment(settings):
+            mw = AdmissionMiddleware(
+                inner,
+                session_routes=["POST /sessions"],
+                controller=controller(SettableReader(used_mb=100), reserve_mb=50),
+                max_sessions=100,
+                retry_after=5,
+                registry=None,
+            )
+        assert (mw.service.ceilings is None) == (classes == "")
+
+        async def run() -> list[int]:
+            transport = httpx.ASGITransport(app=mw)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                tasks = [asyncio.create_task(client.post("/sessions")) for _ in range(60)]
+                for _ in range(400):  # the refusals answer at once; give them up to 2 s
+                    if sum(task.done() for task in tasks) >= 46:
+                        break
+                    await asyncio.sleep(0.005)
+                await asyncio.sleep(0.05)
+                release.set()
+                return [r.status_code for r in await asyncio.gather(*tasks)]
+
+        statuses = asyncio.run(run())
+        return statuses.count(200), statuses.count(503)
+
+    assert burst("") == (14, 46)
+    assert burst("critical=90,default=80,batch=65") == (14, 46)

@@ -34,8 +34,9 @@ WAIT_S = 10.0
 
 
 @contextlib.contextmanager
-def served(group: Path, tmp_path: Path, wait_s: float) -> Iterator[Server]:
-    """``waiting_app`` under uvicorn inside ``group``, waiting ``wait_s`` (0: none)."""
+def served(group: Path, tmp_path: Path, wait_s: float, **more: str) -> Iterator[Server]:
+    """``waiting_app`` under uvicorn inside ``group``, waiting ``wait_s`` (0: none), with
+    ``more`` settings."""
     port = free_port()
     env = {
         "ADMISSION_QUEUE_TIMEOUT_SECONDS": str(wait_s),
@@ -46,6 +47,7 @@ def served(group: Path, tmp_path: Path, wait_s: float) -> Iterator[Server]:
         "ADMISSION_PENDING_TIMEOUT_SECONDS": "0.5",
         "ADMISSION_RETRY_AFTER_SECONDS": "5",
         "ADMISSION_TEST_SESSION_MB": "48",
+        **more,
     }
     argv = [
         *joining(group),
@@ -111,5 +113,64 @@ def test_a_burst_of_three_times_the_capacity_is_served_whole_in_arrival_order(
         assert [status for _, status, _, _ in waited] == [201] * count, waited
         assert order == list(range(count)), order
         assert max(seconds for _, _, seconds, _ in waited) < WAIT_S + HOLD_S, waited
+        assert counts == [0, 0]
+        assert oom_kills(group) == 0
+
+
+FLOOD_S = 20.0
+
+
+async def flood(base_url: str, clients: int) -> tuple[list[tuple[int, float]], list[int]]:
+    """``clients`` batch openers, each opening again as soon as it is answered (after a
+    refusal's 0.1 s), for ``FLOOD_S``, and a critical opening (held 1 s) every second:
+    each critical one's (status, seconds less its hold), and the batch statuses."""
+    critical: list[tuple[int, float]] = []
+    batch: list[int] = []
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        end = time.monotonic() + FLOOD_S
+
+        async def opener(first: int) -> None:
+            seq = first
+            while time.monotonic() < end:
+                response = await client.post("/sessions", params={"seq": seq, "hold": HOLD_S})
+                batch.append(response.status_code)
+                seq += clients
+                if response.status_code != 201:
+                    await asyncio.sleep(0.1)
+
+        async def admin(seq: int) -> None:
+            start = time.monotonic()
+            response = await client.post("/admin", params={"seq": 10**6 + seq, "hold": 1.0})
+            critical.append((response.status_code, time.monotonic() - start - 1.0))
+
+        openers = [asyncio.create_task(opener(i)) for i in range(clients)]
+        await asyncio.sleep(2.0)  # the flood fills the batch class first
+        admins = []
+        for seq in range(int(FLOOD_S) - 3):
+            admins.append(asyncio.create_task(admin(seq)))
+            await asyncio.sleep(1.0)
+        await asyncio.gather(*openers, *admins)
+    return critical, batch
+
+
+def test_critical_openings_are_admitted_through_a_flood_of_batch_ones(tmp_path: Path) -> None:
+    """Classes critical=90 and batch=65, a 3 s wait: five times the batch capacity opening
+    continuously for 20 s while a critical opening arrives every second. Every critical
+    one is admitted within 1 s, batch ones wait or are refused, and no OOM kill."""
+    with memory_group(LIMIT_MB, "flood") as group:
+        with served(
+            group,
+            tmp_path,
+            3.0,
+            ADMISSION_PRIORITY_CLASSES="critical=90,batch=65",
+            WAITING_APP_CLASSES="1",
+        ) as server:
+            critical, batch = asyncio.run(flood(server.base_url, 5 * 3))
+            time.sleep(1)
+            counts = httpx.get(server.base_url + "/counts").json()
+        assert [status for status, _ in critical] == [201] * len(critical), critical
+        assert max(waited for _, waited in critical) < 1.0, critical
+        assert batch.count(201) > 0, batch
+        assert batch.count(503) > 0, batch
         assert counts == [0, 0]
         assert oom_kills(group) == 0

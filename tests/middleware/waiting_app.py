@@ -1,7 +1,9 @@
 """A guarded session service for the real waiting tests: ``POST /sessions?seq=N`` notes
 its admission, holds ``ADMISSION_TEST_SESSION_MB`` MiB for ``?hold=`` seconds inside the
-request and answers 201; ``GET /order`` is the admissions' ``seq`` in the order they
-began; ``GET /counts`` the guard's (active, pending)."""
+request and answers 201 (``POST /admin`` the same); ``GET /order`` is the admissions'
+``seq`` in the order they began; ``GET /counts`` the guard's (active, pending). With
+``WAITING_APP_CLASSES=1`` the sessions are of class ``batch`` and the admin ones of
+``critical`` (``ADMISSION_PRIORITY_CLASSES`` names them)."""
 
 from __future__ import annotations
 
@@ -45,11 +47,15 @@ def create() -> Any:
     app = Starlette(
         routes=[
             Route("/sessions", open_session, methods=["POST"]),
+            Route("/admin", open_session, methods=["POST"]),
             Route("/order", admitted),
             Route("/counts", counts),
             Route("/health", health),
         ]
     )
-    guard = AdmissionMiddleware(app, session_routes=["POST /sessions"], registry=None)
+    routes: list[str] | dict[str, str] = ["POST /sessions"]
+    if os.environ.get("WAITING_APP_CLASSES") == "1":
+        routes = {"POST /sessions": "batch", "POST /admin": "critical"}
+    guard = AdmissionMiddleware(app, session_routes=routes, registry=None)
     guards.append(guard)
     return guard

@@ -42,10 +42,10 @@ SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "required": [
         "schema", "exit_status", "problem", "source", "cgroup", "memory", "config", "ceiling",
-        "limits", "decision", "learned", "probing", "session_groups", "stuck",
+        "limits", "decision", "learned", "probing", "waiting", "session_groups", "stuck",
     ],
     "properties": {
-        "schema": {"const": 5},
+        "schema": {"const": 6},
         "exit_status": {"enum": [0, 1, 2, 3]},
         "problem": NULLABLE_STR,
         "source": {"enum": ["cgroup-v2", "cgroup-v1", "host", None]},
@@ -212,6 +212,30 @@ SCHEMA: dict[str, Any] = {
                 },
             },
         },
+        "waiting": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["queue_timeout_s", "queue_limit", "classes"],
+            "properties": {
+                "queue_timeout_s": {"type": "number"},
+                "queue_limit": {"type": "integer"},
+                "classes": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["name", "ceiling_percent", "resume_percent", "ceiling_bytes"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "ceiling_percent": {"type": "number"},
+                            "resume_percent": {"type": "number"},
+                            "ceiling_bytes": {"type": ["integer", "null"]},
+                        },
+                    },
+                },
+            },
+        },
         "session_groups": {
             "type": "object",
             "additionalProperties": False,
@@ -340,6 +364,42 @@ def test_pressured_exits_1(fixture_copy: Any) -> None:
     assert report["config"]["high_watermark_percent"] == 4.0
     assert report["decision"]["reason"] == "memory_pressure"
     assert report["decision"]["allowed"] is False
+
+
+def test_the_wait_and_each_class_ceiling_are_shown(fixture_copy: Any) -> None:
+    """The probe shows the wait for capacity and each priority class with its ceiling and
+    resume point at the limit found, in JSON and in text; by default no wait and one
+    class at the high watermark."""
+    root = str(fixture_copy("telegraf/v2"))
+    limit = 103079215104
+    _, default = probe_json("--root", root)
+    assert default["waiting"] == {
+        "queue_timeout_s": 0.0,
+        "queue_limit": 256,
+        "classes": [
+            {
+                "name": "default",
+                "ceiling_percent": 80.0,
+                "resume_percent": 70.0,
+                "ceiling_bytes": int(limit * 0.8),
+            }
+        ],
+    }
+    env = {
+        "ADMISSION_PRIORITY_CLASSES": "critical=90,batch=65",
+        "ADMISSION_QUEUE_TIMEOUT_SECONDS": "10",
+    }
+    _, report = probe_json("--root", root, env=env)
+    assert report["waiting"]["queue_timeout_s"] == 10.0
+    assert [
+        (c["name"], c["ceiling_percent"], c["resume_percent"]) for c in report["waiting"]["classes"]
+    ] == [
+        ("critical", 90.0, 80.0),
+        ("batch", 65.0, 55.0),
+    ]
+    text = run_probe("--root", root, env=env).stdout
+    assert "waiting:         up to 256 requests, 10 s each" in text
+    assert "classes:         critical 90 % (resume 80 %), batch 65 % (resume 55 %)" in text
 
 
 def test_reserve_that_can_never_fit_exits_3_naming_the_variable(fixture_copy: Any) -> None:

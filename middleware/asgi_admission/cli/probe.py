@@ -14,7 +14,7 @@ does not fit under the high watermark). Usage errors (a bad option, a
 ``--json`` prints one object (all sizes in bytes, percentages 0-100)::
 
     {
-      "schema": 5,
+      "schema": 6,
       "exit_status": 0 | 1 | 2 | 3,
       "problem": str | null,           # why nothing can be admitted (exit status 3)
       "source": "cgroup-v2" | "cgroup-v1" | "host" | null,
@@ -79,6 +79,13 @@ does not fit under the high watermark). Usage errors (a bad option, a
                     "growth_bytes": int, "guess_bytes": int}, ...],   # being probed now
         "concluded": [{"route": str, "footprint_bytes": int}, ...]    # probed lately
       },
+      "waiting": {                     # the bounded wait and the priority classes
+        "queue_timeout_s": float,      # 0: a request that does not fit is refused at once
+        "queue_limit": int,            # how many may wait at once
+        "classes": [{"name": str,      # first served first; unset: one, "default"
+                     "ceiling_percent": float, "resume_percent": float,
+                     "ceiling_bytes": int | null}, ...]   # null without a limit
+      },
       "session_groups": {              # process sessions in memory groups of their own
         "mode": "auto" | "off" | "require",
         "enabled": bool,               # false: off, or no place for them here
@@ -119,6 +126,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from asgi_admission._admission.decision.classes import ClassCeilings
 from asgi_admission._admission.decision.latch import (
     AdmissionController,
     CapacityDecision,
@@ -128,6 +136,7 @@ from asgi_admission._admission.decision.latch import (
 )
 from asgi_admission._admission.decision.reserve import never_admits
 from asgi_admission._admission.ledger import shared_place
+from asgi_admission._admission.scheduling.priority import classes_in_force
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._factory import build_reader
 from asgi_admission._memory.cgroup import CgroupMemoryReader
@@ -138,7 +147,7 @@ from asgi_admission.cli.probe_learned import learned, probing, service_directory
 from asgi_admission.cli.probe_render import render
 from asgi_admission.cli.probe_stuck import stuck_report
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 EXIT_STATUS = {"normal": 0, "pressured": 1, "unavailable": 2}
 #: The configuration can never admit a session at the limit found.
 EXIT_NEVER_ADMITS = 3
@@ -279,8 +288,34 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         },
         "learned": learned(config, reserve, group),
         "probing": probing(config, group),
+        "waiting": waiting(config, reading),
         "session_groups": session_groups(config, args),
         "stuck": stuck_report(config, *service_directory(config, group)),
+    }
+
+
+def waiting(config: AdmissionConfig, reading: MemoryReading) -> dict[str, Any]:
+    """The wait for capacity and each priority class's ceiling at the limit found."""
+    high, resume = config.high_watermark_percent, config.resume_threshold_percent
+    classes = classes_in_force(config.priority_classes, high_watermark_percent=high)
+    ceilings = ClassCeilings(
+        classes=classes, high_watermark_percent=high, resume_threshold_percent=resume
+    )
+    limit = reading.limit_bytes if reading.available else None
+    return {
+        "queue_timeout_s": config.queue_timeout_s,
+        "queue_limit": config.queue_limit,
+        "classes": [
+            {
+                "name": entry.name,
+                "ceiling_percent": entry.high_watermark_percent,
+                "resume_percent": ceilings.resume_percent(entry.name),
+                "ceiling_bytes": None
+                if not limit
+                else int(limit * entry.high_watermark_percent / 100),
+            }
+            for entry in classes
+        ],
     }
 
 

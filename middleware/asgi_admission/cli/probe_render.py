@@ -65,6 +65,22 @@ def render(report: dict[str, Any]) -> str:
     else:
         lines.append("ceiling:         none (no limit to take a percentage of)")
     lines.append(f"binding limit:   {_binding(report['limits'])}")
+    wait = report["waiting"]
+    lines.append(
+        "waiting:         "
+        + (
+            "none (a session request that does not fit is refused at once)"
+            if not wait["queue_timeout_s"]
+            else f"up to {wait['queue_limit']} requests, {wait['queue_timeout_s']:g} s each"
+        )
+    )
+    lines.append(
+        "classes:         "
+        + ", ".join(
+            f"{c['name']} {c['ceiling_percent']:g} % (resume {c['resume_percent']:g} %)"
+            for c in wait["classes"]
+        )
+    )
     verdict = "admit" if decision["allowed"] else f"refuse ({decision['reason']})"
     lines.append(
         f"one more session: {verdict}, state {decision['state']} "

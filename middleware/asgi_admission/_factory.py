@@ -16,6 +16,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry
 from starlette.types import Scope
 
+from asgi_admission._admission.counts import SessionCounts
 from asgi_admission._admission.decision.classes import ClassCeilings
 from asgi_admission._admission.decision.latch import AdmissionController
 from asgi_admission._admission.decision.observer import DecisionObserver
@@ -25,14 +26,15 @@ from asgi_admission._admission.ledger import shared_place
 from asgi_admission._admission.ledger.ledger import InProcessLedger, SessionLedger
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.ledger.shared_place import AloneCheck
-from asgi_admission._admission.priorities import Priorities
+from asgi_admission._admission.priorities import Priorities, Tenants
 from asgi_admission._admission.reservations.holds import HoldRegistry
 from asgi_admission._admission.reservations.keeper import SAMPLE_INTERVAL_S, ReservationKeeper
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
 from asgi_admission._admission.room import FreedWatch, counted_and_used
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS, classes_in_force
 from asgi_admission._admission.scheduling.queue import WaitQueue, WaitRecord
-from asgi_admission._admission.service import AdmissionService, SessionCounts
+from asgi_admission._admission.scheduling.tenants import TenantShares
+from asgi_admission._admission.service import AdmissionService
 from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionConfig
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.host import HostMemoryReader
@@ -142,12 +144,13 @@ def build_service(
     observer: DecisionObserver | None,
     route_classes: Mapping[str, str] | None = None,
     priority: Callable[[Scope], str] | None = None,
+    tenant: Callable[[Scope], str | None] | None = None,
 ) -> AdmissionService:
     """The admission service ``config`` describes around ``controller``, its metrics on
     ``registry`` (``None``: none) and ``observer`` told of every decision as well.
 
     ``route_classes`` maps session patterns to their priority class, ``priority`` picks
-    one per request (``_admission/priorities.py``).
+    one per request, ``tenant`` names each request's tenant (``_admission/priorities.py``).
 
     Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when a directory it names
     cannot be used, or naming a route mapped to a class that is not configured.
@@ -195,7 +198,10 @@ def build_service(
     if metrics is not None:
         metrics.declare(names)
     queue = build_queue(config, names, on_wait_end=None if metrics is None else metrics.on_wait_end)
-    _warn_unused(config)
+    tenants = None
+    if tenant is not None and config.tenant_max_share < 1.0:
+        tenants = Tenants(tenant=tenant, shares=TenantShares(max_share=config.tenant_max_share))
+    _warn_unused(config, tenant)
     service = AdmissionService(
         config=config,
         controller=controller,
@@ -221,6 +227,7 @@ def build_service(
         ),
         ceilings=ceilings,
         priorities=priorities,
+        tenants=tenants,
     )
     expose(service, registry=registry)
     if queue is not None:
@@ -247,13 +254,13 @@ def build_queue(
     )
 
 
-def _warn_unused(config: AdmissionConfig) -> None:
-    """A setting checked but not used by the request path yet (docs/configuration.md):
-    a warning, so that nobody counts on it."""
-    if config.tenant_max_share < 1.0:
+def _warn_unused(config: AdmissionConfig, tenant: Callable[[Scope], str | None] | None) -> None:
+    """A share with nobody to tell tenants apart does nothing: a warning, so that nobody
+    counts on it."""
+    if config.tenant_max_share < 1.0 and tenant is None:
         logger.warning(
             "asgi-admission: ADMISSION_TENANT_MAX_SHARE (tenant_max_share) is set, but the "
-            "request path does not tell tenants apart yet: no share is kept."
+            "middleware has no tenant callable to tell tenants apart: no share is kept."
         )
 
 

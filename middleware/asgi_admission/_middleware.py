@@ -65,7 +65,8 @@ class AdmissionMiddleware:
     ``agent_port`` (default: the config's) serves HAProxy's agent check with the lifespan.
     ``session_routes`` may map each pattern to its priority class
     (``ADMISSION_PRIORITY_CLASSES``; a plain list: the default class), and
-    ``priority(scope)`` pick the class of each request (docs/configuration.md).
+    ``priority(scope)`` pick the class of each request; ``tenant(scope)`` names its
+    tenant for ``ADMISSION_TENANT_MAX_SHARE`` (docs/configuration.md).
     """
 
     def __init__(
@@ -88,6 +89,7 @@ class AdmissionMiddleware:
         watchdog: SessionWatchdog | None = None,
         agent_port: int | None = None,
         priority: Callable[[Scope], str] | None = None,
+        tenant: Callable[[Scope], str | None] | None = None,
     ) -> None:
         self.app = app
         if watchdog is not None and not isinstance(watchdog, SessionWatchdog):
@@ -108,6 +110,11 @@ class AdmissionMiddleware:
             raise ValueError(
                 f"priority must be a callable taking the ASGI scope and returning a priority "
                 f"class's name; got {priority!r}."
+            )
+        if tenant is not None and not callable(tenant):
+            raise ValueError(
+                f"tenant must be a callable taking the ASGI scope and returning the tenant's "
+                f"name or None; got {tenant!r}."
             )
         self._predicate = session_predicate
         # __call__ runs on every request: most are a miss on one dict lookup, and only
@@ -142,6 +149,7 @@ class AdmissionMiddleware:
             observer=observer,
             route_classes=_route_classes(session_routes),
             priority=priority,
+            tenant=tenant,
         )
         #: Where this guard shares its counts (``None``: alone).
         self.shared_dir = service.shared_dir
@@ -194,7 +202,7 @@ class AdmissionMiddleware:
         return self._service.stuck
 
     def session_counts(self) -> tuple[int, int]:
-        """``(active, pending)`` (``SessionCounts``, ``_admission/service.py``)."""
+        """``(active, pending)`` (``SessionCounts``, ``_admission/counts.py``)."""
         return self._service.session_counts()
 
     # -- ASGI ---------------------------------------------------------------------

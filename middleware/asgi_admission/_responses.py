@@ -47,6 +47,7 @@ _TITLES: Final[dict[str, str]] = {
     "probing": "Measuring what a new session costs",
     "queue_timeout": "Not enough memory for a new session",
     "queue_full": "Too many session requests waiting",
+    "tenant_share": "Your share of the sessions is in use",
 }
 _DETAILS: Final[dict[str, str]] = {
     "memory_pressure": (
@@ -75,6 +76,10 @@ _DETAILS: Final[dict[str, str]] = {
     "queue_full": (
         "The service has no room for another session, and as many session requests as it "
         "lets wait are waiting already."
+    ),
+    "tenant_share": (
+        "Others are waiting for a session, and yours already hold your share of the "
+        "service's sessions."
     ),
 }
 _STATIC_HEADERS: Final = (

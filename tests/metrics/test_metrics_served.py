@@ -230,6 +230,6 @@ def test_real_prometheus_scrapes_the_demo(demo: Demo, prometheus: str, tmp_path:
         )
         assert float(admitted[0]["value"][1]) == demo.admitted  # type: ignore[index]
         series = query("count by (kind, outcome, reason) (asgi_admission_decisions_total)")
-        assert len(series) == 18  # every reachable combination (2 kinds x 9), pre-initialised
+        assert len(series) == 20  # every reachable combination (2 kinds x 10), pre-initialised
     finally:
         stop_process_group(process)

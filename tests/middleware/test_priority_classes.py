@@ -19,7 +19,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 from waitkit import Socket, post
 
 from asgi_admission import AdmissionMiddleware
@@ -199,3 +199,87 @@ def test_the_default_class_beside_others_decides_as_the_single_latch() -> None:
 
     assert burst("") == (14, 46)
     assert burst("critical=90,default=80,batch=65") == (14, 46)
+
+
+def tenant_of(scope: Scope) -> str | None:
+    """The tenant is the WebSocket's path segment after ``/terminal/``."""
+    path: str = scope["path"]
+    return path.rsplit("/", 1)[-1] if path.startswith("/terminal/") else None
+
+
+def shared_guard(*, wait_s: str, max_sessions: int) -> AdmissionMiddleware:
+    settings = {
+        "ADMISSION_TENANT_MAX_SHARE": "0.5",
+        "ADMISSION_QUEUE_TIMEOUT_SECONDS": wait_s,
+        "ADMISSION_PROBE_SESSIONS": "0",
+        "ADMISSION_PENDING_TIMEOUT_SECONDS": "1e-9",
+        "ADMISSION_SHARED_DIR": "off",
+    }
+    with environment(settings):
+        return AdmissionMiddleware(
+            app,
+            session_routes=["WS /terminal/*"],
+            controller=controller(SettableReader(used_mb=100), reserve_mb=10),
+            max_sessions=max_sessions,
+            retry_after=5,
+            registry=None,
+            tenant=tenant_of,
+        )
+
+
+def test_a_tenant_at_its_share_lets_the_others_waiting_go_first() -> None:
+    """Share 0.5, a cap of 4: tenant a holds 2, b holds 2; a and then b wait. When one of
+    a's sessions ends, a's waiter would hold 2 of 4, above half of the 3 counted with it
+    gone... so b's waiter, behind it, goes first (a's keeps its place and opens next)."""
+
+    async def scenario() -> list[str]:
+        mw = shared_guard(wait_s="5", max_sessions=4)
+        held = [Socket(mw, path=f"/terminal/{t}") for t in ("a", "a", "b", "c")]
+        for socket in held:
+            await socket.opened.wait()
+        a_waits = Socket(mw, path="/terminal/a")
+        await asyncio.sleep(0.05)
+        b_waits = Socket(mw, path="/terminal/b")
+        await asyncio.sleep(0.05)
+        opened: list[str] = []
+        await held[3].close()  # c's ends: 3 counted, a holds 2 of them, b 1
+        await asyncio.sleep(0.1)
+        opened += [n for n, s in (("a", a_waits), ("b", b_waits)) if s.opened.is_set()]
+        await held[2].close()  # b's first ends: a's waiter now fits its share (3 of 4 counted)
+        await asyncio.sleep(0.1)
+        opened += [
+            n for n, s in (("a", a_waits), ("b", b_waits)) if s.opened.is_set() and n not in opened
+        ]
+        for socket in (held[0], held[1], a_waits, b_waits):
+            if socket.opened.is_set():
+                await socket.close()
+        return opened
+
+    assert asyncio.run(scenario()) == ["b", "a"]
+
+
+def test_without_a_wait_a_tenant_beyond_its_share_is_refused_while_others_are() -> None:
+    """Share 0.5, no wait, a cap of 2: a holds 1 and b 1; a third of a's is refused
+    (session_limit), and then, while requests are being refused, one more of a's after
+    b's ends is refused with ``tenant_share`` (it would hold 2 of 2), not admitted."""
+
+    async def scenario() -> tuple[list[Message], list[Message], bool]:
+        mw = shared_guard(wait_s="0", max_sessions=2)
+        a1, b1 = Socket(mw, path="/terminal/a"), Socket(mw, path="/terminal/b")
+        await a1.opened.wait()
+        await b1.opened.wait()
+        first = Socket(mw, path="/terminal/a")
+        await first.task
+        await b1.close()
+        second = Socket(mw, path="/terminal/a")
+        await second.task
+        c1 = Socket(mw, path="/terminal/c")  # another tenant still fits
+        await asyncio.wait_for(c1.opened.wait(), timeout=1)
+        await a1.close()
+        await c1.close()
+        return first.sent, second.sent, c1.opened.is_set()
+
+    first, second, other = asyncio.run(scenario())
+    assert "reason=session_limit" in first[-1]["reason"]
+    assert "reason=tenant_share" in second[-1]["reason"]
+    assert other

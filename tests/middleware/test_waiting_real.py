@@ -174,3 +174,56 @@ def test_critical_openings_are_admitted_through_a_flood_of_batch_ones(tmp_path: 
         assert batch.count(503) > 0, batch
         assert counts == [0, 0]
         assert oom_kills(group) == 0
+
+
+async def tenants_in_a_loop(base_url: str, seconds: float) -> dict[str, list[int]]:
+    """Tenant a opens sessions (held 1 s) from six loops, b and c from one each, each
+    opening again as soon as it is answered, for ``seconds``: the statuses per tenant."""
+    statuses: dict[str, list[int]] = {"a": [], "b": [], "c": []}
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        end = time.monotonic() + seconds
+
+        async def loop(tenant: str, first: int) -> None:
+            seq = first
+            while time.monotonic() < end:
+                response = await client.post(
+                    "/sessions", params={"seq": seq, "hold": 1.0, "tenant": tenant}
+                )
+                statuses[tenant].append(response.status_code)
+                seq += 100
+
+        loops = [loop("a", i) for i in range(6)] + [loop("b", 6), loop("c", 7)]
+        await asyncio.gather(*loops)
+    return statuses
+
+
+def test_a_tenant_in_a_loop_never_holds_more_than_its_share_while_others_wait(
+    tmp_path: Path,
+) -> None:
+    """Share 0.5, a count cap of 6, a 10 s wait: tenant a opens sessions from six loops
+    beside b and c from one each, for 8 s. Every session of a admitted while others waited
+    (a waiter admitted beside at least one more) left a holding at most half of the
+    counted sessions; b and c were served too, every request admitted, no OOM kill."""
+    with memory_group(LIMIT_MB, "tenants") as group:
+        with served(
+            group,
+            tmp_path,
+            WAIT_S,
+            ADMISSION_TENANT_MAX_SHARE="0.5",
+            ADMISSION_MAX_SESSIONS="6",
+            WAITING_APP_TENANTS="1",
+            ADMISSION_TEST_SESSION_MB="8",
+        ) as server:
+            statuses = asyncio.run(tenants_in_a_loop(server.base_url, 8.0))
+            seen = httpx.get(server.base_url + "/shares").json()
+        contended = [
+            (held, counted)
+            for tenant, held, counted, waiting in seen
+            if tenant == "a" and waiting >= 2
+        ]
+        assert contended, seen
+        assert all(held["a"] <= max(1, 0.5 * counted) for held, counted in contended), contended
+        assert all(set(codes) == {201} for codes in statuses.values()), statuses
+        assert len(statuses["b"]) >= 4, statuses
+        assert len(statuses["c"]) >= 4, statuses
+        assert oom_kills(group) == 0

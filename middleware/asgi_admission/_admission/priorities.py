@@ -1,5 +1,6 @@
-"""Which priority class a session request is of: the ``priority`` callable, its route's
-class, or the default one (docs/configuration.md, "Waiting and priority").
+"""Which priority class a session request is of (the ``priority`` callable, its route's
+class, or the default one) and which tenant (``tenant``), docs/configuration.md,
+"Waiting and priority".
 
 Notes:
 
@@ -17,11 +18,16 @@ Notes:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from starlette.types import Scope
 
+from asgi_admission._admission.ledger.ledger import Reservation
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
+from asgi_admission._admission.scheduling.queue import WaitQueue
+from asgi_admission._admission.scheduling.tenants import TenantShares, TenantSlot
 
 logger = logging.getLogger("asgi_admission")
 
@@ -90,3 +96,75 @@ class Priorities:
                 by_route,
             )
         return by_route
+
+
+class Tenants:
+    """Each session request's tenant (``tenant(scope)``) and the sessions each holds
+    (``TenantShares``): a tenant that raises is none, logged once."""
+
+    __slots__ = ("_logged", "_refusing_until", "_tenant", "shares")
+
+    def __init__(self, *, tenant: Callable[[Scope], str | None], shares: TenantShares) -> None:
+        self._tenant = tenant
+        self.shares = shares
+        self._logged = False
+        # Until then requests are being refused (monotonic seconds).
+        self._refusing_until = 0.0
+
+    def refusing(self, for_s: float) -> None:
+        """A request was refused: requests are being refused for ``for_s`` (the delay a
+        refused client is told to come back after)."""
+        self._refusing_until = time.monotonic() + for_s
+
+    def beyond(
+        self, tenant: str, counted: int, queue: WaitQueue[Any] | None, waiting: bool
+    ) -> bool:
+        """Whether one more session of ``tenant`` is beyond its share of the ``counted``
+        sessions while others wait in ``queue`` (besides a ``waiting`` request itself) or
+        requests are being refused; otherwise the share does not bind."""
+        contended = (queue is not None and queue.total() > int(waiting)) or (
+            time.monotonic() < self._refusing_until
+        )
+        return contended and self.shares.over_share(tenant, counted)
+
+    def of(self, scope: Scope | None) -> str | None:
+        """The tenant of the request of ``scope`` (``None``: none, never over a share)."""
+        if scope is None:
+            return None
+        try:
+            name = self._tenant(scope)
+        except Exception:
+            if not self._logged:
+                self._logged = True
+                logger.exception(
+                    "asgi-admission: the tenant callable failed; such requests have no "
+                    "tenant (no share applies to them). Logged once."
+                )
+            return None
+        return name if isinstance(name, str) else None
+
+    def hold(self, reservation: Reservation, tenant: str) -> Reservation:
+        """``reservation`` counted for ``tenant`` until it is released."""
+        return TenantReservation(reservation, self.shares, self.shares.admitted(tenant))
+
+
+class TenantReservation:
+    """A reservation that counts its tenant's session until it is released (once)."""
+
+    __slots__ = ("_inner", "_released", "_shares", "_slot")
+
+    def __init__(self, inner: Reservation, shares: TenantShares, slot: TenantSlot) -> None:
+        self._inner = inner
+        self._shares = shares
+        self._slot = slot
+        self._released = False
+
+    def activate(self) -> None:
+        self._inner.activate()
+
+    def release(self) -> None:
+        # Counted out before the ledger's release wakes the waiters, so they see it.
+        if not self._released:
+            self._released = True
+            self._shares.released(self._slot)
+        self._inner.release()

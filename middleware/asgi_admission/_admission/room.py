@@ -22,6 +22,7 @@ Notes:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -40,7 +41,14 @@ Refused = tuple[CapacityDecision, int, tuple[int, int]]
 #: The refusals a wait for capacity may turn into an admission: those that sessions
 #: ending, settling or being learned can lift.
 WAITABLE: Final = frozenset(
-    ("memory_pressure", "session_limit", "telemetry_unavailable", "no_memory_limit", "probing")
+    (
+        "memory_pressure",
+        "session_limit",
+        "telemetry_unavailable",
+        "no_memory_limit",
+        "probing",
+        "tenant_share",
+    )
 )
 #: After a waiter's attempt found the shared ledger held by another worker: the next try.
 BUSY_RETRY_S: Final = 0.005
@@ -62,12 +70,14 @@ class Queued:
     refused: Refused
     #: The request's priority class, which it waits in.
     class_name: str = DEFAULT_CLASS
+    #: The request's tenant (``None``: none).
+    tenant: str | None = None
 
 
 async def wait_in_line(
     queue: WaitQueue[AdmissionTicket],
     *,
-    decide: Callable[[], AdmissionTicket | Refused],
+    decide: Callable[[], object],
     give_back: Callable[[AdmissionTicket], None],
     queued: Queued,
     listening: ClientListener | None,
@@ -90,8 +100,10 @@ async def wait_in_line(
             return Verdict.FULL
         if isinstance(outcome, AdmissionTicket):
             return outcome
+        assert isinstance(outcome, tuple)  # a waiter's decision is never held nor queued
         last[0] = outcome
-        return Verdict.FULL
+        # Its tenant holds its share: it keeps its place, and those behind are tried.
+        return Verdict.DEFERRED if outcome[0].reason == "tenant_share" else Verdict.FULL
 
     class_name = queued.class_name
     if freed is not None:
@@ -106,6 +118,16 @@ async def wait_in_line(
         if watcher is not None:
             watcher.left(class_name)
     return waited, last[0]
+
+
+def ran_out(outcome: str, last: Refused) -> tuple[CapacityDecision, tuple[int, int]]:
+    """The refusal of a wait that ended without an admission (``timeout`` or ``full``),
+    from the ``last`` refusal it was answered, and the counts it was decided with."""
+    decision, _, counts = last
+    reason: Reason = "queue_full" if outcome == "full" else "queue_timeout"
+    if decision.reason == "tenant_share":
+        reason = "tenant_share"  # it waited for its tenant's share, not for room
+    return dataclasses.replace(decision, reason=reason, transition=None), counts
 
 
 class FreedWatch:

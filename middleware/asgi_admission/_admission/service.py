@@ -38,12 +38,12 @@ import time
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from asgi_admission._admission.counts import SessionCounts
 from asgi_admission._admission.decision.classes import ClassCeilings
 from asgi_admission._admission.decision.decision_log import DecisionLog
 from asgi_admission._admission.decision.latch import (
     AdmissionController,
     CapacityDecision,
-    Reason,
     is_blind,
 )
 from asgi_admission._admission.decision.observer import DecisionObserver, Kind
@@ -53,7 +53,7 @@ from asgi_admission._admission.decision.stuck_watch import StuckWatch, build_wat
 from asgi_admission._admission.inputs import AppCount, SafeReader
 from asgi_admission._admission.ledger.ledger import LedgerBusy, SessionLedger, when_free
 from asgi_admission._admission.ledger.shared_place import AloneCheck
-from asgi_admission._admission.priorities import Priorities
+from asgi_admission._admission.priorities import Priorities, Tenants
 from asgi_admission._admission.reservations.holds import Hold, HoldRegistry
 from asgi_admission._admission.reservations.keeper import ReservationKeeper
 from asgi_admission._admission.reservations.learning import RouteEstimate
@@ -68,6 +68,7 @@ from asgi_admission._admission.room import (
     Refused,
     WaitWatcher,
     behind_others,
+    ran_out,
     wait_in_line,
 )
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
@@ -81,27 +82,6 @@ logger = logging.getLogger("asgi_admission")
 #: What a decision comes to: a ticket, a refusal, a hold for a probe's evidence, or a
 #: place in the wait queue.
 Outcome = AdmissionTicket | Refused | Hold | Queued
-
-
-class SessionCounts:
-    """``(active, pending)`` sessions, waiting for the ledger's lock; active comes from
-    the app's own count when it gives one (less those still pending past their response).
-
-    With a shared ledger held by another worker this waits at most ``LOCK_WAIT_S``
-    and then raises ``LedgerBusy`` (a scrape reports no counts).
-    """
-
-    __slots__ = ("_keeper", "_ledger", "_locked")
-
-    def __init__(self, ledger: SessionLedger, keeper: ReservationKeeper) -> None:
-        self._ledger = ledger
-        self._keeper = keeper
-        self._locked = ledger.locked()
-
-    def __call__(self) -> tuple[int, int]:
-        own = self._keeper.own_count()
-        with self._locked:
-            return self._ledger.counts(own)
 
 
 class AdmissionService:
@@ -135,6 +115,7 @@ class AdmissionService:
         freed: FreedWatch | None = None,
         ceilings: ClassCeilings | None = None,
         priorities: Priorities | None = None,
+        tenants: Tenants | None = None,
     ) -> None:
         self._config = config
         self._controller = controller
@@ -164,6 +145,8 @@ class AdmissionService:
         #: watermark, decided by the controller (the same answers, and cheaper).
         self.ceilings = ceilings
         self._priorities = priorities
+        #: Who holds how many sessions, for the fair share (``None``: no share applies).
+        self.tenants = tenants
         self._queue_watcher = queue_watcher
         self._freed = freed
 
@@ -219,6 +202,7 @@ class AdmissionService:
         expired: bool = False,
         waiting: bool = False,
         klass: str | None = None,
+        tenant: str | None = None,
     ) -> Outcome:
         """Read, decide and (when admitted) reserve, atomically; no awaits here.
 
@@ -229,7 +213,8 @@ class AdmissionService:
         With the wait queue on, :class:`Queued` where it could wait instead of being
         refused, or others of its class or a higher one wait already (``waiting``: an
         attempt of a request in the queue, answered its refusal, told to the observer as
-        a check). ``klass``: the request's priority class (``None``: its own, found here).
+        a check). ``klass``: the request's priority class and ``tenant`` its tenant (``klass``
+        ``None``: both its own, found here).
         ``scope`` names the session's route. ``LedgerBusy`` when the shared ledger
         is held by another worker right now (:meth:`admit_later` retries).
         """
@@ -244,17 +229,27 @@ class AdmissionService:
         count = self._app_count() if self._counts_app else None
         own = keeper.reconcile(count)
         route = keeper.route(scope)
+        tenants = self.tenants
         if klass is None:
             klass = DEFAULT_CLASS if self._priorities is None else self._priorities.of(scope, route)
+            tenant = None if tenants is None else tenants.of(scope)
         # Others wait for capacity: deciding this one now would let it jump the line.
         if queue is not None and not waiting and queue.total() and queue.ahead(klass):
-            return Queued(behind_others(self._controller.pressure_state), klass)
+            return Queued(behind_others(self._controller.pressure_state), klass, tenant)
         probing = keeper.probing and route not in keeper.known()
         ceilings = self.ceilings
         with self._attempt:
             current, pending = ledger.counts(own)
             gate: Gate = "known"
-            if probing:
+            if (
+                tenant is not None
+                and tenants is not None
+                and tenants.beyond(tenant, current + pending, queue, waiting)
+            ):
+                decision = CapacityDecision(
+                    False, self._controller.pressure_state, UNAVAILABLE, "tenant_share"
+                )
+            elif probing:
                 decision, gate = self._probe_decision(route, current, pending, expired, klass)
             elif ceilings is None:
                 decision = self._controller.assess(
@@ -270,8 +265,11 @@ class AdmissionService:
                 deadline = time.monotonic() + self._config.probe_wait_s
                 held = self._holds.hold(route, deadline, hold)
             elif decision.allowed:
+                reservation = ledger.reserve()
+                if tenant is not None and tenants is not None:
+                    reservation = tenants.hold(reservation, tenant)
                 entry = keeper.admitted(
-                    ledger.reserve(),
+                    reservation,
                     kind,
                     scope,
                     memory.used_bytes,
@@ -280,6 +278,9 @@ class AdmissionService:
                     probe=gate == "probe",
                 )
             elif queue is None or decision.reason not in WAITABLE:
+                # Refused, not waiting: for the fair share, requests are being refused.
+                if tenants is not None and decision.reason != "tenant_share":
+                    tenants.refusing(self._retry_after.base_s)
                 retry_after_s = self._retry_delay(decision, route)
             # A fast-path decision reads a bound (usage with its cache), never
             # used for settling: a look at the exact working set is due instead.
@@ -302,7 +303,7 @@ class AdmissionService:
         if entry is not None:
             return AdmissionTicket(keeper, entry)
         if queued and not waiting:
-            return Queued((decision, retry_after_s, (current, pending)), klass)
+            return Queued((decision, retry_after_s, (current, pending)), klass, tenant)
         return decision, retry_after_s, (current, pending)
 
     async def admit_later(
@@ -354,11 +355,10 @@ class AdmissionService:
         queue = self.wait_queue
         assert queue is not None
 
-        def decide() -> AdmissionTicket | Refused:
+        def decide() -> Outcome:
             # A probe's wait is over for a request in the queue: it waits here instead.
-            outcome = self.admit(kind, scope, expired=True, waiting=True, klass=queued.class_name)
-            assert isinstance(outcome, (AdmissionTicket, tuple))  # never held nor queued
-            return outcome
+            klass, tenant = queued.class_name, queued.tenant
+            return self.admit(kind, scope, expired=True, waiting=True, klass=klass, tenant=tenant)
 
         waited, last = await wait_in_line(
             queue,
@@ -370,14 +370,11 @@ class AdmissionService:
             watcher=self._queue_watcher,
             freed=self._freed,
         )
-        if waited.outcome == "admitted":
-            assert waited.admission is not None
-            return waited.admission
-        if waited.outcome == "cancelled":
-            return None  # the client left: it holds nothing
-        decision, _, counts = last
-        reason: Reason = "queue_full" if waited.outcome == "full" else "queue_timeout"
-        refused = dataclasses.replace(decision, reason=reason, transition=None)
+        if waited.outcome in ("admitted", "cancelled"):
+            return waited.admission  # ``None``: the client left, and it holds nothing
+        refused, counts = ran_out(waited.outcome, last)
+        if self.tenants is not None and refused.reason != "tenant_share":
+            self.tenants.refusing(self._retry_after.base_s)
         if self._observer is not None:
             self._observer.on_decision(kind, refused, waited.waited_s)
         return refused, self._retry_delay(refused, ""), counts

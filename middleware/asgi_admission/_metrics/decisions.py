@@ -47,6 +47,7 @@ OUTCOMES: Final = (
     (False, "probing", "rejected", "probing"),
     (False, "queue_timeout", "rejected", "queue_timeout"),
     (False, "queue_full", "rejected", "queue_full"),
+    (False, "tenant_share", "rejected", "tenant_share"),
 )
 
 

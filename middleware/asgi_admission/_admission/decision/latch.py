@@ -42,9 +42,10 @@ from asgi_admission._memory.cgroup import read_cgroup_memory
 from asgi_admission._memory.reading import MemoryReader, MemoryReading, draft_class
 
 State = Literal["normal", "pressured", "unavailable"]
-#: ``ledger_busy``, ``probing``, ``queue_timeout`` and ``queue_full`` are the middleware's
-#: own: the shared ledger could not be had in time, a request's wait for a probe's evidence
-#: ran out, its wait for capacity ran out, or too many waited already to wait at all.
+#: ``ledger_busy``, ``probing``, ``queue_timeout``, ``queue_full`` and ``tenant_share`` are
+#: the middleware's own: the shared ledger could not be had in time, a request's wait for a
+#: probe's evidence ran out, its wait for capacity ran out, too many waited already to wait
+#: at all, or its tenant holds its share while others wait or are refused.
 Reason = Literal[
     "memory_pressure",
     "session_limit",
@@ -54,6 +55,7 @@ Reason = Literal[
     "probing",
     "queue_timeout",
     "queue_full",
+    "tenant_share",
 ]
 
 

@@ -186,8 +186,7 @@ def test_two_workers_share_the_settling_queue_and_what_they_learned(tmp_path: Pa
         first.keeper.sample()
     learned = json.loads((Path(shared) / "asgi-admission.learned").read_text())
     assert "POST /sessions" in learned["routes"]
-    second.keeper._next_refresh = 0.0
-    second.keeper.sample()
+    second.keeper.sharing.refresh(time.monotonic(), urgent=True)
     assert second.keeper.estimates() == first.keeper.estimates()
     learned = first.controller.reserve_for(reader.limit)
     assert second.controller.reserve_for(reader.limit) == learned > 10 * MIB

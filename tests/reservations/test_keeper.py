@@ -288,7 +288,7 @@ def test_what_was_learned_survives_the_shared_directory_being_deleted(
     keeper.observe_peak("POST /s", 310 * MIB)
     assert [e.observations for e in keeper.estimates()] == [2]
     (shared / "asgi-admission.learned").unlink()
-    keeper._refresh_shared()
+    keeper.sharing.refresh(0.0, urgent=True)
     fresh, _ = make(Memory(100), learning="raise", shared_dir=str(shared))
     assert fresh.estimates() == keeper.estimates()
     assert "Traceback" not in caplog.text

@@ -18,7 +18,7 @@ from asgi_admission._admission.reservations.learning import (
     empty_observations,
     percentile,
 )
-from asgi_admission._admission.reservations.session_windows import HORIZON_S
+from asgi_admission._admission.reservations.window_records import HORIZON_S
 from suitekit import MIB
 
 #: Internal on purpose: the session learner, on synthetic readings.

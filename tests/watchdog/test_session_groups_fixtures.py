@@ -217,7 +217,7 @@ def test_watchdog_reports_a_kill_in_the_group_as_memory_limit_with_the_exact_pea
     peaks: list[SessionPeak] = []
     watchdog.on_session_peak = peaks.append
     learned: list[tuple[str, int, bool]] = []
-    watchdog.on_peak = lambda route, peak, exact=False: learned.append((route, peak, exact))
+    watchdog.learn_peaks_with(lambda route, peak, exact=False: learned.append((route, peak, exact)))
     assert registry.get_sample_value("asgi_admission_session_groups_enabled") == 1.0
     group = watchdog.session_group(session_id="p1", budget_bytes=64 * MIB)
     assert group is not None

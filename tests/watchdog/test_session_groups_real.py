@@ -307,7 +307,9 @@ def test_a_real_groups_exact_peak_is_the_sessions_figure(tmp_path: Path) -> None
         peaks: list[SessionPeak] = []
         learned: list[tuple[str, int, bool]] = []
         watchdog.on_session_peak = peaks.append
-        watchdog.on_peak = lambda route, peak, exact=False: learned.append((route, peak, exact))
+        watchdog.learn_peaks_with(
+            lambda route, peak, exact=False: learned.append((route, peak, exact))
+        )
         group = watchdog.session_group(session_id="p1", budget_bytes=BUDGET_MB * MIB)
         assert group is not None
         code = "import time; b = bytearray(40 << 20); b[::4096] = b'1' * (10 << 10); time.sleep(1)"

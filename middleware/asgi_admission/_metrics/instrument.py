@@ -79,7 +79,7 @@ def instrument(
     ``registry=None`` exports nothing: no observer (``None``) unless one is given.
     An explicit ``observer`` is told of every decision as well as the metrics (after
     them), so passing one never switches metrics off. In multiprocess mode the
-    ledger's ``on_change`` republishes the ``livesum`` session gauge (``counts()``)
+    ledger tells of its changes to republish the ``livesum`` session gauge (``counts()``)
     after every activation and release. What the guard shows at scrape time is
     added once it exists (:func:`describe`).
     """
@@ -90,7 +90,7 @@ def instrument(
         if metrics.live_sessions:
             live = _LiveSessions(metrics, counts)
             chosen = live
-            ledger.on_change = live.publish
+            ledger.tell_changes(live.publish)
     if observer is not None:
         chosen = observer if chosen is None else _Both(chosen, observer)
     return chosen

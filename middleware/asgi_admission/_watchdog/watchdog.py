@@ -126,7 +126,7 @@ class SessionWatchdog:
         self.memory_reader = memory_reader
         self.critical_watermark_percent = float(critical_watermark_percent)
         self.interval_s = float(interval_s)
-        self.on_peak: PeakHook | None = None  # the guard learns the peaks
+        self._on_peak: PeakHook | None = None  # the guard learns the peaks
         #: Told each session's peak once, when it ends, with where the figure came from.
         self.on_session_peak: Callable[[SessionPeak], None] | None = None
         self._metrics = watchdog_metrics(registry)
@@ -152,6 +152,17 @@ class SessionWatchdog:
         self._lock = threading.Lock()
         self._task: asyncio.Task[None] | None = None
         self._warned_not_running = False
+
+    def learn_peaks_with(self, hook: PeakHook) -> None:
+        """Tell ``hook`` each watched session's peak once it ends, with its route (the
+        guard this watchdog runs under learns from them: ``AdmissionMiddleware`` calls
+        this with its keeper's ``observe_peak``)."""
+        self._on_peak = hook
+
+    @property
+    def on_peak(self) -> PeakHook | None:
+        """Who is told the sessions' peaks (:meth:`learn_peaks_with`), if anyone."""
+        return self._on_peak
 
     @classmethod
     def from_env(
@@ -291,8 +302,8 @@ class SessionWatchdog:
             return
         session._observed = True
         self._metrics.session_memory.observe(peak)
-        if self.on_peak is not None and session.route is not None:
-            self.on_peak(session.route, peak, exact=exact is not None)
+        if self._on_peak is not None and session.route is not None:
+            self._on_peak(session.route, peak, exact=exact is not None)
         if self.on_session_peak is not None:
             self.on_session_peak(
                 SessionPeak(

@@ -86,9 +86,11 @@ class SessionLedger(Protocol):
         """A new pending reservation; call inside ``locked()``."""
         ...
 
-    #: Called after any of this process's reservations is activated or released,
-    #: outside the critical section (the multiprocess metrics republish the counts).
-    on_change: Callable[[], None] | None
+    def tell_changes(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` after any of this process's reservations is activated or
+        released, outside the critical section (the multiprocess metrics republish the
+        counts)."""
+        ...
 
 
 class _InProcessReservation:
@@ -106,8 +108,8 @@ class _InProcessReservation:
             self._state = ACTIVE
             ledger._pending -= 1
             ledger._active += 1
-        if ledger.on_change is not None:
-            ledger.on_change()
+        if ledger._on_change is not None:
+            ledger._on_change()
 
     def release(self) -> None:
         if self._state == RELEASED:
@@ -123,8 +125,8 @@ class _InProcessReservation:
             else:
                 return
             self._state = RELEASED
-        if ledger.on_change is not None:
-            ledger.on_change()
+        if ledger._on_change is not None:
+            ledger._on_change()
 
 
 class InProcessLedger:
@@ -135,14 +137,17 @@ class InProcessLedger:
     another thread may share the middleware.
     """
 
-    __slots__ = ("_active", "_lock", "_pending", "on_change")
+    __slots__ = ("_active", "_lock", "_on_change", "_pending")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active = 0
         self._pending = 0
         #: Called after a reservation's activation or release, outside the lock.
-        self.on_change: Callable[[], None] | None = None
+        self._on_change: Callable[[], None] | None = None
+
+    def tell_changes(self, callback: Callable[[], None]) -> None:
+        self._on_change = callback
 
     def locked(self) -> threading.Lock:
         return self._lock

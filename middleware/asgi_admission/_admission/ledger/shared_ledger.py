@@ -80,8 +80,8 @@ class _SharedReservation:
             ledger._dirty = True
         if ledger._flush_thread != _thread_id():
             ledger._changed()
-        if ledger.on_change is not None:
-            ledger.on_change()
+        if ledger._on_change is not None:
+            ledger._on_change()
 
     def release(self) -> None:
         if self._state == RELEASED:
@@ -106,8 +106,8 @@ class _SharedReservation:
             ledger._dirty = True
         if ledger._flush_thread != _thread_id():
             ledger._changed()
-        if ledger.on_change is not None:
-            ledger.on_change()
+        if ledger._on_change is not None:
+            ledger._on_change()
 
 
 class SharedLedger(LockedLedgerFile):
@@ -119,7 +119,7 @@ class SharedLedger(LockedLedgerFile):
     ``ADMISSION_SHARED_DIR``); the directory should be memory-backed and local.
     """
 
-    __slots__ = ("__weakref__", "_mem", "on_change")
+    __slots__ = ("__weakref__", "_mem", "_on_change")
 
     def __init__(
         self, directory: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY
@@ -129,7 +129,7 @@ class SharedLedger(LockedLedgerFile):
         # take it from any thread without waiting for the critical section.
         self._mem = threading.Lock()
         #: Called after a reservation's activation or release, outside the lock.
-        self.on_change: Callable[[], None] | None = None
+        self._on_change: Callable[[], None] | None = None
         # Open (and create or check the file) now, so that a bad directory fails at
         # startup; the slot is claimed by the first decision, in the serving process.
         # A worker stuck in its section for the whole wait leaves it to that decision.
@@ -139,6 +139,9 @@ class SharedLedger(LockedLedgerFile):
         os.register_at_fork(after_in_child=lambda: _forked(ref))
 
     # -- SessionLedger -------------------------------------------------------------
+
+    def tell_changes(self, callback: Callable[[], None]) -> None:
+        self._on_change = callback
 
     def counts(self, own_active: int | None = None) -> tuple[int, int]:
         """``(active, pending)`` of every live worker; call inside ``locked()``.

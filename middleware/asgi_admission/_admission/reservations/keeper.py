@@ -26,8 +26,9 @@ Notes:
   being learned, and the active count (for the rate of session ends) every
   time: a few microseconds, four times a second, on the event loop like any
   decision. It never blocks on anything slower than the ledger's lock.
-- The reserve the latch uses is set here, from the configured reserve and
-  what was learned (``learned_view.py``), whenever an observation arrives.
+- The reserve the latch uses is set from the configured reserve and what was
+  learned (``learned_view.py``) whenever an observation arrives, and what was
+  learned is shared with the other workers (``learned_sharing.py``).
 - While a route has no learned footprint its sessions are probed
   (``probing.py``): the keeper tells the board of the probes' events and
   readings, and wakes the requests held for the probes' evidence (``holds.py``).
@@ -51,8 +52,9 @@ from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
 from asgi_admission._admission.reservations.actions import KeptEvents
 from asgi_admission._admission.reservations.freed import Mark
 from asgi_admission._admission.reservations.holds import HoldRegistry
+from asgi_admission._admission.reservations.learned_sharing import LearnedSharing
 from asgi_admission._admission.reservations.learned_view import LearnedView
-from asgi_admission._admission.reservations.learning import WINDOW, RouteEstimate, SessionLearner
+from asgi_admission._admission.reservations.learning import RouteEstimate, SessionLearner
 from asgi_admission._admission.reservations.probe_store import ProbeStore
 from asgi_admission._admission.reservations.probe_window import ProbeStatus
 from asgi_admission._admission.reservations.probing import Gate, ProbeBoard
@@ -60,7 +62,7 @@ from asgi_admission._admission.reservations.session_ends import SessionEnds
 from asgi_admission._admission.reservations.settle_queue import LocalSettleQueue, SettleQueue
 from asgi_admission._admission.reservations.settlement import Action, Kind, Settlement, apply
 from asgi_admission._admission.reservations.settling import Settler
-from asgi_admission._admission.reservations.shared_files import LearnedStore, SharedSettleQueue
+from asgi_admission._admission.reservations.shared_files import SharedSettleQueue
 from asgi_admission._admission.reservations.shared_probes import SharedProbeStore
 from asgi_admission._config import Learning
 from asgi_admission._memory.reading import MemoryReading
@@ -69,8 +71,6 @@ from asgi_admission._routes import RouteNames
 logger = logging.getLogger("asgi_admission")
 
 SAMPLE_INTERVAL_S: Final = 0.25
-#: How often a worker takes in what the other workers learned.
-SHARED_REFRESH_S: Final = 2.0
 #: Why a session request opened nothing: the app answered with an error status, or
 #: its body had not arrived by ``ADMISSION_BODY_TIMEOUT_SECONDS``.
 FailureCause = Literal["error_status", "body_timeout"]
@@ -118,7 +118,6 @@ class ReservationKeeper:
         self.route = RouteNames(route_of)
         self.learning: Learning = learning
         self.min_reserve_bytes = min_reserve_bytes
-        self._on_reserve = on_reserve
         self._clock = clock
         #: Held tickets never started that the timeout released, in this process.
         self.expired_total = 0
@@ -131,13 +130,9 @@ class ReservationKeeper:
         #: The limit of the last admission, and the reading of the last sample.
         self._limit: int | None = None
         self._sample_mark: Mark | None = None
-        self._store: LearnedStore | None = None
         queue: SettleQueue = LocalSettleQueue()
         if shared_dir is not None:
             queue = SharedSettleQueue(shared_dir, may_follow=ledger_is_current)
-            if learning != "off":
-                self._store = LearnedStore(shared_dir, window=WINDOW)
-                self.learner.merge(self._store.load())
         self._queue = queue
         #: Whether routes not learned yet are probed (``probing.py``).
         self.probing = probe_sessions > 0 and learning != "off"
@@ -169,10 +164,17 @@ class ReservationKeeper:
             footprint_bytes=self.view.footprint_bytes,
             on_expired=self._expired,
         )
-        self._next_refresh = 0.0
         self._next_look = 0.0
-        self._learned_version = (-1, -1)
-        self._update_reserve()
+        self.sharing = LearnedSharing(
+            learner=self.learner,
+            board=self.board,
+            view=self.view,
+            controller=controller,
+            shared_dir=shared_dir if learning != "off" else None,
+            probing=self.probing,
+            on_reserve=on_reserve,
+            clock=clock,
+        )
         ref = weakref.ref(self)
         # The latch counts the pending sessions by what they still add (held_bytes),
         # through a weak reference: a guard that is gone is not kept by its controller.
@@ -269,7 +271,7 @@ class ReservationKeeper:
         now = self._clock()
         if used_bytes is not None and self.board.busy:
             self.board.on_reading(used_bytes, now, self.learner)
-            self._publish_learned()
+            self.sharing.publish()
         if route in self.known():
             return "known"
         return self.board.gate(route, now)
@@ -426,7 +428,7 @@ class ReservationKeeper:
 
         def step() -> Sequence[Action]:
             self.learner.observe(route, footprint_bytes=peak_bytes, exact=exact)
-            self._publish_learned()
+            self.sharing.publish()
             return ()
 
         self._kept.now_or_later(step, self._attempt)
@@ -488,10 +490,8 @@ class ReservationKeeper:
                 actions += self.settler.settle(None, now)
         self._sample_mark = self.settler.mark
         # While requests wait for another worker's probe, what it learned is looked
-        # for at every sample rather than every SHARED_REFRESH_S.
-        if self._store is not None and (now >= self._next_refresh or (probing and self.holds)):
-            self._next_refresh = now + SHARED_REFRESH_S
-            self._refresh_shared()
+        # for at every sample.
+        self.sharing.refresh(now, urgent=probing and bool(self.holds))
         if self.holds:
             # Requests that may go on now: their route is known, or (another worker's
             # probe having left or concluded) a probe's slot is free.
@@ -512,43 +512,8 @@ class ReservationKeeper:
             self.learner.on_reading(used_bytes, now, others=self._queue.others)
             if busy:
                 self.board.on_reading(used_bytes, now, self.learner)
-            self._publish_learned()
+            self.sharing.publish()
         return self.settler.settle(used_bytes, now)
-
-    def _publish_learned(self) -> None:
-        """After new observations: share them (with a shared directory), update the reserve."""
-        if (self.learner.version, self.board.version) == self._learned_version:
-            return
-        new = self.learner.take_new()
-        if self._store is not None and new:
-            merged = self._store.add(new, known=self.learner.observations())
-            if merged is not None:  # None: the file is unusable for now (logged once)
-                self.learner.merge(merged)
-        self._update_reserve()
-
-    def _refresh_shared(self) -> None:
-        assert self._store is not None
-        loaded = self._store.refresh()
-        if loaded is not None and self._store.moved:
-            # Another file than last time (deleted and made again, or replaced): this
-            # worker adds what it knows that the file lacks, before taking it in.
-            loaded = self._store.add({}, known=self.learner.observations())
-        if loaded is None:
-            return  # unusable for now (logged once): this worker keeps what it learned
-        self.learner.merge(loaded)
-        if (self.learner.version, self.board.version) != self._learned_version:
-            self._update_reserve()
-
-    def _update_reserve(self) -> None:
-        """Hand the controller what was learned: it raises or replaces the reserve; the
-        probes of routes learned now are over."""
-        if self.probing:
-            self.board.learned(self.board.watched() & self.learner.routes(), self._clock())
-        self._learned_version = (self.learner.version, self.board.version)
-        self.view.forget()
-        learned, controller = self.view.reserve_bytes(), self._controller
-        if controller.learned(learned, replaces=self.view.mode == "adapt") and learned is not None:
-            self._on_reserve(learned, controller.reserve_bytes)
 
     def _after_fork(self) -> None:
         self.settler.after_fork()

@@ -32,10 +32,10 @@ from typing import Final, Literal, TypedDict
 
 from asgi_admission._admission.reservations.attribution import Fit, Overlap, Window, attributed, fit
 from asgi_admission._admission.reservations.ramp_profile import RampProfiles
-from asgi_admission._admission.reservations.session_windows import (
+from asgi_admission._admission.reservations.session_windows import GrowthWindows
+from asgi_admission._admission.reservations.window_records import (
     HORIZON_S,
     ClosedWindow,
-    GrowthWindows,
     window_length,
 )
 from asgi_admission._config import Learning

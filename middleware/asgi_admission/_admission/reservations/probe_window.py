@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from asgi_admission._admission.reservations.session_windows import QUIET_S
 from asgi_admission._admission.reservations.settling import VISIBLE_FRACTION
+from asgi_admission._admission.reservations.window_records import QUIET_S
 
 #: How long after the probes' responses memory already visible must stay without a
 #: new peak before it counts as all there: one periodic sample.

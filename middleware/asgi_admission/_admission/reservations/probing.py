@@ -12,7 +12,7 @@ Notes:
 - A *window* follows a route's probes from the first one's admission, at the exact
   working set then (its *base*), through its peak. It concludes once every probe
   has answered and the working set has made no new peak for a quiet spell (as
-  long as the learner's, ``session_windows.QUIET_S`` or half the ramp so far), or, for
+  long as the learner's, ``window_records.QUIET_S`` or half the ramp so far), or, for
   memory built inside the request, once a look a sample interval after the
   probes' responses finds it all there (their growth reached 90 % of the guessed
   reserve at the response) and still no new peak.
@@ -50,8 +50,8 @@ from asgi_admission._admission.reservations.probe_window import (
     ProbeWindow,
     describe,
 )
-from asgi_admission._admission.reservations.session_windows import HORIZON_S
 from asgi_admission._admission.reservations.settling import VISIBLE_FRACTION
+from asgi_admission._admission.reservations.window_records import HORIZON_S
 
 #: At most this many routes are probed at once; others are decided on their reserve.
 MAX_WINDOWS: Final = 64

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from asgi_admission._admission.reservations.session_windows import ramp_share
+from asgi_admission._admission.reservations.window_records import ramp_share
 
 #: Ramp lengths tried, in seconds (the 90 % point of a linear ramp is 0.9 of its length).
 CANDIDATES: Final = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)

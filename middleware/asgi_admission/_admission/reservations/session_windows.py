@@ -41,143 +41,28 @@ Notes:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Final
 
 from asgi_admission._admission.reservations.attribution import DRIFT_BYTES_PER_S, Overlap
-
-#: A step that fell by more than this freed memory (its growth is carried on instead).
-FREE_STEP_BYTES: Final = 2 * 1024 * 1024
-#: Readings further apart than this make no step: windows open across the gap are dropped.
-MAX_STEP_S: Final = 1.0
-#: The longest window (memory arriving later than this is not counted as the session's).
-HORIZON_S: Final = 8.0
-#: A window closes once its session's growth has made no new peak for this long.
-QUIET_S: Final = 1.0
-#: A route with a learned ramp is watched for this many ramps, and ``RAMP_PAD_S`` more.
-RAMP_WINDOWS: Final = 1.5
-RAMP_PAD_S: Final = 0.5
-#: The shortest window of a route with a learned ramp: sessions that build their memory
-#: inside the request are watched only a little past their response, so that what other
-#: sessions add meanwhile is not taken for theirs.
-MIN_WINDOW_S: Final = 0.3
-#: How much shorter and longer than learned other sessions' ramps are taken to be at
-#: most, for what is taken away from a session's growth.
-RAMP_SPREAD: Final = (0.5, 1.5)
-MAX_OPEN: Final = 256
-MAX_RECENT: Final = 1024
-#: A new peak must beat the last by this much, or by ``_PEAK_SHARE`` of it: memory
-#: drifting up for other reasons must not keep a finished session's window open.
-_PEAK_STEP: Final = 1024 * 1024
-_PEAK_SHARE: Final = 0.05
-
-#: What a route's session is expected to add and over how long: ``(bytes, ramp length
-#: in seconds)``, bytes 0 while its footprint is not known.
-Expected = Callable[[str], tuple[float, float]]
-#: How long a route's sessions are watched, ``None`` while its ramp is not learned.
-Lengths = Callable[[str], float | None]
-
-
-@dataclass(frozen=True, slots=True)
-class ClosedWindow:
-    """One admitted session's window: the growth over it and the other sessions in it."""
-
-    route: str
-    growth: float
-    seconds: float
-    #: Seconds from admission until the session's own growth reached 90 % of its peak,
-    #: where no other session ramped in the window before it had (else ``None``).
-    ramp_s: float | None
-    #: The other sessions in it, per route.
-    overlaps: tuple[Overlap, ...]
-    #: Every route in ``overlaps`` had a learned ramp (else its share is a lower bound).
-    exact: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One step of the growth series."""
-
-    growth: float
-    start: float
-    end: float
-
-
-@dataclass(frozen=True, slots=True)
-class Freed:
-    """Memory freed in one step in which sessions of one route were reported ended."""
-
-    route: str
-    bytes_per_session: float
-
-
-def ramp_share(ramp_s: float, age_s: float) -> float:
-    """The share of a session's memory there ``age_s`` after its admission (linear ramp)."""
-    if age_s <= 0:
-        return 0.0
-    if ramp_s <= 0 or age_s >= ramp_s:
-        return 1.0
-    return age_s / ramp_s
-
-
-class _Admission:
-    __slots__ = ("at", "ended", "responded", "route", "seen", "seen_until")
-
-    def __init__(self, route: str, at: float, responded: float | None) -> None:
-        self.route = route
-        self.at = at
-        #: When its response ended or its WebSocket was accepted (``None``: not yet).
-        self.responded = responded
-        #: When it was reported ended (its ramp stops there), or ``None``.
-        self.ended: float | None = None
-        #: What its window saw it add while no other session ramped, and until when.
-        self.seen = 0.0
-        self.seen_until: float | None = None
-
-    def share(self, ramp_s: float, when: float) -> float:
-        until = when if self.ended is None else min(when, self.ended)
-        return ramp_share(ramp_s, until - self.at)
-
-
-class _Window:
-    __slots__ = (
-        "admission",
-        "alone",
-        "base",
-        "clean",
-        "crowded",
-        "own_ramp",
-        "pauses",
-        "peak",
-        "peak_at",
-        "peaks",
-        "quiet",
-        "start",
-    )
-
-    def __init__(self, admission: _Admission, start: float, base: float) -> None:
-        self.admission = admission
-        self.start = start
-        self.base = base
-        self.clean = True
-        #: Another worker's session may have ramped in it (see the module notes).
-        self.crowded = False
-        #: No other session has ramped in it (yet), and its ramp if it had ended before.
-        self.alone = True
-        self.own_ramp: float | None = None
-        #: Readings since its last new peak, and the most there were between two.
-        self.quiet = 0
-        self.pauses = 0
-        self.peak = 0.0
-        self.peak_at = admission.at
-        self.peaks: list[tuple[float, float]] = []
-
-    def ramp_s(self) -> float:
-        """Seconds from admission until the growth first reached 90 % of its peak."""
-        reached = 0.9 * self.peak
-        at = next((t for t, grown in self.peaks if grown >= reached), self.peak_at)
-        return max(0.0, at - self.admission.at)
+from asgi_admission._admission.reservations.window_records import (
+    FREE_STEP_BYTES,
+    HORIZON_S,
+    MAX_OPEN,
+    MAX_RECENT,
+    MAX_STEP_S,
+    PEAK_SHARE,
+    PEAK_STEP,
+    QUIET_S,
+    RAMP_SPREAD,
+    Admission,
+    ClosedWindow,
+    Expected,
+    Freed,
+    Lengths,
+    OpenWindow,
+    Step,
+    quick,
+    share_between,
+)
 
 
 class GrowthWindows:
@@ -201,8 +86,8 @@ class GrowthWindows:
         self._growth = 0.0
         #: The last two steps that freed nothing (a step that did carries the larger on).
         self._last_rises = (0.0, 0.0)
-        self._open: list[_Window] = []
-        self._recent: deque[_Admission] = deque()
+        self._open: list[OpenWindow] = []
+        self._recent: deque[Admission] = deque()
         #: Session ends reported since the last reading: route and weight.
         self._ended: list[tuple[str, float]] = []
         #: Until when another worker's session may still be ramping, and whether one
@@ -232,12 +117,12 @@ class GrowthWindows:
             # above the working set only shows as a drop at the next exact reading.
             self._restart(used_bytes, now)
             last = self._last
-        admission = _Admission(route, now, now if responded else None)
+        admission = Admission(route, now, now if responded else None)
         if len(self._recent) < MAX_RECENT:
             self._recent.append(admission)
         if last is None or len(self._open) >= MAX_OPEN or now - last[1] > MAX_STEP_S:
             return
-        self._open.append(_Window(admission, last[1], self._growth))
+        self._open.append(OpenWindow(admission, last[1], self._growth))
 
     def others(self, admitted: tuple[float, ...], now: float, ramp_s: float) -> None:
         """Other workers' sessions admitted at ``admitted`` were still settling at the last
@@ -375,7 +260,8 @@ class GrowthWindows:
             if not footprint:
                 return None
             total += footprint * max(
-                _share(admission, spread * ramp_s, start, end) for spread in (*RAMP_SPREAD, 1.0)
+                share_between(admission, spread * ramp_s, start, end)
+                for spread in (*RAMP_SPREAD, 1.0)
             )
         return total
 
@@ -390,7 +276,7 @@ class GrowthWindows:
                 return True
         return False
 
-    def _others_added(self, window: _Window, now: float, expected: Expected) -> float:
+    def _others_added(self, window: OpenWindow, now: float, expected: Expected) -> float:
         """What the other sessions are expected to have added over ``window`` so far, by
         what is known of them now (both ends alike, so that what became known meanwhile
         does not show as growth)."""
@@ -400,7 +286,7 @@ class GrowthWindows:
                 continue
             footprint, ramp_s = expected(admission.route)
             if footprint and admission.at + ramp_s > window.start:
-                total += footprint * _share(admission, ramp_s, window.start, now)
+                total += footprint * share_between(admission, ramp_s, window.start, now)
         return total
 
     def _close_due(
@@ -413,13 +299,13 @@ class GrowthWindows:
         # window a session of unknown footprint ramps in cannot tell its own growth
         # apart (it is not closed when quiet); one that any other ramps in cannot time
         # it (its ramp is not its own).
-        ramping: list[tuple[_Admission, float, bool]] = []
+        ramping: list[tuple[Admission, float, bool]] = []
         for admission in self._recent:
             footprint, ramp_s = expected(admission.route)
             if admission.ended is None:
                 ramping.append((admission, admission.at + max(ramp_s, QUIET_S), bool(footprint)))
         closed: list[ClosedWindow | None] = []
-        still: list[_Window] = []
+        still: list[OpenWindow] = []
         for window in self._open:
             admission = window.admission
             # The session's own growth: the series less what the others were expected to add.
@@ -427,10 +313,10 @@ class GrowthWindows:
             # Against the last new peak, not the highest reading since: growth that comes
             # slowly, a little each step, still makes new peaks.
             last_peak = window.peaks[-1][1] if window.peaks else 0.0
-            rising = mine > last_peak + max(_PEAK_STEP, _PEAK_SHARE * last_peak)
+            rising = mine > last_peak + max(PEAK_STEP, PEAK_SHARE * last_peak)
             for other, until, known in ramping:
                 if other is not admission and other.at < now and until > window.start:
-                    if known and _quick(lengths(other.route)):
+                    if known and quick(lengths(other.route)):
                         # Its memory came inside its request, where its known share is
                         # taken away: it hides neither this session's growth nor its ramp.
                         continue
@@ -476,7 +362,7 @@ class GrowthWindows:
         return closed
 
     def _closed(
-        self, window: _Window, now: float, expected: Expected, lengths: Lengths
+        self, window: OpenWindow, now: float, expected: Expected, lengths: Lengths
     ) -> ClosedWindow | None:
         """What ``window`` says; ``None`` when another worker's growth may be in it (all
         but a window in which nothing grew: that one bounds its session all the same)."""
@@ -500,13 +386,13 @@ class GrowthWindows:
                 exact = exact and admission.at <= window.start - self.horizon_s
             else:
                 _footprint, ramp_s = expected(admission.route)
-                share = _share(admission, ramp_s, window.start, now)
+                share = share_between(admission, ramp_s, window.start, now)
                 # Ramps vary: the least that may have arrived, for what is taken away
                 # from this session's growth (a short ramp leaves less of a session
                 # from before the window, a long one less of one from inside it).
                 least = min(
-                    _share(admission, RAMP_SPREAD[0] * ramp_s, window.start, now),
-                    _share(admission, RAMP_SPREAD[1] * ramp_s, window.start, now),
+                    share_between(admission, RAMP_SPREAD[0] * ramp_s, window.start, now),
+                    share_between(admission, RAMP_SPREAD[1] * ramp_s, window.start, now),
                 )
             if share <= 0:
                 continue
@@ -529,25 +415,6 @@ class GrowthWindows:
             ),
             exact=exact,
         )
-
-
-def _quick(length: float | None) -> bool:
-    """Whether a route watched for ``length`` builds its memory inside the request."""
-    return length is not None and length <= MIN_WINDOW_S
-
-
-def _share(admission: _Admission, ramp_s: float, start: float, end: float) -> float:
-    return admission.share(ramp_s, end) - admission.share(ramp_s, start)
-
-
-def window_length(ramp_s: float | None) -> float | None:
-    """How long a session of a route with learned ramp ``ramp_s`` is watched (``None``:
-    nothing learned yet, watched until quiet)."""
-    if ramp_s is None:
-        return None
-    if ramp_s <= MIN_WINDOW_S / RAMP_WINDOWS:
-        return MIN_WINDOW_S
-    return max(QUIET_S, RAMP_WINDOWS * ramp_s + RAMP_PAD_S)
 
 
 def _freed(ended: list[tuple[str, float]], freed_bytes: float) -> list[Freed]:

@@ -213,7 +213,14 @@ def build_service(
         counts=counts,
         session_limit=session_limit,
         retry_after=retry_after,
-        observer=instrument(ledger, counts, registry=registry, observer=observer),
+        # A reservation of this process given back or activated may let a waiter in.
+        observer=instrument(
+            ledger,
+            counts,
+            registry=registry,
+            observer=observer,
+            on_change=None if queue is None else queue.wake,
+        ),
         shared_dir=sharing.directory,
         alone=sharing.alone,
         queue=queue,
@@ -231,7 +238,7 @@ def build_service(
     )
     expose(service, registry=registry)
     if queue is not None:
-        _wake_on_change(ledger, holds, queue)
+        holds.on_wake = queue.wake  # a probe's evidence may let a waiter in too
     return service
 
 
@@ -262,23 +269,6 @@ def _warn_unused(config: AdmissionConfig, tenant: Callable[[Scope], str | None] 
             "asgi-admission: ADMISSION_TENANT_MAX_SHARE (tenant_max_share) is set, but the "
             "middleware has no tenant callable to tell tenants apart: no share is kept."
         )
-
-
-def _wake_on_change(
-    ledger: SessionLedger, holds: HoldRegistry, queue: WaitQueue[AdmissionTicket]
-) -> None:
-    """What may free capacity wakes the waiters: a reservation of this process given back
-    or activated (after whatever the ledger told before, the metrics' republishing), and
-    a probe's evidence."""
-    before = ledger.on_change
-
-    def changed() -> None:
-        if before is not None:
-            before()
-        queue.wake()
-
-    ledger.on_change = changed
-    holds.on_wake = queue.wake
 
 
 def _reserve_logger(config: AdmissionConfig) -> Callable[[int, int | None], None]:

@@ -13,10 +13,10 @@ Notes:
   (``Verdict.FULL``), so nobody behind it goes first. A ledger held by another worker
   stops the pass too, and the queue is woken again a few milliseconds later.
 - What may free capacity wakes the queue: this process's reservations given back or
-  activated (the ledger's ``on_change``) and a probe's evidence (``_factory.py`` wires
-  both), and :class:`FreedWatch`, a look every sample interval while anyone waits that
-  finds fewer sessions or less memory used than the look before (other workers'
-  sessions ending, the app's own count falling, memory the app freed).
+  activated (what the ledger tells of, ``tell_changes``) and a probe's evidence
+  (``_factory.py`` wires both), and :class:`FreedWatch`, a look every sample interval
+  while anyone waits that finds fewer sessions or less memory used than the look before
+  (other workers' sessions ending, the app's own count falling, memory the app freed).
 """
 
 from __future__ import annotations

@@ -67,12 +67,21 @@ class _LiveSessions:
         self._metrics.on_check(decision)
 
 
+def _calls(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        then()
+
+    return both
+
+
 def instrument(
     ledger: SessionLedger,
     counts: Callable[[], tuple[int, int]],
     *,
     registry: CollectorRegistry | None = REGISTRY,
     observer: DecisionObserver | None = None,
+    on_change: Callable[[], None] | None = None,
 ) -> DecisionObserver | None:
     """The observer a guard should tell of its decisions to export its metrics on ``registry``.
 
@@ -80,17 +89,23 @@ def instrument(
     An explicit ``observer`` is told of every decision as well as the metrics (after
     them), so passing one never switches metrics off. In multiprocess mode the
     ledger tells of its changes to republish the ``livesum`` session gauge (``counts()``)
-    after every activation and release. What the guard shows at scrape time is
+    after every activation and release, before ``on_change`` (what else the guard is
+    told of them: the wait queue's wake). What the guard shows at scrape time is
     added once it exists (:func:`describe`).
     """
     chosen: DecisionObserver | None = None
+    publish: Callable[[], None] | None = None
     if registry is not None:
         metrics = registry_binding(registry, shared=isinstance(ledger, SharedLedger)).metrics
         chosen = metrics
         if metrics.live_sessions:
             live = _LiveSessions(metrics, counts)
             chosen = live
-            ledger.tell_changes(live.publish)
+            publish = live.publish
+    if publish is not None:
+        ledger.tell_changes(publish if on_change is None else _calls(publish, on_change))
+    elif on_change is not None:
+        ledger.tell_changes(on_change)
     if observer is not None:
         chosen = observer if chosen is None else _Both(chosen, observer)
     return chosen

@@ -29,6 +29,7 @@ from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.priorities import Priorities, Tenants
 from asgi_admission._admission.reservations.holds import HoldRegistry
 from asgi_admission._admission.reservations.keeper import SAMPLE_INTERVAL_S, ReservationKeeper
+from asgi_admission._admission.reservations.keeper_parts import build_parts
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
 from asgi_admission._admission.room import FreedWatch, counted_and_used
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS, classes_in_force
@@ -174,13 +175,8 @@ def build_service(
     read = SafeReader(controller)
     app_count = AppCount(current_sessions)
     holds = HoldRegistry()
-    keeper = ReservationKeeper(
+    parts = build_parts(
         controller=controller,
-        attempt=ledger.attempt(),
-        read=read,
-        active_count=lambda own: ledger.counts(own)[0],
-        app_count=app_count,
-        route_of=route_of,
         learning=config.reserve_learning,
         min_reserve_bytes=config.reserve_min_bytes,
         timeout_s=config.pending_timeout_s,
@@ -192,6 +188,15 @@ def build_service(
         on_reserve=_reserve_logger(config),
         probe_sessions=config.probe_sessions,
         holds=holds,
+    )
+    keeper = ReservationKeeper(
+        controller=controller,
+        attempt=ledger.attempt(),
+        read=read,
+        active_count=lambda own: ledger.counts(own)[0],
+        app_count=app_count,
+        route_of=route_of,
+        parts=parts,
     )
     counts = SessionCounts(ledger, keeper)
     metrics = queue_metrics(ledger, registry=registry)

@@ -21,6 +21,7 @@ from asgi_admission import (
 from asgi_admission._admission.ledger.ledger import InProcessLedger, LedgerBusy
 from asgi_admission._admission.reservations import sampling
 from asgi_admission._admission.reservations.keeper import ReservationKeeper
+from asgi_admission._admission.reservations.keeper_parts import build_parts
 from asgi_admission._admission.reservations.learning import SessionLearner
 from asgi_admission._admission.reservations.settlement import apply
 from asgi_admission._memory.reading import UNAVAILABLE
@@ -55,10 +56,13 @@ def make(
         read=memory,
         active_count=lambda own: active,
         route_of=lambda scope: "POST /s",
-        learning=learning,  # type: ignore[arg-type]
-        min_reserve_bytes=16 * MIB,
-        timeout_s=120.0,
-        shared_dir=shared_dir,
+        parts=build_parts(
+            controller=controller,
+            learning=learning,  # type: ignore[arg-type]
+            min_reserve_bytes=16 * MIB,
+            timeout_s=120.0,
+            shared_dir=shared_dir,
+        ),
     )
     return keeper, ledger
 

@@ -51,19 +51,13 @@ from asgi_admission._admission.decision.latch import AdmissionController, HeldBy
 from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
 from asgi_admission._admission.reservations.actions import KeptEvents
 from asgi_admission._admission.reservations.freed import Mark
-from asgi_admission._admission.reservations.holds import HoldRegistry
-from asgi_admission._admission.reservations.learned_sharing import LearnedSharing
-from asgi_admission._admission.reservations.learned_view import LearnedView
-from asgi_admission._admission.reservations.learning import RouteEstimate, SessionLearner
-from asgi_admission._admission.reservations.probe_store import ProbeStore
+from asgi_admission._admission.reservations.keeper_parts import KeeperParts
+from asgi_admission._admission.reservations.learning import RouteEstimate
 from asgi_admission._admission.reservations.probe_window import ProbeStatus
-from asgi_admission._admission.reservations.probing import Gate, ProbeBoard
+from asgi_admission._admission.reservations.probing import Gate
 from asgi_admission._admission.reservations.session_ends import SessionEnds
-from asgi_admission._admission.reservations.settle_queue import LocalSettleQueue, SettleQueue
 from asgi_admission._admission.reservations.settlement import Action, Kind, Settlement, apply
-from asgi_admission._admission.reservations.settling import Settler
 from asgi_admission._admission.reservations.shared_files import SharedSettleQueue
-from asgi_admission._admission.reservations.shared_probes import SharedProbeStore
 from asgi_admission._config import Learning
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._routes import RouteNames
@@ -96,16 +90,8 @@ class ReservationKeeper:
         active_count: Callable[[int | None], int],
         app_count: Callable[[], int | None] = lambda: None,
         route_of: Callable[[Scope], str | None],
-        learning: Learning,
-        min_reserve_bytes: int,
-        timeout_s: float,
-        request_timeout_s: float | None = None,
-        shared_dir: str | None = None,
-        ledger_is_current: Callable[[], bool] | None = None,
-        on_reserve: Callable[[int, int | None], None] = lambda learned, configured: None,
+        parts: KeeperParts,
         clock: Callable[[], float] = time.monotonic,
-        probe_sessions: int = 0,
-        holds: HoldRegistry | None = None,
     ) -> None:
         self._controller = controller
         self._attempt = attempt
@@ -116,73 +102,36 @@ class ReservationKeeper:
         self._kept = KeptEvents()
         #: The session pattern a scope came by (``"predicate"`` when none matched).
         self.route = RouteNames(route_of)
-        self.learning: Learning = learning
-        self.min_reserve_bytes = min_reserve_bytes
+        self.learning: Learning = parts.view.learning
         self._clock = clock
-        #: Held tickets never started that the timeout released, in this process.
-        self.expired_total = 0
+        self._expired = parts.expired
         #: Session requests that opened nothing, by kind and cause, in this process.
         self.failed: dict[tuple[Kind, FailureCause], int] = {}
-        self.learner = SessionLearner(timeout_s=timeout_s)
         self.ends = SessionEnds()
         #: Active sessions seen ending by their route since the last sample.
         self._named_ends = 0
         #: The limit of the last admission, and the reading of the last sample.
         self._limit: int | None = None
         self._sample_mark: Mark | None = None
-        queue: SettleQueue = LocalSettleQueue()
-        if shared_dir is not None:
-            queue = SharedSettleQueue(shared_dir, may_follow=ledger_is_current)
-        self._queue = queue
-        #: Whether routes not learned yet are probed (``probing.py``).
-        self.probing = probe_sessions > 0 and learning != "off"
-        #: The requests held for the probes' evidence (the service's, which waits them).
-        self.holds = HoldRegistry() if holds is None else holds
-        store: ProbeStore | None = None
-        if shared_dir is not None and self.probing:
-            store = SharedProbeStore(shared_dir)
-        self.board = ProbeBoard(
-            probe_sessions=probe_sessions,
-            timeout_s=timeout_s,
-            store=store,
-            on_wake=self.holds.wake,
-            waiting=self.holds.count,
-        )
-        self.view = LearnedView(
-            learner=self.learner,
-            board=self.board,
-            controller=controller,
-            learning=learning,
-            min_reserve_bytes=min_reserve_bytes,
-        )
-        self.settler = Settler(
-            queue=queue,
-            timeout_s=timeout_s,
-            request_timeout_s=request_timeout_s,
-            ramp_s=self.view.ramp_s,
-            min_ramp_s=self.view.min_ramp_s,
-            footprint_bytes=self.view.footprint_bytes,
-            on_expired=self._expired,
-        )
         self._next_look = 0.0
-        self.sharing = LearnedSharing(
-            learner=self.learner,
-            board=self.board,
-            view=self.view,
-            controller=controller,
-            shared_dir=shared_dir if learning != "off" else None,
-            probing=self.probing,
-            on_reserve=on_reserve,
-            clock=clock,
-        )
+        self._queue = parts.queue
+        self.learner = parts.learner
+        self.probing = parts.probing
+        self.holds = parts.holds
+        self.board = parts.board
+        self.view = parts.view
+        self.settler = parts.settler
+        self.sharing = parts.sharing
         ref = weakref.ref(self)
         # The latch counts the pending sessions by what they still add (held_bytes),
         # through a weak reference: a guard that is gone is not kept by its controller.
         controller.held_by(_held_by(ref))
         os.register_at_fork(after_in_child=lambda: _forked(ref))
 
-    def _expired(self) -> None:
-        self.expired_total += 1
+    @property
+    def expired_total(self) -> int:
+        """Held tickets never started that the timeout released, in this process."""
+        return self._expired.total
 
     # -- what settling expects ------------------------------------------------------
 

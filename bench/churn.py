@@ -1,7 +1,7 @@
 """Sessions arriving and leaving at random: how many the guard serves, against what was possible.
 
     sudo .venv/bin/python bench/churn.py [--minutes 1] [--load 1.5] [--seed 1]
-        [--modes bare,cap,guard,learn] [--trace PATH] [--replay PATH] [--json PATH]
+        [--modes bare,cap,guard,learn[,wait]] [--trace PATH] [--replay PATH] [--json PATH]
         [--plot docs/img/churn.png]
 
 Needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory. Draws
@@ -19,17 +19,22 @@ per mode:
   enforced by the guard's ``ADMISSION_MAX_SESSIONS`` with its memory reading pinned to
   a fixture that never moves and no reserve, so the count alone decides;
 - ``guard``: the guard with its defaults;
-- ``learn``: the guard with a reserve 12x too small (8 MiB) and learning (``raise``).
+- ``learn``: the guard with a reserve 12x too small (8 MiB) and learning (``raise``);
+- ``wait`` (only when asked for): the guard with its defaults and a bounded wait of 10 s
+  (``ADMISSION_QUEUE_TIMEOUT_SECONDS``): a session that does not fit waits for capacity
+  instead of being refused, and once admitted lives its lifetime from its admission.
 
 Each arrival is one attempt: a refused client does not retry, so every mode sees the
 same offered sessions. An admitted session is closed (``DELETE``) at the end of its
-lifetime, or at the window's end if that comes first, and counts as **served** only if
+lifetime (in ``wait``, counted from its admission), or at the window's end if that
+comes first, and counts as **served** only if
 the server still had it then (its process running and not halted by the watchdog, for
 a ``ramp`` session). Printed per mode: served, refused, lost (admitted, then OOM-killed,
 halted or gone with the server), the kernel's OOM kills for the group, the mean and peak
 working set, served against the oracle (``churn_trace.oracle``: a clairvoyant admitter
 that knows every session's peak, under the high watermark), and whether the working set
-went above the high watermark by more than one session's footprint. The true sizes and
+went above the high watermark by more than one session's footprint, and how long the
+admitted sessions waited for their answer (median, 90th percentile, longest). The true sizes and
 the baseline the oracle and the cap use are measured first, in a separate server.
 
 ``--trace`` writes the arrival trace as JSON and ``--replay`` runs a recorded one
@@ -82,8 +87,10 @@ from churn_trace import (
     oracle,
 )
 
-Mode = Literal["bare", "cap", "guard", "learn"]
+Mode = Literal["bare", "cap", "guard", "learn", "wait"]
 MODES: tuple[Mode, ...] = get_args(Mode)
+#: What runs unless ``--modes`` says otherwise.
+DEFAULT_MODES: tuple[Mode, ...] = ("bare", "cap", "guard", "learn")
 Outcome = Literal["served", "refused", "lost", "failed"]
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -92,6 +99,7 @@ RAMP_HOLD_MB = 92  # with the child's interpreter, about 95 MiB in the group
 RAMP_S = 2.0
 LEARN_RESERVE_MB = 8  # the default reserve (an eighth of 768 MiB: 96) over 12
 SAMPLE_S = 0.05
+WAIT_S = 10.0
 REQUEST_TIMEOUT_S = 30.0
 
 _SERVE = """
@@ -128,6 +136,8 @@ class Attempt:
     status: int | str
     #: Seconds into the run at which the 201 arrived.
     admitted_at: float | None = None
+    #: Seconds from the request to its 201 (a wait for capacity, in ``wait``).
+    waited_s: float | None = None
     halted: bool = False
     #: Why a 503 was given (its body's ``reason``).
     reason: str | None = None
@@ -199,6 +209,8 @@ def _env(mode: Mode, group: Path, fixture: Path, cap: int | None) -> dict[str, s
     elif mode == "learn":
         env["ADMISSION_SESSION_RESERVE_MB"] = str(LEARN_RESERVE_MB)
         env["ADMISSION_SESSION_RESERVE_LEARNING"] = "raise"
+    elif mode == "wait":
+        env["ADMISSION_QUEUE_TIMEOUT_SECONDS"] = str(WAIT_S)
     return env
 
 
@@ -263,7 +275,11 @@ def measure_sizes() -> Sizes:
     return Sizes(baseline=baseline, session=session)
 
 
-async def _replay(base_url: str, trace: Trace, start_at: float) -> list[Attempt]:
+async def _replay(
+    base_url: str, trace: Trace, start_at: float, *, from_admission: bool = False
+) -> list[Attempt]:
+    """Every arrival of ``trace`` as one attempt; an admitted session lives its lifetime
+    from its arrival, or (``from_admission``) from its admission, cut at the window."""
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=32)
     async with httpx.AsyncClient(
         base_url=base_url, timeout=REQUEST_TIMEOUT_S, limits=limits
@@ -289,7 +305,10 @@ async def _replay(base_url: str, trace: Trace, start_at: float) -> list[Attempt]
                 return Attempt(index, arrival.kind, outcome, response.status_code, reason=reason)
             admitted_at = loop.time() - t0
             session = f"{path}/{response.json()['id']}"
-            await asyncio.sleep(max(0.0, t0 + arrival.end(trace.window_s) - loop.time()))
+            end = arrival.end(trace.window_s)
+            if from_admission:
+                end = min(admitted_at + arrival.lifetime_s, trace.window_s)
+            await asyncio.sleep(max(0.0, t0 + end - loop.time()))
             there, halted = await _still_there(client, arrival.kind, session)
             return Attempt(
                 index,
@@ -297,6 +316,7 @@ async def _replay(base_url: str, trace: Trace, start_at: float) -> list[Attempt]
                 "served" if there else "lost",
                 201,
                 admitted_at=round(admitted_at, 3),
+                waited_s=round(admitted_at - arrival.t, 3),
                 halted=halted,
             )
 
@@ -327,11 +347,13 @@ def run_mode(mode: Mode, trace: Trace, *, limit_mb: int, cap: int | None = None)
         sampler = _Sampler(group)
         sampler.start()
         try:
-            attempts = asyncio.run(_replay(base_url, trace, sampler.start_at))
+            attempts = asyncio.run(
+                _replay(base_url, trace, sampler.start_at, from_admission=mode == "wait")
+            )
         finally:
             sampler.stop_event.set()
             sampler.join(timeout=2)
-        learned = _learned(base_url) if mode in ("guard", "learn") else {}
+        learned = _learned(base_url) if mode in ("guard", "learn", "wait") else {}
         return Run(
             mode=mode,
             baseline_bytes=baseline,
@@ -401,12 +423,14 @@ class Churn:
             "above_watermark_by_more_than_a_session": over_mb > largest_mb,
             "served_by_kind": {kind: run.count("served", kind) for kind in KINDS},
             "learned_mb": run.learned,
+            "waited_s": _waits(run),
             "refused_by_reason": dict(
                 collections.Counter(str(a.reason) for a in run.attempts if a.outcome == "refused")
             ),
         }
 
     def summary(self) -> dict[str, object]:
+        """The trace, the oracle, the hindsight cap and a :meth:`row` per run."""
         arrivals = self.trace.arrivals
         return {
             "minutes": round(self.trace.window_s / 60, 3),
@@ -430,8 +454,20 @@ class Churn:
         }
 
 
+def _waits(run: Run) -> dict[str, float] | None:
+    """How long the admitted sessions waited for their 201: median, 90th percentile, longest."""
+    waits = sorted(a.waited_s for a in run.attempts if a.waited_s is not None)
+    if not waits:
+        return None
+    return {
+        "median": waits[len(waits) // 2],
+        "p90": waits[min(len(waits) - 1, int(len(waits) * 0.9))],
+        "max": waits[-1],
+    }
+
+
 def run_churn(
-    trace: Trace, *, modes: tuple[Mode, ...] = MODES, limit_mb: int = NOMINAL_LIMIT_MB
+    trace: Trace, *, modes: tuple[Mode, ...] = DEFAULT_MODES, limit_mb: int = NOMINAL_LIMIT_MB
 ) -> Churn:
     """Measure the sizes, work out the oracle and the hindsight cap, run every mode."""
     sizes = measure_sizes()
@@ -461,6 +497,7 @@ COLUMNS = (
     ("peak_working_set_mb", "peak (MiB)"),
     ("served_over_oracle", "served / oracle"),
     ("above_watermark_by_more_than_a_session", "> watermark + a session"),
+    ("waited_s", "waited (s): median / p90 / max"),
 )
 
 
@@ -490,12 +527,17 @@ def table(churn: Churn) -> str:
         f"{churn.oracle.peak_bytes / MIB:.1f} (on paper)",
         "1.00",
         "no",
+        "-",
     ]
     lines.append("| " + " | ".join(oracle_row) + " |")
     return "\n".join(lines)
 
 
 def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return " / ".join(f"{v:.2f}" for v in value.values())
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
@@ -578,7 +620,7 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=1.0)
     parser.add_argument("--load", type=float, default=1.5)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES))
     parser.add_argument("--trace", type=Path, help="write the arrival trace to this JSON file")
     parser.add_argument("--replay", type=Path, help="run this recorded trace instead")
     parser.add_argument("--json", type=Path, help="write the figures to this JSON file")

@@ -120,29 +120,42 @@ def test_a_malformed_trace_is_refused_naming_its_file(tmp_path: Path) -> None:
 @pytest.mark.real_cgroup
 @pytest.mark.real_server
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(210)
 def test_a_short_churn_run_reports_every_mode_and_the_guard_is_never_oom_killed(
     tmp_path: Path,
 ) -> None:
     """Nine seconds of churn in real 768 MiB memory groups: a row for the bare app, the
-    hindsight cap, the guard and the learning guard, every arrival accounted for once,
-    and no OOM kill in either guard's group."""
+    hindsight cap, the guard, the learning guard and the guard with a 10 s wait, every
+    arrival accounted for once, no OOM kill in any guard's group, and no admitted session
+    of the waiting guard waiting longer than its wait (plus its request)."""
     out = tmp_path / "churn.json"
     subprocess.run(
-        [sys.executable, str(BENCH / "churn.py"), "--minutes", "0.15", "--json", str(out)],
+        [
+            sys.executable,
+            str(BENCH / "churn.py"),
+            "--minutes",
+            "0.15",
+            "--modes",
+            "bare,cap,guard,learn,wait",
+            "--json",
+            str(out),
+        ],
         check=True,
         env={**os.environ, "PYTHONPATH": str(BENCH)},
-        timeout=170,
+        timeout=200,
     )
     figures = json.loads(out.read_text())
     rows = {str(row["mode"]).split()[0]: row for row in figures["runs"]}
-    assert list(rows) == ["bare", "cap", "guard", "learn"]
+    assert list(rows) == ["bare", "cap", "guard", "learn", "wait"]
     assert rows["cap"]["mode"] == f"cap {figures['hindsight_cap']}"
     for row in rows.values():
         outcomes = row["served"] + row["refused"] + row["lost"] + row["failed"]
         assert outcomes == figures["arrivals"], row
-    for mode in ("guard", "learn"):
+    for mode in ("guard", "learn", "wait"):
         assert rows[mode]["oom_kills"] == 0, rows[mode]
         assert rows[mode]["server_alive"], rows[mode]
         assert rows[mode]["served"] > 0, rows[mode]
     assert 0 < figures["oracle_served"] <= figures["arrivals"]
+    waited = rows["wait"]["waited_s"]
+    assert 0 <= waited["median"] <= waited["p90"] <= waited["max"] < 10 + 5, waited
+    assert set(rows["wait"]["refused_by_reason"]) <= {"queue_timeout", "queue_full"}, rows["wait"]

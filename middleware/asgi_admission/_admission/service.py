@@ -24,7 +24,8 @@ Notes:
   lookup more.
 - With ``ADMISSION_QUEUE_TIMEOUT_SECONDS`` above 0, a request that does not fit is
   answered :class:`Queued` and waits for capacity, holding nothing (``room.py``);
-  while others of its class or a higher one wait, a new one goes behind them. The
+  while others of its class or a higher one wait (in any worker, where the waiting
+  order is shared: ``scheduling/shared_order.py``), a new one goes behind them. The
   decisions of a waiting request that do not admit are checks, not refusals, for the
   metrics. With priority classes each request is decided against its class's ceiling
   and latch (``decision/classes.py``; one class at the high watermark: the controller).
@@ -73,6 +74,7 @@ from asgi_admission._admission.room import (
 )
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
 from asgi_admission._admission.scheduling.queue import WaitQueue
+from asgi_admission._admission.scheduling.shared_order import SharedOrder
 from asgi_admission._admission.waiting import Listener, wait_then_decide
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
@@ -116,6 +118,7 @@ class AdmissionService:
         ceilings: ClassCeilings | None = None,
         priorities: Priorities | None = None,
         tenants: Tenants | None = None,
+        order: SharedOrder | None = None,
     ) -> None:
         self._config = config
         self._controller = controller
@@ -149,6 +152,7 @@ class AdmissionService:
         self.tenants = tenants
         self._queue_watcher = queue_watcher
         self._freed = freed
+        self._order = order  # the workers' waiting order, closed with the lifespan
 
     # -- what the guard shows -------------------------------------------------------
 
@@ -233,8 +237,9 @@ class AdmissionService:
         if klass is None:
             klass = DEFAULT_CLASS if self._priorities is None else self._priorities.of(scope, route)
             tenant = None if tenants is None else tenants.of(scope)
-        # Others wait for capacity: deciding this one now would let it jump the line.
-        if queue is not None and not waiting and queue.total() and queue.ahead(klass):
+        # Others wait for capacity (here, or in another worker: the order's): deciding
+        # this one now would let it jump the line.
+        if queue is not None and not waiting and queue.ahead(klass):
             return Queued(behind_others(self._controller.pressure_state), klass, tenant)
         probing = keeper.probing and route not in keeper.known()
         ceilings = self.ceilings
@@ -320,12 +325,8 @@ class AdmissionService:
             return await when_free(lambda: self.admit(kind, scope, hold, expired), tried=tried)
         except LedgerBusy as exc:
             self._log.busy(exc)
-            decision = CapacityDecision(
-                allowed=False,
-                state=self._controller.pressure_state,
-                memory=UNAVAILABLE,
-                reason="ledger_busy",
-            )
+            state = self._controller.pressure_state
+            decision = CapacityDecision(False, state, UNAVAILABLE, "ledger_busy")
             if self._observer is not None:
                 self._observer.on_decision(kind, decision, 0.0)
             return decision, self._retry_after.next_delay(), (0, 0)
@@ -483,7 +484,11 @@ class AdmissionService:
         sample, the stuck-pressure watch and the look for other workers."""
         if self.alone is not None:
             self.alone.start()
-        await serve_with_keeper(self._keeper, app, scope, receive, send, also=self._stuck.run)
+        try:
+            await serve_with_keeper(self._keeper, app, scope, receive, send, also=self._stuck.run)
+        finally:
+            if self._order is not None:
+                self._order.close()  # its slot and wake socket, for the next worker
 
 
 def _learned(estimate: RouteEstimate) -> dict[str, object]:

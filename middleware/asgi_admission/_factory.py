@@ -244,6 +244,10 @@ def build_service(
         priorities=priorities,
         tenants=tenants,
         order=order,
+        # Per class where classes are in force; a guard without them counts as before.
+        on_class_decision=None
+        if metrics is None or priorities is None
+        else metrics.counting_decisions(names),
     )
     expose(service, registry=registry)
     if queue is not None:

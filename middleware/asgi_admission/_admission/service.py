@@ -33,9 +33,9 @@ Notes:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -57,7 +57,6 @@ from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.priorities import Priorities, Tenants
 from asgi_admission._admission.reservations.holds import Hold, HoldRegistry
 from asgi_admission._admission.reservations.keeper import ReservationKeeper
-from asgi_admission._admission.reservations.learning import RouteEstimate
 from asgi_admission._admission.reservations.probing import Gate
 from asgi_admission._admission.reservations.sampling import sample_while_waiting, serve_with_keeper
 from asgi_admission._admission.reservations.settlement import apply
@@ -119,6 +118,7 @@ class AdmissionService:
         priorities: Priorities | None = None,
         tenants: Tenants | None = None,
         order: SharedOrder | None = None,
+        on_class_decision: Callable[[str, CapacityDecision], None] | None = None,
     ) -> None:
         self._config = config
         self._controller = controller
@@ -153,6 +153,7 @@ class AdmissionService:
         self._queue_watcher = queue_watcher
         self._freed = freed
         self._order = order  # the workers' waiting order, closed with the lifespan
+        self._class_decided = on_class_decision  # each decision, with its request's class
 
     # -- what the guard shows -------------------------------------------------------
 
@@ -187,14 +188,6 @@ class AdmissionService:
     def stuck(self) -> StuckWatch:
         """The watch for stuck pressure (``docs/operations.md``)."""
         return self._stuck
-
-    def learned_details(self) -> list[dict[str, object]]:
-        """What was learned of each route, as a detailed refusal body shows it."""
-        return [_learned(estimate) for estimate in self._keeper.estimates()]
-
-    def probing_details(self) -> list[dict[str, object]]:
-        """The routes being probed now, as a detailed refusal body shows them."""
-        return [dataclasses.asdict(status) for status in self._keeper.probe_status()]
 
     # -- the decision ---------------------------------------------------------------
 
@@ -301,6 +294,8 @@ class AdmissionService:
                 observer.on_decision(kind, decision, time.perf_counter() - start)
             else:  # not decided yet: only what the latch did counts
                 observer.on_check(decision)
+        if self._class_decided is not None and held is None and not queued:
+            self._class_decided(klass, decision)
         if blind_changed or decision.transition is not None:
             self._log.changed(decision, blind_changed)
         if held is not None:
@@ -378,6 +373,8 @@ class AdmissionService:
             self.tenants.refusing(self._retry_after.base_s)
         if self._observer is not None:
             self._observer.on_decision(kind, refused, waited.waited_s)
+        if self._class_decided is not None:
+            self._class_decided(queued.class_name, refused)
         return refused, self._retry_delay(refused, ""), counts
 
     def leave(self, hold: Hold) -> None:
@@ -489,12 +486,3 @@ class AdmissionService:
         finally:
             if self._order is not None:
                 self._order.close()  # its slot and wake socket, for the next worker
-
-
-def _learned(estimate: RouteEstimate) -> dict[str, object]:
-    return {
-        "route": estimate.route,
-        "footprint_bytes": estimate.footprint_bytes,
-        "ramp_s": round(estimate.ramp_s, 2),
-        "observations": estimate.observations,
-    }

@@ -14,13 +14,16 @@ import pytest
 from queuekit import Admission, Capacity, settle
 
 from asgi_admission._admission.ledger.ledger_file import HEADER, slot_offset
+from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.scheduling.order_bell import PREFIX, OrderBell
 from asgi_admission._admission.scheduling.order_file import FILE_NAME, MAGIC, SLOT
 from asgi_admission._admission.scheduling.queue import WaitQueue
 from asgi_admission._admission.scheduling.shared_order import SharedOrder, read_waiting
+from asgi_admission._config import AdmissionConfig
+from asgi_admission._factory import build_order
 
 #: Internal on purpose: the wake sockets and the shared waiting order, below the middleware.
-INTERNAL = "the waiting order's wake sockets and file, below the middleware"
+INTERNAL = "the waiting order's wake sockets, its file and the factory's build_order"
 
 
 @pytest.fixture
@@ -257,3 +260,23 @@ def test_a_dead_workers_socket_is_removed_by_whoever_finds_it_dead(
     assert sockets(directory) == []  # a claimed off a loop: it binds none
     a.close()
     assert read_waiting(directory) == []
+
+
+def test_an_order_file_that_cannot_be_used_stops_a_named_directory_not_the_automatic_one(
+    directory: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A symlink at the order file's name: with ``ADMISSION_SHARED_DIR`` naming the
+    directory the guard refuses to start, naming the setting; in the place found by
+    default each worker serves its own waiters, with a warning; with the wait off no
+    order is built at all."""
+    (directory / FILE_NAME).symlink_to(directory / "elsewhere")
+    ledger = SharedLedger(directory)
+    named = AdmissionConfig(shared_dir=str(directory), queue_timeout_s=5.0)
+    with pytest.raises(ValueError, match="ADMISSION_SHARED_DIR"):
+        build_order(named, str(directory), ledger)
+    automatic = AdmissionConfig(queue_timeout_s=5.0)
+    assert build_order(automatic, str(directory), ledger) is None
+    assert "each worker serves its own waiters in its own order" in caplog.text
+    assert build_order(AdmissionConfig(), str(directory), ledger) is None
+    assert not (directory / "elsewhere").exists()
+    ledger.close()

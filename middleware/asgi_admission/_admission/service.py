@@ -320,8 +320,12 @@ class AdmissionService:
             return await when_free(lambda: self.admit(kind, scope, hold, expired), tried=tried)
         except LedgerBusy as exc:
             self._log.busy(exc)
-            state = self._controller.pressure_state
-            decision = CapacityDecision(False, state, UNAVAILABLE, "ledger_busy")
+            decision = CapacityDecision(
+                allowed=False,
+                state=self._controller.pressure_state,
+                memory=UNAVAILABLE,
+                reason="ledger_busy",
+            )
             if self._observer is not None:
                 self._observer.on_decision(kind, decision, 0.0)
             return decision, self._retry_after.next_delay(), (0, 0)

@@ -151,7 +151,8 @@ def exposition(fixture_copy: Callable[..., Path]) -> str:
                                registry=registry)  # fmt: skip
     guarded = AdmissionMiddleware(
         app,
-        session_routes=["POST /sessions"],
+        # Mapped to its class: the per-class decisions are exported too.
+        session_routes={"POST /sessions": "default"},
         config=config,
         registry=registry,
         watchdog=watchdog,

@@ -23,7 +23,7 @@ from asgi_admission._admission.decision.observer import DecisionObserver
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.inputs import AppCount, SafeReader
 from asgi_admission._admission.ledger import shared_place
-from asgi_admission._admission.ledger.ledger import InProcessLedger, SessionLedger
+from asgi_admission._admission.ledger.ledger import InProcessLedger, LedgerBusy, SessionLedger
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.priorities import Priorities, Tenants
@@ -32,8 +32,10 @@ from asgi_admission._admission.reservations.keeper import SAMPLE_INTERVAL_S, Res
 from asgi_admission._admission.reservations.keeper_parts import build_parts
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
 from asgi_admission._admission.room import FreedWatch, counted_and_used
+from asgi_admission._admission.scheduling.order_bell import OrderBell
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS, classes_in_force
 from asgi_admission._admission.scheduling.queue import WaitQueue, WaitRecord
+from asgi_admission._admission.scheduling.shared_order import SharedOrder
 from asgi_admission._admission.scheduling.tenants import TenantShares
 from asgi_admission._admission.service import AdmissionService
 from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionConfig
@@ -202,7 +204,12 @@ def build_service(
     metrics = queue_metrics(ledger, registry=registry)
     if metrics is not None:
         metrics.declare(names)
-    queue = build_queue(config, names, on_wait_end=None if metrics is None else metrics.on_wait_end)
+    order = build_order(config, sharing.directory, ledger)
+    queue = build_queue(
+        config, names, on_wait_end=None if metrics is None else metrics.on_wait_end, order=order
+    )
+    if order is not None and queue is not None:
+        order.tell_rings(queue.wake)  # another worker rang: this one's pass runs now
     tenants = None
     if tenant is not None and config.tenant_max_share < 1.0:
         tenants = Tenants(tenant=tenant, shares=TenantShares(max_share=config.tenant_max_share))
@@ -236,10 +243,16 @@ def build_service(
             queue,
             counted_and_used(ledger.attempt(), keeper.own_count, ledger.counts, read),
             SAMPLE_INTERVAL_S,
+            first=None if order is None else order.first,
         ),
         ceilings=ceilings,
         priorities=priorities,
         tenants=tenants,
+        order=order,
+        # Per class where classes are in force; a guard without them counts as before.
+        on_class_decision=None
+        if metrics is None or priorities is None
+        else metrics.counting_decisions(names),
     )
     expose(service, registry=registry)
     if queue is not None:
@@ -252,10 +265,12 @@ def build_queue(
     classes: tuple[str, ...] = (DEFAULT_CLASS,),
     *,
     on_wait_end: Callable[[WaitRecord], None] | None = None,
+    order: SharedOrder | None = None,
 ) -> WaitQueue[AdmissionTicket] | None:
     """The wait queue ``config`` describes, its ``classes`` served in that order
-    (``on_wait_end``: told of each wait's end); ``None`` where requests that do not fit
-    are refused at once (``ADMISSION_QUEUE_TIMEOUT_SECONDS`` 0)."""
+    (``on_wait_end``: told of each wait's end; ``order``: the workers' shared order, if
+    any); ``None`` where requests that do not fit are refused at once
+    (``ADMISSION_QUEUE_TIMEOUT_SECONDS`` 0)."""
     if config.queue_timeout_s <= 0:
         return None
     return WaitQueue(
@@ -263,7 +278,45 @@ def build_queue(
         limit=config.queue_limit,
         timeout_s=config.queue_timeout_s,
         on_wait_end=on_wait_end,
+        order=order,
     )
+
+
+def build_order(
+    config: AdmissionConfig, directory: str | None, ledger: SessionLedger
+) -> SharedOrder | None:
+    """The workers' one waiting order in ``directory`` (``asgi-admission.waiting`` and
+    their wake sockets) where they share ``ledger`` and requests may wait; ``None``
+    otherwise.
+
+    Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when a directory it names
+    cannot hold it; the automatic place never stops the service: each worker then
+    serves its own waiters in its own order, with a warning saying so.
+    """
+    if directory is None or config.queue_timeout_s <= 0:
+        return None
+    attempt = ledger.attempt()
+
+    def flush() -> bool:
+        # Leaving the critical section writes this worker's pending changes.
+        try:
+            with attempt:
+                return True
+        except LedgerBusy:
+            return False
+
+    try:
+        return SharedOrder(directory, bell=OrderBell(directory, flush=flush))
+    except (OSError, ValueError) as exc:
+        if config.shared_dir != SHARED_DIR_AUTO:
+            raise
+        logger.warning(
+            "asgi-admission: the shared waiting order in %s cannot be used (%s); each "
+            "worker serves its own waiters in its own order.",
+            directory,
+            exc,
+        )
+        return None
 
 
 def _warn_unused(config: AdmissionConfig, tenant: Callable[[Scope], str | None] | None) -> None:

@@ -21,6 +21,7 @@ Notes:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Final
@@ -33,6 +34,7 @@ from asgi_admission._admission.decision.latch import (
     count_cap,
     count_cap_from,
 )
+from asgi_admission._admission.reservations.learning import RouteEstimate
 from asgi_admission._admission.service import AdmissionService
 from asgi_admission._config import WebSocketRefusal
 
@@ -94,15 +96,26 @@ WS_TRY_AGAIN_LATER: Final = 1013
 def refusal_for(service: AdmissionService, *, expose_details: bool) -> Refusal:
     """The refusals of ``service``'s guard; ``expose_details``: with its figures."""
     controller = service.controller
+    keeper = service.keeper
     return Refusal(
         expose_details=expose_details,
         high=controller.high_watermark_percent,
         resume=controller.resume_threshold_percent,
         reserve_for=controller.reserve_for,
         session_limit=service.session_limit,
-        learned=service.learned_details,
-        probing=service.probing_details,
+        learned=lambda: [_learned(estimate) for estimate in keeper.estimates()],
+        probing=lambda: [dataclasses.asdict(status) for status in keeper.probe_status()],
     )
+
+
+def _learned(estimate: RouteEstimate) -> dict[str, object]:
+    """What was learned of one route, as a detailed refusal body shows it."""
+    return {
+        "route": estimate.route,
+        "footprint_bytes": estimate.footprint_bytes,
+        "ramp_s": round(estimate.ramp_s, 2),
+        "observations": estimate.observations,
+    }
 
 
 class Refusal:

@@ -44,6 +44,7 @@ EXPORTED_METRICS = {
         "queue_wait_seconds_bucket",
         "queue_wait_seconds_sum",
         "queue_wait_seconds_count",
+        "class_decisions_total",
         "build_info",
         "session_footprint_bytes",
         "session_ramp_seconds",

@@ -54,6 +54,8 @@ def test_metric_types_and_labels(registry: CollectorRegistry) -> None:
         "decision_duration_seconds": ("histogram", set()),
         "queue_waiting": ("gauge", {"class"}),
         "queue_wait_seconds": ("histogram", {"class", "outcome"}),
+        # Per class where classes are configured: none here, so no sample.
+        "class_decisions": ("counter", set()),
         "build_info": ("gauge", {"version"}),
         # Learned per route: no sample (so no label) before the first session is observed.
         "session_footprint_bytes": ("gauge", set()),

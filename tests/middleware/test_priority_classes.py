@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 import httpx
 import pytest
 from mwkit import SettableReader, controller, environment
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -48,6 +49,7 @@ def guarded(
     wait_s: str = "5",
     max_sessions: int = 100,
     priority: Callable[[Scope], str] | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> AdmissionMiddleware:
     settings = {
         "ADMISSION_PRIORITY_CLASSES": classes,
@@ -63,7 +65,7 @@ def guarded(
             controller=controller(reader or SettableReader(used_mb=100), reserve_mb=10),
             max_sessions=max_sessions,
             retry_after=5,
-            registry=None,
+            registry=registry,
             priority=priority,
         )
 
@@ -94,6 +96,47 @@ def test_each_class_has_its_own_ceiling() -> None:
         return batch["status"], batch["body"].get("reason", ""), admin["status"]
 
     assert asyncio.run(scenario()) == (503, "memory_pressure", 201)
+
+
+def test_each_classs_decisions_are_counted_apart_and_the_decisions_counter_is_unchanged() -> None:
+    """With classes, each decision is counted under its request's class (a wait that ran
+    out as its refusal, not its checks while it waited) and the decisions counter keeps
+    its labels; a guard without classes exports no per-class series at all."""
+    reader = SettableReader(used_mb=700)
+    registry, plain = CollectorRegistry(), CollectorRegistry()
+
+    async def scenario() -> None:
+        mw = guarded(
+            {"POST /sessions": "batch", "POST /admin": "critical"},
+            reader=reader,
+            wait_s="0.2",
+            registry=registry,
+        )
+        assert (await post(mw))["status"] == 503  # batch: waits, then queue_timeout
+        assert (await post(mw, path="/admin"))["status"] == 201
+        without = guarded(["POST /sessions"], classes="", reader=reader, registry=plain)
+        assert (await post(without, path="/sessions"))["status"] == 201  # under 80 %
+
+    asyncio.run(scenario())
+    per_class = "asgi_admission_class_decisions_total"
+
+    def counted(klass: str, outcome: str, reason: str) -> float | None:
+        labels = {"class": klass, "outcome": outcome, "reason": reason}
+        return registry.get_sample_value(per_class, labels)
+
+    assert counted("batch", "rejected", "queue_timeout") == 1
+    assert counted("batch", "rejected", "memory_pressure") == 0  # a check while it waited
+    assert counted("critical", "admitted", "none") == 1
+    assert counted("standard", "admitted", "none") == 0  # every class starts at 0
+    decisions = [m for m in registry.collect() if m.name == "asgi_admission_decisions"]
+    assert {tuple(sorted(s.labels)) for s in decisions[0].samples} == {
+        ("kind", "outcome", "reason")
+    }
+    assert [
+        s for m in plain.collect() if m.name.endswith("class_decisions") for s in m.samples
+    ] == []
+    admitted = {"kind": "http", "outcome": "admitted", "reason": "none"}
+    assert plain.get_sample_value("asgi_admission_decisions_total", admitted) == 1
 
 
 def test_waiters_are_served_by_class_then_arrival() -> None:

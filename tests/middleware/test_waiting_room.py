@@ -56,6 +56,11 @@ def guarded(
     whose ``POST /sessions`` answers 201, with the wait queue on (``wait_s``)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
         if scope["type"] == "websocket":
             assert (await receive())["type"] == "websocket.connect"
             await send({"type": "websocket.accept"})
@@ -82,6 +87,19 @@ def guarded(
             registry=registry,
             observer=observer,
         )
+
+
+async def lifespan_shutdown(mw: AdmissionMiddleware) -> None:
+    """The guard's lifespan, started and then shut down."""
+    messages: list[Message] = [{"type": "lifespan.shutdown"}, {"type": "lifespan.startup"}]
+
+    async def receive() -> Message:
+        return messages.pop()
+
+    async def send(message: Message) -> None:
+        pass
+
+    await mw({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
 
 
 def waiting(mw: AdmissionMiddleware) -> int:
@@ -398,3 +416,63 @@ def test_a_session_ending_in_another_worker_admits_the_waiter(tmp_path: Path) ->
     queued, latency = asyncio.run(scenario())
     assert queued == 1
     assert latency < 0.6  # within two looks of a quarter of a second
+
+
+def test_a_session_ending_in_another_worker_wakes_that_waiter_at_once(tmp_path: Path) -> None:
+    """Two guards sharing their ledger (two workers), one slot: as the first's session
+    ends, the second's waiter is rung and admitted within milliseconds, not at its next
+    look a quarter of a second later; at the guards' shutdown their wake sockets go."""
+    shared = tmp_path / "shared"
+
+    async def scenario() -> tuple[list[float], list[str]]:
+        guards = [guarded(shared_dir=str(shared)), guarded(shared_dir=str(shared))]
+        holder = Socket(guards[0])
+        await holder.opened.wait()
+        latencies = []
+        for turn in range(6):  # the slot passes back and forth between the two
+            waiter = Socket(guards[(turn + 1) % 2])
+            await asyncio.sleep(0.02)
+            closed = time.monotonic()
+            await holder.close()
+            await asyncio.wait_for(waiter.opened.wait(), timeout=2)
+            latencies.append(time.monotonic() - closed)
+            holder = waiter
+        await holder.close()
+        sockets = sorted(p.name for p in shared.iterdir() if p.is_socket())
+        for mw in guards:
+            await lifespan_shutdown(mw)
+        return latencies, sockets
+
+    latencies, sockets = asyncio.run(scenario())
+    assert max(latencies) < 0.1, latencies
+    assert len(sockets) == 2, sockets  # one wake socket per guard with waiters
+    assert [p.name for p in shared.iterdir() if p.is_socket()] == []
+
+
+def test_a_request_in_another_worker_goes_behind_the_containers_first_waiter(
+    tmp_path: Path,
+) -> None:
+    """Two guards sharing their ledger, one slot: with a waiter in the second, a request
+    reaching the first as the slot frees is not decided ahead of it (it waits behind it
+    however empty its own guard's queue): the second's waiter gets the slot."""
+    shared = str(tmp_path / "shared")
+
+    async def scenario() -> tuple[bool, bool, int]:
+        first = guarded(shared_dir=shared)
+        second = guarded(shared_dir=shared)
+        holder = Socket(first)
+        await holder.opened.wait()
+        waiter = Socket(second)
+        await asyncio.sleep(0.05)
+        await holder.close()
+        newcomer = Socket(first)
+        await asyncio.sleep(0.1)
+        waiter_in, newcomer_in = waiter.opened.is_set(), newcomer.opened.is_set()
+        behind = waiting(first)
+        await waiter.close()
+        await asyncio.wait_for(newcomer.opened.wait(), timeout=2)
+        await newcomer.close()
+        return waiter_in, newcomer_in, behind
+
+    waiter_in, newcomer_in, behind = asyncio.run(scenario())
+    assert (waiter_in, newcomer_in, behind) == (True, False, 1)

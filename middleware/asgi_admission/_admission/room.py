@@ -14,9 +14,12 @@ Notes:
   stops the pass too, and the queue is woken again a few milliseconds later.
 - What may free capacity wakes the queue: this process's reservations given back or
   activated (what the ledger tells of, ``tell_changes``) and a probe's evidence
-  (``_factory.py`` wires both), and :class:`FreedWatch`, a look every sample interval
-  while anyone waits that finds fewer sessions or less memory used than the look before
-  (other workers' sessions ending, the app's own count falling, memory the app freed).
+  (``_factory.py`` wires both), another worker's ring where the waiting order is
+  shared (``scheduling/order_bell.py``), and :class:`FreedWatch`, a look every sample
+  interval while anyone waits that finds fewer sessions or less memory used than the
+  look before (other workers' sessions ending, the app's own count falling, memory the
+  app freed) or this worker's first waiter first in the container's order: the
+  fallback where a ring was lost.
 """
 
 from __future__ import annotations
@@ -133,19 +136,23 @@ def ran_out(outcome: str, last: Refused) -> tuple[CapacityDecision, tuple[int, i
 class FreedWatch:
     """While anyone waits in ``queue``: every ``interval_s``, ``look()`` (the sessions
     counted and the memory used, ``LedgerBusy`` while the ledger is held elsewhere), and a
-    wake where either fell since the look before."""
+    wake where either fell since the look before, or where ``first()`` says this worker's
+    first waiter is the container's first (``SharedOrder.first``; ``None``: no order)."""
 
-    __slots__ = ("_interval_s", "_look", "_queue", "_task")
+    __slots__ = ("_first", "_interval_s", "_look", "_queue", "_task")
 
     def __init__(
         self,
         queue: WaitQueue[AdmissionTicket],
         look: Callable[[], tuple[int, int]],
         interval_s: float,
+        *,
+        first: Callable[[], bool] | None = None,
     ) -> None:
         self._queue = queue
         self._look = look
         self._interval_s = interval_s
+        self._first = first
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -158,6 +165,8 @@ class FreedWatch:
         before = self._try_look()
         while queue.total():
             await asyncio.sleep(self._interval_s)
+            if self._first is not None and self._first():
+                queue.wake()  # its worker rings it as it frees capacity; this, if lost
             now = self._try_look()
             if now is None:
                 continue

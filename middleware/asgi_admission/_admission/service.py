@@ -24,7 +24,8 @@ Notes:
   lookup more.
 - With ``ADMISSION_QUEUE_TIMEOUT_SECONDS`` above 0, a request that does not fit is
   answered :class:`Queued` and waits for capacity, holding nothing (``room.py``);
-  while others of its class or a higher one wait, a new one goes behind them. The
+  while others of its class or a higher one wait (in any worker, where the waiting
+  order is shared: ``scheduling/shared_order.py``), a new one goes behind them. The
   decisions of a waiting request that do not admit are checks, not refusals, for the
   metrics. With priority classes each request is decided against its class's ceiling
   and latch (``decision/classes.py``; one class at the high watermark: the controller).
@@ -32,9 +33,9 @@ Notes:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -56,7 +57,6 @@ from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.priorities import Priorities, Tenants
 from asgi_admission._admission.reservations.holds import Hold, HoldRegistry
 from asgi_admission._admission.reservations.keeper import ReservationKeeper
-from asgi_admission._admission.reservations.learning import RouteEstimate
 from asgi_admission._admission.reservations.probing import Gate
 from asgi_admission._admission.reservations.sampling import sample_while_waiting, serve_with_keeper
 from asgi_admission._admission.reservations.settlement import apply
@@ -73,6 +73,7 @@ from asgi_admission._admission.room import (
 )
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
 from asgi_admission._admission.scheduling.queue import WaitQueue
+from asgi_admission._admission.scheduling.shared_order import SharedOrder
 from asgi_admission._admission.waiting import Listener, wait_then_decide
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
@@ -116,6 +117,8 @@ class AdmissionService:
         ceilings: ClassCeilings | None = None,
         priorities: Priorities | None = None,
         tenants: Tenants | None = None,
+        order: SharedOrder | None = None,
+        on_class_decision: Callable[[str, CapacityDecision], None] | None = None,
     ) -> None:
         self._config = config
         self._controller = controller
@@ -149,6 +152,8 @@ class AdmissionService:
         self.tenants = tenants
         self._queue_watcher = queue_watcher
         self._freed = freed
+        self._order = order  # the workers' waiting order, closed with the lifespan
+        self._class_decided = on_class_decision  # each decision, with its request's class
 
     # -- what the guard shows -------------------------------------------------------
 
@@ -183,14 +188,6 @@ class AdmissionService:
     def stuck(self) -> StuckWatch:
         """The watch for stuck pressure (``docs/operations.md``)."""
         return self._stuck
-
-    def learned_details(self) -> list[dict[str, object]]:
-        """What was learned of each route, as a detailed refusal body shows it."""
-        return [_learned(estimate) for estimate in self._keeper.estimates()]
-
-    def probing_details(self) -> list[dict[str, object]]:
-        """The routes being probed now, as a detailed refusal body shows them."""
-        return [dataclasses.asdict(status) for status in self._keeper.probe_status()]
 
     # -- the decision ---------------------------------------------------------------
 
@@ -233,8 +230,9 @@ class AdmissionService:
         if klass is None:
             klass = DEFAULT_CLASS if self._priorities is None else self._priorities.of(scope, route)
             tenant = None if tenants is None else tenants.of(scope)
-        # Others wait for capacity: deciding this one now would let it jump the line.
-        if queue is not None and not waiting and queue.total() and queue.ahead(klass):
+        # Others wait for capacity (here, or in another worker: the order's): deciding
+        # this one now would let it jump the line.
+        if queue is not None and not waiting and queue.ahead(klass):
             return Queued(behind_others(self._controller.pressure_state), klass, tenant)
         probing = keeper.probing and route not in keeper.known()
         ceilings = self.ceilings
@@ -296,6 +294,8 @@ class AdmissionService:
                 observer.on_decision(kind, decision, time.perf_counter() - start)
             else:  # not decided yet: only what the latch did counts
                 observer.on_check(decision)
+        if self._class_decided is not None and held is None and not queued:
+            self._class_decided(klass, decision)
         if blind_changed or decision.transition is not None:
             self._log.changed(decision, blind_changed)
         if held is not None:
@@ -377,6 +377,8 @@ class AdmissionService:
             self.tenants.refusing(self._retry_after.base_s)
         if self._observer is not None:
             self._observer.on_decision(kind, refused, waited.waited_s)
+        if self._class_decided is not None:
+            self._class_decided(queued.class_name, refused)
         return refused, self._retry_delay(refused, ""), counts
 
     def leave(self, hold: Hold) -> None:
@@ -483,13 +485,8 @@ class AdmissionService:
         sample, the stuck-pressure watch and the look for other workers."""
         if self.alone is not None:
             self.alone.start()
-        await serve_with_keeper(self._keeper, app, scope, receive, send, also=self._stuck.run)
-
-
-def _learned(estimate: RouteEstimate) -> dict[str, object]:
-    return {
-        "route": estimate.route,
-        "footprint_bytes": estimate.footprint_bytes,
-        "ramp_s": round(estimate.ramp_s, 2),
-        "observations": estimate.observations,
-    }
+        try:
+            await serve_with_keeper(self._keeper, app, scope, receive, send, also=self._stuck.run)
+        finally:
+            if self._order is not None:
+                self._order.close()  # its slot and wake socket, for the next worker

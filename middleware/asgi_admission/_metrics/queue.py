@@ -1,24 +1,31 @@
-"""The wait queue's metrics: how many wait, per class, and how long each wait took.
+"""The scheduler's metrics: how many wait, per class, how long each wait took, and the
+decisions of each class.
 
 ``asgi_admission_queue_waiting{class}`` is a gauge moved as each request joins and
 leaves the queue (``livesum`` in multiprocess mode, so the scrape sums the workers'
 waiters and a dead worker's drop out); ``asgi_admission_queue_wait_seconds{class,
 outcome}`` is a histogram observed as each wait ends (``admitted``, ``timeout``,
-``cancelled``). The ``class`` label takes the configured classes' names only (a
-bounded set, checked by the configuration); every combination starts at 0. Created
-once per registry with the decision metrics (``collector.py``).
+``cancelled``). ``asgi_admission_class_decisions_total{class,outcome,reason}`` counts
+the decisions per class, where a guard has classes (a separate family: a new label on
+``asgi_admission_decisions_total`` would change every series a dashboard or an alert
+of a guard without classes already matches); ``ledger_busy`` refusals, decided before
+a request's class is known, are counted in ``asgi_admission_decisions_total`` only. The
+``class`` label takes the configured classes' names only (a bounded set, checked by
+the configuration); every combination starts at 0. Created once per registry with the
+decision metrics (``collector.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final, get_args
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from asgi_admission._admission.decision.latch import CapacityDecision
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
 from asgi_admission._admission.scheduling.queue import WaitOutcome, WaitRecord
-from asgi_admission._metrics.decisions import PREFIX
+from asgi_admission._metrics.decisions import OUTCOMES, PREFIX
 
 #: Bucket upper bounds of ``asgi_admission_queue_wait_seconds``: 5 ms (a wake on the
 #: loop) to a minute (the longest wait worth configuring behind a proxy).
@@ -27,9 +34,10 @@ WAIT_OUTCOMES: Final[tuple[WaitOutcome, ...]] = get_args(WaitOutcome)
 
 
 class QueueMetrics:
-    """The wait queue's gauge and histogram on ``registry``, for ``classes``."""
+    """The wait queue's gauge and histogram on ``registry``, for ``classes``, and the
+    decisions per class (:meth:`counting_decisions`)."""
 
-    __slots__ = ("_seconds", "_waiting")
+    __slots__ = ("_decided", "_seconds", "_waiting")
 
     def __init__(
         self, *, registry: CollectorRegistry | None, classes: Iterable[str] = (DEFAULT_CLASS,)
@@ -48,6 +56,12 @@ class QueueMetrics:
             buckets=WAIT_BUCKETS,
             registry=registry,
         )
+        self._decided = Counter(
+            PREFIX + "class_decisions",
+            "Session admission decisions of each priority class, by outcome and refusal reason.",
+            ("class", "outcome", "reason"),
+            registry=registry,
+        )
         self.declare(classes)
 
     def declare(self, classes: Iterable[str]) -> None:
@@ -56,6 +70,21 @@ class QueueMetrics:
             self._waiting.labels(name)
             for outcome in WAIT_OUTCOMES:
                 self._seconds.labels(name, outcome)
+
+    def counting_decisions(self, classes: Iterable[str]) -> Callable[[str, CapacityDecision], None]:
+        """What a guard with ``classes`` tells of each decision and its request's class
+        (every combination of theirs started at 0); bound once, a dict lookup each."""
+        incs: dict[tuple[str, bool, str | None], Callable[[], None]] = {}
+        for name in classes:
+            for allowed, reason, outcome, label in OUTCOMES:
+                incs[name, allowed, reason] = self._decided.labels(name, outcome, label).inc
+
+        def decided(class_name: str, decision: CapacityDecision) -> None:
+            inc = incs.get((class_name, decision.allowed, decision.reason))
+            if inc is not None:
+                inc()
+
+        return decided
 
     def joined(self, class_name: str) -> None:
         """A request of ``class_name`` waits."""

@@ -32,9 +32,13 @@ Notes:
   shared one is ``shared_order.SharedOrder``) takes part: the queue tells it its first
   waiter whenever that may have changed (a waiter joins, leaves or is admitted), and
   asks it before each attempt whether another worker's waiter comes first; if so the
-  pass stops there, as at a waiter that does not fit. A waiter whose last attempt was
-  ``DEFERRED`` is not published as first (it could not take the capacity it would be
-  left). Without an order the queue is exactly the worker's own.
+  pass stops there, as at a waiter that does not fit, and after each pass it tells the
+  order (``passed``), which wakes the process whose waiter is first now. A waiter whose
+  last attempt was ``DEFERRED`` is not published as first (it could not take the
+  capacity it would be left). Without an order the queue is exactly the worker's own.
+- With an order, a wake on a loop before anyone waited adopts that loop: its pass
+  (over nobody) still tells the order, so capacity this process frees reaches
+  another's waiters.
 - Bookkeeping for the metrics: how many wait per class, and each wait's seconds and
   outcome (``admitted``, ``timeout``, ``cancelled``), counted per class and outcome,
   and told to ``on_wait_end`` as it ends.
@@ -119,6 +123,10 @@ class WaitOrder(Protocol):
     def ahead(self, rank: int, arrived: float) -> bool:
         """Whether another queue's waiter goes before one of class ``rank`` that
         arrived at ``arrived``."""
+
+    def passed(self) -> None:
+        """A pass of this queue ended (its first waiter published): wake the queue whose
+        waiter goes first now, if it is another's."""
 
 
 class _Waiter(Generic[T]):
@@ -235,7 +243,12 @@ class WaitQueue(Generic[T]):
         """
         loop = self._loop
         if loop is None:
-            return
+            if self._order is None:
+                return
+            # Nobody waited yet: on a loop, adopt it (the order is told of the pass).
+            loop = self._loop = asyncio._get_running_loop()
+            if loop is None:
+                return
         with self._schedule_lock:
             if self._scheduled:
                 return
@@ -397,6 +410,7 @@ class WaitQueue(Generic[T]):
             self._pass(order)
         finally:
             self._publish(order)
+        order.passed()
 
     def _pass(self, order: WaitOrder | None) -> None:
         """Each class in order, each line from its head, until one does not fit or

@@ -9,18 +9,15 @@ and leaves the capacity to that one).
 
 Notes:
 
-- One small file beside the session ledger, ``<shared_dir>/asgi-admission.waiting``,
-  opened as the ledger is (``safe_files``: private, never through a symlink, refused
-  when another user owns it or may write to it). It has the ledger's geometry (a
-  16-byte header: magic, slot capacity, slots in use; 32-byte slots), so a worker's
-  slot is claimed and its liveness told by the ledger's own OFD byte-range lock
-  helpers: the kernel drops the lock when the worker dies, ``SIGKILL`` included, and
-  its waiters vanish with it.
-- A slot holds ``(pid, class rank, how many wait, the first waiter's arrival, check)``.
-  Only the first waiter matters: another worker's waiter comes before a waiter of rank
+- One small file beside the session ledger, ``<shared_dir>/asgi-admission.waiting``
+  (its rows: ``order_file.py``), opened as the ledger is (``safe_files``: private,
+  never through a symlink, refused when another user owns it or may write to it). A
+  worker's slot is claimed and its liveness told by the ledger's own OFD byte-range
+  lock helpers: the kernel drops the lock when the worker dies, ``SIGKILL`` included,
+  and its waiters vanish with it.
+- Only the first waiter matters: another worker's waiter comes before a waiter of rank
   *r* arriving at *t* exactly when that worker's first does. Arrivals are
-  ``time.monotonic()``, one clock for every process of a machine. The check (a hash of
-  the rest) tells a row torn by a concurrent write, or garbage, from a real one.
+  ``time.monotonic()``, one clock for every process of a machine.
 - No blocking lock, ever: a worker writes only its own slot (no one else writes a live
   slot), so publishing is one ``pwrite`` and asking one ``pread``. The file's ``flock``
   serialises only claiming a slot and rebuilding the file, taken with ``LOCK_NB``; when
@@ -30,23 +27,27 @@ Notes:
   first takes its lock to prove it free. A truncated or garbage file is rebuilt with a
   warning naming it; the rows that are still whole and whose worker lives are kept, and
   every worker writes its own row back at its next look if it finds it gone.
-- A worker whose first waiter was behind another worker's must run its pass when that
-  one leaves or is admitted: :meth:`SharedOrder.first` says whether this worker's first
-  waiter is now the container's first; the periodic sample calls it while anything
-  waits and wakes the queue when it is (docs/configuration.md, the wait queue).
+- Waking the worker whose waiter is first (``bell``, ``order_bell.py``): after each of
+  this worker's passes (:meth:`SharedOrder.passed`; a release or an activation here
+  runs one, after the ledger has written it), the worker holding the container's first
+  waiter, if another, is rung: its pass runs at once. A worker whose first waiter was
+  behind another's thus runs its pass when that one leaves or is admitted, and
+  capacity freed in any worker goes to the container's first waiter within a
+  millisecond or so. :meth:`SharedOrder.first` (whether this worker's first waiter is
+  the container's first) is the fallback: the periodic look of each worker with
+  waiters asks it and wakes the queue when it is (docs/configuration.md, the wait
+  queue).
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import functools
 import logging
 import os
-import struct
 import time
 import weakref
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Final
 
 from asgi_admission._admission.ledger.ledger import LOCK_WAIT_S
@@ -57,74 +58,32 @@ from asgi_admission._admission.ledger.ledger_file import (
     slot_lock,
     slot_offset,
 )
-from asgi_admission._admission.ledger.ledger_file import SLOT as LEDGER_SLOT
 from asgi_admission._admission.ledger.safe_files import open_private_file
+from asgi_admission._admission.scheduling.order_bell import OrderBell
+from asgi_admission._admission.scheduling.order_file import DEFAULT_CAPACITY as DEFAULT_CAPACITY
+from asgi_admission._admission.scheduling.order_file import EMPTY as _EMPTY
+from asgi_admission._admission.scheduling.order_file import FILE_NAME as FILE_NAME
+from asgi_admission._admission.scheduling.order_file import MAGIC as MAGIC
+from asgi_admission._admission.scheduling.order_file import SETTING as SETTING
+from asgi_admission._admission.scheduling.order_file import SLOT as SLOT
+from asgi_admission._admission.scheduling.order_file import WaitingEntry as WaitingEntry
+from asgi_admission._admission.scheduling.order_file import check_of as _check
+from asgi_admission._admission.scheduling.order_file import read_waiting as read_waiting
+from asgi_admission._admission.scheduling.order_file import row_of as _row
+from asgi_admission._admission.scheduling.order_file import waiting_layout as _waiting_layout
 
 logger = logging.getLogger("asgi_admission")
 
-FILE_NAME: Final = "asgi-admission.waiting"
-SETTING: Final = "ADMISSION_SHARED_DIR"
-MAGIC: Final = b"ASGIWAI1"
-#: Slots in a new file: far more worker processes than one container runs.
-DEFAULT_CAPACITY: Final = 256
-
-SLOT: Final = struct.Struct("=qiidq")  # pid, class rank, waiting, first arrival, check
-# The ledger's slot locks cover its slots' byte ranges: the same geometry here.
-assert SLOT.size == LEDGER_SLOT.size
-
-_EMPTY: Final = bytes(SLOT.size)
-
-
-def _check(pid: int, rank: int, waiting: int, arrived: float) -> int:
-    # Deterministic across processes: numbers hash without the string hash's seed.
-    return hash((pid, rank, waiting, arrived))
-
-
-def _row(pid: int, rank: int, arrived: float, waiting: int) -> bytes:
-    return SLOT.pack(pid, rank, waiting, arrived, _check(pid, rank, waiting, arrived))
-
-
-@functools.lru_cache(maxsize=64)
-def _waiting_layout(used: int) -> struct.Struct:
-    """The ``waiting`` field of the first ``used`` slots: one ``unpack_from`` tells
-    which slots have waiters."""
-    return struct.Struct("=" + "12xi16x" * used)
-
-
-@dataclass(frozen=True, slots=True)
-class WaitingEntry:
-    """One slot of a waiting file with waiters, as :func:`read_waiting` finds it."""
-
-    slot: int
-    pid: int
-    rank: int
-    waiting: int
-    arrived: float
-    alive: bool
-
-
-def read_waiting(directory: str | os.PathLike[str]) -> list[WaitingEntry]:
-    """The slots with waiters of the waiting file in ``directory``, each with its
-    worker's liveness; for operators and tests (it takes no lock)."""
-    path = os.path.join(os.fspath(directory), FILE_NAME)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    try:
-        data = os.pread(fd, os.fstat(fd).st_size, 0)
-        entries = []
-        for slot in range(max(0, len(data) - HEADER.size) // SLOT.size):
-            pid, rank, waiting, arrived, _ = SLOT.unpack_from(data, slot_offset(slot))
-            if waiting:
-                entries.append(WaitingEntry(slot, pid, rank, waiting, arrived, slot_held(fd, slot)))
-        return entries
-    finally:
-        os.close(fd)
+#: Where this worker has no waiter: behind every other worker's first.
+_LAST: Final = (2**31 - 1, float("inf"))
 
 
 class SharedOrder:
     """This worker's place in the container's waiting order (see the module notes).
 
     Hand it to the worker's ``WaitQueue`` (``order=``): the queue publishes its first
-    waiter through :meth:`publish` and asks :meth:`ahead` before each attempt.
+    waiter through :meth:`publish`, asks :meth:`ahead` before each attempt and tells
+    :meth:`passed` after each pass. ``bell`` (``None``: none) wakes the other workers.
     """
 
     __slots__ = (
@@ -141,15 +100,21 @@ class SharedOrder:
         "_waiting",
         "_want",
         "_warned",
+        "bell",
         "directory",
         "path",
     )
 
     def __init__(
-        self, directory: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        capacity: int = DEFAULT_CAPACITY,
+        bell: OrderBell | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be 1 or more; got {capacity!r}.")
+        self.bell = bell
         self.directory = os.path.abspath(os.fspath(directory))
         self.path = os.path.join(self.directory, FILE_NAME)
         self._capacity = capacity
@@ -217,6 +182,29 @@ class SharedOrder:
         """Whether another live worker's waiter is served before a waiter of class
         ``rank`` (0: served first) that arrived at ``arrived``: one ``pread``, one
         ``fcntl`` per slot with waiters."""
+        return self._ahead_slot((rank, arrived), best=False) is not None
+
+    def tell_rings(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (the queue's wake) on the loop when another worker rings this
+        one (nothing without a bell)."""
+        if self.bell is not None:
+            self.bell.on_ring = callback
+
+    def passed(self) -> None:
+        """After a pass of this worker's queue (its first waiter published): ring the
+        worker whose waiter is the container's first now, if it is another's, so that its
+        pass runs at once (it takes what capacity is left, or finds none)."""
+        bell = self.bell
+        if bell is None or self._fd < 0:
+            return
+        slot = self._ahead_slot(self._head or _LAST, best=True)
+        if slot is not None:
+            bell.ring(slot)
+
+    def _ahead_slot(self, mine: tuple[int, float], *, best: bool) -> int | None:
+        """The slot of a live worker whose first waiter is served before ``mine`` (a
+        class rank and an arrival), the earliest served where ``best``; ``None``: none
+        is. Dead workers' slots met on the way are cleared."""
         try:
             data = self._read()
         except OSError as exc:
@@ -227,11 +215,12 @@ class SharedOrder:
                 self.path,
                 exc,
             )
-            return False
+            return None
         own = self._slot
         if own >= 0 and not data.startswith(self._row, self._offset):
             self._restore_own()  # lost to a rebuild, or scribbled on
         waiting = self._layout.unpack_from(data, HEADER.size)
+        found = None
         for slot, count in enumerate(waiting):
             if not count or slot == own:
                 continue
@@ -239,12 +228,16 @@ class SharedOrder:
             pid, other_rank, _, other_arrived, check = SLOT.unpack_from(data, offset)
             if check != _check(pid, other_rank, count, other_arrived):
                 continue  # torn by its worker's write in this instant, or garbage
-            if (other_rank, other_arrived) >= (rank, arrived):
+            head = (other_rank, other_arrived)
+            if head >= mine:
                 continue
-            if slot_held(self._fd, slot):
-                return True
-            self._clear_dead(slot)
-        return False
+            if not slot_held(self._fd, slot):
+                self._clear_dead(slot)
+            elif not best:
+                return slot
+            else:
+                mine, found = head, slot  # the one to beat from here on
+        return found
 
     def first(self) -> bool:
         """Whether this worker has waiters and its first is the container's first: for
@@ -279,6 +272,8 @@ class SharedOrder:
         if fd < 0:
             return
         try:
+            if self.bell is not None:
+                self.bell.close()  # while the slot's lock is held: the file is still ours
             if self._slot >= 0:
                 os.pwrite(fd, _EMPTY, self._offset)
         finally:
@@ -295,6 +290,8 @@ class SharedOrder:
             self.path,
         )
         old, self._fd = self._fd, fd
+        if self.bell is not None:
+            self.bell.close(unlink=False)  # that name may be a worker's of the new file
         self._reset_slot()
         self._set_used(1)
         os.close(old)  # drops this worker's slot lock in the old file
@@ -430,6 +427,8 @@ class SharedOrder:
                     raise
                 self._slot, self._offset = slot, slot_offset(slot)
                 self._row = b""
+                if self.bell is not None:
+                    self.bell.bind(slot)
                 if slot >= HEADER.unpack(os.pread(fd, HEADER.size, 0))[2]:
                     os.pwrite(fd, HEADER.pack(MAGIC, self._capacity, slot + 1), 0)
                     self._set_used(slot + 1)
@@ -455,6 +454,8 @@ class SharedOrder:
             return  # claimed this instant by a live worker
         try:
             os.pwrite(fd, _EMPTY, slot_offset(slot))
+            if self.bell is not None:
+                self.bell.unlink(slot)
         except OSError:
             pass  # ignored while dead; the next look tries again
         finally:
@@ -471,6 +472,8 @@ class SharedOrder:
         old, self._fd = self._fd, -1
         self._reset_slot()
         self._head, self._waiting = None, 0
+        if self.bell is not None:
+            self.bell.forget()
         if old >= 0:
             os.close(old)
         try:

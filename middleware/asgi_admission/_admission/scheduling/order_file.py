@@ -1,0 +1,78 @@
+"""The shared waiting order's file: its rows, and a look at them for operators and tests.
+
+``<shared_dir>/asgi-admission.waiting`` has the session ledger's geometry (a 16-byte
+header: magic, slot capacity, slots in use; 32-byte slots), so a worker's slot is
+claimed and its liveness told by the ledger's own OFD byte-range lock helpers. A slot
+holds ``(pid, class rank, how many wait, the first waiter's arrival, check)``; the
+check (a hash of the rest) tells a row torn by a concurrent write, or garbage, from a
+real one. ``shared_order.SharedOrder`` reads and writes it; the wake sockets of the
+workers with waiters are named after their slots (``order_bell.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from asgi_admission._admission.ledger.ledger_file import HEADER, slot_held, slot_offset
+from asgi_admission._admission.ledger.ledger_file import SLOT as LEDGER_SLOT
+
+FILE_NAME: Final = "asgi-admission.waiting"
+SETTING: Final = "ADMISSION_SHARED_DIR"
+MAGIC: Final = b"ASGIWAI1"
+#: Slots in a new file: far more worker processes than one container runs.
+DEFAULT_CAPACITY: Final = 256
+
+SLOT: Final = struct.Struct("=qiidq")  # pid, class rank, waiting, first arrival, check
+# The ledger's slot locks cover its slots' byte ranges: the same geometry here.
+assert SLOT.size == LEDGER_SLOT.size
+
+EMPTY: Final = bytes(SLOT.size)
+
+
+def check_of(pid: int, rank: int, waiting: int, arrived: float) -> int:
+    # Deterministic across processes: numbers hash without the string hash's seed.
+    return hash((pid, rank, waiting, arrived))
+
+
+def row_of(pid: int, rank: int, arrived: float, waiting: int) -> bytes:
+    return SLOT.pack(pid, rank, waiting, arrived, check_of(pid, rank, waiting, arrived))
+
+
+@functools.lru_cache(maxsize=64)
+def waiting_layout(used: int) -> struct.Struct:
+    """The ``waiting`` field of the first ``used`` slots: one ``unpack_from`` tells
+    which slots have waiters."""
+    return struct.Struct("=" + "12xi16x" * used)
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingEntry:
+    """One slot of a waiting file with waiters, as :func:`read_waiting` finds it."""
+
+    slot: int
+    pid: int
+    rank: int
+    waiting: int
+    arrived: float
+    alive: bool
+
+
+def read_waiting(directory: str | os.PathLike[str]) -> list[WaitingEntry]:
+    """The slots with waiters of the waiting file in ``directory``, each with its
+    worker's liveness; for operators and tests (it takes no lock)."""
+    path = os.path.join(os.fspath(directory), FILE_NAME)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        data = os.pread(fd, os.fstat(fd).st_size, 0)
+        entries = []
+        for slot in range(max(0, len(data) - HEADER.size) // SLOT.size):
+            pid, rank, waiting, arrived, _ = SLOT.unpack_from(data, slot_offset(slot))
+            if waiting:
+                entries.append(WaitingEntry(slot, pid, rank, waiting, arrived, slot_held(fd, slot)))
+        return entries
+    finally:
+        os.close(fd)

@@ -33,7 +33,12 @@ def make(
 
 
 def admit(
-    settler: Settler, ledger: InProcessLedger, used: int | None, now: float, kind: str = "http"
+    settler: Settler,
+    ledger: InProcessLedger,
+    used: int | None,
+    now: float,
+    kind: str = "http",
+    expected: int = R,
 ) -> Settlement:
     with ledger.locked():
         return settler.admit(
@@ -42,7 +47,7 @@ def admit(
             route="POST /s",
             used_bytes=used,
             now=now,
-            expected_bytes=R,
+            expected_bytes=expected,
         )
 
 
@@ -55,6 +60,18 @@ def test_in_request_memory_settles_at_the_response() -> None:
     assert counts(ledger) == (0, 1)  # still inside its request
     apply(settler.respond(entry, 0.6))
     assert counts(ledger) == (0, 0)
+
+
+def test_a_session_expected_to_add_less_than_the_noise_settles_at_its_response() -> None:
+    """A route learned to add a few kilobytes (a session that starts a short process)
+    settles at its response, as one expecting nothing: so little can never be told from
+    the working set's own movement, and waiting for it would pile sessions up pending."""
+    settler, ledger = make(ramp_s=8.0)
+    entries = [admit(settler, ledger, 500 * MIB, 0.01 * n, expected=1205) for n in range(50)]
+    for entry in entries:
+        apply(settler.respond(entry, 0.6))
+    assert counts(ledger) == (0, 0)
+    assert settler.waiting == 0
 
 
 def test_memory_arriving_after_the_response_holds_the_reservation() -> None:

@@ -35,12 +35,17 @@ Notes:
   comes rather than how much, still come from every step (``ramp_profile.py``).
 - Bounded: at most ``MAX_OPEN`` open windows and the admissions of the last
   ``2 x HORIZON_S`` (at most ``MAX_RECENT``); a reading costs a pass over the recent
-  admissions for each open window.
+  admissions for each open window, and asks what is known of each route once. An
+  admission beyond ``MAX_RECENT`` is not remembered: like another worker's session,
+  it crowds every window open while it may ramp (they are dropped unless nothing grew),
+  so the reading's cost stays bounded however fast sessions are admitted.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from typing import TypeVar
 
 from asgi_admission._admission.reservations.attribution import DRIFT_BYTES_PER_S, Overlap
 from asgi_admission._admission.reservations.window_records import (
@@ -63,6 +68,8 @@ from asgi_admission._admission.reservations.window_records import (
     quick,
     share_between,
 )
+
+T = TypeVar("T")
 
 
 class GrowthWindows:
@@ -118,8 +125,11 @@ class GrowthWindows:
             self._restart(used_bytes, now)
             last = self._last
         admission = Admission(route, now, now if responded else None)
-        if len(self._recent) < MAX_RECENT:
-            self._recent.append(admission)
+        if len(self._recent) >= MAX_RECENT:
+            # Too many to follow: its growth is unknown to every window it may ramp in.
+            self._foreign_until = max(self._foreign_until, now + self.horizon_s + QUIET_S)
+            return
+        self._recent.append(admission)
         if last is None or len(self._open) >= MAX_OPEN or now - last[1] > MAX_STEP_S:
             return
         self._open.append(OpenWindow(admission, last[1], self._growth))
@@ -193,6 +203,7 @@ class GrowthWindows:
             return []
         self._open = [w for w in self._open if w.admission.route != route]
         now = self._last[1]
+        expected, lengths = _once_per_route(expected), _once_per_route(lengths)
         closed = [self._closed(window, now, expected, lengths) for window in closing]
         return [w for w in closed if w is not None]
 
@@ -208,6 +219,8 @@ class GrowthWindows:
         last = self._last
         ended, self._ended = self._ended, []
         foreign_ended, self._foreign_ended = self._foreign_ended, False
+        # What is known of a route does not change during a reading: asked once each.
+        expected, lengths = _once_per_route(expected), _once_per_route(lengths)
         if last is None or not 0 < now - last[1] <= MAX_STEP_S:
             self._restart(used_bytes, now)
             return [], [], None
@@ -415,6 +428,18 @@ class GrowthWindows:
             ),
             exact=exact,
         )
+
+
+def _once_per_route(ask: Callable[[str], T]) -> Callable[[str], T]:
+    """``ask``, remembering its answer for each route (for the length of one reading)."""
+    answers: dict[str, T] = {}
+
+    def once(route: str) -> T:
+        if route not in answers:
+            answers[route] = ask(route)
+        return answers[route]
+
+    return once
 
 
 def _freed(ended: list[tuple[str, float]], freed_bytes: float) -> list[Freed]:

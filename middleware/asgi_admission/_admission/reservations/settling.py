@@ -74,6 +74,9 @@ logger = logging.getLogger("asgi_admission")
 #: The share of its expected bytes a session's growth must show to settle.
 VISIBLE_FRACTION: Final = 0.9
 DEFAULT_PENDING_TIMEOUT_S: Final = 120.0
+#: A session expected to add less than this settles as one expecting nothing: memory
+#: moves by more than this between readings for reasons of its own.
+NOISE_BYTES: Final = 1024 * 1024
 
 
 class Settler:
@@ -172,7 +175,10 @@ class Settler:
         seq = next(NUMBERS)
         entry = Settlement(seq, reservation, kind, route, now)
         self._entries[seq] = entry
-        expected = entry.remaining = expected_bytes
+        # Less than the working set's own noise can never be told apart from it: waiting
+        # for it would keep the session pending until its ramp or timeout, and a pile of
+        # such sessions would cost every decision a pass over the settling queue.
+        expected = entry.remaining = expected_bytes if expected_bytes >= NOISE_BYTES else 0
         if not expected:
             # Nothing to wait for (no reserve, or sessions of this route add nothing).
             entry.visible = True

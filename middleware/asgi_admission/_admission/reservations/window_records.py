@@ -32,8 +32,13 @@ MIN_WINDOW_S: Final = 0.3
 #: How much shorter and longer than learned other sessions' ramps are taken to be at
 #: most, for what is taken away from a session's growth.
 RAMP_SPREAD: Final = (0.5, 1.5)
-MAX_OPEN: Final = 256
-MAX_RECENT: Final = 1024
+#: At most this many windows open at once, and this many admissions remembered: a
+#: reading makes a pass over the remembered admissions for each open window, on the
+#: event loop, so both stay small. More admissions than that within ``2 x HORIZON_S``
+#: (over 6 a second) are too many to tell one session's growth from the others' anyway:
+#: one not remembered counts as an unknown session, as another worker's does.
+MAX_OPEN: Final = 32
+MAX_RECENT: Final = 96
 #: A new peak must beat the last by this much, or by ``PEAK_SHARE`` of it: memory
 #: drifting up for other reasons must not keep a finished session's window open.
 PEAK_STEP: Final = 1024 * 1024

@@ -26,7 +26,7 @@ from asgi_admission import (
     SessionWatchdog,
     metrics_route,
 )
-from asgi_admission._config import ENVIRONMENT
+from asgi_admission._config_env import ENVIRONMENT
 from asgi_admission._watchdog.settings import ENV_CRITICAL_WATERMARK, ENV_INTERVAL
 from asgi_admission.demo import ENV_METRICS_PORT
 from suitekit import PACKAGE, ROOT

@@ -38,7 +38,8 @@ from asgi_admission._admission.scheduling.queue import WaitQueue, WaitRecord
 from asgi_admission._admission.scheduling.shared_order import SharedOrder
 from asgi_admission._admission.scheduling.tenants import TenantShares
 from asgi_admission._admission.service import AdmissionService
-from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionConfig
+from asgi_admission._config import AdmissionConfig
+from asgi_admission._config_env import SHARED_DIR_AUTO, SHARED_DIR_OFF
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.host import HostMemoryReader
 from asgi_admission._metrics.instrument import expose, instrument, queue_metrics

@@ -17,7 +17,8 @@ from asgi_admission._admission.reservations.learning import (
 from asgi_admission._admission.reservations.probe_window import describe
 from asgi_admission._admission.reservations.shared_files import read_learned
 from asgi_admission._admission.reservations.shared_probes import read_probing
-from asgi_admission._config import SHARED_DIR_AUTO, SHARED_DIR_OFF, AdmissionConfig
+from asgi_admission._config import AdmissionConfig
+from asgi_admission._config_env import SHARED_DIR_AUTO, SHARED_DIR_OFF
 
 
 def service_directory(

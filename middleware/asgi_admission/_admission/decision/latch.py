@@ -33,11 +33,11 @@ from typing import Literal, Protocol
 
 from asgi_admission._admission.decision.reserve import derived_reserve_bytes
 from asgi_admission._config import (
-    BLIND_MAX_SESSIONS,
     DEFAULT_HIGH_WATERMARK_PERCENT,
     DEFAULT_RESUME_THRESHOLD_PERCENT,
     check_watermarks,
 )
+from asgi_admission._config_env import BLIND_MAX_SESSIONS
 from asgi_admission._memory.cgroup import read_cgroup_memory
 from asgi_admission._memory.reading import MemoryReader, MemoryReading, draft_class
 

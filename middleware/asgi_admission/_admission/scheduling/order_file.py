@@ -43,6 +43,44 @@ def row_of(pid: int, rank: int, arrived: float, waiting: int) -> bytes:
 
 
 @functools.lru_cache(maxsize=64)
+def header_problem(data: bytes, capacity: int) -> str | None:
+    """What makes ``data`` (the file's start) unusable for a file of ``capacity`` slots,
+    in words for the warning; ``None`` when its header is sound."""
+    if len(data) < HEADER.size:
+        return f"a header of {len(data)} bytes"
+    magic, found, used = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        return "no waiting-order header"
+    if found != capacity:
+        return f"{found} slots where {capacity} were expected"
+    if used > found:
+        return f"{used} slots in use of {found}"
+    return None
+
+
+def live_rows(fd: int, capacity: int, own_slot: int) -> tuple[bytearray, int]:
+    """Under the file's flock: a fresh file's bytes (its header left to fill) holding
+    every whole row whose worker lives, and how many slots it uses. ``own_slot`` (-1:
+    none) is the caller's, which it writes back itself."""
+    old = os.pread(fd, slot_offset(capacity), 0)
+    kept = bytearray(slot_offset(capacity))
+    used = 0
+    for slot in range(capacity):
+        offset = slot_offset(slot)
+        if slot == own_slot:
+            used = slot + 1
+            continue
+        if not slot_held(fd, slot):
+            continue
+        used = slot + 1
+        row = old[offset : offset + SLOT.size]
+        if len(row) == SLOT.size:
+            pid, rank, waiting, arrived, check = SLOT.unpack(row)
+            if check == check_of(pid, rank, waiting, arrived):
+                kept[offset : offset + SLOT.size] = row
+    return kept, used
+
+
 def waiting_layout(used: int) -> struct.Struct:
     """The ``waiting`` field of the first ``used`` slots: one ``unpack_from`` tells
     which slots have waiters."""

@@ -68,6 +68,7 @@ from asgi_admission._admission.scheduling.order_file import SETTING as SETTING
 from asgi_admission._admission.scheduling.order_file import SLOT as SLOT
 from asgi_admission._admission.scheduling.order_file import WaitingEntry as WaitingEntry
 from asgi_admission._admission.scheduling.order_file import check_of as _check
+from asgi_admission._admission.scheduling.order_file import header_problem, live_rows
 from asgi_admission._admission.scheduling.order_file import read_waiting as read_waiting
 from asgi_admission._admission.scheduling.order_file import row_of as _row
 from asgi_admission._admission.scheduling.order_file import waiting_layout as _waiting_layout
@@ -315,7 +316,7 @@ class SharedOrder:
         data = os.pread(self._fd, self._want, 0)
         if len(data) == self._want and data.startswith(self._header):
             return data
-        problem = self._problem(data)
+        problem = header_problem(data, self._capacity)
         if problem is None:
             used = HEADER.unpack_from(data)[2]
             self._set_used(used)
@@ -326,25 +327,13 @@ class SharedOrder:
         self._rebuild_now()
         return os.pread(self._fd, self._want, 0).ljust(self._want, b"\0")
 
-    def _problem(self, data: bytes) -> str | None:
-        if len(data) < HEADER.size:
-            return f"a header of {len(data)} bytes"
-        magic, capacity, used = HEADER.unpack_from(data)
-        if magic != MAGIC:
-            return "no waiting-order header"
-        if capacity != self._capacity:
-            return f"{capacity} slots where {self._capacity} were expected"
-        if used > capacity:
-            return f"{used} slots in use of {capacity}"
-        return None
-
     def _check_file(self) -> None:
         """Under the flock: rebuild an empty (new) or unusable file."""
         header = os.pread(self._fd, HEADER.size, 0)
         if not header:
             self._rebuild(None)
             return
-        problem = self._problem(header)
+        problem = header_problem(header, self._capacity)
         if problem is None:
             size = os.fstat(self._fd).st_size
             used = HEADER.unpack(header)[2]
@@ -370,22 +359,7 @@ class SharedOrder:
     def _rebuild(self, problem: str | None) -> None:
         """Under the flock: a fresh file keeping every whole row whose worker lives."""
         fd, capacity = self._fd, self._capacity
-        old = os.pread(fd, slot_offset(capacity), 0)
-        kept = bytearray(slot_offset(capacity))
-        used = 0
-        for slot in range(capacity):
-            offset = slot_offset(slot)
-            if slot == self._slot:
-                used = slot + 1
-                continue
-            if not slot_held(fd, slot):
-                continue
-            used = slot + 1
-            row = old[offset : offset + SLOT.size]
-            if len(row) == SLOT.size:
-                pid, rank, waiting, arrived, check = SLOT.unpack(row)
-                if check == _check(pid, rank, waiting, arrived):
-                    kept[offset : offset + SLOT.size] = row
+        kept, used = live_rows(fd, capacity, self._slot)
         if problem is not None:
             logger.warning(
                 "asgi-admission: the shared waiting order %s was unusable (%s); rebuilding "

@@ -10,6 +10,7 @@ after a session ends was woken by the end itself.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -446,6 +447,36 @@ def test_a_session_ending_in_another_worker_wakes_that_waiter_at_once(tmp_path: 
     latencies, sockets = asyncio.run(scenario())
     assert max(latencies) < 0.1, latencies
     assert len(sockets) == 2, sockets  # one wake socket per guard with waiters
+    assert [p.name for p in shared.iterdir() if p.is_socket()] == []
+
+
+def test_the_order_across_workers_outlives_a_lifespan(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two guards sharing their ledger whose lifespans end and start again (an app served
+    twice by one process): in the second lifespan a session ending in one still rings
+    the other's waiter at once, and nothing warns of an unreadable order."""
+    shared = tmp_path / "shared"
+    guards = [guarded(shared_dir=str(shared)), guarded(shared_dir=str(shared))]
+
+    async def lifespan() -> float:
+        holder = Socket(guards[0])
+        await holder.opened.wait()
+        waiter = Socket(guards[1])
+        await asyncio.sleep(0.02)
+        closed = time.monotonic()
+        await holder.close()
+        await asyncio.wait_for(waiter.opened.wait(), timeout=2)
+        latency = time.monotonic() - closed
+        await waiter.close()
+        for mw in guards:
+            await lifespan_shutdown(mw)
+        return latency
+
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        latencies = [asyncio.run(lifespan()), asyncio.run(lifespan())]
+    assert max(latencies) < 0.1, latencies
+    assert [r.getMessage() for r in caplog.records if "waiting order" in r.getMessage()] == []
     assert [p.name for p in shared.iterdir() if p.is_socket()] == []
 
 

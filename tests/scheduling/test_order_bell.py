@@ -16,9 +16,9 @@ from queuekit import Admission, Capacity, settle
 from asgi_admission._admission.ledger.ledger_file import HEADER, slot_offset
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.scheduling.order_bell import PREFIX, OrderBell
-from asgi_admission._admission.scheduling.order_file import FILE_NAME, MAGIC, SLOT
+from asgi_admission._admission.scheduling.order_file import FILE_NAME, MAGIC, SLOT, read_waiting
 from asgi_admission._admission.scheduling.queue import WaitQueue
-from asgi_admission._admission.scheduling.shared_order import SharedOrder, read_waiting
+from asgi_admission._admission.scheduling.shared_order import SharedOrder
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._factory import build_order
 
@@ -280,3 +280,33 @@ def test_an_order_file_that_cannot_be_used_stops_a_named_directory_not_the_autom
     assert build_order(AdmissionConfig(), str(directory), ledger) is None
     assert not (directory / "elsewhere").exists()
     ledger.close()
+
+
+def test_a_socket_of_that_name_made_by_another_worker_since_is_not_removed(
+    directory: Path,
+) -> None:
+    """A worker still on a waiting-order file replaced meanwhile holds a slot another
+    worker holds in the new file, under the same socket name: closing, it leaves the
+    other's socket alone; and a dead slot's socket is removed only where nobody listens."""
+
+    async def main() -> tuple[bool, int, bool, bool]:
+        heard = [0]
+        stale = OrderBell(directory)
+        stale.bind(0)
+        os.unlink(directory / f"{PREFIX}0")  # the file replaced: its sockets with it
+        live = OrderBell(directory, on_ring=lambda: heard.__setitem__(0, heard[0] + 1))
+        live.bind(0)
+        stale.close()
+        still_there = sockets(directory) == [f"{PREFIX}0"]
+        OrderBell(directory).ring(0)
+        for _ in range(50):
+            await asyncio.sleep(0.001)
+        finder = OrderBell(directory)
+        finder.unlink(0)  # a look that took slot 0 for dead in a stale file
+        kept = sockets(directory) == [f"{PREFIX}0"]
+        live.close(unlink=False)  # as a SIGKILL leaves it: the file, nobody reading it
+        finder.unlink(0)
+        removed = sockets(directory) == []
+        return still_there, heard[0], kept, removed
+
+    assert asyncio.run(main()) == (True, 1, True, True)

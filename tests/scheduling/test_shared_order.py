@@ -18,14 +18,9 @@ import pytest
 from queuekit import Admission, Capacity, settle
 
 from asgi_admission._admission.ledger.ledger_file import HEADER, slot_offset
+from asgi_admission._admission.scheduling.order_file import FILE_NAME, MAGIC, SLOT, read_waiting
 from asgi_admission._admission.scheduling.queue import Verdict, WaitQueue
-from asgi_admission._admission.scheduling.shared_order import (
-    FILE_NAME,
-    MAGIC,
-    SLOT,
-    SharedOrder,
-    read_waiting,
-)
+from asgi_admission._admission.scheduling.shared_order import SharedOrder
 from requirekit import require_root
 
 #: Internal on purpose: the shared waiting order's file, and the wait queue's order hook.
@@ -321,7 +316,8 @@ def test_capacity_must_be_at_least_one(tmp_path: Path) -> None:
 #: order publishes a critical waiter; it prints what each side saw.
 FORKING = """
 import os, sys
-from asgi_admission._admission.scheduling.shared_order import SharedOrder, read_waiting
+from asgi_admission._admission.scheduling.order_file import read_waiting
+from asgi_admission._admission.scheduling.shared_order import SharedOrder
 
 def live():
     return sorted(e.pid for e in read_waiting(sys.argv[1]) if e.alive)

@@ -137,7 +137,8 @@ class FreedWatch:
     """While anyone waits in ``queue``: every ``interval_s``, ``look()`` (the sessions
     counted and the memory used, ``LedgerBusy`` while the ledger is held elsewhere), and a
     wake where either fell since the look before, or where ``first()`` says this worker's
-    first waiter is the container's first (``SharedOrder.first``; ``None``: no order)."""
+    first waiter has just become the container's first (``SharedOrder.first``; ``None``:
+    no order)."""
 
     __slots__ = ("_first", "_interval_s", "_look", "_queue", "_task")
 
@@ -163,10 +164,15 @@ class FreedWatch:
     async def _watch(self) -> None:
         queue = self._queue
         before = self._try_look()
+        was_first = False
         while queue.total():
             await asyncio.sleep(self._interval_s)
-            if self._first is not None and self._first():
-                queue.wake()  # its worker rings it as it frees capacity; this, if lost
+            first = self._first is not None and self._first()
+            if first and not was_first:
+                # Just became the container's first: its worker rang it, or (this) the
+                # ring was lost. While it stays first the counts below say when to try.
+                queue.wake()
+            was_first = first
             now = self._try_look()
             if now is None:
                 continue

@@ -489,4 +489,4 @@ class AdmissionService:
             await serve_with_keeper(self._keeper, app, scope, receive, send, also=self._stuck.run)
         finally:
             if self._order is not None:
-                self._order.close()  # its slot and wake socket, for the next worker
+                self._order.leave()  # its slot and wake socket, for the next worker

@@ -48,7 +48,8 @@ PREFIX: Final = "asgi-admission.wake."
 #: Rings read at most in one go; more are read on the loop's next turn.
 _DRAIN: Final = 64
 #: A ring put off while the ledger is held elsewhere: tried again after this, at most
-#: ``_RETRIES`` times (then the other worker's look finds the capacity).
+#: ``_RETRIES`` times, and then sent all the same (the worker rung reads the ledger as it
+#: is by then; what it cannot see yet, its periodic look finds).
 RETRY_S: Final = 0.002
 _RETRIES: Final = 25
 
@@ -61,11 +62,11 @@ class OrderBell:
 
     __slots__ = (
         "__weakref__",
+        "_bound",
         "_flush",
         "_loop",
         "_open",
         "_pid",
-        "_put_off",
         "_sender",
         "_slot",
         "_socket",
@@ -83,7 +84,8 @@ class OrderBell:
     ) -> None:
         self.directory = os.path.abspath(os.fspath(directory))
         self._flush = flush
-        self._put_off = 0
+        #: The socket file this worker bound (device, inode): only that one is its to remove.
+        self._bound: tuple[int, int] | None = None
         #: Told on the loop when another worker rings this one (the wait queue's wake).
         self.on_ring = on_ring
         self._socket: socket.socket | None = None
@@ -122,6 +124,7 @@ class OrderBell:
                 os.unlink(path)  # a dead worker's: this slot's lock is ours
             listener.bind(path)
             os.chmod(path, 0o600)
+            made = os.stat(path)
             loop.add_reader(listener.fileno(), self._heard)
         except (OSError, NotImplementedError) as exc:
             self._drop(listener)
@@ -138,29 +141,41 @@ class OrderBell:
                 )
             return
         self._socket, self._slot, self._loop = listener, slot, loop
+        self._bound = (made.st_dev, made.st_ino)
 
-    def ring(self, slot: int) -> None:
+    def ring(self, slot: int, tries: int = 0) -> None:
         """Wake the worker holding ``slot``: one byte, never blocking, never raising; put
-        off a little while ``flush`` finds the ledger held elsewhere (module notes)."""
+        off a little while ``flush`` finds the ledger held elsewhere (module notes),
+        ``tries`` times so far."""
         if self._flush is not None and not self._flush():
             loop = asyncio._get_running_loop()
-            if loop is not None and self._put_off < _RETRIES:
-                self._put_off += 1
-                loop.call_later(RETRY_S, self.ring, slot)
+            if loop is not None and tries < _RETRIES:
+                loop.call_later(RETRY_S, self.ring, slot, tries + 1)
                 return
-        self._put_off = 0
-        sender = self._sender
-        if sender is None or self._pid != os.getpid():
-            self._pid = os.getpid()
-            sender = self._sender = self._new_socket()
-        with contextlib.suppress(OSError):  # full, gone, not bound yet: the look serves
+        # Full, gone, not bound yet, or no socket to send from (out of descriptors): the
+        # periodic look serves.
+        with contextlib.suppress(OSError):
+            sender = self._sender
+            if sender is None or self._pid != os.getpid():
+                self._pid = os.getpid()
+                sender = self._sender = self._new_socket()
             sender.sendto(b"\0", socket.MSG_DONTWAIT, self.path(slot))
 
     def unlink(self, slot: int) -> None:
-        """Remove the wake socket of a dead worker's ``slot`` (its lock held by the caller)."""
-        if slot != self._slot:
-            with contextlib.suppress(OSError):
-                os.unlink(self.path(slot))
+        """Remove the wake socket of a dead worker's ``slot`` (its lock held by the caller)
+        where nobody listens on it: in a file replaced meanwhile, the slot's lock says
+        nothing of the socket a worker of the new file bound under that name."""
+        if slot == self._slot:
+            return
+        path = self.path(slot)
+        with (
+            contextlib.suppress(OSError),
+            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe,
+        ):
+            try:
+                probe.connect(path)  # a live worker's: it stays
+            except ConnectionRefusedError:
+                os.unlink(path)  # bound by nobody now
 
     def close(self, *, unlink: bool = True) -> None:
         """Stop listening; ``unlink``: remove this worker's socket file too (not where the
@@ -172,9 +187,13 @@ class OrderBell:
             return
         if loop is not None and not loop.is_closed():
             loop.remove_reader(listener.fileno())
+        bound, self._bound = self._bound, None
         if unlink:
+            path = self.path(slot)
             with contextlib.suppress(OSError):
-                os.unlink(self.path(slot))
+                now = os.stat(path)
+                if (now.st_dev, now.st_ino) == bound:  # not a file another worker made since
+                    os.unlink(path)
         self._drop(listener)
 
     def forget(self) -> None:

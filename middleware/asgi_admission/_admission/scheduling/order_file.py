@@ -42,7 +42,6 @@ def row_of(pid: int, rank: int, arrived: float, waiting: int) -> bytes:
     return SLOT.pack(pid, rank, waiting, arrived, check_of(pid, rank, waiting, arrived))
 
 
-@functools.lru_cache(maxsize=64)
 def header_problem(data: bytes, capacity: int) -> str | None:
     """What makes ``data`` (the file's start) unusable for a file of ``capacity`` slots,
     in words for the warning; ``None`` when its header is sound."""
@@ -81,6 +80,7 @@ def live_rows(fd: int, capacity: int, own_slot: int) -> tuple[bytearray, int]:
     return kept, used
 
 
+@functools.lru_cache(maxsize=64)
 def waiting_layout(used: int) -> struct.Struct:
     """The ``waiting`` field of the first ``used`` slots: one ``unpack_from`` tells
     which slots have waiters."""

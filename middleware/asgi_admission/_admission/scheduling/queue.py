@@ -242,13 +242,16 @@ class WaitQueue(Generic[T]):
         pass is already scheduled joins that pass.
         """
         loop = self._loop
-        if loop is None:
-            if self._order is None:
+        if loop is None or loop.is_closed():
+            if self._order is None or self.total():
                 return
-            # Nobody waited yet: on a loop, adopt it (the order is told of the pass).
+            # Nobody waits on a loop that runs: on a loop, adopt it (the order is told of
+            # the pass), as after a lifespan run on a loop that has since closed.
             loop = self._loop = asyncio._get_running_loop()
             if loop is None:
                 return
+            with self._schedule_lock:
+                self._scheduled = False  # one scheduled on the closed loop never ran
         with self._schedule_lock:
             if self._scheduled:
                 return

@@ -41,6 +41,7 @@ Notes:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -60,16 +61,17 @@ from asgi_admission._admission.ledger.ledger_file import (
 )
 from asgi_admission._admission.ledger.safe_files import open_private_file
 from asgi_admission._admission.scheduling.order_bell import OrderBell
-from asgi_admission._admission.scheduling.order_file import DEFAULT_CAPACITY as DEFAULT_CAPACITY
+from asgi_admission._admission.scheduling.order_file import (
+    DEFAULT_CAPACITY,
+    FILE_NAME,
+    MAGIC,
+    SETTING,
+    SLOT,
+    header_problem,
+    live_rows,
+)
 from asgi_admission._admission.scheduling.order_file import EMPTY as _EMPTY
-from asgi_admission._admission.scheduling.order_file import FILE_NAME as FILE_NAME
-from asgi_admission._admission.scheduling.order_file import MAGIC as MAGIC
-from asgi_admission._admission.scheduling.order_file import SETTING as SETTING
-from asgi_admission._admission.scheduling.order_file import SLOT as SLOT
-from asgi_admission._admission.scheduling.order_file import WaitingEntry as WaitingEntry
 from asgi_admission._admission.scheduling.order_file import check_of as _check
-from asgi_admission._admission.scheduling.order_file import header_problem, live_rows
-from asgi_admission._admission.scheduling.order_file import read_waiting as read_waiting
 from asgi_admission._admission.scheduling.order_file import row_of as _row
 from asgi_admission._admission.scheduling.order_file import waiting_layout as _waiting_layout
 
@@ -242,7 +244,7 @@ class SharedOrder:
 
     def first(self) -> bool:
         """Whether this worker has waiters and its first is the container's first: for
-        the periodic sample, which then wakes the queue (its pass runs again).
+        the periodic look (``room.FreedWatch``), which wakes the queue as it becomes so.
 
         It also claims a slot that a busy file lock put off, and follows a file deleted
         or replaced under this worker (an ``fstat``, too dear for every attempt but not
@@ -266,6 +268,24 @@ class SharedOrder:
         if self._slot < 0:
             self.publish(head, self._waiting)  # a claim put off by a busy file lock
         return not self.ahead(head[0], head[1])
+
+    def leave(self) -> None:
+        """Give up this worker's slot and wake socket, keeping the file open (the end of
+        a lifespan): the next waiter claims a slot again, in a lifespan run later too."""
+        if self._fd < 0 or self._slot < 0:
+            return
+        slot = self._slot
+        try:
+            if self.bell is not None:
+                self.bell.close()  # while the slot's lock is held: the file is still ours
+            os.pwrite(self._fd, _EMPTY, self._offset)
+        except OSError:
+            pass  # the row reads as a dead worker's once its lock is dropped below
+        finally:
+            self._reset_slot()
+            with contextlib.suppress(OSError):
+                slot_lock(self._fd, slot, fcntl.F_OFD_SETLK, fcntl.F_UNLCK)
+        self._head, self._waiting = None, 0
 
     def close(self) -> None:
         """Clear this worker's slot and close the file (shutdown and tests)."""

@@ -18,7 +18,7 @@ import pytest
 from ledgerkit import write_v2_tree
 from prometheus_client import CollectorRegistry
 
-from asgi_admission import AdmissionConfig, AdmissionMiddleware
+from asgi_admission import AdmissionConfig, AdmissionMiddleware, PriorityClass
 from asgi_admission._admission.ledger import ledger_section
 from asgi_admission._admission.ledger.ledger import LedgerBusy
 from asgi_admission._admission.ledger.shared_ledger import FILE_NAME, SharedLedger, read_entries
@@ -147,6 +147,33 @@ def test_decisions_refuse_while_the_directory_is_a_file(
     assert asyncio.run(post(middleware, "/other"))[0] == 200
     labels = {"kind": "http", "outcome": "rejected", "reason": "ledger_busy"}
     assert registry.get_sample_value("asgi_admission_decisions_total", labels) == 1
+
+
+def test_a_ledger_busy_refusal_is_counted_under_its_requests_class(
+    tmp_path: Path, ledger_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With priority classes, a ``ledger_busy`` refusal counts under the class of the
+    request it refused, as every other decision does."""
+    monkeypatch.setattr(ledger_section, "LINK_CHECK_INTERVAL_S", 0.0)
+    registry = CollectorRegistry()
+    cgroup = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=4096)
+    config = AdmissionConfig(
+        shared_dir=str(ledger_dir),
+        cgroup_root=str(cgroup),
+        max_sessions=10,
+        pending_timeout_s=1e-9,
+        priority_classes=(
+            PriorityClass(name="critical", high_watermark_percent=90.0),
+            PriorityClass(name="batch", high_watermark_percent=80.0),
+        ),
+    )
+    middleware = AdmissionMiddleware(
+        ok_app, session_routes={"POST /s": "critical"}, config=config, registry=registry
+    )
+    replace_with_a_file(ledger_dir)
+    assert asyncio.run(post(middleware))[0] == 503
+    labels = {"class": "critical", "outcome": "rejected", "reason": "ledger_busy"}
+    assert registry.get_sample_value("asgi_admission_class_decisions_total", labels) == 1
 
 
 def test_app_count_is_asked_outside_the_critical_section(tmp_path: Path, ledger_dir: Path) -> None:

@@ -328,6 +328,11 @@ class AdmissionService:
             )
             if self._observer is not None:
                 self._observer.on_decision(kind, decision, 0.0)
+            if self._class_decided is not None:
+                klass = DEFAULT_CLASS
+                if self._priorities is not None and scope is not None:
+                    klass = self._priorities.of(scope, self._keeper.route(scope))
+                self._class_decided(klass, decision)
             return decision, self._retry_after.next_delay(), (0, 0)
 
     async def wait(

@@ -8,10 +8,9 @@ outcome}`` is a histogram observed as each wait ends (``admitted``, ``timeout``,
 ``cancelled``). ``asgi_admission_class_decisions_total{class,outcome,reason}`` counts
 the decisions per class, where a guard has classes (a separate family: a new label on
 ``asgi_admission_decisions_total`` would change every series a dashboard or an alert
-of a guard without classes already matches); ``ledger_busy`` refusals, decided before
-a request's class is known, are counted in ``asgi_admission_decisions_total`` only. The
-``class`` label takes the configured classes' names only (a bounded set, checked by
-the configuration); every combination starts at 0. Created once per registry with the
+of a guard without classes already matches). The ``class`` label takes the configured
+classes' names only (a bounded set, checked by the configuration); every combination
+starts at 0. Created once per registry with the
 decision metrics (``collector.py``).
 """
 

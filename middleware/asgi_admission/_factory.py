@@ -193,7 +193,6 @@ def build_service(
         holds=holds,
     )
     keeper = ReservationKeeper(
-        controller=controller,
         attempt=ledger.attempt(),
         read=read,
         active_count=lambda own: ledger.counts(own)[0],

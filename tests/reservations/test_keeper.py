@@ -51,7 +51,6 @@ def make(
     ledger = InProcessLedger()
     controller = AdmissionController(reserve_bytes=10 * MIB, memory_reader=memory)
     keeper = ReservationKeeper(
-        controller=controller,
         attempt=ledger.locked(),
         read=memory,
         active_count=lambda own: active,

@@ -39,7 +39,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -47,7 +46,7 @@ from typing import Final, Literal
 
 from starlette.types import Scope
 
-from asgi_admission._admission.decision.latch import AdmissionController, HeldBytes
+from asgi_admission._admission.decision.latch import HeldBytes
 from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
 from asgi_admission._admission.reservations.actions import KeptEvents
 from asgi_admission._admission.reservations.freed import Mark
@@ -84,16 +83,14 @@ class ReservationKeeper:
     def __init__(
         self,
         *,
-        controller: AdmissionController,
         attempt: AbstractContextManager[object],
         read: Callable[[], MemoryReading],
         active_count: Callable[[int | None], int],
         app_count: Callable[[], int | None] = lambda: None,
         route_of: Callable[[Scope], str | None],
         parts: KeeperParts,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._controller = controller
+        controller = self._controller = parts.controller
         self._attempt = attempt
         self._read = read
         self._active_count = active_count
@@ -103,7 +100,7 @@ class ReservationKeeper:
         #: The session pattern a scope came by (``"predicate"`` when none matched).
         self.route = RouteNames(route_of)
         self.learning: Learning = parts.view.learning
-        self._clock = clock
+        self._clock = parts.clock
         self._expired = parts.expired
         #: Session requests that opened nothing, by kind and cause, in this process.
         self.failed: dict[tuple[Kind, FailureCause], int] = {}

@@ -47,6 +47,9 @@ class Tally:
 class KeeperParts:
     """A keeper's collaborators (see the module notes for how they depend on one another)."""
 
+    #: The latch the reserve is set on, and the clock every part is told the time by.
+    controller: AdmissionController
+    clock: Callable[[], float]
     learner: SessionLearner
     queue: SettleQueue
     #: Whether routes not learned yet are probed (``probing.py``).
@@ -126,6 +129,8 @@ def build_parts(
         clock=clock,
     )
     return KeeperParts(
+        controller=controller,
+        clock=clock,
         learner=learner,
         queue=queue,
         probing=probing,

@@ -139,6 +139,8 @@ class Attempt:
     #: Seconds from the request to its 201 (a wait for capacity, in ``wait``).
     waited_s: float | None = None
     halted: bool = False
+    #: Closed at the window's end, before its lifetime was over.
+    cut: bool = False
     #: Why a 503 was given (its body's ``reason``).
     reason: str | None = None
 
@@ -318,6 +320,7 @@ async def _replay(
                 admitted_at=round(admitted_at, 3),
                 waited_s=round(admitted_at - arrival.t, 3),
                 halted=halted,
+                cut=end < (admitted_at if from_admission else arrival.t) + arrival.lifetime_s,
             )
 
         return await asyncio.gather(*(attempt(i) for i in range(len(trace.arrivals))))
@@ -424,6 +427,7 @@ class Churn:
             "served_by_kind": {kind: run.count("served", kind) for kind in KINDS},
             "learned_mb": run.learned,
             "waited_s": _waits(run),
+            "served_cut_by_window": sum(a.cut for a in run.attempts if a.outcome == "served"),
             "refused_by_reason": dict(
                 collections.Counter(str(a.reason) for a in run.attempts if a.outcome == "refused")
             ),

@@ -16,7 +16,12 @@ import pytest
 from asgi_admission import CgroupMemoryReader, MemoryReading
 from asgi_admission._memory.cgroup import read_cgroup_memory
 from asgi_admission._memory.discover import discover_cgroup, parse_mountinfo, parse_proc_cgroup
-from asgi_admission._memory.parse import parse_cgroup_memory_value, parse_pressure_some_avg10
+from asgi_admission._memory.files import VALUE_READ_SIZE, KeptFile
+from asgi_admission._memory.parse import (
+    parse_bytes_value,
+    parse_cgroup_memory_value,
+    parse_pressure_some_avg10,
+)
 from asgi_admission._memory.reading import available_reading
 from cgroup_trees import FIXTURES, copy_files
 from suitekit import GIB, MIB
@@ -300,6 +305,34 @@ def test_a_value_with_more_digits_than_int_takes_is_unreadable(tmp_path: Path) -
     cg = write(tmp_path / "cg", memory_current="9" * 5000, memory_max=2 * GIB)
     reading = CgroupMemoryReader(cg)()
     assert (reading.available, reading.used_bytes) == (False, None)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        *("0\n", f"{GIB}\n", " " * 100 + str(GIB), "", "max\n", "-5\n", "+5\n", "1_000\n"),
+        *("12 34\n", "\u0663\n", "9" * 5000),
+    ],
+)
+@pytest.mark.parametrize("kept", ["regular", "cgroupfs"])
+def test_a_kept_value_reads_as_parse_bytes_value_reads_it(
+    tmp_path: Path, content: str, kept: str
+) -> None:
+    """``read_value`` is ``parse_bytes_value`` of ``read``: opened fresh, re-read on its
+    kept descriptor (checked for unlinking as a regular file is, or not, as a cgroupfs
+    file is not), and reopened when that descriptor fails under it."""
+    path = tmp_path / "memory.current"
+    path.write_text(content)
+    expected = parse_bytes_value(KeptFile(str(path), VALUE_READ_SIZE).read())
+    value = KeptFile(str(path), VALUE_READ_SIZE)
+    assert value.read_value() == expected  # opened fresh
+    if kept == "cgroupfs":
+        value._check_unlinked = False
+    assert value.read_value() == expected  # the kept descriptor
+    os.close(value._fd)  # fails under it (EBADF): reopened
+    assert value.read_value() == expected
+    assert value.is_open
+    value.close()
 
 
 def test_working_set_is_clamped_at_zero(tmp_path: Path) -> None:

@@ -197,7 +197,9 @@ class RouteNames:
     def __call__(self, scope: Scope | None) -> str:
         if scope is None:
             return "unnamed"
-        key = (route_path(scope), scope.get("method"))
+        # route_path's first test inlined: most scopes have no root_path.
+        path = route_path(scope) if scope.get("root_path") else scope["path"]
+        key = (path, scope.get("method"))
         try:
             return self._names[key]
         except KeyError:

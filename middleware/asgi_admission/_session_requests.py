@@ -15,6 +15,7 @@ Nothing here holds the ledger's lock across an ``await``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,7 +41,7 @@ from asgi_admission._watching import run_http, run_websocket
 class Guarded:
     """What every session request of one guard is answered with, built once."""
 
-    __slots__ = ("bodies", "load_report", "refusal", "service", "websocket_refusal")
+    __slots__ = ("bodies", "keeper", "load_report", "refusal", "service", "websocket_refusal")
 
     def __init__(
         self,
@@ -51,6 +52,7 @@ class Guarded:
         load_report: RoomView | None,
     ) -> None:
         self.service = service
+        self.keeper = service.keeper
         self.refusal = refusal
         config = service.config
         self.bodies = BodyReader(
@@ -101,6 +103,11 @@ class HttpSessionResponder:
             outcome: Outcome | None = service.admit("http", scope)
         except LedgerBusy as exc:
             outcome = await service.admit_later("http", scope, exc)
+        rest_due_in_s = time_left if arrival == "partial" else None
+        if type(outcome) is AdmissionTicket:
+            # The common case, admitted at once: it waited for nothing, listens to nothing.
+            await self._run(scope, receive, send, outcome, body, rest_due_in_s)
+            return
         try:
             if isinstance(outcome, (Hold, Queued)) and arrival == "complete":
                 # The body is in: the client's next message can only be its disconnect.
@@ -118,21 +125,34 @@ class HttpSessionResponder:
                 await send_http_refusal(send, retry_after_s, body_text)
                 return
             assert isinstance(outcome, AdmissionTicket)
-            # The app finds its ticket in the scope: admission_ticket(request).
-            scope[SCOPE_KEY] = outcome
-            await run_http(
-                self._app,
-                scope,
-                receive,
-                send,
-                keeper=service.keeper,
-                entry=outcome._entry,
-                body=body,
-                rest_due_in_s=time_left if arrival == "partial" else None,
-            )
+            await self._run(scope, receive, send, outcome, body, rest_due_in_s)
         finally:
             if self._listening is not None:
                 self._listening.close()
+
+    def _run(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        ticket: AdmissionTicket,
+        body: list[Message],
+        rest_due_in_s: float | None,
+    ) -> Coroutine[None, None, None]:
+        """The admitted request's run of the app (a coroutine of ``run_http`` itself:
+        no layer of its own)."""
+        # The app finds its ticket in the scope: admission_ticket(request).
+        scope[SCOPE_KEY] = ticket
+        return run_http(
+            self._app,
+            scope,
+            receive,
+            send,
+            keeper=self._guarded.keeper,
+            entry=ticket._entry,
+            body=body,
+            rest_due_in_s=rest_due_in_s,
+        )
 
 
 class WebSocketSessionResponder:
@@ -192,7 +212,7 @@ class WebSocketSessionResponder:
             # The app finds its ticket in the scope: admission_ticket(request).
             scope[SCOPE_KEY] = outcome
             await run_websocket(
-                self._app, scope, receive, send, keeper=service.keeper, entry=outcome._entry
+                self._app, scope, receive, send, keeper=guarded.keeper, entry=outcome._entry
             )
         finally:
             if self._listening is not None:

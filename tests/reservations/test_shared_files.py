@@ -133,6 +133,20 @@ def test_the_settling_queue_shows_when_other_workers_sessions_were_admitted(
     queue.close()
 
 
+def test_the_other_workers_admissions_are_those_the_last_load_read(tmp_path: Path) -> None:
+    """What the queue says of the other workers' admissions is what its last load read,
+    whatever the caller has done since to the records that load handed it."""
+    queue = SharedSettleQueue(str(tmp_path))
+    other = os.getpid() + 1
+    queue.store(None, [QueueRecord(other, 7, 3.5, 100 * MIB, 50 * MIB)])
+    _floor, records = queue.load()
+    records[0] = QueueRecord(other, 8, 9.5, 100 * MIB, 50 * MIB)
+    records.append(QueueRecord(other, 9, 4.5, 100 * MIB, 50 * MIB))
+    assert queue.others == (3.5,)
+    assert queue.others == (3.5,)  # asked again: the same
+    queue.close()
+
+
 def test_a_malformed_settling_file_is_rebuilt(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -270,8 +270,8 @@ class V1Source(CgroupSource):
         if levels is False:
             return None
         try:
-            usage = parse_bytes_value(self.usage_file.read())
-            limit = parse_bytes_value(self.limit_file.read())
+            usage = self.usage_file.read_value()
+            limit = self.limit_file.read_value()
             if usage is None or limit is None or limit <= 0:
                 return None
             binding, limit_file = self.own, self.limit_file.path

@@ -81,6 +81,7 @@ class SharedSettleQueue:
         "_next_check",
         "_others",
         "_pid",
+        "_rows",
         "path",
     )
 
@@ -96,7 +97,8 @@ class SharedSettleQueue:
         self._next_check = time.monotonic() + LINK_CHECK_INTERVAL_S
         self._broken = False
         self._pid = os.getpid()
-        self._others: tuple[float, ...] = ()
+        self._others: tuple[float, ...] | None = ()
+        self._rows = b""
         with self._exclusive():
             header = os.pread(self._fd, _HEADER.size, 0)
             if not self._usable(header):
@@ -158,14 +160,12 @@ class SharedSettleQueue:
             self._others = ()
             return None, []
         data = os.pread(self._fd, count * _ROW.size, _HEADER.size)
+        rows = self._rows = data[: len(data) - len(data) % _ROW.size]
+        self._others = None
         records = [
             QueueRecord(pid, seq, admitted_at, base, expected, placeholder)
-            for pid, seq, admitted_at, base, expected, placeholder in _ROW.iter_unpack(
-                data[: len(data) - len(data) % _ROW.size]
-            )
+            for pid, seq, admitted_at, base, expected, placeholder in _ROW.iter_unpack(rows)
         ]
-        pid = self._pid
-        self._others = tuple(r.admitted_at for r in records if r.pid != pid)
         return (None if floor < 0 else floor), records
 
     def store(self, floor: int | None, records: list[QueueRecord]) -> None:
@@ -240,12 +240,17 @@ class SharedSettleQueue:
 
     @property
     def others(self) -> tuple[float, ...]:
+        """The other workers' admission times at the last load (its bytes, not its records)."""
+        if self._others is None:
+            pid = self._pid
+            self._others = tuple(r[2] for r in _ROW.iter_unpack(self._rows) if r[0] != pid)
         return self._others
 
     def after_fork(self) -> None:
         # flock belongs to the open file description: a child opens its own. Never
         # raises (a fork hook has no caller to tell): if the file cannot be opened now,
         # the child keeps the parent's and looks again at its next load.
+        self._others = self.others  # made with the pid of that load: the parent's
         self._pid = os.getpid()
         try:
             fd = _open(self._directory, SETTLING_FILE)

@@ -45,7 +45,6 @@ from asgi_admission._admission.decision.decision_log import DecisionLog
 from asgi_admission._admission.decision.latch import (
     AdmissionController,
     CapacityDecision,
-    is_blind,
 )
 from asgi_admission._admission.decision.observer import DecisionObserver, Kind
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
@@ -55,6 +54,7 @@ from asgi_admission._admission.inputs import AppCount, SafeReader
 from asgi_admission._admission.ledger.ledger import LedgerBusy, SessionLedger, when_free
 from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.priorities import Priorities, Tenants
+from asgi_admission._admission.request_decisions import RequestDecisions
 from asgi_admission._admission.reservations.holds import Hold, HoldRegistry
 from asgi_admission._admission.reservations.keeper import ReservationKeeper
 from asgi_admission._admission.reservations.probing import Gate
@@ -76,7 +76,7 @@ from asgi_admission._admission.scheduling.queue import WaitQueue
 from asgi_admission._admission.scheduling.shared_order import SharedOrder
 from asgi_admission._admission.waiting import Listener, wait_then_decide
 from asgi_admission._config import AdmissionConfig
-from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
+from asgi_admission._memory.reading import UNAVAILABLE
 
 logger = logging.getLogger("asgi_admission")
 
@@ -154,6 +154,14 @@ class AdmissionService:
         self._freed = freed
         self._order = order  # the workers' waiting order, closed with the lifespan
         self._class_decided = on_class_decision  # each decision, with its request's class
+        self._decide = RequestDecisions(
+            controller=controller,
+            keeper=keeper,
+            read=read,
+            session_limit=session_limit,
+            retry_after=retry_after,
+            ceilings=ceilings,
+        )
 
     # -- what the guard shows -------------------------------------------------------
 
@@ -248,13 +256,13 @@ class AdmissionService:
                     False, self._controller.pressure_state, UNAVAILABLE, "tenant_share"
                 )
             elif probing:
-                decision, gate = self._probe_decision(route, current, pending, expired, klass)
+                decision, gate = self._decide.probed(route, current, pending, expired, klass)
             elif ceilings is None:
                 decision = self._controller.assess(
                     current, self._session_limit, pending, read=self.read, route=route
                 )
             else:
-                decision = self._by_class(klass, self.read(), route, current, pending)
+                decision = self._decide.by_class(klass, self.read(), route, current, pending)
             memory = decision.memory
             entry = held = None
             retry_after_s = 0
@@ -279,7 +287,7 @@ class AdmissionService:
                 # Refused, not waiting: for the fair share, requests are being refused.
                 if tenants is not None and decision.reason != "tenant_share":
                     tenants.refusing(self._retry_after.base_s)
-                retry_after_s = self._retry_delay(decision, route)
+                retry_after_s = self._decide.retry_delay(decision, route)
             # A fast-path decision reads a bound (usage with its cache), never
             # used for settling: a look at the exact working set is due instead.
             settled = keeper.settle_with(memory) if memory.exact else keeper.due()
@@ -384,65 +392,11 @@ class AdmissionService:
             self._observer.on_decision(kind, refused, waited.waited_s)
         if self._class_decided is not None:
             self._class_decided(queued.class_name, refused)
-        return refused, self._retry_delay(refused, ""), counts
+        return refused, self._decide.retry_delay(refused, ""), counts
 
     def leave(self, hold: Hold) -> None:
         """A held request goes before it waited (its client left, or sent no connect)."""
         self._holds.leave(hold)
-
-    def _by_class(
-        self, klass: str, memory: MemoryReading, route: str, current: int, pending: int
-    ) -> CapacityDecision:
-        """The decision for a request of priority class ``klass``: its class's ceiling
-        and latch on ``memory``, the reserves as the controller counts them."""
-        ceilings = self.ceilings
-        assert ceilings is not None
-        limit = memory.limit_bytes
-        return ceilings.decide(
-            klass,
-            memory,
-            current_sessions=current,
-            session_limit=self._session_limit,
-            pending_sessions=pending,
-            held_bytes=self._controller.held(route, pending, limit) if limit else 0,
-        )
-
-    def _probe_decision(
-        self, route: str, current: int, pending: int, expired: bool, klass: str
-    ) -> tuple[CapacityDecision, Gate]:
-        """A route not learned yet: the latch on an exact reading (a probe's growth counts
-        from it), then whether the session is a probe, waits, or is decided as it is."""
-        memory = self.read()
-        blind = not memory.exact or is_blind(memory)
-        # The gate first: this reading may conclude the probes, and raise the reserve.
-        gate: Gate = "known" if blind else self._keeper.gate(route, memory.used_bytes)
-        if self.ceilings is None:
-            decision = self._controller.decide(
-                memory, current, self._session_limit, pending, route=route
-            )
-        else:
-            decision = self._by_class(klass, memory, route, current, pending)
-        if not decision.allowed or blind:
-            return decision, "known"  # refused anyway, or blind: nothing to probe with
-        if gate == "hold" and expired:
-            refused = CapacityDecision(
-                False, decision.state, memory, "probing", decision.transition
-            )
-            return refused, "known"
-        return decision, gate
-
-    def _retry_delay(self, decision: CapacityDecision, route: str) -> int:
-        """Retry-After for a refusal: from the rate of session ends when memory is short,
-        about the probes' ramp so far while probing."""
-        if decision.reason in ("memory_pressure", "queue_timeout", "queue_full"):
-            wait = self._keeper.expected_wait_s(time.monotonic())
-            if wait is not None:
-                return self._retry_after.delay_for(wait)
-        elif decision.reason == "probing":
-            ramp = self._keeper.expected_wait_s(time.monotonic(), probed=route)
-            assert ramp is not None  # a probed route's ramp is always known
-            return self._retry_after.delay_for(ramp)
-        return self._retry_after.next_delay()
 
     # -- readiness, liveness and the lifespan -----------------------------------------
 

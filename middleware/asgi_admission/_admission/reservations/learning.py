@@ -413,6 +413,9 @@ class SessionLearner:
             if ramps:
                 self._ramps[route] = percentile(ramps)
             ramp_s = self._ramp_s(route)
+            if ramp_s is None:
+                # Not learned yet: settling waits no longer than the evidence allows.
+                ramp_s = self._profiles.bound_s(route)
             self._estimates[route] = RouteEstimate(
                 route=route,
                 footprint_bytes=int(footprint),

@@ -74,6 +74,16 @@ class _Profile:
             return None
         return best
 
+    def bound(self) -> float | None:
+        """The longest candidate the evidence does not clearly rule out (its error within
+        ``1 / DECISIVE`` of the best's), ``None`` before any step: where no candidate is
+        decisive yet, the memory has come by then at the latest."""
+        errors = self.errors()
+        if not errors:
+            return None
+        least = min(errors.values())
+        return max(length for length, e in errors.items() if DECISIVE * e <= least)
+
     def errors(self) -> dict[float, float]:
         """Per candidate, the squared error left by the best fit with it."""
         errors: dict[float, float] = {}
@@ -111,6 +121,16 @@ class RampProfiles:
         if profile is None or profile.matured < MIN_SESSIONS:
             return None
         length = profile.decisive()
+        return None if length is None else 0.9 * length
+
+    def bound_s(self, route: str) -> float | None:
+        """Before its ramp is trusted (:meth:`ramp_s`), the longest the route's sessions
+        can be taking to ramp (to 90 %) by the evidence so far; ``None`` until its sessions
+        have ramped past the longest candidate."""
+        profile = self._profiles.get(route)
+        if profile is None or profile.matured < MIN_SESSIONS:
+            return None
+        length = profile.bound()
         return None if length is None else 0.9 * length
 
     def step(

@@ -225,7 +225,8 @@ class SessionLearner:
         closed, freed, step = self._windows.reading(used_bytes, now, self._expected, self._length)
         if step is not None:
             known = {route: self._expected(route) for route in self._fits}
-            self._profiles.step(step.growth, step.start, step.end, self._windows.sessions(), known)
+            sessions = self._windows.sessions()
+            self._profiles.step(step.growth, step.start, step.end, sessions, known, seen=step.seen)
         for window in closed:
             self._add_window(window)
         for drop in freed:

@@ -68,8 +68,8 @@ def test_a_ramp_no_candidate_explains_decisively_is_still_bounded(seed: int) -> 
 #: memory freed no longer count as evidence of when memory came.
 @pytest.mark.parametrize("seed", [4, 7, 13, 17, 22, 25])
 def test_steps_carried_over_ends_do_not_keep_the_ramp_from_being_learned(seed: int) -> None:
-    """A step in which memory was freed carries on a guessed growth: taken as evidence of
-    when memory came, it kept every candidate from being decisive. Left out, the ramping
+    """A step in which memory was freed carries on a guessed growth, which kept every
+    candidate from being decisive as evidence of when memory came: left out, the ramping
     route's ramp is trusted from 32 s on, within a few tenths of the truth."""
     learner = SessionLearner()
     for sample in drive(learner, Churn(seed=seed), named_ends=False):

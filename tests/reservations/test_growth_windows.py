@@ -46,18 +46,3 @@ def test_growth_of_a_session_still_ramping_is_carried_over_memory_freed() -> Non
     _closed, _freed, step = windows.reading(BASE - 36 * MIB, 0.5, expected, lengths)
     assert step is not None
     assert step.growth >= 12 * MIB
-
-
-def test_the_window_of_a_session_built_in_its_request_closes_at_its_response() -> None:
-    """The window of a session of a route built inside its request closes at the reading
-    taken at its response, where its memory is all there: another session ramping on
-    adds to it only what came during the request, not a sample interval more."""
-    windows = GrowthWindows()
-    windows.reading(BASE, 0.0, expected, lengths)
-    windows.admit("POST /ramp", BASE, 0.05, expected)
-    windows.reading(BASE + 10 * MIB, 0.25, expected, lengths)
-    windows.admit("POST /build", BASE + 10 * MIB, 0.3, expected, responded=False)
-    windows.respond(0.3, 0.35)
-    closed, _freed, _step = windows.reading(BASE + 68 * MIB, 0.35, expected, lengths)
-    assert [w.route for w in closed] == ["POST /build"]
-    assert closed[0].growth <= 58 * MIB

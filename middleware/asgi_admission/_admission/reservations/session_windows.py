@@ -349,9 +349,7 @@ class GrowthWindows:
                 # Still in its request: what it builds after its response is to come.
                 due = False
             elif length is not None:
-                # Memory built inside the request is all there at the response: the
-                # reading taken then closes the window, before others' ramps add more.
-                due = age >= length or (quick(length) and now >= admission.responded)
+                due = age >= length
             elif window.clean:
                 spell = max(QUIET_S, 0.5 * (window.peak_at - admission.at))
                 due = now - max(window.peak_at, admission.responded) >= spell

@@ -17,10 +17,9 @@ Notes:
   existed is never its own. Other memory growing can only make a session look
   settled when it really is growing too, and memory freed (sessions ending) holds
   the queue longer: a reservation may be held a little long, never released early.
-- Readings used here are exact working sets (never the usage bound of the fast
-  path, which includes cache and would overstate growth). Admission records the
-  working set it decided with, or the bound where that was all it read: a higher
-  starting point only holds the reservation longer.
+- Readings used here are exact working sets (never the fast path's usage bound,
+  which includes cache). Admission records the working set it decided with, or the
+  bound where that was all it read: a higher start only holds the reservation longer.
 - A session that leaves the queue without showing its memory (its ramp time or
   the timeout passed, or its app said ``started()``) stays in the queue as a
   placeholder, still counting its expected bytes, and moves to the front: its
@@ -260,8 +259,7 @@ class Settler:
         return self._drop(entry)
 
     def held(self) -> tuple[int, int]:
-        """What this process's pending sessions are still expected to add, and how many
-        there are (the head of the queue's memory partly shown, the others' in full)."""
+        """What this process's pending sessions are still expected to add, and how many."""
         entries = self._entries.values()
         return sum(entry.remaining for entry in entries), len(entries)
 
@@ -278,13 +276,9 @@ class Settler:
             self._freed.ended(freed_bytes, since, now)
 
     def counted(self, app_count: int) -> list[Action]:
-        """The app counts ``app_count`` sessions: fewer than are waiting means some ended.
-
-        Sessions past their response are in the app's own count; where that count
-        is below the number waiting, the oldest waiting ones ended before their
-        memory showed, and settle now (as placeholders: their memory is still
-        expected by those behind them, in case it comes after all).
-        """
+        """The app counts ``app_count`` sessions, fewer than are waiting past their response:
+        the oldest waiting ones ended before their memory showed, and settle now (as
+        placeholders: their memory is still expected, in case it comes after all)."""
         ended = self.past_response - max(0, app_count)
         oldest: list[Settlement] = []
         for entry in self._entries.values():

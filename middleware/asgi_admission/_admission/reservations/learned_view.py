@@ -12,10 +12,9 @@ versions), not on every decision.
 
 from __future__ import annotations
 
-from typing import Final
-
 from asgi_admission._admission.decision.latch import AdmissionController
 from asgi_admission._admission.decision.reserve import derived_reserve_bytes
+from asgi_admission._admission.reservations.growth import RAMP_MARGIN
 from asgi_admission._admission.reservations.learning import (
     RouteEstimate,
     SessionLearner,
@@ -23,11 +22,6 @@ from asgi_admission._admission.reservations.learning import (
 )
 from asgi_admission._admission.reservations.probing import ProbeBoard
 from asgi_admission._config import Learning
-
-#: A learned ramp time is stretched this much before it settles a reservation: under
-#: CPU contention a burst ramps slower than the sessions it was learned from, and a
-#: reservation held a little long costs less than one released before its memory.
-RAMP_MARGIN: Final = 2.0
 
 
 class LearnedView:

@@ -225,7 +225,8 @@ class SessionLearner:
         closed, freed, step = self._windows.reading(used_bytes, now, self._expected, self._length)
         if step is not None:
             known = {route: self._expected(route) for route in self._fits}
-            self._profiles.step(step.growth, step.start, step.end, self._windows.sessions(), known)
+            sessions = self._windows.sessions()
+            self._profiles.step(step.growth, step.start, step.end, sessions, known, seen=step.seen)
         for window in closed:
             self._add_window(window)
         for drop in freed:
@@ -413,6 +414,9 @@ class SessionLearner:
             if ramps:
                 self._ramps[route] = percentile(ramps)
             ramp_s = self._ramp_s(route)
+            if ramp_s is None:
+                # Not learned yet: settling waits no longer than the evidence allows.
+                ramp_s = self._profiles.bound_s(route)
             self._estimates[route] = RouteEstimate(
                 route=route,
                 footprint_bytes=int(footprint),

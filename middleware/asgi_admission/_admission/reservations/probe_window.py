@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from asgi_admission._admission.reservations.settling import VISIBLE_FRACTION
+from asgi_admission._admission.reservations.settle_queue import VISIBLE_FRACTION
 from asgi_admission._admission.reservations.window_records import QUIET_S
 
 #: How long after the probes' responses memory already visible must stay without a

@@ -50,7 +50,7 @@ from asgi_admission._admission.reservations.probe_window import (
     ProbeWindow,
     describe,
 )
-from asgi_admission._admission.reservations.settling import VISIBLE_FRACTION
+from asgi_admission._admission.reservations.settle_queue import VISIBLE_FRACTION
 from asgi_admission._admission.reservations.window_records import HORIZON_S
 
 #: At most this many routes are probed at once; others are decided on their reserve.

@@ -74,6 +74,16 @@ class _Profile:
             return None
         return best
 
+    def bound(self) -> float | None:
+        """The longest candidate the evidence does not clearly rule out (its error within
+        ``1 / DECISIVE`` of the best's), ``None`` before any step: where no candidate is
+        decisive yet, the memory has come by then at the latest."""
+        errors = self.errors()
+        if not errors:
+            return None
+        least = min(errors.values())
+        return max(length for length, e in errors.items() if DECISIVE * e <= least)
+
     def errors(self) -> dict[float, float]:
         """Per candidate, the squared error left by the best fit with it."""
         errors: dict[float, float] = {}
@@ -113,6 +123,16 @@ class RampProfiles:
         length = profile.decisive()
         return None if length is None else 0.9 * length
 
+    def bound_s(self, route: str) -> float | None:
+        """Before its ramp is trusted (:meth:`ramp_s`), the longest the route's sessions
+        can be taking to ramp (to 90 %) by the evidence so far; ``None`` until its sessions
+        have ramped past the longest candidate."""
+        profile = self._profiles.get(route)
+        if profile is None or profile.matured < MIN_SESSIONS:
+            return None
+        length = profile.bound()
+        return None if length is None else 0.9 * length
+
     def step(
         self,
         growth: float,
@@ -120,10 +140,14 @@ class RampProfiles:
         end: float,
         sessions: Iterable[tuple[str, float, float | None]],
         expected: dict[str, tuple[float, float]],
+        *,
+        seen: bool = True,
     ) -> None:
         """One step of the growth series from ``start`` to ``end``: ``sessions`` are the
         recent ones as ``(route, admitted_at, ended_at)``; ``expected`` the known
-        ``(footprint, ramp_s)`` of routes whose footprint is determined."""
+        ``(footprint, ramp_s)`` of routes whose footprint is determined. A step whose
+        growth was not ``seen`` (carried over memory freed: a guess, which says nothing
+        of when memory came) only ages the sessions in it."""
         by_route: dict[str, list[tuple[float, float | None]]] = {}
         longest = CANDIDATES[-1]
         for route, admitted_at, ended_at in sessions:
@@ -131,6 +155,10 @@ class RampProfiles:
             if route in self._profiles and admitted_at < end and admitted_at + longest >= start:
                 by_route.setdefault(route, []).append((admitted_at, ended_at))
         if not by_route:
+            return
+        if not seen:
+            for route, rows in by_route.items():
+                self._profiles[route].matured += _passed(rows, start, end)
             return
         predicted: dict[str, float] = {}
         unknown: dict[str, float] = {}
@@ -163,7 +191,12 @@ class RampProfiles:
                 sums[5] += weight * y * y
             # Sessions past the longest candidate in this step: their ramp is over
             # whichever it was.
-            profile.matured += sum(1 for at, _e in rows if start < at + longest <= end)
+            profile.matured += _passed(rows, start, end)
+
+
+def _passed(rows: list[tuple[float, float | None]], start: float, end: float) -> int:
+    """How many of the sessions ``rows`` passed the longest candidate in the step."""
+    return sum(1 for at, _e in rows if start < at + CANDIDATES[-1] <= end)
 
 
 def _rise(length: float, start: float, end: float, at: float, ended: float | None) -> float:

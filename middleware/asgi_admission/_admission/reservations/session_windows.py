@@ -227,7 +227,8 @@ class GrowthWindows:
         self._last = (used_bytes, now)
         rise = float(used_bytes - last[0])
         freed: list[Freed] = []
-        if rise < -FREE_STEP_BYTES or ended or foreign_ended:
+        carried_over = rise < -FREE_STEP_BYTES or bool(ended) or foreign_ended
+        if carried_over:
             carried = max(0.0, *self._last_rises)
             going_on = None if self.crowded(last[1]) else self._going_on(last[1], now, expected)
             if going_on is not None:
@@ -249,7 +250,11 @@ class GrowthWindows:
             for window in self._open:
                 window.crowded = window.crowded or self.crowded(window.start)
         closed = self._close_due(last[1], now, expected, lengths)
-        return [w for w in closed if w is not None], freed, Step(rise, last[1], now)
+        return (
+            [w for w in closed if w is not None],
+            freed,
+            Step(rise, last[1], now, seen=not carried_over),
+        )
 
     # -- internals -------------------------------------------------------------------
 

@@ -6,9 +6,13 @@ a settler makes to one record: find it, move it to the front as a placeholder, d
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
+
+#: The share of its expected bytes a session's growth must show to settle.
+VISIBLE_FRACTION: Final = 0.9
 
 
 @dataclass(slots=True)
@@ -114,6 +118,91 @@ def make_placeholder(
         records.insert(bisect.bisect_left(records, True, key=_not_placeholder), record)
     queue.store(floor if records else None, records)
     return record.placeholder
+
+
+def shown_in_request(
+    floor: int | None,
+    records: list[QueueRecord],
+    pid: int,
+    seqs: set[int],
+    used_bytes: int,
+    share: float = VISIBLE_FRACTION,
+) -> tuple[int | None, list[QueueRecord]]:
+    """Of worker ``pid``'s sessions ``seqs``, of routes that build their memory inside the
+    request, at the first reading after their response: those the working set has grown
+    by ``share`` of what they are expected to add since their admission have their memory
+    there. Each leaves the queue wherever it stands, and the floor rises by what it was
+    expected to add (above the head's starting point), so that none of it counts as an
+    older session's growth. The floor, and the records taken off (``records`` is changed)."""
+    taken: list[QueueRecord] = []
+    if not seqs:
+        return floor, taken
+    for record in list(records):
+        if record.pid != pid or record.seq not in seqs:
+            continue
+        if used_bytes - record.base_bytes < share * record.expected_bytes:
+            continue
+        records.remove(record)
+        taken.append(record)
+        if records:
+            head = records[0].base_bytes
+            floor = (head if floor is None else max(floor, head)) + record.expected_bytes
+    return (floor if records else None), taken
+
+
+def expect_learned(
+    records: list[QueueRecord],
+    pid: int,
+    routes: dict[int, str],
+    footprint_bytes: Callable[[str], int | None],
+) -> tuple[dict[int, str], dict[int, int]]:
+    """Worker ``pid``'s sessions in the queue (their ``routes`` by number) expect no more
+    than their route is now learned to add: one admitted on a guess that proved too
+    large would otherwise never show its memory, and, a placeholder at the queue's
+    front, keep every later session from showing theirs until the timeout. The routes
+    of those still queued, and the footprints the lowered ones now expect."""
+    kept: dict[int, str] = {}
+    lowered: dict[int, int] = {}
+    for record in records:
+        route = routes.get(record.seq) if record.pid == pid else None
+        if route is None:
+            continue
+        kept[record.seq] = route
+        footprint = footprint_bytes(route)
+        if footprint is not None and footprint < record.expected_bytes:
+            record.expected_bytes = lowered[record.seq] = footprint
+    return kept, lowered
+
+
+def drop_lapsed(
+    records: list[QueueRecord],
+    pid: int,
+    now: float,
+    routes: Mapping[int, str],
+    seen: Iterable[str],
+    ramp_s: Callable[[str], float | None],
+) -> list[QueueRecord]:
+    """``records`` less worker ``pid``'s placeholders (their ``routes`` by number) whose
+    claim protects no one any longer: the longest ramp (``ramp_s``) of the routes ``seen``
+    (all of them known) has passed since its admission, so every older session's memory
+    has come, and the sessions still queued were admitted after its own ramp, so theirs
+    is counted from a working set that held its memory. Each leaves without raising the
+    floor: what it claimed is in their starting points."""
+    if not records or not records[0].placeholder:
+        return records
+    ramps = [ramp_s(route) for route in seen]
+    if not ramps or None in ramps:
+        return records
+    longest = max(r for r in ramps if r is not None)
+    first = next((r.admitted_at for r in records if not r.placeholder), math.inf)
+    kept = []
+    for record in records:
+        route = routes.get(record.seq) if record.pid == pid and record.placeholder else None
+        ramp = None if route is None else ramp_s(route)
+        lapsed = ramp is not None and first >= record.admitted_at + ramp
+        if not (lapsed and now - record.admitted_at >= longest):
+            kept.append(record)
+    return kept
 
 
 def drop_record(queue: SettleQueue, pid: int, seq: int) -> None:

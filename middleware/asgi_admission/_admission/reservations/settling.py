@@ -17,17 +17,19 @@ Notes:
   existed is never its own. Other memory growing can only make a session look
   settled when it really is growing too, and memory freed (sessions ending) holds
   the queue longer: a reservation may be held a little long, never released early.
-- Readings used here are exact working sets (never the usage bound of the fast
-  path, which includes cache and would overstate growth). Admission records the
-  working set it decided with, or the bound where that was all it read: a higher
-  starting point only holds the reservation longer.
+- Readings used here are exact working sets (never the fast path's usage bound,
+  which includes cache). Admission records the working set it decided with, or the
+  bound where that was all it read: a higher start only holds the reservation longer.
 - A session that leaves the queue without showing its memory (its ramp time or
   the timeout passed, or its app said ``started()``) stays in the queue as a
   placeholder, still counting its expected bytes, and moves to the front: its
   memory may all be there already, ahead of older sessions still ramping, so
-  growth pays for it first. It leaves once its memory shows or the timeout has
-  passed since its admission. A session that failed or ended (``release()``, an exception or a
-  disconnect before its response) leaves outright: no memory is expected of it.
+  growth pays for it first. It leaves once its memory shows, the timeout has passed
+  since its admission, or it protects no one (``settle_queue.drop_lapsed``). A
+  session that failed or ended leaves outright: no memory is expected of it.
+- A session of a route built inside the request settles at the first reading after
+  its response that shows its memory, wherever it stands in the queue, and its memory
+  counts as no older session's growth (``settle_queue.shown_in_request``).
 - A session whose app says ``started()`` while the floor stands above the working
   set it was admitted at may be what credited older sessions with growth since
   then: its memory is up, theirs perhaps not yet, and its reserve is all that still
@@ -50,14 +52,18 @@ from typing import Final
 
 from asgi_admission._admission.ledger.ledger import Reservation
 from asgi_admission._admission.reservations.freed import FreedMemory, Mark, credited
-from asgi_admission._admission.reservations.growth import Growth
+from asgi_admission._admission.reservations.growth import Growth, quick, young_bytes_per_s
 from asgi_admission._admission.reservations.settle_queue import (
+    VISIBLE_FRACTION,
     LocalSettleQueue,
     QueueRecord,
     SettleQueue,
+    drop_lapsed,
     drop_record,
+    expect_learned,
     make_placeholder,
     own_record,
+    shown_in_request,
 )
 from asgi_admission._admission.reservations.settlement import (
     NUMBERS,
@@ -71,8 +77,6 @@ from asgi_admission._admission.reservations.settlement import (
 
 logger = logging.getLogger("asgi_admission")
 
-#: The share of its expected bytes a session's growth must show to settle.
-VISIBLE_FRACTION: Final = 0.9
 DEFAULT_PENDING_TIMEOUT_S: Final = 120.0
 #: A session expected to add less than this settles as one expecting nothing: memory
 #: moves by more than this between readings for reasons of its own.
@@ -84,17 +88,16 @@ class Settler:
 
     ``timeout_s`` bounds a reservation past its response and a held ticket;
     ``request_timeout_s`` (default the same) one whose request is still in progress.
-    ``expected_bytes(route)`` is what one session of ``route`` is expected to add
-    (its reserve, 0 or more); ``ramp_s(route)`` its learned ramp
-    time or ``None``. ``on_expired()`` is told of each held ticket the timeout
-    released. Every method runs inside the ledger's critical section and returns
-    the reservation changes to make once it is left.
-    """
+    ``ramp_s(route)`` is a route's learned ramp time or ``None``. ``on_expired()`` is
+    told of each held ticket the timeout released. Every method runs inside the
+    ledger's critical section and returns the reservation changes to make once it is
+    left."""
 
     __slots__ = (
         "_entries",
         "_footprint_bytes",
         "_freed",
+        "_fresh",
         "_growth",
         "_mark",
         "_on_expired",
@@ -102,6 +105,7 @@ class Settler:
         "_queue",
         "_ramp_s",
         "_routes",
+        "_seen",
         "_shortest_ramp_s",
         "past_response",
         "request_timeout_s",
@@ -135,11 +139,15 @@ class Settler:
         self._entries: dict[int, Settlement] = {}
         #: The route of each of this process's sessions in the queue, placeholders too.
         self._routes: dict[int, str] = {}
+        #: Every route this process admitted a session of.
+        self._seen: set[str] = set()
         self._pid = os.getpid()
         self._growth = Growth()
         #: The last exact reading, and memory ended sessions may free (``freed.py``).
         self._mark: Mark | None = None
         self._freed = FreedMemory()
+        #: Sessions of routes built inside the request that responded since the last reading.
+        self._fresh: set[int] = set()
         #: This process's sessions past their response, not held, not yet settled.
         self.waiting = 0
         #: Those and the held tickets past their response, not yet started.
@@ -154,6 +162,7 @@ class Settler:
         """A forked worker starts with nothing of its parent's."""
         self._entries = {}
         self._routes = {}
+        self._fresh = set()
         self.waiting = self.past_response = 0
         self._pid = os.getpid()
         if isinstance(self._queue, LocalSettleQueue):
@@ -173,6 +182,7 @@ class Settler:
         """Queue a session just admitted, with the working set it was admitted at and
         what it is expected to add (its reserve, 0 or more)."""
         seq = next(NUMBERS)
+        self._seen.add(route)
         entry = Settlement(seq, reservation, kind, route, now)
         self._entries[seq] = entry
         # Less than the working set's own noise can never be told apart from it: waiting
@@ -209,6 +219,10 @@ class Settler:
         self._phase(entry, "waiting")
         if entry.visible:
             return self._settle(entry)
+        if entry.queued and quick(self._ramp_s(entry.route)):
+            # Its memory is there now: the reading taken at its response shows it.
+            self._fresh.add(entry.seq)
+            return []
         # Not queued (no reading to start from): it settles by time alone.
         return self._time_out(entry, now)
 
@@ -251,8 +265,7 @@ class Settler:
         return self._drop(entry)
 
     def held(self) -> tuple[int, int]:
-        """What this process's pending sessions are still expected to add, and how many
-        there are (the head of the queue's memory partly shown, the others' in full)."""
+        """What this process's pending sessions are still expected to add, and how many."""
         entries = self._entries.values()
         return sum(entry.remaining for entry in entries), len(entries)
 
@@ -269,13 +282,9 @@ class Settler:
             self._freed.ended(freed_bytes, since, now)
 
     def counted(self, app_count: int) -> list[Action]:
-        """The app counts ``app_count`` sessions: fewer than are waiting means some ended.
-
-        Sessions past their response are in the app's own count; where that count
-        is below the number waiting, the oldest waiting ones ended before their
-        memory showed, and settle now (as placeholders: their memory is still
-        expected by those behind them, in case it comes after all).
-        """
+        """The app counts ``app_count`` sessions, fewer than are waiting past their response:
+        the oldest waiting ones ended before their memory showed, and settle now (as
+        placeholders: their memory is still expected, in case it comes after all)."""
         ended = self.past_response - max(0, app_count)
         oldest: list[Settlement] = []
         for entry in self._entries.values():
@@ -294,15 +303,34 @@ class Settler:
     def settle(self, used_bytes: int | None, now: float) -> list[Action]:
         """Attribute the working set ``used_bytes`` (exact) and settle what it shows."""
         floor, records = self._queue.load()
+        queued = bool(records)
         actions: list[Action] = []
         if used_bytes is not None:
-            self._growth.note(used_bytes, now)
             credit = self._freed.step(used_bytes, now)
             if credit is not None:
                 floor = credited(floor, records, credit)
+            # Sessions built in their request, at the first reading after their response.
+            fresh, self._fresh = self._fresh, set()
+            floor, taken = shown_in_request(floor, records, self._pid, fresh, used_bytes)
+            for record in taken:
+                self._growth.explain(record.expected_bytes)
+                if (entry := self._entries.get(record.seq)) is not None:
+                    entry.visible = True
+                    if entry.phase == "waiting":
+                        actions += self._settle(entry)
+            young = young_bytes_per_s(self._entries.values(), self._ramp_s, now)
+            self._growth.note(used_bytes, now, young)
         if self._routes:
-            self._learned(records)
-        if records:
+            # Queued sessions expect no more than their route is now learned to add.
+            self._routes, lowered = expect_learned(
+                records, self._pid, self._routes, self._footprint_bytes
+            )
+            for seq, footprint in lowered.items():
+                if (entry := self._entries.get(seq)) is not None:
+                    entry.remaining = min(entry.remaining, footprint)
+        if queued and self._growth.quiet(now):
+            records = drop_lapsed(records, self._pid, now, self._routes, self._seen, self._ramp_s)
+        if queued:
             floor, records = self._attribute(floor, records, used_bytes, now, actions)
             self._queue.store(floor, records)
         if used_bytes is not None:
@@ -324,25 +352,6 @@ class Settler:
             ):
                 actions += self._time_out(entry, now)
         return actions
-
-    def _learned(self, records: list[QueueRecord]) -> None:
-        """This process's sessions in the queue expect no more than their route is now
-        learned to add: one admitted on a guess that proved too large would otherwise
-        never show its memory, and, a placeholder at the queue's front, keep every later
-        session from showing theirs until the timeout."""
-        routes: dict[int, str] = {}
-        for record in records:
-            route = self._routes.get(record.seq) if record.pid == self._pid else None
-            if route is None:
-                continue
-            routes[record.seq] = route
-            footprint = self._footprint_bytes(route)
-            if footprint is not None and footprint < record.expected_bytes:
-                record.expected_bytes = footprint
-                entry = self._entries.get(record.seq)
-                if entry is not None:
-                    entry.remaining = min(entry.remaining, footprint)
-        self._routes = routes
 
     def _taken_by_others(self) -> list[Action]:
         """Own entries another worker's pass found visible and took off the shared queue."""
@@ -419,11 +428,7 @@ class Settler:
             # A request still in progress past the timeout (a response the client
             # does not read, an app that never answers) holds nothing any longer:
             # whatever memory it built is expected of it as a placeholder.
-            self._mark_placeholder(entry)
-            self._phase(entry, "done")
-            entry.released = True
-            self._entries.pop(entry.seq, None)
-            return [(entry.reservation, "release")]
+            return self._give_back(entry)
         if entry.phase == "held":
             if age < self.timeout_s:
                 return []
@@ -436,11 +441,7 @@ class Settler:
                 self.timeout_s,
             )
             self._on_expired()
-            self._mark_placeholder(entry)
-            self._phase(entry, "done")
-            entry.released = True
-            self._entries.pop(entry.seq, None)
-            return [(entry.reservation, "release")]
+            return self._give_back(entry)
         if age >= self.timeout_s:
             self._mark_placeholder(entry)
             return self._settle(entry)
@@ -449,6 +450,13 @@ class Settler:
             self._mark_placeholder(entry)
             return self._settle(entry)
         return []
+
+    def _give_back(self, entry: Settlement) -> list[Action]:
+        self._mark_placeholder(entry)
+        self._phase(entry, "done")
+        entry.released = True
+        self._entries.pop(entry.seq, None)
+        return [(entry.reservation, "release")]
 
     def _settle(self, entry: Settlement) -> list[Action]:
         self._phase(entry, "done")

@@ -74,6 +74,8 @@ class Step:
     growth: float
     start: float
     end: float
+    #: The growth was seen, not carried over a step in which memory was freed.
+    seen: bool = True
 
 
 @dataclass(frozen=True, slots=True)

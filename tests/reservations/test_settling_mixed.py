@@ -1,0 +1,146 @@
+"""The settler under mixed traffic: sessions built in their request beside ramping ones."""
+
+from __future__ import annotations
+
+from reskit import apply
+
+from asgi_admission._admission.ledger.ledger import InProcessLedger
+from asgi_admission._admission.reservations.settlement import Settlement
+from asgi_admission._admission.reservations.settling import Settler
+from suitekit import MIB
+
+#: Internal on purpose: the settler's attribution, on tables of readings.
+INTERNAL = "the settler's attribution, on tables of readings"
+
+BASE = 500 * MIB
+RAMPING, BUILT = "POST /processes", "POST /sessions"
+#: What settling waits for by time (learned ramps, stretched): 2 s ramps, and a route
+#: that builds its memory inside the request.
+RAMPS = {RAMPING: 4.0, BUILT: 0.1}
+SIZES = {RAMPING: 96 * MIB, BUILT: 48 * MIB}
+
+
+def make() -> tuple[Settler, InProcessLedger]:
+    settler = Settler(
+        timeout_s=120.0,
+        ramp_s=RAMPS.get,
+        min_ramp_s=lambda: min(RAMPS.values()),
+        footprint_bytes=SIZES.get,
+    )
+    return settler, InProcessLedger()
+
+
+def admit(
+    settler: Settler, ledger: InProcessLedger, route: str, used: int, now: float
+) -> Settlement:
+    with ledger.locked():
+        return settler.admit(
+            ledger.reserve(),
+            kind="http",
+            route=route,
+            used_bytes=used,
+            now=now,
+            expected_bytes=SIZES[route],
+        )
+
+
+def test_a_session_built_in_its_request_settles_behind_one_still_ramping() -> None:
+    """A session built inside its request shows its memory at its response even while an
+    older session ramps (the working set growing fast): it settles there, and its memory
+    never counts as the older one's growth."""
+    settler, ledger = make()
+    ramping = admit(settler, ledger, RAMPING, BASE, 0.0)
+    apply(settler.respond(ramping, 0.05))
+    apply(settler.settle(BASE + 10 * MIB, 0.25))
+    apply(settler.settle(BASE + 20 * MIB, 0.5))  # 40 MiB/s: visibly growing
+    built = admit(settler, ledger, BUILT, BASE + 22 * MIB, 0.6)
+    apply(settler.respond(built, 0.7))
+    apply(settler.settle(BASE + 72 * MIB, 0.7))  # its 48 MiB, and 2 more of the ramp
+    assert built.released
+    assert not ramping.released
+    # 96 MiB more than at the ramping session's admission, half of it the other's.
+    apply(settler.settle(BASE + 96 * MIB, 1.0))
+    assert not ramping.released
+    apply(settler.settle(BASE + 48 * MIB + 90 * MIB, 1.5))
+    assert ramping.released
+
+
+def test_an_older_session_settles_by_its_ramp_while_a_younger_one_ramps() -> None:
+    """Under churn the memory of an older session can be hidden by others' ends: past its
+    learned ramp time it settles by time, though the working set grows, where that growth
+    is what a younger session within its ramp brings."""
+    settler, ledger = make()
+    older = admit(settler, ledger, RAMPING, BASE, 0.0)
+    apply(settler.respond(older, 0.05))
+    # Its memory came while another session's went: the working set stays as it was.
+    for step in range(1, 13):
+        apply(settler.settle(BASE, 0.25 * step))
+    younger = admit(settler, ledger, RAMPING, BASE, 3.0)
+    apply(settler.respond(younger, 3.05))
+    for step in range(1, 7):  # 40 MiB/s, the younger session's ramp
+        apply(settler.settle(BASE + step * 10 * MIB, 3.0 + 0.25 * step))
+    assert older.released  # 4.5 s after its admission, past its 4 s
+    assert not younger.released
+
+
+def test_a_session_built_in_its_request_does_not_hold_an_older_one_past_its_ramp() -> None:
+    """The jump of a session built inside its request, at its response, is its own memory:
+    it does not count as an older session's memory still arriving, which settles by its
+    ramp time."""
+    settler, ledger = make()
+    older = admit(settler, ledger, RAMPING, BASE, 0.0)
+    apply(settler.respond(older, 0.05))
+    for step in range(1, 16):  # its memory hidden by others' ends, as above
+        apply(settler.settle(BASE, 0.25 * step))
+    built = admit(settler, ledger, BUILT, BASE, 3.9)
+    apply(settler.respond(built, 4.0))
+    apply(settler.settle(BASE + 48 * MIB, 4.0))
+    assert built.released
+    apply(settler.settle(BASE + 48 * MIB, 4.1))
+    assert older.released
+
+
+def test_a_burst_past_its_ramp_time_is_held_while_its_memory_still_arrives() -> None:
+    """Sessions admitted together are of one age: once past their ramp time none is within
+    it, so growth that goes on (a busy machine slowing their ramps) holds them all."""
+    settler, ledger = make()
+    burst = [admit(settler, ledger, RAMPING, BASE, 0.05 * k) for k in range(3)]
+    for entry in burst:
+        apply(settler.respond(entry, 0.2))
+    for step in range(1, 18):  # 20 MiB/s, past the first one's 4 s: short of its 90 %
+        apply(settler.settle(BASE + step * 5 * MIB, 0.25 * step))
+        assert not any(entry.released for entry in burst), step
+
+
+def test_a_placeholder_long_past_every_ramp_leaves_for_a_later_session() -> None:
+    """A session that settled by its ramp time without showing its memory (other
+    sessions' ends hid it) claims the growth that follows only while an older session
+    may still be ramping: once every ramp is past and the sessions behind it came
+    later, a later session's memory is its own and settles it."""
+    settler, ledger = make()
+    first = admit(settler, ledger, RAMPING, BASE, 0.0)
+    apply(settler.respond(first, 0.05))
+    for step in range(1, 21):  # its memory hidden by others' ends, for 5 s
+        apply(settler.settle(BASE, 0.25 * step))
+    assert first.released  # by its ramp time: a placeholder
+    later = admit(settler, ledger, RAMPING, BASE, 6.0)
+    apply(settler.respond(later, 6.05))
+    for step in range(1, 11):  # its 96 MiB over 2.5 s
+        apply(settler.settle(BASE + int(step * 9.6 * MIB), 6.0 + 0.25 * step))
+    assert later.released
+
+
+def test_a_placeholder_still_claims_growth_for_sessions_admitted_in_its_ramp() -> None:
+    """A session admitted while a placeholder's memory may still have been arriving
+    counts from a working set without it: the placeholder keeps claiming the growth
+    that follows, and the later session's reservation is held."""
+    settler, ledger = make()
+    first = admit(settler, ledger, RAMPING, BASE, 0.0)
+    apply(settler.respond(first, 0.05))
+    later = admit(settler, ledger, RAMPING, BASE, 2.5)
+    apply(settler.respond(later, 2.55))
+    for step in range(1, 19):
+        apply(settler.settle(BASE, 0.25 * step))
+    assert first.released
+    apply(settler.settle(BASE + 96 * MIB, 4.75))
+    assert not later.released

@@ -12,14 +12,13 @@ import pytest
 
 from asgi_admission._admission.reservations import shared_files
 from asgi_admission._admission.reservations.attribution import Overlap, Window
+from asgi_admission._admission.reservations.learned_file import LearnedStore, read_learned
 from asgi_admission._admission.reservations.learning import Observations
 from asgi_admission._admission.reservations.settle_queue import QueueRecord
 from asgi_admission._admission.reservations.shared_files import (
     LEARNED_FILE,
     SETTLING_FILE,
-    LearnedStore,
     SharedSettleQueue,
-    read_learned,
 )
 from suitekit import MIB
 

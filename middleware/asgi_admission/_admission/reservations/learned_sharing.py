@@ -4,7 +4,7 @@ Whenever the learner or the probes have something new, the reserve the latch use
 set again (``learned_view.py``: the configured reserve raised or replaced by what was
 learned), the probes of routes learned meanwhile are over, and, with a shared
 directory, the new observations go into the learned file that every worker reads
-(``shared_files.LearnedStore``). What the other workers learned is taken in every
+(``learned_file.LearnedStore``). What the other workers learned is taken in every
 ``SHARED_REFRESH_S``, or at every sample while requests wait for another worker's probe.
 Everything here runs inside the ledger's critical section.
 """
@@ -15,10 +15,10 @@ from collections.abc import Callable
 from typing import Final
 
 from asgi_admission._admission.decision.latch import AdmissionController
+from asgi_admission._admission.reservations.learned_file import LearnedStore
 from asgi_admission._admission.reservations.learned_view import LearnedView
 from asgi_admission._admission.reservations.learning import WINDOW, SessionLearner
 from asgi_admission._admission.reservations.probing import ProbeBoard
-from asgi_admission._admission.reservations.shared_files import LearnedStore
 
 #: How often a worker takes in what the other workers learned.
 SHARED_REFRESH_S: Final = 2.0

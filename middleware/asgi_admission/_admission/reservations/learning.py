@@ -18,7 +18,7 @@ Notes:
 - Bounded and forgetting: the last ``WINDOW`` windows, ends and peaks per route, at
   most ``MAX_ROUTES`` routes. Sessions change when the app does, so an old footprint
   fades out as new sessions are observed rather than at once.
-- The observations are what the workers share (``shared_files.LearnedStore``), each
+- The observations are what the workers share (``learned_file.LearnedStore``), each
   worker fitting all of them; the ramp profile is each worker's own.
 """
 

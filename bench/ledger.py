@@ -32,7 +32,7 @@ from pathlib import Path
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, AdmissionTicket
 from asgi_admission._admission.ledger.ledger import InProcessLedger, Reservation, SessionLedger
-from asgi_admission._admission.ledger.ledger_file import process_start_time, slot_held
+from asgi_admission._admission.ledger.ledger_slots import process_start_time, slot_held
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from benchkit import timings_us, write_v2_tree
 

@@ -61,7 +61,7 @@ import psutil
 import websockets
 
 import soak_app
-from asgi_admission._admission.ledger.ledger_file import FILE_NAME, header_problem, read_entries
+from asgi_admission._admission.ledger.ledger_slots import FILE_NAME, header_problem, read_entries
 from asgi_admission._admission.ledger.shared_ledger import DEFAULT_CAPACITY
 from benchkit import MIB, free_port, joining, memory_group, oom_kills, stop_process_group
 

@@ -20,7 +20,7 @@ from ledgerkit import SPAWN, hold_sessions, write_v2_tree
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, AdmissionTicket
 from asgi_admission._admission.ledger import ledger_file, ledger_section, shared_ledger
 from asgi_admission._admission.ledger.ledger import InProcessLedger
-from asgi_admission._admission.ledger.ledger_file import process_start_time
+from asgi_admission._admission.ledger.ledger_slots import process_start_time
 from asgi_admission._admission.ledger.shared_ledger import (
     FILE_NAME,
     LedgerEntry,

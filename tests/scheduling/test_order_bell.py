@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from queuekit import Admission, Capacity, settle
 
-from asgi_admission._admission.ledger.ledger_file import HEADER, slot_offset
+from asgi_admission._admission.ledger.ledger_slots import HEADER, slot_offset
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.scheduling.order_bell import PREFIX, OrderBell
 from asgi_admission._admission.scheduling.order_file import FILE_NAME, MAGIC, SLOT, read_waiting

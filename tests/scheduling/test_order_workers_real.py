@@ -21,7 +21,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from asgi_admission._admission.ledger.ledger_file import read_entries, slot_held
+from asgi_admission._admission.ledger.ledger_slots import read_entries, slot_held
 from asgi_admission._admission.scheduling.order_bell import PREFIX
 from asgi_admission._admission.scheduling.order_file import FILE_NAME, read_waiting
 from cgroupkit import joining, memory_group, oom_kills

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from queuekit import Admission, Capacity, settle
 
-from asgi_admission._admission.ledger.ledger_file import HEADER, slot_offset
+from asgi_admission._admission.ledger.ledger_slots import HEADER, slot_offset
 from asgi_admission._admission.scheduling.order_file import FILE_NAME, MAGIC, SLOT, read_waiting
 from asgi_admission._admission.scheduling.queue import Verdict, WaitQueue
 from asgi_admission._admission.scheduling.shared_order import SharedOrder

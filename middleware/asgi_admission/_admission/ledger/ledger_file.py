@@ -1,4 +1,5 @@
-"""The shared ledger's file: its layout, its slot locks, and reading it from outside.
+"""The shared ledger's file as one worker holds it (its layout and slot locks:
+``ledger_slots.py``).
 
 Notes:
 
@@ -35,70 +36,23 @@ import logging
 import os
 import struct
 import time
-from dataclasses import dataclass
-from typing import Final
 
 from asgi_admission._admission.ledger.ledger import LedgerBusy
+from asgi_admission._admission.ledger.ledger_slots import (
+    FILE_NAME,
+    HEADER,
+    MAGIC,
+    SETTING,
+    SLOT,
+    header_problem,
+    process_start_time,
+    slot_held,
+    slot_lock,
+    slot_offset,
+)
 from asgi_admission._admission.ledger.safe_files import open_private_file
 
 logger = logging.getLogger("asgi_admission")
-
-FILE_NAME: Final = "asgi-admission.ledger"
-SETTING: Final = "ADMISSION_SHARED_DIR"
-MAGIC: Final = b"ASGIADM1"
-
-HEADER: Final = struct.Struct("=8sII")  # magic, capacity, slots in use
-SLOT: Final = struct.Struct("=qqqq")  # pid, start time (clock ticks), pending, active
-# struct flock on 64-bit Linux: short type, short whence, (pad), off_t start,
-# off_t len, pid_t pid, (pad).
-_FLOCK: Final = struct.Struct("hhqqi4x")
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    """One claimed slot of a ledger file, as :func:`read_entries` finds it."""
-
-    slot: int
-    pid: int
-    start_time: int
-    pending: int
-    active: int
-    alive: bool
-
-
-def process_start_time(pid: int | str = "self") -> int:
-    """Field 22 of ``/proc/<pid>/stat``: when the process started, in clock ticks."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rpartition(b")")[2].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def slot_offset(slot: int) -> int:
-    return HEADER.size + slot * SLOT.size
-
-
-def slot_lock(fd: int, slot: int, command: int, lock_type: int) -> int:
-    """``fcntl`` an OFD lock over one slot; returns the lock type the kernel reports."""
-    request = _FLOCK.pack(lock_type, os.SEEK_SET, slot_offset(slot), SLOT.size, 0)
-    lock_type_now: int = _FLOCK.unpack(fcntl.fcntl(fd, command, request))[0]
-    return lock_type_now
-
-
-@functools.lru_cache(maxsize=1024)
-def _probe(slot: int) -> bytes:
-    # Packed once per slot: every decision probes each busy slot's lock.
-    return _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, slot_offset(slot), SLOT.size, 0)
-
-
-_UNLOCKED: Final = struct.pack("h", fcntl.F_UNLCK)
-
-
-def slot_held(fd: int, slot: int) -> bool:
-    """Whether another open file description holds ``slot``'s lock: its worker lives."""
-    return fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot))[:2] != _UNLOCKED
 
 
 class Rejoining:
@@ -179,41 +133,6 @@ def flock_by(fd: int, deadline: float) -> bool:
                 return False
             time.sleep(delay)
             delay = min(delay * 2, 0.005)
-
-
-def header_problem(header: bytes, expected_capacity: int) -> str | None:
-    """What is wrong with a ledger file's header, or ``None``."""
-    if len(header) < HEADER.size:
-        return f"a header of {len(header)} bytes"
-    magic, capacity, used = HEADER.unpack(header)
-    if magic != MAGIC:
-        return "no ledger header"
-    if capacity != expected_capacity:
-        return f"{capacity} slots where {expected_capacity} were expected"
-    if used > capacity:
-        return f"{used} slots in use of {capacity}"
-    return None
-
-
-def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
-    """The claimed slots of the ledger file in ``directory``, with each owner's liveness.
-
-    For operators and tests; it takes no lock, so counts may be mid-update.
-    """
-    path = os.path.join(os.fspath(directory), FILE_NAME)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    try:
-        data = os.pread(fd, os.fstat(fd).st_size, 0)
-        entries = []
-        for slot in range(max(0, len(data) - HEADER.size) // SLOT.size):
-            pid, start_time, pending, active = SLOT.unpack_from(data, slot_offset(slot))
-            if pid or pending or active:
-                entries.append(
-                    LedgerEntry(slot, pid, start_time, pending, active, slot_held(fd, slot))
-                )
-        return entries
-    finally:
-        os.close(fd)
 
 
 @functools.lru_cache(maxsize=64)

@@ -44,11 +44,11 @@ from typing import Final
 from asgi_admission._admission.ledger.ledger import ACTIVE, LOCK_WAIT_S, PENDING, RELEASED
 from asgi_admission._admission.ledger.ledger import LedgerBusy as LedgerBusy
 from asgi_admission._admission.ledger.ledger import LedgerUnavailable as LedgerUnavailable
-from asgi_admission._admission.ledger.ledger_file import FILE_NAME as FILE_NAME
-from asgi_admission._admission.ledger.ledger_file import HEADER, SLOT, slot_held, slot_offset
-from asgi_admission._admission.ledger.ledger_file import LedgerEntry as LedgerEntry
-from asgi_admission._admission.ledger.ledger_file import read_entries as read_entries
 from asgi_admission._admission.ledger.ledger_section import LockedLedgerFile
+from asgi_admission._admission.ledger.ledger_slots import FILE_NAME as FILE_NAME
+from asgi_admission._admission.ledger.ledger_slots import HEADER, SLOT, slot_held, slot_offset
+from asgi_admission._admission.ledger.ledger_slots import LedgerEntry as LedgerEntry
+from asgi_admission._admission.ledger.ledger_slots import read_entries as read_entries
 
 # Looked up once: every activation and release calls it.
 _thread_id = threading.get_ident

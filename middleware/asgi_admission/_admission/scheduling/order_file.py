@@ -17,8 +17,8 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from asgi_admission._admission.ledger.ledger_file import HEADER, slot_held, slot_offset
-from asgi_admission._admission.ledger.ledger_file import SLOT as LEDGER_SLOT
+from asgi_admission._admission.ledger.ledger_slots import HEADER, slot_held, slot_offset
+from asgi_admission._admission.ledger.ledger_slots import SLOT as LEDGER_SLOT
 
 FILE_NAME: Final = "asgi-admission.waiting"
 SETTING: Final = "ADMISSION_SHARED_DIR"

@@ -52,13 +52,8 @@ from collections.abc import Callable
 from typing import Final
 
 from asgi_admission._admission.ledger.ledger import LOCK_WAIT_S
-from asgi_admission._admission.ledger.ledger_file import (
-    HEADER,
-    flock_by,
-    slot_held,
-    slot_lock,
-    slot_offset,
-)
+from asgi_admission._admission.ledger.ledger_file import flock_by
+from asgi_admission._admission.ledger.ledger_slots import HEADER, slot_held, slot_lock, slot_offset
 from asgi_admission._admission.ledger.safe_files import open_private_file
 from asgi_admission._admission.scheduling.order_bell import OrderBell
 from asgi_admission._admission.scheduling.order_file import (

@@ -205,6 +205,52 @@ def drop_lapsed(
     return kept
 
 
+def attribute(
+    floor: int | None,
+    records: list[QueueRecord],
+    used: int | None,
+    now: float,
+    *,
+    timeout_s: float,
+    alive: Callable[[int], bool],
+    shared: bool,
+    pid: int,
+) -> tuple[int | None, list[QueueRecord], list[int], tuple[int, int] | None]:
+    """One pass of first-in, first-out attribution at the exact working set ``used``
+    (``None``: none, only placeholders past ``timeout_s`` leave): the new floor, the
+    records kept, the sequence numbers of worker ``pid``'s sessions whose memory showed
+    (in queue order), and, where the head that stopped the pass is ``pid``'s, its
+    sequence number and what it still has to add. Records of workers not ``alive`` are
+    skipped at the head, and (``shared``) dropped further back too."""
+    start = 0
+    count = len(records)
+    shown_own: list[int] = []
+    head_left: tuple[int, int] | None = None
+    while start < count:
+        head = records[start]
+        if not alive(head.pid):
+            start += 1
+            continue
+        base = head.base_bytes if floor is None else max(floor, head.base_bytes)
+        shown = used is not None and used - base >= VISIBLE_FRACTION * head.expected_bytes
+        if not shown and not (head.placeholder and now - head.admitted_at >= timeout_s):
+            floor = base
+            if head.pid == pid and used is not None:
+                head_left = (head.seq, max(0, head.expected_bytes - max(0, used - base)))
+            break
+        floor = base + head.expected_bytes
+        start += 1
+        if head.pid == pid and not head.placeholder:
+            shown_own.append(head.seq)
+    kept = records[start:] if start else records
+    if not kept:
+        floor = None
+    # Dead workers' records further back are dropped too: their sessions are gone.
+    if shared and any(not alive(r.pid) for r in kept if r.pid != pid):
+        kept = [r for r in kept if r.pid == pid or alive(r.pid)]
+    return floor, kept, shown_own, head_left
+
+
 def drop_record(queue: SettleQueue, pid: int, seq: int) -> None:
     """Take the record of session ``seq`` of worker ``pid`` off the queue, if it is there."""
     floor, records = queue.load()

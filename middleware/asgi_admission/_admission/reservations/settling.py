@@ -54,10 +54,10 @@ from asgi_admission._admission.ledger.ledger import Reservation
 from asgi_admission._admission.reservations.freed import FreedMemory, Mark, credited
 from asgi_admission._admission.reservations.growth import Growth, quick, young_bytes_per_s
 from asgi_admission._admission.reservations.settle_queue import (
-    VISIBLE_FRACTION,
     LocalSettleQueue,
     QueueRecord,
     SettleQueue,
+    attribute,
     drop_lapsed,
     drop_record,
     expect_learned,
@@ -385,37 +385,24 @@ class Settler:
         now: float,
         actions: list[Action],
     ) -> tuple[int | None, list[QueueRecord]]:
-        start = 0
-        count = len(records)
-        while start < count:
-            head = records[start]
-            if not self._queue.owner_alive(head.pid):
-                start += 1
-                continue
-            base = head.base_bytes if floor is None else max(floor, head.base_bytes)
-            shown = used is not None and used - base >= VISIBLE_FRACTION * head.expected_bytes
-            if not shown and not (head.placeholder and now - head.admitted_at >= self.timeout_s):
-                floor = base
-                own = self._entries.get(head.seq) if head.pid == self._pid else None
-                if own is not None and used is not None:
-                    own.remaining = max(0, head.expected_bytes - max(0, used - base))
-                break
-            floor = base + head.expected_bytes
-            start += 1
-            if head.pid == self._pid and not head.placeholder:
-                entry = self._entries.get(head.seq)
-                if entry is not None:
-                    entry.visible = True
-                    if entry.phase == "waiting":
-                        actions += self._settle(entry)
-        kept = records[start:] if start else records
-        if not kept:
-            floor = None
-        # Dead workers' records further back are dropped too: their sessions are gone.
-        if self._queue.shared and any(
-            not self._queue.owner_alive(r.pid) for r in kept if r.pid != self._pid
-        ):
-            kept = [r for r in kept if r.pid == self._pid or self._queue.owner_alive(r.pid)]
+        floor, kept, shown, head = attribute(
+            floor,
+            records,
+            used,
+            now,
+            timeout_s=self.timeout_s,
+            alive=self._queue.owner_alive,
+            shared=self._queue.shared,
+            pid=self._pid,
+        )
+        for seq in shown:
+            entry = self._entries.get(seq)
+            if entry is not None:
+                entry.visible = True
+                if entry.phase == "waiting":
+                    actions += self._settle(entry)
+        if head is not None and (own := self._entries.get(head[0])) is not None:
+            own.remaining = head[1]
         return floor, kept
 
     def _time_out(self, entry: Settlement, now: float) -> list[Action]:

@@ -404,7 +404,15 @@ class SessionLearner:
                 footprint = percentile(bounds)
                 known = self._fits.get(route)
                 if known is not None and known.determined:
-                    footprint = min(footprint, known.upper())
+                    # The fit tightens the bounds that other sessions' growth inflates,
+                    # but it is a model: never below what sessions typically showed with
+                    # nothing else ramping in their window (the median: drift aside,
+                    # those measure their session).
+                    alone = [w.growth for w in windows if not w.overlaps]
+                    cap = known.upper()
+                    if alone:
+                        cap = max(cap, percentile(alone, 0.5))
+                    footprint = min(footprint, cap)
             if per_session and (not state.windows or len(per_session) >= MIN_PER_SESSION):
                 # Alone, the per-session values' high percentile; beside windows, they
                 # raise the estimate where most of them say more.

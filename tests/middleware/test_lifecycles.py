@@ -148,6 +148,26 @@ async def play(mw: AdmissionMiddleware, plan: list[tuple[str, str]]) -> None:
         )
 
 
+#: A case hypothesis found: a WebSocket, then 30 in-request sessions, then another and 28
+#: more, over readings that are lost half the time. A session of a route learned to
+#: build its memory in the request waited for the reading at its response, which was
+#: lost: it stayed pending though its pending timeout had passed.
+LOST_READING_AT_RESPONSE: list[tuple[str, str]] = [
+    ("websocket", "accept_close"),
+    *[("http", "complete")] * 30,
+    ("websocket", "accept_close"),
+    *[("http", "complete")] * 28,
+]
+
+
+def test_a_session_whose_reading_at_its_response_is_lost_settles_by_time() -> None:
+    """The case above leaves no reservation behind: a session waiting for the reading at
+    its response settles by time where that reading is lost."""
+    mw = make_guard([3, 0, -1, -1])
+    asyncio.run(play(mw, LOST_READING_AT_RESPONSE))
+    assert mw.session_counts() == (0, 0)
+
+
 def test_ten_thousand_lifecycles_leave_no_reservation_behind() -> None:
     """After >= 10,000 random request lifecycles, pending and active counts are both zero."""
     total = [0]

@@ -293,6 +293,9 @@ class ReservationKeeper:
                 self.board.responded(entry.seq, used, now)
             if used is not None:
                 actions += self._take(used, now)
+            else:
+                # No reading to show it by: it settles by time, as any blind session.
+                actions += self.settler.settle(None, now)
         return actions
 
     def _probe_left(self, entry: Settlement, opened: bool) -> None:

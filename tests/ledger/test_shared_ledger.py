@@ -18,7 +18,11 @@ import pytest
 from ledgerkit import SPAWN, hold_sessions, write_v2_tree
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, AdmissionTicket
-from asgi_admission._admission.ledger import ledger_file, ledger_section, shared_ledger
+from asgi_admission._admission.ledger import (
+    ledger_section,
+    ledger_slots,
+    shared_ledger,
+)
 from asgi_admission._admission.ledger.ledger import InProcessLedger
 from asgi_admission._admission.ledger.ledger_slots import process_start_time
 from asgi_admission._admission.ledger.shared_ledger import (
@@ -476,7 +480,7 @@ def test_failed_claim_releases_the_critical_section(
     def refuse(*args: object) -> int:
         raise OSError(errno.EINVAL, "no OFD locks here")
 
-    monkeypatch.setattr(ledger_file, "slot_lock", refuse)
+    monkeypatch.setattr(ledger_slots, "slot_lock", refuse)
     with pytest.raises(shared_ledger.LedgerUnavailable, match="no OFD locks"), ledger.locked():
         pass
     monkeypatch.undo()

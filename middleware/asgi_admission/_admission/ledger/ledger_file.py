@@ -29,7 +29,6 @@ replaced file, always under the ``flock`` that ``SharedLedger``
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import functools
 import logging
@@ -44,10 +43,10 @@ from asgi_admission._admission.ledger.ledger_slots import (
     MAGIC,
     SETTING,
     SLOT,
+    claim_free_slot,
     header_problem,
     process_start_time,
     slot_held,
-    slot_lock,
     slot_offset,
 )
 from asgi_admission._admission.ledger.safe_files import open_private_file
@@ -330,13 +329,8 @@ class LedgerFile:
         """Take the first slot no live worker holds; recover what a dead one left."""
         fd = self._fd
         self._check_file()
-        for slot in range(self._capacity):
-            try:
-                slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
-            except OSError as exc:
-                if exc.errno in (errno.EAGAIN, errno.EACCES):
-                    continue
-                raise
+        slot = claim_free_slot(fd, self._capacity)
+        if slot is not None:
             _, _, pending, active = SLOT.unpack(os.pread(fd, SLOT.size, slot_offset(slot)))
             if pending or active:
                 self._recover(slot, pending, active)

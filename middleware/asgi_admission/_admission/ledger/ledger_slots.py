@@ -11,6 +11,7 @@ and uses the same locks.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import os
@@ -74,6 +75,20 @@ _UNLOCKED: Final = struct.pack("h", fcntl.F_UNLCK)
 def slot_held(fd: int, slot: int) -> bool:
     """Whether another open file description holds ``slot``'s lock: its worker lives."""
     return fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot))[:2] != _UNLOCKED
+
+
+def claim_free_slot(fd: int, capacity: int) -> int | None:
+    """Lock the first of ``capacity`` slots no live worker holds and return it; ``None``
+    when every slot is held. An error other than "held" is raised."""
+    for slot in range(capacity):
+        try:
+            slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                continue
+            raise
+        return slot
+    return None
 
 
 def header_problem(header: bytes, expected_capacity: int) -> str | None:

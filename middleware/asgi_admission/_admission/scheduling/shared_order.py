@@ -10,11 +10,8 @@ and leaves the capacity to that one).
 Notes:
 
 - One small file beside the session ledger, ``<shared_dir>/asgi-admission.waiting``
-  (its rows: ``order_file.py``), opened as the ledger is (``safe_files``: private,
-  never through a symlink, refused when another user owns it or may write to it). A
-  worker's slot is claimed and its liveness told by the ledger's own OFD byte-range
-  lock helpers: the kernel drops the lock when the worker dies, ``SIGKILL`` included,
-  and its waiters vanish with it.
+  (its rows and their slot locks: ``order_file.py``), opened as the ledger is
+  (``safe_files``); a dead worker's waiters vanish with its slot's lock.
 - Only the first waiter matters: another worker's waiter comes before a waiter of rank
   *r* arriving at *t* exactly when that worker's first does. Arrivals are
   ``time.monotonic()``, one clock for every process of a machine.
@@ -27,22 +24,15 @@ Notes:
   first takes its lock to prove it free. A truncated or garbage file is rebuilt with a
   warning naming it; the rows that are still whole and whose worker lives are kept, and
   every worker writes its own row back at its next look if it finds it gone.
-- Waking the worker whose waiter is first (``bell``, ``order_bell.py``): after each of
-  this worker's passes (:meth:`SharedOrder.passed`; a release or an activation here
-  runs one, after the ledger has written it), the worker holding the container's first
-  waiter, if another, is rung: its pass runs at once. A worker whose first waiter was
-  behind another's thus runs its pass when that one leaves or is admitted, and
-  capacity freed in any worker goes to the container's first waiter within a
-  millisecond or so. :meth:`SharedOrder.first` (whether this worker's first waiter is
-  the container's first) is the fallback: the periodic look of each worker with
-  waiters asks it and wakes the queue when it is (docs/configuration.md, the wait
-  queue).
+- After each of this worker's passes (:meth:`SharedOrder.passed`), the worker holding
+  the container's first waiter, if another, is rung (``bell``, ``order_bell.py``): its
+  pass runs at once. :meth:`SharedOrder.first` is the fallback, asked by the periodic
+  look of each worker with waiters (docs/configuration.md, the wait queue).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -53,7 +43,13 @@ from typing import Final
 
 from asgi_admission._admission.ledger.ledger import LOCK_WAIT_S
 from asgi_admission._admission.ledger.ledger_file import flock_by
-from asgi_admission._admission.ledger.ledger_slots import HEADER, slot_held, slot_lock, slot_offset
+from asgi_admission._admission.ledger.ledger_slots import (
+    HEADER,
+    claim_free_slot,
+    slot_held,
+    slot_lock,
+    slot_offset,
+)
 from asgi_admission._admission.ledger.safe_files import open_private_file
 from asgi_admission._admission.scheduling.order_bell import OrderBell
 from asgi_admission._admission.scheduling.order_file import (
@@ -407,13 +403,8 @@ class SharedOrder:
             return False
         try:
             self._check_file()
-            for slot in range(self._capacity):
-                try:
-                    slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
-                except OSError as exc:
-                    if exc.errno in (errno.EAGAIN, errno.EACCES):
-                        continue
-                    raise
+            slot = claim_free_slot(fd, self._capacity)
+            if slot is not None:
                 self._slot, self._offset = slot, slot_offset(slot)
                 self._row = b""
                 if self.bell is not None:

@@ -142,7 +142,7 @@ def open_fds() -> int:
 
 def test_hostile_clients_cannot_stall_the_loop_or_leak() -> None:
     """Clients that never read, send garbage or come 1,000 at once: the loop's worst
-    stall stays under 250 ms (the project's bound is 1 s), every connection is closed
+    stall stays under the project's bound of 1 s, every connection is closed
     within the answer timeout, the room is looked at once per interval, and once they
     are gone no descriptor is left and an agent check is answered as before."""
     reader = SettableReader(used_mb=100, limit_mb=1000)
@@ -202,7 +202,11 @@ def test_hostile_clients_cannot_stall_the_loop_or_leak() -> None:
             ticking = False
             await ticker
             looks = reader.calls - calls
-            assert worst < 0.25, worst
+            # Held to the bound, not to what a quiet machine shows (tens of ms): the
+            # gate runs the unit tests on three Pythons at once on two cores, where a
+            # thousand connections made the worst tick 0.29 s. A blocking read or
+            # accept would stall for the answer timeout, seconds.
+            assert worst < 1.0, worst
             assert answered + refused == 1000
             assert answered >= 1000 - MAX_CONNECTIONS  # the rest were turned away at once
             assert looks <= took / MAX_AGE_S + 2, (looks, took)

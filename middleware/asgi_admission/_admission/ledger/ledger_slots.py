@@ -91,13 +91,17 @@ def claim_free_slot(fd: int, capacity: int) -> int | None:
     return None
 
 
-def header_problem(header: bytes, expected_capacity: int) -> str | None:
-    """What is wrong with a ledger file's header, or ``None``."""
+def header_problem(
+    header: bytes, expected_capacity: int, *, magic: bytes = MAGIC, kind: str = "ledger"
+) -> str | None:
+    """What is wrong with the header at the start of ``header`` (a file of this geometry:
+    the ledger's, or another ``kind`` with its own ``magic``), in words for a warning;
+    ``None`` when it is sound."""
     if len(header) < HEADER.size:
         return f"a header of {len(header)} bytes"
-    magic, capacity, used = HEADER.unpack(header)
-    if magic != MAGIC:
-        return "no ledger header"
+    found, capacity, used = HEADER.unpack_from(header)
+    if found != magic:
+        return f"no {kind} header"
     if capacity != expected_capacity:
         return f"{capacity} slots where {expected_capacity} were expected"
     if used > capacity:

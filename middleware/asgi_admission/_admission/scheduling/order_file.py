@@ -42,21 +42,6 @@ def row_of(pid: int, rank: int, arrived: float, waiting: int) -> bytes:
     return SLOT.pack(pid, rank, waiting, arrived, check_of(pid, rank, waiting, arrived))
 
 
-def header_problem(data: bytes, capacity: int) -> str | None:
-    """What makes ``data`` (the file's start) unusable for a file of ``capacity`` slots,
-    in words for the warning; ``None`` when its header is sound."""
-    if len(data) < HEADER.size:
-        return f"a header of {len(data)} bytes"
-    magic, found, used = HEADER.unpack_from(data)
-    if magic != MAGIC:
-        return "no waiting-order header"
-    if found != capacity:
-        return f"{found} slots where {capacity} were expected"
-    if used > found:
-        return f"{used} slots in use of {found}"
-    return None
-
-
 def live_rows(fd: int, capacity: int, own_slot: int) -> tuple[bytearray, int]:
     """Under the file's flock: a fresh file's bytes (its header left to fill) holding
     every whole row whose worker lives, and how many slots it uses. ``own_slot`` (-1:

@@ -46,6 +46,7 @@ from asgi_admission._admission.ledger.ledger_file import flock_by
 from asgi_admission._admission.ledger.ledger_slots import (
     HEADER,
     claim_free_slot,
+    header_problem,
     slot_held,
     slot_lock,
     slot_offset,
@@ -58,7 +59,6 @@ from asgi_admission._admission.scheduling.order_file import (
     MAGIC,
     SETTING,
     SLOT,
-    header_problem,
     live_rows,
 )
 from asgi_admission._admission.scheduling.order_file import EMPTY as _EMPTY
@@ -327,7 +327,7 @@ class SharedOrder:
         data = os.pread(self._fd, self._want, 0)
         if len(data) == self._want and data.startswith(self._header):
             return data
-        problem = header_problem(data, self._capacity)
+        problem = header_problem(data, self._capacity, magic=MAGIC, kind="waiting-order")
         if problem is None:
             used = HEADER.unpack_from(data)[2]
             self._set_used(used)
@@ -344,7 +344,7 @@ class SharedOrder:
         if not header:
             self._rebuild(None)
             return
-        problem = header_problem(header, self._capacity)
+        problem = header_problem(header, self._capacity, magic=MAGIC, kind="waiting-order")
         if problem is None:
             size = os.fstat(self._fd).st_size
             used = HEADER.unpack(header)[2]

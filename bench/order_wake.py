@@ -23,47 +23,7 @@ import tempfile
 import time
 from multiprocessing.connection import Connection
 
-from starlette.types import Message
-
-from asgi_admission import AdmissionMiddleware
-from service_wait import guard
-
-WS_SCOPE = {
-    "type": "websocket",
-    "path": "/terminal",
-    "headers": [],
-    "query_string": b"",
-    "root_path": "",
-    "subprotocols": [],
-}
-
-
-class Session:
-    """One WebSocket client on ``mw``: told when accepted, and when to leave."""
-
-    def __init__(self, mw: AdmissionMiddleware, on_accept: asyncio.Event) -> None:
-        self.leave = asyncio.Event()
-        self.accepted_at = 0.0
-        self._on_accept = on_accept
-        self.task = asyncio.create_task(self._run(mw))
-
-    async def _run(self, mw: AdmissionMiddleware) -> None:
-        connected = False
-
-        async def receive() -> Message:
-            nonlocal connected
-            if not connected:
-                connected = True
-                return {"type": "websocket.connect"}
-            await self.leave.wait()
-            return {"type": "websocket.disconnect", "code": 1000}
-
-        async def send(message: Message) -> None:
-            if message["type"] == "websocket.accept":
-                self.accepted_at = time.monotonic()
-                self._on_accept.set()
-
-        await mw(dict(WS_SCOPE), receive, send)
+from service_wait import Socket, guard
 
 
 def worker(shared: str, commands: Connection) -> None:
@@ -75,10 +35,10 @@ async def _serve(shared: str, commands: Connection) -> None:
     mw = guard(shared)
     loop = asyncio.get_running_loop()
     stopped = loop.create_future()
-    held: list[Session] = []
+    held: list[Socket] = []
     tasks: set[asyncio.Task[None]] = set()
 
-    async def admitted(session: Session, accepted: asyncio.Event) -> None:
+    async def admitted(session: Socket, accepted: asyncio.Event) -> None:
         await accepted.wait()
         held.append(session)
         commands.send(("admitted", session.accepted_at))
@@ -90,7 +50,7 @@ async def _serve(shared: str, commands: Connection) -> None:
             stopped.set_result(None)
         elif command in ("hold", "wait"):
             accepted = asyncio.Event()
-            session = Session(mw, accepted)
+            session = Socket(mw, accepted)
             task = loop.create_task(admitted(session, accepted))
             tasks.add(task)
             task.add_done_callback(tasks.discard)

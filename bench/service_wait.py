@@ -64,10 +64,14 @@ def guard(shared_dir: str = "off") -> AdmissionMiddleware:
 
 
 class Socket:
-    def __init__(self, mw: AdmissionMiddleware) -> None:
+    """One WebSocket client on ``mw``: ``opened`` (and ``on_accept``, where given) set at
+    its accept, whose ``time.monotonic()`` is ``accepted_at``; it leaves on ``leave``."""
+
+    def __init__(self, mw: AdmissionMiddleware, on_accept: asyncio.Event | None = None) -> None:
         self.opened = asyncio.Event()
         self.leave = asyncio.Event()
         self.accepted_at = 0.0
+        self._on_accept = on_accept
         self.task = asyncio.create_task(self._run(mw))
 
     async def _run(self, mw: AdmissionMiddleware) -> None:
@@ -83,8 +87,10 @@ class Socket:
 
         async def send(message: Message) -> None:
             if message["type"] == "websocket.accept":
-                self.accepted_at = time.perf_counter()
+                self.accepted_at = time.monotonic()
                 self.opened.set()
+                if self._on_accept is not None:
+                    self._on_accept.set()
 
         await mw(dict(WS_SCOPE), receive, send)
 
@@ -98,7 +104,7 @@ async def wakes(
     for _ in range(count):
         waiter = Socket(waiter_guard)
         await asyncio.sleep(0.002)  # it has joined the queue
-        freed = time.perf_counter()
+        freed = time.monotonic()
         holder.leave.set()
         await waiter.opened.wait()
         latencies.append(waiter.accepted_at - freed)

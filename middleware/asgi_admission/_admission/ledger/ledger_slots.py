@@ -17,7 +17,7 @@ import functools
 import os
 import struct
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 FILE_NAME: Final = "asgi-admission.ledger"
 SETTING: Final = "ADMISSION_SHARED_DIR"
@@ -109,22 +109,28 @@ def header_problem(
     return None
 
 
-def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
-    """The claimed slots of the ledger file in ``directory``, with each owner's liveness.
-
-    For operators and tests; it takes no lock, so counts may be mid-update.
-    """
-    path = os.path.join(os.fspath(directory), FILE_NAME)
+def read_rows(path: str, layout: struct.Struct) -> list[tuple[int, tuple[Any, ...], bool]]:
+    """Every whole slot of the file at ``path`` (this geometry, rows of ``layout``): its
+    number, its fields and whether a live worker holds its lock. For operators and
+    tests; it takes no lock, so a row may be mid-update."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         data = os.pread(fd, os.fstat(fd).st_size, 0)
-        entries = []
-        for slot in range(max(0, len(data) - HEADER.size) // SLOT.size):
-            pid, start_time, pending, active = SLOT.unpack_from(data, slot_offset(slot))
-            if pid or pending or active:
-                entries.append(
-                    LedgerEntry(slot, pid, start_time, pending, active, slot_held(fd, slot))
-                )
-        return entries
+        return [
+            (slot, layout.unpack_from(data, slot_offset(slot)), slot_held(fd, slot))
+            for slot in range(max(0, len(data) - HEADER.size) // layout.size)
+        ]
     finally:
         os.close(fd)
+
+
+def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
+    """The claimed slots of the ledger file in ``directory``, with each owner's liveness
+    (:func:`read_rows`)."""
+    return [
+        LedgerEntry(slot, pid, start_time, pending, active, alive)
+        for slot, (pid, start_time, pending, active), alive in read_rows(
+            os.path.join(os.fspath(directory), FILE_NAME), SLOT
+        )
+        if pid or pending or active
+    ]

@@ -17,8 +17,8 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from asgi_admission._admission.ledger.ledger_slots import HEADER, slot_held, slot_offset
 from asgi_admission._admission.ledger.ledger_slots import SLOT as LEDGER_SLOT
+from asgi_admission._admission.ledger.ledger_slots import read_rows, slot_held, slot_offset
 
 FILE_NAME: Final = "asgi-admission.waiting"
 SETTING: Final = "ADMISSION_SHARED_DIR"
@@ -87,15 +87,10 @@ class WaitingEntry:
 def read_waiting(directory: str | os.PathLike[str]) -> list[WaitingEntry]:
     """The slots with waiters of the waiting file in ``directory``, each with its
     worker's liveness; for operators and tests (it takes no lock)."""
-    path = os.path.join(os.fspath(directory), FILE_NAME)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    try:
-        data = os.pread(fd, os.fstat(fd).st_size, 0)
-        entries = []
-        for slot in range(max(0, len(data) - HEADER.size) // SLOT.size):
-            pid, rank, waiting, arrived, _ = SLOT.unpack_from(data, slot_offset(slot))
-            if waiting:
-                entries.append(WaitingEntry(slot, pid, rank, waiting, arrived, slot_held(fd, slot)))
-        return entries
-    finally:
-        os.close(fd)
+    return [
+        WaitingEntry(slot, pid, rank, waiting, arrived, alive)
+        for slot, (pid, rank, waiting, arrived, _), alive in read_rows(
+            os.path.join(os.fspath(directory), FILE_NAME), SLOT
+        )
+        if waiting
+    ]

@@ -28,8 +28,9 @@ from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.priorities import Priorities, Tenants
 from asgi_admission._admission.reservations.holds import HoldRegistry
-from asgi_admission._admission.reservations.keeper import SAMPLE_INTERVAL_S, ReservationKeeper
+from asgi_admission._admission.reservations.keeper import ReservationKeeper
 from asgi_admission._admission.reservations.keeper_parts import build_parts
+from asgi_admission._admission.reservations.looks import SAMPLE_INTERVAL_S
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
 from asgi_admission._admission.room import FreedWatch, counted_and_used
 from asgi_admission._admission.scheduling.order_bell import OrderBell

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import multiprocessing
 import os
 import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,10 +23,12 @@ from asgi_admission import (
     MemoryReading,
 )
 from asgi_admission._admission.ledger.ledger import InProcessLedger, LedgerBusy
+from asgi_admission._admission.ledger.ledger_slots import FILE_NAME
 from asgi_admission._admission.reservations import sampling
 from asgi_admission._admission.reservations.keeper import ReservationKeeper
 from asgi_admission._admission.reservations.keeper_parts import build_parts
 from asgi_admission._admission.reservations.learning import SessionLearner
+from asgi_admission._admission.reservations.looks import SAMPLE_INTERVAL_S
 from asgi_admission._admission.reservations.settlement import apply
 from asgi_admission._memory.reading import UNAVAILABLE
 from suitekit import MIB
@@ -45,15 +51,35 @@ class Memory:
         )
 
 
+class Clock:
+    """A clock the test moves on."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def make(
-    memory: Memory, *, learning: str = "off", shared_dir: str | None = None, active: int = 0
+    memory: Memory,
+    *,
+    learning: str = "off",
+    shared_dir: str | None = None,
+    active: Callable[[int | None], int] = lambda own: 0,
+    app_count: Callable[[], int | None] = lambda: None,
+    learner: SessionLearner | None = None,
+    ledger: InProcessLedger | None = None,
+    attempt: AbstractContextManager[object] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[ReservationKeeper, InProcessLedger]:
-    ledger = InProcessLedger()
+    ledger = InProcessLedger() if ledger is None else ledger
     controller = AdmissionController(reserve_bytes=10 * MIB, memory_reader=memory)
     keeper = ReservationKeeper(
-        attempt=ledger.locked(),
+        attempt=ledger.locked() if attempt is None else attempt,
         read=memory,
-        active_count=lambda own: active,
+        active_count=active,
+        app_count=app_count,
         route_of=lambda scope: "POST /s",
         parts=build_parts(
             controller=controller,
@@ -61,6 +87,8 @@ def make(
             min_reserve_bytes=16 * MIB,
             timeout_s=120.0,
             shared_dir=shared_dir,
+            clock=clock,
+            learner=learner,
         ),
     )
     return keeper, ledger
@@ -73,13 +101,15 @@ def admit(keeper: ReservationKeeper, ledger: InProcessLedger, used_mb: float) ->
 
 def test_due_settles_without_a_sample_once_an_interval_has_passed() -> None:
     """A decision that read no exact working set settles through due(), at most 4 times a second."""
-    memory = Memory(100)
-    keeper, ledger = make(memory)
+    memory, clock = Memory(100), Clock()
+    keeper, ledger = make(memory, clock=clock)
     entry = admit(keeper, ledger, 100)
     keeper.respond(entry)  # type: ignore[arg-type]
     assert counts(ledger) == (0, 1)
     memory.used_mb = 110
-    keeper._next_look = 0.0  # a sample interval has passed since the response's reading
+    with ledger.locked():
+        assert keeper.due() == ()  # the response's own reading is not a sample interval old
+    clock.now += SAMPLE_INTERVAL_S
     with ledger.locked():
         actions = keeper.due()
     apply(actions)
@@ -88,12 +118,12 @@ def test_due_settles_without_a_sample_once_an_interval_has_passed() -> None:
 
 def test_an_unavailable_reading_settles_by_time_only() -> None:
     """With no reading, due() and the sample settle nothing but what is timed out."""
-    memory = Memory(100)
-    keeper, ledger = make(memory)
+    memory, clock = Memory(100), Clock()
+    keeper, ledger = make(memory, clock=clock)
     entry = admit(keeper, ledger, 100)
     keeper.respond(entry)  # type: ignore[arg-type]
     memory.used_mb = None
-    keeper._next_look = 0.0
+    clock.now += SAMPLE_INTERVAL_S
     with ledger.locked():
         apply(keeper.due())
     keeper.sample()
@@ -154,10 +184,8 @@ def test_session_ends_reach_the_learner_once() -> None:
     end of its route, told once: the count falling for it at the next sample is not
     told again."""
     memory = Memory(100)
-    active = [3]
-    keeper, ledger = make(memory, learning="raise")
-    learner = keeper.learner = Ends()
-    keeper._active_count = lambda own: active[0]
+    active, learner = [3], Ends()
+    keeper, ledger = make(memory, learning="raise", learner=learner, active=lambda own: active[0])
     keeper.sample()
     active[0] = 2
     keeper.sample()
@@ -187,11 +215,15 @@ def test_other_workers_ends_are_not_taken_for_this_workers_own(tmp_path: Path) -
     only as much as the app's own count fell is an end of this worker's (of unknown
     route); the rest is told as another worker's, which teaches no freed memory."""
     memory = Memory(100)
-    active, own = [5], [2]
-    keeper, _ledger = make(memory, learning="raise", shared_dir=str(tmp_path / "shared"))
-    learner = keeper.learner = ForeignEnds()
-    keeper._active_count = lambda count: active[0]
-    keeper._app_count = lambda: own[0]  # none pending past a response: its own count
+    active, own, learner = [5], [2], ForeignEnds()
+    keeper, _ledger = make(
+        memory,
+        learning="raise",
+        shared_dir=str(tmp_path / "shared"),
+        learner=learner,
+        active=lambda count: active[0],
+        app_count=lambda: own[0],  # none pending past a response: its own count
+    )
     keeper.sample()
     active[0], own[0] = 3, 1  # two ended: one of this worker's, one of another's
     keeper.sample()
@@ -253,10 +285,9 @@ def test_events_wait_in_order_while_the_shared_ledger_is_held() -> None:
     release neither raise nor wait: they are kept, in order, and the next sample
     applies them once the ledger is free (nothing lost, nothing released early); the
     release gives the reservation back at once, only its bookkeeping waits."""
-    memory = Memory(100)
-    keeper, ledger = make(memory)
+    memory, ledger = Memory(100), InProcessLedger()
     lock = Busy(ledger)
-    keeper._attempt = lock
+    keeper, _ = make(memory, ledger=ledger, attempt=lock)
     with ledger.locked():
         entry = keeper.admitted(ledger.reserve(), "http", None, 100 * MIB)
     lock.held = True
@@ -297,12 +328,25 @@ def test_what_was_learned_survives_the_shared_directory_being_deleted(
     assert "Traceback" not in caplog.text
 
 
+@contextmanager
+def held_by_another_worker(directory: Path) -> Iterator[None]:
+    """The shared ledger's ``flock``, taken on an open file description of its own, as
+    another worker's would be."""
+    fd = os.open(directory / FILE_NAME, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(fd)
+
+
 def test_a_decision_nets_out_the_apps_count_after_the_kept_events(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A response kept while the ledger was held is applied before the app's count is
     netted out: the session is counted once (pending), so one more fits under a cap of two."""
     monkeypatch.setenv("ADMISSION_PROBE_SESSIONS", "0")  # decided one after another
+    monkeypatch.setenv("ADMISSION_SHARED_DIR", str(tmp_path))
 
     async def app(scope: object, receive: object, send: object) -> None:
         raise AssertionError("not called")
@@ -321,14 +365,9 @@ def test_a_decision_nets_out_the_apps_count_after_the_kept_events(
     assert isinstance(first, AdmissionTicket)
     store.append("first")  # the app counts its session once it has answered
     keeper = guard.keeper
-    ledger = guard.service.ledger
-    assert isinstance(ledger, InProcessLedger)
-    lock = Busy(ledger)
-    keeper._attempt = lock
-    lock.held = True
-    keeper.respond(first._entry)  # kept: its memory has not shown yet
-    assert keeper.deferred == 1
-    lock.held = False
+    with held_by_another_worker(tmp_path):
+        keeper.respond(first._entry)  # kept: its memory has not shown yet
+        assert keeper.deferred == 1
     second = guard.service.admit("http", scope)
     assert keeper.deferred == 0
     assert isinstance(second, AdmissionTicket), second

@@ -22,10 +22,9 @@ Notes:
   once; the sample catches up in a critical section of its own, so what the kept
   events decided is done even if the sample's look then fails. The app's own
   count is asked before the critical section, never inside it.
-- The periodic sample reads memory only while something is unsettled or
-  being learned, and the active count (for the rate of session ends) every
-  time: a few microseconds, four times a second, on the event loop like any
-  decision. It never blocks on anything slower than the ledger's lock.
+- The readings (a decision's own, one due after a sample interval, the periodic
+  sample's) are taken by the keeper's :class:`Looks` (``looks.py``), inside the
+  critical section the keeper enters for them.
 - The reserve the latch uses is set from the configured reserve and what was
   learned (``learned_view.py``) whenever an observation arrives, and what was
   learned is shared with the other workers (``learned_sharing.py``).
@@ -42,16 +41,16 @@ import os
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Final, Literal
+from typing import Literal
 
 from starlette.types import Scope
 
 from asgi_admission._admission.decision.latch import HeldBytes
 from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
 from asgi_admission._admission.reservations.actions import KeptEvents
-from asgi_admission._admission.reservations.freed import Mark
 from asgi_admission._admission.reservations.keeper_parts import KeeperParts
 from asgi_admission._admission.reservations.learning import RouteEstimate
+from asgi_admission._admission.reservations.looks import Looks
 from asgi_admission._admission.reservations.probe_window import ProbeStatus
 from asgi_admission._admission.reservations.probing import Gate
 from asgi_admission._admission.reservations.session_ends import SessionEnds
@@ -63,7 +62,6 @@ from asgi_admission._routes import RouteNames
 
 logger = logging.getLogger("asgi_admission")
 
-SAMPLE_INTERVAL_S: Final = 0.25
 #: Why a session request opened nothing: the app answered with an error status, or
 #: its body had not arrived by ``ADMISSION_BODY_TIMEOUT_SECONDS``.
 FailureCause = Literal["error_status", "body_timeout"]
@@ -93,7 +91,6 @@ class ReservationKeeper:
         controller = self._controller = parts.controller
         self._attempt = attempt
         self._read = read
-        self._active_count = active_count
         self._app_count = app_count
         #: Events kept while another worker held the shared ledger, oldest first.
         self._kept = KeptEvents()
@@ -105,12 +102,7 @@ class ReservationKeeper:
         #: Session requests that opened nothing, by kind and cause, in this process.
         self.failed: dict[tuple[Kind, FailureCause], int] = {}
         self.ends = SessionEnds()
-        #: Active sessions seen ending by their route since the last sample.
-        self._named_ends = 0
-        #: The limit of the last admission, and the reading of the last sample.
-        self._limit: int | None = None
-        self._sample_mark: Mark | None = None
-        self._next_look = 0.0
+        self._looks = Looks(parts=parts, read=read, active_count=active_count, ends=self.ends)
         self._queue = parts.queue
         self.learner = parts.learner
         self.probing = parts.probing
@@ -190,7 +182,7 @@ class ReservationKeeper:
         if self.learning != "off":
             self.learner.on_admit(route, used_bytes, now, responded=False)
         if limit_bytes is not None:
-            self._limit = limit_bytes
+            self._looks.note_limit(limit_bytes)
         expected = self.view.expected_bytes(route, limit_bytes)
         entry = self.settler.admit(reservation, kind, route, used_bytes, now, expected)
         if probe and used_bytes is not None:
@@ -233,34 +225,13 @@ class ReservationKeeper:
         return self.board.status(self._clock())
 
     def due(self) -> Sequence[Action]:
-        """Settle from a fresh reading when the last look is a sample interval old.
-
-        For decisions that read no exact working set themselves: where the app
-        runs without lifespan (no periodic sample), traffic still settles.
-        """
-        if not self.settler.past_response:
-            return ()
-        now = self._clock()
-        if now < self._next_look:
-            return ()
-        memory = self._read()
-        if not memory.available or memory.used_bytes is None:
-            return self.settler.settle(None, now)
-        return self._take(memory.used_bytes, now)
+        """Settle from a fresh reading when the last look is a sample interval old
+        (``Looks.due``)."""
+        return self._looks.due()
 
     def settle_with(self, memory: MemoryReading) -> Sequence[Action]:
-        """A decision's own reading settles what it shows (exact readings only).
-
-        Used at once while sessions wait past their response; otherwise (for
-        learning) at most once per sample interval, so that a stream of decisions
-        costs no more than the sample would.
-        """
-        if not memory.exact or memory.used_bytes is None or not memory.available:
-            return ()
-        now = self._clock()
-        if not self.settler.past_response and now < self._next_look:
-            return ()
-        return self._take(memory.used_bytes, now)
+        """A decision's own reading settles what it shows (``Looks.settle_with``)."""
+        return self._looks.settle_with(memory)
 
     # -- the session's events (each takes the lock) -----------------------------------
 
@@ -292,7 +263,7 @@ class ReservationKeeper:
             if probe:
                 self.board.responded(entry.seq, used, now)
             if used is not None:
-                actions += self._take(used, now)
+                actions += self._looks.take(used, now)
             else:
                 # No reading to show it by: it settles by time, as any blind session.
                 actions += self.settler.settle(None, now)
@@ -362,10 +333,10 @@ class ReservationKeeper:
         """Inside the critical section: the session of ``entry`` ended (its route known)."""
         if entry.phase == "started" or (entry.phase == "done" and not entry.released):
             # It was active: the next sample sees the active count fall for it too.
-            self._named_ends += 1
+            self._looks.named_end()
         now = self._clock()
         # What it frees is credited to the sessions still settling (``freed.py``).
-        self.settler.ended(self.view.expected_bytes(entry.route, self._limit), now)
+        self.settler.ended(self.view.expected_bytes(entry.route, self._looks.limit), now)
         if self.learning != "off":
             self.learner.on_session_end(now, route=entry.route, admitted_at=entry.admitted_at)
 
@@ -405,64 +376,10 @@ class ReservationKeeper:
             # Their own critical section: done even if the look then fails (a file replaced).
             self._kept.catch_up(self._attempt)
             with self._attempt:
-                actions = self._sample_locked(own, now)
+                actions = self._looks.sample(own, now)
         except LedgerBusy:
             return
         apply(actions)
-
-    def _sample_locked(self, own: int | None, now: float) -> list[Action]:
-        actions: list[Action] = []
-        probing = self.probing and (self.board.busy or bool(self.holds))
-        ended = self.ends.on_active(self._active_count(own), now)
-        # Ends whose route is known were told already; the others are the app's count
-        # falling (or other workers' sessions), of a route the learner shares out.
-        named, self._named_ends = self._named_ends, 0
-        anonymous = max(0, ended - named)
-        # The container's count has the other workers' ends in it too.
-        mine = self.ends.own_share(anonymous, named, own) if self._queue.shared else anonymous
-        if anonymous:
-            # Found by a count: they ended since the last sample's reading.
-            freed = anonymous * self._controller.reserve_for(self._limit)
-            self.settler.ended(freed, now, since=self._sample_mark)
-        if anonymous and self.learning != "off":
-            if mine:
-                self.learner.on_session_end(now, count=mine)
-            if anonymous > mine:
-                self.learner.on_foreign_end()
-        if ended and probing:
-            self.board.session_ended(now)
-        if self.settler.unsettled or self.learner.observing or self._queue_busy() or probing:
-            memory = self._read()
-            if memory.available and memory.used_bytes is not None:
-                actions += self._take(memory.used_bytes, now)
-            else:
-                actions += self.settler.settle(None, now)
-        self._sample_mark = self.settler.mark
-        # While requests wait for another worker's probe, what it learned is looked
-        # for at every sample.
-        self.sharing.refresh(now, urgent=probing and bool(self.holds))
-        if self.holds:
-            # Requests that may go on now: their route is known, or (another worker's
-            # probe having left or concluded) a probe's slot is free.
-            for route in self.board.ready(self.holds.routes(), self.known(), now):
-                self.holds.wake(route)
-        return actions
-
-    # -- internals ------------------------------------------------------------------------
-
-    def _queue_busy(self) -> bool:
-        # Other workers' sessions in a shared queue need this worker's samples too.
-        return isinstance(self._queue, SharedSettleQueue) and bool(self._queue.load()[1])
-
-    def _take(self, used_bytes: int, now: float) -> list[Action]:
-        self._next_look = now + SAMPLE_INTERVAL_S
-        if self.learning != "off":
-            busy = self.probing and self.board.busy
-            self.learner.on_reading(used_bytes, now, others=self._queue.others)
-            if busy:
-                self.board.on_reading(used_bytes, now, self.learner)
-            self.sharing.publish()
-        return self.settler.settle(used_bytes, now)
 
     def _after_fork(self) -> None:
         self.settler.after_fork()

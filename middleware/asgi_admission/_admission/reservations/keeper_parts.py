@@ -77,16 +77,19 @@ def build_parts(
     clock: Callable[[], float] = time.monotonic,
     probe_sessions: int = 0,
     holds: HoldRegistry | None = None,
+    learner: SessionLearner | None = None,
 ) -> KeeperParts:
     """The parts of one keeper, from the guard's settings.
 
     ``timeout_s`` bounds a reservation past its response (``request_timeout_s`` one
     whose request is in progress); ``shared_dir`` is ``ADMISSION_SHARED_DIR``;
     ``ledger_is_current()`` whether the shared ledger's file is still the one opened;
-    ``on_reserve(learned, configured)`` is told when the learned reserve changes.
+    ``on_reserve(learned, configured)`` is told when the learned reserve changes;
+    ``learner`` is what learns the sessions' cost (a new one by default).
     """
     expired = Tally()
-    learner = SessionLearner(timeout_s=timeout_s)
+    if learner is None:
+        learner = SessionLearner(timeout_s=timeout_s)
     queue: SettleQueue = LocalSettleQueue()
     if shared_dir is not None:
         queue = SharedSettleQueue(shared_dir, may_follow=ledger_is_current)

@@ -16,7 +16,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from asgi_admission._admission.reservations.keeper import SAMPLE_INTERVAL_S, ReservationKeeper
+from asgi_admission._admission.reservations.keeper import ReservationKeeper
+from asgi_admission._admission.reservations.looks import SAMPLE_INTERVAL_S
 
 logger = logging.getLogger("asgi_admission")
 

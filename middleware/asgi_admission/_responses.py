@@ -264,7 +264,7 @@ async def send_request_timeout(send: Send, timeout_s: float) -> None:
 async def answer_readiness(service: AdmissionService, scope: Scope, send: Send) -> None:
     """The readiness answer: 200 while sessions can be admitted, 503 while latched or
     while the shared ledger is held, with the latch state in a small JSON body."""
-    state = await service.readiness()
+    state = await service.checks.readiness()
     ready = state not in ("pressured", "ledger_busy")
     body = b'{"ready":true,"state":"%s"}' if ready else b'{"ready":false,"state":"%s"}'
     body = body % state.encode()
@@ -285,7 +285,7 @@ async def answer_readiness(service: AdmissionService, scope: Scope, send: Send) 
 async def answer_liveness(service: AdmissionService, scope: Scope, send: Send) -> None:
     """The liveness answer: 200, or 503 while the pressure has been stuck long enough
     that the pod should be restarted, with how long the latch has been held."""
-    status = service.liveness()
+    status = service.checks.liveness()
     failing = status.liveness_failing
     if failing:
         body = b'{"alive":false,"stuck":true,"held_s":%d}' % int(status.held_s)

@@ -48,9 +48,9 @@ from asgi_admission._admission.decision.latch import (
 )
 from asgi_admission._admission.decision.observer import DecisionObserver, Kind
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
-from asgi_admission._admission.decision.stuck import StuckStatus
-from asgi_admission._admission.decision.stuck_watch import StuckWatch, build_watch
+from asgi_admission._admission.decision.stuck_watch import StuckWatch
 from asgi_admission._admission.inputs import AppCount, SafeReader
+from asgi_admission._admission.latch_checks import LatchChecks
 from asgi_admission._admission.ledger.ledger import LedgerBusy, SessionLedger, when_free
 from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.priorities import Priorities, Tenants
@@ -141,7 +141,19 @@ class AdmissionService:
         # reusable context manager every time), only tried.
         self._attempt = ledger.attempt()
         self._log = DecisionLog(controller, session_limit)
-        self._stuck = build_watch(config, controller, self.look, shared_dir)
+        #: The latch run with no session at stake: readiness, liveness, the proxy's look.
+        self.checks = LatchChecks(
+            config=config,
+            controller=controller,
+            ledger=ledger,
+            attempt=self._attempt,
+            own_count=keeper.own_count,
+            read=read,
+            session_limit=session_limit,
+            log=self._log,
+            observer=observer,
+            shared_dir=shared_dir,
+        )
         #: The session requests waiting for capacity (``None``: none wait, refused at once).
         self.wait_queue = queue
         #: Each priority class's ceiling and latch; ``None``: one class at the high
@@ -194,8 +206,8 @@ class AdmissionService:
 
     @property
     def stuck(self) -> StuckWatch:
-        """The watch for stuck pressure (``docs/operations.md``)."""
-        return self._stuck
+        """The watch for stuck pressure (``docs/operations.md``), which the metrics read."""
+        return self.checks.stuck
 
     # -- the decision ---------------------------------------------------------------
 
@@ -398,44 +410,7 @@ class AdmissionService:
         """A held request goes before it waited (its client left, or sent no connect)."""
         self._holds.leave(hold)
 
-    # -- readiness, liveness and the lifespan -----------------------------------------
-
-    def check(self) -> CapacityDecision:
-        """The readiness probe's latch evaluation: a decision that reserves nothing."""
-        return self.look()[0]
-
-    def look(self) -> tuple[CapacityDecision, tuple[int, int]]:
-        """:meth:`check`, with the counts it decided with (for the stuck-pressure watch)."""
-        own = self._keeper.own_count()
-        with self._attempt:
-            current, pending = self._ledger.counts(own)
-            decision = self._controller.assess(
-                current, self._session_limit, pending, read=self.read
-            )
-            blind_changed = self._log.note_blind(decision)
-        if self._observer is not None:
-            self._observer.on_check(decision)
-        if blind_changed or decision.transition is not None:
-            self._log.changed(decision, blind_changed)
-        return decision, (current, pending)
-
-    async def readiness(self) -> str:
-        """The readiness probe's state: the latch's, or ``ledger_busy`` while another
-        worker holds the shared ledger for longer than a retry waits."""
-        try:
-            return (await when_free(self.check)).state
-        except LedgerBusy as exc:
-            self._log.busy(exc)
-            return "ledger_busy"
-
-    def liveness(self) -> StuckStatus:
-        """The stuck-pressure watch's status for the liveness probe. Without a lifespan
-        nothing else looks at the latch: the probe's own request does (tried, never waited
-        for: a ledger held by another worker skips the look)."""
-        watch = self._stuck
-        if not watch.running:
-            watch.step()
-        return watch.status()
+    # -- the lifespan ---------------------------------------------------------------
 
     async def serve_lifespan(
         self, app: ASGIApp, scope: Scope, receive: Receive, send: Send
@@ -445,7 +420,7 @@ class AdmissionService:
         if self.alone is not None:
             self.alone.start()
         try:
-            await serve_with_keeper(self._keeper, app, scope, receive, send, also=self._stuck.run)
+            await serve_with_keeper(self._keeper, app, scope, receive, send, also=self.stuck.run)
         finally:
             if self._order is not None:
                 self._order.leave()  # its slot and wake socket, for the next worker

@@ -33,7 +33,7 @@ class RoomReports:
         workers share a ledger), and the admissible sessions the metrics report, on an
         exact reading: the fast path's bound would understate the room."""
         service = self._service
-        decision, counts = service.look()
+        decision, counts = service.checks.look()
         memory = decision.memory if decision.memory.exact else service.read()
         fits = admissible_sessions(service.controller, memory, counts, service.session_limit)
         return decision, fits

@@ -5,8 +5,9 @@ header: magic, slot capacity, slots in use; 32-byte slots), so a worker's slot i
 claimed and its liveness told by the ledger's own OFD byte-range lock helpers. A slot
 holds ``(pid, class rank, how many wait, the first waiter's arrival, check)``; the
 check (a hash of the rest) tells a row torn by a concurrent write, or garbage, from a
-real one. ``shared_order.SharedOrder`` reads and writes it; the wake sockets of the
-workers with waiters are named after their slots (``order_bell.py``).
+real one. ``order_hold.OrderHold`` reads and writes it for ``shared_order.SharedOrder``;
+the wake sockets of the workers with waiters are named after their slots
+(``order_bell.py``).
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ class OrderBell:
         "_bound",
         "_flush",
         "_loop",
+        "_on_ring",
         "_open",
         "_pid",
         "_sender",
@@ -72,7 +73,6 @@ class OrderBell:
         "_socket",
         "_warned",
         "directory",
-        "on_ring",
     )
 
     def __init__(
@@ -87,7 +87,7 @@ class OrderBell:
         #: The socket file this worker bound (device, inode): only that one is its to remove.
         self._bound: tuple[int, int] | None = None
         #: Told on the loop when another worker rings this one (the wait queue's wake).
-        self.on_ring = on_ring
+        self._on_ring = on_ring
         self._socket: socket.socket | None = None
         self._sender: socket.socket | None = None
         self._slot = -1
@@ -98,6 +98,11 @@ class OrderBell:
         # never shut down): a file descriptor is not left to the garbage collector.
         self._open: list[socket.socket] = []
         weakref.finalize(self, _close_all, self._open)
+
+    def tell_rings(self, on_ring: Callable[[], None]) -> None:
+        """Call ``on_ring`` on the loop when another worker rings this one: for a bell
+        built before what it wakes (the wait queue is built with the order it rings)."""
+        self._on_ring = on_ring
 
     def path(self, slot: int) -> str:
         """The wake socket of the worker holding ``slot`` of the waiting order."""
@@ -223,8 +228,8 @@ class OrderBell:
                 listener.recv(16)
             except OSError:  # drained (BlockingIOError) or closed meanwhile
                 break
-        if self.on_ring is not None:
-            self.on_ring()
+        if self._on_ring is not None:
+            self._on_ring()
 
 
 def _close_all(sockets: list[socket.socket]) -> None:

@@ -100,7 +100,7 @@ class SharedOrder:
         """Call ``callback`` (the queue's wake) on the loop when another worker rings this
         one (nothing without a bell)."""
         if self.bell is not None:
-            self.bell.on_ring = callback
+            self.bell.tell_rings(callback)
 
     def passed(self) -> None:
         """After a pass of this worker's queue (its first waiter published): ring the

@@ -16,8 +16,9 @@ Notes:
   unknown footprint ramped in closes once the series, less what the other sessions
   are expected to add, has made no new peak for a quiet spell; any window closes at
   ``HORIZON_S``. A closed window says how much the series grew over it and which part
-  of the other sessions' ramps fell inside it, per route (``attribution.Overlap``),
-  which is one equation for the footprints (``attribution.py``).
+  of the other sessions' ramps fell inside it, per route (``attribution.Overlap``,
+  worked out in ``recent_ramps.py``), which is one equation for the footprints
+  (``attribution.py``).
 - A session whose own growth had stopped (for more readings than it ever paused)
   when another session came keeps that ramp as its own, and what it added alone is the
   least it adds to any later window it lies in.
@@ -47,7 +48,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
-from asgi_admission._admission.reservations.attribution import DRIFT_BYTES_PER_S, Overlap
+from asgi_admission._admission.reservations.recent_ramps import (
+    any_ramping,
+    most_added,
+    others_added,
+    overlaps,
+)
 from asgi_admission._admission.reservations.window_records import (
     FREE_STEP_BYTES,
     HORIZON_S,
@@ -57,7 +63,6 @@ from asgi_admission._admission.reservations.window_records import (
     PEAK_SHARE,
     PEAK_STEP,
     QUIET_S,
-    RAMP_SPREAD,
     Admission,
     ClosedWindow,
     Expected,
@@ -66,7 +71,6 @@ from asgi_admission._admission.reservations.window_records import (
     OpenWindow,
     Step,
     quick,
-    share_between,
 )
 
 T = TypeVar("T")
@@ -230,13 +234,15 @@ class GrowthWindows:
         carried_over = rise < -FREE_STEP_BYTES or bool(ended) or foreign_ended
         if carried_over:
             carried = max(0.0, *self._last_rises)
-            going_on = None if self.crowded(last[1]) else self._going_on(last[1], now, expected)
+            going_on = (
+                None if self.crowded(last[1]) else most_added(self._recent, last[1], now, expected)
+            )
             if going_on is not None:
                 # What may still be growing is all known: no more than it adds goes on
                 # (a session's memory built in its request came at once, and is done).
                 carried = min(carried, going_on)
             mine = not foreign_ended and not self.crowded(last[1])
-            if mine and not self._ramping(now, expected):
+            if mine and not any_ramping(self._recent, now, expected):
                 # Growth in the same step would hide part of what was freed.
                 freed = _freed(ended, carried - rise)
             rise = carried
@@ -264,49 +270,6 @@ class GrowthWindows:
         self._last_rises = (0.0, 0.0)
         self._open = []
 
-    def _going_on(self, start: float, end: float, expected: Expected) -> float | None:
-        """The most the recent sessions can have added from ``start`` to ``end`` by what is
-        known of them (their ramps as much shorter or longer as ``RAMP_SPREAD`` allows),
-        with the drift allowance; ``None`` while one that may still grow is not known."""
-        total = DRIFT_BYTES_PER_S * (end - start)
-        for admission in self._recent:
-            if admission.ended is not None and admission.ended <= start:
-                continue
-            footprint, ramp_s = expected(admission.route)
-            if admission.at + RAMP_SPREAD[1] * ramp_s + QUIET_S <= start:
-                continue  # its memory has all come
-            if not footprint:
-                return None
-            total += footprint * max(
-                share_between(admission, spread * ramp_s, start, end)
-                for spread in (*RAMP_SPREAD, 1.0)
-            )
-        return total
-
-    def _ramping(self, now: float, expected: Expected) -> bool:
-        """Whether a recent session may still be growing (within its ramp, or a quiet
-        spell after it)."""
-        for admission in self._recent:
-            if (
-                admission.ended is None
-                and now < admission.at + expected(admission.route)[1] + QUIET_S
-            ):
-                return True
-        return False
-
-    def _others_added(self, window: OpenWindow, now: float, expected: Expected) -> float:
-        """What the other sessions are expected to have added over ``window`` so far, by
-        what is known of them now (both ends alike, so that what became known meanwhile
-        does not show as growth)."""
-        total = 0.0
-        for admission in self._recent:
-            if admission is window.admission or admission.at >= now:
-                continue
-            footprint, ramp_s = expected(admission.route)
-            if footprint and admission.at + ramp_s > window.start:
-                total += footprint * share_between(admission, ramp_s, window.start, now)
-        return total
-
     def _close_due(
         self, start: float, now: float, expected: Expected, lengths: Lengths
     ) -> list[ClosedWindow | None]:
@@ -327,7 +290,7 @@ class GrowthWindows:
         for window in self._open:
             admission = window.admission
             # The session's own growth: the series less what the others were expected to add.
-            mine = self._growth - window.base - self._others_added(window, now, expected)
+            mine = self._growth - window.base - others_added(self._recent, window, now, expected)
             # Against the last new peak, not the highest reading since: growth that comes
             # slowly, a little each step, still makes new peaks.
             last_peak = window.peaks[-1][1] if window.peaks else 0.0
@@ -389,48 +352,13 @@ class GrowthWindows:
             return None
         if window.alone:
             own.seen, own.seen_until = window.peak, now
-        overlaps: dict[str, list[float]] = {}
-        exact = True
-        for admission in self._recent:
-            if admission is own or admission.at > now:
-                continue
-            if lengths(admission.route) is None:
-                # Its ramp is not learned: the least of it that can have arrived in the
-                # window (none from before the window, the longest ramp from inside).
-                share = 0.0
-                if admission.at >= window.start:
-                    share = admission.share(self.horizon_s, now)
-                least = share
-                exact = exact and admission.at <= window.start - self.horizon_s
-            else:
-                _footprint, ramp_s = expected(admission.route)
-                share = share_between(admission, ramp_s, window.start, now)
-                # Ramps vary: the least that may have arrived, for what is taken away
-                # from this session's growth (a short ramp leaves less of a session
-                # from before the window, a long one less of one from inside it).
-                least = min(
-                    share_between(admission, RAMP_SPREAD[0] * ramp_s, window.start, now),
-                    share_between(admission, RAMP_SPREAD[1] * ramp_s, window.start, now),
-                )
-            if share <= 0:
-                continue
-            totals = overlaps.setdefault(admission.route, [0.0, 0.0, 0.0, 0.0])
-            totals[0] += share
-            totals[1] += least
-            # A session that ramped alone to its end inside the window added that much.
-            inside = admission.seen_until is not None and admission.seen_until <= now
-            if inside and admission.at >= window.start:
-                totals[2] += admission.seen
-                totals[3] += least
+        company, exact = overlaps(self._recent, window, now, self.horizon_s, expected, lengths)
         return ClosedWindow(
             route=own.route,
             growth=self._growth - window.base,
             seconds=now - window.start,
             ramp_s=window.ramp_s() if window.alone else window.own_ramp,
-            overlaps=tuple(
-                Overlap(route, share, least, seen, seen_share)
-                for route, (share, least, seen, seen_share) in sorted(overlaps.items())
-            ),
+            overlaps=company,
             exact=exact,
         )
 

@@ -39,8 +39,8 @@ Notes:
   Otherwise ``started()`` makes it active at once.
 - Everything here runs inside the ledger's critical section, which also guards
   the queue when it is shared by the workers (``SharedSettleQueue``); what to do
-  with the reservations (release, activate) is returned, to be done after the
-  lock is left, because the reservations take the same lock.
+  with the reservations (release, activate: ``pending_sessions.py``) is returned, to
+  be done after the lock is left, because the reservations take the same lock.
 """
 
 from __future__ import annotations
@@ -53,24 +53,21 @@ from typing import Final
 from asgi_admission._admission.ledger.ledger import Reservation
 from asgi_admission._admission.reservations.freed import FreedMemory, Mark, credited
 from asgi_admission._admission.reservations.growth import Growth, quick, young_bytes_per_s
+from asgi_admission._admission.reservations.pending_sessions import PendingSessions
 from asgi_admission._admission.reservations.settle_queue import (
     LocalSettleQueue,
     QueueRecord,
     SettleQueue,
     attribute,
     drop_lapsed,
-    drop_record,
     expect_learned,
-    make_placeholder,
     own_record,
     shown_in_request,
 )
 from asgi_admission._admission.reservations.settlement import (
     NUMBERS,
-    PAST_RESPONSE,
     Action,
     Kind,
-    Phase,
     Settlement,
     due,
 )
@@ -94,23 +91,21 @@ class Settler:
     left."""
 
     __slots__ = (
-        "_entries",
         "_footprint_bytes",
         "_freed",
         "_fresh",
         "_growth",
         "_mark",
         "_on_expired",
+        "_pending",
         "_pid",
         "_queue",
         "_ramp_s",
         "_routes",
         "_seen",
         "_shortest_ramp_s",
-        "past_response",
         "request_timeout_s",
         "timeout_s",
-        "waiting",
     )
 
     def __init__(
@@ -136,37 +131,42 @@ class Settler:
         self._shortest_ramp_s = min_ramp_s
         self._footprint_bytes = footprint_bytes
         self._on_expired = on_expired
-        self._entries: dict[int, Settlement] = {}
         #: The route of each of this process's sessions in the queue, placeholders too.
         self._routes: dict[int, str] = {}
         #: Every route this process admitted a session of.
         self._seen: set[str] = set()
         self._pid = os.getpid()
+        self._pending = PendingSessions(self._queue, self._pid, footprint_bytes)
         self._growth = Growth()
         #: The last exact reading, and memory ended sessions may free (``freed.py``).
         self._mark: Mark | None = None
         self._freed = FreedMemory()
         #: Sessions of routes built inside the request that responded since the last reading.
         self._fresh: set[int] = set()
-        #: This process's sessions past their response, not held, not yet settled.
-        self.waiting = 0
-        #: Those and the held tickets past their response, not yet started.
-        self.past_response = 0
 
     @property
     def unsettled(self) -> int:
         """This process's sessions whose reservation has not settled yet."""
-        return len(self._entries)
+        return len(self._pending)
+
+    @property
+    def waiting(self) -> int:
+        """This process's sessions past their response, not held, not yet settled."""
+        return self._pending.waiting
+
+    @property
+    def past_response(self) -> int:
+        """Those and the held tickets past their response, not yet started."""
+        return self._pending.past_response
 
     def after_fork(self) -> None:
         """A forked worker starts with nothing of its parent's."""
-        self._entries = {}
         self._routes = {}
         self._fresh = set()
-        self.waiting = self.past_response = 0
         self._pid = os.getpid()
         if isinstance(self._queue, LocalSettleQueue):
             self._queue = LocalSettleQueue()
+        self._pending = PendingSessions(self._queue, self._pid, self._footprint_bytes)
 
     # -- the session's events ------------------------------------------------------
 
@@ -184,7 +184,7 @@ class Settler:
         seq = next(NUMBERS)
         self._seen.add(route)
         entry = Settlement(seq, reservation, kind, route, now)
-        self._entries[seq] = entry
+        self._pending.add(entry)
         # Less than the working set's own noise can never be told apart from it: waiting
         # for it would keep the session pending until its ramp or timeout, and a pile of
         # such sessions would cost every decision a pass over the settling queue.
@@ -212,13 +212,13 @@ class Settler:
             # Its memory showed already, or none was expected: from the request
             # straight to settled (as through "waiting", whose counts it would leave
             # as they were).
-            return self._settle(entry)
+            return self._pending.settle(entry)
         if entry.held:
-            self._phase(entry, "held")
+            self._pending.phase(entry, "held")
             return self._time_out(entry, now)
-        self._phase(entry, "waiting")
+        self._pending.phase(entry, "waiting")
         if entry.visible:
-            return self._settle(entry)
+            return self._pending.settle(entry)
         if entry.queued and quick(self._ramp_s(entry.route)):
             # Its memory is there now: the reading taken at its response shows it.
             self._fresh.add(entry.seq)
@@ -234,14 +234,14 @@ class Settler:
         """
         if not session_over and (entry.held or entry.phase == "started"):
             return []
-        return self._drop(entry)
+        return self._pending.drop(entry)
 
     def hold(self, entry: Settlement) -> bool:
         """An app's ticket takes over; ``False`` once the session has settled."""
         if entry.phase in ("request", "waiting"):
             entry.held = True
             if entry.phase == "waiting":
-                self._phase(entry, "held")
+                self._pending.phase(entry, "held")
             return True
         return entry.held and entry.phase != "done"
 
@@ -252,22 +252,21 @@ class Settler:
             floor, records = self._queue.load()
             own = own_record(records, self._pid, entry.seq) if entry.queued else None
             credited = own is not None and floor is not None and floor > own.base_bytes
-            self._phase(entry, "started")
-            if self._mark_placeholder(entry) and credited:
+            self._pending.phase(entry, "started")
+            if self._pending.mark_placeholder(entry) and credited:
                 # It stays among the entries, its reserve held, until growth has paid
                 # for every placeholder (see the module notes).
                 return []
-            return self._activate(entry)
+            return self._pending.activate(entry)
         return []
 
     def release(self, entry: Settlement) -> list[Action]:
         """The app ended or gave up the session."""
-        return self._drop(entry)
+        return self._pending.drop(entry)
 
     def held(self) -> tuple[int, int]:
         """What this process's pending sessions are still expected to add, and how many."""
-        entries = self._entries.values()
-        return sum(entry.remaining for entry in entries), len(entries)
+        return self._pending.held()
 
     @property
     def mark(self) -> Mark | None:
@@ -285,17 +284,10 @@ class Settler:
         """The app counts ``app_count`` sessions, fewer than are waiting past their response:
         the oldest waiting ones ended before their memory showed, and settle now (as
         placeholders: their memory is still expected, in case it comes after all)."""
-        ended = self.past_response - max(0, app_count)
-        oldest: list[Settlement] = []
-        for entry in self._entries.values():
-            if len(oldest) >= ended:
-                break
-            if entry.phase == "waiting":
-                oldest.append(entry)
         actions: list[Action] = []
-        for entry in oldest:
-            self._mark_placeholder(entry)
-            actions += self._settle(entry)
+        for entry in self._pending.oldest_waiting(self.past_response - max(0, app_count)):
+            self._pending.mark_placeholder(entry)
+            actions += self._pending.settle(entry)
         return actions
 
     # -- the readings ----------------------------------------------------------------
@@ -314,11 +306,11 @@ class Settler:
             floor, taken = shown_in_request(floor, records, self._pid, fresh, used_bytes)
             for record in taken:
                 self._growth.explain(record.expected_bytes)
-                if (entry := self._entries.get(record.seq)) is not None:
+                if (entry := self._pending.get(record.seq)) is not None:
                     entry.visible = True
                     if entry.phase == "waiting":
-                        actions += self._settle(entry)
-            young = young_bytes_per_s(self._entries.values(), self._ramp_s, now)
+                        actions += self._pending.settle(entry)
+            young = young_bytes_per_s(self._pending, self._ramp_s, now)
             self._growth.note(used_bytes, now, young)
         if self._routes:
             # Queued sessions expect no more than their route is now learned to add.
@@ -326,7 +318,7 @@ class Settler:
                 records, self._pid, self._routes, self._footprint_bytes
             )
             for seq, footprint in lowered.items():
-                if (entry := self._entries.get(seq)) is not None:
+                if (entry := self._pending.get(seq)) is not None:
                     entry.remaining = min(entry.remaining, footprint)
         if queued and self._growth.quiet(now):
             records = drop_lapsed(records, self._pid, now, self._routes, self._seen, self._ramp_s)
@@ -336,15 +328,15 @@ class Settler:
         if used_bytes is not None:
             self._mark = Mark(used_bytes, now, floor if records else None)
             self._freed.moved(self._mark)
-        if self._entries:
+        if self._pending:
             if not records or not records[0].placeholder:
                 # Growth has paid for every placeholder: the started sessions kept
                 # pending cover no one any longer (see the module notes).
-                actions += self._uncovered()
+                actions += self._pending.activate_started()
             if self._queue.shared:
                 actions += self._taken_by_others()
             for entry in due(
-                self._entries.values(),
+                self._pending,
                 now,
                 shortest_s=min(self.timeout_s, self._min_ramp_s()),
                 timeout_s=self.timeout_s,
@@ -357,13 +349,13 @@ class Settler:
         """Own entries another worker's pass found visible and took off the shared queue."""
         known = {r.seq for r in self._queue.load()[1] if r.pid == self._pid}
         actions: list[Action] = []
-        for entry in list(self._entries.values()):
+        for entry in list(self._pending):
             if entry.queued and not entry.visible and entry.seq not in known:
                 if entry.phase == "started":
                     continue  # its placeholder's leaving alone frees it of nothing
                 entry.visible = True
                 if entry.phase == "waiting":
-                    actions += self._settle(entry)
+                    actions += self._pending.settle(entry)
         return actions
 
     # -- internals ---------------------------------------------------------------------
@@ -371,11 +363,6 @@ class Settler:
     def _min_ramp_s(self) -> float:
         shortest = self._shortest_ramp_s()
         return self.timeout_s if shortest is None else shortest
-
-    def _phase(self, entry: Settlement, phase: Phase) -> None:
-        self.waiting += (phase == "waiting") - (entry.phase == "waiting")
-        self.past_response += (phase in PAST_RESPONSE) - (entry.phase in PAST_RESPONSE)
-        entry.phase = phase
 
     def _attribute(
         self,
@@ -396,12 +383,12 @@ class Settler:
             pid=self._pid,
         )
         for seq in shown:
-            entry = self._entries.get(seq)
+            entry = self._pending.get(seq)
             if entry is not None:
                 entry.visible = True
                 if entry.phase == "waiting":
-                    actions += self._settle(entry)
-        if head is not None and (own := self._entries.get(head[0])) is not None:
+                    actions += self._pending.settle(entry)
+        if head is not None and (own := self._pending.get(head[0])) is not None:
             own.remaining = head[1]
         return floor, kept
 
@@ -410,12 +397,12 @@ class Settler:
         if entry.phase == "started":
             # Called past the timeout only: a placeholder behind others may not
             # have reached the head by then.
-            return self._activate(entry)
+            return self._pending.activate(entry)
         if entry.phase == "request":
             # A request still in progress past the timeout (a response the client
             # does not read, an app that never answers) holds nothing any longer:
             # whatever memory it built is expected of it as a placeholder.
-            return self._give_back(entry)
+            return self._pending.give_back(entry)
         if entry.phase == "held":
             if age < self.timeout_s:
                 return []
@@ -428,60 +415,12 @@ class Settler:
                 self.timeout_s,
             )
             self._on_expired()
-            return self._give_back(entry)
+            return self._pending.give_back(entry)
         if age >= self.timeout_s:
-            self._mark_placeholder(entry)
-            return self._settle(entry)
+            self._pending.mark_placeholder(entry)
+            return self._pending.settle(entry)
         ramp = self._ramp_s(entry.route)
         if ramp is not None and age >= ramp and self._growth.quiet(now):
-            self._mark_placeholder(entry)
-            return self._settle(entry)
+            self._pending.mark_placeholder(entry)
+            return self._pending.settle(entry)
         return []
-
-    def _give_back(self, entry: Settlement) -> list[Action]:
-        self._mark_placeholder(entry)
-        self._phase(entry, "done")
-        entry.released = True
-        self._entries.pop(entry.seq, None)
-        return [(entry.reservation, "release")]
-
-    def _settle(self, entry: Settlement) -> list[Action]:
-        self._phase(entry, "done")
-        self._entries.pop(entry.seq, None)
-        outcome = entry.settle_outcome
-        entry.released = outcome == "release"
-        return [(entry.reservation, outcome)]
-
-    def _activate(self, entry: Settlement) -> list[Action]:
-        # A started session: active from now on, until its app releases it.
-        self._entries.pop(entry.seq, None)
-        return [(entry.reservation, "activate")]
-
-    def _uncovered(self) -> list[Action]:
-        covering = [entry for entry in self._entries.values() if entry.phase == "started"]
-        return [action for entry in covering for action in self._activate(entry)]
-
-    def _drop(self, entry: Settlement) -> list[Action]:
-        # Releasing is idempotent: a settled session (an active WebSocket, a started
-        # ticket) is released here too when it ends.
-        entry.released = True
-        if entry.phase != "done":
-            self._phase(entry, "done")
-            self._entries.pop(entry.seq, None)
-            if entry.queued:
-                drop_record(self._queue, self._pid, entry.seq)
-        return [(entry.reservation, "release")]
-
-    def _mark_placeholder(self, entry: Settlement) -> bool:
-        # A session that left without showing its memory may have all of it by
-        # now, ahead of older sessions still ramping: it moves to the front so that
-        # growth pays for it before crediting anyone. Whether it stays, as a placeholder.
-        if not entry.queued:
-            return False
-        return make_placeholder(
-            self._queue,
-            self._pid,
-            entry.seq,
-            route=entry.route,
-            footprint_bytes=self._footprint_bytes,
-        )

@@ -3,7 +3,8 @@
 The timing of a window (``HORIZON_S``, ``QUIET_S``, how long a route with a learned
 ramp is watched), an admitted session as the series remembers it, one open window on
 it, and the records a reading hands on (``ClosedWindow``, ``Step``, ``Freed``). The
-series and the windows' rules are ``session_windows.py``'s.
+series and the windows' rules are ``session_windows.py``'s, what the other sessions'
+ramps put into a span ``recent_ramps.py``'s.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Carrying out the watchdog's halts: the event, its count and log line, then the halt
 action and ``on_halt``, each awaited as a task of its own when it returns an awaitable.
 
-The watchdog (``watchdog.py``) measures and decides which session breaks its budget;
+The watchdog's tick (``tick.py``) measures and decides which session breaks its budget;
 the halter also picks the sessions the container's headroom takes (the largest first,
 ``container_headroom``) and reports a kill in a session's memory group as the halt
 ``memory_limit``. Every halt tells the watchdog's ``observe_peak`` first, so the

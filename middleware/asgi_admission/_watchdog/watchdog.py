@@ -7,18 +7,10 @@ Notes:
   is sampled after that, and a process that exits on its own ends its session the
   same way: it is the normal end of a session, not an error.
 - ``run()`` is a task on the application's event loop, started and stopped with
-  the lifespan (``lifespan.py``). Each tick measures in a thread of its own
-  (``_measure``: a ``/proc`` scan and a read per session process, whose cost
-  grows with the sessions), so many sessions never hold the loop; only
-  the cheap decisions (``_apply``) run on it. ``sample_once()`` does both,
-  synchronously, for tests (``bench/watchdog.md``). Without a lifespan, call
-  ``await start()`` and ``await stop()`` yourself.
-- Two reasons to halt, checked every tick: a session whose RSS exceeds its own
-  budget (``budget_exceeded``), and, while the container's working set is at or
-  above the critical watermark, the largest sessions first until the memory they
-  are expected to free brings it back under (``container_headroom``). A session
-  being halted counts as freeing its last RSS until its process is gone, so one
-  breach does not halt a second session while the first is still exiting.
+  the lifespan (``lifespan.py``). Each tick measures in a thread of its own and
+  decides on the loop (``tick.py``: what is measured, and the two reasons to halt).
+  ``sample_once()`` does both, synchronously, for tests (``bench/watchdog.md``).
+  Without a lifespan, call ``await start()`` and ``await stop()`` yourself.
 - Only memory halts. CPU is measured and reported, never acted on: a busy half
   second is the container runtime's to throttle, and a CPU-bound session is not
   a danger to its neighbours the way an out-of-memory kill is.
@@ -26,9 +18,9 @@ Notes:
   once, when it is halted or ends: the evidence for choosing the reserve. A session
   in a memory group of its own (``groups.py``) gives its group's exact peak instead,
   when it ends; ``on_session_peak`` is told either, saying which.
-- A session in a memory group is held to its budget by the kernel, so the sampled
-  RSS (an upper bound) does not halt it; an OOM kill in its group is reported as
-  the halt ``memory_limit``, by the tick that sees it or when the session ends.
+- A session in a memory group is held to its budget by the kernel; an OOM kill in
+  its group is reported as the halt ``memory_limit``, by the tick that sees it or
+  when the session ends.
 - A decided halt is carried out by ``halter.Halter`` (the event, its count and log
   line, the callbacks); the two settings are checked and read from the environment
   in ``settings.py``.
@@ -43,7 +35,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final
+from typing import Any
 
 import psutil
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -54,12 +46,7 @@ from asgi_admission._watchdog.groups import SessionGroup, SessionGroups
 from asgi_admission._watchdog.halt import HaltAction, ProcessGroupHalt, SessionHalt
 from asgi_admission._watchdog.halter import Halter
 from asgi_admission._watchdog.metrics import watchdog_metrics
-from asgi_admission._watchdog.sampler import (
-    ProcessSample,
-    ProcessTreeSampler,
-    let_the_loop_run,
-    read_children_map,
-)
+from asgi_admission._watchdog.sampler import ProcessTreeSampler, let_the_loop_run
 from asgi_admission._watchdog.session import PeakHook, SessionPeak, WatchedSession
 from asgi_admission._watchdog.settings import (
     DEFAULT_CRITICAL_WATERMARK_PERCENT,
@@ -67,18 +54,9 @@ from asgi_admission._watchdog.settings import (
     check_settings,
     settings_from_env,
 )
+from asgi_admission._watchdog.tick import Measured, decide, measure
 
 logger = logging.getLogger("asgi_admission")
-
-_MIB: Final = 1024 * 1024
-
-
-#: A halted session that still runs, in a tick's measurements.
-_STILL: Final = "still running"
-#: One session's measurement: the session, whether it was halted, its sample
-#: (``None``: the process has gone; ``_STILL``: halted and still running), and the OOM
-#: kills counted in its memory group (0 without one).
-_Measured = tuple[WatchedSession, bool, "ProcessSample | str | None", int]
 
 
 class SessionWatchdog:
@@ -330,78 +308,28 @@ class SessionWatchdog:
 
     def _measure(
         self, sessions: Sequence[WatchedSession], pause: Callable[[], None] | None = None
-    ) -> list[_Measured]:
-        """The system calls of a tick, safe in a thread: each session's sample, or
-        ``None`` for a process that has gone. Changes no session.
-
-        ``pause`` is called between sessions and every few ``/proc`` entries.
-        """
-        now = self._clock()
-        children = (
-            read_children_map(self._proc, pause=pause)
-            if any(s.include_children and s._halt is None for s in sessions)
-            else None
+    ) -> list[Measured]:
+        """A tick's measuring (``tick.measure``), safe in a thread."""
+        return measure(
+            sessions,
+            now=self._clock(),
+            proc=self._proc,
+            session_groups=self.session_groups,
+            pause=pause,
         )
-        measured: list[_Measured] = []
-        for session in sessions:
-            if pause is not None:
-                pause()
-            sampler = session._sampler
-            assert sampler is not None  # only live sessions are in the table
-            if session._ended:
-                continue
-            ooms = 0 if session.group is None else session.group.oom_kills()
-            if session._halt is not None:
-                # Halted: only wait for it to go; its RSS no longer decides anything.
-                measured.append((session, True, None if not sampler.alive() else _STILL, ooms))
-                continue
-            sample = sampler.sample(children if session.include_children else None, now)
-            measured.append((session, False, sample, ooms))
-        if self.session_groups.pending:
-            self.session_groups.retry()
-        return measured
 
     def _apply(
-        self, sessions: Sequence[WatchedSession], measured: list[_Measured]
+        self, sessions: Sequence[WatchedSession], measured: list[Measured]
     ) -> tuple[SessionHalt, ...]:
-        """The decisions of a tick, on the loop: record samples, end sessions, halt."""
-        halts: list[SessionHalt] = []
-        for session, was_halted, sample, ooms in measured:
-            if session._ended:  # unregistered meanwhile (a callback, another thread)
-                continue
-            if ooms and not was_halted:
-                if isinstance(sample, ProcessSample):
-                    session._last = sample
-                halts.append(self._halter.memory_limit(session, self.critical_watermark_percent))
-                was_halted = True
-            if was_halted or sample is None:
-                if sample is None:
-                    self._drop(session)
-                continue
-            assert isinstance(sample, ProcessSample)
-            session._last = sample
-            if session._peak is None or sample.rss_bytes > session._peak:
-                session._peak = sample.rss_bytes
-            budget = session.budget_bytes
-            if budget is not None and session.group is None and sample.rss_bytes > budget:
-                halts.append(
-                    self._halter.halt(
-                        session,
-                        "budget_exceeded",
-                        None,
-                        f"The session was halted because it used {sample.rss_bytes / _MIB:.0f} MiB "
-                        f"of memory, over its budget of {budget / _MIB:.0f} MiB.",
-                        critical_percent=self.critical_watermark_percent,
-                    )
-                )
-        live = [s for s in sessions if not s._ended]
-        if live:
-            halts.extend(
-                self._halter.container_halts(
-                    live, self.memory_reader(), self.critical_watermark_percent
-                )
-            )
-        return tuple(halts)
+        """A tick's decisions (``tick.decide``), on the loop."""
+        return decide(
+            sessions,
+            measured,
+            halter=self._halter,
+            memory_reader=self.memory_reader,
+            critical_percent=self.critical_watermark_percent,
+            drop=self._drop,
+        )
 
     def _drop(self, session: WatchedSession) -> None:
         with self._lock:

@@ -8,13 +8,9 @@ Notes:
   that other sessions' ramps overlapped is one equation among many: the footprints of
   all routes are fitted to the recent windows together (``attribution.py``), and the
   ramps to every step of the growth series (``ramp_profile.py``).
-- Conservative: a route's footprint is a high percentile (``PERCENTILE``) of what each
-  of its windows grew less the least the other sessions in it can have added (all of
-  it while they are unknown), or, once its own fit is known, the fit's upper bound
-  where that is lower. Memory freed when its sessions end and the watchdog's peaks
-  raise it where most of them say more; sessions that free memory later only give
-  smaller values, which cannot lower it. Memory that grows for other reasons makes a
-  session look larger, the safe side for a reserve.
+- Conservative: a route's footprint is a high percentile of what its windows and
+  sessions say, the safe side for a reserve (``footprints.py``); its ramp time, a high
+  percentile of the ramps recorded.
 - Bounded and forgetting: the last ``WINDOW`` windows, ends and peaks per route, at
   most ``MAX_ROUTES`` routes. Sessions change when the app does, so an old footprint
   fades out as new sessions are observed rather than at once.
@@ -24,13 +20,13 @@ Notes:
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Literal, TypedDict
 
-from asgi_admission._admission.reservations.attribution import Fit, Overlap, Window, attributed, fit
+from asgi_admission._admission.reservations.attribution import Fit, Overlap, Window, fit
+from asgi_admission._admission.reservations.footprints import end_floors, footprint, percentile
 from asgi_admission._admission.reservations.ramp_profile import RampProfiles
 from asgi_admission._admission.reservations.session_windows import GrowthWindows
 from asgi_admission._admission.reservations.window_records import (
@@ -42,14 +38,6 @@ from asgi_admission._config import Learning
 
 WINDOW: Final = 32
 MAX_ROUTES: Final = 64
-PERCENTILE: Final = 0.9
-#: Windows that knew every other session's ramp a route needs before its bound comes
-#: from those alone.
-MIN_EXACT_WINDOWS: Final = 4
-#: Beside windows, per-session values (memory freed at ends, the watchdog's peaks) raise
-#: a route's estimate only once there are this many: one drop that other memory freed
-#: in the same moment must not (their median needs two of three to say more).
-MIN_PER_SESSION: Final = 3
 #: The ramp assumed of a route's sessions before any is learned: long, so that less of
 #: them is taken to have arrived in another session's window (the safe side).
 _UNKNOWN_RAMP_S: Final = HORIZON_S / 2
@@ -82,13 +70,6 @@ class RouteEstimate:
     footprint_bytes: int
     ramp_s: float
     observations: int
-
-
-def percentile(values: Iterable[float], share: float = PERCENTILE) -> float:
-    """The nearest-rank ``share`` percentile of ``values`` (not empty)."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(share * len(ordered)))
-    return ordered[rank - 1]
 
 
 def empty_observations() -> RouteObservations:
@@ -376,48 +357,13 @@ class SessionLearner:
     def _changed(self) -> None:
         self.version += 1
         self._fits = fit({route: state.windows for route, state in self._routes.items()})
-        # The least one session of a route frees at its end: no more than that, or its
-        # fit's lower bound, is ever taken from another session's window for it.
-        floors = {
-            route: percentile(state.ends, 0.5)
-            for route, state in self._routes.items()
-            if state.ends
-        }
+        floors = end_floors(self._routes)
         self._estimates = {}
         self._ramps = {}
         for route, state in self._routes.items():
-            per_session = [*state.footprints, *state.ends]
-            if not state.windows and not per_session and not state.exact:
+            found = footprint(route, state, self._fits, floors)
+            if found is None:
                 continue
-            footprint = 0.0
-            if state.exact:
-                # Sessions in memory groups of their own: their peaks are their cost.
-                footprint = percentile(state.exact)
-                per_session = []
-            elif state.windows:
-                # Windows made while another route's ramp was not known yet take its
-                # share as a lower bound: once enough windows know every ramp in them,
-                # the bound comes from those alone.
-                exact = [w for w in state.windows if w.exact]
-                windows = exact if len(exact) >= MIN_EXACT_WINDOWS else state.windows
-                bounds = [attributed(route, w, self._fits, floors) for w in windows]
-                footprint = percentile(bounds)
-                known = self._fits.get(route)
-                if known is not None and known.determined:
-                    # The fit tightens the bounds that other sessions' growth inflates,
-                    # but it is a model: never below what sessions typically showed with
-                    # nothing else ramping in their window (the median: drift aside,
-                    # those measure their session).
-                    alone = [w.growth for w in windows if not w.overlaps]
-                    cap = known.upper()
-                    if alone:
-                        cap = max(cap, percentile(alone, 0.5))
-                    footprint = min(footprint, cap)
-            if per_session and (not state.windows or len(per_session) >= MIN_PER_SESSION):
-                # Alone, the per-session values' high percentile; beside windows, they
-                # raise the estimate where most of them say more.
-                share = 0.5 if state.windows else PERCENTILE
-                footprint = max(footprint, percentile(per_session, share))
             ramps = [w.ramp_s for w in state.windows if w.ramp_s is not None] + list(state.ramps)
             if ramps:
                 self._ramps[route] = percentile(ramps)
@@ -427,10 +373,10 @@ class SessionLearner:
                 ramp_s = self._profiles.bound_s(route)
             self._estimates[route] = RouteEstimate(
                 route=route,
-                footprint_bytes=int(footprint),
+                footprint_bytes=int(found.size_bytes),
                 # Not learned yet: the longest a session's memory is waited for.
                 ramp_s=self._windows.horizon_s if ramp_s is None else ramp_s,
-                observations=len(state.windows) + len(per_session) + len(state.exact),
+                observations=found.observations,
             )
 
 

@@ -14,6 +14,9 @@ import asgi_admission
 PACKAGE = Path(asgi_admission.__file__).parent
 #: No module over 500 lines: one read in one sitting.
 MAX_LINES = 500
+#: And none within a tenth of it: a module that grows past this is split along a seam
+#: before it reaches the limit, not when it does.
+NEAR_LINES = 450
 
 
 def module_name(path: Path) -> str:
@@ -102,12 +105,14 @@ def test_admission_imports_nothing_of_the_asgi_side() -> None:
     assert outside == set()
 
 
-def test_no_module_is_long() -> None:
-    """Every module stays short enough to read in one sitting."""
+def test_no_module_is_long_or_near_it() -> None:
+    """Every module stays short enough to read in one sitting, and none is near the
+    limit."""
     lengths = {
         module_name(path): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")
     }
-    assert {name: n for name, n in lengths.items() if n > MAX_LINES} == {}
+    assert NEAR_LINES < MAX_LINES
+    assert {name: n for name, n in lengths.items() if n > NEAR_LINES} == {}
 
 
 def test_importing_the_package_loads_no_web_framework_or_demo() -> None:

@@ -18,21 +18,26 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from asgi_admission import AdmissionMiddleware
+from asgi_admission import AdmissionMiddleware, AdmissionTicket, admission_ticket
+from suitekit import MIB
 
 RESERVE_MB = 96
 
 
 class Sessions:
     """An app that counts its own sessions (``current_sessions``), opened by POST and
-    closed by DELETE."""
+    closed by DELETE, and keeps each one's admission ticket."""
 
     def __init__(self) -> None:
         self.live = 0
+        self.tickets: list[AdmissionTicket] = []
 
     def app(self) -> Starlette:
         async def open_one(request: Request) -> Response:
             self.live += 1
+            ticket = admission_ticket(request)
+            assert ticket is not None
+            self.tickets.append(ticket)
             return PlainTextResponse("open", status_code=201)
 
         async def close_one(request: Request) -> Response:
@@ -75,12 +80,13 @@ def wait_until(condition: object, timeout: float) -> bool:
 
 
 @contextlib.contextmanager
-def second_pending() -> Iterator[tuple[SettableReader, AdmissionMiddleware, TestClient]]:
+def second_pending(
+    sessions: Sessions | None = None,
+) -> Iterator[tuple[SettableReader, AdmissionMiddleware, TestClient]]:
     """A guard whose first session has settled (its 96 MiB in) and whose second has just
     been admitted, pending: the reader, the guard and a client inside its lifespan."""
     reader = SettableReader(used_mb=100, limit_mb=2000)
-    sessions = Sessions()
-    mw = build(reader, sessions)
+    mw = build(reader, Sessions() if sessions is None else sessions)
     with TestClient(mw) as client:
         assert client.post("/sessions").status_code == 201
         reader.set_mb(100 + RESERVE_MB)
@@ -160,3 +166,47 @@ def test_a_pending_session_holds_back_only_what_it_has_still_to_add() -> None:
         time.sleep(0.6)
         # 450 + 50 + 200 (the second, all to come) + 200 more = 900 MiB: no.
         assert client.post("/sessions").status_code == 503
+
+
+def test_a_ticket_told_its_sessions_own_memory_settles_it_while_an_end_hides_its_growth() -> None:
+    """The second session's 96 MiB come exactly as the first's go: the working set never
+    moves, so nothing in it shows the second's memory. Told its own memory (as the session
+    watchdog tells it of a registered process), its ticket settles it once that is 90 % of
+    its reserve, not at the 120 s timeout; before that it stays pending."""
+    sessions = Sessions()
+    with second_pending(sessions) as (_reader, mw, client):
+        second = sessions.tickets[1]
+        time.sleep(0.3)
+        assert client.delete("/sessions").status_code == 200  # the first frees its 96 MiB
+        second.measured(48 * MIB)
+        time.sleep(0.6)
+        assert mw.session_counts() == (0, 1)  # half of it: still pending
+        second.measured(RESERVE_MB * MIB)
+        assert wait_until(lambda: mw.session_counts() == (1, 0), 1)
+
+
+def test_a_pending_session_holds_back_only_what_its_own_memory_has_still_to_add() -> None:
+    """A 200 MiB reserve, 1000 MiB limit (high watermark 800 MiB), working set 300 MiB
+    throughout (other sessions' ends free as much as the first one grows). Told that its
+    own memory is 150 MiB, the first session holds back only the 50 MiB still to come:
+    two more fit (300 + 50 + 200 + 200 = 750 MiB), where at its whole reserve the second
+    of them did not (900 MiB); a fourth does not fit."""
+    reader = SettableReader(used_mb=300, limit_mb=1000)
+    sessions = Sessions()
+    settings = {
+        "ADMISSION_SESSION_RESERVE_LEARNING": "off",
+        "ADMISSION_PROBE_SESSIONS": "0",
+        "ADMISSION_PENDING_TIMEOUT_SECONDS": "120",
+    }
+    with environment(settings):
+        mw = AdmissionMiddleware(
+            sessions.app(),
+            session_routes=["POST /sessions"],
+            controller=controller(reader, reserve_mb=200),
+            registry=None,
+        )
+    with TestClient(mw) as client:
+        assert client.post("/sessions").status_code == 201
+        sessions.tickets[0].measured(150 * MIB)
+        assert [client.post("/sessions").status_code for _ in range(3)] == [201, 201, 503]
+        assert mw.session_counts() == (0, 3)

@@ -144,3 +144,39 @@ def test_a_placeholder_still_claims_growth_for_sessions_admitted_in_its_ramp() -
     assert first.released
     apply(settler.settle(BASE + 96 * MIB, 4.75))
     assert not later.released
+
+
+def test_a_session_shown_by_its_own_memory_is_no_older_sessions_growth() -> None:
+    """A younger ramping session's own memory, measured, is all there while the older one
+    has not grown: the younger settles, and the working set's 96 MiB of growth, its own,
+    does not settle the older one, which settles once its own 96 MiB show on top."""
+    settler, ledger = make()
+    older = admit(settler, ledger, RAMPING, BASE, 0.0)
+    apply(settler.respond(older, 0.05))
+    younger = admit(settler, ledger, RAMPING, BASE, 0.5)
+    apply(settler.respond(younger, 0.55))
+    with ledger.locked():
+        actions = settler.measured(younger, 95 * MIB)
+    apply(actions)
+    assert younger.released
+    apply(settler.settle(BASE + 96 * MIB, 1.0))
+    assert not older.released
+    apply(settler.settle(BASE + 96 * MIB + 90 * MIB, 2.0))
+    assert older.released
+
+
+def test_the_head_counts_no_more_than_its_own_memory_has_still_to_add() -> None:
+    """The queue's head, its growth hidden by ends (the working set flat), measured at
+    60 MiB of its 96: the latch counts the 36 MiB still to come, at every pass."""
+    settler, ledger = make()
+    head = admit(settler, ledger, RAMPING, BASE, 0.0)
+    apply(settler.respond(head, 0.05))
+    apply(settler.settle(BASE, 0.25))
+    assert settler.held() == (96 * MIB, 1)
+    with ledger.locked():
+        actions = settler.measured(head, 60 * MIB)
+    apply(actions)
+    for step in range(2, 6):
+        apply(settler.settle(BASE, 0.25 * step))
+        assert settler.held() == (36 * MIB, 1)
+    assert not head.released

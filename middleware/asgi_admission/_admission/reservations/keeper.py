@@ -329,6 +329,18 @@ class ReservationKeeper:
             self._kept.now_or_later(release, self._attempt, releases=entry.reservation)
         return True
 
+    def measured(self, entry: Settlement, own_bytes: int) -> None:
+        """A ticket's session's own memory, measured (``Settler.measured``). Skipped while
+        another worker holds the shared ledger: the next measurement says as much."""
+        if self._kept:
+            return  # events kept for later come first; so does the next measurement
+        try:
+            with self._attempt:
+                actions = self.settler.measured(entry, own_bytes)
+        except LedgerBusy:
+            return
+        apply(actions)
+
     def _ended(self, entry: Settlement) -> None:
         """Inside the critical section: the session of ``entry`` ended (its route known)."""
         if entry.phase == "started" or (entry.phase == "done" and not entry.released):

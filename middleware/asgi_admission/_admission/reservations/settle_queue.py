@@ -142,12 +142,20 @@ def shown_in_request(
             continue
         if used_bytes - record.base_bytes < share * record.expected_bytes:
             continue
-        records.remove(record)
+        floor = take_shown(floor, records, record)
         taken.append(record)
-        if records:
-            head = records[0].base_bytes
-            floor = (head if floor is None else max(floor, head)) + record.expected_bytes
     return (floor if records else None), taken
+
+
+def take_shown(floor: int | None, records: list[QueueRecord], record: QueueRecord) -> int | None:
+    """Take ``record``, whose memory showed, off the queue wherever it stands: the floor
+    rises by what it was expected to add (above the head's starting point), so that none
+    of it counts as an older session's growth. The new floor (``records`` is changed)."""
+    records.remove(record)
+    if not records:
+        return None
+    head = records[0].base_bytes
+    return (head if floor is None else max(floor, head)) + record.expected_bytes
 
 
 def expect_learned(

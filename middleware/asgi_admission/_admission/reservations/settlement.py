@@ -40,6 +40,7 @@ class Settlement:
         "expired",
         "held",
         "kind",
+        "measured_left",
         "phase",
         "queued",
         "released",
@@ -70,6 +71,8 @@ class Settlement:
         self.released = False
         #: What its memory is still expected to add (its reserve, less what showed).
         self.remaining = 0
+        #: What its own memory, measured (``Settler.measured``), still has to add.
+        self.measured_left: int | None = None
 
     @property
     def settle_outcome(self) -> Outcome:

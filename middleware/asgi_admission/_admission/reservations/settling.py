@@ -55,6 +55,7 @@ from asgi_admission._admission.reservations.freed import FreedMemory, Mark, cred
 from asgi_admission._admission.reservations.growth import Growth, quick, young_bytes_per_s
 from asgi_admission._admission.reservations.pending_sessions import PendingSessions
 from asgi_admission._admission.reservations.settle_queue import (
+    VISIBLE_FRACTION,
     LocalSettleQueue,
     QueueRecord,
     SettleQueue,
@@ -63,9 +64,11 @@ from asgi_admission._admission.reservations.settle_queue import (
     expect_learned,
     own_record,
     shown_in_request,
+    take_shown,
 )
 from asgi_admission._admission.reservations.settlement import (
     NUMBERS,
+    PAST_RESPONSE,
     Action,
     Kind,
     Settlement,
@@ -260,6 +263,26 @@ class Settler:
             return self._pending.activate(entry)
         return []
 
+    def measured(self, entry: Settlement, own_bytes: int) -> list[Action]:
+        """The session's own memory was measured at ``own_bytes`` (its process, by the
+        watchdog): it settles once that shows what it was expected to add, wherever it
+        stands in the queue (``settle_queue.take_shown``); until then it counts only what
+        its own memory still has to add. Exact evidence: ends elsewhere cannot hide it."""
+        if entry.visible or not entry.queued or entry.phase not in ("request", *PAST_RESPONSE):
+            return []
+        floor, records = self._queue.load()
+        record = own_record(records, self._pid, entry.seq)
+        if record is None or record.placeholder:
+            return []
+        left = entry.measured_left = max(0, record.expected_bytes - own_bytes)
+        if own_bytes < VISIBLE_FRACTION * record.expected_bytes:
+            entry.remaining = min(entry.remaining, left)
+            return []
+        self._queue.store(take_shown(floor, records, record), records)
+        self._routes.pop(entry.seq, None)
+        entry.visible = True
+        return self._pending.settle(entry) if entry.phase == "waiting" else []
+
     def release(self, entry: Settlement) -> list[Action]:
         """The app ended or gave up the session."""
         return self._pending.drop(entry)
@@ -389,7 +412,8 @@ class Settler:
                 if entry.phase == "waiting":
                     actions += self._pending.settle(entry)
         if head is not None and (own := self._pending.get(head[0])) is not None:
-            own.remaining = head[1]
+            left = own.measured_left
+            own.remaining = head[1] if left is None else min(head[1], left)
         return floor, kept
 
     def _time_out(self, entry: Settlement, now: float) -> list[Action]:

@@ -5,7 +5,8 @@ The guard keeps a reservation pending until the session's memory shows (see
 takes the ticket from the request and says so: ``hold()`` before the response
 ends keeps the reservation pending past it, ``started()`` moves it to active
 (the memory is up), ``release()`` gives it back (the session failed or ended).
-A held ticket never started is released after the pending timeout.
+A held ticket never started is released after the pending timeout. ``measured()``
+tells the guard the session's own memory, so that its reservation settles exactly.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class _Keeper(Protocol):
     """What a ticket calls: the guard's ``ReservationKeeper``."""
 
     def ticket(self, operation: str, entry: Settlement) -> bool: ...
+
+    def measured(self, entry: Settlement, own_bytes: int) -> None: ...
 
 
 class AdmissionTicket:
@@ -73,6 +76,21 @@ class AdmissionTicket:
     def release(self) -> None:
         """The session failed or ended: give its reservation back."""
         self._keeper.ticket("release", self._entry)
+
+    def measured(self, used_bytes: int) -> None:
+        """The session's own memory is ``used_bytes`` now (its processes' private memory,
+        say): its reservation settles as soon as that shows what a session of its route
+        is expected to add, even while other sessions' ends hide its growth in the
+        container's working set; until then it holds only what is still to come.
+
+        The session watchdog calls this on every sample of a process registered with
+        ``ticket=``. Call it only with memory that is the session's own: a figure too
+        high settles the reservation before the memory is there. Cheap once settled.
+        """
+        entry = self._entry
+        if entry.visible or not entry.queued or entry.phase in ("started", "done"):
+            return
+        self._keeper.measured(entry, used_bytes)
 
 
 def admission_ticket(connection: HTTPConnection) -> AdmissionTicket | None:

@@ -166,6 +166,46 @@ def test_register_validates_and_handles_gone_pids(spawn: Spawn, calm: FixedReade
     session.unregister()
 
 
+class Ticket:
+    """An admission ticket as the watchdog sees one: a route, told its session's memory."""
+
+    route = "POST /processes"
+
+    def __init__(self) -> None:
+        self.told: list[int] = []
+        self.state = "pending"
+
+    def measured(self, used_bytes: int) -> None:
+        self.told.append(used_bytes)
+
+
+def test_a_pending_ticket_is_told_its_sessions_memory(spawn: Spawn, calm: FixedReader) -> None:
+    """A process registered with its admission ticket: while the ticket is pending each
+    tick tells it the memory the process alone holds, and no longer once it is not; the
+    session's peak is learned under the ticket's route."""
+    watchdog = SessionWatchdog(config=AdmissionConfig(), memory_reader=calm, registry=None)
+    learned: list[tuple[str, int]] = []
+    watchdog.learn_peaks_with(lambda route, peak, exact=False: learned.append((route, peak)))
+    child = spawn(48)
+    ticket = Ticket()
+    session = watchdog.register(child.pid, ticket=ticket)
+    assert session.route == ticket.route
+    watchdog.sample_once()
+    child.grow(32)
+    watchdog.sample_once()
+    sample = session.last_sample
+    assert sample is not None
+    assert sample.unique_bytes is not None
+    assert ticket.told[-1] == sample.unique_bytes
+    assert ticket.told[1] - ticket.told[0] >= 30 * MIB
+    ticket.state = "active"
+    watchdog.sample_once()
+    assert len(ticket.told) == 2
+    session.unregister()
+    assert learned
+    assert learned[0][0] == ticket.route
+
+
 def test_process_of_a_gone_pid_raises(spawn: Spawn, calm: FixedReader) -> None:
     """Asking an ended-at-birth handle for its psutil process raises NoSuchProcess."""
     import psutil

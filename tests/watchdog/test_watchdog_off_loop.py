@@ -27,9 +27,9 @@ async def test_sampling_runs_off_the_loop_and_halts_on_it(
     sampled_in: set[int] = set()
     real_sample = ProcessTreeSampler.sample
 
-    def spy(self: ProcessTreeSampler, *args: Any) -> Any:
+    def spy(self: ProcessTreeSampler, *args: Any, **kwargs: Any) -> Any:
         sampled_in.add(threading.get_ident())
-        return real_sample(self, *args)
+        return real_sample(self, *args, **kwargs)
 
     monkeypatch.setattr(ProcessTreeSampler, "sample", spy)
     halted_in: list[int] = []

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -41,6 +45,56 @@ def test_rss_follows_growth(spawn: Spawn) -> None:
     assert after is not None
     assert abs((after.rss_bytes - before.rss_bytes) - 96 * MIB) < TOLERANCE
     assert abs(after.rss_bytes - vm_rss_bytes(child.pid)) < TOLERANCE
+
+
+def test_unique_memory_is_what_the_process_added(spawn: Spawn) -> None:
+    """Asked for, a child's unique memory grows by what it allocates and leaves out the
+    interpreter's pages mapped from files, which the container held already; not asked
+    for, it is not measured."""
+    child = spawn(16)
+    sampler = ProcessTreeSampler(child.pid, logical_cpus=1)
+    before = sampler.sample(None, 0.0, unique=True)
+    child.grow(64)
+    after = sampler.sample(None, 0.5, unique=True)
+    plain = sampler.sample(None, 1.0)
+    assert before is not None
+    assert after is not None
+    assert plain is not None
+    assert before.unique_bytes is not None
+    assert after.unique_bytes is not None
+    assert abs((after.unique_bytes - before.unique_bytes) - 64 * MIB) < TOLERANCE
+    assert 80 * MIB <= after.unique_bytes < after.rss_bytes
+    assert plain.unique_bytes is None
+
+
+def test_a_forked_process_is_not_counted_its_parents_memory(tmp_path: Path) -> None:
+    """A process forked without exec maps its parent's 64 MiB until it writes them: all of
+    it in its RSS, none of it in its unique memory (it adds nothing to the container)."""
+    script = (
+        "import os, sys, time\n"
+        "held = b'x' * (64 * 1048576)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    time.sleep(30)\n"
+        "    os._exit(0)\n"
+        "print(pid, flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
+    ) as parent:
+        assert parent.stdout is not None
+        forked = int(parent.stdout.readline())
+        try:
+            sample = ProcessTreeSampler(forked, logical_cpus=1).sample(None, 0.0, unique=True)
+        finally:
+            parent.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(forked, signal.SIGKILL)
+    assert sample is not None
+    assert sample.unique_bytes is not None
+    assert sample.rss_bytes > 64 * MIB
+    assert sample.unique_bytes < 16 * MIB
 
 
 def test_children_are_summed(spawn: Spawn) -> None:

@@ -50,6 +50,11 @@ class ProcessSample:
     processes: int
     #: When the sample was taken, on the watchdog's clock.
     at: float
+    #: The memory no other process maps (USS: not the libraries, nor what a forked process
+    #: still shares with its parent): what the processes added to the container. Measured
+    #: only when asked (``unique=True``: a session whose ticket waits for it; it costs a
+    #: walk of the process's mappings); ``None`` otherwise or where the platform cannot.
+    unique_bytes: int | None = None
 
 
 def read_children_map(
@@ -137,8 +142,11 @@ class ProcessTreeSampler:
         except psutil.Error:
             return False
 
-    def sample(self, children: ChildrenMap | None, at: float) -> ProcessSample | None:
-        """Measure now; ``children`` (from ``read_children_map``) also counts descendants.
+    def sample(
+        self, children: ChildrenMap | None, at: float, *, unique: bool = False
+    ) -> ProcessSample | None:
+        """Measure now; ``children`` (from ``read_children_map``) also counts descendants,
+        ``unique`` measures ``unique_bytes`` too.
 
         ``None`` means the process has gone, which is how a session normally ends.
         """
@@ -149,7 +157,7 @@ class ProcessTreeSampler:
             with self._root.oneshot():
                 if self._root.status() == psutil.STATUS_ZOMBIE:
                     return None
-                rss = int(self._root.memory_info().rss)
+                rss, own = _memory(self._root, unique)
                 cpu = float(self._root.cpu_percent(None))
         except psutil.Error:
             return None
@@ -160,8 +168,10 @@ class ProcessTreeSampler:
                 try:
                     child = self._children.get(pid) or psutil.Process(pid)
                     with child.oneshot():
-                        rss += int(child.memory_info().rss)
+                        child_rss, child_own = _memory(child, unique)
                         cpu += float(child.cpu_percent(None))
+                    rss += child_rss
+                    own = None if own is None or child_own is None else own + child_own
                 except psutil.Error:  # exited between the scan and now
                     continue
                 kept[pid] = child
@@ -172,7 +182,19 @@ class ProcessTreeSampler:
             cpu_percent=round(cpu / self._logical_cpus, 2),
             processes=count,
             at=at,
+            unique_bytes=own,
         )
+
+
+def _memory(process: psutil.Process, unique: bool) -> tuple[int, int | None]:
+    """A process's RSS and (``unique``, where the platform says) its USS."""
+    if not unique:
+        return int(process.memory_info().rss), None
+    try:
+        info = process.memory_full_info()
+    except psutil.AccessDenied:
+        return int(process.memory_info().rss), None
+    return int(info.rss), getattr(info, "uss", None)
 
 
 #: How long the measuring thread sleeps between sessions, so the loop gets the GIL.

@@ -32,6 +32,18 @@ class SessionPeak:
     halted: HaltReason | None
 
 
+class SessionTicket(Protocol):
+    """What the watchdog asks of a session's admission ticket (``AdmissionTicket``)."""
+
+    @property
+    def route(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    def measured(self, used_bytes: int) -> None: ...
+
+
 class _Unregisters(Protocol):
     def unregister(self, session: WatchedSession) -> None: ...
 
@@ -57,6 +69,7 @@ class WatchedSession:
         "pid",
         "route",
         "session_id",
+        "ticket",
     )
 
     def __init__(
@@ -70,6 +83,7 @@ class WatchedSession:
         include_children: bool,
         route: str | None = None,
         group: SessionGroup | None = None,
+        ticket: SessionTicket | None = None,
     ) -> None:
         self._watchdog = watchdog
         self._sampler = sampler
@@ -78,6 +92,8 @@ class WatchedSession:
         self.budget_bytes = budget_bytes
         self.include_children = include_children
         self.route = route  # the session route it was admitted by, for learning
+        #: Told the session's own memory while pending, to settle its reservation by it.
+        self.ticket = ticket
         #: The memory group the kernel holds it to its budget in, if it has one.
         self.group = group
         self._last: ProcessSample | None = None

@@ -73,7 +73,9 @@ def measure(
             # Halted: only wait for it to go; its RSS no longer decides anything.
             measured.append((session, True, None if not sampler.alive() else STILL, ooms))
             continue
-        sample = sampler.sample(children if session.include_children else None, now)
+        # A ticket still pending is told the session's own memory (``decide``).
+        unique = session.ticket is not None and session.ticket.state == "pending"
+        sample = sampler.sample(children if session.include_children else None, now, unique=unique)
         measured.append((session, False, sample, ooms))
     if session_groups.pending:
         session_groups.retry()
@@ -108,6 +110,8 @@ def decide(
         session._last = sample
         if session._peak is None or sample.rss_bytes > session._peak:
             session._peak = sample.rss_bytes
+        if session.ticket is not None and sample.unique_bytes is not None:
+            session.ticket.measured(sample.unique_bytes)
         budget = session.budget_bytes
         if budget is not None and session.group is None and sample.rss_bytes > budget:
             halts.append(

@@ -47,7 +47,12 @@ from asgi_admission._watchdog.halt import HaltAction, ProcessGroupHalt, SessionH
 from asgi_admission._watchdog.halter import Halter
 from asgi_admission._watchdog.metrics import watchdog_metrics
 from asgi_admission._watchdog.sampler import ProcessTreeSampler, let_the_loop_run
-from asgi_admission._watchdog.session import PeakHook, SessionPeak, WatchedSession
+from asgi_admission._watchdog.session import (
+    PeakHook,
+    SessionPeak,
+    SessionTicket,
+    WatchedSession,
+)
 from asgi_admission._watchdog.settings import (
     DEFAULT_CRITICAL_WATERMARK_PERCENT,
     DEFAULT_INTERVAL_S,
@@ -186,6 +191,7 @@ class SessionWatchdog:
         include_children: bool = True,
         route: str | None = None,
         group: SessionGroup | None = None,
+        ticket: SessionTicket | None = None,
     ) -> WatchedSession:
         """Watch the process ``pid`` for one session; returns its handle.
 
@@ -193,6 +199,10 @@ class SessionWatchdog:
         ``include_children=False``) exceeds it; ``None`` leaves it to the container
         check alone. A pid that is already gone gives a handle that has already ended.
         ``route`` (the admission ticket's) lets the guard learn from the session's peak.
+        ``ticket`` (``admission_ticket(request)`` of the request that opened the session)
+        does that too, and while it is pending is told the memory the session's processes
+        alone hold (``AdmissionTicket.measured``): its reservation settles as soon as
+        that memory is there.
         ``group`` (from :meth:`session_group`, the process started in it) hands the
         budget to the kernel; the group is removed when the session ends.
         """
@@ -211,8 +221,9 @@ class SessionWatchdog:
             session_id=str(pid) if session_id is None else session_id,
             budget_bytes=budget_bytes,
             include_children=include_children,
-            route=route,
+            route=route if route is not None or ticket is None else ticket.route,
             group=group,
+            ticket=ticket,
         )
         if sampler is None:
             self._end(session)

@@ -34,7 +34,13 @@ from typing import Any, Final
 
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
-from asgi_admission import SessionWatchdog, WatchedSession, admission_ticket, session_watchdog
+from asgi_admission import (
+    AdmissionTicket,
+    SessionWatchdog,
+    WatchedSession,
+    admission_ticket,
+    session_watchdog,
+)
 
 _MIB: Final = 1024 * 1024
 DEFAULT_BUDGET_MB: Final = 512
@@ -110,7 +116,7 @@ class ProcessSessions:
         budget_mb: int,
         ramp_s: float = 0.0,
         on_ready: Callable[[], None] | None = None,
-        route: str | None = None,
+        ticket: AdmissionTicket | None = None,
         burst: bool = False,
     ) -> _Child:
         session_id = f"p{next(self._ids)}"
@@ -145,8 +151,8 @@ class ProcessSessions:
                 process.pid,
                 budget_bytes=budget,
                 session_id=session_id,
-                route=route,
                 group=group,
+                ticket=ticket,
             )
         )
         assert process.stdout is not None
@@ -258,8 +264,9 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
             watchdog: SessionWatchdog | None = session_watchdog(request)
         except LookupError:  # the unguarded demo: processes run unwatched
             watchdog = None
-        # With ?ticket=1 the session's reservation is held until its child is up; the
-        # ticket's route lets the guard learn from the watchdog's peak of the child.
+        # With ?ticket=1 the session's reservation is held until its child is up. The
+        # watchdog is handed the ticket either way: the guard learns from the child's peak
+        # and settles the reservation once the child's own memory is there.
         admitted = admission_ticket(request)
         held = admitted if ticket else None
         if held is not None:
@@ -271,7 +278,7 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
                 budget_mb=budget_mb,
                 ramp_s=ramp_s,
                 on_ready=None if held is None else held.started,
-                route=None if admitted is None else admitted.route,
+                ticket=admitted,
                 burst=burst,
             )
         except BaseException:

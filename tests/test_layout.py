@@ -129,8 +129,15 @@ def test_importing_the_package_loads_no_web_framework_or_demo() -> None:
     assert out.strip() == "[]"
 
 
+#: Names with a leading underscore that are public API where they are found: the named
+#: tuple's methods, and the interpreter's own ``sys._getframe`` and ``os._exit``.
+PUBLIC_UNDERSCORED = frozenset({"_asdict", "_exit", "_fields", "_getframe", "_make", "_replace"})
+
+
 def reaches_inside(tree: ast.Module) -> bool:
-    """Whether a module imports a private module of the package, in any spelling."""
+    """Whether a module imports a private module of the package, in any spelling, or
+    reads or writes a private attribute of an object other than its own (``self``,
+    ``cls``)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             module = node.module or ""
@@ -139,17 +146,27 @@ def reaches_inside(tree: ast.Module) -> bool:
                 name.startswith("_") and not name.startswith("__") for name in names
             ):
                 return True
-        elif isinstance(node, ast.Import) and any(
-            alias.name.startswith("asgi_admission._") for alias in node.names
-        ):
+        elif (
+            isinstance(node, ast.Import)
+            and any(alias.name.startswith("asgi_admission._") for alias in node.names)
+        ) or (isinstance(node, ast.Attribute) and someone_elses_private(node)):
             return True
     return False
 
 
-def test_suite_modules_that_reach_into_private_modules_say_so() -> None:
+def someone_elses_private(node: ast.Attribute) -> bool:
+    """Whether ``node`` names a private attribute of an object other than ``self`` or
+    ``cls``."""
+    own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+    name = node.attr
+    private = name.startswith("_") and not name.startswith("__")
+    return private and name not in PUBLIC_UNDERSCORED and not own
+
+
+def test_suite_modules_that_reach_inside_say_so() -> None:
     """A module of the suite (a test, a kit, an app it serves, a conftest) that imports a
-    private module names the internal it is about (``INTERNAL = "..."``); everything
-    else goes through the public API."""
+    private module or reaches for another object's private attribute names the internal
+    it is about (``INTERNAL = "..."``); everything else goes through the public API."""
     tests = Path(__file__).parent
     unmarked = []
     for path in sorted(tests.rglob("*.py")):
@@ -174,9 +191,14 @@ def test_suite_modules_that_reach_into_private_modules_say_so() -> None:
         ("from asgi_admission import AdmissionConfig, __version__", False),
         ("import asgi_admission", False),
         ("from asgi_admission.demo import create_app", False),
+        ("assert not watchdog._halter.pending()", True),
+        ("guard.service._keeper = None", True),
+        ("self._task = None\ncls._cache.clear()", False),
+        ("point._replace(x=1)\ntype(app).__name__", False),
     ],
 )
 def test_every_spelling_of_a_private_import_is_seen(source: str, inside: bool) -> None:
-    """The check above sees a private module imported in each spelling Python allows,
-    and lets the public names (``__version__`` too) and public subpackages pass."""
+    """The check above sees a private module imported in each spelling Python allows and
+    another object's private attribute, and lets the public names (``__version__`` too),
+    public subpackages, an object's own attributes and dunders pass."""
     assert reaches_inside(ast.parse(source)) is inside

@@ -21,6 +21,9 @@ from watchdogkit import TestClient
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, SessionWatchdog
 from processkit import free_port
 
+#: Internal on purpose: the watchdog's sampling task, seen done once the lifespan ends.
+INTERNAL = "the watchdog's sampling task"
+
 HERE = Path(__file__).parent
 
 

@@ -202,3 +202,53 @@ def test_every_spelling_of_a_private_import_is_seen(source: str, inside: bool) -
     another object's private attribute, and lets the public names (``__version__`` too),
     public subpackages, an object's own attributes and dunders pass."""
     assert reaches_inside(ast.parse(source)) is inside
+
+
+#: Names of a unit of memory, in any case and with or without a leading underscore.
+UNIT_NAMES = frozenset({"kib", "mib", "gib", "kb", "mb", "gb"})
+
+
+def units_defined(tree: ast.Module) -> list[str]:
+    """The names of a unit of memory that a module binds by assignment, anywhere in it."""
+    found = []
+    for node in ast.walk(tree):
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        found += [
+            t.id
+            for t in targets
+            if isinstance(t, ast.Name) and t.id.lower().lstrip("_") in UNIT_NAMES
+        ]
+    return found
+
+
+def test_the_suite_and_benches_define_their_units_once() -> None:
+    """The tests, their kits and the benches take ``MIB`` and ``GIB`` from ``suitekit``:
+    one set of constants, never a copy of one."""
+    tests = Path(__file__).parent
+    copies = {
+        str(path.relative_to(tests.parent)): names
+        for path in sorted([*tests.rglob("*.py"), *(tests.parent / "bench").rglob("*.py")])
+        if path.name != "suitekit.py" and (names := units_defined(ast.parse(path.read_text())))
+    }
+    assert copies == {}
+
+
+@pytest.mark.parametrize(
+    ("source", "names"),
+    [
+        ("MIB = 1024 * 1024", ["MIB"]),
+        ("def f() -> None:\n    mib = 1024 * 1024", ["mib"]),
+        ("_MiB: Final = 1 << 20", ["_MiB"]),
+        ("from suitekit import MIB\nsize = 4 * MIB", []),
+    ],
+)
+def test_a_unit_defined_anywhere_is_seen(source: str, names: list[str]) -> None:
+    """The check above sees a unit bound at module level or in a function, annotated or
+    not, in any case, and not one imported."""
+    assert units_defined(ast.parse(source)) == names

@@ -39,7 +39,7 @@ from asgi_admission._admission.decision.stuck import (
 )
 from asgi_admission._admission.ledger.ledger import LedgerBusy
 from asgi_admission._admission.ledger.safe_files import open_private_file
-from asgi_admission._config import AdmissionConfig
+from asgi_admission._config import MIB, AdmissionConfig
 
 logger = logging.getLogger("asgi_admission")
 
@@ -47,7 +47,6 @@ STUCK_FILE: Final = "asgi-admission.stuck"
 SETTING: Final = "ADMISSION_SHARED_DIR"
 #: The longest between two looks while the latch is set (a tenth of a shorter window).
 LOOK_INTERVAL_S: Final = 1.0
-_MIB: Final = 1024 * 1024
 
 #: One look: the readiness check's decision and the counts it was decided with.
 Look = Callable[[], tuple[CapacityDecision, tuple[int, int]]]
@@ -164,12 +163,12 @@ class StuckWatch:
             "falls to the resume threshold (%.1f%%); a liveness path fails once it has been "
             "held for %.0f s (docs/operations.md).",
             status.held_s,
-            split.working_set_bytes / _MIB,
-            split.limit_bytes / _MIB,
+            split.working_set_bytes / MIB,
+            split.limit_bytes / MIB,
             split.working_set_bytes * 100 / split.limit_bytes,
             active,
-            split.attributed_bytes / _MIB,
-            split.unattributed_bytes / _MIB,
+            split.attributed_bytes / MIB,
+            split.unattributed_bytes / MIB,
             self._controller.resume_threshold_percent,
             self.detector.after_s + self.detector.liveness_delay_s,
         )

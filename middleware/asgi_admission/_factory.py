@@ -247,7 +247,7 @@ def build_service(
         priorities=priorities,
         tenants=tenants,
         order=order,
-        # Per class where classes are in force; a guard without them counts as before.
+        # Per class where classes are in force; without them, decisions_total alone counts.
         on_class_decision=None
         if metrics is None or priorities is None
         else metrics.counting_decisions(names),

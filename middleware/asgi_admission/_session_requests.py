@@ -96,7 +96,7 @@ class HttpSessionResponder:
             return
         service = guarded.service
         if arrival == "timed_out":
-            service.keeper.count_failure("http", "body_timeout")
+            guarded.keeper.count_failure("http", "body_timeout")
             await send_request_timeout(send, service.config.body_timeout_s)
             return
         try:

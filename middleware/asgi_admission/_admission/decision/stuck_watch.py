@@ -49,7 +49,7 @@ SETTING: Final = "ADMISSION_SHARED_DIR"
 LOOK_INTERVAL_S: Final = 1.0
 
 #: One look: the readiness check's decision and the counts it was decided with.
-Look = Callable[[], tuple[CapacityDecision, tuple[int, int]]]
+LatchLook = Callable[[], tuple[CapacityDecision, tuple[int, int]]]
 
 
 class StuckWatch:
@@ -64,7 +64,7 @@ class StuckWatch:
         *,
         detector: StuckDetector,
         controller: AdmissionController,
-        look: Look,
+        look: LatchLook,
         shared_dir: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -197,7 +197,7 @@ def liveness_path_of(
 def build_watch(
     config: AdmissionConfig,
     controller: AdmissionController,
-    look: Look,
+    look: LatchLook,
     shared_dir: str | None,
     *,
     host: str | None = None,

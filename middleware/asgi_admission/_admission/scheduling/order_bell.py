@@ -44,7 +44,7 @@ from typing import Final
 logger = logging.getLogger("asgi_admission")
 
 #: The wake sockets' names in the shared directory: this, then the slot's number.
-PREFIX: Final = "asgi-admission.wake."
+WAKE_PREFIX: Final = "asgi-admission.wake."
 #: Rings read at most in one go; more are read on the loop's next turn.
 _DRAIN: Final = 64
 #: A ring put off while the ledger is held elsewhere: tried again after this, at most
@@ -106,7 +106,7 @@ class OrderBell:
 
     def path(self, slot: int) -> str:
         """The wake socket of the worker holding ``slot`` of the waiting order."""
-        return os.path.join(self.directory, f"{PREFIX}{slot}")
+        return os.path.join(self.directory, f"{WAKE_PREFIX}{slot}")
 
     @property
     def slot(self) -> int:

@@ -38,13 +38,12 @@ from asgi_admission._admission.decision.stuck import (
     liveness_delay_s,
 )
 from asgi_admission._admission.ledger.ledger import LedgerBusy
-from asgi_admission._admission.ledger.safe_files import open_private_file
+from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open_private_file
 from asgi_admission._config import MIB, AdmissionConfig
 
 logger = logging.getLogger("asgi_admission")
 
 STUCK_FILE: Final = "asgi-admission.stuck"
-SETTING: Final = "ADMISSION_SHARED_DIR"
 #: The longest between two looks while the latch is set (a tenth of a shorter window).
 LOOK_INTERVAL_S: Final = 1.0
 
@@ -257,7 +256,7 @@ class StuckFile:
         if data is None:
             return
         try:
-            fd = open_private_file(self._directory, STUCK_FILE, setting=SETTING)
+            fd = open_private_file(self._directory, STUCK_FILE, setting=SHARED_DIR_SETTING)
         except (OSError, ValueError) as exc:
             self._unusable(exc)
             return
@@ -296,7 +295,7 @@ def read_stuck(directory: str) -> dict[str, Any] | None:
     path = os.path.join(directory, STUCK_FILE)
     if not os.path.lexists(path):  # a planted symlink is reported, not taken for none
         return None
-    fd = open_private_file(directory, STUCK_FILE, setting=SETTING)
+    fd = open_private_file(directory, STUCK_FILE, setting=SHARED_DIR_SETTING)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
         data = os.pread(fd, os.fstat(fd).st_size, 0)

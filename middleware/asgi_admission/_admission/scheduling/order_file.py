@@ -22,7 +22,6 @@ from asgi_admission._admission.ledger.ledger_slots import SLOT as LEDGER_SLOT
 from asgi_admission._admission.ledger.ledger_slots import read_rows, slot_held, slot_offset
 
 ORDER_FILE_NAME: Final = "asgi-admission.waiting"
-SETTING: Final = "ADMISSION_SHARED_DIR"
 ORDER_MAGIC: Final = b"ASGIWAI1"
 #: Slots in a new file: far more worker processes than one container runs.
 ORDER_CAPACITY: Final = 256

@@ -40,13 +40,12 @@ from asgi_admission._admission.ledger.ledger_slots import (
     slot_lock,
     slot_offset,
 )
-from asgi_admission._admission.ledger.safe_files import open_private_file
+from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open_private_file
 from asgi_admission._admission.scheduling.order_bell import OrderBell
 from asgi_admission._admission.scheduling.order_file import (
     EMPTY,
     ORDER_FILE_NAME,
     ORDER_MAGIC,
-    SETTING,
     live_rows,
     row_of,
     waiting_layout,
@@ -96,7 +95,7 @@ class OrderHold:
         self.row = EMPTY
         self._pid = os.getpid()
         self._set_used(1)
-        fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SETTING)
+        fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
         self.fd = fd
         if flock_by(fd, time.monotonic() + LOCK_WAIT_S):
             try:
@@ -226,7 +225,7 @@ class OrderHold:
         if old >= 0:
             os.close(old)
         try:
-            self.fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SETTING)
+            self.fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
         except (OSError, ValueError) as exc:
             # Left at -1: writing and reading fail, logged once, and this worker
             # serves its waiters in its own order.
@@ -241,7 +240,7 @@ class OrderHold:
     # -- the file -----------------------------------------------------------------------
 
     def _follow(self) -> None:
-        fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SETTING)
+        fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
         logger.warning(
             "asgi-admission: the shared waiting order %s was deleted or replaced; moving "
             "this worker's waiters to the file now at that path.",

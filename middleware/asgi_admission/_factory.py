@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 from starlette.types import Scope
 
+from asgi_admission._admission.capacity_wait import FreedWatch, counted_and_used
 from asgi_admission._admission.counts import SessionCounts
 from asgi_admission._admission.decision.classes import ClassCeilings
 from asgi_admission._admission.decision.latch import AdmissionController
@@ -31,7 +32,6 @@ from asgi_admission._admission.reservations.keeper import ReservationKeeper
 from asgi_admission._admission.reservations.keeper_parts import build_parts
 from asgi_admission._admission.reservations.looks import SAMPLE_INTERVAL_S
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
-from asgi_admission._admission.room import FreedWatch, counted_and_used
 from asgi_admission._admission.scheduling.order_bell import OrderBell
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS, classes_in_force
 from asgi_admission._admission.scheduling.queue import WaitQueue, WaitRecord

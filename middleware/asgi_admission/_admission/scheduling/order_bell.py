@@ -16,7 +16,7 @@ Notes:
 - A ring is one byte sent with ``MSG_DONTWAIT`` from an unbound socket: it never
   blocks. A full socket (that worker has rings unread already), one gone, or one not
   bound yet is ignored; the periodic look of each worker with waiters stays the
-  fallback (``room.FreedWatch``).
+  fallback (``capacity_wait.FreedWatch``).
 - A ring must not come before what it tells of: this worker's release is written to
   the shared ledger on its loop's next turn, unless another worker holds the ledger
   in that instant. So before each ring ``flush`` (the ledger's non-blocking critical

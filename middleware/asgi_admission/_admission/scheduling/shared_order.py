@@ -144,7 +144,8 @@ class SharedOrder:
 
     def first(self) -> bool:
         """Whether this worker has waiters and its first is the container's first: for
-        the periodic look (``room.FreedWatch``), which wakes the queue as it becomes so.
+        the periodic look (``capacity_wait.FreedWatch``), which wakes the queue as it
+        becomes so.
 
         It also claims a slot that a busy file lock put off, and follows a file deleted
         or replaced under this worker (an ``fstat``, too dear for every attempt but not

@@ -211,7 +211,7 @@ def build_watch(
     return StuckWatch(detector=detector, controller=controller, look=look, shared_dir=shared_dir)
 
 
-def encode(after_s: float, delay_s: float, status: StuckStatus, *, now: float) -> bytes:
+def encode_stuck(after_s: float, delay_s: float, status: StuckStatus, *, now: float) -> bytes:
     """The status file's contents (times as wall-clock seconds)."""
     split = status.attribution
     report: dict[str, Any] = {
@@ -247,7 +247,7 @@ class StuckFile:
         self._pending: bytes | None = None
 
     def write(self, after_s: float, delay_s: float, status: StuckStatus) -> None:
-        self._pending = encode(after_s, delay_s, status, now=time.time())
+        self._pending = encode_stuck(after_s, delay_s, status, now=time.time())
         self.flush()
 
     def flush(self) -> None:

@@ -18,8 +18,8 @@ import sys
 import time
 
 from asgi_admission._admission.reservations.learning import SessionLearner
+from benchkit import MIB
 
-MIB = 1024 * 1024
 READ_EVERY_S = 0.25
 ROUTE = "POST /sessions"
 

@@ -29,7 +29,7 @@ from asgi_admission import (
 from asgi_admission._config_env import ENVIRONMENT
 from asgi_admission._watchdog.settings import ENV_CRITICAL_WATERMARK, ENV_INTERVAL
 from asgi_admission.demo import ENV_METRICS_PORT
-from suitekit import PACKAGE, ROOT
+from suitekit import MIB, PACKAGE, ROOT
 
 #: Internal on purpose: the configuration's environment table, checked against the docs.
 INTERNAL = "the configuration's environment table, checked against the docs"
@@ -160,7 +160,7 @@ def exposition(fixture_copy: Callable[..., Path]) -> str:
     )
     # A watched session of the route ended at a 64 MiB peak: something learned to show.
     assert watchdog.on_peak is not None
-    watchdog.on_peak("POST /sessions", 64 * 1024 * 1024)
+    watchdog.on_peak("POST /sessions", 64 * MIB)
 
     async def scrape() -> str:
         transport = httpx.ASGITransport(app=guarded)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from asgi_admission import AdmissionController, CapacityDecision, MemoryReading
 from asgi_admission._memory.cgroup import read_cgroup_memory
+from suitekit import MIB
 
 #: Internal on purpose: the latch's default reader and its rounding shortcuts.
 INTERNAL = "the latch's default reader and its rounding shortcuts"
@@ -279,7 +280,7 @@ def test_default_reader_is_read_cgroup_memory() -> None:
     assert controller.memory_reader is read_cgroup_memory
     assert (controller.high_watermark_percent, controller.resume_threshold_percent) == (80.0, 70.0)
     assert controller.reserve_bytes is None
-    assert controller.reserve_for(512 * 1024 * 1024) == 64 * 1024 * 1024
+    assert controller.reserve_for(512 * MIB) == 64 * MIB
 
 
 @pytest.mark.parametrize(
@@ -299,27 +300,25 @@ def test_reserve_for_derives_an_eighth_of_the_limit_at_most_768_mib(
     configured_mib: int | None, limit_mib: int | None, reserve_mib: int
 ) -> None:
     """Unset, the reserve is an eighth of the limit (at most 768 MiB); set, it is the setting."""
-    mib = 1024 * 1024
     controller = AdmissionController(
-        reserve_bytes=None if configured_mib is None else configured_mib * mib,
+        reserve_bytes=None if configured_mib is None else configured_mib * MIB,
         memory_reader=lambda: UNUSED,
     )
-    assert controller.reserve_for(None if limit_mib is None else limit_mib * mib) == (
-        reserve_mib * mib
+    assert controller.reserve_for(None if limit_mib is None else limit_mib * MIB) == (
+        reserve_mib * MIB
     )
 
 
 def test_derived_reserve_admits_sessions_in_a_small_container() -> None:
     """In 512 MiB with the defaults, 64 MiB sessions are admitted up to the 80% ceiling."""
-    mib = 1024 * 1024
-    used = 34 * mib
+    used = 34 * MIB
     controller = AdmissionController(
-        memory_reader=lambda: MemoryReading(used_bytes=used, limit_bytes=512 * mib, available=True)
+        memory_reader=lambda: MemoryReading(used_bytes=used, limit_bytes=512 * MIB, available=True)
     )
     admitted = 0
     while controller.evaluate(admitted, 1000).allowed:
         admitted += 1
-        used += 64 * mib
+        used += 64 * MIB
     # One more session needs the working set plus a 64 MiB reserve within 80% of 512 MiB
     # (409.6 MiB): admitted at 34, 98, 162, 226 and 290 MiB, refused at 354 MiB.
     assert admitted == 5

@@ -105,6 +105,41 @@ def test_admission_imports_nothing_of_the_asgi_side() -> None:
     assert outside == set()
 
 
+#: Names still defined in two rooms, each pair with one side in ``reservations/``, which
+#: another change is editing; a name leaves this list when one side is renamed.
+SHARED_NAMES_TO_RENAME = frozenset({"Kind", "LINK_CHECK_INTERVAL_S", "Outcome", "Queued"})
+
+
+def rooms_defining() -> dict[str, set[str]]:
+    """Each public name defined at the top of a module of ``_admission``, with the rooms
+    (``decision``, ``ledger``, ...; the service's own modules: ``_admission``) defining it."""
+    admission = PACKAGE / "_admission"
+    rooms: dict[str, set[str]] = {}
+    for path in admission.rglob("*.py"):
+        parts = path.relative_to(admission).parts
+        room = parts[0] if len(parts) > 1 else "_admission"
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names = [node.target.id]
+            else:
+                names = []
+            for name in names:
+                if not name.startswith("_") and name not in ("logger", "T"):
+                    rooms.setdefault(name, set()).add(room)
+    return rooms
+
+
+def test_no_name_is_defined_in_two_rooms() -> None:
+    """A public name of ``_admission`` means one thing: no two rooms define it (a module
+    takes a shared name from the one that defines it), past the ones left to rename."""
+    shared = {name for name, found in rooms_defining().items() if len(found) > 1}
+    assert shared == SHARED_NAMES_TO_RENAME
+
+
 def test_no_module_is_long_or_near_it() -> None:
     """Every module stays short enough to read in one sitting, and none is near the
     limit."""
@@ -129,8 +164,15 @@ def test_importing_the_package_loads_no_web_framework_or_demo() -> None:
     assert out.strip() == "[]"
 
 
+#: Names with a leading underscore that are public API where they are found: the named
+#: tuple's methods, and the interpreter's own ``sys._getframe`` and ``os._exit``.
+PUBLIC_UNDERSCORED = frozenset({"_asdict", "_exit", "_fields", "_getframe", "_make", "_replace"})
+
+
 def reaches_inside(tree: ast.Module) -> bool:
-    """Whether a module imports a private module of the package, in any spelling."""
+    """Whether a module imports a private module of the package, in any spelling, or
+    reads or writes a private attribute of an object other than its own (``self``,
+    ``cls``)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             module = node.module or ""
@@ -139,17 +181,27 @@ def reaches_inside(tree: ast.Module) -> bool:
                 name.startswith("_") and not name.startswith("__") for name in names
             ):
                 return True
-        elif isinstance(node, ast.Import) and any(
-            alias.name.startswith("asgi_admission._") for alias in node.names
-        ):
+        elif (
+            isinstance(node, ast.Import)
+            and any(alias.name.startswith("asgi_admission._") for alias in node.names)
+        ) or (isinstance(node, ast.Attribute) and someone_elses_private(node)):
             return True
     return False
 
 
-def test_suite_modules_that_reach_into_private_modules_say_so() -> None:
+def someone_elses_private(node: ast.Attribute) -> bool:
+    """Whether ``node`` names a private attribute of an object other than ``self`` or
+    ``cls``."""
+    own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+    name = node.attr
+    private = name.startswith("_") and not name.startswith("__")
+    return private and name not in PUBLIC_UNDERSCORED and not own
+
+
+def test_suite_modules_that_reach_inside_say_so() -> None:
     """A module of the suite (a test, a kit, an app it serves, a conftest) that imports a
-    private module names the internal it is about (``INTERNAL = "..."``); everything
-    else goes through the public API."""
+    private module or reaches for another object's private attribute names the internal
+    it is about (``INTERNAL = "..."``); everything else goes through the public API."""
     tests = Path(__file__).parent
     unmarked = []
     for path in sorted(tests.rglob("*.py")):
@@ -174,9 +226,64 @@ def test_suite_modules_that_reach_into_private_modules_say_so() -> None:
         ("from asgi_admission import AdmissionConfig, __version__", False),
         ("import asgi_admission", False),
         ("from asgi_admission.demo import create_app", False),
+        ("assert not watchdog._halter.pending()", True),
+        ("guard.service._keeper = None", True),
+        ("self._task = None\ncls._cache.clear()", False),
+        ("point._replace(x=1)\ntype(app).__name__", False),
     ],
 )
 def test_every_spelling_of_a_private_import_is_seen(source: str, inside: bool) -> None:
-    """The check above sees a private module imported in each spelling Python allows,
-    and lets the public names (``__version__`` too) and public subpackages pass."""
+    """The check above sees a private module imported in each spelling Python allows and
+    another object's private attribute, and lets the public names (``__version__`` too),
+    public subpackages, an object's own attributes and dunders pass."""
     assert reaches_inside(ast.parse(source)) is inside
+
+
+#: Names of a unit of memory, in any case and with or without a leading underscore.
+UNIT_NAMES = frozenset({"kib", "mib", "gib", "kb", "mb", "gb"})
+
+
+def units_defined(tree: ast.Module) -> list[str]:
+    """The names of a unit of memory that a module binds by assignment, anywhere in it."""
+    found = []
+    for node in ast.walk(tree):
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        found += [
+            t.id
+            for t in targets
+            if isinstance(t, ast.Name) and t.id.lower().lstrip("_") in UNIT_NAMES
+        ]
+    return found
+
+
+def test_the_suite_and_benches_define_their_units_once() -> None:
+    """The tests, their kits and the benches take ``MIB`` and ``GIB`` from ``suitekit``:
+    one set of constants, never a copy of one."""
+    tests = Path(__file__).parent
+    copies = {
+        str(path.relative_to(tests.parent)): names
+        for path in sorted([*tests.rglob("*.py"), *(tests.parent / "bench").rglob("*.py")])
+        if path.name != "suitekit.py" and (names := units_defined(ast.parse(path.read_text())))
+    }
+    assert copies == {}
+
+
+@pytest.mark.parametrize(
+    ("source", "names"),
+    [
+        ("MIB = 1024 * 1024", ["MIB"]),
+        ("def f() -> None:\n    mib = 1024 * 1024", ["mib"]),
+        ("_MiB: Final = 1 << 20", ["_MiB"]),
+        ("from suitekit import MIB\nsize = 4 * MIB", []),
+    ],
+)
+def test_a_unit_defined_anywhere_is_seen(source: str, names: list[str]) -> None:
+    """The check above sees a unit bound at module level or in a function, annotated or
+    not, in any case, and not one imported."""
+    assert units_defined(ast.parse(source)) == names

@@ -28,6 +28,7 @@ from asgi_admission._admission.reservations.shared_probes import SharedProbeStor
 from asgi_admission._memory.reading import UNAVAILABLE
 from asgi_admission.cli import probe as probe_module
 from cgroup_trees import ELASTIC, copy_files
+from suitekit import MIB
 
 #: Internal on purpose: the probe command's module, called in-process as well as run.
 INTERNAL = "the probe command's module, called in-process as well as run"
@@ -332,7 +333,7 @@ def test_json_schema_and_figures(fixture_copy: Any) -> None:
     assert report["memory"]["working_set_bytes"] == 4538245120
     assert report["memory"]["reclaimable_bytes"] == 13071106048 - 4538245120
     assert report["memory"]["limit_bytes"] == 103079215104
-    limit, reserve = 103079215104, 768 * 1024 * 1024
+    limit, reserve = 103079215104, 768 * MIB
     assert report["ceiling"] == {
         "bytes": int(limit * 0.8 - reserve),
         "percent": round(int(limit * 0.8 - reserve) * 100 / limit, 2),
@@ -409,7 +410,7 @@ def test_reserve_that_can_never_fit_exits_3_naming_the_variable(fixture_copy: An
     status, report = probe_json("--root", root, env=env)
     assert status == 3
     assert report["source"] == "cgroup-v1"
-    assert report["memory"]["limit_bytes"] == 512 * 1024 * 1024
+    assert report["memory"]["limit_bytes"] == 512 * MIB
     assert report["ceiling"]["bytes"] < 0
     assert report["problem"].startswith("ADMISSION_SESSION_RESERVE_MB (reserve_bytes) is 768 MiB")
     assert "no session can ever be admitted" in report["problem"]
@@ -427,9 +428,9 @@ def test_default_reserve_is_derived_from_a_small_limit(fixture_copy: Any) -> Non
     status, report = probe_json("--root", root)
     assert status == 0
     assert report["problem"] is None
-    assert report["config"]["reserve_bytes"] == 64 * 1024 * 1024
+    assert report["config"]["reserve_bytes"] == 64 * MIB
     assert report["config"]["reserve_derived"] is True
-    assert report["ceiling"]["bytes"] == int(512 * 1024 * 1024 * 0.8 - 64 * 1024 * 1024)
+    assert report["ceiling"]["bytes"] == int(512 * MIB * 0.8 - 64 * MIB)
     text = run_probe("--root", root).stdout
     assert "reserve 67108864 B (64.0 MiB) per session (derived from the limit)" in text
 
@@ -441,7 +442,7 @@ def test_sessions_and_pending_inputs(fixture_copy: Any) -> None:
     status, report = probe_json("--root", root, "--sessions", "15", "--pending", "1", env=env)
     assert status == 0
     assert report["decision"]["reason"] == "session_limit"
-    limit, reserve = 103079215104, 768 * 1024 * 1024
+    limit, reserve = 103079215104, 768 * MIB
     assert report["ceiling"]["bytes"] == int(limit * 0.8 - 2 * reserve)
 
 
@@ -704,8 +705,8 @@ def test_session_groups_show_where_they_would_go(tmp_path: Path) -> None:
     a v2 server whose parent delegates memory, off (and why) with the setting off."""
     server = tmp_path / "sys/fs/cgroup/pod/server"
     server.mkdir(parents=True)
-    (server / "memory.current").write_text(f"{100 * 1024 * 1024}\n")
-    (server / "memory.max").write_text(f"{1024 * 1024 * 1024}\n")
+    (server / "memory.current").write_text(f"{100 * MIB}\n")
+    (server / "memory.max").write_text(f"{1024 * MIB}\n")
     (server / "memory.stat").write_text("anon 0\ninactive_file 0\nactive_file 0\n")
     (server.parent / "cgroup.subtree_control").write_text("memory\n")
     (server.parent / "cgroup.procs").write_text("")

@@ -16,7 +16,7 @@ from asgi_admission import AdmissionController, MemoryReading
 from asgi_admission._admission.decision.stuck import (
     LIVENESS_JITTER_SHARE,
     StuckDetector,
-    attribute,
+    attribute_working_set,
     holds_latch,
     liveness_delay_s,
 )
@@ -177,12 +177,14 @@ def test_liveness_delays_lie_within_half_the_window_and_spread_over_it(after_s: 
 
 def test_attribution_counts_one_reserve_per_session_at_most_the_working_set() -> None:
     """Three sessions of reserve 400 in a working set of 700: all of it is theirs, none left."""
-    split = attribute(latch(reserve=400), reading(700), 3)
+    split = attribute_working_set(latch(reserve=400), reading(700), 3)
     assert split is not None
     assert (split.attributed_bytes, split.unattributed_bytes) == (700, 0)
     assert not holds_latch(latch(reserve=400), split)
     assert (
-        attribute(latch(), MemoryReading(used_bytes=None, limit_bytes=None, available=False), 0)
+        attribute_working_set(
+            latch(), MemoryReading(used_bytes=None, limit_bytes=None, available=False), 0
+        )
         is None
     )
 

@@ -1,7 +1,8 @@
-"""``AdmissionMiddleware``'s arguments about admission, checked and resolved.
+"""``AdmissionMiddleware``'s arguments, checked and resolved.
 
-Each argument left out is the configuration's (``AdmissionConfig.from_env()``
-when no ``config`` is given); a bad one is a ``ValueError`` naming it.
+Each argument about admission left out is the configuration's
+(``AdmissionConfig.from_env()`` when no ``config`` is given); a bad argument is a
+``ValueError`` naming it.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import get_args
 
+from starlette.types import Scope
+
 from asgi_admission._admission.decision.latch import AdmissionController
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy, coerce_policy
 from asgi_admission._admission.decision.stuck_watch import liveness_path_of
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._factory import build_controller
+from asgi_admission._watchdog.watchdog import SessionWatchdog
 
 logger = logging.getLogger("asgi_admission")
 
@@ -32,6 +36,43 @@ class Arguments:
     retry_after: RetryAfterPolicy
     websocket_refusal: WebSocketRefusal
     liveness_path: str | None
+
+
+def check_watchdog(watchdog: object) -> None:
+    """A ``watchdog`` is a ``SessionWatchdog`` or ``None``."""
+    if watchdog is not None and not isinstance(watchdog, SessionWatchdog):
+        raise ValueError(f"watchdog must be a SessionWatchdog or None; got {watchdog!r}.")
+
+
+def check_callables(
+    *,
+    routes: bool,
+    session_predicate: Callable[[Scope], bool] | None,
+    priority: Callable[[Scope], str] | None,
+    tenant: Callable[[Scope], str | None] | None,
+) -> None:
+    """The callables that pick and sort session requests, each a callable or ``None``,
+    and something to guard: session ``routes`` (true: some) or a predicate."""
+    if session_predicate is not None and not callable(session_predicate):
+        raise ValueError(
+            f"session_predicate must be a callable taking the ASGI scope; "
+            f"got {session_predicate!r}."
+        )
+    if not routes and session_predicate is None:
+        raise ValueError(
+            "AdmissionMiddleware needs session_routes (e.g. ['POST /sessions']) or a "
+            "session_predicate; without either it would guard nothing."
+        )
+    if priority is not None and not callable(priority):
+        raise ValueError(
+            f"priority must be a callable taking the ASGI scope and returning a priority "
+            f"class's name; got {priority!r}."
+        )
+    if tenant is not None and not callable(tenant):
+        raise ValueError(
+            f"tenant must be a callable taking the ASGI scope and returning the tenant's "
+            f"name or None; got {tenant!r}."
+        )
 
 
 def check_arguments(

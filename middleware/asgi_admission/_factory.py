@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Final
 
 from prometheus_client import CollectorRegistry
 from starlette.types import Scope
 
+from asgi_admission._admission.capacity_wait import FreedWatch, counted_and_used
 from asgi_admission._admission.counts import SessionCounts
 from asgi_admission._admission.decision.classes import ClassCeilings
 from asgi_admission._admission.decision.latch import AdmissionController
@@ -32,22 +32,19 @@ from asgi_admission._admission.reservations.keeper import ReservationKeeper
 from asgi_admission._admission.reservations.keeper_parts import build_parts
 from asgi_admission._admission.reservations.looks import SAMPLE_INTERVAL_S
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
-from asgi_admission._admission.room import FreedWatch, counted_and_used
 from asgi_admission._admission.scheduling.order_bell import OrderBell
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS, classes_in_force
 from asgi_admission._admission.scheduling.queue import WaitQueue, WaitRecord
 from asgi_admission._admission.scheduling.shared_order import SharedOrder
 from asgi_admission._admission.scheduling.tenants import TenantShares
 from asgi_admission._admission.service import AdmissionService
-from asgi_admission._config import AdmissionConfig
+from asgi_admission._config import MIB, AdmissionConfig
 from asgi_admission._config_env import SHARED_DIR_AUTO, SHARED_DIR_OFF
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.host import HostMemoryReader
 from asgi_admission._metrics.instrument import expose, instrument, queue_metrics
 
 logger = logging.getLogger("asgi_admission")
-
-_MIB: Final = 1024 * 1024
 
 
 def build_reader(config: AdmissionConfig) -> CgroupMemoryReader | HostMemoryReader:
@@ -250,7 +247,7 @@ def build_service(
         priorities=priorities,
         tenants=tenants,
         order=order,
-        # Per class where classes are in force; a guard without them counts as before.
+        # Per class where classes are in force; without them, decisions_total alone counts.
         on_class_decision=None
         if metrics is None or priorities is None
         else metrics.counting_decisions(names),
@@ -339,12 +336,12 @@ def _reserve_logger(config: AdmissionConfig) -> Callable[[int, int | None], None
         logger.debug(
             "asgi-admission: one session was learned to need %.1f MiB; with learning %s "
             "that %s the reserve (%s).",
-            learned_bytes / _MIB,
+            learned_bytes / MIB,
             learning,
             "replaces" if learning == "adapt" else "sets a floor for",
             "derived from the limit"
             if configured_bytes is None
-            else f"configured {configured_bytes / _MIB:.1f} MiB",
+            else f"configured {configured_bytes / MIB:.1f} MiB",
         )
 
     return on_reserve

@@ -28,7 +28,7 @@ from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.decision.stuck_watch import StuckWatch
 from asgi_admission._admission.reservations.keeper import ReservationKeeper
 from asgi_admission._admission.service import AdmissionService
-from asgi_admission._arguments import check_arguments
+from asgi_admission._arguments import check_arguments, check_callables, check_watchdog
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
 from asgi_admission._factory import build_service
@@ -92,30 +92,15 @@ class AdmissionMiddleware:
         tenant: Callable[[Scope], str | None] | None = None,
     ) -> None:
         self.app = app
-        if watchdog is not None and not isinstance(watchdog, SessionWatchdog):
-            raise ValueError(f"watchdog must be a SessionWatchdog or None; got {watchdog!r}.")
+        check_watchdog(watchdog)
         self._watchdog = watchdog
         self._matcher = RouteMatcher(session_routes)
-        if session_predicate is not None and not callable(session_predicate):
-            raise ValueError(
-                f"session_predicate must be a callable taking the ASGI scope; "
-                f"got {session_predicate!r}."
-            )
-        if not self._matcher and session_predicate is None:
-            raise ValueError(
-                "AdmissionMiddleware needs session_routes (e.g. ['POST /sessions']) or a "
-                "session_predicate; without either it would guard nothing."
-            )
-        if priority is not None and not callable(priority):
-            raise ValueError(
-                f"priority must be a callable taking the ASGI scope and returning a priority "
-                f"class's name; got {priority!r}."
-            )
-        if tenant is not None and not callable(tenant):
-            raise ValueError(
-                f"tenant must be a callable taking the ASGI scope and returning the tenant's "
-                f"name or None; got {tenant!r}."
-            )
+        check_callables(
+            routes=bool(self._matcher),
+            session_predicate=session_predicate,
+            priority=priority,
+            tenant=tenant,
+        )
         self._predicate = session_predicate
         # __call__ runs on every request: most are a miss on one dict lookup, and only
         # a predicate or a readiness path makes it look further.

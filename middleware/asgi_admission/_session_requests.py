@@ -19,10 +19,10 @@ from collections.abc import Coroutine
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from asgi_admission._admission.capacity_wait import Queued
 from asgi_admission._admission.ledger.ledger import LedgerBusy
 from asgi_admission._admission.reservations.holds import Hold
 from asgi_admission._admission.reservations.tickets import SCOPE_KEY, AdmissionTicket
-from asgi_admission._admission.room import Queued
 from asgi_admission._admission.service import AdmissionService, Outcome
 from asgi_admission._body import Arrival, BodyReader
 from asgi_admission._config import WebSocketRefusal
@@ -96,7 +96,7 @@ class HttpSessionResponder:
             return
         service = guarded.service
         if arrival == "timed_out":
-            service.keeper.count_failure("http", "body_timeout")
+            guarded.keeper.count_failure("http", "body_timeout")
             await send_request_timeout(send, service.config.body_timeout_s)
             return
         try:

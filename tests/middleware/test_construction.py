@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from asgi_admission import AdmissionConfig, AdmissionController, AdmissionMiddleware
+from suitekit import MIB
 
 
 async def app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover
@@ -26,9 +27,9 @@ def test_defaults_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp
     monkeypatch.setenv("ADMISSION_CGROUP_ROOT", str(tmp_path))
     mw = AdmissionMiddleware(app, session_routes=["POST /sessions"])
     assert mw.session_limit == 7
-    assert mw.config.reserve_bytes == 32 * 1024 * 1024
+    assert mw.config.reserve_bytes == 32 * MIB
     assert isinstance(mw.controller, AdmissionController)
-    assert mw.controller.reserve_bytes == 32 * 1024 * 1024
+    assert mw.controller.reserve_bytes == 32 * MIB
     assert mw.retry_after.base_s == 5
     assert mw.session_counts() == (0, 0)
 
@@ -109,6 +110,9 @@ def test_max_sessions_zero_refuses_every_session_and_says_so(
         ({"session_routes": ["POST /x"], "readiness_path": "ready"}, "readiness_path"),
         ({"session_routes": ["POST /x"], "current_sessions": 3}, "current_sessions"),
         ({"session_predicate": "yes"}, "session_predicate"),
+        ({"session_routes": ["POST /x"], "priority": "high"}, "priority must be a callable"),
+        ({"session_routes": ["POST /x"], "tenant": "acme"}, "tenant must be a callable"),
+        ({"session_routes": ["POST /x"], "watchdog": object()}, "watchdog must be a"),
         ({"session_routes": ["POST /x"], "retry_after": 0}, "base_s"),
         ({"session_routes": ["POST /x"], "retry_after": 2.5}, "retry_after"),
     ],

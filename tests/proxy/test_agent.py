@@ -22,6 +22,7 @@ from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._proxy.agent import ANSWER_TIMEOUT_S, MAX_CONNECTIONS
 from asgi_admission._proxy.room import MAX_AGE_S, Room, agent_line, load_metrics, room_of
 from processkit import free_port
+from suitekit import MIB
 
 INTERNAL = "the agent's line and load report for a room, and the listener's bounds and connections"
 
@@ -37,10 +38,9 @@ def test_the_line_is_the_admissible_sessions_capped_at_haproxys_256() -> None:
 
 
 def reading(used_mb: int, limit_mb: int | None = 1000) -> MemoryReading:
-    mib = 1024 * 1024
     return MemoryReading(
-        used_bytes=used_mb * mib,
-        limit_bytes=None if limit_mb is None else limit_mb * mib,
+        used_bytes=used_mb * MIB,
+        limit_bytes=None if limit_mb is None else limit_mb * MIB,
         available=True,
     )
 

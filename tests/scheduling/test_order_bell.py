@@ -15,8 +15,13 @@ from queuekit import Admission, Capacity, settle
 
 from asgi_admission._admission.ledger.ledger_slots import HEADER, slot_offset
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
-from asgi_admission._admission.scheduling.order_bell import PREFIX, OrderBell
-from asgi_admission._admission.scheduling.order_file import FILE_NAME, MAGIC, SLOT, read_waiting
+from asgi_admission._admission.scheduling.order_bell import WAKE_PREFIX, OrderBell
+from asgi_admission._admission.scheduling.order_file import (
+    ORDER_FILE_NAME,
+    ORDER_MAGIC,
+    ORDER_SLOT,
+    read_waiting,
+)
 from asgi_admission._admission.scheduling.queue import WaitQueue
 from asgi_admission._admission.scheduling.shared_order import SharedOrder
 from asgi_admission._config import AdmissionConfig
@@ -42,7 +47,7 @@ def orders(directory: Path) -> Iterator[list[SharedOrder]]:
 
 
 def sockets(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name.startswith(PREFIX))
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(WAKE_PREFIX))
 
 
 def test_rings_wake_the_bound_worker_once_however_many_arrive(directory: Path) -> None:
@@ -126,7 +131,7 @@ def test_a_bound_socket_is_private_replaces_a_dead_workers_and_goes_at_close(
     this user may use; closing removes it, and a forked child's forgetting leaves it."""
 
     async def main() -> None:
-        stale = directory / f"{PREFIX}1"
+        stale = directory / f"{WAKE_PREFIX}1"
         stale.write_bytes(b"")
         bell = OrderBell(directory)
         bell.bind(1)
@@ -137,7 +142,7 @@ def test_a_bound_socket_is_private_replaces_a_dead_workers_and_goes_at_close(
         assert sockets(directory) == []
         bell.bind(1)
         bell.forget()  # as a forked child does with its parent's
-        assert sockets(directory) == [f"{PREFIX}1"]
+        assert sockets(directory) == [f"{WAKE_PREFIX}1"]
 
     asyncio.run(main())
 
@@ -196,7 +201,7 @@ def test_a_slot_freed_in_another_worker_rings_the_first_waiters_worker(
             b.wait(class_name="batch", attempt=capacity.attempt("b1"), give_back=capacity.give_back)
         )
         await settle()
-        assert sockets(directory) == [f"{PREFIX}0", f"{PREFIX}1"]
+        assert sockets(directory) == [f"{WAKE_PREFIX}0", f"{WAKE_PREFIX}1"]
         capacity.free = 1
         b.wake()  # the slot freed in b's worker: b's waiter is behind a's
         assert (await asyncio.wait_for(first, 1)).outcome == "admitted"
@@ -246,15 +251,15 @@ def test_a_dead_workers_socket_is_removed_by_whoever_finds_it_dead(
     that meets it, and its wake socket file goes with it; a closed worker removes its own."""
     a = open_order(directory, orders)
     a.publish((0, 1.0), 1)
-    path = directory / FILE_NAME
+    path = directory / ORDER_FILE_NAME
     fd = os.open(path, os.O_RDWR)
     try:
-        os.pwrite(fd, HEADER.pack(MAGIC, 256, 3), 0)
+        os.pwrite(fd, HEADER.pack(ORDER_MAGIC, 256, 3), 0)
         row = (999_999, 0, 5, 0.5)
-        os.pwrite(fd, SLOT.pack(*row, hash(row)), slot_offset(2))
+        os.pwrite(fd, ORDER_SLOT.pack(*row, hash(row)), slot_offset(2))
     finally:
         os.close(fd)
-    (directory / f"{PREFIX}2").write_bytes(b"")  # what the dead worker left
+    (directory / f"{WAKE_PREFIX}2").write_bytes(b"")  # what the dead worker left
     a.passed()  # nobody behind a: the look goes over every slot with waiters
     assert [e.slot for e in read_waiting(directory)] == [0]
     assert sockets(directory) == []  # a claimed off a loop: it binds none
@@ -269,7 +274,7 @@ def test_an_order_file_that_cannot_be_used_stops_a_named_directory_not_the_autom
     directory the guard refuses to start, naming the setting; in the place found by
     default each worker serves its own waiters, with a warning; with the wait off no
     order is built at all."""
-    (directory / FILE_NAME).symlink_to(directory / "elsewhere")
+    (directory / ORDER_FILE_NAME).symlink_to(directory / "elsewhere")
     ledger = SharedLedger(directory)
     named = AdmissionConfig(shared_dir=str(directory), queue_timeout_s=5.0)
     with pytest.raises(ValueError, match="ADMISSION_SHARED_DIR"):
@@ -293,17 +298,17 @@ def test_a_socket_of_that_name_made_by_another_worker_since_is_not_removed(
         heard = [0]
         stale = OrderBell(directory)
         stale.bind(0)
-        os.unlink(directory / f"{PREFIX}0")  # the file replaced: its sockets with it
+        os.unlink(directory / f"{WAKE_PREFIX}0")  # the file replaced: its sockets with it
         live = OrderBell(directory, on_ring=lambda: heard.__setitem__(0, heard[0] + 1))
         live.bind(0)
         stale.close()
-        still_there = sockets(directory) == [f"{PREFIX}0"]
+        still_there = sockets(directory) == [f"{WAKE_PREFIX}0"]
         OrderBell(directory).ring(0)
         for _ in range(50):
             await asyncio.sleep(0.001)
         finder = OrderBell(directory)
         finder.unlink(0)  # a look that took slot 0 for dead in a stale file
-        kept = sockets(directory) == [f"{PREFIX}0"]
+        kept = sockets(directory) == [f"{WAKE_PREFIX}0"]
         live.close(unlink=False)  # as a SIGKILL leaves it: the file, nobody reading it
         finder.unlink(0)
         removed = sockets(directory) == []

@@ -22,8 +22,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from asgi_admission._admission.ledger.ledger_slots import read_entries, slot_held
-from asgi_admission._admission.scheduling.order_bell import PREFIX
-from asgi_admission._admission.scheduling.order_file import FILE_NAME, read_waiting
+from asgi_admission._admission.scheduling.order_bell import WAKE_PREFIX
+from asgi_admission._admission.scheduling.order_file import ORDER_FILE_NAME, read_waiting
 from cgroupkit import joining, memory_group, oom_kills
 from processkit import Server, free_port
 
@@ -254,13 +254,15 @@ def test_four_workers_admit_in_container_order_and_a_killed_workers_waiters_vani
             assert [e for e in read_waiting(shared) if e.alive] == []
             assert run.victim not in {e.pid for e in read_waiting(shared)}
             # Every wake socket left belongs to a live worker's slot.
-            fd = os.open(shared / FILE_NAME, os.O_RDONLY)
+            fd = os.open(shared / ORDER_FILE_NAME, os.O_RDONLY)
             try:
-                sockets = sorted(p.name for p in shared.glob(PREFIX + "*"))
-                assert all(slot_held(fd, int(n.removeprefix(PREFIX))) for n in sockets), sockets
+                sockets = sorted(p.name for p in shared.glob(WAKE_PREFIX + "*"))
+                assert all(slot_held(fd, int(n.removeprefix(WAKE_PREFIX))) for n in sockets), (
+                    sockets
+                )
             finally:
                 os.close(fd)
-        assert list(shared.glob(PREFIX + "*")) == []  # each worker removed its own
+        assert list(shared.glob(WAKE_PREFIX + "*")) == []  # each worker removed its own
         assert oom_kills(group) == 0
     spread = {
         pid: sum(1 for p in run.where.values() if p == pid) for pid in set(run.where.values())

@@ -18,7 +18,12 @@ import pytest
 from queuekit import Admission, Capacity, settle
 
 from asgi_admission._admission.ledger.ledger_slots import HEADER, slot_offset
-from asgi_admission._admission.scheduling.order_file import FILE_NAME, MAGIC, SLOT, read_waiting
+from asgi_admission._admission.scheduling.order_file import (
+    ORDER_FILE_NAME,
+    ORDER_MAGIC,
+    ORDER_SLOT,
+    read_waiting,
+)
 from asgi_admission._admission.scheduling.queue import Verdict, WaitQueue
 from asgi_admission._admission.scheduling.shared_order import SharedOrder
 from requirekit import require_root
@@ -45,7 +50,7 @@ def open_order(shared: tuple[Path, list[SharedOrder]]) -> SharedOrder:
 
 
 def raw_row(pid: int, rank: int, waiting: int, arrived: float) -> bytes:
-    return SLOT.pack(pid, rank, waiting, arrived, hash((pid, rank, waiting, arrived)))
+    return ORDER_SLOT.pack(pid, rank, waiting, arrived, hash((pid, rank, waiting, arrived)))
 
 
 def test_another_workers_earlier_waiter_of_the_class_or_above_goes_first(
@@ -94,7 +99,7 @@ def test_the_file_lists_the_live_workers_first_waiters(
     ]
     a.close()
     assert [e.rank for e in read_waiting(shared[0])] == [0]
-    assert (shared[0] / FILE_NAME).stat().st_mode & 0o777 == 0o600
+    assert (shared[0] / ORDER_FILE_NAME).stat().st_mode & 0o777 == 0o600
 
 
 def test_a_dead_workers_waiters_are_ignored_and_cleared(
@@ -105,11 +110,11 @@ def test_a_dead_workers_waiters_are_ignored_and_cleared(
     a, b = open_order(shared), open_order(shared)
     a.publish((0, 1.0), 1)
     b.publish((0, 2.0), 1)
-    path = shared[0] / FILE_NAME
+    path = shared[0] / ORDER_FILE_NAME
     fd = os.open(path, os.O_RDWR)
     try:
         # A third worker's row, its lock gone with it: slot 2, and the header counts it.
-        os.pwrite(fd, HEADER.pack(MAGIC, 256, 3), 0)
+        os.pwrite(fd, HEADER.pack(ORDER_MAGIC, 256, 3), 0)
         os.pwrite(fd, raw_row(999_999, 0, 5, 0.5), slot_offset(2))
     finally:
         os.close(fd)
@@ -128,7 +133,7 @@ def test_a_truncated_file_is_rebuilt_with_a_warning_and_each_worker_writes_itsel
     a, b = open_order(shared), open_order(shared)
     a.publish((0, 1.0), 1)
     b.publish((0, 2.0), 1)
-    path = shared[0] / FILE_NAME
+    path = shared[0] / ORDER_FILE_NAME
     os.truncate(path, slot_offset(1) + 4)  # a's row whole, b's cut
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         assert b.ahead(0, 2.0)
@@ -149,7 +154,7 @@ def test_a_garbage_header_is_rebuilt_keeping_every_live_workers_row(
     a, b = open_order(shared), open_order(shared)
     a.publish((1, 1.0), 2)
     b.publish((1, 2.0), 1)
-    path = shared[0] / FILE_NAME
+    path = shared[0] / ORDER_FILE_NAME
     fd = os.open(path, os.O_RDWR)
     try:
         os.pwrite(fd, b"garbage!" * 2, 0)  # the header alone
@@ -168,10 +173,10 @@ def test_a_torn_or_garbage_row_is_ignored_and_written_back_by_its_worker(
     for a waiter; its worker's next look writes it back."""
     a, b = open_order(shared), open_order(shared)
     a.publish((0, 1.0), 1)
-    path = shared[0] / FILE_NAME
+    path = shared[0] / ORDER_FILE_NAME
     fd = os.open(path, os.O_RDWR)
     try:
-        row = bytearray(os.pread(fd, SLOT.size, slot_offset(0)))
+        row = bytearray(os.pread(fd, ORDER_SLOT.size, slot_offset(0)))
         row[16:24] = bytes(8)  # the arrival, as if half written
         os.pwrite(fd, bytes(row), slot_offset(0))
     finally:
@@ -187,7 +192,7 @@ def test_a_claim_that_finds_the_file_busy_is_tried_again_at_the_next_sample(
     """Never waiting for the file's lock: a worker that finds another in it publishes
     nothing that time, and claims its slot at its next sample."""
     a, b = open_order(shared), open_order(shared)
-    fd = os.open(shared[0] / FILE_NAME, os.O_RDWR)
+    fd = os.open(shared[0] / ORDER_FILE_NAME, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # another worker rebuilding or claiming
         a.publish((0, 1.0), 1)
@@ -205,7 +210,7 @@ def test_a_deleted_file_is_followed_by_the_sample_with_this_workers_waiter(
     path at its next sample, saying so: a worker started since sees it again."""
     a = open_order(shared)
     a.publish((0, 1.0), 1)
-    (shared[0] / FILE_NAME).unlink()
+    (shared[0] / ORDER_FILE_NAME).unlink()
     b = open_order(shared)
     b.publish((0, 2.0), 1)
     assert not b.ahead(0, 2.0)  # a's waiter is in the old file
@@ -219,8 +224,8 @@ def test_a_deleted_file_is_followed_by_the_sample_with_this_workers_waiter(
 @pytest.mark.parametrize(
     ("header", "problem"),
     [
-        (HEADER.pack(MAGIC, 128, 1), "128 slots where 256 were expected"),
-        (HEADER.pack(MAGIC, 256, 300), "300 slots in use of 256"),
+        (HEADER.pack(ORDER_MAGIC, 128, 1), "128 slots where 256 were expected"),
+        (HEADER.pack(ORDER_MAGIC, 256, 300), "300 slots in use of 256"),
         (b"ASGI", "a header of 4 bytes"),
     ],
 )
@@ -234,7 +239,7 @@ def test_a_header_this_version_cannot_use_is_rebuilt_naming_what_is_wrong(
     file is rebuilt with a warning that says which, and the waiters in it are kept."""
     a, b = open_order(shared), open_order(shared)
     a.publish((0, 1.0), 1)
-    path = shared[0] / FILE_NAME
+    path = shared[0] / ORDER_FILE_NAME
     if len(header) < HEADER.size:
         os.truncate(path, len(header))
     fd = os.open(path, os.O_RDWR)
@@ -362,7 +367,7 @@ def test_a_symlink_at_the_files_name_is_refused_and_its_target_untouched(tmp_pat
     directory.mkdir(mode=0o700)
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")
-    (directory / FILE_NAME).symlink_to(victim)
+    (directory / ORDER_FILE_NAME).symlink_to(victim)
     with pytest.raises(ValueError, match=r"ADMISSION_SHARED_DIR=.*is a symlink"):
         SharedOrder(directory)
     assert victim.read_bytes() == b"precious"
@@ -372,8 +377,8 @@ def test_a_file_others_may_write_to_is_refused(tmp_path: Path) -> None:
     """An existing waiting file writable by others is refused, not trusted."""
     directory = tmp_path / "shm"
     directory.mkdir(mode=0o700)
-    (directory / FILE_NAME).write_bytes(b"")
-    (directory / FILE_NAME).chmod(0o666)
+    (directory / ORDER_FILE_NAME).write_bytes(b"")
+    (directory / ORDER_FILE_NAME).chmod(0o666)
     with pytest.raises(ValueError, match="is a file that other users may write to"):
         SharedOrder(directory)
 
@@ -383,11 +388,11 @@ def test_another_users_file_is_refused(tmp_path: Path) -> None:
     require_root("chown to another user")
     directory = tmp_path / "shm"
     directory.mkdir(mode=0o700)
-    (directory / FILE_NAME).write_bytes(b"theirs")
-    os.chown(directory / FILE_NAME, NOBODY, NOBODY)
+    (directory / ORDER_FILE_NAME).write_bytes(b"theirs")
+    os.chown(directory / ORDER_FILE_NAME, NOBODY, NOBODY)
     with pytest.raises(ValueError, match=f"is a file owned by uid {NOBODY}"):
         SharedOrder(directory)
-    assert (directory / FILE_NAME).read_bytes() == b"theirs"
+    assert (directory / ORDER_FILE_NAME).read_bytes() == b"theirs"
 
 
 # -- the wait queue taking part -----------------------------------------------------------

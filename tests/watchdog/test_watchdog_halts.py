@@ -22,6 +22,9 @@ from asgi_admission import (
 )
 from suitekit import MIB
 
+#: Internal on purpose: the halter's escalations still waiting out their grace period.
+INTERNAL = "the watchdog's halter, for the escalations still pending"
+
 
 def _watchdog(
     reader: FixedReader, registry: CollectorRegistry, halt: object = None, **kwargs: object

@@ -20,6 +20,10 @@ from watchdogkit import TestClient
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, SessionWatchdog
 from processkit import free_port
+from suitekit import MIB
+
+#: Internal on purpose: the watchdog's sampling task, seen done once the lifespan ends.
+INTERNAL = "the watchdog's sampling task"
 
 HERE = Path(__file__).parent
 
@@ -64,7 +68,7 @@ def test_testclient_lifespan_starts_and_stops_the_watchdog() -> None:
         )
         assert seen["halt"] == "budget_exceeded"
         assert seen["returncode"] == -signal.SIGTERM
-        assert seen["peak_rss_bytes"] > 48 * 1024 * 1024
+        assert seen["peak_rss_bytes"] > 48 * MIB
         assert client.get(f"/sessions/{calm}").json()["halt"] is None
     assert not watchdog.running
     assert task.done()

@@ -20,15 +20,16 @@ Notes:
 - A route whose footprint is not learned yet is probed: its first sessions are
   decided on an exact reading and admitted a few at a time, and the others are
   held, reserving nothing, until the probes' evidence is in (:meth:`wait`,
-  ``waiting.py``, ``reservations/probing.py``). Learned routes cost one dict
+  ``probe_wait.py``, ``reservations/probing.py``). Learned routes cost one dict
   lookup more.
 - With ``ADMISSION_QUEUE_TIMEOUT_SECONDS`` above 0, a request that does not fit is
-  answered :class:`Queued` and waits for capacity, holding nothing (``room.py``);
-  while others of its class or a higher one wait (in any worker, where the waiting
-  order is shared: ``scheduling/shared_order.py``), a new one goes behind them. The
-  decisions of a waiting request that do not admit are checks, not refusals, for the
-  metrics. With priority classes each request is decided against its class's ceiling
-  and latch (``decision/classes.py``; one class at the high watermark: the controller).
+  answered :class:`Queued` and waits for capacity, holding nothing
+  (``capacity_wait.py``); while others of its class or a higher one wait (in any
+  worker, where the waiting order is shared: ``scheduling/shared_order.py``), a new
+  one goes behind them. The decisions of a waiting request that do not admit are
+  checks, not refusals, for the metrics. With priority classes each request is decided
+  against its class's ceiling and latch (``decision/classes.py``; one class at the
+  high watermark: the controller).
 """
 
 from __future__ import annotations
@@ -39,6 +40,16 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from asgi_admission._admission.capacity_wait import (
+    WAITABLE,
+    FreedWatch,
+    Queued,
+    Refused,
+    WaitWatcher,
+    behind_others,
+    ran_out,
+    wait_in_line,
+)
 from asgi_admission._admission.counts import SessionCounts
 from asgi_admission._admission.decision.classes import ClassCeilings
 from asgi_admission._admission.decision.decision_log import DecisionLog
@@ -54,6 +65,7 @@ from asgi_admission._admission.latch_checks import LatchChecks
 from asgi_admission._admission.ledger.ledger import LedgerBusy, SessionLedger, when_free
 from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.priorities import Priorities, Tenants
+from asgi_admission._admission.probe_wait import Listener, wait_then_decide
 from asgi_admission._admission.request_decisions import RequestDecisions
 from asgi_admission._admission.reservations.holds import Hold, HoldRegistry
 from asgi_admission._admission.reservations.keeper import ReservationKeeper
@@ -61,20 +73,9 @@ from asgi_admission._admission.reservations.probing import Gate
 from asgi_admission._admission.reservations.sampling import sample_while_waiting, serve_with_keeper
 from asgi_admission._admission.reservations.settlement import apply
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
-from asgi_admission._admission.room import (
-    WAITABLE,
-    FreedWatch,
-    Queued,
-    Refused,
-    WaitWatcher,
-    behind_others,
-    ran_out,
-    wait_in_line,
-)
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
 from asgi_admission._admission.scheduling.queue import WaitQueue
 from asgi_admission._admission.scheduling.shared_order import SharedOrder
-from asgi_admission._admission.waiting import Listener, wait_then_decide
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.reading import UNAVAILABLE
 
@@ -374,8 +375,8 @@ class AdmissionService:
     async def wait_for_room(
         self, kind: Kind, scope: Scope, queued: Queued, listening: Listener | None
     ) -> AdmissionTicket | Refused | None:
-        """Wait in the queue for capacity, holding nothing (``room.py``), then the ticket, a
-        refusal (``queue_timeout``, ``queue_full``), or ``None``: the client left
+        """Wait in the queue for capacity, holding nothing (``capacity_wait.py``), then the
+        ticket, a refusal (``queue_timeout``, ``queue_full``), or ``None``: the client left
         (``listening`` hears it; ``None``: it cannot be heard)."""
         queue = self.wait_queue
         assert queue is not None

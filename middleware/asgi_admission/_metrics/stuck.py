@@ -13,11 +13,10 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from asgi_admission._admission.decision.observer import AdmissionView
-from asgi_admission._admission.decision.stuck import attribute
+from asgi_admission._admission.decision.stuck import attribute_working_set
 from asgi_admission._admission.decision.stuck_watch import StuckWatch
 from asgi_admission._memory.reading import MemoryReading
-
-PREFIX = "asgi_admission_"
+from asgi_admission._metrics.decisions import PREFIX
 
 
 def stuck_families(
@@ -48,7 +47,7 @@ def stuck_families(
         stuck.add_metric((), int(any(watch.status().stuck for watch in watches)))
         yield stuck
     if views and counts is not None:
-        split = attribute(views[-1].controller, reading, counts[0] + counts[1])
+        split = attribute_working_set(views[-1].controller, reading, counts[0] + counts[1])
         if split is not None:
             rest.add_metric((), split.unattributed_bytes)
             yield rest

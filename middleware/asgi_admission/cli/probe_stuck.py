@@ -8,7 +8,7 @@ from typing import Any
 
 from asgi_admission._admission.decision.stuck_watch import read_stuck
 from asgi_admission._admission.ledger.safe_files import process_alive
-from asgi_admission._config import AdmissionConfig
+from asgi_admission._config import MIB, AdmissionConfig
 
 _FIGURES = ("working_set_bytes", "attributed_bytes", "unattributed_bytes")
 
@@ -66,7 +66,6 @@ def stuck_lines(stuck: dict[str, Any]) -> list[str]:
     if not stuck["evidence"] or stuck["held_s"] is None:
         state = "not held by the server's own memory" if stuck["evidence"] else stuck["note"]
         return [f"stuck pressure:  {state} (window {stuck['after_s']:g} s)"]
-    mib = 1024**2
     verdict = "STUCK" if stuck["stuck"] else "not yet stuck"
     active, pending = stuck["sessions"]
     liveness = stuck["liveness_fails_in_s"]
@@ -74,7 +73,7 @@ def stuck_lines(stuck: dict[str, Any]) -> list[str]:
         f"stuck pressure:  {verdict}: latch held by the server's own memory for "
         f"{stuck['held_s']:.0f} s (window {stuck['after_s']:g} s); a liveness path "
         + ("fails now" if liveness == 0 else f"fails in {liveness:.0f} s"),
-        f"  working set {stuck['working_set_bytes'] / mib:.1f} MiB: {active} session(s) "
-        f"({pending} pending) account for {stuck['attributed_bytes'] / mib:.1f} MiB, "
-        f"{stuck['unattributed_bytes'] / mib:.1f} MiB is the server's own",
+        f"  working set {stuck['working_set_bytes'] / MIB:.1f} MiB: {active} session(s) "
+        f"({pending} pending) account for {stuck['attributed_bytes'] / MIB:.1f} MiB, "
+        f"{stuck['unattributed_bytes'] / MIB:.1f} MiB is the server's own",
     ]

@@ -8,7 +8,6 @@ first refusal for a busy shared ledger.
 from __future__ import annotations
 
 import logging
-from typing import Final
 
 from asgi_admission._admission.decision.latch import (
     AdmissionController,
@@ -17,11 +16,10 @@ from asgi_admission._admission.decision.latch import (
 )
 from asgi_admission._admission.decision.reserve import never_admits
 from asgi_admission._admission.ledger.ledger import LedgerBusy
+from asgi_admission._config import MIB
 from asgi_admission._memory.reading import MemoryReading
 
 logger = logging.getLogger("asgi_admission")
-
-_MIB: Final = 1024 * 1024
 
 
 def log_change(
@@ -45,7 +43,7 @@ def log_change(
                     "asgi-admission: %s has no memory limit (working set %.1f MiB); "
                     "admitting up to %d sessions (%s) until it has one.",
                     memory.path or "the memory source",
-                    (memory.used_bytes or 0) / _MIB,
+                    (memory.used_bytes or 0) / MIB,
                     cap,
                     origin,
                 )
@@ -61,26 +59,26 @@ def log_change(
         logger.info(
             "asgi-admission: memory telemetry recovered: working set %.1f MiB of "
             "%.1f MiB (%.2f%%).",
-            (memory.used_bytes or 0) / _MIB,
-            (memory.limit_bytes or 0) / _MIB,
+            (memory.used_bytes or 0) / MIB,
+            (memory.limit_bytes or 0) / MIB,
             memory.percent or 0.0,
         )
     if decision.transition == "pressured":
         logger.warning(
             "asgi-admission: memory pressure: refusing new sessions at working set "
             "%.1f MiB of %.1f MiB (%.2f%%; high watermark %.1f%%, reserve %.1f MiB).",
-            (memory.used_bytes or 0) / _MIB,
-            (memory.limit_bytes or 0) / _MIB,
+            (memory.used_bytes or 0) / MIB,
+            (memory.limit_bytes or 0) / MIB,
             memory.percent or 0.0,
             controller.high_watermark_percent,
-            controller.reserve_for(memory.limit_bytes) / _MIB,
+            controller.reserve_for(memory.limit_bytes) / MIB,
         )
     elif decision.transition == "normal":
         logger.info(
             "asgi-admission: memory pressure cleared: admitting sessions again at "
             "working set %.1f MiB of %.1f MiB (%.2f%%; resume threshold %.1f%%).",
-            (memory.used_bytes or 0) / _MIB,
-            (memory.limit_bytes or 0) / _MIB,
+            (memory.used_bytes or 0) / MIB,
+            (memory.limit_bytes or 0) / MIB,
             memory.percent or 0.0,
             controller.resume_threshold_percent,
         )

@@ -59,7 +59,7 @@ class Attribution:
     unattributed_bytes: int
 
 
-def attribute(
+def attribute_working_set(
     controller: AdmissionController, memory: MemoryReading | None, sessions: int
 ) -> Attribution | None:
     """Split ``memory``'s working set among ``sessions`` counted sessions and the rest;
@@ -164,7 +164,7 @@ class StuckDetector:
         attribution = None
         held = latched and pending == 0 and self.after_s > 0
         if held:
-            attribution = attribute(self._controller, memory, active + pending)
+            attribution = attribute_working_set(self._controller, memory, active + pending)
             held = attribution is not None and holds_latch(self._controller, attribution)
         if not held:
             was = self._since is not None

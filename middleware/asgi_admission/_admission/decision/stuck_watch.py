@@ -38,19 +38,17 @@ from asgi_admission._admission.decision.stuck import (
     liveness_delay_s,
 )
 from asgi_admission._admission.ledger.ledger import LedgerBusy
-from asgi_admission._admission.ledger.safe_files import open_private_file
-from asgi_admission._config import AdmissionConfig
+from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open_private_file
+from asgi_admission._config import MIB, AdmissionConfig
 
 logger = logging.getLogger("asgi_admission")
 
 STUCK_FILE: Final = "asgi-admission.stuck"
-SETTING: Final = "ADMISSION_SHARED_DIR"
 #: The longest between two looks while the latch is set (a tenth of a shorter window).
 LOOK_INTERVAL_S: Final = 1.0
-_MIB: Final = 1024 * 1024
 
 #: One look: the readiness check's decision and the counts it was decided with.
-Look = Callable[[], tuple[CapacityDecision, tuple[int, int]]]
+LatchLook = Callable[[], tuple[CapacityDecision, tuple[int, int]]]
 
 
 class StuckWatch:
@@ -65,7 +63,7 @@ class StuckWatch:
         *,
         detector: StuckDetector,
         controller: AdmissionController,
-        look: Look,
+        look: LatchLook,
         shared_dir: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -164,12 +162,12 @@ class StuckWatch:
             "falls to the resume threshold (%.1f%%); a liveness path fails once it has been "
             "held for %.0f s (docs/operations.md).",
             status.held_s,
-            split.working_set_bytes / _MIB,
-            split.limit_bytes / _MIB,
+            split.working_set_bytes / MIB,
+            split.limit_bytes / MIB,
             split.working_set_bytes * 100 / split.limit_bytes,
             active,
-            split.attributed_bytes / _MIB,
-            split.unattributed_bytes / _MIB,
+            split.attributed_bytes / MIB,
+            split.unattributed_bytes / MIB,
             self._controller.resume_threshold_percent,
             self.detector.after_s + self.detector.liveness_delay_s,
         )
@@ -198,7 +196,7 @@ def liveness_path_of(
 def build_watch(
     config: AdmissionConfig,
     controller: AdmissionController,
-    look: Look,
+    look: LatchLook,
     shared_dir: str | None,
     *,
     host: str | None = None,
@@ -213,7 +211,7 @@ def build_watch(
     return StuckWatch(detector=detector, controller=controller, look=look, shared_dir=shared_dir)
 
 
-def encode(after_s: float, delay_s: float, status: StuckStatus, *, now: float) -> bytes:
+def encode_stuck(after_s: float, delay_s: float, status: StuckStatus, *, now: float) -> bytes:
     """The status file's contents (times as wall-clock seconds)."""
     split = status.attribution
     report: dict[str, Any] = {
@@ -249,7 +247,7 @@ class StuckFile:
         self._pending: bytes | None = None
 
     def write(self, after_s: float, delay_s: float, status: StuckStatus) -> None:
-        self._pending = encode(after_s, delay_s, status, now=time.time())
+        self._pending = encode_stuck(after_s, delay_s, status, now=time.time())
         self.flush()
 
     def flush(self) -> None:
@@ -258,7 +256,7 @@ class StuckFile:
         if data is None:
             return
         try:
-            fd = open_private_file(self._directory, STUCK_FILE, setting=SETTING)
+            fd = open_private_file(self._directory, STUCK_FILE, setting=SHARED_DIR_SETTING)
         except (OSError, ValueError) as exc:
             self._unusable(exc)
             return
@@ -297,7 +295,7 @@ def read_stuck(directory: str) -> dict[str, Any] | None:
     path = os.path.join(directory, STUCK_FILE)
     if not os.path.lexists(path):  # a planted symlink is reported, not taken for none
         return None
-    fd = open_private_file(directory, STUCK_FILE, setting=SETTING)
+    fd = open_private_file(directory, STUCK_FILE, setting=SHARED_DIR_SETTING)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
         data = os.pread(fd, os.fstat(fd).st_size, 0)

@@ -41,7 +41,6 @@ from asgi_admission._admission.ledger.ledger_slots import (
     FILE_NAME,
     HEADER,
     MAGIC,
-    SETTING,
     SLOT,
     claim_free_slot,
     header_problem,
@@ -49,7 +48,7 @@ from asgi_admission._admission.ledger.ledger_slots import (
     slot_held,
     slot_offset,
 )
-from asgi_admission._admission.ledger.safe_files import open_private_file
+from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open_private_file
 
 logger = logging.getLogger("asgi_admission")
 
@@ -254,7 +253,7 @@ class LedgerFile:
         """Open the file (made if missing) and check or rebuild it under the ``flock``,
         taken by ``deadline`` (``time.monotonic``) or ``LedgerBusy``: never a blocking
         wait, since a worker stopped inside its section would make it endless."""
-        fd = open_private_file(self.directory, FILE_NAME, setting=SETTING)
+        fd = open_private_file(self.directory, FILE_NAME, setting=SHARED_DIR_SETTING)
         try:
             if not flock_by(fd, deadline):
                 raise LedgerBusy(f"another worker holds the shared ledger {self.path}")

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 FILE_NAME: Final = "asgi-admission.ledger"
-SETTING: Final = "ADMISSION_SHARED_DIR"
 MAGIC: Final = b"ASGIADM1"
 
 HEADER: Final = struct.Struct("=8sII")  # magic, capacity, slots in use

@@ -28,6 +28,9 @@ import os
 import stat
 from typing import Final
 
+#: The setting that names the shared directory, which a refusal to use one of its files
+#: names (whoever opens a file there, the ledger's, the waiting order's or the stuck watch's).
+SHARED_DIR_SETTING: Final = "ADMISSION_SHARED_DIR"
 #: Mode bits that let someone other than the owner change a file or a directory's entries.
 _OTHERS_WRITE: Final = stat.S_IWGRP | stat.S_IWOTH
 

@@ -40,7 +40,11 @@ from dataclasses import dataclass
 from typing import Final
 
 from asgi_admission._admission.ledger.ledger_slots import FILE_NAME
-from asgi_admission._admission.ledger.safe_files import UnsafeFileError, open_private_file
+from asgi_admission._admission.ledger.safe_files import (
+    SHARED_DIR_SETTING,
+    UnsafeFileError,
+    open_private_file,
+)
 from asgi_admission._admission.reservations.shared_files import LEARNED_FILE, SETTLING_FILE
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.discover import discover_cgroup
@@ -48,7 +52,6 @@ from asgi_admission._memory.host import HostMemoryReader
 
 logger = logging.getLogger("asgi_admission")
 
-SETTING: Final = "ADMISSION_SHARED_DIR"
 #: Where the look for other workers reads processes (a fixture tree in the tests).
 PROC = "/proc"
 BOOT_ID: Final = "/proc/sys/kernel/random/boot_id"
@@ -158,7 +161,7 @@ def choose_place(group: MemoryGroup, *, bases: Sequence[str] | None = None) -> P
         existed = os.path.lexists(path)
         try:
             for file_name in (FILE_NAME, SETTLING_FILE, LEARNED_FILE):
-                os.close(open_private_file(path, file_name, setting=SETTING))
+                os.close(open_private_file(path, file_name, setting=SHARED_DIR_SETTING))
         except UnsafeFileError as exc:
             passed_over.append(str(exc).split(" Point ", 1)[0])
             if existed:

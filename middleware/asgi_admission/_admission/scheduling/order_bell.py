@@ -16,7 +16,7 @@ Notes:
 - A ring is one byte sent with ``MSG_DONTWAIT`` from an unbound socket: it never
   blocks. A full socket (that worker has rings unread already), one gone, or one not
   bound yet is ignored; the periodic look of each worker with waiters stays the
-  fallback (``room.FreedWatch``).
+  fallback (``capacity_wait.FreedWatch``).
 - A ring must not come before what it tells of: this worker's release is written to
   the shared ledger on its loop's next turn, unless another worker holds the ledger
   in that instant. So before each ring ``flush`` (the ledger's non-blocking critical
@@ -44,7 +44,7 @@ from typing import Final
 logger = logging.getLogger("asgi_admission")
 
 #: The wake sockets' names in the shared directory: this, then the slot's number.
-PREFIX: Final = "asgi-admission.wake."
+WAKE_PREFIX: Final = "asgi-admission.wake."
 #: Rings read at most in one go; more are read on the loop's next turn.
 _DRAIN: Final = 64
 #: A ring put off while the ledger is held elsewhere: tried again after this, at most
@@ -106,7 +106,7 @@ class OrderBell:
 
     def path(self, slot: int) -> str:
         """The wake socket of the worker holding ``slot`` of the waiting order."""
-        return os.path.join(self.directory, f"{PREFIX}{slot}")
+        return os.path.join(self.directory, f"{WAKE_PREFIX}{slot}")
 
     @property
     def slot(self) -> int:

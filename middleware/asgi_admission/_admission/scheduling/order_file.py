@@ -21,17 +21,16 @@ from typing import Final
 from asgi_admission._admission.ledger.ledger_slots import SLOT as LEDGER_SLOT
 from asgi_admission._admission.ledger.ledger_slots import read_rows, slot_held, slot_offset
 
-FILE_NAME: Final = "asgi-admission.waiting"
-SETTING: Final = "ADMISSION_SHARED_DIR"
-MAGIC: Final = b"ASGIWAI1"
+ORDER_FILE_NAME: Final = "asgi-admission.waiting"
+ORDER_MAGIC: Final = b"ASGIWAI1"
 #: Slots in a new file: far more worker processes than one container runs.
-DEFAULT_CAPACITY: Final = 256
+ORDER_CAPACITY: Final = 256
 
-SLOT: Final = struct.Struct("=qiidq")  # pid, class rank, waiting, first arrival, check
+ORDER_SLOT: Final = struct.Struct("=qiidq")  # pid, class rank, waiting, first arrival, check
 # The ledger's slot locks cover its slots' byte ranges: the same geometry here.
-assert SLOT.size == LEDGER_SLOT.size
+assert ORDER_SLOT.size == LEDGER_SLOT.size
 
-EMPTY: Final = bytes(SLOT.size)
+EMPTY: Final = bytes(ORDER_SLOT.size)
 
 
 def check_of(pid: int, rank: int, waiting: int, arrived: float) -> int:
@@ -40,7 +39,7 @@ def check_of(pid: int, rank: int, waiting: int, arrived: float) -> int:
 
 
 def row_of(pid: int, rank: int, arrived: float, waiting: int) -> bytes:
-    return SLOT.pack(pid, rank, waiting, arrived, check_of(pid, rank, waiting, arrived))
+    return ORDER_SLOT.pack(pid, rank, waiting, arrived, check_of(pid, rank, waiting, arrived))
 
 
 def live_rows(fd: int, capacity: int, own_slot: int) -> tuple[bytearray, int]:
@@ -58,11 +57,11 @@ def live_rows(fd: int, capacity: int, own_slot: int) -> tuple[bytearray, int]:
         if not slot_held(fd, slot):
             continue
         used = slot + 1
-        row = old[offset : offset + SLOT.size]
-        if len(row) == SLOT.size:
-            pid, rank, waiting, arrived, check = SLOT.unpack(row)
+        row = old[offset : offset + ORDER_SLOT.size]
+        if len(row) == ORDER_SLOT.size:
+            pid, rank, waiting, arrived, check = ORDER_SLOT.unpack(row)
             if check == check_of(pid, rank, waiting, arrived):
-                kept[offset : offset + SLOT.size] = row
+                kept[offset : offset + ORDER_SLOT.size] = row
     return kept, used
 
 
@@ -91,7 +90,7 @@ def read_waiting(directory: str | os.PathLike[str]) -> list[WaitingEntry]:
     return [
         WaitingEntry(slot, pid, rank, waiting, arrived, alive)
         for slot, (pid, rank, waiting, arrived, _), alive in read_rows(
-            os.path.join(os.fspath(directory), FILE_NAME), SLOT
+            os.path.join(os.fspath(directory), ORDER_FILE_NAME), ORDER_SLOT
         )
         if waiting
     ]

@@ -40,13 +40,12 @@ from asgi_admission._admission.ledger.ledger_slots import (
     slot_lock,
     slot_offset,
 )
-from asgi_admission._admission.ledger.safe_files import open_private_file
+from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open_private_file
 from asgi_admission._admission.scheduling.order_bell import OrderBell
 from asgi_admission._admission.scheduling.order_file import (
     EMPTY,
-    FILE_NAME,
-    MAGIC,
-    SETTING,
+    ORDER_FILE_NAME,
+    ORDER_MAGIC,
     live_rows,
     row_of,
     waiting_layout,
@@ -87,7 +86,7 @@ class OrderHold:
             raise ValueError(f"capacity must be 1 or more; got {capacity!r}.")
         self._bell = bell
         self.directory = os.path.abspath(os.fspath(directory))
-        self.path = os.path.join(self.directory, FILE_NAME)
+        self.path = os.path.join(self.directory, ORDER_FILE_NAME)
         self._capacity = capacity
         self._warned: set[str] = set()
         self.fd = -1
@@ -96,7 +95,7 @@ class OrderHold:
         self.row = EMPTY
         self._pid = os.getpid()
         self._set_used(1)
-        fd = open_private_file(self.directory, FILE_NAME, setting=SETTING)
+        fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
         self.fd = fd
         if flock_by(fd, time.monotonic() + LOCK_WAIT_S):
             try:
@@ -226,7 +225,7 @@ class OrderHold:
         if old >= 0:
             os.close(old)
         try:
-            self.fd = open_private_file(self.directory, FILE_NAME, setting=SETTING)
+            self.fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
         except (OSError, ValueError) as exc:
             # Left at -1: writing and reading fail, logged once, and this worker
             # serves its waiters in its own order.
@@ -241,7 +240,7 @@ class OrderHold:
     # -- the file -----------------------------------------------------------------------
 
     def _follow(self) -> None:
-        fd = open_private_file(self.directory, FILE_NAME, setting=SETTING)
+        fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
         logger.warning(
             "asgi-admission: the shared waiting order %s was deleted or replaced; moving "
             "this worker's waiters to the file now at that path.",
@@ -262,7 +261,7 @@ class OrderHold:
 
     def _set_used(self, used: int) -> None:
         self._want = slot_offset(used)
-        self._header = HEADER.pack(MAGIC, self._capacity, used)
+        self._header = HEADER.pack(ORDER_MAGIC, self._capacity, used)
         self._layout = waiting_layout(used)
 
     def _read(self) -> bytes:
@@ -270,7 +269,7 @@ class OrderHold:
         data = os.pread(self.fd, self._want, 0)
         if len(data) == self._want and data.startswith(self._header):
             return data
-        problem = header_problem(data, self._capacity, magic=MAGIC, kind="waiting-order")
+        problem = header_problem(data, self._capacity, magic=ORDER_MAGIC, kind="waiting-order")
         if problem is None:
             used = HEADER.unpack_from(data)[2]
             self._set_used(used)
@@ -287,7 +286,7 @@ class OrderHold:
         if not header:
             self._rebuild(None)
             return
-        problem = header_problem(header, self._capacity, magic=MAGIC, kind="waiting-order")
+        problem = header_problem(header, self._capacity, magic=ORDER_MAGIC, kind="waiting-order")
         if problem is None:
             size = os.fstat(self.fd).st_size
             used = HEADER.unpack(header)[2]
@@ -322,7 +321,7 @@ class OrderHold:
                 problem,
             )
         used = max(used, 1)
-        kept[: HEADER.size] = HEADER.pack(MAGIC, capacity, used)
+        kept[: HEADER.size] = HEADER.pack(ORDER_MAGIC, capacity, used)
         os.ftruncate(fd, len(kept))
         os.pwrite(fd, bytes(kept), 0)
         self._set_used(used)
@@ -353,7 +352,7 @@ class OrderHold:
                 if self._bell is not None:
                     self._bell.bind(slot)
                 if slot >= HEADER.unpack(os.pread(fd, HEADER.size, 0))[2]:
-                    os.pwrite(fd, HEADER.pack(MAGIC, self._capacity, slot + 1), 0)
+                    os.pwrite(fd, HEADER.pack(ORDER_MAGIC, self._capacity, slot + 1), 0)
                     self._set_used(slot + 1)
                 return True
         finally:

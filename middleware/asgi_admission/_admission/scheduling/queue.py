@@ -58,7 +58,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 T = TypeVar("T")
 
 #: How a wait ended: ``full`` means the queue was full and nothing was waited.
-Outcome = Literal["admitted", "timeout", "cancelled", "full"]
+WaitedOutcome = Literal["admitted", "timeout", "cancelled", "full"]
 #: The outcomes a wait that took place ends with (the metrics' ``outcome`` label).
 WaitOutcome = Literal["admitted", "timeout", "cancelled"]
 
@@ -78,7 +78,7 @@ class Waited(Generic[T]):
     """The end of one wait: its outcome, the admission (exactly when ``admitted``), and
     how long it waited (by the queue's clock)."""
 
-    outcome: Outcome
+    outcome: WaitedOutcome
     admission: T | None
     waited_s: float
 

@@ -35,7 +35,7 @@ from typing import Final
 
 from asgi_admission._admission.ledger.ledger_slots import slot_held, slot_offset
 from asgi_admission._admission.scheduling.order_bell import OrderBell
-from asgi_admission._admission.scheduling.order_file import DEFAULT_CAPACITY, SLOT, check_of
+from asgi_admission._admission.scheduling.order_file import ORDER_CAPACITY, ORDER_SLOT, check_of
 from asgi_admission._admission.scheduling.order_hold import OrderHold
 
 #: Where this worker has no waiter: behind every other worker's first.
@@ -56,7 +56,7 @@ class SharedOrder:
         self,
         directory: str | os.PathLike[str],
         *,
-        capacity: int = DEFAULT_CAPACITY,
+        capacity: int = ORDER_CAPACITY,
         bell: OrderBell | None = None,
     ) -> None:
         self._hold = hold = OrderHold(directory, capacity=capacity, bell=bell)
@@ -128,7 +128,7 @@ class SharedOrder:
             if not count or slot == own:
                 continue
             offset = slot_offset(slot)
-            pid, other_rank, _, other_arrived, check = SLOT.unpack_from(data, offset)
+            pid, other_rank, _, other_arrived, check = ORDER_SLOT.unpack_from(data, offset)
             if check != check_of(pid, other_rank, count, other_arrived):
                 continue  # torn by its worker's write in this instant, or garbage
             head = (other_rank, other_arrived)
@@ -144,7 +144,8 @@ class SharedOrder:
 
     def first(self) -> bool:
         """Whether this worker has waiters and its first is the container's first: for
-        the periodic look (``room.FreedWatch``), which wakes the queue as it becomes so.
+        the periodic look (``capacity_wait.FreedWatch``), which wakes the queue as it
+        becomes so.
 
         It also claims a slot that a busy file lock put off, and follows a file deleted
         or replaced under this worker (an ``fstat``, too dear for every attempt but not

@@ -1,4 +1,4 @@
-"""Waiting for room: a session request that does not fit, in the wait queue until it does.
+"""Waiting for capacity: a session request that does not fit, in the queue until it does.
 
 With ``ADMISSION_QUEUE_TIMEOUT_SECONDS`` above 0 the admission service answers a
 request that does not fit (memory, the count cap, a probe's wait run out) with

@@ -1,8 +1,8 @@
 """Sessions arriving and leaving at random: how many the guard serves, against what was possible.
 
     sudo .venv/bin/python bench/churn.py [--minutes 1] [--load 1.5] [--seed 1]
-        [--modes bare,cap,guard,learn[,wait]] [--trace PATH] [--replay PATH] [--json PATH]
-        [--plot docs/img/churn.png]
+        [--modes bare,cap,guard,learn[,wait,unmeasured]] [--trace PATH] [--replay PATH]
+        [--json PATH] [--plot docs/img/churn.png]
 
 Needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory. Draws
 one arrival trace (``bench/churn_trace.py``: Poisson arrivals at ``--load`` times what
@@ -20,6 +20,10 @@ per mode:
   a fixture that never moves and no reserve, so the count alone decides;
 - ``guard``: the guard with its defaults;
 - ``learn``: the guard with a reserve 12x too small (8 MiB) and learning (``raise``);
+- ``unmeasured`` (only when asked for): the guard with its defaults, the ``ramp``
+  sessions' processes registered with the watchdog by their route alone
+  (``&measured=0``), not their admission ticket: their reservations settle by the
+  container's working set, as for sessions the guard cannot measure one by one;
 - ``wait`` (only when asked for): the guard with its defaults and a bounded wait of 10 s
   (``ADMISSION_QUEUE_TIMEOUT_SECONDS``): a session that does not fit waits for capacity
   instead of being refused, and once admitted lives its lifetime from its admission.
@@ -87,7 +91,7 @@ from churn_trace import (
     oracle,
 )
 
-Mode = Literal["bare", "cap", "guard", "learn", "wait"]
+Mode = Literal["bare", "cap", "guard", "learn", "wait", "unmeasured"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 #: What runs unless ``--modes`` says otherwise.
 DEFAULT_MODES: tuple[Mode, ...] = ("bare", "cap", "guard", "learn")
@@ -119,10 +123,10 @@ def available() -> bool:
     )
 
 
-def _open(kind: Kind) -> tuple[str, dict[str, float]]:
+def _open(kind: Kind, *, measured: bool = True) -> tuple[str, dict[str, float]]:
     if kind == "build":
         return "/sessions", {}
-    return "/processes", {"hold_mb": RAMP_HOLD_MB, "ramp_s": RAMP_S}
+    return "/processes", {"hold_mb": RAMP_HOLD_MB, "ramp_s": RAMP_S, "measured": int(measured)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,10 +282,16 @@ def measure_sizes() -> Sizes:
 
 
 async def _replay(
-    base_url: str, trace: Trace, start_at: float, *, from_admission: bool = False
+    base_url: str,
+    trace: Trace,
+    start_at: float,
+    *,
+    from_admission: bool = False,
+    measured: bool = True,
 ) -> list[Attempt]:
     """Every arrival of ``trace`` as one attempt; an admitted session lives its lifetime
-    from its arrival, or (``from_admission``) from its admission, cut at the window."""
+    from its arrival, or (``from_admission``) from its admission, cut at the window; a
+    ``ramp`` session's process is ``measured`` by the watchdog for its reservation."""
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=32)
     async with httpx.AsyncClient(
         base_url=base_url, timeout=REQUEST_TIMEOUT_S, limits=limits
@@ -293,7 +303,7 @@ async def _replay(
         async def attempt(index: int) -> Attempt:
             arrival = trace.arrivals[index]
             await asyncio.sleep(max(0.0, t0 + arrival.t - loop.time()))
-            path, params = _open(arrival.kind)
+            path, params = _open(arrival.kind, measured=measured)
             try:
                 response = await client.post(path, params=params)
             except httpx.HTTPError as exc:
@@ -351,12 +361,18 @@ def run_mode(mode: Mode, trace: Trace, *, limit_mb: int, cap: int | None = None)
         sampler.start()
         try:
             attempts = asyncio.run(
-                _replay(base_url, trace, sampler.start_at, from_admission=mode == "wait")
+                _replay(
+                    base_url,
+                    trace,
+                    sampler.start_at,
+                    from_admission=mode == "wait",
+                    measured=mode != "unmeasured",
+                )
             )
         finally:
             sampler.stop_event.set()
             sampler.join(timeout=2)
-        learned = _learned(base_url) if mode in ("guard", "learn", "wait") else {}
+        learned = _learned(base_url) if mode not in ("bare", "cap") else {}
         return Run(
             mode=mode,
             baseline_bytes=baseline,

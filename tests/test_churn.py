@@ -125,9 +125,10 @@ def test_a_short_churn_run_reports_every_mode_and_the_guard_is_never_oom_killed(
     tmp_path: Path,
 ) -> None:
     """Nine seconds of churn in real 768 MiB memory groups: a row for the bare app, the
-    hindsight cap, the guard, the learning guard and the guard with a 10 s wait, every
-    arrival accounted for once, no OOM kill in any guard's group, and no admitted session
-    of the waiting guard waiting longer than its wait (plus its request)."""
+    hindsight cap, the guard, the learning guard, the guard with a 10 s wait and the guard
+    not told the sessions' own memory, every arrival accounted for once, no OOM kill in
+    any guard's group, and no admitted session of the waiting guard waiting longer than
+    its wait (plus its request)."""
     out = tmp_path / "churn.json"
     subprocess.run(
         [
@@ -136,7 +137,7 @@ def test_a_short_churn_run_reports_every_mode_and_the_guard_is_never_oom_killed(
             "--minutes",
             "0.15",
             "--modes",
-            "bare,cap,guard,learn,wait",
+            "bare,cap,guard,learn,wait,unmeasured",
             "--json",
             str(out),
         ],
@@ -146,12 +147,12 @@ def test_a_short_churn_run_reports_every_mode_and_the_guard_is_never_oom_killed(
     )
     figures = json.loads(out.read_text())
     rows = {str(row["mode"]).split()[0]: row for row in figures["runs"]}
-    assert list(rows) == ["bare", "cap", "guard", "learn", "wait"]
+    assert list(rows) == ["bare", "cap", "guard", "learn", "wait", "unmeasured"]
     assert rows["cap"]["mode"] == f"cap {figures['hindsight_cap']}"
     for row in rows.values():
         outcomes = row["served"] + row["refused"] + row["lost"] + row["failed"]
         assert outcomes == figures["arrivals"], row
-    for mode in ("guard", "learn", "wait"):
+    for mode in ("guard", "learn", "wait", "unmeasured"):
         assert rows[mode]["oom_kills"] == 0, rows[mode]
         assert rows[mode]["server_alive"], rows[mode]
         assert rows[mode]["served"] > 0, rows[mode]

@@ -146,3 +146,22 @@ def test_a_child_whose_worker_is_gone_exits_quietly() -> None:
     assert child.wait(timeout=10) == 0
     assert child.stderr.read() == b""
     child.stderr.close()
+
+
+@pytest.mark.parametrize(("measured", "with_ticket"), [("1", True), ("0", False)])
+def test_a_process_session_is_watched_under_its_ticket_unless_asked_not_to(
+    measured: str, with_ticket: bool
+) -> None:
+    """The demo hands the watchdog each process session's admission ticket, so that its
+    reservation settles by the child's own memory; ``measured=0`` hands it the route alone
+    (the working set settles it). Either way the route is known for learning."""
+    reader = FixedReader(reading(10.0, 16 * 1024 * MIB))
+    watchdog = SessionWatchdog(memory_reader=reader, registry=None)
+    app = _app(reader, CollectorRegistry(), watchdog=watchdog)
+    with TestClient(app) as client:
+        opened = client.post("/processes", params={"hold_mb": 1, "measured": measured})
+        assert opened.status_code == 201
+        (session,) = watchdog.sessions
+        assert session.route == "POST /processes"
+        assert (session.ticket is not None) is with_ticket
+        assert client.delete(f"/processes/{opened.json()['id']}").status_code == 204

@@ -116,6 +116,7 @@ class ProcessSessions:
         budget_mb: int,
         ramp_s: float = 0.0,
         on_ready: Callable[[], None] | None = None,
+        route: str | None = None,
         ticket: AdmissionTicket | None = None,
         burst: bool = False,
     ) -> _Child:
@@ -151,6 +152,7 @@ class ProcessSessions:
                 process.pid,
                 budget_bytes=budget,
                 session_id=session_id,
+                route=route,
                 group=group,
                 ticket=ticket,
             )
@@ -259,6 +261,7 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
         ramp_s: float = Query(0.0, ge=0, le=60),
         ticket: bool = Query(False),
         burst: bool = Query(False),
+        measured: bool = Query(True),
     ) -> dict[str, Any]:
         try:
             watchdog: SessionWatchdog | None = session_watchdog(request)
@@ -266,7 +269,9 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
             watchdog = None
         # With ?ticket=1 the session's reservation is held until its child is up. The
         # watchdog is handed the ticket either way: the guard learns from the child's peak
-        # and settles the reservation once the child's own memory is there.
+        # and settles the reservation once the child's own memory is there. ?measured=0
+        # hands it the route alone: the reservation settles by the working set, as for a
+        # session the guard cannot measure on its own.
         admitted = admission_ticket(request)
         held = admitted if ticket else None
         if held is not None:
@@ -278,7 +283,8 @@ def add_process_routes(app: FastAPI, sessions: ProcessSessions) -> None:
                 budget_mb=budget_mb,
                 ramp_s=ramp_s,
                 on_ready=None if held is None else held.started,
-                ticket=admitted,
+                route=None if admitted is None or measured else admitted.route,
+                ticket=admitted if measured else None,
                 burst=burst,
             )
         except BaseException:

@@ -22,7 +22,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from asgi_admission._admission.capacity_wait import Queued
 from asgi_admission._admission.ledger.ledger import LedgerBusy
 from asgi_admission._admission.reservations.holds import Hold
-from asgi_admission._admission.reservations.tickets import SCOPE_KEY, AdmissionTicket
+from asgi_admission._admission.reservations.tickets import (
+    SCOPE_KEY,
+    AdmissionTicket,
+    settlement_of,
+)
 from asgi_admission._admission.service import AdmissionService, Outcome
 from asgi_admission._body import Arrival, BodyReader
 from asgi_admission._config import WebSocketRefusal
@@ -149,7 +153,7 @@ class HttpSessionResponder:
             receive,
             send,
             keeper=self._guarded.keeper,
-            entry=ticket._entry,
+            entry=settlement_of(ticket),
             body=body,
             rest_due_in_s=rest_due_in_s,
         )
@@ -212,7 +216,12 @@ class WebSocketSessionResponder:
             # The app finds its ticket in the scope: admission_ticket(request).
             scope[SCOPE_KEY] = outcome
             await run_websocket(
-                self._app, scope, receive, send, keeper=guarded.keeper, entry=outcome._entry
+                self._app,
+                scope,
+                receive,
+                send,
+                keeper=guarded.keeper,
+                entry=settlement_of(outcome),
             )
         finally:
             if self._listening is not None:

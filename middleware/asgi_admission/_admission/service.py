@@ -210,6 +210,11 @@ class AdmissionService:
         """The watch for stuck pressure (``docs/operations.md``), which the metrics read."""
         return self.checks.stuck
 
+    def observe_peak(self, route: str, peak_bytes: int, *, exact: bool = False) -> None:
+        """A session of ``route`` peaked at ``peak_bytes``, as a session watchdog measured
+        it (its RSS at most, or ``exact``: its own memory group's peak): learned from."""
+        self._keeper.observe_peak(route, peak_bytes, exact=exact)
+
     # -- the decision ---------------------------------------------------------------
 
     def admit(

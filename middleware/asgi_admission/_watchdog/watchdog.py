@@ -141,7 +141,7 @@ class SessionWatchdog:
     def learn_peaks_with(self, hook: PeakHook) -> None:
         """Tell ``hook`` each watched session's peak once it ends, with its route (the
         guard this watchdog runs under learns from them: ``AdmissionMiddleware`` calls
-        this with its keeper's ``observe_peak``)."""
+        this with its admission service's ``observe_peak``)."""
         self._on_peak = hook
 
     @property

@@ -12,6 +12,7 @@ import secrets
 from collections.abc import Iterable
 from typing import Final, Literal
 
+from asgi_admission._admission.decision.observer import Kind
 from asgi_admission._admission.ledger.ledger import Reservation
 
 #: Every settlement's number, for the whole process: two guards of one process that
@@ -20,7 +21,6 @@ from asgi_admission._admission.ledger.ledger import Reservation
 #: that a worker reusing a dead worker's pid never takes the rows that one left behind.
 NUMBERS: Final = itertools.count(secrets.randbits(40) + 1)
 
-Kind = Literal["http", "websocket"]
 Phase = Literal["request", "waiting", "held", "started", "done"]
 Outcome = Literal["release", "activate"]
 Action = tuple[Reservation, Outcome]

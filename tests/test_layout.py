@@ -107,7 +107,7 @@ def test_admission_imports_nothing_of_the_asgi_side() -> None:
 
 #: Names still defined in two rooms, each pair with one side in ``reservations/``, which
 #: another change is editing; a name leaves this list when one side is renamed.
-SHARED_NAMES_TO_RENAME = frozenset({"Outcome", "Queued"})
+SHARED_NAMES_TO_RENAME = frozenset({"Queued"})
 
 
 def rooms_defining() -> dict[str, set[str]]:

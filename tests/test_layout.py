@@ -105,11 +105,6 @@ def test_admission_imports_nothing_of_the_asgi_side() -> None:
     assert outside == set()
 
 
-#: Names still defined in two rooms, each pair with one side in ``reservations/``, which
-#: another change is editing; a name leaves this list when one side is renamed.
-SHARED_NAMES_TO_RENAME = frozenset({"Queued"})
-
-
 def rooms_defining() -> dict[str, set[str]]:
     """Each public name defined at the top of a module of ``_admission``, with the rooms
     (``decision``, ``ledger``, ...; the service's own modules: ``_admission``) defining it."""
@@ -135,9 +130,9 @@ def rooms_defining() -> dict[str, set[str]]:
 
 def test_no_name_is_defined_in_two_rooms() -> None:
     """A public name of ``_admission`` means one thing: no two rooms define it (a module
-    takes a shared name from the one that defines it), past the ones left to rename."""
+    takes a shared name from the one that defines it)."""
     shared = {name for name, found in rooms_defining().items() if len(found) > 1}
-    assert shared == SHARED_NAMES_TO_RENAME
+    assert shared == set()
 
 
 def test_no_module_is_long_or_near_it() -> None:

@@ -269,6 +269,19 @@ def test_the_suite_and_benches_define_their_units_once() -> None:
     assert copies == {}
 
 
+def test_the_library_defines_its_units_once() -> None:
+    """Each unit of memory is defined in one module of the package (``MIB`` in
+    ``_config``), and the others take it from there; the demo, an app of the public API
+    alone, keeps its own."""
+    defined: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if not module_name(path).startswith("asgi_admission.demo"):
+            for name in units_defined(ast.parse(path.read_text())):
+                defined.setdefault(name.lower().lstrip("_"), []).append(module_name(path))
+    assert defined["mib"] == ["asgi_admission._config"]
+    assert {unit: modules for unit, modules in defined.items() if len(modules) > 1} == {}
+
+
 @pytest.mark.parametrize(
     ("source", "names"),
     [

@@ -15,16 +15,15 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any
 
+from asgi_admission._config import MIB
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._watchdog.halt import HaltAction, HaltReason, SessionHalt
 from asgi_admission._watchdog.metrics import WatchdogMetrics
 from asgi_admission._watchdog.session import SessionWatch
 
 logger = logging.getLogger("asgi_admission")
-
-_MIB: Final = 1024 * 1024
 
 
 class Halter:
@@ -99,7 +98,7 @@ class Halter:
             "memory_limit",
             None,
             "The session was stopped because it reached its memory limit of "
-            f"{budget / _MIB:.0f} MiB.",
+            f"{budget / MIB:.0f} MiB.",
             critical_percent=critical_percent,
             group_peak_bytes=peak,
         )

@@ -25,14 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from asgi_admission._config import MIB
 from asgi_admission._memory.reading import MemoryReader
 from asgi_admission._watchdog.groups import SessionGroups
 from asgi_admission._watchdog.halt import SessionHalt
 from asgi_admission._watchdog.halter import Halter
 from asgi_admission._watchdog.sampler import ProcessSample, read_children_map
 from asgi_admission._watchdog.session import SessionWatch
-
-_MIB: Final = 1024 * 1024
 
 #: A halted session that still runs, in a tick's measurements.
 STILL: Final = "still running"
@@ -117,8 +116,8 @@ def decide(
                     session,
                     "budget_exceeded",
                     None,
-                    f"The session was halted because it used {sample.rss_bytes / _MIB:.0f} MiB "
-                    f"of memory, over its budget of {budget / _MIB:.0f} MiB.",
+                    f"The session was halted because it used {sample.rss_bytes / MIB:.0f} MiB "
+                    f"of memory, over its budget of {budget / MIB:.0f} MiB.",
                     critical_percent=critical_percent,
                 )
             )

@@ -39,7 +39,7 @@ from asgi_admission._responses import (
     websocket_denial,
 )
 from asgi_admission._waiting import Listening
-from asgi_admission._watching import run_http, run_websocket
+from asgi_admission._watching import WatchedHttp, WatchedWebSocket
 
 
 class Guarded:
@@ -143,13 +143,11 @@ class HttpSessionResponder:
         body: list[Message],
         rest_due_in_s: float | None,
     ) -> Coroutine[None, None, None]:
-        """The admitted request's run of the app (a coroutine of ``run_http`` itself:
-        no layer of its own)."""
+        """The admitted request's run of the app (a coroutine of ``WatchedHttp.run``
+        itself: no layer of its own)."""
         # The app finds its ticket in the scope: admission_ticket(request).
         scope[SCOPE_KEY] = ticket
-        return run_http(
-            self._app,
-            scope,
+        watched = WatchedHttp(
             receive,
             send,
             keeper=self._guarded.keeper,
@@ -157,6 +155,7 @@ class HttpSessionResponder:
             body=body,
             rest_due_in_s=rest_due_in_s,
         )
+        return watched.run(self._app, scope)
 
 
 class WebSocketSessionResponder:
@@ -215,14 +214,10 @@ class WebSocketSessionResponder:
             assert isinstance(outcome, AdmissionTicket)
             # The app finds its ticket in the scope: admission_ticket(request).
             scope[SCOPE_KEY] = outcome
-            await run_websocket(
-                self._app,
-                scope,
-                receive,
-                send,
-                keeper=guarded.keeper,
-                entry=settlement_of(outcome),
+            watched = WatchedWebSocket(
+                receive, send, keeper=guarded.keeper, entry=settlement_of(outcome)
             )
+            await watched.run(self._app, scope)
         finally:
             if self._listening is not None:
                 self._listening.close()

@@ -105,11 +105,6 @@ def test_admission_imports_nothing_of_the_asgi_side() -> None:
     assert outside == set()
 
 
-#: Names still defined in two rooms, each pair with one side in ``reservations/``, which
-#: another change is editing; a name leaves this list when one side is renamed.
-SHARED_NAMES_TO_RENAME = frozenset({"Kind", "LINK_CHECK_INTERVAL_S", "Outcome", "Queued"})
-
-
 def rooms_defining() -> dict[str, set[str]]:
     """Each public name defined at the top of a module of ``_admission``, with the rooms
     (``decision``, ``ledger``, ...; the service's own modules: ``_admission``) defining it."""
@@ -135,9 +130,9 @@ def rooms_defining() -> dict[str, set[str]]:
 
 def test_no_name_is_defined_in_two_rooms() -> None:
     """A public name of ``_admission`` means one thing: no two rooms define it (a module
-    takes a shared name from the one that defines it), past the ones left to rename."""
+    takes a shared name from the one that defines it)."""
     shared = {name for name, found in rooms_defining().items() if len(found) > 1}
-    assert shared == SHARED_NAMES_TO_RENAME
+    assert shared == set()
 
 
 def test_no_module_is_long_or_near_it() -> None:
@@ -239,6 +234,91 @@ def test_every_spelling_of_a_private_import_is_seen(source: str, inside: bool) -
     assert reaches_inside(ast.parse(source)) is inside
 
 
+def own_privates(tree: ast.Module) -> set[str]:
+    """The private attributes the classes of a module define: assigned on ``self``,
+    listed in ``__slots__`` or defined as methods."""
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            own.update(
+                item.name
+                for item in node.body
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+            )
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            if isinstance(node.value, ast.Name) and node.value.id == "self":
+                own.add(node.attr)
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets
+        ):
+            own.update(
+                e.value
+                for e in ast.walk(node.value)
+                if isinstance(e, ast.Constant) and isinstance(e.value, str)
+            )
+    return own
+
+
+def foreign_privates(tree: ast.Module) -> set[str]:
+    """The private attributes a module reads or writes on another object (not ``self``
+    or ``cls``) that none of its own classes define, as written (``ticket._entry``)."""
+    own = own_privates(tree)
+    return {
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and someone_elses_private(node) and node.attr not in own
+    }
+
+
+#: Another module's private attributes that a module of the package touches on purpose:
+#: asyncio's ``_get_running_loop`` (``None`` off a loop, where ``get_running_loop``
+#: raises), and the shared ledger's, one object built in three modules (its file
+#: ``ledger_file.py``, its critical section ``ledger_section.py``, its counts
+#: ``shared_ledger.py``), whose critical section and reservations touch fields that
+#: its base classes define.
+FOREIGN_PRIVATES = {
+    "asgi_admission._admission.ledger.ledger_section": {
+        "asyncio._get_running_loop",
+        "ledger._dirty",
+        "ledger._fd",
+        "ledger._slot",
+    },
+    "asgi_admission._admission.ledger.shared_ledger": {"ledger._changed"},
+    "asgi_admission._admission.scheduling.order_bell": {"asyncio._get_running_loop"},
+    "asgi_admission._admission.scheduling.queue": {"asyncio._get_running_loop"},
+}
+
+
+def test_the_library_touches_no_other_modules_privates() -> None:
+    """A private attribute is touched only in the module that defines it (by its class,
+    or by a function beside it: a fork hook, a reservation's handle on its ledger): the
+    service and the responders find a ticket's settlement through ``tickets.py``, the
+    watchdog records in a session through its methods. Past the ones named above."""
+    found = {
+        module_name(path): names
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (names := foreign_privates(ast.parse(path.read_text())))
+    }
+    assert found == FOREIGN_PRIVATES
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        ("def run(ticket):\n    return ticket._entry", {"ticket._entry"}),
+        ("def tick(session, sample):\n    session._last = sample", {"session._last"}),
+        ("class T:\n    def __init__(self):\n        self._entry = 1\n"
+         "def of(t):\n    return t._entry", set()),
+        ("class T:\n    __slots__ = ('_x',)\ndef of(t):\n    return t._x", set()),
+        ("class T:\n    def _forked(self): ...\ndef hook(t):\n    t._forked()", set()),
+    ],
+)  # fmt: skip
+def test_another_modules_private_is_seen(source: str, found: set[str]) -> None:
+    """The check above sees a private attribute read or written on another object, and
+    lets one that a class of the same module defines pass."""
+    assert foreign_privates(ast.parse(source)) == found
+
+
 #: Names of a unit of memory, in any case and with or without a leading underscore.
 UNIT_NAMES = frozenset({"kib", "mib", "gib", "kb", "mb", "gb"})
 
@@ -272,6 +352,19 @@ def test_the_suite_and_benches_define_their_units_once() -> None:
         if path.name != "suitekit.py" and (names := units_defined(ast.parse(path.read_text())))
     }
     assert copies == {}
+
+
+def test_the_library_defines_its_units_once() -> None:
+    """Each unit of memory is defined in one module of the package (``MIB`` in
+    ``_config``), and the others take it from there; the demo, an app of the public API
+    alone, keeps its own."""
+    defined: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if not module_name(path).startswith("asgi_admission.demo"):
+            for name in units_defined(ast.parse(path.read_text())):
+                defined.setdefault(name.lower().lstrip("_"), []).append(module_name(path))
+    assert defined["mib"] == ["asgi_admission._config"]
+    assert {unit: modules for unit, modules in defined.items() if len(modules) > 1} == {}
 
 
 @pytest.mark.parametrize(

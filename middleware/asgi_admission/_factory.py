@@ -254,7 +254,7 @@ def build_service(
     )
     expose(service, registry=registry)
     if queue is not None:
-        holds.on_wake = queue.wake  # a probe's evidence may let a waiter in too
+        holds.tell_wakes(queue.wake)  # a probe's evidence may let a waiter in too
     return service
 
 

@@ -147,7 +147,7 @@ class AdmissionMiddleware:
         )
         if watchdog is not None:
             # Sessions registered with the ticket's route teach the guard their peaks.
-            watchdog.learn_peaks_with(service.keeper.observe_peak)
+            watchdog.learn_peaks_with(service.observe_peak)
         # Starlette builds its stack inside out: what runs inside the guard exists now.
         if cors_inside(app):
             logger.warning(CORS_INSIDE_WARNING)

@@ -22,7 +22,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from asgi_admission._admission.capacity_wait import Queued
 from asgi_admission._admission.ledger.ledger import LedgerBusy
 from asgi_admission._admission.reservations.holds import Hold
-from asgi_admission._admission.reservations.tickets import SCOPE_KEY, AdmissionTicket
+from asgi_admission._admission.reservations.tickets import (
+    SCOPE_KEY,
+    AdmissionTicket,
+    settlement_of,
+)
 from asgi_admission._admission.service import AdmissionService, Outcome
 from asgi_admission._body import Arrival, BodyReader
 from asgi_admission._config import WebSocketRefusal
@@ -35,7 +39,7 @@ from asgi_admission._responses import (
     websocket_denial,
 )
 from asgi_admission._waiting import Listening
-from asgi_admission._watching import run_http, run_websocket
+from asgi_admission._watching import WatchedHttp, WatchedWebSocket
 
 
 class Guarded:
@@ -139,20 +143,19 @@ class HttpSessionResponder:
         body: list[Message],
         rest_due_in_s: float | None,
     ) -> Coroutine[None, None, None]:
-        """The admitted request's run of the app (a coroutine of ``run_http`` itself:
-        no layer of its own)."""
+        """The admitted request's run of the app (a coroutine of ``WatchedHttp.run``
+        itself: no layer of its own)."""
         # The app finds its ticket in the scope: admission_ticket(request).
         scope[SCOPE_KEY] = ticket
-        return run_http(
-            self._app,
-            scope,
+        watched = WatchedHttp(
             receive,
             send,
             keeper=self._guarded.keeper,
-            entry=ticket._entry,
+            entry=settlement_of(ticket),
             body=body,
             rest_due_in_s=rest_due_in_s,
         )
+        return watched.run(self._app, scope)
 
 
 class WebSocketSessionResponder:
@@ -211,9 +214,10 @@ class WebSocketSessionResponder:
             assert isinstance(outcome, AdmissionTicket)
             # The app finds its ticket in the scope: admission_ticket(request).
             scope[SCOPE_KEY] = outcome
-            await run_websocket(
-                self._app, scope, receive, send, keeper=guarded.keeper, entry=outcome._entry
+            watched = WatchedWebSocket(
+                receive, send, keeper=guarded.keeper, entry=settlement_of(outcome)
             )
+            await watched.run(self._app, scope)
         finally:
             if self._listening is not None:
                 self._listening.close()

@@ -34,115 +34,131 @@ _CLEAN_CLOSE: Final = frozenset({1000, 1001})
 Stage = Literal["request", "accepted", "open"]
 
 
-async def run_http(
-    app: ASGIApp,
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-    *,
-    keeper: ReservationKeeper,
-    entry: Settlement,
-    body: list[Message],
-    rest_due_in_s: float | None,
-) -> None:
-    """Run ``app`` for an admitted HTTP session request whose first ``body`` messages
-    the guard read already (``rest_due_in_s``: the rest is due within that long)."""
-    # Whether the keeper has been told how the request ended (responded or failed).
-    told = False
-    # What the guard read already goes to the app first, in order.
-    replay = body[::-1]
-    late = None
-    if rest_due_in_s is not None:
+class WatchedHttp:
+    """One admitted HTTP session request's run of the app, its state its own (as
+    Starlette's ``GZipMiddleware`` keeps a request's in its ``IdentityResponder``): the
+    app gets its :meth:`receive` and :meth:`send`, which tell the keeper how it ended.
 
-        def body_late() -> None:
-            nonlocal told
-            if not told:
-                told = True
-                keeper.fail(entry, "body_timeout")
+    ``body``: the first messages the guard read already; ``rest_due_in_s``: the rest is
+    due within that long (``None``: it is all there).
+    """
 
-        late = asyncio.get_running_loop().call_later(max(0.0, rest_due_in_s), body_late)
+    __slots__ = ("_entry", "_keeper", "_late", "_receive", "_replay", "_send", "_told")
 
-    async def receive_watching() -> Message:
-        nonlocal told, late
-        if replay:
-            return replay.pop()
-        message = await receive()
-        if late is not None and (
+    def __init__(
+        self,
+        receive: Receive,
+        send: Send,
+        *,
+        keeper: ReservationKeeper,
+        entry: Settlement,
+        body: list[Message],
+        rest_due_in_s: float | None,
+    ) -> None:
+        self._receive = receive
+        self._send = send
+        self._keeper = keeper
+        self._entry = entry
+        # Whether the keeper has been told how the request ended (responded or failed).
+        self._told = False
+        # What the guard read already goes to the app first, in order.
+        self._replay = body[::-1]
+        self._late: asyncio.TimerHandle | None = None
+        if rest_due_in_s is not None:
+            self._late = asyncio.get_running_loop().call_later(
+                max(0.0, rest_due_in_s), self._body_late
+            )
+
+    async def run(self, app: ASGIApp, scope: Scope) -> None:
+        """Run ``app`` for the request."""
+        try:
+            await app(scope, self.receive, self.send)
+        finally:
+            if not self._told:
+                self._keeper.abandon(self._entry)
+
+    def _body_late(self) -> None:
+        if not self._told:
+            self._told = True
+            self._keeper.fail(self._entry, "body_timeout")
+
+    async def receive(self) -> Message:
+        if self._replay:
+            return self._replay.pop()
+        message = await self._receive()
+        if self._late is not None and (
             message["type"] != "http.request" or not message.get("more_body", False)
         ):
-            late.cancel()
-            late = None
-        if message["type"] == "http.disconnect" and not told:
-            told = True
-            keeper.abandon(entry)
+            self._late.cancel()
+            self._late = None
+        if message["type"] == "http.disconnect" and not self._told:
+            self._told = True
+            self._keeper.abandon(self._entry)
         return message
 
-    async def send_watching(message: Message) -> None:
-        nonlocal told
-        if not told:
+    async def send(self, message: Message) -> None:
+        if not self._told:
             message_type = message["type"]
             if message_type == "http.response.start":
                 if message["status"] >= 400:
-                    told = True
-                    keeper.fail(entry, "error_status")
+                    self._told = True
+                    self._keeper.fail(self._entry, "error_status")
             elif (
                 message_type == "http.response.body" and not message.get("more_body", False)
             ) or message_type == "http.response.pathsend":
-                told = True
-                keeper.respond(entry)
-        await send(message)
-
-    try:
-        await app(scope, receive_watching, send_watching)
-    finally:
-        if not told:
-            keeper.abandon(entry)
+                self._told = True
+                self._keeper.respond(self._entry)
+        await self._send(message)
 
 
-async def run_websocket(
-    app: ASGIApp,
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-    *,
-    keeper: ReservationKeeper,
-    entry: Settlement,
-) -> None:
-    """Run ``app`` for an admitted WebSocket session."""
-    # "request" until the accept, "accepted" until anything else passes, then "open".
-    stage: Stage = "request"
+class WatchedWebSocket:
+    """One admitted WebSocket session's run of the app, its state its own (as
+    :class:`WatchedHttp`'s): its :meth:`receive` and :meth:`send` tell the keeper of
+    the accept, a denial and the end."""
 
-    async def receive_watching() -> Message:
-        nonlocal stage
-        message = await receive()
+    __slots__ = ("_entry", "_keeper", "_receive", "_send", "_stage")
+
+    def __init__(
+        self, receive: Receive, send: Send, *, keeper: ReservationKeeper, entry: Settlement
+    ) -> None:
+        self._receive = receive
+        self._send = send
+        self._keeper = keeper
+        self._entry = entry
+        # "request" until the accept, "accepted" until anything else passes, then "open".
+        self._stage: Stage = "request"
+
+    async def run(self, app: ASGIApp, scope: Scope) -> None:
+        """Run ``app`` for the session."""
+        try:
+            await app(scope, self.receive, self.send)
+        finally:
+            self._keeper.abandon(self._entry, session_over=True)
+
+    async def receive(self) -> Message:
+        message = await self._receive()
         if message["type"] == "websocket.disconnect":
-            keeper.abandon(entry, session_over=True)
-        elif stage == "accepted":
-            stage = "open"
+            self._keeper.abandon(self._entry, session_over=True)
+        elif self._stage == "accepted":
+            self._stage = "open"
         return message
 
-    async def send_watching(message: Message) -> None:
-        nonlocal stage
+    async def send(self, message: Message) -> None:
         message_type = message["type"]
-        if opened_nothing(stage, message):
-            keeper.fail(entry, "error_status")
-        if stage == "accepted":
-            stage = "open"
+        if opened_nothing(self._stage, message):
+            self._keeper.fail(self._entry, "error_status")
+        if self._stage == "accepted":
+            self._stage = "open"
         try:
-            await send(message)
+            await self._send(message)
         finally:
             if message_type == "websocket.close" or message_type.startswith(
                 "websocket.http.response"
             ):
-                keeper.abandon(entry, session_over=True)
+                self._keeper.abandon(self._entry, session_over=True)
         if message_type == "websocket.accept":
-            stage = "accepted"
-            keeper.respond(entry)
-
-    try:
-        await app(scope, receive_watching, send_watching)
-    finally:
-        keeper.abandon(entry, session_over=True)
+            self._stage = "accepted"
+            self._keeper.respond(self._entry)
 
 
 def opened_nothing(stage: Stage, message: Message) -> bool:

@@ -12,7 +12,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from asgi_admission import AdmissionConfig, AdmissionController, AdmissionMiddleware
+from asgi_admission import (
+    AdmissionConfig,
+    AdmissionController,
+    AdmissionMiddleware,
+    SessionWatchdog,
+)
 from suitekit import MIB
 
 
@@ -40,6 +45,21 @@ def test_explicit_max_sessions_wins() -> None:
         app, session_routes=["POST /s"], config=AdmissionConfig(max_sessions=3), max_sessions=7
     )
     assert mw.session_limit == 7
+
+
+def test_a_watchdog_handed_in_teaches_the_guard_its_sessions_peaks() -> None:
+    """A watchdog given to the middleware is told where the peaks go as the guard is
+    built: a session's peak it hands on is learned for the session's route."""
+    config = AdmissionConfig(reserve_learning="raise")
+    watchdog = SessionWatchdog(config=config, registry=None)
+    mw = AdmissionMiddleware(
+        app, session_routes=["POST /s"], config=config, registry=None, watchdog=watchdog
+    )
+    assert mw.keeper.estimates() == []
+    assert watchdog.on_peak is not None
+    watchdog.on_peak("POST /s", 64 * MIB)
+    learned = [(e.route, e.footprint_bytes, e.observations) for e in mw.keeper.estimates()]
+    assert learned == [("POST /s", 64 * MIB, 1)]
 
 
 def test_explicit_scalars_win_over_the_environment_beside_a_controller(

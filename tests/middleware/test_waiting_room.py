@@ -23,8 +23,12 @@ from waitkit import Socket, post
 
 from asgi_admission import AdmissionMiddleware, CapacityDecision
 from asgi_admission._admission.decision.observer import Kind
+from asgi_admission._admission.scheduling.queue import WaitQueue
 
-INTERNAL = "the guard's wait queue (how many wait) and the observer's request kinds"
+INTERNAL = (
+    "the guard's wait queue (how many wait, who wakes it), the requests held for a probe "
+    "and the observer's request kinds"
+)
 
 #: A guard that woke nobody would leave these scenarios waiting for ever.
 pytestmark = pytest.mark.timeout(30)
@@ -347,6 +351,24 @@ def test_a_first_burst_waits_for_its_probe_in_the_queue() -> None:
     assert queued == 1
     assert answer["status"] == 201
     assert latency < 0.2
+
+
+def test_the_requests_held_for_a_probe_wake_the_queue_when_woken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guard wires its wait queue to the requests held for a probe's evidence: a wake
+    of those (a probe's evidence, a probe's slot free) wakes the queue too, whose waiters
+    past their probe's wait may go on as well."""
+    wakes: list[WaitQueue[Any]] = []
+
+    def wake(queue: WaitQueue[Any]) -> None:
+        wakes.append(queue)
+
+    monkeypatch.setattr(WaitQueue, "wake", wake)
+    mw = guarded()
+    assert wakes == []
+    mw.keeper.holds.wake("POST /sessions")
+    assert wakes == [mw.service.wait_queue]
 
 
 def test_the_metrics_show_who_waits_and_how_each_wait_ended() -> None:

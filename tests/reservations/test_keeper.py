@@ -30,6 +30,7 @@ from asgi_admission._admission.reservations.keeper_parts import build_parts
 from asgi_admission._admission.reservations.learning import SessionLearner
 from asgi_admission._admission.reservations.looks import SAMPLE_INTERVAL_S
 from asgi_admission._admission.reservations.settlement import apply
+from asgi_admission._admission.reservations.tickets import settlement_of
 from asgi_admission._memory.reading import UNAVAILABLE
 from suitekit import MIB
 
@@ -366,7 +367,7 @@ def test_a_decision_nets_out_the_apps_count_after_the_kept_events(
     store.append("first")  # the app counts its session once it has answered
     keeper = guard.keeper
     with held_by_another_worker(tmp_path):
-        keeper.respond(first._entry)  # kept: its memory has not shown yet
+        keeper.respond(settlement_of(first))  # kept: its memory has not shown yet
         assert keeper.deferred == 1
     second = guard.service.admit("http", scope)
     assert keeper.deferred == 0

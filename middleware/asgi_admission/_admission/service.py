@@ -72,7 +72,7 @@ from asgi_admission._admission.reservations.keeper import ReservationKeeper
 from asgi_admission._admission.reservations.probing import Gate
 from asgi_admission._admission.reservations.sampling import sample_while_waiting, serve_with_keeper
 from asgi_admission._admission.reservations.settlement import apply
-from asgi_admission._admission.reservations.tickets import AdmissionTicket
+from asgi_admission._admission.reservations.tickets import AdmissionTicket, settlement_of
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
 from asgi_admission._admission.scheduling.queue import WaitQueue
 from asgi_admission._admission.scheduling.shared_order import SharedOrder
@@ -209,6 +209,11 @@ class AdmissionService:
     def stuck(self) -> StuckWatch:
         """The watch for stuck pressure (``docs/operations.md``), which the metrics read."""
         return self.checks.stuck
+
+    def observe_peak(self, route: str, peak_bytes: int, *, exact: bool = False) -> None:
+        """A session of ``route`` peaked at ``peak_bytes``, as a session watchdog measured
+        it (its RSS at most, or ``exact``: its own memory group's peak): learned from."""
+        self._keeper.observe_peak(route, peak_bytes, exact=exact)
 
     # -- the decision ---------------------------------------------------------------
 
@@ -390,7 +395,7 @@ class AdmissionService:
             queue,
             decide=decide,
             # A waiter left in the instant it was admitted: its session never opens.
-            give_back=lambda ticket: self._keeper.abandon(ticket._entry),
+            give_back=lambda ticket: self._keeper.abandon(settlement_of(ticket)),
             queued=queued,
             listening=listening,
             watcher=self._queue_watcher,

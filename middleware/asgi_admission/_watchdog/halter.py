@@ -15,16 +15,15 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any
 
+from asgi_admission._config import MIB
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._watchdog.halt import HaltAction, HaltReason, SessionHalt
 from asgi_admission._watchdog.metrics import WatchdogMetrics
-from asgi_admission._watchdog.session import WatchedSession
+from asgi_admission._watchdog.session import SessionWatch
 
 logger = logging.getLogger("asgi_admission")
-
-_MIB: Final = 1024 * 1024
 
 
 class Halter:
@@ -40,7 +39,7 @@ class Halter:
         action: HaltAction,
         on_halt: HaltAction | None,
         metrics: WatchdogMetrics,
-        observe_peak: Callable[[WatchedSession], None],
+        observe_peak: Callable[[SessionWatch], None],
     ) -> None:
         self._action = action
         self._on_halt = on_halt
@@ -53,7 +52,7 @@ class Halter:
         return tuple(self._tasks)
 
     def container_halts(
-        self, sessions: list[WatchedSession], reading: MemoryReading, critical_percent: float
+        self, sessions: list[SessionWatch], reading: MemoryReading, critical_percent: float
     ) -> list[SessionHalt]:
         """While the working set in ``reading`` is at or above ``critical_percent`` of the
         limit: halt the largest of ``sessions`` until what they free brings it under."""
@@ -63,18 +62,19 @@ class Halter:
         if percent < critical_percent:
             return []
         critical_bytes = limit * critical_percent / 100
-        freeing = sum(s._last.rss_bytes for s in sessions if s._halt and s._last)
+        freeing = sum(s.last_sample.rss_bytes for s in sessions if s.halt and s.last_sample)
         candidates = sorted(
-            (s for s in sessions if s._halt is None and s._last is not None),
-            key=lambda s: s._last.rss_bytes if s._last else 0,
+            (s for s in sessions if s.halt is None and s.last_sample is not None),
+            key=lambda s: s.last_sample.rss_bytes if s.last_sample else 0,
             reverse=True,
         )
         halts: list[SessionHalt] = []
         for session in candidates:
             if used - freeing < critical_bytes:
                 break
-            assert session._last is not None
-            freeing += session._last.rss_bytes
+            last = session.last_sample
+            assert last is not None
+            freeing += last.rss_bytes
             halts.append(
                 self.halt(
                     session,
@@ -87,7 +87,7 @@ class Halter:
             )
         return halts
 
-    def memory_limit(self, session: WatchedSession, critical_percent: float) -> SessionHalt:
+    def memory_limit(self, session: SessionWatch, critical_percent: float) -> SessionHalt:
         """The kernel killed in the session's group: report it as a halt."""
         group = session.group
         assert group is not None
@@ -98,7 +98,7 @@ class Halter:
             "memory_limit",
             None,
             "The session was stopped because it reached its memory limit of "
-            f"{budget / _MIB:.0f} MiB.",
+            f"{budget / MIB:.0f} MiB.",
             critical_percent=critical_percent,
             group_peak_bytes=peak,
         )
@@ -117,7 +117,7 @@ class Halter:
 
     def halt(
         self,
-        session: WatchedSession,
+        session: SessionWatch,
         reason: HaltReason,
         reading: MemoryReading | None,
         message: str,
@@ -127,7 +127,7 @@ class Halter:
     ) -> SessionHalt:
         """Halt ``session`` for ``reason``: the event, its peak, its count and log line,
         then the halt action and ``on_halt``."""
-        last = session._last
+        last = session.last_sample
         event = SessionHalt(
             session=session,
             reason=reason,
@@ -138,7 +138,7 @@ class Halter:
             message=message,
             group_peak_bytes=group_peak_bytes,
         )
-        session._halt = event
+        session.halted(event)
         self._observe_peak(session)
         self._metrics.halted.labels(reason=reason).inc()
         if reason != "memory_limit":  # that one has a line of its own, with the group's figures

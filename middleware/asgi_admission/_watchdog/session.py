@@ -160,6 +160,43 @@ class WatchedSession:
         self.unregister()
 
 
+class SessionWatch(WatchedSession):
+    """A registered session as the watchdog keeps it: the handle ``register`` returns,
+    with what only the watchdog does to it. Its tick records each sample, its halter a
+    halt, and its end and the telling of its peak are recorded once; an application
+    reads them through :class:`WatchedSession`'s properties, and none of these writes."""
+
+    __slots__ = ()
+
+    @property
+    def sampler(self) -> ProcessTreeSampler | None:
+        """What samples its processes; ``None`` for a process already gone at registration."""
+        return self._sampler
+
+    def record(self, sample: ProcessSample, *, peak: bool = True) -> None:
+        """``sample`` is the latest measurement; its RSS counts toward the peak unless
+        ``peak`` is false (a sample taken as the kernel killed in its memory group)."""
+        self._last = sample
+        if peak and (self._peak is None or sample.rss_bytes > self._peak):
+            self._peak = sample.rss_bytes
+
+    def halted(self, halt: SessionHalt) -> None:
+        """The watchdog halted it, for the reason and on the figures ``halt`` says."""
+        self._halt = halt
+
+    def end(self) -> None:
+        """Nothing samples it any more: unregistered, or its process has gone."""
+        self._ended = True
+
+    def claim_peak(self) -> bool:
+        """Whether its peak is still to be told (once only): true the first time, and
+        from then on false."""
+        if self._observed:
+            return False
+        self._observed = True
+        return True
+
+
 class PeakHook(Protocol):
     """Told each watched session's peak once (``SessionWatchdog.on_peak``): ``exact``
     when it is the session's own memory group's, else the highest RSS sampled."""

@@ -17,7 +17,7 @@ Notes:
   RSS (an upper bound) does not halt it; an OOM kill in its group is reported as the
   halt ``memory_limit`` by the tick that sees it.
 - The session handles' state is the watchdog's own (``session.py``): the tick
-  records each sample in it as the halter records a halt.
+  records each sample in it (``SessionWatch.record``) as the halter records a halt.
 """
 
 from __future__ import annotations
@@ -25,25 +25,24 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from asgi_admission._config import MIB
 from asgi_admission._memory.reading import MemoryReader
 from asgi_admission._watchdog.groups import SessionGroups
 from asgi_admission._watchdog.halt import SessionHalt
 from asgi_admission._watchdog.halter import Halter
 from asgi_admission._watchdog.sampler import ProcessSample, read_children_map
-from asgi_admission._watchdog.session import WatchedSession
-
-_MIB: Final = 1024 * 1024
+from asgi_admission._watchdog.session import SessionWatch
 
 #: A halted session that still runs, in a tick's measurements.
 STILL: Final = "still running"
 #: One session's measurement: the session, whether it was halted, its sample
 #: (``None``: the process has gone; ``STILL``: halted and still running), and the OOM
 #: kills counted in its memory group (0 without one).
-Measured = tuple[WatchedSession, bool, "ProcessSample | str | None", int]
+Measured = tuple[SessionWatch, bool, "ProcessSample | str | None", int]
 
 
 def measure(
-    sessions: Sequence[WatchedSession],
+    sessions: Sequence[SessionWatch],
     *,
     now: float,
     proc: str,
@@ -57,19 +56,19 @@ def measure(
     """
     children = (
         read_children_map(proc, pause=pause)
-        if any(s.include_children and s._halt is None for s in sessions)
+        if any(s.include_children and s.halt is None for s in sessions)
         else None
     )
     measured: list[Measured] = []
     for session in sessions:
         if pause is not None:
             pause()
-        sampler = session._sampler
+        sampler = session.sampler
         assert sampler is not None  # only live sessions are in the table
-        if session._ended:
+        if session.ended:
             continue
         ooms = 0 if session.group is None else session.group.oom_kills()
-        if session._halt is not None:
+        if session.halt is not None:
             # Halted: only wait for it to go; its RSS no longer decides anything.
             measured.append((session, True, None if not sampler.alive() else STILL, ooms))
             continue
@@ -83,23 +82,23 @@ def measure(
 
 
 def decide(
-    sessions: Sequence[WatchedSession],
+    sessions: Sequence[SessionWatch],
     measured: list[Measured],
     *,
     halter: Halter,
     memory_reader: MemoryReader,
     critical_percent: float,
-    drop: Callable[[WatchedSession], None],
+    drop: Callable[[SessionWatch], None],
 ) -> tuple[SessionHalt, ...]:
     """The decisions of a tick, on the loop: record samples, end sessions (``drop``
     takes one whose process has gone out of the table), halt."""
     halts: list[SessionHalt] = []
     for session, was_halted, sample, ooms in measured:
-        if session._ended:  # unregistered meanwhile (a callback, another thread)
+        if session.ended:  # unregistered meanwhile (a callback, another thread)
             continue
         if ooms and not was_halted:
             if isinstance(sample, ProcessSample):
-                session._last = sample
+                session.record(sample, peak=False)
             halts.append(halter.memory_limit(session, critical_percent))
             was_halted = True
         if was_halted or sample is None:
@@ -107,9 +106,7 @@ def decide(
                 drop(session)
             continue
         assert isinstance(sample, ProcessSample)
-        session._last = sample
-        if session._peak is None or sample.rss_bytes > session._peak:
-            session._peak = sample.rss_bytes
+        session.record(sample)
         if session.ticket is not None and sample.unique_bytes is not None:
             session.ticket.measured(sample.unique_bytes)
         budget = session.budget_bytes
@@ -119,12 +116,12 @@ def decide(
                     session,
                     "budget_exceeded",
                     None,
-                    f"The session was halted because it used {sample.rss_bytes / _MIB:.0f} MiB "
-                    f"of memory, over its budget of {budget / _MIB:.0f} MiB.",
+                    f"The session was halted because it used {sample.rss_bytes / MIB:.0f} MiB "
+                    f"of memory, over its budget of {budget / MIB:.0f} MiB.",
                     critical_percent=critical_percent,
                 )
             )
-    live = [s for s in sessions if not s._ended]
+    live = [s for s in sessions if not s.ended]
     if live:
         halts.extend(halter.container_halts(live, memory_reader(), critical_percent))
     return tuple(halts)

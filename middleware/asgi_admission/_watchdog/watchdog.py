@@ -51,6 +51,7 @@ from asgi_admission._watchdog.session import (
     PeakHook,
     SessionPeak,
     SessionTicket,
+    SessionWatch,
     WatchedSession,
 )
 from asgi_admission._watchdog.settings import (
@@ -131,7 +132,8 @@ class SessionWatchdog:
         self._proc = proc
         # Registration order, so "largest first" breaks ties by age. The lock makes
         # register/unregister safe from threads (sync endpoints run in a threadpool).
-        self._sessions: dict[WatchedSession, None] = {}
+        # Each handle maps to itself as the watchdog keeps it (the same object).
+        self._sessions: dict[WatchedSession, SessionWatch] = {}
         self._lock = threading.Lock()
         self._task: asyncio.Task[None] | None = None
         self._warned_not_running = False
@@ -139,7 +141,7 @@ class SessionWatchdog:
     def learn_peaks_with(self, hook: PeakHook) -> None:
         """Tell ``hook`` each watched session's peak once it ends, with its route (the
         guard this watchdog runs under learns from them: ``AdmissionMiddleware`` calls
-        this with its keeper's ``observe_peak``)."""
+        this with its admission service's ``observe_peak``)."""
         self._on_peak = hook
 
     @property
@@ -214,7 +216,7 @@ class SessionWatchdog:
             )
         except psutil.Error:
             sampler = None
-        session = WatchedSession(
+        session = SessionWatch(
             self,
             sampler,
             pid=pid,
@@ -229,7 +231,7 @@ class SessionWatchdog:
             self._end(session)
         else:
             with self._lock:
-                self._sessions[session] = None
+                self._sessions[session] = session
             if self._task is None and not self._warned_not_running:
                 self._warned_not_running = True
                 logger.warning(
@@ -248,6 +250,11 @@ class SessionWatchdog:
         """The sessions being watched, oldest first (halted ones until their process is gone)."""
         with self._lock:
             return tuple(self._sessions)
+
+    def _watched(self) -> tuple[SessionWatch, ...]:
+        """:attr:`sessions` as the watchdog keeps them."""
+        with self._lock:
+            return tuple(self._sessions.values())
 
     def session_group(self, *, session_id: str, budget_bytes: int) -> SessionGroup | None:
         """A memory group of its own for a process session about to start, limited to
@@ -273,23 +280,22 @@ class SessionWatchdog:
             )
             return None
 
-    def _end(self, session: WatchedSession) -> None:
-        session._ended = True
+    def _end(self, session: SessionWatch) -> None:
+        session.end()
         group = session.group
-        if group is not None and session._halt is None and group.oom_kills():
+        if group is not None and session.halt is None and group.oom_kills():
             self._halter.memory_limit(session, self.critical_watermark_percent)
         self._observe_peak(session)
         if group is not None:
             self.session_groups.remove(group)
 
-    def _observe_peak(self, session: WatchedSession) -> None:
-        if session.group is not None and not session._ended:
+    def _observe_peak(self, session: SessionWatch) -> None:
+        if session.group is not None and not session.ended:
             return  # the group's peak is read once the session has ended
         exact = None if session.group is None else session.group.peak_bytes()
-        peak = session._peak if exact is None else exact
-        if session._observed or peak is None:
+        peak = session.peak_rss_bytes if exact is None else exact
+        if peak is None or not session.claim_peak():
             return
-        session._observed = True
         self._metrics.session_memory.observe(peak)
         if self._on_peak is not None and session.route is not None:
             self._on_peak(session.route, peak, exact=exact is not None)
@@ -301,7 +307,7 @@ class SessionWatchdog:
                     peak_bytes=peak,
                     source="rss" if exact is None else "memory_group",
                     budget_bytes=session.budget_bytes,
-                    halted=None if session._halt is None else session._halt.reason,
+                    halted=None if session.halt is None else session.halt.reason,
                 )
             )
 
@@ -312,13 +318,13 @@ class SessionWatchdog:
 
         Returns the halts decided in this tick. Never raises for a process that has gone.
         """
-        sessions = self.sessions
+        sessions = self._watched()
         if not sessions:
             return ()
         return self._apply(sessions, self._measure(sessions))
 
     def _measure(
-        self, sessions: Sequence[WatchedSession], pause: Callable[[], None] | None = None
+        self, sessions: Sequence[SessionWatch], pause: Callable[[], None] | None = None
     ) -> list[Measured]:
         """A tick's measuring (``tick.measure``), safe in a thread."""
         return measure(
@@ -330,7 +336,7 @@ class SessionWatchdog:
         )
 
     def _apply(
-        self, sessions: Sequence[WatchedSession], measured: list[Measured]
+        self, sessions: Sequence[SessionWatch], measured: list[Measured]
     ) -> tuple[SessionHalt, ...]:
         """A tick's decisions (``tick.decide``), on the loop."""
         return decide(
@@ -344,11 +350,9 @@ class SessionWatchdog:
 
     def _drop(self, session: WatchedSession) -> None:
         with self._lock:
-            registered = session in self._sessions
-            if registered:
-                del self._sessions[session]
-        if registered:
-            self._end(session)
+            watch = self._sessions.pop(session, None)
+        if watch is not None:
+            self._end(watch)
 
     # -- the lifespan task -------------------------------------------------------------
 
@@ -368,7 +372,7 @@ class SessionWatchdog:
             while True:
                 started = self._clock()
                 try:
-                    sessions = self.sessions
+                    sessions = self._watched()
                     if sessions:
                         measured = await loop.run_in_executor(
                             executor, self._measure, sessions, let_the_loop_run

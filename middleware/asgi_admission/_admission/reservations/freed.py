@@ -115,14 +115,14 @@ class FreedMemory:
             self._mark = mark
 
 
-class Queued(Protocol):
+class AdmittedBase(Protocol):
     """A session in the attribution queue (``settling.QueueRecord``)."""
 
     admitted_at: float
     base_bytes: int
 
 
-def credited(floor: int | None, records: Sequence[Queued], credit: Credit) -> int | None:
+def credited(floor: int | None, records: Sequence[AdmittedBase], credit: Credit) -> int | None:
     """Memory freed since ``credit.mark`` leaves the bases of the sessions admitted by
     then, and the floor where it has not moved since; the floor."""
     for record in records:

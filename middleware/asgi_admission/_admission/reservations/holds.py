@@ -84,14 +84,18 @@ def _resolve(future: asyncio.Future[None]) -> None:
 class HoldRegistry:
     """The holds of one process, per route; thread-safe."""
 
-    __slots__ = ("_holds", "_lock", "on_wake")
+    __slots__ = ("_holds", "_lock", "_on_wake")
 
     def __init__(self) -> None:
         self._holds: dict[str, list[Hold]] = {}
         self._lock = threading.Lock()
-        #: Told whenever a route's requests may go on (the wait queue's, whose requests
-        #: past their probe's wait may go on too); from any thread.
-        self.on_wake: Callable[[], None] | None = None
+        self._on_wake: Callable[[], None] | None = None
+
+    def tell_wakes(self, on_wake: Callable[[], None]) -> None:
+        """Call ``on_wake`` whenever a route's requests may go on, from any thread: for a
+        registry built before what it wakes (the wait queue, whose requests past their
+        probe's wait may go on too, is built after the keeper these holds are part of)."""
+        self._on_wake = on_wake
 
     def __bool__(self) -> bool:
         return bool(self._holds)
@@ -114,8 +118,8 @@ class HoldRegistry:
             woken = self._holds.pop(route, ())
         for hold in woken:
             hold.wake()
-        if self.on_wake is not None:
-            self.on_wake()
+        if self._on_wake is not None:
+            self._on_wake()
 
     def leave(self, hold: Hold) -> None:
         """``hold`` waits no longer (decided, timed out, or its client left)."""

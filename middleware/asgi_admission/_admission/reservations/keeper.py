@@ -46,6 +46,7 @@ from typing import Literal
 from starlette.types import Scope
 
 from asgi_admission._admission.decision.latch import HeldBytes
+from asgi_admission._admission.decision.observer import Kind
 from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
 from asgi_admission._admission.reservations.actions import KeptEvents
 from asgi_admission._admission.reservations.keeper_parts import KeeperParts
@@ -54,7 +55,7 @@ from asgi_admission._admission.reservations.looks import Looks
 from asgi_admission._admission.reservations.probe_window import ProbeStatus
 from asgi_admission._admission.reservations.probing import Gate
 from asgi_admission._admission.reservations.session_ends import SessionEnds
-from asgi_admission._admission.reservations.settlement import Action, Kind, Settlement, apply
+from asgi_admission._admission.reservations.settlement import Action, Settlement, apply
 from asgi_admission._admission.reservations.shared_files import SharedSettleQueue
 from asgi_admission._config import Learning
 from asgi_admission._memory.reading import MemoryReading

@@ -12,6 +12,7 @@ import secrets
 from collections.abc import Iterable
 from typing import Final, Literal
 
+from asgi_admission._admission.decision.observer import Kind
 from asgi_admission._admission.ledger.ledger import Reservation
 
 #: Every settlement's number, for the whole process: two guards of one process that
@@ -20,10 +21,10 @@ from asgi_admission._admission.ledger.ledger import Reservation
 #: that a worker reusing a dead worker's pid never takes the rows that one left behind.
 NUMBERS: Final = itertools.count(secrets.randbits(40) + 1)
 
-Kind = Literal["http", "websocket"]
 Phase = Literal["request", "waiting", "held", "started", "done"]
-Outcome = Literal["release", "activate"]
-Action = tuple[Reservation, Outcome]
+#: What settling does to a reservation: gives it back, or makes it an active session.
+SettleOutcome = Literal["release", "activate"]
+Action = tuple[Reservation, SettleOutcome]
 #: The phases past the response, not yet settled.
 PAST_RESPONSE: Final = ("waiting", "held")
 
@@ -75,7 +76,7 @@ class Settlement:
         self.measured_left: int | None = None
 
     @property
-    def settle_outcome(self) -> Outcome:
+    def settle_outcome(self) -> SettleOutcome:
         # A WebSocket (or a ticket's session) counts as active once settled; an
         # HTTP session's slot is given back (the app's count takes over).
         return "activate" if self.kind == "websocket" else "release"

@@ -50,6 +50,7 @@ import os
 from collections.abc import Callable
 from typing import Final
 
+from asgi_admission._admission.decision.observer import Kind
 from asgi_admission._admission.ledger.ledger import Reservation
 from asgi_admission._admission.reservations.freed import FreedMemory, Mark, credited
 from asgi_admission._admission.reservations.growth import Growth, quick, young_bytes_per_s
@@ -70,7 +71,6 @@ from asgi_admission._admission.reservations.settlement import (
     NUMBERS,
     PAST_RESPONSE,
     Action,
-    Kind,
     Settlement,
     due,
 )

@@ -32,7 +32,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Final, TypeVar
 
-from asgi_admission._admission.ledger.safe_files import open_private_file, process_alive
+from asgi_admission._admission.ledger.ledger_section import LINK_CHECK_INTERVAL_S
+from asgi_admission._admission.ledger.safe_files import (
+    SHARED_DIR_SETTING,
+    open_private_file,
+    process_alive,
+)
 from asgi_admission._admission.reservations.settle_queue import QueueRecord
 
 logger = logging.getLogger("asgi_admission")
@@ -41,13 +46,9 @@ _T = TypeVar("_T")
 
 SETTLING_FILE: Final = "asgi-admission.settling"
 LEARNED_FILE: Final = "asgi-admission.learned"
-SETTING: Final = "ADMISSION_SHARED_DIR"
 SETTLING_MAGIC: Final = b"ASGISET1"
 #: Rows in the settling file: far more unsettled sessions than one container holds.
 SETTLING_CAPACITY: Final = 4096
-
-#: How often (at most) a worker checks that its settling file is still the one at the path.
-LINK_CHECK_INTERVAL_S: Final = 0.25
 
 _HEADER: Final = struct.Struct("=8sIIq")  # magic, capacity, rows in use, floor (-1: none)
 _ROW: Final = struct.Struct("=qqdqq?7x")  # pid, seq, admitted at, base, expected, placeholder
@@ -58,7 +59,7 @@ def open_shared(directory: str, name: str) -> int:
     (``0700``) if it is missing: a deleted one is made again. ``ValueError`` naming
     ``ADMISSION_SHARED_DIR`` for what is unsafe (a symlink, not a regular file, another
     user's, writable by others), as for the ledger itself."""
-    return open_private_file(directory, name, setting=SETTING)
+    return open_private_file(directory, name, setting=SHARED_DIR_SETTING)
 
 
 class SharedSettleQueue:
@@ -124,7 +125,7 @@ class SharedSettleQueue:
         now = time.monotonic()
         if now >= self._next_check:
             # An fstat per decision would show in its cost: asked at most every
-            # LINK_CHECK_INTERVAL_S.
+            # LINK_CHECK_INTERVAL_S, as the ledger beside it is (ledger_section.py).
             self._next_check = now + LINK_CHECK_INTERVAL_S
             if os.fstat(self._fd).st_nlink == 0:
                 if self._following_allowed():

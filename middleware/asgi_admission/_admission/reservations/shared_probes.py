@@ -28,13 +28,16 @@ import logging
 import os
 from typing import Any, Final
 
-from asgi_admission._admission.ledger.safe_files import open_private_file, process_alive
+from asgi_admission._admission.ledger.safe_files import (
+    SHARED_DIR_SETTING,
+    open_private_file,
+    process_alive,
+)
 from asgi_admission._admission.reservations.probe_window import Probe, ProbeWindow
 
 logger = logging.getLogger("asgi_admission")
 
 PROBING_FILE: Final = "asgi-admission.probing"
-SETTING: Final = "ADMISSION_SHARED_DIR"
 
 
 def encode(windows: dict[str, ProbeWindow]) -> bytes:
@@ -111,7 +114,7 @@ class SharedProbeStore:
         self.path = os.path.join(directory, PROBING_FILE)
         self._broken = False
         # At startup a file that cannot be used is an error naming the setting.
-        os.close(open_private_file(directory, PROBING_FILE, setting=SETTING))
+        os.close(open_private_file(directory, PROBING_FILE, setting=SHARED_DIR_SETTING))
 
     def load(self) -> dict[str, ProbeWindow] | None:
         fd = self._open()
@@ -158,7 +161,7 @@ class SharedProbeStore:
 
     def _open(self) -> int | None:
         try:
-            fd = open_private_file(self._directory, PROBING_FILE, setting=SETTING)
+            fd = open_private_file(self._directory, PROBING_FILE, setting=SHARED_DIR_SETTING)
         except (OSError, ValueError) as exc:
             self._unusable(exc)
             return None
@@ -186,7 +189,7 @@ def read_probing(directory: str) -> dict[str, ProbeWindow] | None:
     path = os.path.join(directory, PROBING_FILE)
     if not os.path.isfile(path):
         return None
-    fd = open_private_file(directory, PROBING_FILE, setting=SETTING)
+    fd = open_private_file(directory, PROBING_FILE, setting=SHARED_DIR_SETTING)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
         data = os.pread(fd, os.fstat(fd).st_size, 0)

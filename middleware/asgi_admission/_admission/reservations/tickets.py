@@ -93,6 +93,13 @@ class AdmissionTicket:
         self._keeper.measured(entry, used_bytes)
 
 
+def settlement_of(ticket: AdmissionTicket) -> Settlement:
+    """The reservation ``ticket`` is the app's hold on, for the guard's own use: the run
+    of the admitted request tells the keeper how it ended through it, and a waiter
+    admitted as its client left gives it back. Not the app's: the ticket's methods are."""
+    return ticket._entry
+
+
 def admission_ticket(connection: HTTPConnection) -> AdmissionTicket | None:
     """The ticket of a request or WebSocket the guard admitted; ``None`` for any other."""
     ticket = connection.scope.get(SCOPE_KEY)

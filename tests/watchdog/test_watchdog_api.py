@@ -175,8 +175,13 @@ class Ticket:
         self.told: list[int] = []
         self.state = "pending"
 
+        self.released = 0
+
     def measured(self, used_bytes: int) -> None:
         self.told.append(used_bytes)
+
+    def release(self) -> None:
+        self.released += 1
 
 
 def test_a_pending_ticket_is_told_its_sessions_memory(spawn: Spawn, calm: FixedReader) -> None:
@@ -204,6 +209,29 @@ def test_a_pending_ticket_is_told_its_sessions_memory(spawn: Spawn, calm: FixedR
     session.unregister()
     assert learned
     assert learned[0][0] == ticket.route
+
+
+@pytest.mark.parametrize(("state", "released"), [("pending", 1), ("active", 0)])
+@pytest.mark.parametrize("how", ["unregistered", "exited"])
+def test_a_session_that_ends_while_its_ticket_is_pending_releases_it(
+    spawn: Spawn, calm: FixedReader, state: str, released: int, how: str
+) -> None:
+    """A session unregistered, or whose process exits, before its ticket settled: the
+    ticket is released (nothing more will come of it), once; a ticket that has settled
+    or started is left to the app."""
+    watchdog = SessionWatchdog(config=AdmissionConfig(), memory_reader=calm, registry=None)
+    child = spawn(1)
+    ticket = Ticket()
+    ticket.state = state
+    session = watchdog.register(child.pid, ticket=ticket)
+    if how == "unregistered":
+        session.unregister()
+    else:
+        child.finish()
+        watchdog.sample_once()
+    assert session.ended
+    session.unregister()
+    assert ticket.released == released
 
 
 def test_process_of_a_gone_pid_raises(spawn: Spawn, calm: FixedReader) -> None:

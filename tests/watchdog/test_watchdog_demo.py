@@ -165,3 +165,24 @@ def test_a_process_session_is_watched_under_its_ticket_unless_asked_not_to(
         assert session.route == "POST /processes"
         assert (session.ticket is not None) is with_ticket
         assert client.delete(f"/processes/{opened.json()['id']}").status_code == 204
+
+
+def _pending(client: TestClient) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith('asgi_admission_sessions{state="pending"}'):
+            return float(line.split()[-1])
+    raise AssertionError("no pending sessions gauge")
+
+
+def test_a_process_session_closed_before_it_settles_holds_nothing() -> None:
+    """A process session closed young, its memory never shown (the reading here never
+    moves): the watchdog sees its process go and releases its ticket, so its
+    reservation is not held on until its ramp time or the pending timeout."""
+    registry = CollectorRegistry()
+    app = _app(FixedReader(reading(10.0, 16 * 1024 * MIB)), registry)
+    with TestClient(app) as client:
+        opened = client.post("/processes", params={"hold_mb": 1, "ramp_s": 5})
+        assert opened.status_code == 201
+        assert _pending(client) == 1
+        assert client.delete(f"/processes/{opened.json()['id']}").status_code == 204
+        assert _pending(client) == 0

@@ -204,7 +204,7 @@ class SessionWatchdog:
         ``ticket`` (``admission_ticket(request)`` of the request that opened the session)
         does that too, and while it is pending is told the memory the session's processes
         alone hold (``AdmissionTicket.measured``): its reservation settles as soon as
-        that memory is there.
+        that memory is there, and is released if the session ends first.
         ``group`` (from :meth:`session_group`, the process started in it) hands the
         budget to the kernel; the group is removed when the session ends.
         """
@@ -282,6 +282,11 @@ class SessionWatchdog:
 
     def _end(self, session: SessionWatch) -> None:
         session.end()
+        ticket = session.ticket
+        if ticket is not None and ticket.state == "pending":
+            # Gone before its memory settled its reservation: nothing more will come of
+            # it (a session closed young, a process that failed to start).
+            ticket.release()
         group = session.group
         if group is not None and session.halt is None and group.oom_kills():
             self._halter.memory_limit(session, self.critical_watermark_percent)

@@ -78,8 +78,8 @@ class AdmissionTicket:
         self._keeper.ticket("release", self._entry)
 
     def measured(self, used_bytes: int) -> None:
-        """The session's own memory is ``used_bytes`` now (its processes' private memory,
-        say): its reservation settles as soon as that shows what a session of its route
+        """The session's own memory is ``used_bytes`` now (the memory its processes alone
+        map, say): its reservation settles as soon as that shows what a session of its route
         is expected to add, even while other sessions' ends hide its growth in the
         container's working set; until then it holds only what is still to come.
 

@@ -67,6 +67,35 @@ def test_unique_memory_is_what_the_process_added(spawn: Spawn) -> None:
     assert plain.unique_bytes is None
 
 
+def test_a_file_only_it_maps_is_not_counted_as_memory_it_made(tmp_path: Path) -> None:
+    """A process that maps a 64 MiB file already in the page cache and reads every page
+    holds them in its RSS (and its USS: no other process maps them), but made none of
+    them: the container held them before it."""
+    data = tmp_path / "data"
+    data.write_bytes(b"x" * (64 * MIB))
+    script = (
+        "import mmap, sys, time\n"
+        "f = open(sys.argv[1], 'rb')\n"
+        "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)\n"
+        "sum(m[i] for i in range(0, len(m), 4096))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script, str(data)], stdout=subprocess.PIPE, text=True
+    ) as child:
+        assert child.stdout is not None
+        try:
+            assert child.stdout.readline().strip() == "ready"
+            sample = ProcessTreeSampler(child.pid, logical_cpus=1).sample(None, 0.0, unique=True)
+        finally:
+            child.kill()
+    assert sample is not None
+    assert sample.unique_bytes is not None
+    assert sample.rss_bytes > 64 * MIB
+    assert sample.unique_bytes < 16 * MIB
+
+
 def test_a_forked_process_is_not_counted_its_parents_memory(tmp_path: Path) -> None:
     """A process forked without exec maps its parent's 64 MiB until it writes them: all of
     it in its RSS, none of it in its unique memory (it adds nothing to the container)."""

@@ -50,10 +50,11 @@ class ProcessSample:
     processes: int
     #: When the sample was taken, on the watchdog's clock.
     at: float
-    #: The memory no other process maps (USS: not the libraries, nor what a forked process
-    #: still shares with its parent): what the processes added to the container. Measured
-    #: only when asked (``unique=True``: a session whose ticket waits for it; it costs a
-    #: walk of the process's mappings); ``None`` otherwise or where the platform cannot.
+    #: The memory these processes alone map and made themselves: the least of their USS
+    #: (not the libraries, nor what a forked process still shares with its parent) and
+    #: their RSS less the pages mapped from files. Measured only when asked
+    #: (``unique=True``: a session whose ticket waits for it; it costs a walk of the
+    #: process's mappings); ``None`` otherwise or where the platform cannot.
     unique_bytes: int | None = None
 
 
@@ -187,14 +188,19 @@ class ProcessTreeSampler:
 
 
 def _memory(process: psutil.Process, unique: bool) -> tuple[int, int | None]:
-    """A process's RSS and (``unique``, where the platform says) its USS."""
+    """A process's RSS and (``unique``, where the platform says) the memory it alone maps
+    and made itself: the least of its USS and its RSS less its pages mapped from files
+    (a file only it maps is in its USS, but was in the page cache before it)."""
     if not unique:
         return int(process.memory_info().rss), None
     try:
         info = process.memory_full_info()
     except psutil.AccessDenied:
         return int(process.memory_info().rss), None
-    return int(info.rss), getattr(info, "uss", None)
+    uss, shared = getattr(info, "uss", None), getattr(info, "shared", None)
+    if uss is None or shared is None:
+        return int(info.rss), None
+    return int(info.rss), max(0, min(int(uss), int(info.rss) - int(shared)))
 
 
 #: How long the measuring thread sleeps between sessions, so the loop gets the GIL.

@@ -73,7 +73,7 @@ def measure(
             measured.append((session, True, None if not sampler.alive() else STILL, ooms))
             continue
         # A ticket still pending is told the session's own memory (``decide``).
-        unique = session.ticket is not None and session.ticket.state == "pending"
+        unique = session.ticket is not None and session.ticket.awaiting_memory
         sample = sampler.sample(children if session.include_children else None, now, unique=unique)
         measured.append((session, False, sample, ooms))
     if session_groups.pending:

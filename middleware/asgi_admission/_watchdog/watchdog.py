@@ -204,7 +204,7 @@ class SessionWatchdog:
         ``ticket`` (``admission_ticket(request)`` of the request that opened the session)
         does that too, and while it is pending is told the memory the session's processes
         alone hold (``AdmissionTicket.measured``): its reservation settles as soon as
-        that memory is there, and is released if the session ends first.
+        that memory is there, and is released if the session is unregistered first.
         ``group`` (from :meth:`session_group`, the process started in it) hands the
         budget to the kernel; the group is removed when the session ends.
         """
@@ -242,8 +242,17 @@ class SessionWatchdog:
         return session
 
     def unregister(self, session: WatchedSession) -> None:
-        """End ``session``: it is never sampled again. Calling it twice is harmless."""
+        """End ``session``: it is never sampled again. Calling it twice is harmless.
+
+        An admission ticket it was registered with that is still pending is released: the
+        session is over before its memory settled its reservation (closed young), and
+        nothing more will come of it. A process that exits on its own releases nothing
+        (a launcher may leave its session running): the app says when the session ends.
+        """
         self._drop(session)
+        ticket = session.ticket
+        if ticket is not None and ticket.state == "pending":
+            ticket.release()
 
     @property
     def sessions(self) -> tuple[WatchedSession, ...]:
@@ -282,11 +291,6 @@ class SessionWatchdog:
 
     def _end(self, session: SessionWatch) -> None:
         session.end()
-        ticket = session.ticket
-        if ticket is not None and ticket.state == "pending":
-            # Gone before its memory settled its reservation: nothing more will come of
-            # it (a session closed young, a process that failed to start).
-            ticket.release()
         group = session.group
         if group is not None and session.halt is None and group.oom_kills():
             self._halter.memory_limit(session, self.critical_watermark_percent)

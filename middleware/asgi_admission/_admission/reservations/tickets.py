@@ -87,10 +87,15 @@ class AdmissionTicket:
         ``ticket=``. Call it only with memory that is the session's own: a figure too
         high settles the reservation before the memory is there. Cheap once settled.
         """
+        if self.awaiting_memory:
+            self._keeper.measured(self._entry, used_bytes)
+
+    @property
+    def awaiting_memory(self) -> bool:
+        """Whether the reservation still waits for the session's memory to show (what
+        ``measured()`` acts on): not yet shown, settled, started or released."""
         entry = self._entry
-        if entry.visible or not entry.queued or entry.phase in ("started", "done"):
-            return
-        self._keeper.measured(entry, used_bytes)
+        return entry.queued and not entry.visible and entry.phase in ("request", "waiting", "held")
 
 
 def settlement_of(ticket: AdmissionTicket) -> Settlement:

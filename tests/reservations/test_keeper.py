@@ -372,3 +372,24 @@ def test_a_decision_nets_out_the_apps_count_after_the_kept_events(
     second = guard.service.admit("http", scope)
     assert keeper.deferred == 0
     assert isinstance(second, AdmissionTicket), second
+
+
+def test_a_sessions_end_is_told_once_however_many_say_so() -> None:
+    """A pending session released by its watchdog (its process unregistered) and then by
+    its app, and a WebSocket whose close is seen twice: each end reaches the learner
+    (and the credit for what it frees, told in the same step) once."""
+    memory = Memory(100)
+    learner = Ends()
+    keeper, ledger = make(memory, learning="raise", learner=learner)
+    with ledger.locked():
+        pending = keeper.admitted(ledger.reserve(), "http", None, 100 * MIB)
+    keeper.respond(pending)
+    keeper.ticket("release", pending)  # the watchdog's
+    keeper.ticket("release", pending)  # the app's
+    with ledger.locked():
+        socket = keeper.admitted(ledger.reserve(), "websocket", None, 100 * MIB)
+    keeper.respond(socket)
+    keeper.abandon(socket, session_over=True)
+    keeper.abandon(socket, session_over=True)
+    assert [route for route, _, _ in learner.told] == ["unnamed", "unnamed"]
+    assert counts(ledger) == (0, 0)

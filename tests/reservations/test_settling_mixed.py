@@ -180,3 +180,38 @@ def test_the_head_counts_no_more_than_its_own_memory_has_still_to_add() -> None:
         apply(settler.settle(BASE, 0.25 * step))
         assert settler.held() == (36 * MIB, 1)
     assert not head.released
+
+
+def test_a_session_counts_what_its_latest_measurement_leaves_to_come() -> None:
+    """A session behind the queue's head measured at 80 MiB, then at 5 (a child of it
+    exited): what it still has to add follows the latest measurement back up, never
+    staying at the 16 MiB the first one left."""
+    settler, ledger = make()
+    head = admit(settler, ledger, RAMPING, BASE, 0.0)
+    apply(settler.respond(head, 0.05))
+    younger = admit(settler, ledger, RAMPING, BASE, 0.5)
+    apply(settler.respond(younger, 0.55))
+    with ledger.locked():
+        actions = settler.measured(younger, 80 * MIB)
+    apply(actions)
+    assert settler.held() == ((96 + 16) * MIB, 2)
+    with ledger.locked():
+        actions = settler.measured(younger, 5 * MIB)
+    apply(actions)
+    apply(settler.settle(BASE, 1.0))
+    assert settler.held() == ((96 + 91) * MIB, 2)
+
+
+def test_a_held_session_whose_memory_is_measured_holds_back_only_the_rest() -> None:
+    """A session held by its app's ticket, measured at 95 of its 96 MiB: it stays held
+    (the app says when it started), counting only the 1 MiB still to come."""
+    settler, ledger = make()
+    held = admit(settler, ledger, RAMPING, BASE, 0.0)
+    with ledger.locked():
+        assert settler.hold(held)
+    apply(settler.respond(held, 0.05))
+    with ledger.locked():
+        actions = settler.measured(held, 95 * MIB)
+    apply(actions)
+    assert not held.released
+    assert settler.held() == (1 * MIB, 1)

@@ -343,7 +343,11 @@ class ReservationKeeper:
         apply(actions)
 
     def _ended(self, entry: Settlement) -> None:
-        """Inside the critical section: the session of ``entry`` ended (its route known)."""
+        """Inside the critical section: the session of ``entry`` ended (its route known).
+        Told once, however many say so (the app's release, its watchdog, a closed socket)."""
+        if entry.end_told:
+            return
+        entry.end_told = True
         if entry.phase == "started" or (entry.phase == "done" and not entry.released):
             # It was active: the next sample sees the active count fall for it too.
             self._looks.named_end()
@@ -384,10 +388,11 @@ class ReservationKeeper:
         Skipped (until the next) while another worker holds the shared ledger.
         """
         now = self._clock()
-        own = self.own_count()
         try:
             # Their own critical section: done even if the look then fails (a file replaced).
             self._kept.catch_up(self._attempt)
+            # The app's count after them: an end kept for later is not also a count falling.
+            own = self.own_count()
             with self._attempt:
                 actions = self._looks.sample(own, now)
         except LedgerBusy:

@@ -38,6 +38,7 @@ class Settlement:
 
     __slots__ = (
         "admitted_at",
+        "end_told",
         "expired",
         "held",
         "kind",
@@ -74,6 +75,8 @@ class Settlement:
         self.remaining = 0
         #: What its own memory, measured (``Settler.measured``), still has to add.
         self.measured_left: int | None = None
+        #: Its end was told to settling and learning (``ReservationKeeper``): once only.
+        self.end_told = False
 
     @property
     def settle_outcome(self) -> SettleOutcome:

@@ -274,9 +274,9 @@ class Settler:
         record = own_record(records, self._pid, entry.seq)
         if record is None or record.placeholder:
             return []
-        left = entry.measured_left = max(0, record.expected_bytes - own_bytes)
+        # The latest measurement alone (memory that went may come back); see _attribute.
+        entry.remaining = entry.measured_left = max(0, record.expected_bytes - own_bytes)
         if own_bytes < VISIBLE_FRACTION * record.expected_bytes:
-            entry.remaining = min(entry.remaining, left)
             return []
         self._queue.store(take_shown(floor, records, record), records)
         self._routes.pop(entry.seq, None)

@@ -23,7 +23,8 @@ per mode:
 - ``unmeasured`` (only when asked for): the guard with its defaults, the ``ramp``
   sessions' processes registered with the watchdog by their route alone
   (``&measured=0``), not their admission ticket: their reservations settle by the
-  container's working set, as for sessions the guard cannot measure one by one;
+  container's working set, as for sessions the guard cannot measure one by one, and
+  one closed before it settled is not released when its process is unregistered;
 - ``wait`` (only when asked for): the guard with its defaults and a bounded wait of 10 s
   (``ADMISSION_QUEUE_TIMEOUT_SECONDS``): a session that does not fit waits for capacity
   instead of being refused, and once admitted lives its lifetime from its admission.

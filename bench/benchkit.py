@@ -18,10 +18,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from cgroup_trees import write_v2_tree
-from cgroupkit import joining, memory_group, oom_kills, working_set_bytes
-from processkit import free_port, stop_process_group
-from suitekit import MIB
+from kits.cgroup_trees import write_v2_tree
+from kits.cgroupkit import joining, memory_group, oom_kills, working_set_bytes
+from kits.processkit import free_port, stop_process_group
+from kits.suitekit import MIB
 
 __all__ = [
     "MIB",

@@ -10,8 +10,8 @@ import pytest
 
 from asgi_admission._admission.ledger import shared_place
 from asgi_admission._watchdog import groups
-from cgroup_trees import FIXTURES, copy_files
-from requirekit import mark_units, require_markers
+from kits.cgroup_trees import FIXTURES, copy_files
+from kits.requirekit import mark_units, require_markers
 
 #: Internal on purpose: the suite keeps the guard's default shared place out of the
 #: machine's /dev/shm and /tmp (see the fixture below).

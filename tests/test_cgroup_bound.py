@@ -14,7 +14,7 @@ import pytest
 
 from asgi_admission import CgroupMemoryReader, MemoryReading
 from asgi_admission._memory import discover
-from suitekit import GIB
+from kits.suitekit import GIB
 
 #: Internal on purpose: the reader's cgroup discovery (initial cgroup namespace), on fixture trees.
 INTERNAL = "the reader's cgroup discovery (initial cgroup namespace), on fixture trees"

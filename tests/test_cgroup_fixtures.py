@@ -11,7 +11,7 @@ import pytest
 
 from asgi_admission import CgroupMemoryReader
 from asgi_admission._memory.cgroup import read_cgroup_memory
-from cgroup_trees import ELASTIC, FIXTURES, copy_files
+from kits.cgroup_trees import ELASTIC, FIXTURES, copy_files
 
 #: Internal on purpose: the per-root reader cache behind the latch's default reader.
 INTERNAL = "the per-root reader cache behind the latch's default reader"

@@ -23,8 +23,8 @@ from asgi_admission._memory.parse import (
     parse_pressure_some_avg10,
 )
 from asgi_admission._memory.reading import available_reading
-from cgroup_trees import FIXTURES, copy_files
-from suitekit import GIB, MIB
+from kits.cgroup_trees import FIXTURES, copy_files
+from kits.suitekit import GIB, MIB
 
 #: Internal on purpose: cgroup discovery, parsing and the reader cache, on fixture trees.
 INTERNAL = "cgroup discovery, parsing and the reader cache, on fixture trees"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from suitekit import MIB
+from kits.suitekit import MIB
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import churn_trace

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from suitekit import ROOT
+from kits.suitekit import ROOT
 
 
 def git(repo: Path, *args: str) -> str:

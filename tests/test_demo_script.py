@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from processkit import free_port, stop_process_group
-from suitekit import ROOT
+from kits.processkit import free_port, stop_process_group
+from kits.suitekit import ROOT
 
 #: "About a minute" on a fresh machine; generous, since the test machines are shared.
 SERVE_WITHIN_S = 240

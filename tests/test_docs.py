@@ -29,7 +29,7 @@ from asgi_admission import (
 from asgi_admission._config_env import ENVIRONMENT
 from asgi_admission._watchdog.settings import ENV_CRITICAL_WATERMARK, ENV_INTERVAL
 from asgi_admission.demo import ENV_METRICS_PORT
-from suitekit import MIB, PACKAGE, ROOT
+from kits.suitekit import MIB, PACKAGE, ROOT
 
 #: Internal on purpose: the configuration's environment table, checked against the docs.
 INTERNAL = "the configuration's environment table, checked against the docs"

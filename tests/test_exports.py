@@ -6,7 +6,7 @@ import re
 import types
 
 import asgi_admission
-from suitekit import ROOT
+from kits.suitekit import ROOT
 
 #: Subpackages with a public name of their own, not part of the API: the command line
 #: (``asgi-admission``) and the demo service. They show as attributes once imported.

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from asgi_admission import AdmissionController, CapacityDecision, MemoryReading
 from asgi_admission._memory.cgroup import read_cgroup_memory
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the latch's default reader and its rounding shortcuts.
 INTERNAL = "the latch's default reader and its rounding shortcuts"

@@ -343,15 +343,31 @@ def units_defined(tree: ast.Module) -> list[str]:
 
 
 def test_the_suite_and_benches_define_their_units_once() -> None:
-    """The tests, their kits and the benches take ``MIB`` and ``GIB`` from ``suitekit``:
-    one set of constants, never a copy of one."""
+    """The tests, their kits and the benches take ``MIB`` and ``GIB`` from
+    ``kits.suitekit``: one set of constants, never a copy of one."""
     tests = Path(__file__).parent
+    constants = tests / "kits" / "suitekit.py"
+    assert constants.is_file()
     copies = {
         str(path.relative_to(tests.parent)): names
         for path in sorted([*tests.rglob("*.py"), *(tests.parent / "bench").rglob("*.py")])
-        if path.name != "suitekit.py" and (names := units_defined(ast.parse(path.read_text())))
+        if path != constants and (names := units_defined(ast.parse(path.read_text())))
     }
     assert copies == {}
+
+
+def test_the_shared_kits_are_one_package() -> None:
+    """The helpers the whole suite and the benches share are the modules of one package,
+    ``tests/kits`` (``from kits.suitekit import MIB``): the top of tests/ holds only
+    tests and the suite's conftest.py, and a helper one folder uses sits in that folder."""
+    tests = Path(__file__).parent
+    assert (tests / "kits" / "__init__.py").is_file()
+    loose = [
+        path.name
+        for path in sorted(tests.glob("*.py"))
+        if not path.name.startswith("test_") and path.name != "conftest.py"
+    ]
+    assert loose == []
 
 
 def test_the_library_defines_its_units_once() -> None:
@@ -373,7 +389,7 @@ def test_the_library_defines_its_units_once() -> None:
         ("MIB = 1024 * 1024", ["MIB"]),
         ("def f() -> None:\n    mib = 1024 * 1024", ["mib"]),
         ("_MiB: Final = 1 << 20", ["_MiB"]),
-        ("from suitekit import MIB\nsize = 4 * MIB", []),
+        ("from kits.suitekit import MIB\nsize = 4 * MIB", []),
     ],
 )
 def test_a_unit_defined_anywhere_is_seen(source: str, names: list[str]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib.metadata import metadata
 
-from suitekit import ROOT
+from kits.suitekit import ROOT
 
 
 def test_licence_file_is_the_apache_license_2_0() -> None:

@@ -27,8 +27,8 @@ from asgi_admission._admission.reservations.probing import ProbeBoard
 from asgi_admission._admission.reservations.shared_probes import SharedProbeStore
 from asgi_admission._memory.reading import UNAVAILABLE
 from asgi_admission.cli import probe as probe_module
-from cgroup_trees import ELASTIC, copy_files
-from suitekit import MIB
+from kits.cgroup_trees import ELASTIC, copy_files
+from kits.suitekit import MIB
 
 #: Internal on purpose: the probe command's module, called in-process as well as run.
 INTERNAL = "the probe command's module, called in-process as well as run"

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from suitekit import ROOT
+from kits.suitekit import ROOT
 
 
 def claimed() -> list[str]:

@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 from starlette.applications import Starlette
 
-from suitekit import ROOT
+from kits.suitekit import ROOT
 
 
 @pytest.fixture

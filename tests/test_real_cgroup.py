@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from asgi_admission import AdmissionController, CgroupMemoryReader
-from suitekit import MIB
+from kits.suitekit import MIB
 
 V1 = Path("/sys/fs/cgroup/memory")
 LIMIT = 256 * MIB

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-import requirekit
-from cgroupkit import memory_group
-from processkit import Server
-from requirekit import (
+from kits import requirekit
+from kits.cgroupkit import memory_group
+from kits.processkit import Server
+from kits.requirekit import (
     cgroup_v1_problem,
     mark_units,
     require,

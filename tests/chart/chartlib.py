@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from suitekit import CHART
+from kits.suitekit import CHART
 
 SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
 HERE = Path(__file__).resolve().parent

@@ -23,9 +23,9 @@ import httpx
 import pytest
 from chartlib import one, render, require_tool
 
-from adapterkit import hpa_wanted, quantity, readme_rules
-from processkit import free_port, stop_process_group
-from suitekit import MIB
+from kits.adapterkit import hpa_wanted, quantity, readme_rules
+from kits.processkit import free_port, stop_process_group
+from kits.suitekit import MIB
 
 pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 

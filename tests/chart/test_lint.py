@@ -9,7 +9,7 @@ import pytest
 import yaml
 from chartlib import SCENARIOS, Manifest, of_kind, scenario_name
 
-from suitekit import CHART
+from kits.suitekit import CHART
 
 
 @pytest.mark.parametrize("values", SCENARIOS, ids=scenario_name)

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from chartlib import HERE, Manifest, of_kind
 
-from adapterkit import KNOWN_PLACEHOLDERS, readme_rules
-from suitekit import CHART
+from kits.adapterkit import KNOWN_PLACEHOLDERS, readme_rules
+from kits.suitekit import CHART
 
 ALERTS = CHART / "files" / "alerts.yaml"
 DASHBOARD = CHART / "files" / "dashboard.json"

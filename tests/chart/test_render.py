@@ -20,7 +20,7 @@ from chartlib import (
     server_container,
 )
 
-from suitekit import CHART
+from kits.suitekit import CHART
 
 MEMORY = ("--set", "resources.limits.memory=1Gi")
 SELECTOR_KEYS = {"app.kubernetes.io/name", "app.kubernetes.io/instance"}

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from websockets.sync.client import connect
 
-from processkit import stop_process_group
+from kits.processkit import stop_process_group
 
 FLAGS = (
     "--headless",

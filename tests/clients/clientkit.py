@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from cgroup_trees import write_v2_tree
-from processkit import Server, free_port
+from kits.cgroup_trees import write_v2_tree
+from kits.processkit import Server, free_port
 
 HERE = Path(__file__).resolve().parent
 

@@ -18,7 +18,7 @@ import pytest
 from browser import Chromium
 from clientkit import holding, serving, wait_result
 
-from processkit import Server, free_port
+from kits.processkit import Server, free_port
 
 pytestmark = [pytest.mark.real_server, pytest.mark.browser, pytest.mark.timeout(120)]
 

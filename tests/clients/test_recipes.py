@@ -11,8 +11,8 @@ import httpx
 import pytest
 from clientkit import holding, serving
 
-from processkit import Server
-from suitekit import ROOT
+from kits.processkit import Server
+from kits.suitekit import ROOT
 
 pytestmark = [pytest.mark.real_server, pytest.mark.timeout(90)]
 

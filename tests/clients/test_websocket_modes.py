@@ -12,8 +12,8 @@ import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.typing import Origin
 
-from cgroup_trees import write_v2_tree
-from processkit import Server, free_port
+from kits.cgroup_trees import write_v2_tree
+from kits.processkit import Server, free_port
 
 pytestmark = [pytest.mark.real_server, pytest.mark.timeout(90)]
 

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 from containerkit import free_port, podman, remove_pod, wait_http
 
-from suitekit import CHART, ROOT
+from kits.suitekit import CHART, ROOT
 
 NAMESPACE = "default"
 RELEASE = f"t{os.getpid()}"

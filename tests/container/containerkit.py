@@ -25,11 +25,11 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from suitekit import MIB, ROOT
+from kits.suitekit import MIB, ROOT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from processkit import free_port
+from kits.processkit import free_port
 
 CONF = ROOT / "deploy" / "podman" / "containers.conf"
 # One tag per checkout (scripts/image builds :dev by default): the gates of several

@@ -21,8 +21,8 @@ import httpx
 from chartplay import RELEASE, PlayedPod, one, played, render
 from containerkit import TAG, container_memory, free_port, wait_http
 
-from adapterkit import AdapterRule, hpa_wanted, quantity, readme_rules
-from processkit import stop_process_group
+from kits.adapterkit import AdapterRule, hpa_wanted, quantity, readme_rules
+from kits.processkit import stop_process_group
 
 SESSION_MB = 64
 VALUES: dict[str, Any] = {

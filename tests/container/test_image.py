@@ -15,7 +15,7 @@ import httpx
 import pytest
 from containerkit import LIMIT, burst, podman, running, sample
 
-from suitekit import MIB, PACKAGE, ROOT
+from kits.suitekit import MIB, PACKAGE, ROOT
 
 pytestmark = [pytest.mark.container, pytest.mark.usefixtures("podman_ready")]
 

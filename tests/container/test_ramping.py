@@ -19,8 +19,8 @@ import httpx
 import pytest
 from containerkit import Container, inspect, running
 
-from cgroupkit import working_set_bytes
-from suitekit import MIB
+from kits.cgroupkit import working_set_bytes
+from kits.suitekit import MIB
 
 pytestmark = [pytest.mark.container, pytest.mark.usefixtures("podman_ready")]
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from containerkit import Container, burst, running
 
-from suitekit import LEDGER_HEADER, LEDGER_SLOT
+from kits.suitekit import LEDGER_HEADER, LEDGER_SLOT
 
 pytestmark = [pytest.mark.container, pytest.mark.usefixtures("podman_ready")]
 

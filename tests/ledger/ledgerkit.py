@@ -20,10 +20,10 @@ import psutil
 
 from asgi_admission._admission.ledger.ledger import Reservation
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
-from cgroup_trees import write_v2_tree as write_v2_tree
-from cgroupkit import memory_group as _memory_group
-from cgroupkit import oom_kills as oom_kills
-from processkit import free_port, stop_process_group
+from kits.cgroup_trees import write_v2_tree as write_v2_tree
+from kits.cgroupkit import memory_group as _memory_group
+from kits.cgroupkit import oom_kills as oom_kills
+from kits.processkit import free_port, stop_process_group
 
 #: Internal on purpose: processes drive the shared ledger itself, below the middleware.
 INTERNAL = "the shared ledger, driven by processes of its own"

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from ledgerkit import Workers, burst, wait_for
 
-from cgroupkit import default_place_paths, memory_group
-from processkit import open_files
+from kits.cgroupkit import default_place_paths, memory_group
+from kits.processkit import open_files
 
 pytestmark = [pytest.mark.real_cgroup, pytest.mark.real_server, pytest.mark.slow]
 

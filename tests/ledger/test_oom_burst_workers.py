@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from ledgerkit import Workers, burst, memory_group, oom_kills
 
-from suitekit import MIB
+from kits.suitekit import MIB
 
 pytestmark = [
     pytest.mark.real_cgroup,

@@ -16,7 +16,7 @@ from asgi_admission._admission.ledger.safe_files import (
     open_private_file,
 )
 from asgi_admission._admission.ledger.shared_ledger import FILE_NAME, SharedLedger
-from requirekit import require_root
+from kits.requirekit import require_root
 
 #: Internal on purpose: the safe opener for files in the shared directory.
 INTERNAL = "the safe opener for files in the shared directory"

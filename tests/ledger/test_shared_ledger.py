@@ -31,7 +31,7 @@ from asgi_admission._admission.ledger.shared_ledger import (
     SharedLedger,
     read_entries,
 )
-from suitekit import LEDGER_HEADER, LEDGER_SLOT
+from kits.suitekit import LEDGER_HEADER, LEDGER_SLOT
 
 #: Internal on purpose: the shared ledger's file format, locks and recovery.
 INTERNAL = "the shared ledger's file format, locks and recovery"

@@ -21,8 +21,8 @@ from starlette.types import ASGIApp, Message, Scope
 from starlette.websockets import WebSocket
 
 from asgi_admission import AdmissionController, AdmissionMiddleware, MemoryReading, metrics_route
-from processkit import free_port as free_port
-from suitekit import MIB
+from kits.processkit import free_port as free_port
+from kits.suitekit import MIB
 
 
 class SettableReader:

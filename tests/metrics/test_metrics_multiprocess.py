@@ -14,7 +14,7 @@ from metricskit import SettableReader, guarded_app, request, websocket
 from prometheus_client import CollectorRegistry, values
 from prometheus_client.parser import text_string_to_metric_families
 
-from suitekit import MIB
+from kits.suitekit import MIB
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

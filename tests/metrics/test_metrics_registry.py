@@ -14,8 +14,8 @@ from asgi_admission import AdmissionConfig, CapacityDecision, CgroupMemoryReader
 from asgi_admission._admission.decision.observer import Kind
 from asgi_admission._metrics.collector import AdmissionCollector, admission_metrics
 from asgi_admission._metrics.decisions import DecisionMetrics
-from cgroup_trees import write_v2_tree
-from suitekit import MIB
+from kits.cgroup_trees import write_v2_tree
+from kits.suitekit import MIB
 
 #: Internal on purpose: the collector and decision metrics, registered by hand.
 INTERNAL = "the collector and decision metrics, registered by hand"

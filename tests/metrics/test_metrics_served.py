@@ -16,8 +16,8 @@ from metricskit import free_port, wait_until
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from processkit import stop_process_group
-from suitekit import MIB
+from kits.processkit import stop_process_group
+from kits.suitekit import MIB
 
 pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 

@@ -11,8 +11,8 @@ from metricskit import SettableReader, guarded_app, request, websocket
 from prometheus_client import CollectorRegistry
 
 from asgi_admission import CgroupMemoryReader, MemoryReading, __version__
-from cgroup_trees import write_v2_tree
-from suitekit import MIB
+from kits.cgroup_trees import write_v2_tree
+from kits.suitekit import MIB
 
 P = "asgi_admission_"
 

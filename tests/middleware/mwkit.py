@@ -15,10 +15,10 @@ from asgi_admission import (
     AdmissionMiddleware,
     MemoryReading,
 )
-from cgroup_trees import write_v2_tree as write_v2_tree
-from processkit import Server as Server
-from processkit import free_port as free_port
-from suitekit import MIB
+from kits.cgroup_trees import write_v2_tree as write_v2_tree
+from kits.processkit import Server as Server
+from kits.processkit import free_port as free_port
+from kits.suitekit import MIB
 
 with warnings.catch_warnings():
     # Starlette 1.x prefers the httpx2 fork for its TestClient and warns when it

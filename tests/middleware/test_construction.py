@@ -18,7 +18,7 @@ from asgi_admission import (
     AdmissionMiddleware,
     SessionWatchdog,
 )
-from suitekit import MIB
+from kits.suitekit import MIB
 
 
 async def app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover

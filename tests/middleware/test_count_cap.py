@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from asgi_admission import AdmissionController, AdmissionMiddleware
-from cgroup_trees import write_v1_tree, write_v2_tree
+from kits.cgroup_trees import write_v1_tree, write_v2_tree
 
 LIMIT_MB = 64 * 1024
 USED_MB = 5243  # 8 % of 64 GiB

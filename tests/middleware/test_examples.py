@@ -11,7 +11,7 @@ import pytest
 from mwkit import TestClient, write_v2_tree
 
 from asgi_admission import AdmissionMiddleware
-from suitekit import ROOT
+from kits.suitekit import ROOT
 
 EXAMPLES = ROOT / "examples"
 

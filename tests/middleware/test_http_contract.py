@@ -18,7 +18,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from asgi_admission import AdmissionController, AdmissionMiddleware, MemoryReading
-from suitekit import MIB
+from kits.suitekit import MIB
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ from mwkit import AT_RESPONSE, controller, environment
 from starlette.types import Message, Receive, Scope, Send
 
 from asgi_admission import AdmissionMiddleware, MemoryReading
-from suitekit import MIB
+from kits.suitekit import MIB
 
 HTTP_ACTIONS = (
     "complete",

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from asgi_admission import AdmissionMiddleware, admission_ticket
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: 300 MiB used of 1000 MiB, high 80 %, 100 MiB per session: 5 pending sessions fit.
 FIT = 5

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
 from asgi_admission import AdmissionMiddleware, admission_ticket
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: A guard that held nothing back would leave some of these scenarios waiting for ever.
 pytestmark = pytest.mark.timeout(30)

@@ -19,7 +19,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from asgi_admission import AdmissionMiddleware, AdmissionTicket, admission_ticket
-from suitekit import MIB
+from kits.suitekit import MIB
 
 RESERVE_MB = 96
 

@@ -17,7 +17,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from asgi_admission import AdmissionConfig, AdmissionController, AdmissionMiddleware
-from suitekit import MIB
+from kits.suitekit import MIB
 
 
 def app() -> Starlette:

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cgroupkit import default_places, joining, oom_kills, remove_group_tree
-from processkit import free_port, stop_process_group
-from suitekit import MIB
+from kits.cgroupkit import default_places, joining, oom_kills, remove_group_tree
+from kits.processkit import free_port, stop_process_group
+from kits.suitekit import MIB
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
 LIMIT_MB = 512

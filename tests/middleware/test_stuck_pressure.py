@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
-from suitekit import MIB
+from kits.suitekit import MIB
 
 WINDOW_S = 0.4
 LIVE = "/admission/alive"

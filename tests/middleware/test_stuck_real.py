@@ -21,9 +21,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cgroupkit import joining, memory_group, oom_kills, working_set_bytes
-from processkit import Server, free_port
-from suitekit import MIB
+from kits.cgroupkit import joining, memory_group, oom_kills, working_set_bytes
+from kits.processkit import Server, free_port
+from kits.suitekit import MIB
 
 pytestmark = [pytest.mark.real_cgroup, pytest.mark.real_server, pytest.mark.timeout(120)]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cgroupkit import joining, memory_group, oom_kills
-from processkit import Server, free_port
+from kits.cgroupkit import joining, memory_group, oom_kills
+from kits.processkit import Server, free_port
 
 pytestmark = [
     pytest.mark.real_cgroup,

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.types import Message, Receive, Scope, Send
 
 from asgi_admission import AdmissionController, AdmissionMiddleware, MemoryReading
-from suitekit import MIB
+from kits.suitekit import MIB
 
 with warnings.catch_warnings():
     # Starlette 1.x prefers the httpx2 fork for its TestClient and warns when it

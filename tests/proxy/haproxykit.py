@@ -30,9 +30,9 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
-from cgroupkit import joining, memory_group, oom_kills
-from processkit import Server, free_port, stop_process_group
-from requirekit import require
+from kits.cgroupkit import joining, memory_group, oom_kills
+from kits.processkit import Server, free_port, stop_process_group
+from kits.requirekit import require
 
 SESSION_MB = 32
 #: Just under what one such WebSocket session adds to the working set (about 35 MiB):

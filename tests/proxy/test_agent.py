@@ -21,8 +21,8 @@ from asgi_admission._admission.decision.latch import CapacityDecision
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._proxy.agent import ANSWER_TIMEOUT_S, MAX_CONNECTIONS
 from asgi_admission._proxy.room import MAX_AGE_S, Room, agent_line, load_metrics, room_of
-from processkit import free_port
-from suitekit import MIB
+from kits.processkit import free_port
+from kits.suitekit import MIB
 
 INTERNAL = "the agent's line and load report for a room, and the listener's bounds and connections"
 

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from agentkit import ask
 
-from cgroupkit import joining, memory_group
-from processkit import Server, free_port
+from kits.cgroupkit import joining, memory_group
+from kits.processkit import Server, free_port
 
 pytestmark = [pytest.mark.real_cgroup, pytest.mark.real_server, pytest.mark.slow]
 

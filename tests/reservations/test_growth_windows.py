@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from asgi_admission._admission.reservations.session_windows import GrowthWindows
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the learner's growth series, fed readings with a fake clock.
 INTERNAL = "the learner's growth series, fed readings with a fake clock"

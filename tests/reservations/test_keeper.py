@@ -32,7 +32,7 @@ from asgi_admission._admission.reservations.looks import SAMPLE_INTERVAL_S
 from asgi_admission._admission.reservations.settlement import apply
 from asgi_admission._admission.reservations.tickets import settlement_of
 from asgi_admission._memory.reading import UNAVAILABLE
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the reservation keeper, as a unit below the middleware.
 INTERNAL = "the reservation keeper, as a unit below the middleware"

@@ -19,7 +19,7 @@ from asgi_admission._admission.reservations.learning import (
     empty_observations,
 )
 from asgi_admission._admission.reservations.window_records import HORIZON_S
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the session learner, on synthetic readings.
 INTERNAL = "the session learner, on synthetic readings"

@@ -8,7 +8,7 @@ import pytest
 from traffic import SAMPLE_S, Sample, Traffic, drive
 
 from asgi_admission._admission.reservations.learning import WINDOW, SessionLearner
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the session learner, fed synthetic traffic with a fake clock.
 INTERNAL = "the session learner, fed synthetic traffic with a fake clock"

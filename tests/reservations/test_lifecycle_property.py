@@ -24,7 +24,7 @@ from asgi_admission._admission.ledger.ledger import InProcessLedger, Reservation
 from asgi_admission._admission.reservations.settle_queue import VISIBLE_FRACTION
 from asgi_admission._admission.reservations.settlement import Action, Settlement
 from asgi_admission._admission.reservations.settling import Settler
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the settler and keeper, driven through random lifecycles.
 INTERNAL = "the settler and keeper, driven through random lifecycles"

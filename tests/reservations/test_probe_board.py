@@ -13,7 +13,7 @@ from asgi_admission._admission.reservations.learning import SessionLearner
 from asgi_admission._admission.reservations.probe_window import CONFIRM_S
 from asgi_admission._admission.reservations.probing import SOLO_S, ProbeBoard
 from asgi_admission._admission.reservations.shared_probes import SharedProbeStore, read_probing
-from suitekit import MIB
+from kits.suitekit import MIB
 
 INTERNAL = "the probe board and its shared file, on synthetic readings"
 

@@ -9,7 +9,7 @@ from traffic import Session, Traffic, drive
 
 from asgi_admission._admission.reservations.learning import SessionLearner
 from asgi_admission._admission.reservations.window_records import HORIZON_S
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the session learner, fed synthetic traffic with a fake clock.
 INTERNAL = "the session learner, fed synthetic traffic with a fake clock"

@@ -7,7 +7,7 @@ from reskit import apply
 from asgi_admission._admission.ledger.ledger import InProcessLedger
 from asgi_admission._admission.reservations.settlement import Settlement
 from asgi_admission._admission.reservations.settling import Settler
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the settler's attribution, on tables of readings.
 INTERNAL = "the settler's attribution, on tables of readings"

@@ -20,7 +20,7 @@ from asgi_admission._admission.reservations.shared_files import (
     SETTLING_FILE,
     SharedSettleQueue,
 )
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the files the workers share for settling and learning.
 INTERNAL = "the files the workers share for settling and learning"

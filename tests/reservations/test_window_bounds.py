@@ -12,7 +12,7 @@ from asgi_admission._admission.reservations.window_records import (
     Expected,
     Lengths,
 )
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the learner's growth series, fed readings with a fake clock.
 INTERNAL = "the learner's growth series, fed readings with a fake clock"

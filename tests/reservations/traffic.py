@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from asgi_admission._admission.reservations.learning import SessionLearner
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: it drives the session learner with a fake clock.
 INTERNAL = "the session learner, driven with a fake clock"

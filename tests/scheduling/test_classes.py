@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from asgi_admission import AdmissionController, MemoryReading, PriorityClass
 from asgi_admission._admission.decision.classes import ClassCeilings
 from asgi_admission._admission.scheduling.priority import classes_in_force
-from suitekit import GIB, MIB
+from kits.suitekit import GIB, MIB
 
 #: Internal on purpose: the class ceilings, checked against the public latch.
 INTERNAL = "the class ceilings, checked against the public latch"

@@ -24,8 +24,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from asgi_admission._admission.ledger.ledger_slots import read_entries, slot_held
 from asgi_admission._admission.scheduling.order_bell import WAKE_PREFIX
 from asgi_admission._admission.scheduling.order_file import ORDER_FILE_NAME, read_waiting
-from cgroupkit import joining, memory_group, oom_kills
-from processkit import Server, free_port
+from kits.cgroupkit import joining, memory_group, oom_kills
+from kits.processkit import Server, free_port
 
 #: Internal on purpose: the shared ledger's and the waiting order's files are read to know
 #: which worker holds each waiter and that nothing is left behind.

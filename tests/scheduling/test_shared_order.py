@@ -26,7 +26,7 @@ from asgi_admission._admission.scheduling.order_file import (
 )
 from asgi_admission._admission.scheduling.queue import Verdict, WaitQueue
 from asgi_admission._admission.scheduling.shared_order import SharedOrder
-from requirekit import require_root
+from kits.requirekit import require_root
 
 #: Internal on purpose: the shared waiting order's file, and the wait queue's order hook.
 INTERNAL = "the shared waiting order's file, and the wait queue's order hook"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import httpx
 
-from cgroupkit import joining, memory_group, working_set_bytes
-from processkit import free_port, stop_process_group
-from requirekit import require, require_cgroup_v1
-from suitekit import MIB
+from kits.cgroupkit import joining, memory_group, working_set_bytes
+from kits.processkit import free_port, stop_process_group
+from kits.requirekit import require, require_cgroup_v1
+from kits.suitekit import MIB
 
 HIGH_WATERMARK = 0.80  # the guard's default
 

@@ -21,8 +21,8 @@ import httpx
 import pytest
 import serverkit
 
-from cgroupkit import oom_kills, working_set_bytes
-from suitekit import MIB
+from kits.cgroupkit import oom_kills, working_set_bytes
+from kits.suitekit import MIB
 
 pytestmark = [
     pytest.mark.real_cgroup,

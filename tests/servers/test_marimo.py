@@ -26,8 +26,8 @@ import serverkit
 import websockets
 from websockets.typing import Origin
 
-from cgroupkit import oom_kills, working_set_bytes
-from suitekit import MIB
+from kits.cgroupkit import oom_kills, working_set_bytes
+from kits.suitekit import MIB
 
 pytestmark = [
     pytest.mark.real_cgroup,

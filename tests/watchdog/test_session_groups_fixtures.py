@@ -15,7 +15,7 @@ from watchdogkit import FixedReader, reading
 
 from asgi_admission import AdmissionConfig, SessionPeak, SessionWatchdog
 from asgi_admission._watchdog.groups import GroupsPlace, SessionGroups, find_place
-from suitekit import MIB
+from kits.suitekit import MIB
 
 INTERNAL = "where session groups go, and the SessionGroups that makes them"
 

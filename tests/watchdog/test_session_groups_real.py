@@ -35,9 +35,9 @@ from asgi_admission import (
     SessionWatchdog,
 )
 from asgi_admission._watchdog.groups import GroupsPlace, SessionGroups
-from cgroupkit import joining, memory_group, oom_kills
-from processkit import Server, free_port
-from suitekit import MIB
+from kits.cgroupkit import joining, memory_group, oom_kills
+from kits.processkit import Server, free_port
+from kits.suitekit import MIB
 
 INTERNAL = "a SessionGroups placed in a test's own memory group"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from asgi_admission import ProcessSample, SessionHalt, WatchedSession
 from asgi_admission._watchdog.session import SessionWatch
-from suitekit import MIB
+from kits.suitekit import MIB
 
 INTERNAL = "the watchdog's own side of a session handle (what it records in it)"
 

@@ -25,7 +25,7 @@ from asgi_admission import (
     session_watchdog,
 )
 from asgi_admission._watchdog.metrics import SESSION_MEMORY_BUCKETS, watchdog_metrics
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the watchdog's per-registry metrics cache.
 INTERNAL = "the watchdog's per-registry metrics cache"

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from watchdogkit import FixedReader, Spawn
 
 from asgi_admission import AdmissionConfig, ProcessGroupHalt, SessionWatchdog
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the halt's handling of refused signals (it signals by os.killpg).
 INTERNAL = "the halt's handling of refused signals"

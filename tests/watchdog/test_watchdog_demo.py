@@ -17,7 +17,7 @@ from watchdogkit import FixedReader, TestClient, reading
 from asgi_admission import AdmissionController, SessionWatchdog
 from asgi_admission.demo import create_app
 from asgi_admission.demo.processes import CHILD_SCRIPT
-from suitekit import MIB
+from kits.suitekit import MIB
 
 
 def _poll(client: TestClient, path: str, done: Any, timeout: float = 10.0) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from asgi_admission import (
     SessionHalt,
     SessionWatchdog,
 )
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the halter's escalations still waiting out their grace period.
 INTERNAL = "the watchdog's halter, for the escalations still pending"

@@ -12,7 +12,7 @@ import pytest
 from asgi_admission import AdmissionConfig, CgroupMemoryReader, HostMemoryReader
 from asgi_admission._factory import build_reader
 from asgi_admission._memory.host import host_headroom_bytes
-from suitekit import GIB, MIB
+from kits.suitekit import GIB, MIB
 
 #: Internal on purpose: the host reader's headroom and the factory's reader.
 INTERNAL = "the host reader's headroom and the factory's reader"

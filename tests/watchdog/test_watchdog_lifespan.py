@@ -19,8 +19,8 @@ from watchdog_app import build_app
 from watchdogkit import TestClient
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, SessionWatchdog
-from processkit import free_port
-from suitekit import MIB
+from kits.processkit import free_port
+from kits.suitekit import MIB
 
 #: Internal on purpose: the watchdog's sampling task, seen done once the lifespan ends.
 INTERNAL = "the watchdog's sampling task"
@@ -107,7 +107,7 @@ def test_real_uvicorn_runs_and_stops_the_watchdog(tmp_path: Path) -> None:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            # The app's kit takes the suite's constants from tests/ (suitekit).
+            # The app's kit takes the suite's constants from tests/ (kits.suitekit).
             env={**os.environ, "PYTHONASYNCIODEBUG": "1", "PYTHONPATH": str(HERE.parent)},
         )
     base = f"http://127.0.0.1:{port}"

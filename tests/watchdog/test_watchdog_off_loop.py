@@ -12,7 +12,7 @@ from watchdogkit import FixedReader, Spawn
 
 from asgi_admission import AdmissionConfig, SessionWatchdog
 from asgi_admission._watchdog.sampler import ProcessTreeSampler
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the watchdog's measuring thread.
 INTERNAL = "the watchdog's measuring thread"

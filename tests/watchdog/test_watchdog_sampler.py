@@ -14,7 +14,7 @@ import pytest
 from watchdogkit import Spawn, vm_rss_bytes
 
 from asgi_admission._watchdog.sampler import ProcessTreeSampler, read_children_map
-from suitekit import MIB
+from kits.suitekit import MIB
 
 #: Internal on purpose: the process-tree sampler.
 INTERNAL = "the process-tree sampler"

@@ -32,7 +32,7 @@ from asgi_admission import (
     WatchedSession,
     session_watchdog,
 )
-from suitekit import MIB
+from kits.suitekit import MIB
 
 
 def build_app(**watchdog_options: Any) -> Starlette:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asgi_admission import MemoryReading
-from suitekit import MIB
+from kits.suitekit import MIB
 
 with warnings.catch_warnings():
     # Starlette 1.x prefers the httpx2 fork for its TestClient and warns when it

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from asgi_admission import CgroupMemoryReader
 from asgi_admission._admission.ledger import shared_place
-from requirekit import require_marker
-from suitekit import MIB
+from kits.requirekit import require_marker
+from kits.suitekit import MIB
 
 #: Internal on purpose: where the servers it starts put their default shared place.
 INTERNAL = "the default shared place's bases and directory name, for a real group"

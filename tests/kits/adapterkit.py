@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from suitekit import CHART
+from kits.suitekit import CHART
 
 README = CHART / "README.md"
 # The fenced YAML block of the README's "Autoscaling" section that starts with `rules:`.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from requirekit import require_marker
+from kits.requirekit import require_marker
 
 
 def free_port() -> int:

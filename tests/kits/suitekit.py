@@ -10,7 +10,7 @@ MIB = 1024 * 1024
 #: One gibibyte.
 GIB = 1024 * MIB
 #: The checkout: the folder holding pyproject.toml.
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: The package's source in the checkout.
 PACKAGE = ROOT / "middleware" / "asgi_admission"
 #: The Helm chart.

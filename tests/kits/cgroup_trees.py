@@ -5,9 +5,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from suitekit import MIB
+from kits.suitekit import MIB
 
-FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "cgroup"
 #: The captured trees of elastic/elastic-agent-system-metrics.
 ELASTIC = FIXTURES / "elastic-agent-system-metrics"
 

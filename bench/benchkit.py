@@ -18,13 +18,15 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from kits.cgroup_trees import write_v2_tree
+from kits.cgroup_trees import FIXTURES, write_v2_tree
 from kits.cgroupkit import joining, memory_group, oom_kills, working_set_bytes
 from kits.processkit import free_port, stop_process_group
-from kits.suitekit import MIB
+from kits.suitekit import MIB, V1_MEMORY
 
 __all__ = [
+    "FIXTURES",
     "MIB",
+    "V1_MEMORY",
     "burst_outcome",
     "free_port",
     "joining",

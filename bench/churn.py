@@ -70,6 +70,7 @@ import httpx
 
 from benchkit import (
     MIB,
+    V1_MEMORY,
     free_port,
     joining,
     memory_group,
@@ -98,7 +99,6 @@ MODES: tuple[Mode, ...] = get_args(Mode)
 DEFAULT_MODES: tuple[Mode, ...] = ("bare", "cap", "guard", "learn")
 Outcome = Literal["served", "refused", "lost", "failed"]
 
-V1_MEMORY = Path("/sys/fs/cgroup/memory")
 BUILD_MB = 48
 RAMP_HOLD_MB = 92  # with the child's interpreter, about 95 MiB in the group
 RAMP_S = 2.0

@@ -55,12 +55,9 @@ from asgi_admission import (
     CgroupMemoryReader,
     MemoryReading,
 )
-from benchkit import MIB, free_port, stop_process_group, write_v2_tree
+from benchkit import MIB, V1_MEMORY, free_port, stop_process_group, write_v2_tree
 
 ROOT_ENV = "BENCH_CGROUP_ROOT"
-
-
-V1_MEMORY = Path("/sys/fs/cgroup/memory")
 
 
 @contextlib.contextmanager

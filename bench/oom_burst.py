@@ -38,6 +38,7 @@ import httpx
 
 from benchkit import (
     MIB,
+    V1_MEMORY,
     burst_outcome,
     free_port,
     joining,
@@ -48,7 +49,6 @@ from benchkit import (
     working_set_bytes,
 )
 
-V1_MEMORY = Path("/sys/fs/cgroup/memory")
 HIGH_WATERMARK = 80.0
 RESUME = 70.0
 

@@ -55,6 +55,7 @@ import psutil
 
 from benchkit import (
     MIB,
+    V1_MEMORY,
     burst_outcome,
     free_port,
     joining,
@@ -65,7 +66,6 @@ from benchkit import (
     working_set_bytes,
 )
 
-V1_MEMORY = Path("/sys/fs/cgroup/memory")
 HIGH_WATERMARK = 80.0
 RESUME = 70.0
 WARMUPS = 3

@@ -33,11 +33,8 @@ from asgi_admission import (
     AdmissionTicket,
     CgroupMemoryReader,
 )
-from benchkit import timings_us
+from benchkit import FIXTURES, V1_MEMORY, timings_us
 
-HERE = Path(__file__).resolve().parent
-FIXTURES = HERE.parent / "tests" / "fixtures" / "cgroup"
-V1_MOUNT = Path("/sys/fs/cgroup/memory")
 TARGET_MEDIAN_US = 10.0
 LEARNING_TARGET_US = 1.0
 
@@ -55,10 +52,10 @@ _CHILD = (
 @contextmanager
 def real_v1_group() -> Iterator[Path | None]:
     """A fresh v1 memory group (1 GiB limit) holding a child with 32 MiB touched."""
-    if os.geteuid() != 0 or not os.access(V1_MOUNT, os.W_OK):
+    if os.geteuid() != 0 or not os.access(V1_MEMORY, os.W_OK):
         yield None
         return
-    group = V1_MOUNT / f"asgi_admission_bench_{os.getpid()}"
+    group = V1_MEMORY / f"asgi_admission_bench_{os.getpid()}"
     group.mkdir()
     child = None
     try:

@@ -63,9 +63,8 @@ import websockets
 import soak_app
 from asgi_admission._admission.ledger.ledger_slots import FILE_NAME, header_problem, read_entries
 from asgi_admission._admission.ledger.shared_ledger import DEFAULT_CAPACITY
-from benchkit import MIB, free_port, joining, memory_group, oom_kills, stop_process_group
+from benchkit import MIB, V1_MEMORY, free_port, joining, memory_group, oom_kills, stop_process_group
 
-V1_MEMORY = Path("/sys/fs/cgroup/memory")
 LIMIT_MB = 1536
 MAX_SESSIONS = 24
 SESSION_MB = 32

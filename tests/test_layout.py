@@ -356,6 +356,43 @@ def test_the_suite_and_benches_define_their_units_once() -> None:
     assert copies == {}
 
 
+def v1_hierarchies_made(tree: ast.Module) -> int:
+    """How many times a module builds ``Path("/sys/fs/cgroup/memory")`` itself."""
+    return sum(
+        isinstance(node, ast.Call) and ast.unparse(node).endswith("Path('/sys/fs/cgroup/memory')")
+        for node in ast.walk(tree)
+    )
+
+
+def test_the_suite_and_benches_name_the_v1_hierarchy_once() -> None:
+    """``V1_MEMORY`` of ``kits.suitekit`` is the one path to the cgroup v1 memory
+    hierarchy, where real memory groups are made: no test, kit or bench builds its own."""
+    tests = Path(__file__).parent
+    constants = tests / "kits" / "suitekit.py"
+    assert v1_hierarchies_made(ast.parse(constants.read_text())) == 1
+    copies = [
+        str(path.relative_to(tests.parent))
+        for path in sorted([*tests.rglob("*.py"), *(tests.parent / "bench").rglob("*.py")])
+        if path != constants and v1_hierarchies_made(ast.parse(path.read_text()))
+    ]
+    assert copies == []
+
+
+@pytest.mark.parametrize(
+    ("source", "made"),
+    [
+        ('V1 = Path("/sys/fs/cgroup/memory")', 1),
+        ("def f() -> None:\n    group = pathlib.Path('/sys/fs/cgroup/memory') / 'g'", 1),
+        ("from kits.suitekit import V1_MEMORY\ngroup = V1_MEMORY / 'g'", 0),
+        ('print("needs a writable /sys/fs/cgroup/memory")', 0),
+    ],
+)
+def test_a_v1_hierarchy_built_anywhere_is_seen(source: str, made: int) -> None:
+    """The check above sees the path built at module level or in a function, through
+    ``Path`` or ``pathlib.Path``, and not one imported or merely written in a message."""
+    assert v1_hierarchies_made(ast.parse(source)) == made
+
+
 def test_the_shared_kits_are_one_package() -> None:
     """The helpers the whole suite and the benches share are the modules of one package,
     ``tests/kits`` (``from kits.suitekit import MIB``): the top of tests/ holds only

@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 
 from asgi_admission import AdmissionController, CgroupMemoryReader
-from kits.suitekit import MIB
+from kits.suitekit import MIB, V1_MEMORY
 
-V1 = Path("/sys/fs/cgroup/memory")
 LIMIT = 256 * MIB
 TOUCHED = 64 * MIB
 TOLERANCE = 2 * MIB
@@ -62,7 +61,7 @@ class Group:
 @pytest.fixture
 def v1_group() -> Iterator[Group]:
     """A fresh, uniquely named v1 memory group, emptied and removed even when the test fails."""
-    group = Group(V1 / f"asgi_admission_test_{os.getpid()}_{next(_numbers)}")
+    group = Group(V1_MEMORY / f"asgi_admission_test_{os.getpid()}_{next(_numbers)}")
     try:
         yield group
     finally:
@@ -77,7 +76,7 @@ def v1_group() -> Iterator[Group]:
             # Nothing of ours should be left; move any straggler out so the group can go.
             for pid in (group.path / "cgroup.procs").read_text().split():
                 with contextlib.suppress(OSError):  # it exited meanwhile
-                    (V1 / "cgroup.procs").write_text(pid)
+                    (V1_MEMORY / "cgroup.procs").write_text(pid)
             group.remove()
 
 

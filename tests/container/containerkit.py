@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kits.suitekit import MIB, ROOT
+from kits.suitekit import MIB, ROOT, V1_MEMORY
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -37,7 +37,6 @@ CONF = ROOT / "deploy" / "podman" / "containers.conf"
 TAG = "dev-" + hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]
 IMAGE = f"localhost/asgi-admission-demo:{TAG}"
 HELM_TEST_IMAGE = "localhost/asgi-admission-helm-test:dev"
-MEMORY_V1 = Path("/sys/fs/cgroup/memory")
 LIMIT = 512 * MIB
 PREFIX = f"asgi-admission-test-{os.getpid()}"
 
@@ -90,8 +89,8 @@ def unavailable_reason() -> str | None:
         return "podman is not installed: run scripts/setup as root (it calls scripts/containers)"
     if os.geteuid() != 0:
         return "the container tests run podman as root (cgroup limits, published ports)"
-    if not (MEMORY_V1 / "memory.limit_in_bytes").exists():
-        return f"no cgroup v1 memory hierarchy at {MEMORY_V1} to check OOM kills in"
+    if not (V1_MEMORY / "memory.limit_in_bytes").exists():
+        return f"no cgroup v1 memory hierarchy at {V1_MEMORY} to check OOM kills in"
     probe = podman("info", "--format", "{{.Host.OCIRuntime.Name}}", check=False)
     if probe.returncode != 0:
         return f"podman info fails with {CONF}: {probe.stderr.strip()}"
@@ -139,7 +138,7 @@ class ContainerMemory:
 def container_memory(container: str) -> ContainerMemory:
     """Reads the container's own v1 memory group (podman's cgroupfs manager made it)."""
     cgroup_path = inspect(container)["State"]["CgroupPath"]
-    group = MEMORY_V1 / cgroup_path.lstrip("/")
+    group = V1_MEMORY / cgroup_path.lstrip("/")
     control = dict(line.split() for line in (group / "memory.oom_control").read_text().splitlines())
     return ContainerMemory(
         limit_bytes=int((group / "memory.limit_in_bytes").read_text()),

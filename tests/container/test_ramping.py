@@ -13,18 +13,16 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from containerkit import Container, inspect, running
 
 from kits.cgroupkit import working_set_bytes
-from kits.suitekit import MIB
+from kits.suitekit import MIB, V1_MEMORY
 
 pytestmark = [pytest.mark.container, pytest.mark.usefixtures("podman_ready")]
 
-MEMORY_V1 = Path("/sys/fs/cgroup/memory")
 LIMIT_MB = 768
 HOLD_MB = 96
 RAMP_S = 2.0
@@ -45,7 +43,7 @@ def env(reserve_mb: int) -> dict[str, str]:
 
 def working_set(container: Container) -> int:
     """The container group's working set: usage less file cache, as the guard counts it."""
-    return working_set_bytes(MEMORY_V1 / inspect(container.name)["State"]["CgroupPath"].lstrip("/"))
+    return working_set_bytes(V1_MEMORY / inspect(container.name)["State"]["CgroupPath"].lstrip("/"))
 
 
 def session_footprint() -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from asgi_admission import CgroupMemoryReader
 from asgi_admission._admission.ledger import shared_place
 from kits.requirekit import require_marker
-from kits.suitekit import MIB
+from kits.suitekit import MIB, V1_MEMORY
 
 #: Internal on purpose: where the servers it starts put their default shared place.
 INTERNAL = "the default shared place's bases and directory name, for a real group"
@@ -22,8 +22,6 @@ INTERNAL = "the default shared place's bases and directory name, for a real grou
 # Bound at import: the suite's conftest replaces shared_place.default_bases for the
 # guards it builds, but the servers it starts use the machine's own.
 _machine_bases = shared_place.default_bases
-
-V1_MEMORY = Path("/sys/fs/cgroup/memory")
 
 
 @contextlib.contextmanager

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from pathlib import Path
 
 import pytest
 
-V1_MEMORY = Path("/sys/fs/cgroup/memory")
+from kits.suitekit import V1_MEMORY
 
 #: The markers of the tests that need a part of the machine beyond the Python running
 #: them. Every other test is a unit test: scripts/check runs those (``-m unit``) on each

@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "middleware" / "asgi_admission"
 #: The Helm chart.
 CHART = ROOT / "charts" / "asgi-admission"
+#: The cgroup v1 memory hierarchy, where the tests and benches make real memory groups.
+V1_MEMORY = Path("/sys/fs/cgroup/memory")
 #: The shared ledger file, read by the tests on their own: a header (magic, slot capacity,
 #: slots in use), then one slot per worker that decided (pid, start time, pending, active).
 LEDGER_HEADER = struct.Struct("=8sII")

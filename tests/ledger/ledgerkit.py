@@ -125,8 +125,6 @@ def release_on_a_stuck_loop(directory: str, held: int, released: int, ready: Eve
 
 # -- real servers ----------------------------------------------------------------------
 
-V1_MOUNT = Path("/sys/fs/cgroup/memory")
-
 
 class Workers:
     """``uvicorn --workers N`` serving the demo, stopped with SIGTERM then SIGKILL."""

@@ -20,9 +20,8 @@ import pytest
 
 from kits.cgroupkit import default_places, joining, oom_kills, remove_group_tree
 from kits.processkit import free_port, stop_process_group
-from kits.suitekit import MIB
+from kits.suitekit import MIB, V1_MEMORY
 
-V1_MEMORY = Path("/sys/fs/cgroup/memory")
 LIMIT_MB = 512
 
 pytestmark = [pytest.mark.real_cgroup, pytest.mark.real_server, pytest.mark.timeout(120)]

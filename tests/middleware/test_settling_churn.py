@@ -52,9 +52,16 @@ class Sessions:
         )
 
 
-def build(reader: SettableReader, sessions: Sessions) -> AdmissionMiddleware:
-    """The guard with a 96 MiB reserve, no learning, no probing, a long pending timeout
-    (so only memory can settle a session within these tests)."""
+def build(
+    reader: SettableReader,
+    sessions: Sessions,
+    *,
+    reserve_mb: int = RESERVE_MB,
+    counted: bool = True,
+) -> AdmissionMiddleware:
+    """The guard with a ``reserve_mb`` reserve, no learning, no probing, a long pending
+    timeout (so only memory can settle a session within these tests), and the app's
+    count of its sessions where ``counted``."""
     settings = {
         "ADMISSION_SESSION_RESERVE_LEARNING": "off",
         "ADMISSION_PROBE_SESSIONS": "0",
@@ -64,8 +71,8 @@ def build(reader: SettableReader, sessions: Sessions) -> AdmissionMiddleware:
         return AdmissionMiddleware(
             sessions.app(),
             session_routes=["POST /sessions"],
-            controller=controller(reader, reserve_mb=RESERVE_MB),
-            current_sessions=lambda: sessions.live,
+            controller=controller(reader, reserve_mb=reserve_mb),
+            current_sessions=(lambda: sessions.live) if counted else None,
             registry=None,
         )
 
@@ -145,18 +152,7 @@ def test_a_pending_session_holds_back_only_what_it_has_still_to_add() -> None:
     to come + 200 = 700 MiB), where counting the pending one at its whole reserve on top
     of the 150 it holds already (850 MiB) refused it; a third does not fit."""
     reader = SettableReader(used_mb=300, limit_mb=1000)
-    settings = {
-        "ADMISSION_SESSION_RESERVE_LEARNING": "off",
-        "ADMISSION_PROBE_SESSIONS": "0",
-        "ADMISSION_PENDING_TIMEOUT_SECONDS": "120",
-    }
-    with environment(settings):
-        mw = AdmissionMiddleware(
-            Sessions().app(),
-            session_routes=["POST /sessions"],
-            controller=controller(reader, reserve_mb=200),
-            registry=None,
-        )
+    mw = build(reader, Sessions(), reserve_mb=200, counted=False)
     with TestClient(mw) as client:
         assert client.post("/sessions").status_code == 201
         reader.set_mb(450)
@@ -193,18 +189,7 @@ def test_a_pending_session_holds_back_only_what_its_own_memory_has_still_to_add(
     of them did not (900 MiB); a fourth does not fit."""
     reader = SettableReader(used_mb=300, limit_mb=1000)
     sessions = Sessions()
-    settings = {
-        "ADMISSION_SESSION_RESERVE_LEARNING": "off",
-        "ADMISSION_PROBE_SESSIONS": "0",
-        "ADMISSION_PENDING_TIMEOUT_SECONDS": "120",
-    }
-    with environment(settings):
-        mw = AdmissionMiddleware(
-            sessions.app(),
-            session_routes=["POST /sessions"],
-            controller=controller(reader, reserve_mb=200),
-            registry=None,
-        )
+    mw = build(reader, sessions, reserve_mb=200, counted=False)
     with TestClient(mw) as client:
         assert client.post("/sessions").status_code == 201
         sessions.tickets[0].measured(150 * MIB)

@@ -44,6 +44,23 @@ def admit(
         )
 
 
+def measure(settler: Settler, ledger: InProcessLedger, entry: Settlement, mib: int) -> None:
+    """The session's own memory measured at ``mib`` MiB (inside the ledger's lock, as
+    the keeper does; what it decides is done after)."""
+    with ledger.locked():
+        actions = settler.measured(entry, mib * MIB)
+    apply(actions)
+
+
+def two_ramping(settler: Settler, ledger: InProcessLedger) -> tuple[Settlement, Settlement]:
+    """Two ramping sessions past their response, admitted at 0 and 0.5 s, nothing grown."""
+    older = admit(settler, ledger, RAMPING, BASE, 0.0)
+    apply(settler.respond(older, 0.05))
+    younger = admit(settler, ledger, RAMPING, BASE, 0.5)
+    apply(settler.respond(younger, 0.55))
+    return older, younger
+
+
 def test_a_session_built_in_its_request_settles_behind_one_still_ramping() -> None:
     """A session built inside its request shows its memory at its response even while an
     older session ramps (the working set growing fast): it settles there, and its memory
@@ -151,13 +168,8 @@ def test_a_session_shown_by_its_own_memory_is_no_older_sessions_growth() -> None
     has not grown: the younger settles, and the working set's 96 MiB of growth, its own,
     does not settle the older one, which settles once its own 96 MiB show on top."""
     settler, ledger = make()
-    older = admit(settler, ledger, RAMPING, BASE, 0.0)
-    apply(settler.respond(older, 0.05))
-    younger = admit(settler, ledger, RAMPING, BASE, 0.5)
-    apply(settler.respond(younger, 0.55))
-    with ledger.locked():
-        actions = settler.measured(younger, 95 * MIB)
-    apply(actions)
+    older, younger = two_ramping(settler, ledger)
+    measure(settler, ledger, younger, 95)
     assert younger.released
     apply(settler.settle(BASE + 96 * MIB, 1.0))
     assert not older.released
@@ -173,9 +185,7 @@ def test_the_head_counts_no_more_than_its_own_memory_has_still_to_add() -> None:
     apply(settler.respond(head, 0.05))
     apply(settler.settle(BASE, 0.25))
     assert settler.held() == (96 * MIB, 1)
-    with ledger.locked():
-        actions = settler.measured(head, 60 * MIB)
-    apply(actions)
+    measure(settler, ledger, head, 60)
     for step in range(2, 6):
         apply(settler.settle(BASE, 0.25 * step))
         assert settler.held() == (36 * MIB, 1)
@@ -187,17 +197,10 @@ def test_a_session_counts_what_its_latest_measurement_leaves_to_come() -> None:
     exited): what it still has to add follows the latest measurement back up, never
     staying at the 16 MiB the first one left."""
     settler, ledger = make()
-    head = admit(settler, ledger, RAMPING, BASE, 0.0)
-    apply(settler.respond(head, 0.05))
-    younger = admit(settler, ledger, RAMPING, BASE, 0.5)
-    apply(settler.respond(younger, 0.55))
-    with ledger.locked():
-        actions = settler.measured(younger, 80 * MIB)
-    apply(actions)
+    _head, younger = two_ramping(settler, ledger)
+    measure(settler, ledger, younger, 80)
     assert settler.held() == ((96 + 16) * MIB, 2)
-    with ledger.locked():
-        actions = settler.measured(younger, 5 * MIB)
-    apply(actions)
+    measure(settler, ledger, younger, 5)
     apply(settler.settle(BASE, 1.0))
     assert settler.held() == ((96 + 91) * MIB, 2)
 
@@ -210,8 +213,6 @@ def test_a_held_session_whose_memory_is_measured_holds_back_only_the_rest() -> N
     with ledger.locked():
         assert settler.hold(held)
     apply(settler.respond(held, 0.05))
-    with ledger.locked():
-        actions = settler.measured(held, 95 * MIB)
-    apply(actions)
+    measure(settler, ledger, held, 95)
     assert not held.released
     assert settler.held() == (1 * MIB, 1)

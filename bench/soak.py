@@ -240,6 +240,24 @@ class Soak:
             stop_process_group(self.proc, timeout=15)
             self._log.close()
 
+    async def settled_worker(self, workers: list[int]) -> int:
+        """One of ``workers`` whose loop probe has run past its start-up grace, waiting a
+        few seconds for one: a worker restarted after a kill may not have started its
+        probe yet (imports are slow on a busy machine), and a stop then goes unrecorded.
+        Any of them if none settles in time."""
+        deadline = time.monotonic() + 10.0
+        while True:
+            probes = soak_app.read_probes(self.stall_dir)
+            now = time.monotonic()
+            settled = [
+                pid
+                for pid in workers
+                if pid in probes and 0 < probes[pid].started < now - STARTUP_GRACE_S
+            ]
+            if settled or now >= deadline:
+                return self.rng.choice(settled or workers)
+            await asyncio.sleep(0.1)
+
     def worker_pids(self) -> list[int]:
         assert self.proc is not None
         try:
@@ -503,9 +521,9 @@ class Soak:
             self.fault_windows.append((now, now + 5.0))  # a restarted worker imports first
             os.kill(self.rng.choice(workers), signal.SIGKILL)
         elif name == "stop_worker" and workers:
+            victim = await self.settled_worker(workers)
             now = time.monotonic()
             self.fault_windows.append((now, now + 2.0))
-            victim = self.rng.choice(workers)
             self.stops.append((victim, now, now + 2.0))
             os.kill(victim, signal.SIGSTOP)
             try:

@@ -79,6 +79,12 @@ class Settlement:
         self.end_told = False
 
     @property
+    def awaiting_memory(self) -> bool:
+        """Whether it still waits for its memory to show in the queue: queued, not yet
+        shown, and not settled, started or released."""
+        return self.queued and not self.visible and self.phase in ("request", *PAST_RESPONSE)
+
+    @property
     def settle_outcome(self) -> SettleOutcome:
         # A WebSocket (or a ticket's session) counts as active once settled; an
         # HTTP session's slot is given back (the app's count takes over).

@@ -69,7 +69,6 @@ from asgi_admission._admission.reservations.settle_queue import (
 )
 from asgi_admission._admission.reservations.settlement import (
     NUMBERS,
-    PAST_RESPONSE,
     Action,
     Settlement,
     due,
@@ -268,7 +267,7 @@ class Settler:
         watchdog): it settles once that shows what it was expected to add, wherever it
         stands in the queue (``settle_queue.take_shown``); until then it counts only what
         its own memory still has to add. Exact evidence: ends elsewhere cannot hide it."""
-        if entry.visible or not entry.queued or entry.phase not in ("request", *PAST_RESPONSE):
+        if not entry.awaiting_memory:
             return []
         floor, records = self._queue.load()
         record = own_record(records, self._pid, entry.seq)

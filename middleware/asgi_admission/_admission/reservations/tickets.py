@@ -94,8 +94,7 @@ class AdmissionTicket:
     def awaiting_memory(self) -> bool:
         """Whether the reservation still waits for the session's memory to show (what
         ``measured()`` acts on): not yet shown, settled, started or released."""
-        entry = self._entry
-        return entry.queued and not entry.visible and entry.phase in ("request", "waiting", "held")
+        return self._entry.awaiting_memory
 
 
 def settlement_of(ticket: AdmissionTicket) -> Settlement:

@@ -2,6 +2,7 @@
 
 import asyncio
 
+import anyio
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
 from asgi_admission import AdmissionMiddleware, SessionHalt, SessionWatchdog, session_watchdog
@@ -44,6 +45,9 @@ async def terminal(websocket: WebSocket, name: str) -> None:
             pass
         finally:
             connections.pop(name, None)
-            if shell.returncode is None:
-                shell.kill()
-            await shell.wait()
+            # Shielded: a handler cancelled by its server (a shutdown, a test client)
+            # still reaps its shell, so no process outlives the event loop unreaped.
+            with anyio.CancelScope(shield=True):
+                if shell.returncode is None:
+                    shell.kill()
+                await shell.wait()

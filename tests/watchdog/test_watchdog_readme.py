@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
+from typing import Any
+
 import pytest
 from prometheus_client import REGISTRY
 from watchdogkit import TestClient
@@ -34,3 +38,29 @@ def test_readme_terminal_echoes_and_is_told_why_it_was_halted(example: object) -
         "asgi_admission_sessions_halted_total", {"reason": "budget_exceeded"}
     )
     assert after == (before or 0) + 1
+
+
+def test_readme_terminal_reaps_its_shell_when_its_handler_is_cancelled(
+    example: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test client cancels the handler as the socket closes: the shell is reaped first.
+
+    Were it left unreaped, the loop could close before the child's exit was read, and its
+    pipes and process would be reported unclosed at the end of the run."""
+    shells: list[asyncio.subprocess.Process] = []
+    spawn = asyncio.create_subprocess_exec
+
+    async def recording(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        shell = await spawn(*args, **kwargs)
+        shells.append(shell)
+        return shell
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", recording)
+    with TestClient(example.app) as client:  # type: ignore[attr-defined]
+        for name in ("first", "second"):
+            with client.websocket_connect(f"/terminal/{name}") as websocket:
+                websocket.send_text("hello")
+                assert websocket.receive_text() == "hello\n"
+            # The handler has finished: its shell was killed and waited for.
+            assert [shell.returncode for shell in shells] == [-signal.SIGKILL] * len(shells)
+    assert len(shells) == 2

@@ -61,9 +61,15 @@ def test_demo_service_example_serves_the_demo() -> None:
 
 
 @pytest.mark.usefixtures("tight_env")
-def test_fastapi_tickets_example_holds_until_the_child_is_up() -> None:
+def test_fastapi_tickets_example_holds_until_the_child_is_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The ticket example's reservation is pending until its real child boots, then active."""
     module = load("fastapi_tickets")
+    # The child boots only once told to, so the test sees it pending however fast it is.
+    go = tmp_path / "go"
+    wait = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+    monkeypatch.setattr(module, "BOOT", wait + module.BOOT)
     with TestClient(module.app) as client:
         guard = client.app.middleware_stack  # built on the first request's lifespan
         while not isinstance(guard, AdmissionMiddleware):
@@ -73,6 +79,7 @@ def test_fastapi_tickets_example_holds_until_the_child_is_up() -> None:
         session_id = created.json()["id"]
         # Pending (the child boots in the background), and not counted twice.
         assert guard.session_counts() == (0, 1)
+        go.touch()
         deadline = time.monotonic() + 30
         while guard.session_counts() != (1, 0):
             assert time.monotonic() < deadline, guard.session_counts()

@@ -2,9 +2,10 @@
 
 The sessions are WebSockets that hold their count slot until they close, under a count
 cap of 1 (or a settable reading), the requests raw ASGI calls on one event loop, with no
-lifespan. A wait must be woken by what frees capacity, never by a polling loop: the
-freed watch's interval is a quarter of a second, so an admission within a tenth of one
-after a session ends was woken by the end itself.
+lifespan. A wait must be woken by what frees capacity, never by a polling loop: where a
+test says a waiter is woken at once, the freed watch's interval (a quarter of a second)
+is stretched to half a minute (``no_polling``), so an admission within a second of a
+session's end was woken by the end itself, however loaded the machine.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from starlette.types import Message, Receive, Scope, Send
 from waitkit import Socket, post
 
+import asgi_admission._factory
 from asgi_admission import AdmissionMiddleware, CapacityDecision
 from asgi_admission._admission.decision.observer import Kind
 from asgi_admission._admission.scheduling.queue import WaitQueue
@@ -32,6 +34,13 @@ INTERNAL = (
 
 #: A guard that woke nobody would leave these scenarios waiting for ever.
 pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def no_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The freed watch looks every half minute instead of every quarter second: a waiter
+    admitted within a second was woken by what freed the capacity, not by a look."""
+    monkeypatch.setattr(asgi_admission._factory, "SAMPLE_INTERVAL_S", 30.0)
 
 
 class Observed:
@@ -114,6 +123,7 @@ def waiting(mw: AdmissionMiddleware) -> int:
     return queue.total()
 
 
+@pytest.mark.usefixtures("no_polling")
 def test_a_waiter_is_admitted_the_moment_a_session_ends() -> None:
     """At the count cap a second WebSocket waits before its accept, holding nothing, and
     is accepted as soon as the first closes (woken by its end, not by a poll)."""
@@ -137,7 +147,7 @@ def test_a_waiter_is_admitted_the_moment_a_session_ends() -> None:
     queued, counts, latency, sent = asyncio.run(scenario())
     assert queued == 1
     assert counts == (1, 0)  # the waiter holds no slot
-    assert latency < 0.1
+    assert latency < 1.0
     assert sent[0]["type"] == "websocket.accept"
 
 
@@ -230,7 +240,7 @@ def test_a_full_queue_refuses_at_once_with_queue_full() -> None:
     answer, seconds = asyncio.run(scenario())
     assert answer["status"] == 503
     assert answer["body"]["reason"] == "queue_full"
-    assert seconds < 0.1
+    assert seconds < 1.0  # against a wait of 5 s
 
 
 def test_a_client_that_leaves_while_waiting_leaves_the_queue() -> None:
@@ -303,7 +313,7 @@ def test_without_a_wait_a_refusal_is_at_once() -> None:
     assert queue is None
     assert answer["status"] == 503
     assert answer["body"]["reason"] == "session_limit"
-    assert seconds < 0.1
+    assert seconds < 1.0  # against a wait of 5 s
 
 
 def test_a_first_burst_waits_for_its_probe_in_the_queue() -> None:
@@ -441,10 +451,11 @@ def test_a_session_ending_in_another_worker_admits_the_waiter(tmp_path: Path) ->
     assert latency < 0.6  # within two looks of a quarter of a second
 
 
+@pytest.mark.usefixtures("no_polling")
 def test_a_session_ending_in_another_worker_wakes_that_waiter_at_once(tmp_path: Path) -> None:
     """Two guards sharing their ledger (two workers), one slot: as the first's session
-    ends, the second's waiter is rung and admitted within milliseconds, not at its next
-    look a quarter of a second later; at the guards' shutdown their wake sockets go."""
+    ends, the second's waiter is rung and admitted at once, not at its next look at
+    the ledger; at the guards' shutdown their wake sockets go."""
     shared = tmp_path / "shared"
 
     async def scenario() -> tuple[list[float], list[str]]:
@@ -467,11 +478,12 @@ def test_a_session_ending_in_another_worker_wakes_that_waiter_at_once(tmp_path: 
         return latencies, sockets
 
     latencies, sockets = asyncio.run(scenario())
-    assert max(latencies) < 0.1, latencies
+    assert max(latencies) < 1.0, latencies
     assert len(sockets) == 2, sockets  # one wake socket per guard with waiters
     assert [p.name for p in shared.iterdir() if p.is_socket()] == []
 
 
+@pytest.mark.usefixtures("no_polling")
 def test_the_order_across_workers_outlives_a_lifespan(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -497,7 +509,7 @@ def test_the_order_across_workers_outlives_a_lifespan(
 
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         latencies = [asyncio.run(lifespan()), asyncio.run(lifespan())]
-    assert max(latencies) < 0.1, latencies
+    assert max(latencies) < 1.0, latencies
     assert [r.getMessage() for r in caplog.records if "waiting order" in r.getMessage()] == []
     assert [p.name for p in shared.iterdir() if p.is_socket()] == []
 

@@ -173,7 +173,9 @@ def test_a_waiter_times_out_at_its_deadline_holding_nothing() -> None:
         line: WaitQueue[Admission] = WaitQueue(
             classes=("default",),
             limit=4,
-            timeout_s=0.05,
+            # Long enough that no stall of a loaded machine lets the deadline pass
+            # before the queue's clock is moved on below.
+            timeout_s=0.5,
             clock=lambda: now[0],
             on_wait_end=records.append,
         )
@@ -187,7 +189,7 @@ def test_a_waiter_times_out_at_its_deadline_holding_nothing() -> None:
         await settle()
         now[0] = 102.5
         waited = await task
-        assert loop.time() - started >= 0.05
+        assert loop.time() - started >= 0.5
         assert waited == Waited("timeout", None, 2.5)
         assert (line.total(), capacity.holding) == (0, {})
         assert records == [WaitRecord("default", "timeout", 2.5)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import time
 from typing import Any
 
+import anyio
 import psutil
 import pytest
 from prometheus_client import CollectorRegistry
@@ -16,7 +18,7 @@ from watchdogkit import FixedReader, TestClient, reading
 
 from asgi_admission import AdmissionController, SessionWatchdog
 from asgi_admission.demo import create_app
-from asgi_admission.demo.processes import CHILD_SCRIPT
+from asgi_admission.demo.processes import CHILD_SCRIPT, ProcessSessions
 from kits.suitekit import MIB
 
 
@@ -186,3 +188,34 @@ def test_a_process_session_closed_before_it_settles_holds_nothing() -> None:
         assert _pending(client) == 1
         assert client.delete(f"/processes/{opened.json()['id']}").status_code == 204
         assert _pending(client) == 0
+
+
+def test_a_cancelled_open_or_close_still_reaps_its_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A handler cancelled by its server (an anyio cancel scope, as Starlette's test client
+    and task groups use) while it starts or ends a child still kills and reaps it, so no
+    child outlives the loop unreaped or is left running with nothing to stop it."""
+    children: list[asyncio.subprocess.Process] = []
+    spawn = asyncio.create_subprocess_exec
+
+    async def recording(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        child = await spawn(*args, **kwargs)
+        children.append(child)
+        return child
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", recording)
+
+    async def main() -> tuple[int | None, int | None, int]:
+        sessions = ProcessSessions()
+        # 256 MiB in 4 MiB steps 50 ms apart: still building when cancelled.
+        with anyio.move_on_after(0.3):
+            await sessions.open(None, hold_mb=256, budget_mb=512)
+        cancelled_open = children[0].returncode
+        ramping = await sessions.open(None, hold_mb=8, budget_mb=512, ramp_s=5)
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await sessions.close(ramping.session_id)
+        return cancelled_open, children[1].returncode, len(sessions)
+
+    assert asyncio.run(main()) == (-signal.SIGKILL, -signal.SIGKILL, 0)

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+import anyio
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 
 from asgi_admission import (
@@ -169,10 +170,11 @@ class ProcessSessions:
                 await process.stdout.readline()
             except BaseException:
                 # Cancelled (the client left) or failed before the session was recorded:
-                # nothing else would ever stop this child.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                await asyncio.shield(process.wait())
+                # nothing else would ever stop this child. Shielded, as in close().
+                with anyio.CancelScope(shield=True):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
+                    await process.wait()
                 if watched is not None:
                     watched.unregister()
                 raise
@@ -193,10 +195,13 @@ class ProcessSessions:
             child.watched.unregister()
         if child.ramping is not None:
             child.ramping.cancel()
-        if child.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.process.pid, signal.SIGKILL)
-        await child.process.wait()
+        # Shielded: a handler its server cancels (an anyio cancel scope cancels every
+        # await in it) still reaps the child it has taken out of the table.
+        with anyio.CancelScope(shield=True):
+            if child.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.process.pid, signal.SIGKILL)
+            await child.process.wait()
 
     async def close_all(self) -> None:
         for session_id in list(self._children):

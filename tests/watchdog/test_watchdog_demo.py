@@ -14,7 +14,7 @@ import anyio
 import psutil
 import pytest
 from prometheus_client import CollectorRegistry
-from watchdogkit import FixedReader, TestClient, reading
+from watchdogkit import FixedReader, TestClient, reading, record_children
 
 from asgi_admission import AdmissionController, SessionWatchdog
 from asgi_admission.demo import create_app
@@ -196,15 +196,7 @@ def test_a_cancelled_open_or_close_still_reaps_its_child(
     """A handler cancelled by its server (an anyio cancel scope, as Starlette's test client
     and task groups use) while it starts or ends a child still kills and reaps it, so no
     child outlives the loop unreaped or is left running with nothing to stop it."""
-    children: list[asyncio.subprocess.Process] = []
-    spawn = asyncio.create_subprocess_exec
-
-    async def recording(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
-        child = await spawn(*args, **kwargs)
-        children.append(child)
-        return child
-
-    monkeypatch.setattr(asyncio, "create_subprocess_exec", recording)
+    children = record_children(monkeypatch)
 
     async def main() -> tuple[int | None, int | None, int]:
         sessions = ProcessSessions()

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
-from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
-from watchdogkit import TestClient
+from watchdogkit import TestClient, record_children
 
 
 @pytest.fixture
@@ -47,15 +45,7 @@ def test_readme_terminal_reaps_its_shell_when_its_handler_is_cancelled(
 
     Were it left unreaped, the loop could close before the child's exit was read, and its
     pipes and process would be reported unclosed at the end of the run."""
-    shells: list[asyncio.subprocess.Process] = []
-    spawn = asyncio.create_subprocess_exec
-
-    async def recording(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
-        shell = await spawn(*args, **kwargs)
-        shells.append(shell)
-        return shell
-
-    monkeypatch.setattr(asyncio, "create_subprocess_exec", recording)
+    shells = record_children(monkeypatch)
     with TestClient(example.app) as client:  # type: ignore[attr-defined]
         for name in ("first", "second"):
             with client.websocket_connect(f"/terminal/{name}") as websocket:

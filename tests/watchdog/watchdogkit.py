@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import textwrap
 import warnings
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from asgi_admission import MemoryReading
 from kits.suitekit import MIB
@@ -26,6 +29,7 @@ __all__ = [
     "Spawn",
     "TestClient",
     "reading",
+    "record_children",
     "vm_rss_bytes",
 ]
 
@@ -127,3 +131,18 @@ class Recorder:
 
     def __call__(self, event: Any) -> None:
         self.events.append(event)
+
+
+def record_children(monkeypatch: pytest.MonkeyPatch) -> list[asyncio.subprocess.Process]:
+    """Every child ``asyncio.create_subprocess_exec`` starts from now on, in order, so a
+    test can see whether the code that started it also reaped it."""
+    children: list[asyncio.subprocess.Process] = []
+    spawn = asyncio.create_subprocess_exec
+
+    async def recording(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        child = await spawn(*args, **kwargs)
+        children.append(child)
+        return child
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", recording)
+    return children

@@ -142,16 +142,16 @@ class World:
         run: a head that fits gets a few more settles before it counts as left behind.
         A waiter really left behind stays behind however long the loop runs."""
         for _ in range(4):
-            if self.head_is_blocked():
+            head = self.head()
+            if head is None or head.slots > self.capacity.free:
                 return
             await settle()
-        waiting = sorted(self.still_waiting(), key=lambda r: (r.klass, r.seq))
-        assert self.head_is_blocked(), f"r{waiting[0].seq} left behind"
+        head = self.head()
+        assert head is None or head.slots > self.capacity.free, f"r{head.seq} left behind"
 
-    def head_is_blocked(self) -> bool:
-        """Nobody waits, or the first waiter in serving order does not fit."""
-        waiting = sorted(self.still_waiting(), key=lambda r: (r.klass, r.seq))
-        return not waiting or waiting[0].slots > self.capacity.free
+    def head(self) -> Request | None:
+        """The first waiter in serving order (class, then arrival), if anyone waits."""
+        return min(self.still_waiting(), key=lambda r: (r.klass, r.seq), default=None)
 
 
 async def play(program: list[Arrive | Event], free: int) -> None:
@@ -175,10 +175,10 @@ async def play(program: list[Arrive | Event], free: int) -> None:
                 assert request.admitted is not None
                 world.give_back(request.admitted)
                 request.admitted = None
-            waiting = sorted(world.still_waiting(), key=lambda r: (r.klass, r.seq))
-            if kind == "depart-cancel" and waiting:
-                assert waiting[0].task is not None
-                waiting[0].task.cancel()
+            head = world.head()
+            if kind == "depart-cancel" and head is not None:
+                assert head.task is not None
+                head.task.cancel()
         elif kind in ("disconnect", "cancel"):
             waiting = world.still_waiting()
             if waiting:

@@ -1,4 +1,4 @@
-"""The package's layout: rooms by concept, no import cycle, short modules, a lean import."""
+"""The package's layout: rooms by concept, no import cycle, a lean import."""
 
 from __future__ import annotations
 
@@ -12,11 +12,6 @@ import pytest
 import asgi_admission
 
 PACKAGE = Path(asgi_admission.__file__).parent
-#: No module over 500 lines: one read in one sitting.
-MAX_LINES = 500
-#: And none within a tenth of it: a module that grows past this is split along a seam
-#: before it reaches the limit, not when it does.
-NEAR_LINES = 450
 
 
 def module_name(path: Path) -> str:
@@ -133,16 +128,6 @@ def test_no_name_is_defined_in_two_rooms() -> None:
     takes a shared name from the one that defines it)."""
     shared = {name for name, found in rooms_defining().items() if len(found) > 1}
     assert shared == set()
-
-
-def test_no_module_is_long_or_near_it() -> None:
-    """Every module stays short enough to read in one sitting, and none is near the
-    limit."""
-    lengths = {
-        module_name(path): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")
-    }
-    assert NEAR_LINES < MAX_LINES
-    assert {name: n for name, n in lengths.items() if n > NEAR_LINES} == {}
 
 
 def test_importing_the_package_loads_no_web_framework_or_demo() -> None:

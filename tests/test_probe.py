@@ -17,14 +17,13 @@ import pytest
 from asgi_admission import AdmissionController, HostMemoryReader, MemoryReading, cli
 from asgi_admission._admission.decision.stuck import StuckDetector
 from asgi_admission._admission.decision.stuck_watch import StuckFile
-from asgi_admission._admission.reservations.learned_file import LearnedStore
 from asgi_admission._admission.reservations.learning import (
     WINDOW,
     SessionLearner,
     empty_observations,
 )
 from asgi_admission._admission.reservations.probing import ProbeBoard
-from asgi_admission._admission.reservations.shared_probes import SharedProbeStore
+from asgi_admission._admission.reservations.shared_files import LearnedStore, SharedProbeStore
 from asgi_admission._memory.reading import UNAVAILABLE
 from asgi_admission.cli import probe as probe_module
 from kits.cgroup_trees import ELASTIC, copy_files

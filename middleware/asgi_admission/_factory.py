@@ -27,10 +27,12 @@ from asgi_admission._admission.ledger.ledger import InProcessLedger, LedgerBusy,
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.priorities import Priorities, Tenants
-from asgi_admission._admission.reservations.holds import HoldRegistry
-from asgi_admission._admission.reservations.keeper import ReservationKeeper
-from asgi_admission._admission.reservations.keeper_parts import build_parts
-from asgi_admission._admission.reservations.looks import SAMPLE_INTERVAL_S
+from asgi_admission._admission.reservations.pending import (
+    SAMPLE_INTERVAL_S,
+    ReservationKeeper,
+    build_parts,
+)
+from asgi_admission._admission.reservations.probing import HoldRegistry
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
 from asgi_admission._admission.scheduling.order_bell import OrderBell
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS, classes_in_force

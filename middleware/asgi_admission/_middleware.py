@@ -26,7 +26,7 @@ from asgi_admission._admission.decision.latch import AdmissionController
 from asgi_admission._admission.decision.observer import DecisionObserver
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.decision.stuck_watch import StuckWatch
-from asgi_admission._admission.reservations.keeper import ReservationKeeper
+from asgi_admission._admission.reservations.pending import ReservationKeeper
 from asgi_admission._admission.service import AdmissionService
 from asgi_admission._arguments import check_arguments, check_callables, check_watchdog
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.capacity_wait import Queued
 from asgi_admission._admission.ledger.ledger import LedgerBusy
-from asgi_admission._admission.reservations.holds import Hold
+from asgi_admission._admission.reservations.probing import Hold
 from asgi_admission._admission.reservations.tickets import (
     SCOPE_KEY,
     AdmissionTicket,

@@ -25,8 +25,8 @@ from typing import Final, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from asgi_admission._admission.reservations.keeper import ReservationKeeper
-from asgi_admission._admission.reservations.settlement import Settlement
+from asgi_admission._admission.reservations.pending import ReservationKeeper
+from asgi_admission._admission.reservations.settling import Settlement
 
 #: Close codes that end a WebSocket without an error (RFC 6455 §7.4.1).
 _CLEAN_CLOSE: Final = frozenset({1000, 1001})

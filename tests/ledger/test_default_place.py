@@ -29,9 +29,9 @@ from asgi_admission._admission.ledger import shared_place
 from asgi_admission._admission.ledger.ledger import InProcessLedger
 from asgi_admission._admission.ledger.shared_ledger import FILE_NAME, SharedLedger, read_entries
 from asgi_admission._admission.ledger.shared_place import AloneCheck, MemoryGroup
-from asgi_admission._admission.reservations import learned_file, shared_files
+from asgi_admission._admission.reservations import shared_files
 from asgi_admission._admission.reservations.learning import empty_observations
-from asgi_admission._admission.reservations.settle_queue import QueueRecord
+from asgi_admission._admission.reservations.settling import QueueRecord
 from asgi_admission._admission.reservations.tickets import settlement_of
 from asgi_admission._factory import build_sharing
 from asgi_admission._memory.cgroup import CgroupMemoryReader
@@ -474,7 +474,7 @@ def test_probe_finds_the_place_the_workers_made(tmp_path: Path, bases: list[Path
     assert shared_place.find_place(group) == place
     observed = empty_observations()
     observed["footprints"], observed["ramps"] = [100.0 * 2**20], [2.0]
-    learned_file.LearnedStore(place, window=20).add({"POST /s": observed})
+    shared_files.LearnedStore(place, window=20).add({"POST /s": observed})
     report = learned(config, 64 * 2**20, group)
     assert report["evidence"] is True
     assert report["reserve_bytes"] == 100 * 2**20

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from asgi_admission._admission.ledger.ledger import InProcessLedger
-from asgi_admission._admission.reservations.settlement import apply as apply
+from asgi_admission._admission.reservations.settling import apply as apply
 
 #: Internal on purpose: the reservation tests drive the keeper and ledger directly.
 INTERNAL = "the reservation keeper's apply and the in-process ledger"

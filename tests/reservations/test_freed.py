@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asgi_admission._admission.reservations.freed import CREDIT_S, FreedMemory, Mark, credited
+from asgi_admission._admission.reservations.settling import CREDIT_S, FreedMemory, Mark, credited
 from kits.suitekit import MIB
 
 INTERNAL = "the freed-memory credits of settling, on synthetic readings"

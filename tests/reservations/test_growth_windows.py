@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asgi_admission._admission.reservations.session_windows import GrowthWindows
+from asgi_admission._admission.reservations.learning import GrowthWindows
 from kits.suitekit import MIB
 
 #: Internal on purpose: the learner's growth series, fed readings with a fake clock.

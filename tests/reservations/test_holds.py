@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from asgi_admission._admission.reservations.holds import HoldRegistry
+from asgi_admission._admission.reservations.probing import HoldRegistry
 
 INTERNAL = "the registry of requests held for a probe, and whom its wakes tell"
 

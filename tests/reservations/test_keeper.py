@@ -24,12 +24,14 @@ from asgi_admission import (
 )
 from asgi_admission._admission.ledger.ledger import InProcessLedger, LedgerBusy
 from asgi_admission._admission.ledger.ledger_slots import FILE_NAME
-from asgi_admission._admission.reservations import sampling
-from asgi_admission._admission.reservations.keeper import ReservationKeeper
-from asgi_admission._admission.reservations.keeper_parts import build_parts
+from asgi_admission._admission.reservations import pending
 from asgi_admission._admission.reservations.learning import SessionLearner
-from asgi_admission._admission.reservations.looks import SAMPLE_INTERVAL_S
-from asgi_admission._admission.reservations.settlement import apply
+from asgi_admission._admission.reservations.pending import (
+    SAMPLE_INTERVAL_S,
+    ReservationKeeper,
+    build_parts,
+)
+from asgi_admission._admission.reservations.settling import apply
 from asgi_admission._admission.reservations.tickets import settlement_of
 from asgi_admission._memory.reading import UNAVAILABLE
 from kits.suitekit import MIB
@@ -148,7 +150,7 @@ def test_a_failing_sample_is_logged_and_the_loop_goes_on(
     monkeypatch.setattr(keeper, "sample", failing)
 
     async def run() -> None:
-        task = asyncio.create_task(sampling.run(keeper, 0.001))
+        task = asyncio.create_task(pending.run(keeper, 0.001))
         await asyncio.wait_for(second.wait(), 10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

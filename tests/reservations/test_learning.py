@@ -9,16 +9,16 @@ import random
 
 import pytest
 
-from asgi_admission._admission.reservations.attribution import DRIFT_BYTES_PER_S
-from asgi_admission._admission.reservations.footprints import percentile
 from asgi_admission._admission.reservations.learning import (
+    DRIFT_BYTES_PER_S,
+    HORIZON_S,
     WINDOW,
     RouteEstimate,
     SessionLearner,
     effective_reserve,
     empty_observations,
+    percentile,
 )
-from asgi_admission._admission.reservations.window_records import HORIZON_S
 from kits.suitekit import MIB
 
 #: Internal on purpose: the session learner, on synthetic readings.

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from asgi_admission._admission.reservations.learning import SessionLearner
-from asgi_admission._admission.reservations.probe_window import CONFIRM_S
-from asgi_admission._admission.reservations.probing import SOLO_S, ProbeBoard
-from asgi_admission._admission.reservations.shared_probes import SharedProbeStore, read_probing
+from asgi_admission._admission.reservations.probing import CONFIRM_S, SOLO_S, ProbeBoard
+from asgi_admission._admission.reservations.shared_files import SharedProbeStore, read_probing
 from kits.suitekit import MIB
 
 INTERNAL = "the probe board and its shared file, on synthetic readings"

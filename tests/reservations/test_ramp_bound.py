@@ -7,8 +7,7 @@ import dataclasses
 import pytest
 from traffic import Session, Traffic, drive
 
-from asgi_admission._admission.reservations.learning import SessionLearner
-from asgi_admission._admission.reservations.window_records import HORIZON_S
+from asgi_admission._admission.reservations.learning import HORIZON_S, SessionLearner
 from kits.suitekit import MIB
 
 #: Internal on purpose: the session learner, fed synthetic traffic with a fake clock.

@@ -8,9 +8,12 @@ import pytest
 from reskit import apply, counts
 
 from asgi_admission._admission.ledger.ledger import InProcessLedger
-from asgi_admission._admission.reservations.settle_queue import LocalSettleQueue, QueueRecord
-from asgi_admission._admission.reservations.settlement import Settlement
-from asgi_admission._admission.reservations.settling import Settler
+from asgi_admission._admission.reservations.settling import (
+    LocalSettleQueue,
+    QueueRecord,
+    Settlement,
+    Settler,
+)
 from kits.suitekit import MIB
 
 #: Internal on purpose: the settler's attribution, on tables of readings.

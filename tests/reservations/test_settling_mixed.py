@@ -5,8 +5,7 @@ from __future__ import annotations
 from reskit import apply
 
 from asgi_admission._admission.ledger.ledger import InProcessLedger
-from asgi_admission._admission.reservations.settlement import Settlement
-from asgi_admission._admission.reservations.settling import Settler
+from asgi_admission._admission.reservations.settling import Settlement, Settler
 from kits.suitekit import MIB
 
 #: Internal on purpose: the settler's attribution, on tables of readings.

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from asgi_admission._admission.reservations import shared_files
-from asgi_admission._admission.reservations.attribution import Overlap, Window
-from asgi_admission._admission.reservations.learned_file import LearnedStore, read_learned
-from asgi_admission._admission.reservations.learning import Observations
-from asgi_admission._admission.reservations.settle_queue import QueueRecord
+from asgi_admission._admission.reservations.learning import Observations, Overlap, Window
+from asgi_admission._admission.reservations.settling import QueueRecord
 from asgi_admission._admission.reservations.shared_files import (
     LEARNED_FILE,
     SETTLING_FILE,
+    LearnedStore,
     SharedSettleQueue,
+    read_learned,
 )
 from kits.suitekit import MIB
 

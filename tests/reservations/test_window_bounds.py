@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from asgi_admission._admission.reservations.session_windows import GrowthWindows
-from asgi_admission._admission.reservations.window_records import (
+from asgi_admission._admission.reservations.learning import (
     MAX_OPEN,
     MAX_RECENT,
     Expected,
+    GrowthWindows,
     Lengths,
 )
 from kits.suitekit import MIB

@@ -160,7 +160,7 @@ def drive(
             if session.free_lag_s:
                 freeing.append(session)
             if id(session) in foreign:
-                # The container's count fell by more than this worker's own (keeper.py).
+                # The container's count fell by more than this worker's own (pending.py).
                 learner.on_foreign_end()
                 continue
             if named_ends:

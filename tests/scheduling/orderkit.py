@@ -10,7 +10,7 @@ from typing import Any
 
 from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
-from asgi_admission._admission.reservations.looks import SAMPLE_INTERVAL_S
+from asgi_admission._admission.reservations.pending import SAMPLE_INTERVAL_S
 from asgi_admission._admission.scheduling.queue import Verdict, WaitQueue
 from asgi_admission._admission.scheduling.shared_order import SharedOrder
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from asgi_admission._admission.ledger.ledger import SessionLedger
-from asgi_admission._admission.reservations.keeper import ReservationKeeper
+from asgi_admission._admission.reservations.pending import ReservationKeeper
 
 
 class SessionCounts:

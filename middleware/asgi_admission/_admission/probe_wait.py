@@ -1,7 +1,7 @@
 """A session request held for a probe's evidence: until woken, its deadline, or its client left.
 
 The service may answer a request of a route being probed with a :class:`Hold`
-(``reservations/holds.py``) instead of a ticket or a refusal. The request then
+(``reservations/probing.py``) instead of a ticket or a refusal. The request then
 waits here, holding nothing, and is decided again once woken or once its deadline
 passes (``ADMISSION_PROBE_WAIT_SECONDS``), which the decision turns into a refusal
 (``probing``) if the probe's evidence is still not in.
@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-from asgi_admission._admission.reservations.holds import Hold, HoldRegistry
+from asgi_admission._admission.reservations.probing import Hold, HoldRegistry
 
 _T = TypeVar("_T")
 

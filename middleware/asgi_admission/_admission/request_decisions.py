@@ -16,7 +16,7 @@ from asgi_admission._admission.decision.latch import (
 )
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.inputs import SafeReader
-from asgi_admission._admission.reservations.keeper import ReservationKeeper
+from asgi_admission._admission.reservations.pending import ReservationKeeper
 from asgi_admission._admission.reservations.probing import Gate
 from asgi_admission._memory.reading import MemoryReading
 

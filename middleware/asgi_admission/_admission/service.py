@@ -67,11 +67,13 @@ from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.priorities import Priorities, Tenants
 from asgi_admission._admission.probe_wait import Listener, wait_then_decide
 from asgi_admission._admission.request_decisions import RequestDecisions
-from asgi_admission._admission.reservations.holds import Hold, HoldRegistry
-from asgi_admission._admission.reservations.keeper import ReservationKeeper
-from asgi_admission._admission.reservations.probing import Gate
-from asgi_admission._admission.reservations.sampling import sample_while_waiting, serve_with_keeper
-from asgi_admission._admission.reservations.settlement import apply
+from asgi_admission._admission.reservations.pending import (
+    ReservationKeeper,
+    sample_while_waiting,
+    serve_with_keeper,
+)
+from asgi_admission._admission.reservations.probing import Gate, Hold, HoldRegistry
+from asgi_admission._admission.reservations.settling import apply
 from asgi_admission._admission.reservations.tickets import AdmissionTicket, settlement_of
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
 from asgi_admission._admission.scheduling.queue import WaitQueue

@@ -52,7 +52,7 @@ from asgi_admission._admission.decision.latch import (
     is_blind,
 )
 from asgi_admission._admission.decision.observer import AdmissionView
-from asgi_admission._admission.reservations.keeper import FailureCause
+from asgi_admission._admission.reservations.pending import FailureCause
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._metrics.decisions import KINDS, PREFIX, DecisionMetrics
 from asgi_admission._metrics.queue import QueueMetrics

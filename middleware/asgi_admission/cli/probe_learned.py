@@ -9,14 +9,13 @@ import time
 from typing import Any
 
 from asgi_admission._admission.ledger import shared_place
-from asgi_admission._admission.reservations.learned_file import read_learned
 from asgi_admission._admission.reservations.learning import (
     WINDOW,
     SessionLearner,
     effective_reserve,
 )
-from asgi_admission._admission.reservations.probe_window import describe
-from asgi_admission._admission.reservations.shared_probes import read_probing
+from asgi_admission._admission.reservations.probing import describe
+from asgi_admission._admission.reservations.shared_files import read_learned, read_probing
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._config_env import SHARED_DIR_AUTO, SHARED_DIR_OFF
 

@@ -1,40 +1,1260 @@
-"""Learning what one session costs: its footprint and its ramp time, per route.
+"""Learning what one session costs: its route's footprint and its ramp time.
 
-Notes:
-
-- Evidence comes from all traffic, not only from quiet spells. Each admitted session
-  is watched over a window of the working set taken as growth alone (memory freed in
-  a step, at a session's end or later, is left out; ``session_windows.py``). A window
-  that other sessions' ramps overlapped is one equation among many: the footprints of
-  all routes are fitted to the recent windows together (``attribution.py``), and the
-  ramps to every step of the growth series (``ramp_profile.py``).
-- Conservative: a route's footprint is a high percentile of what its windows and
-  sessions say, the safe side for a reserve (``footprints.py``); its ramp time, a high
-  percentile of the ramps recorded.
-- Bounded and forgetting: the last ``WINDOW`` windows, ends and peaks per route, at
-  most ``MAX_ROUTES`` routes. Sessions change when the app does, so an old footprint
-  fades out as new sessions are observed rather than at once.
-- The observations are what the workers share (``learned_file.LearnedStore``), each
-  worker fitting all of them; the ramp profile is each worker's own.
+From each session's measured memory where it is measured, and otherwise from the working set's
+growth while sessions are admitted and end. (docs/reservations.md)
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, TypedDict
+from typing import Final, Literal, Protocol, TypedDict, TypeVar
 
-from asgi_admission._admission.reservations.attribution import Fit, Overlap, Window, fit
-from asgi_admission._admission.reservations.footprints import end_floors, footprint, percentile
-from asgi_admission._admission.reservations.ramp_profile import RampProfiles
-from asgi_admission._admission.reservations.session_windows import GrowthWindows
-from asgi_admission._admission.reservations.window_records import (
-    HORIZON_S,
-    ClosedWindow,
-    window_length,
-)
 from asgi_admission._config import Learning
+
+# --------------------------------------------------------------------------------------
+# Footprints from overlapping windows: a least-squares fit, and what each session added.
+#
+# Notes:
+#
+# - Every closed window is one equation: the growth over it is the session's own
+# footprint plus, per route, the share of other sessions' footprints expected to have
+# arrived in it (by their learned ramps). The recent exact windows of all routes are
+# solved together by weighted least squares (larger windows are noisier), a few
+# rounds of Huber's weights keeping one odd window from pulling the fit, separately
+# for each group of routes whose windows overlapped. A route with fewer than
+# ``MIN_OWN`` windows of its own is no unknown yet: the windows its sessions overlap
+# wait.
+# - A route's fit is *determined* once its one-sided 95 % bound, from the residuals
+# (never below the noise expected of each window), is within ``DETERMINED_SHARE`` of
+# it.
+# - Each window also says, at most, what its session added: its growth less the least
+# the others in it can have added (their fits' 95 % lower bounds, or the memory their
+# sessions free at their ends, with the least share of them ramps that vary allow;
+# nothing for a route not known yet), plus what memory drifting down may have hidden
+# (``DRIFT_BYTES_PER_S``). Sessions of its own route not known yet share what is left
+# equally. These bounds are what a route's footprint is taken from until its own fit
+# is determined (``learning.py``).
+
+#: The smallest noise assumed of one equation: a share of its growth (readings drift
+#: and sessions vary) and a few readings' worth.
+NOISE_FLOOR_BYTES: Final = 1024 * 1024
+NOISE_SHARE: Final = 0.03
+#: How fast memory is taken to drift down for other reasons, at most, when a single
+#: window is all there is to go by (a fit averages drift out). Slow: a fall of more than
+#: FREE_STEP_BYTES in one step is left out of the growth series anyway .
+DRIFT_BYTES_PER_S: Final = 256 * 1024
+#: A fit whose one-sided 95 % bound is within this share of it is taken as known.
+DETERMINED_SHARE: Final = 0.2
+#: Windows of its own a route needs before its fit can be taken as known, and windows
+#: beyond one per route its group needs, per route.
+MIN_OWN: Final = 2
+MIN_SPARE: Final = 1
+_Z95: Final = 1.645
+#: Huber's threshold, in expected noises, and the rounds of reweighting.
+_HUBER: Final = 2.0
+_ROUNDS: Final = 3
+#: An overlap this small of a route not solved for is left in the growth as noise.
+_NEGLIGIBLE: Final = 0.05
+#: Standard errors above the fit a route's footprint is taken at (one-sided 84 %).
+UPPER_Z: Final = 1.0
+#: The most routes solved together; beyond, further routes in a group stay undetermined.
+MAX_JOINT: Final = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """A route's fitted footprint and its standard error (bytes)."""
+
+    footprint: float
+    error: float
+    #: Known well enough to be taken from other sessions' windows.
+    determined: bool
+
+    def upper(self, z: float = UPPER_Z) -> float:
+        """The fit plus ``z`` standard errors."""
+        return self.footprint + z * self.error
+
+
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    """Other sessions of one route in a window."""
+
+    route: str
+    #: How much of their footprints is expected to have arrived in the window, by their
+    #: learned ramps (in footprints), and the least that may have, ramps varying.
+    share: float
+    least: float
+    #: What those of them that ramped alone inside the window were seen to add (bytes),
+    #: and how much of ``least`` they are.
+    seen: float = 0.0
+    seen_share: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One session's window, an equation: ``growth`` = own footprint + the sum of
+    ``share x footprint`` over ``overlaps``."""
+
+    #: What the growth series rose by over the window (bytes).
+    growth: float
+    #: How long the window was (seconds).
+    seconds: float
+    #: Seconds from admission until the session's own growth reached 90 % of its peak,
+    #: ``None`` where sessions of unknown routes ramped in the window too.
+    ramp_s: float | None
+    #: The other sessions in the window, per route.
+    overlaps: tuple[Overlap, ...]
+    #: Every route in ``overlaps`` had a learned ramp (else the shares are lower
+    #: bounds, and the window is not fitted).
+    exact: bool
+
+
+def fit(windows: Mapping[str, Sequence[Window]]) -> dict[str, Fit]:
+    """The fits of the routes in ``windows`` that have one (enough exact windows)."""
+    usable = _usable({route: [w for w in rows if w.exact] for route, rows in windows.items()})
+    fits: dict[str, Fit] = {}
+    for group in _groups(usable):
+        fits.update(_solve(group, usable))
+    return fits
+
+
+def _usable(equations: Mapping[str, list[Window]]) -> dict[str, list[Window]]:
+    """The equations that can be solved: every route whose sessions overlapped them has
+    ``MIN_OWN`` such equations of its own (a route seen too little is no unknown yet,
+    and the windows it overlapped wait)."""
+    solvable = {route for route, rows in equations.items() if len(rows) >= MIN_OWN}
+    while True:
+        usable = {
+            route: [
+                row
+                for row in equations[route]
+                if all(o.route in solvable or o.share < _NEGLIGIBLE for o in row.overlaps)
+            ]
+            for route in solvable
+        }
+        kept = {route for route, rows in usable.items() if len(rows) >= MIN_OWN}
+        if kept == solvable:
+            return usable
+        solvable = kept
+
+
+def attributed(
+    route: str,
+    equation: Window,
+    fits: Mapping[str, Fit],
+    floors: Mapping[str, float],
+) -> float:
+    """What ``equation``'s session of ``route`` added, at most: its window's growth less
+    the least the others can have added (their fits' 95 % lower bounds, the memory their
+    sessions free at their ends, or what they were seen to add ramping alone, whichever
+    says most; nothing where unknown), and more for memory that may have drifted down.
+    Where ``route`` itself is not known yet, the window's other sessions of ``route``
+    share what is left with it equally instead."""
+    others = 0.0
+    own = 0.0
+    for overlap in equation.overlaps:
+        known = fits.get(overlap.route)
+        least = floors.get(overlap.route, 0.0)
+        if known is not None:
+            least = max(least, known.footprint - _Z95 * known.error)
+        if overlap.route == route and least <= 0:
+            # Its own route's other sessions, not known yet: those seen alone are taken
+            # at what they were seen to add, the others share what is left equally.
+            others += overlap.seen
+            own += max(0.0, overlap.least - overlap.seen_share)
+        else:
+            others += max(overlap.least * least, overlap.seen)
+    # Memory drifting down over the window may have hidden some of the session's.
+    allowance = DRIFT_BYTES_PER_S * equation.seconds
+    return max(0.0, equation.growth + allowance - others) / (1.0 + own)
+
+
+def _groups(equations: Mapping[str, Sequence[Window]]) -> list[list[str]]:
+    """Routes linked by overlapping windows, each group sorted, at most MAX_JOINT routes."""
+    parent = {route: route for route in equations}
+
+    def root(route: str) -> str:
+        while parent[route] != route:
+            parent[route] = parent[parent[route]]
+            route = parent[route]
+        return route
+
+    for route, rows in equations.items():
+        for row in rows:
+            for overlap in row.overlaps:
+                if overlap.route in parent:
+                    parent[root(overlap.route)] = root(route)
+    groups: dict[str, list[str]] = {}
+    for route in sorted(equations):
+        groups.setdefault(root(route), []).append(route)
+    return [members[:MAX_JOINT] for members in groups.values()]
+
+
+def _solve(routes: list[str], equations: Mapping[str, Sequence[Window]]) -> dict[str, Fit]:
+    index = {route: i for i, route in enumerate(routes)}
+    n = len(routes)
+    rows: list[tuple[list[tuple[int, float]], float, float]] = []
+    for route in routes:
+        for equation in equations[route]:
+            terms: dict[int, float] = {index[route]: 1.0}  # own footprint
+            for overlap in equation.overlaps:
+                i = index.get(overlap.route)
+                if i is not None:
+                    terms[i] = terms.get(i, 0.0) + overlap.share
+            # Larger windows are noisier (drift over them, sessions that vary): each
+            # equation is weighed by the noise expected of it.
+            noise = NOISE_FLOOR_BYTES + NOISE_SHARE * abs(equation.growth)
+            rows.append((list(terms.items()), equation.growth, noise))
+    dof = len(rows) - n
+    if dof < MIN_SPARE * n:
+        # Routes whose windows overlap can trade their footprints against each other
+        # while only a few windows are there: a fit needs some to spare per route.
+        return {}
+    # Huber's weights, a few rounds: one window far off the others (a session cut
+    # short, memory from elsewhere) counts as a few noises off, not as its square.
+    robust = [1.0] * len(rows)
+    solved = None
+    for _round in range(_ROUNDS):
+        solved = _weighted(rows, robust, n)
+        if solved is None:
+            return {}
+        theta = solved[0]
+        for k, (row, growth, noise) in enumerate(rows):
+            off = abs(growth - sum(a * theta[i] for i, a in row)) / noise
+            robust[k] = 1.0 if off <= _HUBER else _HUBER / off
+    assert solved is not None
+    theta, inverse = solved
+    squares = 0.0
+    for (row, growth, noise), weight in zip(rows, robust, strict=True):
+        residual = (growth - sum(a * theta[i] for i, a in row)) / noise
+        squares += weight * residual * residual
+    # The noise is never taken as smaller than expected of each equation.
+    scale = max(1.0, squares / dof)
+    fits: dict[str, Fit] = {}
+    for route, i in index.items():
+        error = math.sqrt(max(0.0, scale * inverse[i][i]))
+        determined = theta[i] > 0 and _Z95 * error <= max(
+            DETERMINED_SHARE * theta[i], _Z95 * NOISE_FLOOR_BYTES
+        )
+        fits[route] = Fit(theta[i], error, determined)
+    return fits
+
+
+def _weighted(
+    rows: list[tuple[list[tuple[int, float]], float, float]], robust: list[float], n: int
+) -> tuple[list[float], list[list[float]]] | None:
+    """Weighted least squares: the fit and the inverse of its normal matrix."""
+    normal = [[0.0] * n for _ in range(n)]
+    rhs = [0.0] * n
+    for (row, growth, noise), extra in zip(rows, robust, strict=True):
+        weight = extra / (noise * noise)
+        for i, a in row:
+            rhs[i] += weight * a * growth
+            for j, b in row:
+                normal[i][j] += weight * a * b
+    inverse = _inverse(normal)
+    if inverse is None:
+        return None
+    return [sum(inverse[i][j] * rhs[j] for j in range(n)) for i in range(n)], inverse
+
+
+def _inverse(matrix: list[list[float]]) -> list[list[float]] | None:
+    """Gauss-Jordan with partial pivoting; ``None`` for a singular matrix."""
+    n = len(matrix)
+    scale = max((abs(v) for row in matrix for v in row), default=0.0)
+    if scale == 0:
+        return None
+    work = [[*row, *(1.0 if i == j else 0.0 for j in range(n))] for i, row in enumerate(matrix)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(work[r][col]))
+        if abs(work[pivot][col]) <= 1e-9 * scale:
+            return None
+        work[col], work[pivot] = work[pivot], work[col]
+        head = work[col]
+        inv = 1.0 / head[col]
+        for k in range(2 * n):
+            head[k] *= inv
+        for r in range(n):
+            if r != col:
+                factor = work[r][col]
+                if factor:
+                    row = work[r]
+                    for k in range(col, 2 * n):
+                        row[k] -= factor * head[k]
+    return [row[n:] for row in work]
+
+
+# --------------------------------------------------------------------------------------
+# A route's footprint: the conservative bound everything observed of it allows.
+#
+# Notes:
+#
+# - A route's footprint is a high percentile (``PERCENTILE``) of what each of its
+# windows grew less the least the other sessions in it can have added (all of it
+# while they are unknown; below), or, once its own fit is known, the
+# fit's upper bound where that is lower. Memory freed when its sessions end and the
+# watchdog's peaks raise it where most of them say more; sessions that free memory
+# later only give smaller values, which cannot lower it. Memory that grows for other
+# reasons makes a session look larger, the safe side for a reserve.
+# - Sessions in memory groups of their own give exact peaks: those are their cost, and
+# nothing else observed of the route changes it.
+# - Pure: the learner (``learning.py``) hands in what it holds of each route and the
+# fits of all of them, and makes the route's estimate of the result.
+
+PERCENTILE: Final = 0.9
+#: Windows that knew every other session's ramp a route needs before its bound comes
+#: from those alone.
+MIN_EXACT_WINDOWS: Final = 4
+#: Beside windows, per-session values (memory freed at ends, the watchdog's peaks) raise
+#: a route's estimate only once there are this many: one drop that other memory freed
+#: in the same moment must not (their median needs two of three to say more).
+MIN_PER_SESSION: Final = 3
+
+
+class Observed(Protocol):
+    """What is held of one route's sessions (the learner keeps it, bounded)."""
+
+    @property
+    def footprints(self) -> Sequence[float]:
+        """Per-session footprints: the watchdog's peaks."""
+
+    @property
+    def ends(self) -> Sequence[float]:
+        """Memory freed at one session's end, in a step in which nothing else ramped."""
+
+    @property
+    def exact(self) -> Sequence[float]:
+        """Exact per-session peaks: a session's own memory group."""
+
+    @property
+    def windows(self) -> Sequence[Window]:
+        """The route's closed windows."""
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """A route's footprint and how many observations it rests on."""
+
+    size_bytes: float
+    observations: int
+
+
+def percentile(values: Iterable[float], share: float = PERCENTILE) -> float:
+    """The nearest-rank ``share`` percentile of ``values`` (not empty)."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(share * len(ordered)))
+    return ordered[rank - 1]
+
+
+def end_floors(routes: Mapping[str, Observed]) -> dict[str, float]:
+    """The least one session of each route frees at its end (the median of its ends):
+    no more than that, or its fit's lower bound, is ever taken from another session's
+    window for it."""
+    return {route: percentile(state.ends, 0.5) for route, state in routes.items() if state.ends}
+
+
+def footprint(
+    route: str, state: Observed, fits: Mapping[str, Fit], floors: Mapping[str, float]
+) -> Footprint | None:
+    """``route``'s footprint from what ``state`` holds of it, the fits of all routes
+    and their ``end_floors``; ``None`` before its first observation."""
+    per_session = [*state.footprints, *state.ends]
+    if not state.windows and not per_session and not state.exact:
+        return None
+    size = 0.0
+    if state.exact:
+        # Sessions in memory groups of their own: their peaks are their cost.
+        size = percentile(state.exact)
+        per_session = []
+    elif state.windows:
+        # Windows made while another route's ramp was not known yet take its
+        # share as a lower bound: once enough windows know every ramp in them,
+        # the bound comes from those alone.
+        exact = [w for w in state.windows if w.exact]
+        windows = exact if len(exact) >= MIN_EXACT_WINDOWS else state.windows
+        bounds = [attributed(route, w, fits, floors) for w in windows]
+        size = percentile(bounds)
+        known = fits.get(route)
+        if known is not None and known.determined:
+            # The fit tightens the bounds that other sessions' growth inflates,
+            # but it is a model: never below what sessions typically showed with
+            # nothing else ramping in their window (the median: drift aside,
+            # those measure their session).
+            alone = [w.growth for w in windows if not w.overlaps]
+            cap = known.upper()
+            if alone:
+                cap = max(cap, percentile(alone, 0.5))
+            size = min(size, cap)
+    if per_session and (not state.windows or len(per_session) >= MIN_PER_SESSION):
+        # Alone, the per-session values' high percentile; beside windows, they
+        # raise the estimate where most of them say more.
+        share = 0.5 if state.windows else PERCENTILE
+        size = max(size, percentile(per_session, share))
+    return Footprint(
+        size_bytes=size,
+        observations=len(state.windows) + len(per_session) + len(state.exact),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# What the growth windows keep per session, and what a closed window says.
+#
+# The timing of a window (``HORIZON_S``, ``QUIET_S``, how long a route with a learned
+# ramp is watched), an admitted session as the series remembers it, one open window on
+# it, and the records a reading hands on (``ClosedWindow``, ``Step``, ``Freed``). The
+# series and the windows' rules are below, as is what the other sessions'
+# ramps put into a span.
+
+#: A step that fell by more than this freed memory (its growth is carried on instead).
+FREE_STEP_BYTES: Final = 2 * 1024 * 1024
+#: Readings further apart than this make no step: windows open across the gap are dropped.
+MAX_STEP_S: Final = 1.0
+#: The longest window (memory arriving later than this is not counted as the session's).
+HORIZON_S: Final = 8.0
+#: A window closes once its session's growth has made no new peak for this long.
+QUIET_S: Final = 1.0
+#: A route with a learned ramp is watched for this many ramps, and ``RAMP_PAD_S`` more.
+RAMP_WINDOWS: Final = 1.5
+RAMP_PAD_S: Final = 0.5
+#: The shortest window of a route with a learned ramp: sessions that build their memory
+#: inside the request are watched only a little past their response, so that what other
+#: sessions add meanwhile is not taken for theirs.
+MIN_WINDOW_S: Final = 0.3
+#: How much shorter and longer than learned other sessions' ramps are taken to be at
+#: most, for what is taken away from a session's growth.
+RAMP_SPREAD: Final = (0.5, 1.5)
+#: At most this many windows open at once, and this many admissions remembered: a
+#: reading makes a pass over the remembered admissions for each open window, on the
+#: event loop, so both stay small. More admissions than that within ``2 x HORIZON_S``
+#: (over 6 a second) are too many to tell one session's growth from the others' anyway:
+#: one not remembered counts as an unknown session, as another worker's does.
+MAX_OPEN: Final = 32
+MAX_RECENT: Final = 96
+#: A new peak must beat the last by this much, or by ``PEAK_SHARE`` of it: memory
+#: drifting up for other reasons must not keep a finished session's window open.
+PEAK_STEP: Final = 1024 * 1024
+PEAK_SHARE: Final = 0.05
+
+#: What a route's session is expected to add and over how long: ``(bytes, ramp length
+#: in seconds)``, bytes 0 while its footprint is not known.
+Expected = Callable[[str], tuple[float, float]]
+#: How long a route's sessions are watched, ``None`` while its ramp is not learned.
+Lengths = Callable[[str], float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedWindow:
+    """One admitted session's window: the growth over it and the other sessions in it."""
+
+    route: str
+    growth: float
+    seconds: float
+    #: Seconds from admission until the session's own growth reached 90 % of its peak,
+    #: where no other session ramped in the window before it had (else ``None``).
+    ramp_s: float | None
+    #: The other sessions in it, per route.
+    overlaps: tuple[Overlap, ...]
+    #: Every route in ``overlaps`` had a learned ramp (else its share is a lower bound).
+    exact: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of the growth series."""
+
+    growth: float
+    start: float
+    end: float
+    #: The growth was seen, not carried over a step in which memory was freed.
+    seen: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Freed:
+    """Memory freed in one step in which sessions of one route were reported ended."""
+
+    route: str
+    bytes_per_session: float
+
+
+def ramp_share(ramp_s: float, age_s: float) -> float:
+    """The share of a session's memory there ``age_s`` after its admission (linear ramp)."""
+    if age_s <= 0:
+        return 0.0
+    if ramp_s <= 0 or age_s >= ramp_s:
+        return 1.0
+    return age_s / ramp_s
+
+
+class Admission:
+    __slots__ = ("at", "ended", "responded", "route", "seen", "seen_until")
+
+    def __init__(self, route: str, at: float, responded: float | None) -> None:
+        self.route = route
+        self.at = at
+        #: When its response ended or its WebSocket was accepted (``None``: not yet).
+        self.responded = responded
+        #: When it was reported ended (its ramp stops there), or ``None``.
+        self.ended: float | None = None
+        #: What its window saw it add while no other session ramped, and until when.
+        self.seen = 0.0
+        self.seen_until: float | None = None
+
+    def share(self, ramp_s: float, when: float) -> float:
+        until = when if self.ended is None else min(when, self.ended)
+        return ramp_share(ramp_s, until - self.at)
+
+
+class OpenWindow:
+    __slots__ = (
+        "admission",
+        "alone",
+        "base",
+        "clean",
+        "crowded",
+        "own_ramp",
+        "pauses",
+        "peak",
+        "peak_at",
+        "peaks",
+        "quiet",
+        "start",
+    )
+
+    def __init__(self, admission: Admission, start: float, base: float) -> None:
+        self.admission = admission
+        self.start = start
+        self.base = base
+        self.clean = True
+        #: Another worker's session may have ramped in it (see the module notes).
+        self.crowded = False
+        #: No other session has ramped in it (yet), and its ramp if it had ended before.
+        self.alone = True
+        self.own_ramp: float | None = None
+        #: Readings since its last new peak, and the most there were between two.
+        self.quiet = 0
+        self.pauses = 0
+        self.peak = 0.0
+        self.peak_at = admission.at
+        self.peaks: list[tuple[float, float]] = []
+
+    def ramp_s(self) -> float:
+        """Seconds from admission until the growth first reached 90 % of its peak."""
+        reached = 0.9 * self.peak
+        at = next((t for t, grown in self.peaks if grown >= reached), self.peak_at)
+        return max(0.0, at - self.admission.at)
+
+
+def quick(length: float | None) -> bool:
+    """Whether a route watched for ``length`` builds its memory inside the request."""
+    return length is not None and length <= MIN_WINDOW_S
+
+
+def share_between(admission: Admission, ramp_s: float, start: float, end: float) -> float:
+    return admission.share(ramp_s, end) - admission.share(ramp_s, start)
+
+
+def window_length(ramp_s: float | None) -> float | None:
+    """How long a session of a route with learned ramp ``ramp_s`` is watched (``None``:
+    nothing learned yet, watched until quiet)."""
+    if ramp_s is None:
+        return None
+    if ramp_s <= MIN_WINDOW_S / RAMP_WINDOWS:
+        return MIN_WINDOW_S
+    return max(QUIET_S, RAMP_WINDOWS * ramp_s + RAMP_PAD_S)
+
+
+# --------------------------------------------------------------------------------------
+# The recent sessions' ramps over a span of the growth series: what they may have added.
+#
+# Notes:
+#
+# - The growth windows ask these of the admissions they
+# remember, in admission order, by what is known of each route now: its expected bytes
+# and ramp (``Expected``) and how long its sessions are watched (``Lengths``).
+# - A session's memory is taken to arrive linearly over its ramp (below).
+# Ramps vary, by as much shorter or longer as ``RAMP_SPREAD`` allows: what is taken
+# away from one session's growth is the least of the others' that may have arrived,
+# what may still be growing after a step that freed memory the most.
+
+
+def most_added(
+    recent: Iterable[Admission], start: float, end: float, expected: Expected
+) -> float | None:
+    """The most the recent sessions can have added from ``start`` to ``end`` by what is
+    known of them (their ramps as much shorter or longer as ``RAMP_SPREAD`` allows),
+    with the drift allowance; ``None`` while one that may still grow is not known."""
+    total = DRIFT_BYTES_PER_S * (end - start)
+    for admission in recent:
+        if admission.ended is not None and admission.ended <= start:
+            continue
+        footprint, ramp_s = expected(admission.route)
+        if admission.at + RAMP_SPREAD[1] * ramp_s + QUIET_S <= start:
+            continue  # its memory has all come
+        if not footprint:
+            return None
+        total += footprint * max(
+            share_between(admission, spread * ramp_s, start, end) for spread in (*RAMP_SPREAD, 1.0)
+        )
+    return total
+
+
+def any_ramping(recent: Iterable[Admission], now: float, expected: Expected) -> bool:
+    """Whether a recent session may still be growing (within its ramp, or a quiet
+    spell after it)."""
+    for admission in recent:
+        if admission.ended is None and now < admission.at + expected(admission.route)[1] + QUIET_S:
+            return True
+    return False
+
+
+def others_added(
+    recent: Iterable[Admission], window: OpenWindow, now: float, expected: Expected
+) -> float:
+    """What the other sessions are expected to have added over ``window`` so far, by
+    what is known of them now (both ends alike, so that what became known meanwhile
+    does not show as growth)."""
+    total = 0.0
+    for admission in recent:
+        if admission is window.admission or admission.at >= now:
+            continue
+        footprint, ramp_s = expected(admission.route)
+        if footprint and admission.at + ramp_s > window.start:
+            total += footprint * share_between(admission, ramp_s, window.start, now)
+    return total
+
+
+def overlaps(
+    recent: Iterable[Admission],
+    window: OpenWindow,
+    now: float,
+    horizon_s: float,
+    expected: Expected,
+    lengths: Lengths,
+) -> tuple[tuple[Overlap, ...], bool]:
+    """The other sessions in ``window`` closing at ``now``, per route (by route name), and
+    whether every one of their routes had a learned ramp (else a share is a lower bound)."""
+    own = window.admission
+    totals_by_route: dict[str, list[float]] = {}
+    exact = True
+    for admission in recent:
+        if admission is own or admission.at > now:
+            continue
+        if lengths(admission.route) is None:
+            # Its ramp is not learned: the least of it that can have arrived in the
+            # window (none from before the window, the longest ramp from inside).
+            share = 0.0
+            if admission.at >= window.start:
+                share = admission.share(horizon_s, now)
+            least = share
+            exact = exact and admission.at <= window.start - horizon_s
+        else:
+            _footprint, ramp_s = expected(admission.route)
+            share = share_between(admission, ramp_s, window.start, now)
+            # Ramps vary: the least that may have arrived, for what is taken away
+            # from this session's growth (a short ramp leaves less of a session
+            # from before the window, a long one less of one from inside it).
+            least = min(
+                share_between(admission, RAMP_SPREAD[0] * ramp_s, window.start, now),
+                share_between(admission, RAMP_SPREAD[1] * ramp_s, window.start, now),
+            )
+        if share <= 0:
+            continue
+        totals = totals_by_route.setdefault(admission.route, [0.0, 0.0, 0.0, 0.0])
+        totals[0] += share
+        totals[1] += least
+        # A session that ramped alone to its end inside the window added that much.
+        inside = admission.seen_until is not None and admission.seen_until <= now
+        if inside and admission.at >= window.start:
+            totals[2] += admission.seen
+            totals[3] += least
+    found = tuple(
+        Overlap(route, share, least, seen, seen_share)
+        for route, (share, least, seen, seen_share) in sorted(totals_by_route.items())
+    )
+    return found, exact
+
+
+# --------------------------------------------------------------------------------------
+# How long a route's sessions take to ramp, from every step of the growth series.
+#
+# Notes:
+#
+# - Each step of the growth series, less what the other
+# routes' known sessions are expected to have added in it, is regressed, per route,
+# on how much of that route's recent sessions a linear ramp of each candidate length
+# would have added, together with how much the sessions of the routes not known yet
+# would have (by their own best ramps; their footprint a free coefficient). The
+# candidate with the smallest squared error is the route's ramp: the error is
+# smallest where the assumed ramp matches when the memory really came, and sessions
+# overlapping in time do not hide that, since each step counts.
+# - Evidence fades per session of the route (``FADE``), so an app that changes its ramp
+# is followed, and an early estimate made while other routes were unknown is outgrown.
+# - Bounded: a few numbers per candidate per route, one pass over the recent sessions
+# per step.
+
+#: Ramp lengths tried, in seconds (the 90 % point of a linear ramp is 0.9 of its length).
+CANDIDATES: Final = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
+#: The weight left to earlier evidence at each new session of the route.
+FADE: Final = 1.0 - 1.0 / 16
+#: Sessions of the route past the longest candidate before its ramp is trusted.
+MIN_SESSIONS: Final = 2
+#: The best candidate's error must be below this share of any far candidate's.
+DECISIVE: Final = 0.75
+
+
+class _Profile:
+    __slots__ = ("matured", "scale", "sums")
+
+    def __init__(self) -> None:
+        #: Per candidate, sums over the steps of x*x, x*u, u*u, x*y, u*y and y*y: x the
+        #: route's own ramps, u the unknown routes' ramps, y the growth; each divided by
+        #: ``scale``, so that fading (on every admission) touches one number. Only ratios
+        #: of the sums are ever used.
+        self.sums = [[0.0] * 6 for _ in CANDIDATES]
+        self.scale = 1.0
+        self.matured = 0.0
+
+    def fade(self) -> None:
+        self.scale *= FADE
+        self.matured *= FADE
+        if self.scale < 1e-100:
+            for sums in self.sums:
+                for k in range(6):
+                    sums[k] *= self.scale
+            self.scale = 1.0
+
+    def best(self) -> float | None:
+        """The candidate with the least squared error, ``None`` before any step."""
+        errors = self.errors()
+        if not errors:
+            return None
+        return min(errors, key=lambda length: errors[length])
+
+    def decisive(self) -> float | None:
+        """The best candidate where it clearly beats every ramp half as long or half again
+        as long (``DECISIVE``), else ``None``: other sessions overlapping it in ways the
+        fit cannot tell apart leave the error nearly as small for a ramp far off."""
+        errors = self.errors()
+        if not errors:
+            return None
+        best = min(errors, key=lambda length: errors[length])
+        far = [e for length, e in errors.items() if length < best / 1.5 or length > best * 1.5]
+        if far and errors[best] > DECISIVE * min(far):
+            return None
+        return best
+
+    def bound(self) -> float | None:
+        """The longest candidate the evidence does not clearly rule out (its error within
+        ``1 / DECISIVE`` of the best's), ``None`` before any step: where no candidate is
+        decisive yet, the memory has come by then at the latest."""
+        errors = self.errors()
+        if not errors:
+            return None
+        least = min(errors.values())
+        return max(length for length, e in errors.items() if DECISIVE * e <= least)
+
+    def errors(self) -> dict[float, float]:
+        """Per candidate, the squared error left by the best fit with it."""
+        errors: dict[float, float] = {}
+        for length, (xx, xu, uu, xy, uy, yy) in zip(CANDIDATES, self.sums, strict=True):
+            if xx <= 0:
+                continue
+            det = xx * uu - xu * xu
+            if uu > 0 and det > 1e-9 * xx * uu:
+                # Least squares on both: the unknown routes' part is fitted, not assumed.
+                explained = (uu * xy * xy - 2 * xu * xy * uy + xx * uy * uy) / det
+            else:
+                explained = xy * xy / xx
+            errors[length] = yy - explained
+        return errors
+
+
+class RampProfiles:
+    """Per route, the ramp length that best explains the growth series so far."""
+
+    __slots__ = ("_profiles",)
+
+    def __init__(self) -> None:
+        self._profiles: dict[str, _Profile] = {}
+
+    def admitted(self, route: str) -> None:
+        """A session of ``route`` was admitted: earlier evidence fades a little."""
+        profile = self._profiles.get(route)
+        if profile is None:
+            profile = self._profiles[route] = _Profile()
+        profile.fade()
+
+    def ramp_s(self, route: str) -> float | None:
+        """The route's learned ramp time (to 90 %), ``None`` before it is trusted."""
+        profile = self._profiles.get(route)
+        if profile is None or profile.matured < MIN_SESSIONS:
+            return None
+        length = profile.decisive()
+        return None if length is None else 0.9 * length
+
+    def bound_s(self, route: str) -> float | None:
+        """Before its ramp is trusted (:meth:`ramp_s`), the longest the route's sessions
+        can be taking to ramp (to 90 %) by the evidence so far; ``None`` until its sessions
+        have ramped past the longest candidate."""
+        profile = self._profiles.get(route)
+        if profile is None or profile.matured < MIN_SESSIONS:
+            return None
+        length = profile.bound()
+        return None if length is None else 0.9 * length
+
+    def step(
+        self,
+        growth: float,
+        start: float,
+        end: float,
+        sessions: Iterable[tuple[str, float, float | None]],
+        expected: dict[str, tuple[float, float]],
+        *,
+        seen: bool = True,
+    ) -> None:
+        """One step of the growth series from ``start`` to ``end``: ``sessions`` are the
+        recent ones as ``(route, admitted_at, ended_at)``; ``expected`` the known
+        ``(footprint, ramp_s)`` of routes whose footprint is determined. A step whose
+        growth was not ``seen`` (carried over memory freed: a guess, which says nothing
+        of when memory came) only ages the sessions in it."""
+        by_route: dict[str, list[tuple[float, float | None]]] = {}
+        longest = CANDIDATES[-1]
+        for route, admitted_at, ended_at in sessions:
+            # The same steps for every candidate: those within the longest ramp.
+            if route in self._profiles and admitted_at < end and admitted_at + longest >= start:
+                by_route.setdefault(route, []).append((admitted_at, ended_at))
+        if not by_route:
+            return
+        if not seen:
+            for route, rows in by_route.items():
+                self._profiles[route].matured += _passed(rows, start, end)
+            return
+        predicted: dict[str, float] = {}
+        unknown: dict[str, float] = {}
+        for route, rows in by_route.items():
+            footprint, ramp_s = expected.get(route, (0.0, 0.0))
+            if footprint:
+                predicted[route] = footprint * sum(
+                    _rise(ramp_s, start, end, at, ended) for at, ended in rows
+                )
+            else:
+                length = self._profiles[route].best()
+                unknown[route] = sum(
+                    _rise(CANDIDATES[-1] / 2 if length is None else length, start, end, at, e)
+                    for at, e in rows
+                )
+        total = sum(predicted.values())
+        others_unknown = sum(unknown.values())
+        for route, rows in by_route.items():
+            profile = self._profiles[route]
+            y = growth - (total - predicted.get(route, 0.0))
+            u = others_unknown - unknown.get(route, 0.0)
+            weight = 1.0 / profile.scale
+            for length, sums in zip(CANDIDATES, profile.sums, strict=True):
+                x = sum(_rise(length, start, end, at, ended) for at, ended in rows)
+                sums[0] += weight * x * x
+                sums[1] += weight * x * u
+                sums[2] += weight * u * u
+                sums[3] += weight * x * y
+                sums[4] += weight * u * y
+                sums[5] += weight * y * y
+            # Sessions past the longest candidate in this step: their ramp is over
+            # whichever it was.
+            profile.matured += _passed(rows, start, end)
+
+
+def _passed(rows: list[tuple[float, float | None]], start: float, end: float) -> int:
+    """How many of the sessions ``rows`` passed the longest candidate in the step."""
+    return sum(1 for at, _e in rows if start < at + CANDIDATES[-1] <= end)
+
+
+def _rise(length: float, start: float, end: float, at: float, ended: float | None) -> float:
+    """The share of one session's memory a ramp of ``length`` adds between the two times."""
+    stop = end if ended is None else min(end, ended)
+    if stop <= start:
+        return 0.0
+    return ramp_share(length, stop - at) - ramp_share(length, start - at)
+
+
+# --------------------------------------------------------------------------------------
+# The working set as growth alone, and one window on it per admitted session.
+#
+# Notes:
+#
+# - Readings become a *growth series*: each step between two readings adds what the
+# working set rose by, except a step in which memory was freed (it fell by more than
+# ``FREE_STEP_BYTES``, or a session end was reported in it). Such a step adds the
+# larger growth of the two steps before it instead: sessions still ramping are taken
+# to have gone on growing, and what was freed is left out. Memory freed, promptly at a
+# session's end or seconds later, therefore never makes another session look
+# smaller; memory that grows for other reasons (caches, drift) makes sessions look
+# larger, the safe side for a reserve.
+# - Each admitted session gets a *window*: from the reading before its admission until
+# its memory has arrived. A route with a learned ramp is watched for one and a half
+# times that ramp and half a second more; before, a window no session of a route of
+# unknown footprint ramped in closes once the series, less what the other sessions
+# are expected to add, has made no new peak for a quiet spell; any window closes at
+# ``HORIZON_S``. A closed window says how much the series grew over it and which part
+# of the other sessions' ramps fell inside it, per route (``Overlap``,
+# worked out below), which is one equation for the footprints.
+# - A session whose own growth had stopped (for more readings than it ever paused)
+# when another session came keeps that ramp as its own, and what it added alone is the
+# least it adds to any later window it lies in.
+# - A step in which sessions of one route were reported ended and nothing else was
+# ramping says how much memory one of them freed: evidence of its footprint too.
+# - Other workers' sessions (a shared ledger) are in the working set but not in this
+# worker's admissions: while one of them may still be ramping (it is on the shared
+# settling queue, or within the longest known ramp of its admission), no window can
+# tell its own session's growth from theirs: the windows open over that time are
+# dropped (unless the working set did not grow over them: that bounds their sessions
+# all the same), and the steps in it, or in which another worker's session ended (the
+# container's count fell by more than the app's own), teach no freed memory. Each
+# worker learns footprints
+# from the spells its own sessions had to themselves; ramps, which say when memory
+# comes rather than how much, still come from every step.
+# - Bounded: at most ``MAX_OPEN`` open windows and the admissions of the last
+# ``2 x HORIZON_S`` (at most ``MAX_RECENT``); a reading costs a pass over the recent
+# admissions for each open window, and asks what is known of each route once. An
+# admission beyond ``MAX_RECENT`` is not remembered: like another worker's session,
+# it crowds every window open while it may ramp (they are dropped unless nothing grew),
+# so the reading's cost stays bounded however fast sessions are admitted.
+
+T = TypeVar("T")
+
+
+class GrowthWindows:
+    """The growth series and the open windows; pure, fed readings and events with times."""
+
+    __slots__ = (
+        "_ended",
+        "_foreign_ended",
+        "_foreign_until",
+        "_growth",
+        "_last",
+        "_last_rises",
+        "_open",
+        "_recent",
+        "horizon_s",
+    )
+
+    def __init__(self, *, horizon_s: float = HORIZON_S) -> None:
+        self.horizon_s = min(HORIZON_S, horizon_s)
+        self._last: tuple[int, float] | None = None
+        self._growth = 0.0
+        #: The last two steps that freed nothing (a step that did carries the larger on).
+        self._last_rises = (0.0, 0.0)
+        self._open: list[OpenWindow] = []
+        self._recent: deque[Admission] = deque()
+        #: Session ends reported since the last reading: route and weight.
+        self._ended: list[tuple[str, float]] = []
+        #: Until when another worker's session may still be ramping, and whether one
+        #: ended since the last reading.
+        self._foreign_until = float("-inf")
+        self._foreign_ended = False
+
+    @property
+    def open(self) -> int:
+        """How many windows are still open."""
+        return len(self._open)
+
+    def admit(
+        self,
+        route: str,
+        used_bytes: int | None,
+        now: float,
+        expected: Expected,
+        *,
+        responded: bool = True,
+    ) -> None:
+        """A session of ``route`` was admitted at working set ``used_bytes`` (exact or a
+        bound); ``responded=False``: its response is still to come (:meth:`respond`)."""
+        last = self._last
+        if (last is None or now - last[1] > MAX_STEP_S) and used_bytes is not None:
+            # No recent reading: the admission's own starts the series afresh. A bound
+            # above the working set only shows as a drop at the next exact reading.
+            self._restart(used_bytes, now)
+            last = self._last
+        admission = Admission(route, now, now if responded else None)
+        if len(self._recent) >= MAX_RECENT:
+            # Too many to follow: its growth is unknown to every window it may ramp in.
+            self._foreign_until = max(self._foreign_until, now + self.horizon_s + QUIET_S)
+            return
+        self._recent.append(admission)
+        if last is None or len(self._open) >= MAX_OPEN or now - last[1] > MAX_STEP_S:
+            return
+        self._open.append(OpenWindow(admission, last[1], self._growth))
+
+    def others(self, admitted: tuple[float, ...], now: float, ramp_s: float) -> None:
+        """Other workers' sessions admitted at ``admitted`` were still settling at the last
+        look: each may grow until ``ramp_s`` after its admission, and for a quiet spell
+        after it was last seen settling."""
+        if admitted:
+            until = max(now, max(admitted) + ramp_s) + QUIET_S
+            self._foreign_until = max(self._foreign_until, until)
+
+    def foreign_end(self) -> None:
+        """Another worker's session ended: the next step's drop is not only this worker's."""
+        self._foreign_ended = True
+
+    def crowded(self, since: float) -> bool:
+        """Whether another worker's session may have been ramping after ``since``."""
+        return since < self._foreign_until
+
+    def end(self, route: str, weight: float, now: float, admitted_at: float | None) -> None:
+        """A session of ``route`` ended (``weight`` below 1: possibly, one of several routes)."""
+        self._ended.append((route, weight))
+        if admitted_at is None:
+            return
+        # Most ends are of recent sessions: looked for from the newest (admission order).
+        for admission in reversed(self._recent):
+            if admission.at < admitted_at:
+                break
+            if admission.route == route and admission.at == admitted_at:
+                admission.ended = now
+                break
+        # A session that ended before its memory had all arrived teaches nothing.
+        if any(w.admission.at == admitted_at for w in self._open):
+            self._open = [
+                w
+                for w in self._open
+                if not (w.admission.route == route and w.admission.at == admitted_at)
+            ]
+
+    def respond(self, admitted_at: float, now: float) -> None:
+        """The session admitted at ``admitted_at`` answered: its window may close from
+        now on (its memory usually starts to arrive then)."""
+        for admission in reversed(self._recent):
+            if admission.at < admitted_at:
+                break
+            if admission.at == admitted_at:
+                if admission.responded is None:
+                    admission.responded = now
+                return
+
+    def failed(self, admitted_at: float) -> str | None:
+        """The session admitted at ``admitted_at`` opened nothing: it is forgotten. Its
+        route, or ``None`` when it is no longer remembered."""
+        for admission in reversed(self._recent):
+            if admission.at < admitted_at:
+                break
+            if admission.at == admitted_at:
+                self._recent.remove(admission)
+                self._open = [w for w in self._open if w.admission is not admission]
+                return admission.route
+        return None
+
+    def close_route(self, route: str, expected: Expected, lengths: Lengths) -> list[ClosedWindow]:
+        """A probe saw the memory of ``route``'s sessions stop growing: their windows
+        close at the last reading, without waiting for a quiet spell of their own."""
+        if self._last is None:
+            return []
+        closing = [w for w in self._open if w.admission.route == route]
+        if not closing:
+            return []
+        self._open = [w for w in self._open if w.admission.route != route]
+        now = self._last[1]
+        expected, lengths = _once_per_route(expected), _once_per_route(lengths)
+        closed = [self._closed(window, now, expected, lengths) for window in closing]
+        return [w for w in closed if w is not None]
+
+    def sessions(self) -> list[tuple[str, float, float | None]]:
+        """The recent admissions: ``(route, admitted_at, ended_at)``."""
+        return [(a.route, a.at, a.ended) for a in self._recent]
+
+    def reading(
+        self, used_bytes: int, now: float, expected: Expected, lengths: Lengths
+    ) -> tuple[list[ClosedWindow], list[Freed], Step | None]:
+        """An exact working set: the windows it closes, the memory freed at reported ends,
+        and the step it made (``None`` after a gap)."""
+        last = self._last
+        ended, self._ended = self._ended, []
+        foreign_ended, self._foreign_ended = self._foreign_ended, False
+        # What is known of a route does not change during a reading: asked once each.
+        expected, lengths = _once_per_route(expected), _once_per_route(lengths)
+        if last is None or not 0 < now - last[1] <= MAX_STEP_S:
+            self._restart(used_bytes, now)
+            return [], [], None
+        self._last = (used_bytes, now)
+        rise = float(used_bytes - last[0])
+        freed: list[Freed] = []
+        carried_over = rise < -FREE_STEP_BYTES or bool(ended) or foreign_ended
+        if carried_over:
+            carried = max(0.0, *self._last_rises)
+            going_on = (
+                None if self.crowded(last[1]) else most_added(self._recent, last[1], now, expected)
+            )
+            if going_on is not None:
+                # What may still be growing is all known: no more than it adds goes on
+                # (a session's memory built in its request came at once, and is done).
+                carried = min(carried, going_on)
+            mine = not foreign_ended and not self.crowded(last[1])
+            if mine and not any_ramping(self._recent, now, expected):
+                # Growth in the same step would hide part of what was freed.
+                freed = _freed(ended, carried - rise)
+            rise = carried
+        else:
+            self._last_rises = (self._last_rises[1], rise)
+        self._growth += rise
+        horizon = now - 2 * self.horizon_s
+        while self._recent and self._recent[0].at < horizon:
+            self._recent.popleft()
+        if self._open and self.crowded(self._open[0].start):
+            for window in self._open:
+                window.crowded = window.crowded or self.crowded(window.start)
+        closed = self._close_due(last[1], now, expected, lengths)
+        return (
+            [w for w in closed if w is not None],
+            freed,
+            Step(rise, last[1], now, seen=not carried_over),
+        )
+
+    # -- internals -------------------------------------------------------------------
+
+    def _restart(self, used_bytes: int, now: float) -> None:
+        # Growth across a gap is unknown: windows open across it are dropped.
+        self._last = (used_bytes, now)
+        self._last_rises = (0.0, 0.0)
+        self._open = []
+
+    def _close_due(
+        self, start: float, now: float, expected: Expected, lengths: Lengths
+    ) -> list[ClosedWindow | None]:
+        """Windows due to close at the reading at ``now`` (the step began at ``start``)."""
+        if not self._open:
+            return []
+        # Sessions still ramping, until when, and whether their footprint is known: a
+        # window a session of unknown footprint ramps in cannot tell its own growth
+        # apart (it is not closed when quiet); one that any other ramps in cannot time
+        # it (its ramp is not its own).
+        ramping: list[tuple[Admission, float, bool]] = []
+        for admission in self._recent:
+            footprint, ramp_s = expected(admission.route)
+            if admission.ended is None:
+                ramping.append((admission, admission.at + max(ramp_s, QUIET_S), bool(footprint)))
+        closed: list[ClosedWindow | None] = []
+        still: list[OpenWindow] = []
+        for window in self._open:
+            admission = window.admission
+            # The session's own growth: the series less what the others were expected to add.
+            mine = self._growth - window.base - others_added(self._recent, window, now, expected)
+            # Against the last new peak, not the highest reading since: growth that comes
+            # slowly, a little each step, still makes new peaks.
+            last_peak = window.peaks[-1][1] if window.peaks else 0.0
+            rising = mine > last_peak + max(PEAK_STEP, PEAK_SHARE * last_peak)
+            for other, until, known in ramping:
+                if other is not admission and other.at < now and until > window.start:
+                    if known and quick(lengths(other.route)):
+                        # Its memory came inside its request, where its known share is
+                        # taken away: it hides neither this session's growth nor its ramp.
+                        continue
+                    quiet = window.quiet + (0 if rising else 1)
+                    if window.alone and window.peaks and quiet >= 2 and quiet > window.pauses:
+                        # Its own growth had stopped before company came, for more
+                        # readings than it ever paused: that ramp and that growth are
+                        # its own, whatever the others add from now on.
+                        window.own_ramp = window.ramp_s()
+                        admission.seen, admission.seen_until = window.peak, start
+                    window.alone = False
+                    window.clean = window.clean and known
+            if rising:
+                if window.peaks:
+                    window.pauses = max(window.pauses, window.quiet)
+                window.quiet = 0
+                window.peak_at = now
+                window.peaks.append((now, mine))
+            else:
+                window.quiet += 1
+            window.peak = max(window.peak, mine)
+            age = now - admission.at
+            length = lengths(admission.route)
+            if admission.responded is None:
+                # Still in its request: what it builds after its response is to come.
+                due = False
+            elif length is not None:
+                due = age >= length
+            elif window.clean:
+                spell = max(QUIET_S, 0.5 * (window.peak_at - admission.at))
+                due = now - max(window.peak_at, admission.responded) >= spell
+            else:
+                due = False
+            # The horizon counts from the response: memory built in a long request
+            # is the session's, and so is what comes in the horizon after it.
+            if due or (
+                admission.responded is not None and now - admission.responded >= self.horizon_s
+            ):
+                closed.append(self._closed(window, now, expected, lengths))
+            else:
+                still.append(window)
+        self._open = still
+        return closed
+
+    def _closed(
+        self, window: OpenWindow, now: float, expected: Expected, lengths: Lengths
+    ) -> ClosedWindow | None:
+        """What ``window`` says; ``None`` when another worker's growth may be in it (all
+        but a window in which nothing grew: that one bounds its session all the same)."""
+        own = window.admission
+        if window.crowded and self._growth - window.base > FREE_STEP_BYTES:
+            return None
+        if window.alone:
+            own.seen, own.seen_until = window.peak, now
+        company, exact = overlaps(self._recent, window, now, self.horizon_s, expected, lengths)
+        return ClosedWindow(
+            route=own.route,
+            growth=self._growth - window.base,
+            seconds=now - window.start,
+            ramp_s=window.ramp_s() if window.alone else window.own_ramp,
+            overlaps=company,
+            exact=exact,
+        )
+
+
+def _once_per_route(ask: Callable[[str], T]) -> Callable[[str], T]:
+    """``ask``, remembering its answer for each route (for the length of one reading)."""
+    answers: dict[str, T] = {}
+
+    def once(route: str) -> T:
+        if route not in answers:
+            answers[route] = ask(route)
+        return answers[route]
+
+    return once
+
+
+def _freed(ended: list[tuple[str, float]], freed_bytes: float) -> list[Freed]:
+    # Only when every end reported in the step was of one route can the drop be told apart.
+    routes = {route for route, _weight in ended}
+    if len(routes) != 1 or freed_bytes < FREE_STEP_BYTES:
+        return []
+    weight = sum(w for _route, w in ended)
+    if weight <= 0:
+        return []
+    return [Freed(route=routes.pop(), bytes_per_session=freed_bytes / weight)]
+
+
+# --------------------------------------------------------------------------------------
+# Learning what one session costs: its footprint and its ramp time, per route.
+#
+# Notes:
+#
+# - Evidence comes from all traffic, not only from quiet spells. Each admitted session
+# is watched over a window of the working set taken as growth alone (memory freed in
+# a step, at a session's end or later, is left out; below). A window
+# that other sessions' ramps overlapped is one equation among many: the footprints of
+# all routes are fitted to the recent windows together, and the
+# ramps to every step of the growth series.
+# - Conservative: a route's footprint is a high percentile of what its windows and
+# sessions say, the safe side for a reserve; its ramp time, a high
+# percentile of the ramps recorded.
+# - Bounded and forgetting: the last ``WINDOW`` windows, ends and peaks per route, at
+# most ``MAX_ROUTES`` routes. Sessions change when the app does, so an old footprint
+# fades out as new sessions are observed rather than at once.
+# - The observations are what the workers share (``shared_files.LearnedStore``), each
+# worker fitting all of them; the ramp profile is each worker's own.
 
 WINDOW: Final = 32
 MAX_ROUTES: Final = 64

@@ -1,57 +1,374 @@
-"""Probing: a session route whose footprint is unknown is admitted a few sessions at a time.
+"""Probing: a route whose footprint is unknown is admitted a few sessions at a time.
 
-Before anything is learned of a route, its reserve is a guess (an eighth of the
-limit, or a configured figure that may be many times too small), and a burst
-admitted on it can be killed by the kernel. So while a route has no learned
-footprint the guard admits ``probe_sessions`` of its sessions (the *probes*) and
-holds the others back (``holds.py``) until the probes' memory has stopped growing;
-then they are decided by what the probes showed (``docs/reservations.md``).
-
-Notes:
-
-- A *window* follows a route's probes from the first one's admission, at the exact
-  working set then (its *base*), through its peak. It concludes once every probe
-  has answered and the working set has made no new peak for a quiet spell (as
-  long as the learner's, ``window_records.QUIET_S`` or half the ramp so far), or, for
-  memory built inside the request, once a look a sample interval after the
-  probes' responses finds it all there (their growth reached 90 % of the guessed
-  reserve at the response) and still no new peak.
-- The evidence: the window's growth per probe. A clean window (no other session
-  admitted, none ended) closes the learner's episode at once, so the route is
-  learned; otherwise the growth per probe is a *provisional* footprint, used until
-  the learner has one. Memory freed meanwhile could hide part of a probe's memory,
-  so a window in which a session ended never concludes below the guessed reserve;
-  other sessions' growth only makes the footprint larger, the safe side.
-- While a window is open, growth per probe beyond the guessed reserve raises the
-  route's estimate at once (the reserve the latch uses with it).
-- One route is probed at a time: a route not probed yet waits while another route's
-  probes ramp (for at most ``SOLO_S``), so that neither's growth is taken for the
-  other's; sessions of routes already known are admitted meanwhile.
-- A probe that opened nothing (an error answer, a failure before its response)
-  frees its slot, and the next waiter becomes a probe; a probe whose session ended
-  concludes its window with what it showed.
-- The windows (``probe_window.py``) are in this process (``probe_store.py``) or, with
-  ``ADMISSION_SHARED_DIR``, in a file the workers share (``shared_probes.py``), so
-  the number of probes is counted container-wide. Everything here runs inside the
-  ledger's critical section.
+The others are held back, reserving nothing, until the probes' memory has stopped
+growing. (docs/reservations.md)
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 from collections.abc import Callable, Container, Iterable
-from typing import Final, Literal
+from dataclasses import dataclass, field
+from typing import Final, Literal, Protocol
 
-from asgi_admission._admission.reservations.learning import RouteEstimate, SessionLearner
-from asgi_admission._admission.reservations.probe_store import LocalProbeStore, ProbeStore
-from asgi_admission._admission.reservations.probe_window import (
-    Probe,
-    ProbeStatus,
-    ProbeWindow,
-    describe,
+from asgi_admission._admission.reservations.learning import (
+    HORIZON_S,
+    QUIET_S,
+    RouteEstimate,
+    SessionLearner,
 )
-from asgi_admission._admission.reservations.settle_queue import VISIBLE_FRACTION
-from asgi_admission._admission.reservations.window_records import HORIZON_S
+from asgi_admission._admission.reservations.settling import VISIBLE_FRACTION
+
+# --------------------------------------------------------------------------------------
+# Requests held back while their route is probed, and what wakes them.
+#
+# A session request of a route being probed (``probing.py``) is not refused: it is
+# *held* (a :class:`Hold`) until the probes' evidence is in, a probe's slot is
+# free, or its own deadline (``ADMISSION_PROBE_WAIT_SECONDS``) passes, and then
+# decided again. This is the one seam between the decision and the waiting: a
+# scheduler queue that orders waiters would take the place of :class:`HoldRegistry`.
+#
+# Notes:
+#
+# - No polling: a hold awaits one future, which the keeper resolves when something
+# happens that may let it go on (under the ledger's lock, from whichever thread
+# told it: a ticket's ``release()`` may come from a thread pool), or the loop's
+# timer for its deadline fires.
+# - A hold that is woken leaves the registry; decided again, it either goes on or is
+# registered anew, so the count of waiters is of requests actually waiting.
+# - A hold holds nothing: no count slot, no reserve. A client that leaves while
+# waiting is simply forgotten.
+
+
+class Hold:
+    """One held request: its route, its deadline (``time.monotonic()``), its wake-up.
+
+    Made inside the decision (with or without a running loop); the waiter's loop is
+    taken when it first awaits :attr:`future`.
+    """
+
+    __slots__ = ("_future", "_lock", "_loop", "_woken", "deadline", "route")
+
+    def __init__(self, route: str, deadline: float) -> None:
+        self.route = route
+        self.deadline = deadline
+        self._lock = threading.Lock()
+        self._woken = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._future: asyncio.Future[None] | None = None
+
+    def rearm(self) -> None:
+        """Ready for another wait (it was woken and must wait again)."""
+        with self._lock:
+            self._woken = False
+            self._future = None
+
+    def wake(self) -> None:
+        """Let the waiter go on; from any thread."""
+        with self._lock:
+            self._woken = True
+            future, loop = self._future, self._loop
+        if future is None or loop is None:
+            return  # its waiter finds it woken when it first looks
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            _resolve(future)
+        else:
+            loop.call_soon_threadsafe(_resolve, future)
+
+    @property
+    def future(self) -> asyncio.Future[None]:
+        """Done once the hold is woken; on the waiter's loop."""
+        with self._lock:
+            if self._future is None:
+                self._loop = asyncio.get_running_loop()
+                self._future = self._loop.create_future()
+                if self._woken:
+                    self._future.set_result(None)
+            return self._future
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class HoldRegistry:
+    """The holds of one process, per route; thread-safe."""
+
+    __slots__ = ("_holds", "_lock", "_on_wake")
+
+    def __init__(self) -> None:
+        self._holds: dict[str, list[Hold]] = {}
+        self._lock = threading.Lock()
+        self._on_wake: Callable[[], None] | None = None
+
+    def tell_wakes(self, on_wake: Callable[[], None]) -> None:
+        """Call ``on_wake`` whenever a route's requests may go on, from any thread: for a
+        registry built before what it wakes (the wait queue, whose requests past their
+        probe's wait may go on too, is built after the keeper these holds are part of)."""
+        self._on_wake = on_wake
+
+    def __bool__(self) -> bool:
+        return bool(self._holds)
+
+    def hold(self, route: str, deadline: float, again: Hold | None = None) -> Hold:
+        """Register a request of ``route`` to wait until ``deadline`` (``again``: the hold
+        it waited with before, which keeps its deadline)."""
+        if again is None:
+            hold = Hold(route, deadline)
+        else:
+            hold = again
+            hold.rearm()
+        with self._lock:
+            self._holds.setdefault(route, []).append(hold)
+        return hold
+
+    def wake(self, route: str) -> None:
+        """Every request waiting for ``route`` goes on to be decided again."""
+        with self._lock:
+            woken = self._holds.pop(route, ())
+        for hold in woken:
+            hold.wake()
+        if self._on_wake is not None:
+            self._on_wake()
+
+    def leave(self, hold: Hold) -> None:
+        """``hold`` waits no longer (decided, timed out, or its client left)."""
+        with self._lock:
+            holds = self._holds.get(hold.route)
+            if holds is not None and hold in holds:
+                holds.remove(hold)
+                if not holds:
+                    del self._holds[hold.route]
+
+    def count(self, route: str) -> int:
+        """How many requests of ``route`` wait here."""
+        with self._lock:
+            return len(self._holds.get(route, ()))
+
+    def routes(self) -> list[str]:
+        """The routes with requests waiting here."""
+        with self._lock:
+            return list(self._holds)
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(len(holds) for holds in self._holds.values())
+
+
+# --------------------------------------------------------------------------------------
+# A probe window: one route's probes from the first one's admission until their evidence
+# is in, and how an open one is reported.
+#
+# The board (``probing.py``) opens, feeds and concludes windows; they are kept in this
+# process or in the workers' shared file (``shared_files.py``), and
+# ``describe`` reports an open one for the metrics, ``probe`` and the refusal details.
+
+#: How long after the probes' responses memory already visible must stay without a
+#: new peak before it counts as all there: one periodic sample.
+CONFIRM_S: Final = 0.25
+#: A new peak must beat the last by this share of the growth so far (or 256 KiB), as
+#: for the learner's episodes.
+_PEAK_STEP: Final = 0.01
+_MIN_STEP: Final = 256 * 1024
+#: The peaks kept per window for its ramp time (halved when full).
+_MAX_PEAKS: Final = 64
+
+
+@dataclass(slots=True)
+class Probe:
+    """One probe session: its worker, its sequence number there, whether it answered."""
+
+    pid: int
+    seq: int
+    responded: bool = False
+
+
+@dataclass(slots=True)
+class ProbeWindow:
+    """A route's probes from the first one's admission until their evidence is in."""
+
+    route: str
+    started_at: float
+    base_bytes: int
+    #: The reserve the probes were admitted with (the guess).
+    guess_bytes: int
+    peak_bytes: int
+    last_peak_at: float
+    #: The last probe's admission or response.
+    last_event_at: float
+    probes: list[Probe] = field(default_factory=list)
+    #: Probes that opened a session (admitted less those that opened nothing).
+    admitted: int = 0
+    peaks: list[tuple[float, int]] = field(default_factory=list)
+    #: Another session was admitted meanwhile (its growth counts here too).
+    mixed: bool = False
+    #: A session ended meanwhile (memory freed may hide the probes').
+    ended: bool = False
+    #: When every probe had answered with its memory visible.
+    visible_at: float | None = None
+    #: Set once concluded: the footprint one session is taken to add.
+    footprint_bytes: int | None = None
+    ramp_s: float = 0.0
+    concluded_at: float | None = None
+    #: Requests waiting for this window, per worker (for the metrics and ``probe``).
+    waiting: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def open(self) -> bool:
+        return self.footprint_bytes is None
+
+    def per_probe(self) -> int:
+        """The growth since the first probe's admission, per probe that opened a session."""
+        return max(0, self.peak_bytes - self.base_bytes) // max(1, self.admitted)
+
+    def ramp(self) -> float:
+        """Seconds from the first admission until the working set first reached 90 % of
+        the peak growth."""
+        reached = self.base_bytes + VISIBLE_FRACTION * max(0, self.peak_bytes - self.base_bytes)
+        when = next((t for t, used in self.peaks if used >= reached), self.last_peak_at)
+        return max(0.0, when - self.started_at)
+
+    def see(self, used_bytes: int, now: float) -> None:
+        """A reading: a new peak when it beats the last by a step."""
+        step = max(_MIN_STEP, int((self.peak_bytes - self.base_bytes) * _PEAK_STEP))
+        if used_bytes > self.peak_bytes + step or (
+            used_bytes > self.peak_bytes and self.peak_bytes == self.base_bytes
+        ):
+            self.peak_bytes = used_bytes
+            self.last_peak_at = now
+            if len(self.peaks) >= _MAX_PEAKS:
+                del self.peaks[1::2]
+            self.peaks.append((now, used_bytes))
+        elif used_bytes > self.peak_bytes:
+            self.peak_bytes = used_bytes
+
+    def quiet(self, now: float) -> bool:
+        """Whether every probe has answered and the memory has stopped growing."""
+        if any(not probe.responded for probe in self.probes):
+            return False
+        if (
+            self.visible_at is not None
+            and now - self.visible_at >= CONFIRM_S
+            and self.last_peak_at <= self.visible_at
+        ):
+            return True
+        spell = max(QUIET_S, 0.5 * (self.last_peak_at - self.started_at))
+        return now - max(self.last_peak_at, self.last_event_at) >= spell
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeStatus:
+    """One route being probed, for the metrics, ``probe`` and the refusal details."""
+
+    route: str
+    #: Probes admitted and not yet concluded.
+    probes: int
+    #: Requests waiting for their evidence (every worker's, as last written).
+    waiting: int
+    since_s: float
+    growth_bytes: int
+    guess_bytes: int
+
+
+def describe(window: ProbeWindow, now: float, pid: int, waiting_here: int) -> ProbeStatus:
+    """One open window as its :class:`ProbeStatus`; ``waiting_here`` counts this process's."""
+    others = sum(n for worker, n in window.waiting.items() if worker != pid)
+    return ProbeStatus(
+        route=window.route,
+        probes=len(window.probes),
+        waiting=others + waiting_here,
+        since_s=round(max(0.0, now - window.started_at), 2),
+        growth_bytes=max(0, window.peak_bytes - window.base_bytes),
+        guess_bytes=window.guess_bytes,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Where the probe windows are kept (``probing.py``): in one process, or in a file the
+# workers share (``shared_files.SharedProbeStore``).
+
+
+class ProbeStore(Protocol):
+    """Where the windows are: in this process, or in a file the workers share."""
+
+    def load(self) -> dict[str, ProbeWindow] | None:
+        """The windows; ``None`` while they cannot be read (the last ones seen stand)."""
+        ...
+
+    def store(self, windows: dict[str, ProbeWindow]) -> None: ...
+
+    def owner_alive(self, pid: int) -> bool: ...
+
+    @property
+    def shared(self) -> bool: ...
+
+
+class LocalProbeStore:
+    """The windows of one process."""
+
+    __slots__ = ("_windows",)
+
+    def __init__(self) -> None:
+        self._windows: dict[str, ProbeWindow] = {}
+
+    def load(self) -> dict[str, ProbeWindow]:
+        return self._windows
+
+    def store(self, windows: dict[str, ProbeWindow]) -> None:
+        self._windows = windows
+
+    def owner_alive(self, pid: int) -> bool:
+        return True
+
+    @property
+    def shared(self) -> bool:
+        return False
+
+
+# --------------------------------------------------------------------------------------
+# Probing: a session route whose footprint is unknown is admitted a few sessions at a time.
+#
+# Before anything is learned of a route, its reserve is a guess (an eighth of the
+# limit, or a configured figure that may be many times too small), and a burst
+# admitted on it can be killed by the kernel. So while a route has no learned
+# footprint the guard admits ``probe_sessions`` of its sessions (the *probes*) and
+# holds the others back until the probes' memory has stopped growing;
+# then they are decided by what the probes showed (``docs/reservations.md``).
+#
+# Notes:
+#
+# - A *window* follows a route's probes from the first one's admission, at the exact
+# working set then (its *base*), through its peak. It concludes once every probe
+# has answered and the working set has made no new peak for a quiet spell (as
+# long as the learner's, ``learning.QUIET_S`` or half the ramp so far), or, for
+# memory built inside the request, once a look a sample interval after the
+# probes' responses finds it all there (their growth reached 90 % of the guessed
+# reserve at the response) and still no new peak.
+# - The evidence: the window's growth per probe. A clean window (no other session
+# admitted, none ended) closes the learner's episode at once, so the route is
+# learned; otherwise the growth per probe is a *provisional* footprint, used until
+# the learner has one. Memory freed meanwhile could hide part of a probe's memory,
+# so a window in which a session ended never concludes below the guessed reserve;
+# other sessions' growth only makes the footprint larger, the safe side.
+# - While a window is open, growth per probe beyond the guessed reserve raises the
+# route's estimate at once (the reserve the latch uses with it).
+# - One route is probed at a time: a route not probed yet waits while another route's
+# probes ramp (for at most ``SOLO_S``), so that neither's growth is taken for the
+# other's; sessions of routes already known are admitted meanwhile.
+# - A probe that opened nothing (an error answer, a failure before its response)
+# frees its slot, and the next waiter becomes a probe; a probe whose session ended
+# concludes its window with what it showed.
+# - The windows are in this process or, with
+# ``ADMISSION_SHARED_DIR``, in a file the workers share (``shared_files.py``), so
+# the number of probes is counted container-wide. Everything here runs inside the
+# ledger's critical section.
 
 #: At most this many routes are probed at once; others are decided on their reserve.
 MAX_WINDOWS: Final = 64

@@ -1,78 +1,790 @@
-"""Settling: a session's reservation lasts until its memory shows in the working set.
+"""Settling: a pending reservation lasts until its session's memory shows, then it is settled.
 
-A session-opening request usually answers long before its session has built its
-memory (``201``, then the browser or kernel boots). The reservation made at
-admission therefore stays counted as pending past the response (HTTP) or the
-accept (WebSocket) until the session *settles*: its memory is visible, its
-learned ramp time has passed, or the pending timeout has.
-
-Notes:
-
-- Attribution is aggregate and first in, first out. Unsettled sessions wait in
-  admission order behind a *floor*, the working set already accounted for. The
-  head's memory is visible once the working set reaches ``floor + 0.9 x its
-  expected bytes``; it then leaves and the floor rises by its *whole* expected
-  bytes, so the next one must show its own memory on top. A session's floor is
-  never below the working set at its own admission: growth from before it
-  existed is never its own. Other memory growing can only make a session look
-  settled when it really is growing too, and memory freed (sessions ending) holds
-  the queue longer: a reservation may be held a little long, never released early.
-- Readings used here are exact working sets (never the fast path's usage bound,
-  which includes cache). Admission records the working set it decided with, or the
-  bound where that was all it read: a higher start only holds the reservation longer.
-- A session that leaves the queue without showing its memory (its ramp time or
-  the timeout passed, or its app said ``started()``) stays in the queue as a
-  placeholder, still counting its expected bytes, and moves to the front: its
-  memory may all be there already, ahead of older sessions still ramping, so
-  growth pays for it first. It leaves once its memory shows, the timeout has passed
-  since its admission, or it protects no one (``settle_queue.drop_lapsed``). A
-  session that failed or ended leaves outright: no memory is expected of it.
-- A session of a route built inside the request settles at the first reading after
-  its response that shows its memory, wherever it stands in the queue, and its memory
-  counts as no older session's growth (``settle_queue.shown_in_request``).
-- A session whose app says ``started()`` while the floor stands above the working
-  set it was admitted at may be what credited older sessions with growth since
-  then: its memory is up, theirs perhaps not yet, and its reserve is all that still
-  covers theirs. It stays pending (its ticket started) until growth has paid for
-  every placeholder in the queue (a later one's memory may be what paid for its
-  own) or the timeout has passed since its admission, then becomes active.
-  Otherwise ``started()`` makes it active at once.
-- Everything here runs inside the ledger's critical section, which also guards
-  the queue when it is shared by the workers (``SharedSettleQueue``); what to do
-  with the reservations (release, activate: ``pending_sessions.py``) is returned, to
-  be done after the lock is left, because the reservations take the same lock.
+One reservation's life (admitted, pending, then settled or released) and the ways a pending one
+ends: its session's measured memory, its ticket, the working set's growth, its learned ramp,
+its timeout. (docs/reservations.md)
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
+import math
 import os
-from collections.abc import Callable
-from typing import Final
+import secrets
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal, Protocol
 
 from asgi_admission._admission.decision.observer import Kind
 from asgi_admission._admission.ledger.ledger import Reservation
-from asgi_admission._admission.reservations.freed import FreedMemory, Mark, credited
-from asgi_admission._admission.reservations.growth import Growth, quick, young_bytes_per_s
-from asgi_admission._admission.reservations.pending_sessions import PendingSessions
-from asgi_admission._admission.reservations.settle_queue import (
-    VISIBLE_FRACTION,
-    LocalSettleQueue,
-    QueueRecord,
-    SettleQueue,
-    attribute,
-    drop_lapsed,
-    expect_learned,
-    own_record,
-    shown_in_request,
-    take_shown,
-)
-from asgi_admission._admission.reservations.settlement import (
-    NUMBERS,
-    Action,
-    Settlement,
-    due,
-)
+
+# --------------------------------------------------------------------------------------
+# A settlement: one admitted session's state while its reservation waits to settle.
+#
+# The settler (``settling.py``) makes one at admission and moves it through its phases
+# (the request, waiting past the response or held by a ticket, started, done); the keeper
+# and the session requests hold on to it to report the session's events.
+
+#: Every settlement's number, for the whole process: two guards of one process that
+#: share a settling queue (the default place is per memory group, not per guard) key
+#: their rows by (pid, number) and must never take each other's. It starts at random so
+#: that a worker reusing a dead worker's pid never takes the rows that one left behind.
+NUMBERS: Final = itertools.count(secrets.randbits(40) + 1)
+
+Phase = Literal["request", "waiting", "held", "started", "done"]
+#: What settling does to a reservation: gives it back, or makes it an active session.
+SettleOutcome = Literal["release", "activate"]
+Action = tuple[Reservation, SettleOutcome]
+#: The phases past the response, not yet settled.
+PAST_RESPONSE: Final = ("waiting", "held")
+
+
+class Settlement:
+    """One admitted session's state, from admission until its reservation settles.
+
+    Owned by the ``settling.Settler`` that made it and changed only under the
+    ledger's lock.
+    """
+
+    __slots__ = (
+        "admitted_at",
+        "end_told",
+        "expired",
+        "held",
+        "kind",
+        "measured_left",
+        "phase",
+        "queued",
+        "released",
+        "remaining",
+        "reservation",
+        "route",
+        "seq",
+        "visible",
+    )
+
+    def __init__(
+        self, seq: int, reservation: Reservation, kind: Kind, route: str, admitted_at: float
+    ) -> None:
+        self.seq = seq
+        self.reservation = reservation
+        self.kind = kind
+        self.route = route
+        self.admitted_at = admitted_at
+        self.phase: Phase = "request"
+        #: Its memory showed (it left the queue's head that way).
+        self.visible = False
+        #: An app's ticket holds it until ``started()`` or ``release()``.
+        self.held = False
+        self.expired = False
+        #: In the attribution queue (not when admitted with no reading to start from).
+        self.queued = False
+        #: Its reservation was given back (settled over HTTP, expired, released).
+        self.released = False
+        #: What its memory is still expected to add (its reserve, less what showed).
+        self.remaining = 0
+        #: What its own memory, measured (``Settler.measured``), still has to add.
+        self.measured_left: int | None = None
+        #: Its end was told to settling and learning (``ReservationKeeper``): once only.
+        self.end_told = False
+
+    @property
+    def awaiting_memory(self) -> bool:
+        """Whether it still waits for its memory to show in the queue: queued, not yet
+        shown, and not settled, started or released."""
+        return self.queued and not self.visible and self.phase in ("request", *PAST_RESPONSE)
+
+    @property
+    def settle_outcome(self) -> SettleOutcome:
+        # A WebSocket (or a ticket's session) counts as active once settled; an
+        # HTTP session's slot is given back (the app's count takes over).
+        return "activate" if self.kind == "websocket" else "release"
+
+
+def due(
+    entries: Iterable[Settlement],
+    now: float,
+    *,
+    shortest_s: float,
+    timeout_s: float,
+    request_timeout_s: float,
+) -> list[Settlement]:
+    """Of ``entries`` (in admission order), those whose time may be up: past their
+    response or held, a request past ``request_timeout_s``, a started one past
+    ``timeout_s`` (``shortest_s``: the shortest of every limit, a ramp time included)."""
+    # Every time limit counts from admission: past the first entry too young for the
+    # shortest limit, none is due.
+    horizon = now - shortest_s
+    found: list[Settlement] = []
+    for entry in entries:
+        if entry.admitted_at > horizon:
+            break
+        if (
+            entry.phase in PAST_RESPONSE
+            or (entry.phase == "request" and now - entry.admitted_at >= request_timeout_s)
+            or (entry.phase == "started" and now - entry.admitted_at >= timeout_s)
+        ):
+            found.append(entry)
+    return found
+
+
+def apply(actions: Iterable[Action]) -> None:
+    """Do what the settler decided; outside the ledger's lock."""
+    for reservation, outcome in actions:
+        if outcome == "release":
+            reservation.release()
+        else:
+            reservation.activate()
+
+
+# --------------------------------------------------------------------------------------
+# The attribution queue settling works on (``settling.py``): in one process, or
+# shared by the workers in a file (``shared_files.SharedSettleQueue``), and the changes
+# a settler makes to one record: find it, move it to the front as a placeholder, drop it
+# (the module notes of ``settling.py`` say why).
+
+#: The share of its expected bytes a session's growth must show to settle.
+VISIBLE_FRACTION: Final = 0.9
+
+
+@dataclass(slots=True)
+class QueueRecord:
+    """One unsettled session in the attribution queue (the file's row when shared)."""
+
+    pid: int
+    seq: int
+    admitted_at: float
+    base_bytes: int
+    expected_bytes: int
+    #: Left without showing its memory; still counts its expected bytes.
+    placeholder: bool = False
+
+
+class SettleQueue(Protocol):
+    """The attribution queue: in this process, or shared by the workers in a file.
+
+    Called only inside the ledger's critical section.
+    """
+
+    def load(self) -> tuple[int | None, list[QueueRecord]]:
+        """The floor (``None`` while empty) and the records in admission order."""
+        ...
+
+    def store(self, floor: int | None, records: list[QueueRecord]) -> None: ...
+
+    def owner_alive(self, pid: int) -> bool:
+        """Whether the worker that queued a record still runs."""
+        ...
+
+    @property
+    def shared(self) -> bool:
+        """Whether other workers' passes may take this worker's records off the queue."""
+        ...
+
+    @property
+    def others(self) -> tuple[float, ...]:
+        """When the other workers' sessions on the queue at the last load were admitted
+        (``time.monotonic()``, one clock for every process of the machine)."""
+        ...
+
+
+class LocalSettleQueue:
+    """The queue of one process."""
+
+    __slots__ = ("_floor", "_records")
+
+    def __init__(self) -> None:
+        self._floor: int | None = None
+        self._records: list[QueueRecord] = []
+
+    def load(self) -> tuple[int | None, list[QueueRecord]]:
+        return self._floor, self._records
+
+    def store(self, floor: int | None, records: list[QueueRecord]) -> None:
+        self._floor, self._records = floor, records
+
+    def owner_alive(self, pid: int) -> bool:
+        return True
+
+    @property
+    def shared(self) -> bool:
+        return False
+
+    @property
+    def others(self) -> tuple[float, ...]:
+        return ()
+
+
+def own_record(records: list[QueueRecord], pid: int, seq: int) -> QueueRecord | None:
+    """The record of session ``seq`` of worker ``pid``, if it is queued."""
+    # Most changes concern recent sessions: search from the newest.
+    for record in reversed(records):
+        if record.pid == pid and record.seq == seq:
+            return record
+    return None
+
+
+def make_placeholder(
+    queue: SettleQueue,
+    pid: int,
+    seq: int,
+    *,
+    route: str,
+    footprint_bytes: Callable[[str], int | None],
+) -> bool:
+    """Move the record of session ``seq`` of worker ``pid`` to the front of the queue
+    (behind the other placeholders) as a placeholder, claiming what a session of its
+    ``route`` was learned to add if less than its reserve; a claim of nothing leaves the
+    queue at once. Whether it stays, as a placeholder."""
+    floor, records = queue.load()
+    record = own_record(records, pid, seq)
+    if record is None:
+        return False
+    records.remove(record)
+    footprint = footprint_bytes(route)
+    if footprint is not None:
+        record.expected_bytes = min(record.expected_bytes, footprint)
+    if record.expected_bytes > 0:
+        record.placeholder = True
+        # Placeholders are a prefix of the queue.
+        records.insert(bisect.bisect_left(records, True, key=_not_placeholder), record)
+    queue.store(floor if records else None, records)
+    return record.placeholder
+
+
+def shown_in_request(
+    floor: int | None,
+    records: list[QueueRecord],
+    pid: int,
+    seqs: set[int],
+    used_bytes: int,
+    share: float = VISIBLE_FRACTION,
+) -> tuple[int | None, list[QueueRecord]]:
+    """Of worker ``pid``'s sessions ``seqs``, of routes that build their memory inside the
+    request, at the first reading after their response: those the working set has grown
+    by ``share`` of what they are expected to add since their admission have their memory
+    there. Each leaves the queue wherever it stands, and the floor rises by what it was
+    expected to add (above the head's starting point), so that none of it counts as an
+    older session's growth. The floor, and the records taken off (``records`` is changed)."""
+    taken: list[QueueRecord] = []
+    if not seqs:
+        return floor, taken
+    for record in list(records):
+        if record.pid != pid or record.seq not in seqs:
+            continue
+        if used_bytes - record.base_bytes < share * record.expected_bytes:
+            continue
+        floor = take_shown(floor, records, record)
+        taken.append(record)
+    return (floor if records else None), taken
+
+
+def take_shown(floor: int | None, records: list[QueueRecord], record: QueueRecord) -> int | None:
+    """Take ``record``, whose memory showed, off the queue wherever it stands: the floor
+    rises by what it was expected to add (above the head's starting point), so that none
+    of it counts as an older session's growth. The new floor (``records`` is changed)."""
+    records.remove(record)
+    if not records:
+        return None
+    head = records[0].base_bytes
+    return (head if floor is None else max(floor, head)) + record.expected_bytes
+
+
+def expect_learned(
+    records: list[QueueRecord],
+    pid: int,
+    routes: dict[int, str],
+    footprint_bytes: Callable[[str], int | None],
+) -> tuple[dict[int, str], dict[int, int]]:
+    """Worker ``pid``'s sessions in the queue (their ``routes`` by number) expect no more
+    than their route is now learned to add: one admitted on a guess that proved too
+    large would otherwise never show its memory, and, a placeholder at the queue's
+    front, keep every later session from showing theirs until the timeout. The routes
+    of those still queued, and the footprints the lowered ones now expect."""
+    kept: dict[int, str] = {}
+    lowered: dict[int, int] = {}
+    for record in records:
+        route = routes.get(record.seq) if record.pid == pid else None
+        if route is None:
+            continue
+        kept[record.seq] = route
+        footprint = footprint_bytes(route)
+        if footprint is not None and footprint < record.expected_bytes:
+            record.expected_bytes = lowered[record.seq] = footprint
+    return kept, lowered
+
+
+def drop_lapsed(
+    records: list[QueueRecord],
+    pid: int,
+    now: float,
+    routes: Mapping[int, str],
+    seen: Iterable[str],
+    ramp_s: Callable[[str], float | None],
+) -> list[QueueRecord]:
+    """``records`` less worker ``pid``'s placeholders (their ``routes`` by number) whose
+    claim protects no one any longer: the longest ramp (``ramp_s``) of the routes ``seen``
+    (all of them known) has passed since its admission, so every older session's memory
+    has come, and the sessions still queued were admitted after its own ramp, so theirs
+    is counted from a working set that held its memory. Each leaves without raising the
+    floor: what it claimed is in their starting points."""
+    if not records or not records[0].placeholder:
+        return records
+    ramps = [ramp_s(route) for route in seen]
+    if not ramps or None in ramps:
+        return records
+    longest = max(r for r in ramps if r is not None)
+    first = next((r.admitted_at for r in records if not r.placeholder), math.inf)
+    kept = []
+    for record in records:
+        route = routes.get(record.seq) if record.pid == pid and record.placeholder else None
+        ramp = None if route is None else ramp_s(route)
+        lapsed = ramp is not None and first >= record.admitted_at + ramp
+        if not (lapsed and now - record.admitted_at >= longest):
+            kept.append(record)
+    return kept
+
+
+def attribute(
+    floor: int | None,
+    records: list[QueueRecord],
+    used: int | None,
+    now: float,
+    *,
+    timeout_s: float,
+    alive: Callable[[int], bool],
+    shared: bool,
+    pid: int,
+) -> tuple[int | None, list[QueueRecord], list[int], tuple[int, int] | None]:
+    """One pass of first-in, first-out attribution at the exact working set ``used``
+    (``None``: none, only placeholders past ``timeout_s`` leave): the new floor, the
+    records kept, the sequence numbers of worker ``pid``'s sessions whose memory showed
+    (in queue order), and, where the head that stopped the pass is ``pid``'s, its
+    sequence number and what it still has to add. Records of workers not ``alive`` are
+    skipped at the head, and (``shared``) dropped further back too."""
+    start = 0
+    count = len(records)
+    shown_own: list[int] = []
+    head_left: tuple[int, int] | None = None
+    while start < count:
+        head = records[start]
+        if not alive(head.pid):
+            start += 1
+            continue
+        base = head.base_bytes if floor is None else max(floor, head.base_bytes)
+        shown = used is not None and used - base >= VISIBLE_FRACTION * head.expected_bytes
+        if not shown and not (head.placeholder and now - head.admitted_at >= timeout_s):
+            floor = base
+            if head.pid == pid and used is not None:
+                head_left = (head.seq, max(0, head.expected_bytes - max(0, used - base)))
+            break
+        floor = base + head.expected_bytes
+        start += 1
+        if head.pid == pid and not head.placeholder:
+            shown_own.append(head.seq)
+    kept = records[start:] if start else records
+    if not kept:
+        floor = None
+    # Dead workers' records further back are dropped too: their sessions are gone.
+    if shared and any(not alive(r.pid) for r in kept if r.pid != pid):
+        kept = [r for r in kept if r.pid == pid or alive(r.pid)]
+    return floor, kept, shown_own, head_left
+
+
+def drop_record(queue: SettleQueue, pid: int, seq: int) -> None:
+    """Take the record of session ``seq`` of worker ``pid`` off the queue, if it is there."""
+    floor, records = queue.load()
+    kept = [r for r in records if not (r.pid == pid and r.seq == seq)]
+    if len(kept) != len(records):
+        queue.store(floor if kept else None, kept)
+
+
+def _not_placeholder(record: QueueRecord) -> bool:
+    return not record.placeholder
+
+
+# --------------------------------------------------------------------------------------
+# Whether memory is still arriving: a working set growing fast holds settling by time.
+#
+# Sessions ramp slower when many start at once on a busy machine than the ramp learned
+# from calmer ones; releasing them by time while their memory is visibly still coming
+# would admit a burst past capacity. So the settler (``settling.py``) settles no session
+# by its ramp time while the working set grows at least ``GROWING_BYTES_PER_S`` faster
+# than what can be explained (over readings at least ``GROWTH_WINDOW_S`` apart), nor
+# until it has been quiet for ``GROWTH_QUIET_S``.
+#
+# What can be explained: the memory of sessions built inside their request, at their
+# response (:meth:`Growth.explain`), and the sessions still within their ramp, as fast as
+# their learned ramp brings their memory (the ``young_bytes_per_s`` of each reading).
+# Under churn some session is nearly always ramping: without this, no older session
+# would ever settle by its ramp time. In a burst the sessions are of one age, none is
+# within its ramp once the first is past it, and the growth holds them all.
+
+GROWING_BYTES_PER_S: Final = 16 * 1024 * 1024
+GROWTH_WINDOW_S: Final = 0.25
+GROWTH_QUIET_S: Final = 1.0
+#: A route settling waits for this little (its learned ramp, stretched) builds its memory
+#: inside the request (``learning.quick``): it is there at its response.
+QUICK_RAMP_S: Final = 0.4
+#: A learned ramp time is stretched this much before it settles a reservation: under
+#: CPU contention a burst ramps slower than the sessions it was learned from, and a
+#: reservation held a little long costs less than one released before its memory.
+#: Within the stretched ramp, a session's memory arrives at the pace of the one learned.
+RAMP_MARGIN: Final = 2.0
+
+
+def quick(ramp_s: float | None) -> bool:
+    """Whether a route whose sessions settle by ``ramp_s`` builds them inside the request."""
+    return ramp_s is not None and ramp_s <= QUICK_RAMP_S
+
+
+def young_bytes_per_s(
+    entries: Iterable[Settlement], ramp_s: Callable[[str], float | None], now: float
+) -> float:
+    """How fast the unsettled ``entries`` still within their learned ramp (``ramp_s`` of
+    their route is stretched by ``RAMP_MARGIN``) may add memory: what each still adds,
+    over that ramp. One past it has nothing left to explain: its memory is as late as
+    that of the sessions waiting for their ramp time."""
+    total = 0.0
+    for entry in entries:
+        ramp = ramp_s(entry.route)
+        if ramp is not None and not quick(ramp):
+            learned = ramp / RAMP_MARGIN
+            if now - entry.admitted_at < learned:
+                total += entry.remaining / learned
+    return total
+
+
+class Growth:
+    """The working set's growth, as the exact readings settling sees show it."""
+
+    __slots__ = ("_explained", "_growing_until", "_ref")
+
+    def __init__(self) -> None:
+        self._ref: tuple[int, float] | None = None
+        self._growing_until = 0.0
+        #: Growth since the reference reading that sessions built in their request made.
+        self._explained = 0
+
+    def explain(self, grown_bytes: int) -> None:
+        """A session built inside its request showed ``grown_bytes`` at its response."""
+        self._explained += grown_bytes
+
+    def note(self, used_bytes: int, now: float, young_bytes_per_s: float = 0.0) -> None:
+        """An exact reading of the working set, while the sessions within their ramp may
+        add ``young_bytes_per_s``."""
+        ref = self._ref
+        if ref is not None and now - ref[1] < GROWTH_WINDOW_S:
+            return
+        if ref is not None:
+            rate = (used_bytes - ref[0] - self._explained) / (now - ref[1])
+            if rate >= GROWING_BYTES_PER_S + young_bytes_per_s:
+                self._growing_until = now + GROWTH_QUIET_S
+        self._ref = (used_bytes, now)
+        self._explained = 0
+
+    def quiet(self, now: float) -> bool:
+        """Whether no memory has been seen arriving for ``GROWTH_QUIET_S``."""
+        return now >= self._growing_until
+
+
+# --------------------------------------------------------------------------------------
+# Memory freed by sessions that end, so that it does not hide the growth of others.
+#
+# While sessions settle (``settling.py``) the working set must rise by what each is
+# expected to add above a floor. Under churn, sessions end while others ramp: the memory
+# they free makes the working set fall by as much as the others grow, and without this
+# the sessions still ramping would look as if nothing of theirs had come, their
+# reservations held until their ramp time or the timeout (docs/reservations.md,
+# "Settling under churn").
+#
+# Notes:
+#
+# - Each end the settler is told of *owes* a credit: at most what a session of its
+# route is expected to free (its learned footprint, else its reserve), counted from
+# a *mark*, the exact reading before which it cannot have ended (the last one for an
+# end told as it happens; the previous sample's for one found by the app's count
+# falling at a sample).
+# - At each exact reading, a fall of the working set since the mark is credited, up to
+# what is owed, with the growth it hid: the sessions still ramping are taken to have
+# gone on growing as slowly as in the slower of the last two steps that fell nothing.
+# The bases of the sessions admitted no later than the mark, and the floor if it has
+# not moved since the mark, fall by the credit; the mark moves to this reading. The
+# memory left; it counts against no one.
+# - Only a fall actually seen is credited, never an end's footprint on its own: memory
+# a server keeps after a session ends (a kernel kept for reconnection, a cache)
+# credits nothing. An ended session's memory that had counted as another's growth
+# stays counted (a reservation settles no earlier than it could have before the
+# end). A credit not matched within ``CREDIT_S`` lapses.
+
+#: How long after its end a session's freed memory is looked for.
+CREDIT_S: Final = 3.0
+#: Rates of growth are taken over steps at least this long (decisions read more often).
+RATE_STEP_S: Final = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """An exact reading, and the queue's floor once it was attributed."""
+
+    used_bytes: int
+    at: float
+    floor: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """Memory seen freed: ``bytes`` off the bases admitted by ``mark.at``, and off the
+    floor if it is still ``mark.floor``."""
+
+    bytes: int
+    mark: Mark
+
+
+class FreedMemory:
+    """What ended sessions may still free, matched against the readings' falls.
+
+    One pool: ends told with different marks look from the oldest of them (a fall
+    before an end is memory that left too, and is never counted twice)."""
+
+    __slots__ = ("_bytes", "_last", "_mark", "_rates", "_until")
+
+    def __init__(self) -> None:
+        self._bytes = 0
+        self._mark: Mark | None = None
+        self._until = 0.0
+        self._last: tuple[int, float] | None = None
+        #: The working set's rate of change over the last two steps that fell nothing.
+        self._rates = (0.0, 0.0)
+
+    @property
+    def owed(self) -> bool:
+        return self._bytes > 0
+
+    def ended(self, freed_bytes: int, since: Mark, now: float) -> None:
+        """Sessions ended after the reading ``since``, freeing at most ``freed_bytes``."""
+        if freed_bytes <= 0:
+            return
+        if self._bytes <= 0 or self._mark is None or since.at < self._mark.at:
+            self._mark = since
+        self._bytes += freed_bytes
+        self._until = now + CREDIT_S
+
+    def step(self, used_bytes: int, now: float) -> Credit | None:
+        """Each exact reading: what it shows freed since the mark, if anything (the mark
+        is moved on by :meth:`moved`)."""
+        last = self._last
+        credit = None
+        mark = self._mark
+        if self._bytes > 0 and mark is not None:
+            fell = mark.used_bytes - used_bytes
+            if fell > 0:
+                # Sessions still ramping went on growing meanwhile, as slowly as in
+                # either of the last steps before: that much of the fall is hidden.
+                hidden = max(0.0, min(self._rates)) * max(0.0, now - mark.at)
+                taken = min(self._bytes, int(fell + hidden))
+                self._bytes -= taken
+                credit = Credit(taken, mark)
+            if now >= self._until:
+                self._bytes = 0  # lapsed, after this last look
+        if last is None or now - last[1] >= RATE_STEP_S or credit is not None:
+            self._last = (used_bytes, now)
+            if credit is None and last is not None and used_bytes >= last[0]:
+                self._rates = (self._rates[1], (used_bytes - last[0]) / (now - last[1]))
+        return credit
+
+    def moved(self, mark: Mark) -> None:
+        """What is still owed is looked for from ``mark`` on."""
+        if self._bytes > 0:
+            self._mark = mark
+
+
+class AdmittedBase(Protocol):
+    """A session in the attribution queue (``settling.QueueRecord``)."""
+
+    admitted_at: float
+    base_bytes: int
+
+
+def credited(floor: int | None, records: Sequence[AdmittedBase], credit: Credit) -> int | None:
+    """Memory freed since ``credit.mark`` leaves the bases of the sessions admitted by
+    then, and the floor where it has not moved since; the floor."""
+    for record in records:
+        if record.admitted_at <= credit.mark.at:
+            record.base_bytes = max(0, record.base_bytes - credit.bytes)
+    if floor is not None and floor == credit.mark.floor:
+        floor = max(0, floor - credit.bytes)
+    return floor
+
+
+# --------------------------------------------------------------------------------------
+# This process's unsettled sessions, their phases counted, and each way one leaves.
+#
+# Notes:
+#
+# - The settler (``settling.py``) decides when a session leaves; this says what its
+# leaving does: settled (its reservation released or made active by its kind),
+# given back (released, its memory still expected as a placeholder), activated (a
+# started session) or dropped (it failed or ended: released, its record taken off
+# the attribution queue). Each returns the reservation changes to make once the
+# ledger's critical section is left, as the settler's own methods do.
+# - The counts of sessions waiting past their response, and of those and the held
+# tickets, follow every change of phase: reading them costs no pass over the entries.
+# - A session that leaves without showing its memory moves to the front of the queue
+# as a placeholder (``make_placeholder``; the settler's module notes say
+# why). Entries are kept in admission order, the order ``due`` reads them in.
+
+
+class PendingSessions:
+    """The settlements of one process not yet settled, by number in admission order.
+
+    ``queue`` is the attribution queue their records are in, ``pid`` the process's,
+    ``footprint_bytes(route)`` a route's learned footprint or ``None``. Changed only
+    inside the ledger's critical section."""
+
+    __slots__ = ("_entries", "_footprint_bytes", "_pid", "_queue", "past_response", "waiting")
+
+    def __init__(
+        self, queue: SettleQueue, pid: int, footprint_bytes: Callable[[str], int | None]
+    ) -> None:
+        self._queue = queue
+        self._pid = pid
+        self._footprint_bytes = footprint_bytes
+        self._entries: dict[int, Settlement] = {}
+        #: Sessions past their response, not held, not yet settled.
+        self.waiting = 0
+        #: Those and the held tickets past their response, not yet started.
+        self.past_response = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Settlement]:
+        return iter(self._entries.values())
+
+    def add(self, entry: Settlement) -> None:
+        self._entries[entry.seq] = entry
+
+    def get(self, seq: int) -> Settlement | None:
+        return self._entries.get(seq)
+
+    def held(self) -> tuple[int, int]:
+        """What the sessions are still expected to add, and how many there are."""
+        entries = self._entries.values()
+        return sum(entry.remaining for entry in entries), len(entries)
+
+    def oldest_waiting(self, count: int) -> list[Settlement]:
+        """The oldest ``count`` sessions waiting past their response (fewer if fewer wait)."""
+        oldest: list[Settlement] = []
+        for entry in self._entries.values():
+            if len(oldest) >= count:
+                break
+            if entry.phase == "waiting":
+                oldest.append(entry)
+        return oldest
+
+    def phase(self, entry: Settlement, phase: Phase) -> None:
+        self.waiting += (phase == "waiting") - (entry.phase == "waiting")
+        self.past_response += (phase in PAST_RESPONSE) - (entry.phase in PAST_RESPONSE)
+        entry.phase = phase
+
+    def settle(self, entry: Settlement) -> list[Action]:
+        self.phase(entry, "done")
+        self._entries.pop(entry.seq, None)
+        outcome = entry.settle_outcome
+        entry.released = outcome == "release"
+        return [(entry.reservation, outcome)]
+
+    def give_back(self, entry: Settlement) -> list[Action]:
+        self.mark_placeholder(entry)
+        self.phase(entry, "done")
+        entry.released = True
+        self._entries.pop(entry.seq, None)
+        return [(entry.reservation, "release")]
+
+    def activate(self, entry: Settlement) -> list[Action]:
+        # A started session: active from now on, until its app releases it.
+        self._entries.pop(entry.seq, None)
+        return [(entry.reservation, "activate")]
+
+    def activate_started(self) -> list[Action]:
+        """Every started session kept pending becomes active."""
+        covering = [entry for entry in self._entries.values() if entry.phase == "started"]
+        return [action for entry in covering for action in self.activate(entry)]
+
+    def drop(self, entry: Settlement) -> list[Action]:
+        # Releasing is idempotent: a settled session (an active WebSocket, a started
+        # ticket) is released here too when it ends.
+        entry.released = True
+        if entry.phase != "done":
+            self.phase(entry, "done")
+            self._entries.pop(entry.seq, None)
+            if entry.queued:
+                drop_record(self._queue, self._pid, entry.seq)
+        return [(entry.reservation, "release")]
+
+    def mark_placeholder(self, entry: Settlement) -> bool:
+        """Move the session's record to the front of the queue as a placeholder; whether
+        it stays there (``make_placeholder``)."""
+        # It may have all its memory by now, ahead of older sessions still ramping: at
+        # the front, growth pays for it before crediting anyone.
+        if not entry.queued:
+            return False
+        return make_placeholder(
+            self._queue,
+            self._pid,
+            entry.seq,
+            route=entry.route,
+            footprint_bytes=self._footprint_bytes,
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Settling: a session's reservation lasts until its memory shows in the working set.
+#
+# A session-opening request usually answers long before its session has built its
+# memory (``201``, then the browser or kernel boots). The reservation made at
+# admission therefore stays counted as pending past the response (HTTP) or the
+# accept (WebSocket) until the session *settles*: its memory is visible, its
+# learned ramp time has passed, or the pending timeout has.
+#
+# Notes:
+#
+# - Attribution is aggregate and first in, first out. Unsettled sessions wait in
+# admission order behind a *floor*, the working set already accounted for. The
+# head's memory is visible once the working set reaches ``floor + 0.9 x its
+# expected bytes``; it then leaves and the floor rises by its *whole* expected
+# bytes, so the next one must show its own memory on top. A session's floor is
+# never below the working set at its own admission: growth from before it
+# existed is never its own. Other memory growing can only make a session look
+# settled when it really is growing too, and memory freed (sessions ending) holds
+# the queue longer: a reservation may be held a little long, never released early.
+# - Readings used here are exact working sets (never the fast path's usage bound,
+# which includes cache). Admission records the working set it decided with, or the
+# bound where that was all it read: a higher start only holds the reservation longer.
+# - A session that leaves the queue without showing its memory (its ramp time or
+# the timeout passed, or its app said ``started()``) stays in the queue as a
+# placeholder, still counting its expected bytes, and moves to the front: its
+# memory may all be there already, ahead of older sessions still ramping, so
+# growth pays for it first. It leaves once its memory shows, the timeout has passed
+# since its admission, or it protects no one (``drop_lapsed``). A
+# session that failed or ended leaves outright: no memory is expected of it.
+# - A session of a route built inside the request settles at the first reading after
+# its response that shows its memory, wherever it stands in the queue, and its memory
+# counts as no older session's growth (``shown_in_request``).
+# - A session whose app says ``started()`` while the floor stands above the working
+# set it was admitted at may be what credited older sessions with growth since
+# then: its memory is up, theirs perhaps not yet, and its reserve is all that still
+# covers theirs. It stays pending (its ticket started) until growth has paid for
+# every placeholder in the queue (a later one's memory may be what paid for its
+# own) or the timeout has passed since its admission, then becomes active.
+# Otherwise ``started()`` makes it active at once.
+# - Everything here runs inside the ledger's critical section, which also guards
+# the queue when it is shared by the workers (``SharedSettleQueue``); what to do
+# with the reservations (release, activate: below) is returned, to
+# be done after the lock is left, because the reservations take the same lock.
 
 logger = logging.getLogger("asgi_admission")
 
@@ -140,7 +852,7 @@ class Settler:
         self._pid = os.getpid()
         self._pending = PendingSessions(self._queue, self._pid, footprint_bytes)
         self._growth = Growth()
-        #: The last exact reading, and memory ended sessions may free (``freed.py``).
+        #: The last exact reading, and memory ended sessions may free.
         self._mark: Mark | None = None
         self._freed = FreedMemory()
         #: Sessions of routes built inside the request that responded since the last reading.
@@ -265,7 +977,7 @@ class Settler:
     def measured(self, entry: Settlement, own_bytes: int) -> list[Action]:
         """The session's own memory was measured at ``own_bytes`` (its process, by the
         watchdog): it settles once that shows what it was expected to add, wherever it
-        stands in the queue (``settle_queue.take_shown``); until then it counts only what
+        stands in the queue (``take_shown``); until then it counts only what
         its own memory still has to add. Exact evidence: ends elsewhere cannot hide it."""
         if not entry.awaiting_memory:
             return []
@@ -297,7 +1009,7 @@ class Settler:
 
     def ended(self, freed_bytes: int, now: float, *, since: Mark | None = None) -> None:
         """Sessions ended after the reading ``since`` (default: the last), freeing at
-        most ``freed_bytes``: the falls seen next are credited (``freed.py``)."""
+        most ``freed_bytes``: the falls seen next are credited."""
         since = self._mark if since is None else since
         if since is not None:
             self._freed.ended(freed_bytes, since, now)

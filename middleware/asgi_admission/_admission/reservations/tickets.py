@@ -15,7 +15,7 @@ from typing import Final, Literal, Protocol
 
 from starlette.requests import HTTPConnection
 
-from asgi_admission._admission.reservations.settlement import Settlement
+from asgi_admission._admission.reservations.settling import Settlement
 
 #: Where the middleware puts a guarded request's ticket in its ASGI scope.
 SCOPE_KEY: Final = "asgi_admission.ticket"

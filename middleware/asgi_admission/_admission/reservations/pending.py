@@ -1,0 +1,1186 @@
+"""The pending reservations of one guard: what the service, a session's events and the
+periodic look at memory ask of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import logging
+import os
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from asgi_admission._admission.decision.latch import AdmissionController, HeldBytes
+from asgi_admission._admission.decision.observer import Kind
+from asgi_admission._admission.decision.reserve import derived_reserve_bytes
+from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
+from asgi_admission._admission.reservations.learning import (
+    WINDOW,
+    RouteEstimate,
+    SessionLearner,
+    effective_reserve,
+)
+from asgi_admission._admission.reservations.probing import (
+    Gate,
+    HoldRegistry,
+    ProbeBoard,
+    ProbeStatus,
+    ProbeStore,
+)
+from asgi_admission._admission.reservations.settling import (
+    RAMP_MARGIN,
+    Action,
+    LocalSettleQueue,
+    Mark,
+    Settlement,
+    SettleQueue,
+    Settler,
+    apply,
+)
+from asgi_admission._admission.reservations.shared_files import (
+    LearnedStore,
+    SharedProbeStore,
+    SharedSettleQueue,
+)
+from asgi_admission._config import Learning
+from asgi_admission._memory.reading import MemoryReading
+from asgi_admission._routes import RouteNames
+
+# --------------------------------------------------------------------------------------
+# How often sessions end: the evidence for a ``Retry-After`` that means something.
+#
+# When memory is short, the next session fits once one session's worth of memory
+# is freed. The guard sees sessions end (its count of active sessions falling, or
+# the app's ``current_sessions``), so the mean interval between recent ends says
+# how long that is likely to take. Without enough recent ends there is no
+# evidence, and the configured base delay is used.
+
+#: Ends older than this are no evidence of the current rate.
+WINDOW_S: Final = 600.0
+#: At least this many recent ends before their rate is trusted.
+MIN_ENDS: Final = 3
+_KEEP: Final = 64
+
+
+class SessionEnds:
+    """Recent session ends, from successive active counts. Not thread-safe alone."""
+
+    __slots__ = ("_ends", "_last_active", "_last_own")
+
+    def __init__(self) -> None:
+        self._ends: deque[float] = deque(maxlen=_KEEP)
+        self._last_active: int | None = None
+        self._last_own: int | None = None
+
+    def own_share(self, anonymous: int, named: int, own: int | None) -> int:
+        """Of ``anonymous`` ends found by a container-wide count (a shared ledger), how
+        many were this worker's: as many as the app's own count ``own`` fell, less the
+        ``named`` ends already told (none where the app gives no count). Called at
+        every sample, with its own count."""
+        last, self._last_own = self._last_own, own
+        if own is None or last is None:
+            return 0
+        return max(0, min(anonymous, last - own - named))
+
+    def on_active(self, active: int, now: float) -> int:
+        """The active count now; each one fewer than last time is a session that ended.
+
+        Returns how many ended.
+        """
+        last = self._last_active
+        self._last_active = active
+        if last is None or active >= last:
+            return 0
+        self._ends.extend([now] * min(_KEEP, last - active))
+        return last - active
+
+    def expected_wait_s(self, now: float) -> float | None:
+        """Seconds until the next session end is expected; ``None`` without evidence."""
+        ends = self._ends
+        while ends and now - ends[0] > WINDOW_S:
+            ends.popleft()
+        if len(ends) < MIN_ENDS:
+            return None
+        # Never less than a second: clients coming back at once are only refused again.
+        return max(1.0, (ends[-1] - ends[0]) / (len(ends) - 1))
+
+
+# --------------------------------------------------------------------------------------
+# Session events done at once or, while the shared ledger is held, kept for later.
+#
+# A session's events (its response, its end, a ticket) change the settler's
+# bookkeeping inside the ledger's critical section, which is only ever tried: where
+# another worker holds it, :class:`KeptEvents` keeps the event, in order, for the
+# next sample, so neither the event loop nor a response waits for another process
+# and nothing is lost (``docs/trust.md``).
+
+#: One session event's bookkeeping, inside the critical section: what it decided.
+Step = Callable[[], Sequence[Action]]
+
+
+class KeptEvents:
+    """The session events kept while another worker held the shared ledger, oldest first."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        self._kept: collections.deque[Step] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def keep(self, step: Step) -> None:
+        """Keep ``step`` for the next critical section, after those kept before it."""
+        self._kept.append(step)
+
+    def now_or_later(
+        self,
+        step: Step,
+        attempt: AbstractContextManager[object],
+        *,
+        releases: Reservation | None = None,
+    ) -> None:
+        """``step`` in the critical section (``attempt``), then what it decided; while
+        another worker holds the shared ledger (or earlier events wait), kept.
+
+        A step that ends its session (``releases``: a ticket's release, a WebSocket's
+        end) gives the reservation back at once even then: the ledger's release never
+        waits and never raises, and nothing that comes later may count that session
+        again (an activation after it is a no-op). Only the settler's bookkeeping waits.
+        """
+        if not self._kept:
+            try:
+                with attempt:
+                    actions = step()
+            except LedgerBusy:
+                pass
+            else:
+                apply(actions)
+                return
+        self._kept.append(step)
+        if releases is not None:
+            releases.release()
+
+    def catch_up(self, attempt: AbstractContextManager[object]) -> None:
+        """The events kept, in order, in a critical section of their own (``attempt``):
+        what they decided is done even if what follows fails. ``LedgerBusy`` while
+        another worker holds the shared ledger (they stay kept)."""
+        if not self._kept:
+            return
+        actions: list[Action] = []
+        with attempt:
+            while self._kept:
+                actions += self._kept.popleft()()
+        apply(actions)
+
+
+# --------------------------------------------------------------------------------------
+# What the decisions and settling expect of each route, from what was learned.
+#
+# ``LearnedView`` puts together the learner's estimates and the probe board's
+# provisional footprints (a concluded probe's, or an open probe's growth past its
+# guess: ``probing.py``) into the figures the keeper hands on: each route's reserve
+# (``effective_reserve`` of the configured or derived one), its footprint and ramp for
+# settling, and the routes decided on an estimate rather than probed first (with
+# ``raise``, what was learned floors a configured reserve and replaces a derived one). They are
+# computed once per change of what was learned (the learner's and the board's
+# versions), not on every decision.
+
+
+class LearnedView:
+    """Per-route estimates for one keeper (called inside the ledger's lock)."""
+
+    __slots__ = (
+        "_board",
+        "_board_version",
+        "_controller",
+        "_estimates",
+        "_expected",
+        "_known",
+        "_learner",
+        "_learner_version",
+        "learning",
+        "min_reserve_bytes",
+    )
+
+    def __init__(
+        self,
+        *,
+        learner: SessionLearner,
+        board: ProbeBoard,
+        controller: AdmissionController,
+        learning: Learning,
+        min_reserve_bytes: int,
+    ) -> None:
+        self._learner = learner
+        self._board = board
+        self._controller = controller
+        self.learning: Learning = learning
+        self.min_reserve_bytes = min_reserve_bytes
+        self._learner_version = -1
+        self._board_version = -1
+        self._estimates: dict[str, RouteEstimate] = {}
+        #: Routes decided on an estimate (learned, or a probe's provisional footprint).
+        self._known: dict[str, RouteEstimate | None] = {}
+        self._expected: dict[tuple[str, int | None], int] = {}
+
+    def expected_bytes(self, route: str, limit_bytes: int | None) -> int:
+        """The route's own reserve under the limit ``limit_bytes``: the one configured or
+        derived from the limit, raised or replaced by what was learned of this route (a
+        session smaller than it settles by its ramp). Asked on every admission."""
+        self.estimates()
+        key = (route, limit_bytes)
+        expected = self._expected.get(key)
+        if expected is None:
+            estimate = self._estimates.get(route)
+            base = self._controller.reserve_bytes
+            expected = self._expected[key] = effective_reserve(
+                derived_reserve_bytes(limit_bytes) if base is None else base,
+                () if estimate is None else (estimate,),
+                mode=self.mode,
+                min_bytes=self.min_reserve_bytes,
+            )
+        return expected
+
+    @property
+    def mode(self) -> Learning:
+        """How what was learned acts on the reserve: ``raise`` floors only a configured
+        reserve; a reserve derived from the limit is a guess, which what was learned
+        replaces (never below the minimum), as with ``adapt``."""
+        if self.learning == "raise" and self._controller.reserve_bytes is None:
+            return "adapt"
+        return self.learning
+
+    def ramp_s(self, route: str) -> float | None:
+        """How long settling waits by time for a session of ``route``; ``None`` unknown."""
+        # Only a concluded estimate has a ramp: an open probe's is still growing.
+        estimate = self.known().get(route)
+        return None if estimate is None else estimate.ramp_s * RAMP_MARGIN
+
+    def footprint_bytes(self, route: str) -> int | None:
+        estimate = self.estimates().get(route)
+        return None if estimate is None else estimate.footprint_bytes
+
+    def min_ramp_s(self) -> float | None:
+        ramps = (e.ramp_s * RAMP_MARGIN for e in self.known().values() if e is not None)
+        return min(ramps, default=None)
+
+    def estimates(self) -> dict[str, RouteEstimate]:
+        """Every route's estimate: learned, else a probe's provisional one."""
+        learner, board = self._learner, self._board
+        if self._learner_version != learner.version or self._board_version != board.version:
+            self._learner_version = learner.version
+            self._board_version = board.version
+            off = self.learning == "off"
+            learned = {} if off else {e.route: e for e in learner.estimates()}
+            # A probe's provisional footprint stands in until the learner has one.
+            provisional = {} if off else board.estimates()
+            for route in learned:
+                provisional.pop(route, None)
+            self._estimates = {**learned, **provisional}
+            self._known = {**board.concluded(), **learned}
+            self._expected = {}
+        return self._estimates
+
+    def known(self) -> dict[str, RouteEstimate | None]:
+        """The routes whose sessions are decided on an estimate, not probed first."""
+        self.estimates()
+        return self._known
+
+    def reserve_bytes(self) -> int | None:
+        """The reserve what was learned sets (``None``: nothing learned, or learning off):
+        the largest footprint, an open probe's growth past its guess included, never below
+        the minimum where it replaces the reserve."""
+        largest = max((e.footprint_bytes for e in self.estimates().values()), default=None)
+        mode = self.mode
+        if largest is None or mode == "off":
+            return None
+        return max(largest, self.min_reserve_bytes) if mode == "adapt" else largest
+
+    def forget(self) -> None:
+        """The configured or learned reserve changed: recompute each route's."""
+        self._expected = {}
+
+
+# --------------------------------------------------------------------------------------
+# What the keeper learned, handed on: to the controller's reserve, and to the workers.
+#
+# Whenever the learner or the probes have something new, the reserve the latch uses is
+# set again (below: the configured reserve raised or replaced by what was
+# learned), the probes of routes learned meanwhile are over, and, with a shared
+# directory, the new observations go into the learned file that every worker reads
+# (``shared_files.LearnedStore``). What the other workers learned is taken in every
+# ``SHARED_REFRESH_S``, or at every sample while requests wait for another worker's probe.
+# Everything here runs inside the ledger's critical section.
+
+#: How often a worker takes in what the other workers learned.
+SHARED_REFRESH_S: Final = 2.0
+
+
+class LearnedSharing:
+    """Hands on what ``learner`` and ``board`` learned (see the module notes)."""
+
+    __slots__ = (
+        "_board",
+        "_clock",
+        "_controller",
+        "_learner",
+        "_next_refresh",
+        "_on_reserve",
+        "_probing",
+        "_seen",
+        "_store",
+        "_view",
+    )
+
+    def __init__(
+        self,
+        *,
+        learner: SessionLearner,
+        board: ProbeBoard,
+        view: LearnedView,
+        controller: AdmissionController,
+        shared_dir: str | None,
+        probing: bool,
+        on_reserve: Callable[[int, int | None], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self._learner = learner
+        self._board = board
+        self._view = view
+        self._controller = controller
+        self._probing = probing
+        self._on_reserve = on_reserve
+        self._clock = clock
+        self._store: LearnedStore | None = None
+        if shared_dir is not None:
+            self._store = LearnedStore(shared_dir, window=WINDOW)
+            learner.merge(self._store.load())
+        self._next_refresh = 0.0
+        #: The learner's and the board's versions the reserve was last set from.
+        self._seen = (-1, -1)
+        self.update()
+
+    def publish(self) -> None:
+        """After new observations: share them (with a shared directory), update the reserve."""
+        if self._versions() == self._seen:
+            return
+        new = self._learner.take_new()
+        if self._store is not None and new:
+            merged = self._store.add(new, known=self._learner.observations())
+            if merged is not None:  # None: the file is unusable for now (logged once)
+                self._learner.merge(merged)
+        self.update()
+
+    def refresh(self, now: float, *, urgent: bool = False) -> None:
+        """Take in what the other workers learned, when it is due (``urgent``: now)."""
+        store = self._store
+        if store is None or not (urgent or now >= self._next_refresh):
+            return
+        self._next_refresh = now + SHARED_REFRESH_S
+        loaded = store.refresh()
+        if loaded is not None and store.moved:
+            # Another file than last time (deleted and made again, or replaced): this
+            # worker adds what it knows that the file lacks, before taking it in.
+            loaded = store.add({}, known=self._learner.observations())
+        if loaded is None:
+            return  # unusable for now (logged once): this worker keeps what it learned
+        self._learner.merge(loaded)
+        if self._versions() != self._seen:
+            self.update()
+
+    def update(self) -> None:
+        """Hand the controller what was learned: it raises or replaces the reserve; the
+        probes of routes learned now are over."""
+        board = self._board
+        if self._probing:
+            board.learned(board.watched() & self._learner.routes(), self._clock())
+        self._seen = self._versions()
+        self._view.forget()
+        learned, controller = self._view.reserve_bytes(), self._controller
+        if controller.learned(learned, replaces=self._view.mode == "adapt") and learned is not None:
+            self._on_reserve(learned, controller.reserve_bytes)
+
+    def _versions(self) -> tuple[int, int]:
+        return self._learner.version, self._board.version
+
+
+# --------------------------------------------------------------------------------------
+# The parts a :class:`~asgi_admission._admission.reservations.pending.ReservationKeeper`
+# is made of, built together: they depend on one another in one direction only.
+#
+# Notes:
+#
+# - The order is the direction of their dependencies: the settling queue (this
+# process's, or the workers' shared file), the probe board (whose store is shared
+# too), the learned view over the learner and the board, the settler that asks the
+# view what a route's sessions are expected to add, and the sharing of what was
+# learned, which reads all of them.
+# - With ``ADMISSION_SHARED_DIR`` unset nothing here opens a file.
+
+
+class Tally:
+    """A count told one at a time: the held tickets the pending timeout released."""
+
+    __slots__ = ("total",)
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def __call__(self) -> None:
+        self.total += 1
+
+
+@dataclass(frozen=True)
+class KeeperParts:
+    """A keeper's collaborators (see the module notes for how they depend on one another)."""
+
+    #: The latch the reserve is set on, and the clock every part is told the time by.
+    controller: AdmissionController
+    clock: Callable[[], float]
+    learner: SessionLearner
+    queue: SettleQueue
+    #: Whether routes not learned yet are probed (``probing.py``).
+    probing: bool
+    #: The requests held for the probes' evidence (the service's, which waits them).
+    holds: HoldRegistry
+    board: ProbeBoard
+    view: LearnedView
+    settler: Settler
+    sharing: LearnedSharing
+    #: Held tickets never started that the timeout released, in this process.
+    expired: Tally
+
+
+def build_parts(
+    *,
+    controller: AdmissionController,
+    learning: Learning,
+    min_reserve_bytes: int,
+    timeout_s: float,
+    request_timeout_s: float | None = None,
+    shared_dir: str | None = None,
+    ledger_is_current: Callable[[], bool] | None = None,
+    on_reserve: Callable[[int, int | None], None] = lambda learned, configured: None,
+    clock: Callable[[], float] = time.monotonic,
+    probe_sessions: int = 0,
+    holds: HoldRegistry | None = None,
+    learner: SessionLearner | None = None,
+) -> KeeperParts:
+    """The parts of one keeper, from the guard's settings.
+
+    ``timeout_s`` bounds a reservation past its response (``request_timeout_s`` one
+    whose request is in progress); ``shared_dir`` is ``ADMISSION_SHARED_DIR``;
+    ``ledger_is_current()`` whether the shared ledger's file is still the one opened;
+    ``on_reserve(learned, configured)`` is told when the learned reserve changes;
+    ``learner`` is what learns the sessions' cost (a new one by default).
+    """
+    expired = Tally()
+    if learner is None:
+        learner = SessionLearner(timeout_s=timeout_s)
+    queue: SettleQueue = LocalSettleQueue()
+    if shared_dir is not None:
+        queue = SharedSettleQueue(shared_dir, may_follow=ledger_is_current)
+    probing = probe_sessions > 0 and learning != "off"
+    holds = HoldRegistry() if holds is None else holds
+    store: ProbeStore | None = None
+    if shared_dir is not None and probing:
+        store = SharedProbeStore(shared_dir)
+    board = ProbeBoard(
+        probe_sessions=probe_sessions,
+        timeout_s=timeout_s,
+        store=store,
+        on_wake=holds.wake,
+        waiting=holds.count,
+    )
+    view = LearnedView(
+        learner=learner,
+        board=board,
+        controller=controller,
+        learning=learning,
+        min_reserve_bytes=min_reserve_bytes,
+    )
+    settler = Settler(
+        queue=queue,
+        timeout_s=timeout_s,
+        request_timeout_s=request_timeout_s,
+        ramp_s=view.ramp_s,
+        min_ramp_s=view.min_ramp_s,
+        footprint_bytes=view.footprint_bytes,
+        on_expired=expired,
+    )
+    sharing = LearnedSharing(
+        learner=learner,
+        board=board,
+        view=view,
+        controller=controller,
+        shared_dir=shared_dir if learning != "off" else None,
+        probing=probing,
+        on_reserve=on_reserve,
+        clock=clock,
+    )
+    return KeeperParts(
+        controller=controller,
+        clock=clock,
+        learner=learner,
+        queue=queue,
+        probing=probing,
+        holds=holds,
+        board=board,
+        view=view,
+        settler=settler,
+        sharing=sharing,
+        expired=expired,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# The keeper's looks at memory: when one is due, what a reading settles and teaches.
+#
+# A :class:`Looks` holds what the keeper needs between two readings (when the last
+# was taken, the settling queue's mark at the last sample, the session ends already
+# told by their route, the memory limit of the last admission) and takes the
+# readings: a decision's own, one due after a sample interval, and the periodic
+# sample's step inside the ledger's critical section.
+#
+# Notes:
+#
+# - Every method runs inside the ledger's critical section (the keeper enters it):
+# the actions returned release or activate reservations, which take the same lock,
+# so the keeper applies them after leaving it.
+# - The sample reads memory only while something is unsettled, being learned or
+# probed, or waits in the workers' shared queue, and the active count (for the rate
+# of session ends) every time: it never blocks on anything slower than the ledger's
+# lock.
+# - A session end told by its route (a WebSocket that closed, a ticket released) is
+# counted here, so that the active count falling for it at the next sample is not
+# taken for a second, anonymous end.
+
+#: How often the periodic sample looks, and the least time between two looks that
+#: a stream of decisions takes for learning.
+SAMPLE_INTERVAL_S: Final = 0.25
+
+
+class Looks:
+    """The readings behind one keeper's settling and learning (see the module notes).
+
+    ``read`` takes an exact reading and never raises; ``active_count(own)`` is the
+    container's active sessions, given the app's own count ``own``; ``ends`` records
+    how often sessions end.
+    """
+
+    def __init__(
+        self,
+        *,
+        parts: KeeperParts,
+        read: Callable[[], MemoryReading],
+        active_count: Callable[[int | None], int],
+        ends: SessionEnds,
+    ) -> None:
+        self._parts = parts
+        self._read = read
+        self._active_count = active_count
+        self._ends = ends
+        self._learning = parts.view.learning != "off"
+        self._next_look = 0.0
+        self._sample_mark: Mark | None = None
+        #: Active sessions seen ending by their route since the last sample.
+        self._named_ends = 0
+        #: The memory limit of the last admission.
+        self.limit: int | None = None
+
+    def note_limit(self, limit_bytes: int) -> None:
+        """An admission was decided under the memory limit ``limit_bytes``."""
+        self.limit = limit_bytes
+
+    def named_end(self) -> None:
+        """An active session ended and was told by its route."""
+        self._named_ends += 1
+
+    def due(self) -> Sequence[Action]:
+        """Settle from a fresh reading when the last look is a sample interval old.
+
+        For decisions that read no exact working set themselves: where the app
+        runs without lifespan (no periodic sample), traffic still settles.
+        """
+        settler = self._parts.settler
+        if not settler.past_response:
+            return ()
+        now = self._parts.clock()
+        if now < self._next_look:
+            return ()
+        memory = self._read()
+        if not memory.available or memory.used_bytes is None:
+            return settler.settle(None, now)
+        return self.take(memory.used_bytes, now)
+
+    def settle_with(self, memory: MemoryReading) -> Sequence[Action]:
+        """A decision's own reading settles what it shows (exact readings only).
+
+        Used at once while sessions wait past their response; otherwise (for
+        learning) at most once per sample interval, so that a stream of decisions
+        costs no more than the sample would.
+        """
+        if not memory.exact or memory.used_bytes is None or not memory.available:
+            return ()
+        now = self._parts.clock()
+        if not self._parts.settler.past_response and now < self._next_look:
+            return ()
+        return self.take(memory.used_bytes, now)
+
+    def take(self, used_bytes: int, now: float) -> list[Action]:
+        """The working set ``used_bytes`` read at ``now``: teach it, settle by it."""
+        parts = self._parts
+        self._next_look = now + SAMPLE_INTERVAL_S
+        if self._learning:
+            busy = parts.probing and parts.board.busy
+            parts.learner.on_reading(used_bytes, now, others=parts.queue.others)
+            if busy:
+                parts.board.on_reading(used_bytes, now, parts.learner)
+            parts.sharing.publish()
+        return parts.settler.settle(used_bytes, now)
+
+    def sample(self, own: int | None, now: float) -> list[Action]:
+        """The periodic sample's step, given the app's own count ``own``."""
+        parts = self._parts
+        settler, learner, board, holds = parts.settler, parts.learner, parts.board, parts.holds
+        actions: list[Action] = []
+        probing = parts.probing and (board.busy or bool(holds))
+        ended = self._ends.on_active(self._active_count(own), now)
+        # Ends whose route is known were told already; the others are the app's count
+        # falling (or other workers' sessions), of a route the learner shares out.
+        named, self._named_ends = self._named_ends, 0
+        anonymous = max(0, ended - named)
+        # The container's count has the other workers' ends in it too.
+        shared = parts.queue.shared
+        mine = self._ends.own_share(anonymous, named, own) if shared else anonymous
+        if anonymous:
+            # Found by a count: they ended since the last sample's reading.
+            freed = anonymous * parts.controller.reserve_for(self.limit)
+            settler.ended(freed, now, since=self._sample_mark)
+        if anonymous and self._learning:
+            if mine:
+                learner.on_session_end(now, count=mine)
+            if anonymous > mine:
+                learner.on_foreign_end()
+        if ended and probing:
+            board.session_ended(now)
+        if settler.unsettled or learner.observing or self._queue_busy() or probing:
+            memory = self._read()
+            if memory.available and memory.used_bytes is not None:
+                actions += self.take(memory.used_bytes, now)
+            else:
+                actions += settler.settle(None, now)
+        self._sample_mark = settler.mark
+        # While requests wait for another worker's probe, what it learned is looked
+        # for at every sample.
+        parts.sharing.refresh(now, urgent=probing and bool(holds))
+        if holds:
+            # Requests that may go on now: their route is known, or (another worker's
+            # probe having left or concluded) a probe's slot is free.
+            for route in board.ready(holds.routes(), parts.view.known(), now):
+                holds.wake(route)
+        return actions
+
+    def _queue_busy(self) -> bool:
+        # Other workers' sessions in a shared queue need this worker's samples too.
+        queue = self._parts.queue
+        return isinstance(queue, SharedSettleQueue) and bool(queue.load()[1])
+
+
+# --------------------------------------------------------------------------------------
+# The reservations of one guard: settling, tickets, learning and the sample behind them.
+#
+# ``ReservationKeeper`` ties together the :class:`Settler` (how long a reservation
+# lasts), the :class:`SessionLearner` (what a session costs), the record of
+# session ends (for ``Retry-After``) and, with ``ADMISSION_SHARED_DIR``, the files
+# the workers share. The admission service calls it on the decision path (inside
+# the ledger's lock: cheap), the watched request when a response ends or a
+# WebSocket is accepted or closed, and the lifespan (a periodic
+# sample so that settling and learning never wait for traffic). Tickets call it
+# from any thread.
+#
+# Notes:
+#
+# - Every change is made inside the ledger's critical section (its
+# ``threading.Lock``, and its ``flock`` when shared), and the reservations are
+# released or activated after it is left: they take the same lock.
+# - The critical section is only ever tried (``attempt``): where another worker
+# holds the shared ledger, a session's event (its response, its end, a ticket)
+# is kept, in order, for the next sample, so neither the event loop nor a
+# response waits for another process and nothing is lost (docs/trust.md). A
+# release (a ticket's, a WebSocket's end) still gives its reservation back at
+# once; the sample catches up in a critical section of its own, so what the kept
+# events decided is done even if the sample's look then fails. The app's own
+# count is asked before the critical section, never inside it.
+# - The readings (a decision's own, one due after a sample interval, the periodic
+# sample's) are taken by the keeper's :class:`Looks`, inside the
+# critical section the keeper enters for them.
+# - The reserve the latch uses is set from the configured reserve and what was
+# learned whenever an observation arrives, and what was
+# learned is shared with the other workers.
+# - While a route has no learned footprint its sessions are probed
+# (``probing.py``): the keeper tells the board of the probes' events and
+# readings, and wakes the requests held for the probes' evidence (``probing.py``).
+
+logger = logging.getLogger("asgi_admission")
+
+#: Why a session request opened nothing: the app answered with an error status, or
+#: its body had not arrived by ``ADMISSION_BODY_TIMEOUT_SECONDS``.
+FailureCause = Literal["error_status", "body_timeout"]
+
+
+class ReservationKeeper:
+    """Settling, tickets and learning for one guard (see the module notes).
+
+    ``attempt`` is the ledger's critical section, tried without waiting (it
+    raises ``LedgerBusy`` while another worker holds it); ``read`` takes an
+    exact reading and never raises; ``app_count()`` is the app's own count of
+    its sessions (app code: asked outside ``attempt``; ``None``: none) and
+    ``active_count(own)`` the container's active sessions with it (inside
+    ``attempt``); ``route_of(scope)`` names a session's route.
+    """
+
+    def __init__(
+        self,
+        *,
+        attempt: AbstractContextManager[object],
+        read: Callable[[], MemoryReading],
+        active_count: Callable[[int | None], int],
+        app_count: Callable[[], int | None] = lambda: None,
+        route_of: Callable[[Scope], str | None],
+        parts: KeeperParts,
+    ) -> None:
+        controller = self._controller = parts.controller
+        self._attempt = attempt
+        self._read = read
+        self._app_count = app_count
+        #: Events kept while another worker held the shared ledger, oldest first.
+        self._kept = KeptEvents()
+        #: The session pattern a scope came by (``"predicate"`` when none matched).
+        self.route = RouteNames(route_of)
+        self.learning: Learning = parts.view.learning
+        self._clock = parts.clock
+        self._expired = parts.expired
+        #: Session requests that opened nothing, by kind and cause, in this process.
+        self.failed: dict[tuple[Kind, FailureCause], int] = {}
+        self.ends = SessionEnds()
+        self._looks = Looks(parts=parts, read=read, active_count=active_count, ends=self.ends)
+        self._queue = parts.queue
+        self.learner = parts.learner
+        self.probing = parts.probing
+        self.holds = parts.holds
+        self.board = parts.board
+        self.view = parts.view
+        self.settler = parts.settler
+        self.sharing = parts.sharing
+        ref = weakref.ref(self)
+        # The latch counts the pending sessions by what they still add (held_bytes),
+        # through a weak reference: a guard that is gone is not kept by its controller.
+        controller.held_by(_held_by(ref))
+        os.register_at_fork(after_in_child=lambda: _forked(ref))
+
+    @property
+    def expired_total(self) -> int:
+        """Held tickets never started that the timeout released, in this process."""
+        return self._expired.total
+
+    # -- what settling expects ------------------------------------------------------
+
+    def known(self) -> dict[str, RouteEstimate | None]:
+        """The routes whose sessions are decided on an estimate, not probed first."""
+        return self.view.known()
+
+    def estimates(self) -> list[RouteEstimate]:
+        """What was learned, per route (empty with learning off), and the provisional
+        footprints of concluded probes; an open probe's growth is in :meth:`probe_status`."""
+        known = self.view.known()
+        return [estimate for route, estimate in self.view.estimates().items() if route in known]
+
+    def own_count(self, count: int | None = None) -> int | None:
+        """The app's count (``count``, or asked now) less its sessions pending past their
+        response: those are in the app's count already, and counted once, as pending."""
+        if count is None and (count := self._app_count()) is None:
+            return None
+        return max(0, count - self.settler.past_response)
+
+    def reconcile(self, count: int | None) -> int | None:
+        """Before a decision, outside the lock: settle what the app's ``count`` says ended
+        and the events kept for later; :meth:`own_count` of ``count``. ``LedgerBusy``
+        while another worker holds the shared ledger."""
+        settler = self.settler
+        if count is not None and settler.waiting and count < settler.past_response:
+            with self._attempt:  # the app counts fewer sessions than wait to settle
+                ended = settler.counted(count)
+            apply(ended)
+        self._kept.catch_up(self._attempt)
+        return None if count is None else self.own_count(count)
+
+    def expected_wait_s(self, now: float, probed: str | None = None) -> float | None:
+        """How long until a session ends, at the rate they have been ending; for a route
+        being ``probed``, how long its probes have been ramping (for ``Retry-After``)."""
+        if probed is not None:
+            return self.board.retry_after_s(probed, now)
+        return self.ends.expected_wait_s(now)
+
+    # -- on the decision path (inside the ledger's lock) ------------------------------
+
+    def admitted(
+        self,
+        reservation: Reservation,
+        kind: Kind,
+        scope: Scope | None,
+        used_bytes: int | None,
+        limit_bytes: int | None = None,
+        *,
+        route: str | None = None,
+        probe: bool = False,
+    ) -> Settlement:
+        """A reservation just made, at working set ``used_bytes`` (exact or a bound)
+        under the memory limit ``limit_bytes``; ``probe``: a probe of its route (admitted
+        at an exact working set)."""
+        now = self._clock()
+        if route is None:
+            route = self.route(scope)
+        if self.learning != "off":
+            self.learner.on_admit(route, used_bytes, now, responded=False)
+        if limit_bytes is not None:
+            self._looks.note_limit(limit_bytes)
+        expected = self.view.expected_bytes(route, limit_bytes)
+        entry = self.settler.admit(reservation, kind, route, used_bytes, now, expected)
+        if probe and used_bytes is not None:
+            self.board.add(route, entry.seq, used_bytes, expected, now)
+        elif self.probing and self.board.busy:
+            self.board.other_admitted(now)
+        return entry
+
+    def held_bytes(self, route: str | None, pending: int, limit_bytes: int) -> int:
+        """What the ``pending`` sessions and one more of ``route`` hold back under
+        ``limit_bytes`` (the latch's ``held_bytes``): this process's pending sessions what
+        they are still expected to add, the others (other workers') a reserve each, and one
+        more its route's reserve where the route is known, else the largest."""
+        reserve = self._controller.reserve_for(limit_bytes)
+        own, counted = self.settler.held()
+        new = reserve
+        if route is not None and route in self.view.estimates():
+            new = min(reserve, self.view.expected_bytes(route, limit_bytes))
+        return own + max(0, pending - counted) * reserve + new
+
+    def gate(self, route: str, used_bytes: int | None = None) -> Gate:
+        """How to decide one more session of ``route`` (inside the ledger's lock), at the
+        exact working set ``used_bytes`` (which may conclude the probes)."""
+        now = self._clock()
+        if used_bytes is not None and self.board.busy:
+            self.board.on_reading(used_bytes, now, self.learner)
+            self.sharing.publish()
+        if route in self.known():
+            return "known"
+        return self.board.gate(route, now)
+
+    def probe_status(self) -> list[ProbeStatus]:
+        """The routes being probed now (for metrics and refusals: outside the lock)."""
+        if self.board.shared:
+            try:
+                with self._attempt:
+                    return self.board.status(self._clock(), load=True)
+            except LedgerBusy:
+                pass  # as this worker last saw them
+        return self.board.status(self._clock())
+
+    def due(self) -> Sequence[Action]:
+        """Settle from a fresh reading when the last look is a sample interval old
+        (``Looks.due``)."""
+        return self._looks.due()
+
+    def settle_with(self, memory: MemoryReading) -> Sequence[Action]:
+        """A decision's own reading settles what it shows (``Looks.settle_with``)."""
+        return self._looks.settle_with(memory)
+
+    # -- the session's events (each takes the lock) -----------------------------------
+
+    def respond(self, entry: Settlement) -> None:
+        """The response ended or the WebSocket was accepted."""
+        # Once a session request: now_or_later's steps, without a closure.
+        if not self._kept:
+            try:
+                with self._attempt:
+                    actions = self._responded(entry)
+            except LedgerBusy:
+                pass
+            else:
+                apply(actions)
+                return
+        self._kept.keep(functools.partial(self._responded, entry))
+
+    def _responded(self, entry: Settlement) -> Sequence[Action]:
+        now = self._clock()
+        actions = self.settler.respond(entry, now)
+        if self.learning != "off":
+            self.learner.on_response(entry.admitted_at, now)
+        probe = entry.seq in self.board.own
+        if (entry.phase == "waiting" and entry.queued) or probe:
+            # Work done inside the request is in the working set by now: a fresh
+            # reading lets such a session settle at once (and a probe show it).
+            memory = self._read()
+            used = memory.used_bytes if memory.available else None
+            if probe:
+                self.board.responded(entry.seq, used, now)
+            if used is not None:
+                actions += self._looks.take(used, now)
+            else:
+                # No reading to show it by: it settles by time, as any blind session.
+                actions += self.settler.settle(None, now)
+        return actions
+
+    def _probe_left(self, entry: Settlement, opened: bool) -> None:
+        # Asked of every session's end: most are no probe, and this process has none.
+        if entry.seq in self.board.own:
+            self.board.left(entry.seq, opened=opened, now=self._clock())
+
+    def fail(self, entry: Settlement, cause: FailureCause) -> None:
+        """The request opened nothing (an error answer, a body that came too late): its
+        reservation goes back whatever its ticket said, and nothing is learned from it."""
+        self.count_failure(entry.kind, cause)
+
+        def step() -> Sequence[Action]:
+            self.learner.on_failed(entry.admitted_at)
+            self._probe_left(entry, False)
+            return self.settler.release(entry)
+
+        self._kept.now_or_later(step, self._attempt, releases=entry.reservation)
+
+    def count_failure(self, kind: Kind, cause: FailureCause) -> None:
+        """One more session request of ``kind`` that opened nothing, for the metrics."""
+        self.failed[kind, cause] = self.failed.get((kind, cause), 0) + 1
+
+    def abandon(self, entry: Settlement, *, session_over: bool = False) -> None:
+        """The request failed before its response, or the session ended."""
+
+        def step() -> Sequence[Action]:
+            if session_over:
+                self._ended(entry)
+            elif not (entry.held or entry.phase == "started"):
+                self.learner.on_failed(entry.admitted_at)
+            self._probe_left(entry, entry.phase != "request")
+            return self.settler.abandon(entry, session_over=session_over)
+
+        self._kept.now_or_later(
+            step, self._attempt, releases=entry.reservation if session_over else None
+        )
+
+    def ticket(self, operation: str, entry: Settlement) -> bool:
+        """``hold``, ``started`` or ``release`` for a ticket; whether hold took effect
+        (``True`` for one kept for later: it is applied before anything after it)."""
+        if operation == "hold":
+            held: list[bool] = []
+
+            def hold() -> Sequence[Action]:
+                held.append(self.settler.hold(entry))
+                return ()
+
+            self._kept.now_or_later(hold, self._attempt)
+            return held[0] if held else True
+        if operation == "started":
+            self._kept.now_or_later(lambda: self.settler.started(entry), self._attempt)
+        else:
+
+            def release() -> Sequence[Action]:
+                self._ended(entry)
+                self._probe_left(entry, entry.phase != "request")
+                return self.settler.release(entry)
+
+            self._kept.now_or_later(release, self._attempt, releases=entry.reservation)
+        return True
+
+    def measured(self, entry: Settlement, own_bytes: int) -> None:
+        """A ticket's session's own memory, measured (``Settler.measured``). Skipped while
+        another worker holds the shared ledger: the next measurement says as much."""
+        if self._kept:
+            return  # events kept for later come first; so does the next measurement
+        try:
+            with self._attempt:
+                actions = self.settler.measured(entry, own_bytes)
+        except LedgerBusy:
+            return
+        apply(actions)
+
+    def _ended(self, entry: Settlement) -> None:
+        """Inside the critical section: the session of ``entry`` ended (its route known).
+        Told once, however many say so (the app's release, its watchdog, a closed socket)."""
+        if entry.end_told:
+            return
+        entry.end_told = True
+        if entry.phase == "started" or (entry.phase == "done" and not entry.released):
+            # It was active: the next sample sees the active count fall for it too.
+            self._looks.named_end()
+        now = self._clock()
+        # What it frees is credited to the sessions still settling (``settling.py``).
+        self.settler.ended(self.view.expected_bytes(entry.route, self._looks.limit), now)
+        if self.learning != "off":
+            self.learner.on_session_end(now, route=entry.route, admitted_at=entry.admitted_at)
+
+    def observe_peak(self, route: str, peak_bytes: int, *, exact: bool = False) -> None:
+        """The watchdog measured a session of ``route`` at ``peak_bytes`` (RSS) at most,
+        or (``exact``) its own memory group's peak."""
+        if self.learning == "off":
+            return
+
+        def step() -> Sequence[Action]:
+            self.learner.observe(route, footprint_bytes=peak_bytes, exact=exact)
+            self.sharing.publish()
+            return ()
+
+        self._kept.now_or_later(step, self._attempt)
+
+    @property
+    def probes_busy(self) -> bool:
+        """Whether requests wait for a probe's evidence, or a probe is open."""
+        return bool(self.holds) or self.board.busy
+
+    @property
+    def deferred(self) -> int:
+        """How many session events wait for the shared ledger."""
+        return len(self._kept)
+
+    # -- the periodic sample ------------------------------------------------------------
+
+    def sample(self) -> None:
+        """One look: settle and learn from a fresh reading, note session ends.
+
+        Skipped (until the next) while another worker holds the shared ledger.
+        """
+        now = self._clock()
+        try:
+            # Their own critical section: done even if the look then fails (a file replaced).
+            self._kept.catch_up(self._attempt)
+            # The app's count after them: an end kept for later is not also a count falling.
+            own = self.own_count()
+            with self._attempt:
+                actions = self._looks.sample(own, now)
+        except LedgerBusy:
+            return
+        apply(actions)
+
+    def _after_fork(self) -> None:
+        self.settler.after_fork()
+        self.board.after_fork()
+        if isinstance(self._queue, SharedSettleQueue):
+            self._queue.after_fork()
+
+
+def _held_by(ref: weakref.ReferenceType[ReservationKeeper]) -> HeldBytes:
+    """A keeper's :meth:`ReservationKeeper.held_bytes`, while the keeper lives."""
+
+    def held(route: str | None, pending: int, limit: int, /) -> int | None:
+        keeper = ref()
+        return None if keeper is None else keeper.held_bytes(route, pending, limit)
+
+    return held
+
+
+def _forked(ref: weakref.ReferenceType[ReservationKeeper]) -> None:
+    keeper = ref()
+    if keeper is not None:
+        keeper._after_fork()
+
+
+# --------------------------------------------------------------------------------------
+# The keeper's periodic sample: with the app's lifespan, or while requests wait for a probe.
+#
+# Where the server runs no lifespan, nothing would take the readings that end a
+# probe (``probing.py``); the first request held for one starts a sample of the
+# running loop, which ends once nothing waits or is probed any more.
+
+#: The sample started for requests waiting without a lifespan, per keeper.
+_helpers: weakref.WeakKeyDictionary[ReservationKeeper, asyncio.Task[None]] = (
+    weakref.WeakKeyDictionary()
+)
+#: How many periodic samples run per keeper (from a lifespan: :func:`run`).
+_running: weakref.WeakKeyDictionary[ReservationKeeper, int] = weakref.WeakKeyDictionary()
+
+
+async def run(keeper: ReservationKeeper, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+    """Sample ``keeper`` every ``interval_s`` until cancelled (the lifespan runs this)."""
+    _running[keeper] = _running.get(keeper, 0) + 1
+    try:
+        while True:
+            await sample_after(keeper, interval_s)
+    finally:
+        _running[keeper] -= 1
+
+
+async def sample_after(keeper: ReservationKeeper, interval_s: float) -> None:
+    """One sample once ``interval_s`` has passed; a failure is logged, never raised."""
+    await asyncio.sleep(interval_s)
+    try:
+        keeper.sample()
+    except Exception:
+        logger.exception("asgi-admission: the reservation sample failed; trying again.")
+
+
+def sampling(keeper: ReservationKeeper) -> bool:
+    """Whether a periodic sample of ``keeper`` runs (from a lifespan)."""
+    return _running.get(keeper, 0) > 0
+
+
+async def serve_with_keeper(
+    keeper: ReservationKeeper,
+    app: ASGIApp,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    *,
+    also: Callable[[], Coroutine[Any, Any, None]] | None = None,
+) -> None:
+    """Run ``app``'s lifespan with the keeper's periodic sample (and ``also``, another
+    watch of the guard's) from startup to shutdown."""
+    tasks: list[asyncio.Task[None]] = []
+
+    async def send_and_track(message: Message) -> None:
+        kind = message["type"]
+        if kind == "lifespan.startup.complete" and not tasks:
+            loop = asyncio.get_running_loop()
+            tasks.append(loop.create_task(run(keeper)))
+            if also is not None:
+                tasks.append(loop.create_task(also()))
+        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+            await _stop(tasks)
+        await send(message)
+
+    try:
+        await app(scope, receive, send_and_track)
+    finally:
+        await _stop(tasks)
+
+
+async def _stop(tasks: list[asyncio.Task[None]]) -> None:
+    while tasks:
+        task = tasks.pop()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def sample_while_waiting(keeper: ReservationKeeper) -> None:
+    """Requests wait for a probe: with no lifespan sampling, a task of the running loop
+    samples every ``SAMPLE_INTERVAL_S`` until nothing waits or is probed any more."""
+    helper = _helpers.get(keeper)
+    if sampling(keeper) or (helper is not None and not helper.done()):
+        return
+    _helpers[keeper] = asyncio.get_running_loop().create_task(_sample_waiting(keeper))
+
+
+async def _sample_waiting(keeper: ReservationKeeper) -> None:
+    while not sampling(keeper) and keeper.probes_busy:
+        await sample_after(keeper, SAMPLE_INTERVAL_S)

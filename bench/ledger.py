@@ -32,8 +32,11 @@ from pathlib import Path
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, AdmissionTicket
 from asgi_admission._admission.ledger.ledger import InProcessLedger, Reservation, SessionLedger
-from asgi_admission._admission.ledger.ledger_slots import process_start_time, slot_held
-from asgi_admission._admission.ledger.shared_ledger import SharedLedger
+from asgi_admission._admission.ledger.shared_ledger import (
+    SharedLedger,
+    process_start_time,
+    slot_held,
+)
 from benchkit import timings_us, write_v2_tree
 
 TARGET_US = 20.0

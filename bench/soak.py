@@ -61,8 +61,12 @@ import psutil
 import websockets
 
 import soak_app
-from asgi_admission._admission.ledger.ledger_slots import FILE_NAME, header_problem, read_entries
-from asgi_admission._admission.ledger.shared_ledger import DEFAULT_CAPACITY
+from asgi_admission._admission.ledger.shared_ledger import (
+    DEFAULT_CAPACITY,
+    FILE_NAME,
+    header_problem,
+    read_entries,
+)
 from benchkit import MIB, V1_MEMORY, free_port, joining, memory_group, oom_kills, stop_process_group
 
 LIMIT_MB = 1536

@@ -20,7 +20,7 @@ import threading
 import time
 
 from asgi_admission import AdmissionController, MemoryReading
-from asgi_admission._admission.decision.classes import ClassCeilings
+from asgi_admission._admission.decision.latch import ClassCeilings
 from asgi_admission._admission.scheduling.priority import classes_in_force
 from asgi_admission._admission.scheduling.queue import Verdict, WaitQueue
 from benchkit import MIB, timings_us

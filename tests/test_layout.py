@@ -257,19 +257,10 @@ def foreign_privates(tree: ast.Module) -> set[str]:
 
 #: Another module's private attributes that a module of the package touches on purpose:
 #: asyncio's ``_get_running_loop`` (``None`` off a loop, where ``get_running_loop``
-#: raises), and the shared ledger's, one object built in three modules (its file
-#: ``ledger_file.py``, its critical section ``ledger_section.py``, its counts
-#: ``shared_ledger.py``), whose critical section and reservations touch fields that
-#: its base classes define.
+#: raises).
 FOREIGN_PRIVATES = {
-    "asgi_admission._admission.ledger.ledger_section": {
-        "asyncio._get_running_loop",
-        "ledger._dirty",
-        "ledger._fd",
-        "ledger._slot",
-    },
-    "asgi_admission._admission.ledger.shared_ledger": {"ledger._changed"},
-    "asgi_admission._admission.scheduling.order_bell": {"asyncio._get_running_loop"},
+    "asgi_admission._admission.ledger.shared_ledger": {"asyncio._get_running_loop"},
+    "asgi_admission._admission.scheduling.shared_order": {"asyncio._get_running_loop"},
     "asgi_admission._admission.scheduling.queue": {"asyncio._get_running_loop"},
 }
 

@@ -15,8 +15,7 @@ import jsonschema
 import pytest
 
 from asgi_admission import AdmissionController, HostMemoryReader, MemoryReading, cli
-from asgi_admission._admission.decision.stuck import StuckDetector
-from asgi_admission._admission.decision.stuck_watch import StuckFile
+from asgi_admission._admission.decision.stuck import StuckDetector, StuckFile
 from asgi_admission._admission.reservations.learning import (
     WINDOW,
     SessionLearner,

@@ -15,12 +15,14 @@ import pytest
 from asgi_admission import AdmissionController, MemoryReading
 from asgi_admission._admission.decision.stuck import (
     LIVENESS_JITTER_SHARE,
+    STUCK_FILE,
     StuckDetector,
+    StuckFile,
     attribute_working_set,
     holds_latch,
     liveness_delay_s,
+    read_stuck,
 )
-from asgi_admission._admission.decision.stuck_watch import STUCK_FILE, StuckFile, read_stuck
 
 #: Internal on purpose: the detector is a private state machine the guard feeds.
 INTERNAL = "the stuck-pressure detector and its attribution, on constant readings"

@@ -17,7 +17,7 @@ from starlette.types import Scope
 
 from asgi_admission._admission.decision.latch import AdmissionController
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy, coerce_policy
-from asgi_admission._admission.decision.stuck_watch import liveness_path_of
+from asgi_admission._admission.decision.stuck import liveness_path_of
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._factory import build_controller
 from asgi_admission._watchdog.watchdog import SessionWatchdog

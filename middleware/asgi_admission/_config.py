@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 from asgi_admission import _env
-from asgi_admission._admission.scheduling.priority import PriorityClass
-from asgi_admission._admission.scheduling.settings import (
+from asgi_admission._admission.scheduling.priority import (
     DEFAULT_QUEUE_LIMIT,
     ENV_QUEUE_LIMIT,
+    PriorityClass,
     check_scheduling,
     priority_classes_from,
     queue_timeout_from,

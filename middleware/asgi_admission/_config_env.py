@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from asgi_admission import _env
-from asgi_admission._admission.scheduling.settings import (
+from asgi_admission._admission.scheduling.priority import (
     ENV_PRIORITY_CLASSES,
     ENV_QUEUE_LIMIT,
     ENV_QUEUE_TIMEOUT,

@@ -15,18 +15,13 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 from starlette.types import Scope
 
-from asgi_admission._admission.capacity_wait import FreedWatch, counted_and_used
-from asgi_admission._admission.counts import SessionCounts
-from asgi_admission._admission.decision.classes import ClassCeilings
-from asgi_admission._admission.decision.latch import AdmissionController
+from asgi_admission._admission.decision.latch import AdmissionController, ClassCeilings
 from asgi_admission._admission.decision.observer import DecisionObserver
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
-from asgi_admission._admission.inputs import AppCount, SafeReader
 from asgi_admission._admission.ledger import shared_place
 from asgi_admission._admission.ledger.ledger import InProcessLedger, LedgerBusy, SessionLedger
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.ledger.shared_place import AloneCheck
-from asgi_admission._admission.priorities import Priorities, Tenants
 from asgi_admission._admission.reservations.pending import (
     SAMPLE_INTERVAL_S,
     ReservationKeeper,
@@ -34,12 +29,23 @@ from asgi_admission._admission.reservations.pending import (
 )
 from asgi_admission._admission.reservations.probing import HoldRegistry
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
-from asgi_admission._admission.scheduling.order_bell import OrderBell
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS, classes_in_force
-from asgi_admission._admission.scheduling.queue import WaitQueue, WaitRecord
-from asgi_admission._admission.scheduling.shared_order import SharedOrder
+from asgi_admission._admission.scheduling.queue import (
+    FreedWatch,
+    WaitQueue,
+    WaitRecord,
+    counted_and_used,
+)
+from asgi_admission._admission.scheduling.shared_order import OrderBell, SharedOrder
 from asgi_admission._admission.scheduling.tenants import TenantShares
-from asgi_admission._admission.service import AdmissionService
+from asgi_admission._admission.service import (
+    AdmissionService,
+    AppCount,
+    Priorities,
+    SafeReader,
+    SessionCounts,
+    Tenants,
+)
 from asgi_admission._config import MIB, AdmissionConfig
 from asgi_admission._config_env import SHARED_DIR_AUTO, SHARED_DIR_OFF
 from asgi_admission._memory.cgroup import CgroupMemoryReader
@@ -154,7 +160,7 @@ def build_service(
     ``registry`` (``None``: none) and ``observer`` told of every decision as well.
 
     ``route_classes`` maps session patterns to their priority class, ``priority`` picks
-    one per request, ``tenant`` names each request's tenant (``_admission/priorities.py``).
+    one per request, ``tenant`` names each request's tenant (``_admission/service.py``).
 
     Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when a directory it names
     cannot be used, or naming a route mapped to a class that is not configured.

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from asgi_admission._admission.decision.latch import AdmissionController
 from asgi_admission._admission.decision.observer import DecisionObserver
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
-from asgi_admission._admission.decision.stuck_watch import StuckWatch
+from asgi_admission._admission.decision.stuck import StuckWatch
 from asgi_admission._admission.reservations.pending import ReservationKeeper
 from asgi_admission._admission.service import AdmissionService
 from asgi_admission._arguments import check_arguments, check_callables, check_watchdog
@@ -187,7 +187,7 @@ class AdmissionMiddleware:
         return self._service.stuck
 
     def session_counts(self) -> tuple[int, int]:
-        """``(active, pending)`` (``SessionCounts``, ``_admission/counts.py``)."""
+        """``(active, pending)`` (``SessionCounts``, ``_admission/service.py``)."""
         return self._service.session_counts()
 
     # -- ASGI ---------------------------------------------------------------------

@@ -19,7 +19,6 @@ from collections.abc import Coroutine
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from asgi_admission._admission.capacity_wait import Queued
 from asgi_admission._admission.ledger.ledger import LedgerBusy
 from asgi_admission._admission.reservations.probing import Hold
 from asgi_admission._admission.reservations.tickets import (
@@ -27,6 +26,7 @@ from asgi_admission._admission.reservations.tickets import (
     AdmissionTicket,
     settlement_of,
 )
+from asgi_admission._admission.scheduling.queue import Queued
 from asgi_admission._admission.service import AdmissionService, Outcome
 from asgi_admission._body import Arrival, BodyReader
 from asgi_admission._config import WebSocketRefusal

@@ -1,6 +1,6 @@
 """The client of a session request held for a probe's evidence, heard while it waits.
 
-The service (``_admission/probe_wait.py``) waits a held request; this is what it
+The service (``_admission/reservations/probing.py``) waits a held request; this is what it
 listens to meanwhile, so that a client that leaves ends the wait.
 
 Notes:

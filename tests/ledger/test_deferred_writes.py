@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from ledgerkit import SPAWN, release_on_a_stuck_loop
 
-from asgi_admission._admission.ledger import ledger_section
+from asgi_admission._admission.ledger import shared_ledger
 from asgi_admission._admission.ledger.shared_ledger import FILE_NAME, SharedLedger, read_entries
 
 #: Internal on purpose: the shared ledger's file, read between a change and its write.
@@ -98,7 +98,7 @@ def test_a_release_while_another_worker_holds_the_lock_is_written_by_the_heartbe
             rows = [written(directory)]
         finally:
             os.close(fd)
-        await asyncio.sleep(3 * ledger_section.HEARTBEAT_S)
+        await asyncio.sleep(3 * shared_ledger.HEARTBEAT_S)
         return [*rows, written(directory)]
 
     try:

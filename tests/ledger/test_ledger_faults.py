@@ -19,7 +19,7 @@ from ledgerkit import write_v2_tree
 from prometheus_client import CollectorRegistry
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, PriorityClass
-from asgi_admission._admission.ledger import ledger_section
+from asgi_admission._admission.ledger import shared_ledger
 from asgi_admission._admission.ledger.ledger import LedgerBusy
 from asgi_admission._admission.ledger.shared_ledger import FILE_NAME, SharedLedger, read_entries
 from asgi_admission._admission.reservations import shared_files
@@ -102,7 +102,7 @@ def test_release_survives_the_directory_replaced_by_a_file(
     """With the ledger directory deleted and a file at its path while sessions are in
     flight, their releases raise nothing and are not lost: once the directory is back,
     sessions are admitted again and the ledger counts none."""
-    monkeypatch.setattr(ledger_section, "LINK_CHECK_INTERVAL_S", 0.0)
+    monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 0.0)
     gate = asyncio.Event()
 
     async def slow_app(scope: Any, receive: Any, send: Any) -> None:
@@ -136,7 +136,7 @@ def test_decisions_refuse_while_the_directory_is_a_file(
     """While the ledger cannot be opened, session requests get 503 ledger_busy with a
     Retry-After, not a 500, counted under that reason; requests that open no session
     pass."""
-    monkeypatch.setattr(ledger_section, "LINK_CHECK_INTERVAL_S", 0.0)
+    monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 0.0)
     registry = CollectorRegistry()
     middleware = guard(tmp_path, ledger_dir, ok_app, registry=registry)
     replace_with_a_file(ledger_dir)
@@ -154,7 +154,7 @@ def test_a_ledger_busy_refusal_is_counted_under_its_requests_class(
 ) -> None:
     """With priority classes, a ``ledger_busy`` refusal counts under the class of the
     request it refused, as every other decision does."""
-    monkeypatch.setattr(ledger_section, "LINK_CHECK_INTERVAL_S", 0.0)
+    monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 0.0)
     registry = CollectorRegistry()
     cgroup = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=4096)
     config = AdmissionConfig(
@@ -312,7 +312,7 @@ def test_the_heartbeat_restores_a_garbled_file_without_a_decision(
         held = [asyncio.ensure_future(post(first)), asyncio.ensure_future(post(second))]
         await asyncio.sleep(0.1)
         garble(ledger_dir)
-        await asyncio.sleep(4 * ledger_section.HEARTBEAT_S)
+        await asyncio.sleep(4 * shared_ledger.HEARTBEAT_S)
         rows = [(e.pending, e.active) for e in read_entries(ledger_dir)]
         gate.set()
         await asyncio.gather(*held)
@@ -354,7 +354,7 @@ def test_readiness_says_ledger_busy_while_the_ledger_is_unusable(
 ) -> None:
     """The readiness path answers 503 with state ledger_busy while the shared ledger
     cannot be opened, and ready again once it can."""
-    monkeypatch.setattr(ledger_section, "LINK_CHECK_INTERVAL_S", 0.0)
+    monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 0.0)
     middleware = guard(tmp_path, ledger_dir, ok_app, readiness_path="/ready")
     assert asyncio.run(post(middleware, "/ready"))[0] == 200
     replace_with_a_file(ledger_dir)
@@ -397,7 +397,7 @@ def test_the_ledger_says_whether_it_counts_in_the_file_at_its_path(
 ) -> None:
     """is_current (what the settling queue asks before it follows a deleted file): true
     in the file at the path, false once that was deleted, true again after the move."""
-    monkeypatch.setattr(ledger_section, "LINK_CHECK_INTERVAL_S", 0.0)
+    monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 0.0)
     ledger = SharedLedger(str(ledger_dir))
     with ledger.locked():
         ledger.counts()

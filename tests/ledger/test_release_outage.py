@@ -19,7 +19,7 @@ from starlette.routing import Route
 from test_ledger_faults import post, replace_with_a_file, restore
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, admission_ticket
-from asgi_admission._admission.ledger import ledger_section
+from asgi_admission._admission.ledger import shared_ledger
 from asgi_admission._admission.ledger.shared_ledger import FILE_NAME, read_entries
 
 #: The second test is internal on purpose: it holds the ledger's lock from outside and
@@ -63,7 +63,7 @@ def test_a_ticket_released_while_the_directory_is_a_file_stays_released(
         replace_with_a_file(shared)
         # Long enough for the worker's heartbeat to find its file gone and fail to
         # make it again: the release below cannot enter the ledger's critical section.
-        await asyncio.sleep(3 * ledger_section.HEARTBEAT_S)
+        await asyncio.sleep(3 * shared_ledger.HEARTBEAT_S)
         go_on.set()
         status = (await request)[0]
         restore(shared)
@@ -102,7 +102,7 @@ def test_events_caught_up_by_a_sample_that_then_finds_the_file_replaced_are_kept
     async def scenario() -> None:
         sessions = [asyncio.ensure_future(post(first)), asyncio.ensure_future(post(second))]
         await asyncio.sleep(0.05)
-        monkeypatch.setattr(ledger_section, "LINK_CHECK_INTERVAL_S", 3600.0)
+        monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 3600.0)
         first.service.ledger._next_link_check = time.monotonic() + 3600.0  # type: ignore[attr-defined]
         fd = os.open(shared / FILE_NAME, os.O_RDWR)
         fcntl.flock(fd, fcntl.LOCK_EX)  # another worker inside its critical section

@@ -19,16 +19,14 @@ from ledgerkit import SPAWN, hold_sessions, write_v2_tree
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, AdmissionTicket
 from asgi_admission._admission.ledger import (
-    ledger_section,
-    ledger_slots,
     shared_ledger,
 )
-from asgi_admission._admission.ledger.ledger import InProcessLedger
-from asgi_admission._admission.ledger.ledger_slots import process_start_time
+from asgi_admission._admission.ledger.ledger import InProcessLedger, LedgerUnavailable
 from asgi_admission._admission.ledger.shared_ledger import (
     FILE_NAME,
     LedgerEntry,
     SharedLedger,
+    process_start_time,
     read_entries,
 )
 from kits.suitekit import LEDGER_HEADER, LEDGER_SLOT
@@ -480,8 +478,8 @@ def test_failed_claim_releases_the_critical_section(
     def refuse(*args: object) -> int:
         raise OSError(errno.EINVAL, "no OFD locks here")
 
-    monkeypatch.setattr(ledger_slots, "slot_lock", refuse)
-    with pytest.raises(shared_ledger.LedgerUnavailable, match="no OFD locks"), ledger.locked():
+    monkeypatch.setattr(shared_ledger, "slot_lock", refuse)
+    with pytest.raises(LedgerUnavailable, match="no OFD locks"), ledger.locked():
         pass
     monkeypatch.undo()
     assert counts(ledger) == (0, 0)
@@ -535,7 +533,7 @@ def test_a_deleted_or_replaced_file_is_left_for_the_new_one_with_the_counts(
 ) -> None:
     """Workers whose ledger file was unlinked move to the file now at the path at their
     next decision, each with its own counts, so the container-wide count heals."""
-    monkeypatch.setattr(ledger_section, "LINK_CHECK_INTERVAL_S", 0.0)
+    monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 0.0)
     first, second = open_ledger(shared), open_ledger(shared)
     with first.locked():
         first.reserve()
@@ -576,5 +574,5 @@ def test_the_file_is_checked_at_most_every_quarter_second(
     with open_ledger(shared).locked():
         pass  # a new file at the path
     assert counts(first) == (0, 1)  # within the interval: still the old file
-    time.sleep(ledger_section.LINK_CHECK_INTERVAL_S + 0.05)
+    time.sleep(shared_ledger.LINK_CHECK_INTERVAL_S + 0.05)
     assert counts(first) == (0, 0)  # moved: the second worker has not followed yet

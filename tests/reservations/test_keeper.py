@@ -23,7 +23,7 @@ from asgi_admission import (
     MemoryReading,
 )
 from asgi_admission._admission.ledger.ledger import InProcessLedger, LedgerBusy
-from asgi_admission._admission.ledger.ledger_slots import FILE_NAME
+from asgi_admission._admission.ledger.shared_ledger import FILE_NAME
 from asgi_admission._admission.reservations import pending
 from asgi_admission._admission.reservations.learning import SessionLearner
 from asgi_admission._admission.reservations.pending import (

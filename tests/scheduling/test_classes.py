@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asgi_admission import AdmissionController, MemoryReading, PriorityClass
-from asgi_admission._admission.decision.classes import ClassCeilings
+from asgi_admission._admission.decision.latch import ClassCeilings
 from asgi_admission._admission.scheduling.priority import classes_in_force
 from kits.suitekit import GIB, MIB
 

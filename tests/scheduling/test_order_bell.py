@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 from queuekit import Admission, Capacity, settle
 
-from asgi_admission._admission.ledger.ledger_slots import HEADER, slot_offset
-from asgi_admission._admission.ledger.shared_ledger import SharedLedger
-from asgi_admission._admission.scheduling.order_bell import WAKE_PREFIX, OrderBell
-from asgi_admission._admission.scheduling.order_file import (
+from asgi_admission._admission.ledger.shared_ledger import HEADER, SharedLedger, slot_offset
+from asgi_admission._admission.scheduling.queue import WaitQueue
+from asgi_admission._admission.scheduling.shared_order import (
     ORDER_FILE_NAME,
     ORDER_MAGIC,
     ORDER_SLOT,
+    WAKE_PREFIX,
+    OrderBell,
+    SharedOrder,
     read_waiting,
 )
-from asgi_admission._admission.scheduling.queue import WaitQueue
-from asgi_admission._admission.scheduling.shared_order import SharedOrder
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._factory import build_order
 

@@ -21,9 +21,12 @@ import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from asgi_admission._admission.ledger.ledger_slots import read_entries, slot_held
-from asgi_admission._admission.scheduling.order_bell import WAKE_PREFIX
-from asgi_admission._admission.scheduling.order_file import ORDER_FILE_NAME, read_waiting
+from asgi_admission._admission.ledger.shared_ledger import read_entries, slot_held
+from asgi_admission._admission.scheduling.shared_order import (
+    ORDER_FILE_NAME,
+    WAKE_PREFIX,
+    read_waiting,
+)
 from kits.cgroupkit import joining, memory_group, oom_kills
 from kits.processkit import Server, free_port
 

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 from queuekit import Admission, Capacity, settle
 
-from asgi_admission._admission.ledger.ledger_slots import HEADER, slot_offset
-from asgi_admission._admission.scheduling.order_file import (
+from asgi_admission._admission.ledger.shared_ledger import HEADER, slot_offset
+from asgi_admission._admission.scheduling.queue import Verdict, WaitQueue
+from asgi_admission._admission.scheduling.shared_order import (
     ORDER_FILE_NAME,
     ORDER_MAGIC,
     ORDER_SLOT,
+    SharedOrder,
     read_waiting,
 )
-from asgi_admission._admission.scheduling.queue import Verdict, WaitQueue
-from asgi_admission._admission.scheduling.shared_order import SharedOrder
 from kits.requirekit import require_root
 
 #: Internal on purpose: the shared waiting order's file, and the wait queue's order hook.
@@ -321,7 +321,7 @@ def test_capacity_must_be_at_least_one(tmp_path: Path) -> None:
 #: order publishes a critical waiter; it prints what each side saw.
 FORKING = """
 import os, sys
-from asgi_admission._admission.scheduling.order_file import read_waiting
+from asgi_admission._admission.scheduling.shared_order import read_waiting
 from asgi_admission._admission.scheduling.shared_order import SharedOrder
 
 def live():

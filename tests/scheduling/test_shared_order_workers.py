@@ -18,7 +18,7 @@ from orderkit import order_worker
 
 from asgi_admission._admission.ledger.ledger import Reservation
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
-from asgi_admission._admission.scheduling.order_file import read_waiting
+from asgi_admission._admission.scheduling.shared_order import read_waiting
 
 #: Internal on purpose: the shared ledger and the shared waiting order's file, driven and
 #: read below the middleware.

@@ -20,11 +20,11 @@ Notes:
 - A route whose footprint is not learned yet is probed: its first sessions are
   decided on an exact reading and admitted a few at a time, and the others are
   held, reserving nothing, until the probes' evidence is in (:meth:`wait`,
-  ``probe_wait.py``, ``reservations/probing.py``). Learned routes cost one dict
+  ``probing.py``, ``reservations/probing.py``). Learned routes cost one dict
   lookup more.
 - With ``ADMISSION_QUEUE_TIMEOUT_SECONDS`` above 0, a request that does not fit is
   answered :class:`Queued` and waits for capacity, holding nothing
-  (``capacity_wait.py``); while others of its class or a higher one wait (in any
+  (``queue.py``); while others of its class or a higher one wait (in any
   worker, where the waiting order is shared: ``scheduling/shared_order.py``), a new
   one goes behind them. The decisions of a waiting request that do not admit are
   checks, not refusals, for the metrics. With priority classes each request is decided
@@ -35,53 +35,490 @@ Notes:
 from __future__ import annotations
 
 import logging
+import operator
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from asgi_admission._admission.capacity_wait import (
-    WAITABLE,
-    FreedWatch,
-    Queued,
-    Refused,
-    WaitWatcher,
-    behind_others,
-    ran_out,
-    wait_in_line,
-)
-from asgi_admission._admission.counts import SessionCounts
-from asgi_admission._admission.decision.classes import ClassCeilings
-from asgi_admission._admission.decision.decision_log import DecisionLog
 from asgi_admission._admission.decision.latch import (
     AdmissionController,
     CapacityDecision,
+    ClassCeilings,
+    DecisionLog,
+    is_blind,
 )
 from asgi_admission._admission.decision.observer import DecisionObserver, Kind
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
-from asgi_admission._admission.decision.stuck_watch import StuckWatch
-from asgi_admission._admission.inputs import AppCount, SafeReader
-from asgi_admission._admission.latch_checks import LatchChecks
-from asgi_admission._admission.ledger.ledger import LedgerBusy, SessionLedger, when_free
+from asgi_admission._admission.decision.stuck import StuckStatus, StuckWatch, build_watch
+from asgi_admission._admission.ledger.ledger import (
+    LedgerBusy,
+    Reservation,
+    SessionLedger,
+    when_free,
+)
 from asgi_admission._admission.ledger.shared_place import AloneCheck
-from asgi_admission._admission.priorities import Priorities, Tenants
-from asgi_admission._admission.probe_wait import Listener, wait_then_decide
-from asgi_admission._admission.request_decisions import RequestDecisions
 from asgi_admission._admission.reservations.pending import (
     ReservationKeeper,
     sample_while_waiting,
     serve_with_keeper,
 )
-from asgi_admission._admission.reservations.probing import Gate, Hold, HoldRegistry
+from asgi_admission._admission.reservations.probing import (
+    Gate,
+    Hold,
+    HoldRegistry,
+    Listener,
+    wait_then_decide,
+)
 from asgi_admission._admission.reservations.settling import apply
 from asgi_admission._admission.reservations.tickets import AdmissionTicket, settlement_of
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
-from asgi_admission._admission.scheduling.queue import WaitQueue
+from asgi_admission._admission.scheduling.queue import (
+    WAITABLE,
+    FreedWatch,
+    Queued,
+    Refused,
+    WaitQueue,
+    WaitWatcher,
+    behind_others,
+    ran_out,
+    wait_in_line,
+)
 from asgi_admission._admission.scheduling.shared_order import SharedOrder
+from asgi_admission._admission.scheduling.tenants import TenantShares, TenantSlot
 from asgi_admission._config import AdmissionConfig
-from asgi_admission._memory.reading import UNAVAILABLE
+from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
+
+# --------------------------------------------------------------------------------------
+# What the admission service reads from outside it: memory and the app's own count.
+#
+# Both are the operator's or the app's code, and neither may turn a session request
+# into a 500: a reader that raises reads as unavailable (the decision is blind and
+# falls back to the fixed session cap), a count that fails is left out (the ledger
+# counts the sessions the guard admitted itself) until it answers again.
 
 logger = logging.getLogger("asgi_admission")
+
+
+class SafeReader:
+    """The controller's memory reader, never raising."""
+
+    __slots__ = ("_controller",)
+
+    def __init__(self, controller: AdmissionController) -> None:
+        self._controller = controller
+
+    def __call__(self) -> MemoryReading:
+        try:
+            return self._controller.memory_reader()
+        except Exception:
+            return UNAVAILABLE
+
+
+class AppCount:
+    """``current_sessions()``, or ``None`` (the ledger's own count) when it fails.
+
+    A broken counter must not turn every session request into a 500: the memory
+    latch still guards, and the count falls back to the sessions the guard
+    admitted itself until the app's counter answers again (logged once each way).
+    """
+
+    __slots__ = ("_failed", "current_sessions")
+
+    def __init__(self, current_sessions: Callable[[], int] | None) -> None:
+        #: The app's own count of its sessions; ``None``: the guard counts them.
+        self.current_sessions = current_sessions
+        self._failed = False
+
+    def __call__(self) -> int | None:
+        current_sessions = self.current_sessions
+        if current_sessions is None:
+            return None
+        try:
+            count = operator.index(current_sessions())
+        except Exception:
+            if not self._failed:
+                self._failed = True
+                logger.exception(
+                    "asgi-admission: current_sessions() failed or returned no whole number; "
+                    "counting the sessions this middleware admitted until it answers again."
+                )
+            return None
+        if self._failed:
+            self._failed = False
+            logger.info("asgi-admission: current_sessions() answers again.")
+        return count
+
+
+# --------------------------------------------------------------------------------------
+# ``SessionCounts``: the sessions a guard counts, for the metrics and the scrape.
+
+
+class SessionCounts:
+    """``(active, pending)`` sessions, waiting for the ledger's lock; active comes from
+    the app's own count when it gives one (less those still pending past their response).
+
+    With a shared ledger held by another worker this waits at most ``LOCK_WAIT_S``
+    and then raises ``LedgerBusy`` (a scrape reports no counts).
+    """
+
+    __slots__ = ("_keeper", "_ledger", "_locked")
+
+    def __init__(self, ledger: SessionLedger, keeper: ReservationKeeper) -> None:
+        self._ledger = ledger
+        self._keeper = keeper
+        self._locked = ledger.locked()
+
+    def __call__(self) -> tuple[int, int]:
+        own = self._keeper.own_count()
+        with self._locked:
+            return self._ledger.counts(own)
+
+
+# --------------------------------------------------------------------------------------
+# Which priority class a session request is of (the ``priority`` callable, its route's
+# class, or the default one) and which tenant (``tenant``), docs/configuration.md,
+# "Waiting and priority".
+#
+# Notes:
+#
+# - ``session_routes`` may map each pattern to a class name (a plain list: every route
+# of the default class); ``priority(scope)``, where given, picks the class of each
+# request and wins over its route's. A ``priority`` that raises or names no
+# configured class gives the request its route's class, and is logged once.
+# - The default class is the one named ``default`` where one is configured (and with no
+# classes configured, the only one), else the last, the lowest served: a request
+# nobody classified never takes the headroom kept for higher ones.
+# - Class names come from the configuration only, so the metrics' ``class`` label is a
+# bounded set however requests are classified.
+
+
+def default_class(names: tuple[str, ...]) -> str:
+    """The class of a request nobody classified: ``default`` where configured, else the last."""
+    return DEFAULT_CLASS if DEFAULT_CLASS in names else names[-1]
+
+
+def check_route_classes(route_classes: Mapping[str, str], names: tuple[str, ...]) -> None:
+    """A ``ValueError`` naming the first route mapped to a class that is not configured."""
+    for pattern, name in route_classes.items():
+        if name not in names:
+            raise ValueError(
+                f"session_routes maps {pattern!r} to the priority class {name!r}, which is "
+                f"not one of the classes in force {list(names)!r} "
+                "(ADMISSION_PRIORITY_CLASSES, or priority_classes in AdmissionConfig)."
+            )
+
+
+class Priorities:
+    """The class of each session request, from ``priority`` and the route's class."""
+
+    __slots__ = ("_default", "_logged", "_names", "_priority", "_routes")
+
+    def __init__(
+        self,
+        *,
+        names: tuple[str, ...],
+        route_classes: Mapping[str, str],
+        priority: Callable[[Scope], str] | None,
+    ) -> None:
+        check_route_classes(route_classes, names)
+        self._names = frozenset(names)
+        self._default = default_class(names)
+        self._routes = dict(route_classes)
+        self._priority = priority
+        self._logged = False
+
+    def of(self, scope: Scope | None, route: str) -> str:
+        """The class of the request of ``scope`` that came by the pattern ``route``."""
+        by_route = self._routes.get(route, self._default)
+        priority = self._priority
+        if priority is None or scope is None:
+            return by_route
+        try:
+            name = priority(scope)
+        except Exception:
+            if not self._logged:
+                self._logged = True
+                logger.exception(
+                    "asgi-admission: the priority callable failed; such requests are of "
+                    "their route's class (%r here). Logged once.",
+                    by_route,
+                )
+            return by_route
+        if name in self._names:
+            return name
+        if not self._logged:
+            self._logged = True
+            logger.warning(
+                "asgi-admission: the priority callable named the class %r, which is not one "
+                "of %s; such requests are of their route's class (%r here). Logged once.",
+                name,
+                sorted(self._names),
+                by_route,
+            )
+        return by_route
+
+
+class Tenants:
+    """Each session request's tenant (``tenant(scope)``) and the sessions each holds
+    (``TenantShares``): a tenant that raises is none, logged once."""
+
+    __slots__ = ("_logged", "_refusing_until", "_tenant", "shares")
+
+    def __init__(self, *, tenant: Callable[[Scope], str | None], shares: TenantShares) -> None:
+        self._tenant = tenant
+        self.shares = shares
+        self._logged = False
+        # Until then requests are being refused (monotonic seconds).
+        self._refusing_until = 0.0
+
+    def refusing(self, for_s: float) -> None:
+        """A request was refused: requests are being refused for ``for_s`` (the delay a
+        refused client is told to come back after)."""
+        self._refusing_until = time.monotonic() + for_s
+
+    def beyond(
+        self, tenant: str, counted: int, queue: WaitQueue[Any] | None, waiting: bool
+    ) -> bool:
+        """Whether one more session of ``tenant`` is beyond its share of the ``counted``
+        sessions while others wait in ``queue`` (besides a ``waiting`` request itself) or
+        requests are being refused; otherwise the share does not bind."""
+        contended = (queue is not None and queue.total() > int(waiting)) or (
+            time.monotonic() < self._refusing_until
+        )
+        return contended and self.shares.over_share(tenant, counted)
+
+    def of(self, scope: Scope | None) -> str | None:
+        """The tenant of the request of ``scope`` (``None``: none, never over a share)."""
+        if scope is None:
+            return None
+        try:
+            name = self._tenant(scope)
+        except Exception:
+            if not self._logged:
+                self._logged = True
+                logger.exception(
+                    "asgi-admission: the tenant callable failed; such requests have no "
+                    "tenant (no share applies to them). Logged once."
+                )
+            return None
+        return name if isinstance(name, str) else None
+
+    def hold(self, reservation: Reservation, tenant: str) -> Reservation:
+        """``reservation`` counted for ``tenant`` until it is released."""
+        return TenantReservation(reservation, self.shares, self.shares.admitted(tenant))
+
+
+class TenantReservation:
+    """A reservation that counts its tenant's session until it is released (once)."""
+
+    __slots__ = ("_inner", "_released", "_shares", "_slot")
+
+    def __init__(self, inner: Reservation, shares: TenantShares, slot: TenantSlot) -> None:
+        self._inner = inner
+        self._shares = shares
+        self._slot = slot
+        self._released = False
+
+    def activate(self) -> None:
+        self._inner.activate()
+
+    def release(self) -> None:
+        # Counted out before the ledger's release wakes the waiters, so they see it.
+        if not self._released:
+            self._released = True
+            self._shares.released(self._slot)
+        self._inner.release()
+
+
+# --------------------------------------------------------------------------------------
+# The latch run with no session at stake: readiness, the counts beside it, and liveness.
+#
+# Notes:
+#
+# - A check is the latch's own evaluation (``AdmissionController.assess``, the exact
+# limit and the counts) in the ledger's critical section, as a session request's
+# decision is, but it reserves nothing and settles nothing. The observer is told of it
+# as a check (``on_check``), never as a decision.
+# - The service hands :class:`LatchChecks` its own critical section and decision log: a
+# check may set or clear the latch, or find telemetry missing or back, and is logged
+# as a decision would be, the log's note of the last blind reading kept under the lock
+# for both.
+# - The readiness probe waits for a shared ledger held by another worker (``when_free``)
+# for at most a retry's wait, then answers ``ledger_busy``; :meth:`LatchChecks.look`
+# only tries it (``LedgerBusy``), for the stuck-pressure watch and the proxy's reports.
+# - The liveness probe's status is the stuck-pressure watch's (``decision/stuck_watch.py``,
+# docs/operations.md), which this class builds around its own look.
+
+
+class LatchChecks:
+    """The checks of one guard's latch (see the module notes), built by its service:
+    ``attempt`` is the service's critical section of ``ledger``, ``log`` its decision
+    log, ``own_count`` the keeper's count of this process's sessions, and ``observer``
+    is told of every check (``None``: nobody)."""
+
+    __slots__ = (
+        "_attempt",
+        "_controller",
+        "_ledger",
+        "_log",
+        "_observer",
+        "_own_count",
+        "_read",
+        "_session_limit",
+        "stuck",
+    )
+
+    def __init__(
+        self,
+        *,
+        config: AdmissionConfig,
+        controller: AdmissionController,
+        ledger: SessionLedger,
+        attempt: AbstractContextManager[object],
+        own_count: Callable[[], int | None],
+        read: SafeReader,
+        session_limit: int | None,
+        log: DecisionLog,
+        observer: DecisionObserver | None,
+        shared_dir: str | None,
+    ) -> None:
+        self._controller = controller
+        self._ledger = ledger
+        self._attempt = attempt
+        self._own_count = own_count
+        self._read = read
+        self._session_limit = session_limit
+        self._log = log
+        self._observer = observer
+        #: The watch for stuck pressure (``docs/operations.md``).
+        self.stuck: StuckWatch = build_watch(config, controller, self.look, shared_dir)
+
+    def check(self) -> CapacityDecision:
+        """The readiness probe's latch evaluation: a decision that reserves nothing."""
+        return self.look()[0]
+
+    def look(self) -> tuple[CapacityDecision, tuple[int, int]]:
+        """:meth:`check`, with the counts it decided with (for the stuck-pressure watch)."""
+        own = self._own_count()
+        with self._attempt:
+            current, pending = self._ledger.counts(own)
+            decision = self._controller.assess(
+                current, self._session_limit, pending, read=self._read
+            )
+            blind_changed = self._log.note_blind(decision)
+        if self._observer is not None:
+            self._observer.on_check(decision)
+        if blind_changed or decision.transition is not None:
+            self._log.changed(decision, blind_changed)
+        return decision, (current, pending)
+
+    async def readiness(self) -> str:
+        """The readiness probe's state: the latch's, or ``ledger_busy`` while another
+        worker holds the shared ledger for longer than a retry waits."""
+        try:
+            return (await when_free(self.check)).state
+        except LedgerBusy as exc:
+            self._log.busy(exc)
+            return "ledger_busy"
+
+    def liveness(self) -> StuckStatus:
+        """The stuck-pressure watch's status for the liveness probe. Without a lifespan
+        nothing else looks at the latch: the probe's own request does (tried, never waited
+        for: a ledger held by another worker skips the look)."""
+        watch = self.stuck
+        if not watch.running:
+            watch.step()
+        return watch.status()
+
+
+# --------------------------------------------------------------------------------------
+# How one session request is decided beyond the latch alone: by its priority class's
+# ceiling, on an exact reading while its route is probed, and the ``Retry-After`` of a
+# refusal. The admission service (``service.py``) asks these inside the ledger's critical
+# section; nothing here takes a lock or awaits.
+
+
+class RequestDecisions:
+    """The parts of a decision that the controller's ``assess`` does not make: a class's
+    ceiling (``ceilings``; ``None``: one class, the controller's), a probed route's gate
+    (``keeper``) and a refusal's delay (``retry_after``)."""
+
+    __slots__ = ("_ceilings", "_controller", "_keeper", "_read", "_retry_after", "_session_limit")
+
+    def __init__(
+        self,
+        *,
+        controller: AdmissionController,
+        keeper: ReservationKeeper,
+        read: SafeReader,
+        session_limit: int | None,
+        retry_after: RetryAfterPolicy,
+        ceilings: ClassCeilings | None,
+    ) -> None:
+        self._controller = controller
+        self._keeper = keeper
+        self._read = read
+        self._session_limit = session_limit
+        self._retry_after = retry_after
+        self._ceilings = ceilings
+
+    def by_class(
+        self, klass: str, memory: MemoryReading, route: str, current: int, pending: int
+    ) -> CapacityDecision:
+        """The decision for a request of priority class ``klass``: its class's ceiling
+        and latch on ``memory``, the reserves as the controller counts them."""
+        ceilings = self._ceilings
+        assert ceilings is not None
+        limit = memory.limit_bytes
+        return ceilings.decide(
+            klass,
+            memory,
+            current_sessions=current,
+            session_limit=self._session_limit,
+            pending_sessions=pending,
+            held_bytes=self._controller.held(route, pending, limit) if limit else 0,
+        )
+
+    def probed(
+        self, route: str, current: int, pending: int, expired: bool, klass: str
+    ) -> tuple[CapacityDecision, Gate]:
+        """A route not learned yet: the latch on an exact reading (a probe's growth counts
+        from it), then whether the session is a probe, waits, or is decided as it is."""
+        memory = self._read()
+        blind = not memory.exact or is_blind(memory)
+        # The gate first: this reading may conclude the probes, and raise the reserve.
+        gate: Gate = "known" if blind else self._keeper.gate(route, memory.used_bytes)
+        if self._ceilings is None:
+            decision = self._controller.decide(
+                memory, current, self._session_limit, pending, route=route
+            )
+        else:
+            decision = self.by_class(klass, memory, route, current, pending)
+        if not decision.allowed or blind:
+            return decision, "known"  # refused anyway, or blind: nothing to probe with
+        if gate == "hold" and expired:
+            refused = CapacityDecision(
+                False, decision.state, memory, "probing", decision.transition
+            )
+            return refused, "known"
+        return decision, gate
+
+    def retry_delay(self, decision: CapacityDecision, route: str) -> int:
+        """Retry-After for a refusal: from the rate of session ends when memory is short,
+        about the probes' ramp so far while probing."""
+        if decision.reason in ("memory_pressure", "queue_timeout", "queue_full"):
+            wait = self._keeper.expected_wait_s(time.monotonic())
+            if wait is not None:
+                return self._retry_after.delay_for(wait)
+        elif decision.reason == "probing":
+            ramp = self._keeper.expected_wait_s(time.monotonic(), probed=route)
+            assert ramp is not None  # a probed route's ramp is always known
+            return self._retry_after.delay_for(ramp)
+        return self._retry_after.next_delay()
+
 
 #: What a decision comes to: a ticket, a refusal, a hold for a probe's evidence, or a
 #: place in the wait queue.
@@ -382,7 +819,7 @@ class AdmissionService:
     async def wait_for_room(
         self, kind: Kind, scope: Scope, queued: Queued, listening: Listener | None
     ) -> AdmissionTicket | Refused | None:
-        """Wait in the queue for capacity, holding nothing (``capacity_wait.py``), then the
+        """Wait in the queue for capacity, holding nothing (``queue.py``), then the
         ticket, a refusal (``queue_timeout``, ``queue_full``), or ``None``: the client left
         (``listening`` hears it; ``None``: it cannot be heard)."""
         queue = self.wait_queue

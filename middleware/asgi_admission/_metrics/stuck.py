@@ -13,8 +13,7 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from asgi_admission._admission.decision.observer import AdmissionView
-from asgi_admission._admission.decision.stuck import attribute_working_set
-from asgi_admission._admission.decision.stuck_watch import StuckWatch
+from asgi_admission._admission.decision.stuck import StuckWatch, attribute_working_set
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._metrics.decisions import PREFIX
 

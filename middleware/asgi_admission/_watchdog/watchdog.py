@@ -23,7 +23,7 @@ Notes:
   when the session ends.
 - A decided halt is carried out by ``halter.Halter`` (the event, its count and log
   line, the callbacks); the two settings are checked and read from the environment
-  in ``settings.py``.
+  in ``priority.py``.
 """
 
 from __future__ import annotations

@@ -126,15 +126,15 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from asgi_admission._admission.decision.classes import ClassCeilings
 from asgi_admission._admission.decision.latch import (
     AdmissionController,
     CapacityDecision,
+    ClassCeilings,
     count_cap,
     count_cap_from,
     has_no_limit,
+    never_admits,
 )
-from asgi_admission._admission.decision.reserve import never_admits
 from asgi_admission._admission.ledger import shared_place
 from asgi_admission._admission.scheduling.priority import classes_in_force
 from asgi_admission._config import AdmissionConfig

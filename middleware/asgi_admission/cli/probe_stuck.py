@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from asgi_admission._admission.decision.stuck_watch import read_stuck
+from asgi_admission._admission.decision.stuck import read_stuck
 from asgi_admission._admission.ledger.safe_files import process_alive
 from asgi_admission._config import MIB, AdmissionConfig
 

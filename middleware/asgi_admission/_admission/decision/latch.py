@@ -26,20 +26,79 @@ Notes:
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 
-from asgi_admission._admission.decision.reserve import derived_reserve_bytes
+from asgi_admission._admission.ledger.ledger import LedgerBusy
+from asgi_admission._admission.scheduling.priority import PriorityClass
 from asgi_admission._config import (
     DEFAULT_HIGH_WATERMARK_PERCENT,
     DEFAULT_RESUME_THRESHOLD_PERCENT,
+    MIB,
     check_watermarks,
 )
 from asgi_admission._config_env import BLIND_MAX_SESSIONS
 from asgi_admission._memory.cgroup import read_cgroup_memory
 from asgi_admission._memory.reading import MemoryReader, MemoryReading, draft_class
+
+# --------------------------------------------------------------------------------------
+# The session reserve for a memory limit, and the configurations that can never admit.
+#
+# Unset, the reserve follows the container's size: an eighth of the limit, at most
+# 768 MiB. Every use of the reserve goes through ``AdmissionController.reserve_for``,
+# the one place that says what "the reserve for this limit" is.
+
+#: The largest derived reserve, and the reserve shown while no limit is known.
+RESERVE_CAP_BYTES: Final = 768 * MIB
+#: A derived reserve is this fraction of the limit.
+RESERVE_SHARE_OF_LIMIT: Final = 8
+
+
+def derived_reserve_bytes(limit_bytes: int | None) -> int:
+    """An eighth of ``limit_bytes``, at most 768 MiB; 768 MiB without a limit."""
+    # On the decision path: plain comparisons, cheaper than min().
+    if not limit_bytes or limit_bytes <= 0:
+        return RESERVE_CAP_BYTES
+    share = limit_bytes // RESERVE_SHARE_OF_LIMIT
+    return share if share < RESERVE_CAP_BYTES else RESERVE_CAP_BYTES
+
+
+def never_admits(
+    *,
+    limit_bytes: int | None,
+    high_watermark_percent: float,
+    reserve_bytes: int,
+    reserve_configured: bool,
+) -> str | None:
+    """Why nothing can ever be admitted at this limit, naming the setting; ``None`` if it can.
+
+    One reserve at or above the admission ceiling (the high watermark's share of
+    the limit) refuses every session whatever the working set. Without a limit
+    there is no ceiling and nothing to say.
+    """
+    if not limit_bytes or reserve_bytes < limit_bytes * high_watermark_percent / 100:
+        return None
+    ceiling_mib = limit_bytes * high_watermark_percent / 100 / MIB
+    if reserve_configured:
+        return (
+            f"ADMISSION_SESSION_RESERVE_MB (reserve_bytes) is {reserve_bytes / MIB:.0f} MiB, at or "
+            f"above the admission ceiling of the memory limit {limit_bytes / MIB:.1f} MiB "
+            f"({high_watermark_percent:g}% high watermark = {ceiling_mib:.1f} MiB): no session "
+            f"can ever be admitted. Set it below {ceiling_mib:.0f} MiB, or unset it to derive "
+            f"the reserve from the limit ({derived_reserve_bytes(limit_bytes) / MIB:.0f} MiB "
+            "here)."
+        )
+    return (
+        f"ADMISSION_MEMORY_HIGH_WATERMARK_PERCENT (high_watermark_percent) is "
+        f"{high_watermark_percent:g}%, which leaves {ceiling_mib:.1f} MiB of the memory limit "
+        f"{limit_bytes / MIB:.1f} MiB, not more than the derived session reserve "
+        f"{reserve_bytes / MIB:.1f} MiB: no session can ever be admitted. Raise the high "
+        "watermark, or set ADMISSION_SESSION_RESERVE_MB to what one session needs."
+    )
+
 
 State = Literal["normal", "pressured", "unavailable"]
 #: ``ledger_busy``, ``probing``, ``queue_timeout``, ``queue_full`` and ``tenant_share`` are
@@ -414,3 +473,280 @@ class AdmissionController:
         if session_limit is None or used_slots < session_limit:
             return _decision(True, "normal", memory, None, transition)
         return _decision(False, "normal", memory, "session_limit", transition)
+
+
+# --------------------------------------------------------------------------------------
+# Priority classes' ceilings: the latch's hysteresis, once per class.
+#
+# Each class (``ADMISSION_PRIORITY_CLASSES``) has its own ceiling, a high watermark
+# of its own, and its own latch: it sets where the class's ceiling is reached (the
+# working set alone, or with the pending reserves and one more reserve) and clears
+# at or below the ceiling less the configured gap between the high watermark and the
+# resume threshold, once one more reserve fits again. So a lower class is refused
+# first and a higher one keeps its headroom (docs/configuration.md).
+#
+# Notes:
+#
+# - The conditions are exactly those of ``AdmissionController.decide``
+# (``latch.py``), percentages rounded to two decimals as ``MemoryReading.percent``
+# rounds them, with the class's ceiling and resume point for the high watermark
+# and the resume threshold. With no classes configured there is one, ``default``,
+# at the high watermark, and :meth:`ClassCeilings.decide` answers exactly as the
+# controller does (tests/scheduling/test_classes.py checks it on random readings).
+# - A class's latch moves on the readings its own requests are decided on: a class
+# asked rarely keeps its latch set until one of its requests finds the working set
+# at or below its resume point, as the single latch does between requests.
+# - Not thread-safe by itself: callers hold the lock they hold around the
+# controller's ``decide``.
+
+Transition = Literal["pressured", "normal"]
+
+
+class ClassCeilings:
+    """The ceiling, resume point and latch of each priority class, in serving order."""
+
+    __slots__ = ("_ceiling", "_pressured", "_resume", "names")
+
+    def __init__(
+        self,
+        *,
+        classes: tuple[PriorityClass, ...],
+        high_watermark_percent: float,
+        resume_threshold_percent: float,
+    ) -> None:
+        if not classes:
+            raise ValueError("ClassCeilings needs at least one class (classes_in_force).")
+        gap = high_watermark_percent - resume_threshold_percent
+        #: The class names, first served first.
+        self.names = tuple(entry.name for entry in classes)
+        self._ceiling = {entry.name: float(entry.high_watermark_percent) for entry in classes}
+        # A class at the high watermark clears at the resume threshold itself, so the
+        # default class compares with the very same float as the single latch.
+        self._resume = {
+            name: resume_threshold_percent if ceiling == high_watermark_percent else ceiling - gap
+            for name, ceiling in self._ceiling.items()
+        }
+        self._pressured = dict.fromkeys(self.names, False)
+
+    def ceiling_percent(self, name: str) -> float:
+        """The class's ceiling: its latch sets at this percentage of the limit."""
+        return self._ceiling[name]
+
+    def resume_percent(self, name: str) -> float:
+        """Where the class's latch clears (with one more reserve fitting)."""
+        return self._resume[name]
+
+    def pressured(self, name: str) -> bool:
+        """Whether the class's latch is set right now."""
+        return self._pressured[name]
+
+    def forget(self) -> None:
+        """Clear every class's latch: the guard went blind, and a reading that comes back
+        starts afresh, as the single latch does."""
+        for name in self.names:
+            self._pressured[name] = False
+
+    def fits(self, name: str, *, used_bytes: int, held_bytes: int, limit_bytes: int) -> bool:
+        """Move the class's latch on this reading and say whether a request of the class
+        fits: the working set ``used_bytes`` and ``held_bytes`` (what the pending sessions
+        and one more hold back: the controller's reserves) under the class's ceiling of
+        ``limit_bytes`` (above 0), its latch clear."""
+        return self._move(name, used_bytes, held_bytes, limit_bytes)[0]
+
+    def bound_admits(
+        self, name: str, *, used_bytes: int, held_bytes: int, limit_bytes: int
+    ) -> bool:
+        """Whether an upper bound ``used_bytes`` of the working set admits a request of the
+        class with its latch left alone: the latch is clear and stays clear even at the
+        bound, so the exact working set would decide the same (the controller's fast path,
+        per class). Moves nothing."""
+        if limit_bytes <= 0 or self._pressured[name]:
+            return False
+        ceiling = self._ceiling[name]
+        if round(used_bytes * 100 / limit_bytes, 2) >= ceiling:
+            return False
+        return used_bytes + held_bytes <= limit_bytes * ceiling / 100
+
+    def _move(self, name: str, used: int, held: int, limit: int) -> tuple[bool, Transition | None]:
+        was = self._pressured[name]
+        ceiling = self._ceiling[name]
+        reserve_fits = used + held <= limit * ceiling / 100
+        percent = round(used * 100 / limit, 2)
+        now = was
+        if was:
+            if reserve_fits and percent <= self._resume[name]:
+                now = False
+        elif not reserve_fits or percent >= ceiling:
+            now = True
+        self._pressured[name] = now
+        transition: Transition | None = None
+        if now != was:
+            transition = "pressured" if now else "normal"
+        return not now, transition
+
+    def decide(
+        self,
+        name: str,
+        memory: MemoryReading,
+        *,
+        current_sessions: int,
+        session_limit: int | None,
+        pending_sessions: int,
+        held_bytes: int,
+    ) -> CapacityDecision:
+        """``AdmissionController.decide`` for a request of class ``name``: the class's
+        latch in place of the single one, the count cap as ever.
+
+        ``held_bytes`` is what the pending sessions and one more hold back at this
+        reading's limit (the controller's reserves for the request's route). Blind, every
+        class's latch is cleared and the count cap alone decides; the transition is then
+        this class's latch clearing, if it was set.
+        """
+        used_slots = current_sessions + pending_sessions
+        used, limit = memory.used_bytes, memory.limit_bytes
+        if used is None or not limit or not memory.available:
+            was = self._pressured[name]
+            self.forget()
+            cap = count_cap(session_limit, blind=True)
+            allowed = cap is None or used_slots < cap
+            reason: Reason | None = None
+            if not allowed:
+                reason = "no_memory_limit" if has_no_limit(memory) else "telemetry_unavailable"
+            return CapacityDecision(
+                allowed, "unavailable", memory, reason, "normal" if was else None
+            )
+        fits, transition = self._move(name, used, held_bytes, limit)
+        if not fits:
+            return CapacityDecision(False, "pressured", memory, "memory_pressure", transition)
+        if session_limit is None or used_slots < session_limit:
+            return CapacityDecision(True, "normal", memory, None, transition)
+        return CapacityDecision(False, "normal", memory, "session_limit", transition)
+
+
+# --------------------------------------------------------------------------------------
+# The guard's log lines: telemetry lost and back, the latch set and cleared.
+#
+# Each is logged once per change, with the figures; nothing is logged per request.
+# :class:`DecisionLog` adds, once each, a reserve the limit can never hold and the
+# first refusal for a busy shared ledger.
+
+logger = logging.getLogger("asgi_admission")
+
+
+def log_change(
+    decision: CapacityDecision,
+    blind_changed: bool,
+    controller: AdmissionController,
+    session_limit: int | None,
+) -> None:
+    """Log what ``decision`` changed: telemetry lost or back, the latch set or cleared.
+
+    ``session_limit`` is the configured count cap (``None``: none while memory reads).
+    """
+    memory = decision.memory
+    if blind_changed:
+        if decision.state == "unavailable":
+            cap = count_cap(session_limit, True)
+            origin = "max_sessions" if session_limit is not None else "the fallback while blind"
+            if memory.available:
+                # Readable, but nothing to take a percentage of: no memory limit.
+                logger.warning(
+                    "asgi-admission: %s has no memory limit (working set %.1f MiB); "
+                    "admitting up to %d sessions (%s) until it has one.",
+                    memory.path or "the memory source",
+                    (memory.used_bytes or 0) / MIB,
+                    cap,
+                    origin,
+                )
+                return
+            logger.warning(
+                "asgi-admission: memory telemetry lost (%s); admitting up to %d "
+                "sessions (%s) until readings return.",
+                memory.path or "no readable cgroup memory files",
+                cap,
+                origin,
+            )
+            return
+        logger.info(
+            "asgi-admission: memory telemetry recovered: working set %.1f MiB of "
+            "%.1f MiB (%.2f%%).",
+            (memory.used_bytes or 0) / MIB,
+            (memory.limit_bytes or 0) / MIB,
+            memory.percent or 0.0,
+        )
+    if decision.transition == "pressured":
+        logger.warning(
+            "asgi-admission: memory pressure: refusing new sessions at working set "
+            "%.1f MiB of %.1f MiB (%.2f%%; high watermark %.1f%%, reserve %.1f MiB).",
+            (memory.used_bytes or 0) / MIB,
+            (memory.limit_bytes or 0) / MIB,
+            memory.percent or 0.0,
+            controller.high_watermark_percent,
+            controller.reserve_for(memory.limit_bytes) / MIB,
+        )
+    elif decision.transition == "normal":
+        logger.info(
+            "asgi-admission: memory pressure cleared: admitting sessions again at "
+            "working set %.1f MiB of %.1f MiB (%.2f%%; resume threshold %.1f%%).",
+            (memory.used_bytes or 0) / MIB,
+            (memory.limit_bytes or 0) / MIB,
+            memory.percent or 0.0,
+            controller.resume_threshold_percent,
+        )
+
+
+class DecisionLog:
+    """What one guard's decisions changed, logged once per change: telemetry lost and
+    back, the latch set and cleared, a reserve that can never fit, a busy ledger.
+
+    ``session_limit`` is the configured count cap (``None``: none while memory reads).
+    """
+
+    __slots__ = ("_blind", "_busy_logged", "_controller", "_never_admits_logged", "_session_limit")
+
+    def __init__(self, controller: AdmissionController, session_limit: int | None) -> None:
+        self._controller = controller
+        self._session_limit = session_limit
+        # Shared, lock-protected: whether the last decision was blind.
+        self._blind = False
+        # Whether the ERROR for a configuration that can never admit has been logged.
+        self._never_admits_logged = False
+        # Whether a ledger_busy refusal was logged (once: the ledger logs its outages).
+        self._busy_logged = False
+
+    def note_blind(self, decision: CapacityDecision) -> bool:
+        """Record whether ``decision`` was blind; whether that changed. Under the lock."""
+        blind = decision.state == "unavailable"
+        changed = blind != self._blind
+        self._blind = blind
+        return changed
+
+    def changed(self, decision: CapacityDecision, blind_changed: bool) -> None:
+        """Log what ``decision`` changed (outside the lock)."""
+        if decision.transition == "pressured":
+            self._never_admits(decision.memory)
+        log_change(decision, blind_changed, self._controller, self._session_limit)
+
+    def busy(self, exc: LedgerBusy) -> None:
+        """A ``ledger_busy`` refusal: logged the first time."""
+        if not self._busy_logged:
+            self._busy_logged = True
+            logger.warning(
+                "asgi-admission: refusing sessions with ledger_busy: %s. Logged once.", exc
+            )
+
+    def _never_admits(self, memory: MemoryReading) -> None:
+        # A latch that sets at the first reading of a limit may be set for good: a
+        # reserve the limit cannot hold. Said once, at ERROR, naming the setting.
+        if self._never_admits_logged:
+            return
+        controller = self._controller
+        problem = never_admits(
+            limit_bytes=memory.limit_bytes,
+            high_watermark_percent=controller.high_watermark_percent,
+            reserve_bytes=controller.reserve_for(memory.limit_bytes),
+            reserve_configured=controller.reserve_bytes is not None,
+        )
+        if problem is not None:
+            self._never_admits_logged = True
+            logger.error("asgi-admission: %s", problem)

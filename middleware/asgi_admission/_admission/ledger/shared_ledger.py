@@ -33,25 +33,792 @@ Notes (the whole story, with the faults each part answers: ``docs/trust.md``):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
+import fcntl
+import functools
+import logging
 import os
+import struct
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Final
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final
 
-from asgi_admission._admission.ledger.ledger import ACTIVE, LOCK_WAIT_S, PENDING, RELEASED
-from asgi_admission._admission.ledger.ledger import LedgerBusy as LedgerBusy
-from asgi_admission._admission.ledger.ledger import LedgerUnavailable as LedgerUnavailable
-from asgi_admission._admission.ledger.ledger_section import LockedLedgerFile
-from asgi_admission._admission.ledger.ledger_slots import FILE_NAME as FILE_NAME
-from asgi_admission._admission.ledger.ledger_slots import HEADER, SLOT, slot_held, slot_offset
-from asgi_admission._admission.ledger.ledger_slots import LedgerEntry as LedgerEntry
-from asgi_admission._admission.ledger.ledger_slots import read_entries as read_entries
+from asgi_admission._admission.ledger.ledger import (
+    ACTIVE,
+    LOCK_WAIT_S,
+    PENDING,
+    RELEASED,
+    LedgerBusy,
+    LedgerUnavailable,
+)
+from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open_private_file
+
+# --------------------------------------------------------------------------------------
+# The shared ledger file's layout and its slots' locks, and reading it from outside.
+#
+# ``<shared_dir>/asgi-admission.ledger``: a 16-byte header (magic, slot capacity, slots
+# in use) and fixed 32-byte slots of four int64s, ``(pid, start_time, pending, active)``.
+# A worker holds an exclusive OFD byte-range lock on its own slot while its descriptor is
+# open; the kernel drops it when the process dies, ``SIGKILL`` included, so a slot with
+# counts whose lock is free belongs to a dead worker (below has the whole
+# story). The waiting order's file (``scheduling/order_file.py``) has the same geometry
+# and uses the same locks.
+
+FILE_NAME: Final = "asgi-admission.ledger"
+MAGIC: Final = b"ASGIADM1"
+
+HEADER: Final = struct.Struct("=8sII")  # magic, capacity, slots in use
+SLOT: Final = struct.Struct("=qqqq")  # pid, start time (clock ticks), pending, active
+# struct flock on 64-bit Linux: short type, short whence, (pad), off_t start,
+# off_t len, pid_t pid, (pad).
+_FLOCK: Final = struct.Struct("hhqqi4x")
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One claimed slot of a ledger file, as :func:`read_entries` finds it."""
+
+    slot: int
+    pid: int
+    start_time: int
+    pending: int
+    active: int
+    alive: bool
+
+
+def process_start_time(pid: int | str = "self") -> int:
+    """Field 22 of ``/proc/<pid>/stat``: when the process started, in clock ticks."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def slot_offset(slot: int) -> int:
+    return HEADER.size + slot * SLOT.size
+
+
+def slot_lock(fd: int, slot: int, command: int, lock_type: int) -> int:
+    """``fcntl`` an OFD lock over one slot; returns the lock type the kernel reports."""
+    request = _FLOCK.pack(lock_type, os.SEEK_SET, slot_offset(slot), SLOT.size, 0)
+    lock_type_now: int = _FLOCK.unpack(fcntl.fcntl(fd, command, request))[0]
+    return lock_type_now
+
+
+@functools.lru_cache(maxsize=1024)
+def _probe(slot: int) -> bytes:
+    # Packed once per slot: every decision probes each busy slot's lock.
+    return _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, slot_offset(slot), SLOT.size, 0)
+
+
+_UNLOCKED: Final = struct.pack("h", fcntl.F_UNLCK)
+
+
+def slot_held(fd: int, slot: int) -> bool:
+    """Whether another open file description holds ``slot``'s lock: its worker lives."""
+    return fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot))[:2] != _UNLOCKED
+
+
+def claim_free_slot(fd: int, capacity: int) -> int | None:
+    """Lock the first of ``capacity`` slots no live worker holds and return it; ``None``
+    when every slot is held. An error other than "held" is raised."""
+    for slot in range(capacity):
+        try:
+            slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                continue
+            raise
+        return slot
+    return None
+
+
+def header_problem(
+    header: bytes, expected_capacity: int, *, magic: bytes = MAGIC, kind: str = "ledger"
+) -> str | None:
+    """What is wrong with the header at the start of ``header`` (a file of this geometry:
+    the ledger's, or another ``kind`` with its own ``magic``), in words for a warning;
+    ``None`` when it is sound."""
+    if len(header) < HEADER.size:
+        return f"a header of {len(header)} bytes"
+    found, capacity, used = HEADER.unpack_from(header)
+    if found != magic:
+        return f"no {kind} header"
+    if capacity != expected_capacity:
+        return f"{capacity} slots where {expected_capacity} were expected"
+    if used > capacity:
+        return f"{used} slots in use of {capacity}"
+    return None
+
+
+def read_rows(path: str, layout: struct.Struct) -> list[tuple[int, tuple[Any, ...], bool]]:
+    """Every whole slot of the file at ``path`` (this geometry, rows of ``layout``): its
+    number, its fields and whether a live worker holds its lock. For operators and
+    tests; it takes no lock, so a row may be mid-update."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        data = os.pread(fd, os.fstat(fd).st_size, 0)
+        return [
+            (slot, layout.unpack_from(data, slot_offset(slot)), slot_held(fd, slot))
+            for slot in range(max(0, len(data) - HEADER.size) // layout.size)
+        ]
+    finally:
+        os.close(fd)
+
+
+def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
+    """The claimed slots of the ledger file in ``directory``, with each owner's liveness
+    (:func:`read_rows`)."""
+    return [
+        LedgerEntry(slot, pid, start_time, pending, active, alive)
+        for slot, (pid, start_time, pending, active), alive in read_rows(
+            os.path.join(os.fspath(directory), FILE_NAME), SLOT
+        )
+        if pid or pending or active
+    ]
+
+
+# --------------------------------------------------------------------------------------
+# The shared ledger's file as one worker holds it (its layout and slot locks:
+# below).
+#
+# Notes:
+#
+# - One small file, ``<shared_dir>/asgi-admission.ledger``: a 16-byte header
+# (magic, slot capacity, slots in use) and fixed 32-byte slots of four int64s,
+# ``(pid, start_time, pending, active)``. It lives in a memory-backed directory
+# (``/dev/shm``, a ``medium: Memory`` emptyDir): it never touches a disk.
+# - It is read and written with ``os.pread``/``os.pwrite``, not ``mmap``: a
+# truncated file then gives a short read (rebuilt, with a warning) instead of a
+# ``SIGBUS`` on the request path, for a little more per decision. A decision reads
+# the header and the slots in use in one ``pread`` and takes every slot's pending
+# and active counts with one ``unpack_from``; a worker writes its own slot only
+# when the row changed (a release followed by a reservation leaves it as it was).
+# - Liveness: a worker holds an exclusive OFD byte-range lock (``F_OFD_SETLK``) on
+# its own slot for as long as its descriptor is open, and the kernel drops it when
+# the process dies, ``SIGKILL`` included; a slot with counts whose lock is free
+# (``F_OFD_GETLK``) belongs to a dead worker. Pid reuse cannot fool it, and it
+# costs far less per slot with counts than reading ``/proc/<pid>/stat`` to compare
+# start times (``bench/ledger.py``, bench/README.md). The start time is still stored,
+# for people reading the file.
+#
+# :class:`LedgerFile` is one worker's hold on the file: its descriptor, its slot
+# and the row it wrote there; it opens, claims, reads, rebuilds and follows a
+# replaced file, always under the ``flock`` that ``SharedLedger``
+# (``shared_ledger``), which does the counting, takes for it.
+
+logger = logging.getLogger("asgi_admission")
+
+
+class Rejoining:
+    """After a fault lost the other workers' rows: whether they are all back yet.
+
+    ``start`` counts the slots other live workers hold locks on in ``fd``; ``done`` is
+    true once as many slots here have a row and a lock again, or ``max_s`` has passed.
+    """
+
+    __slots__ = ("_others", "max_s", "until")
+
+    def __init__(self, max_s: float) -> None:
+        self.max_s = max_s
+        #: When the wait ends at the latest; 0.0 when there is none (every decision asks).
+        self.until = 0.0
+        self._others = 0
+
+    def start(self, fd: int, capacity: int, own: int) -> None:
+        self.expect(others_live(fd, capacity, own, with_rows=False))
+
+    def expect(self, others: int) -> None:
+        self._others = others
+        self.until = time.monotonic() + self.max_s
+
+    def done(self, fd: int, capacity: int, own: int) -> bool:
+        if not self.until:
+            return True
+        if time.monotonic() < self.until and self._others > others_live(
+            fd, capacity, own, with_rows=True
+        ):
+            return False
+        self.until = 0.0
+        return True
+
+
+def file_problem(fd: int, capacity: int) -> str | None:
+    """What is wrong with the whole file: ``""`` when it is empty (new), else as
+    :func:`header_problem`, or too short for its slots."""
+    header = os.pread(fd, HEADER.size, 0)
+    if not header:
+        return ""
+    problem = header_problem(header, capacity)
+    size = os.fstat(fd).st_size
+    if problem is None and size < slot_offset(capacity):
+        problem = f"{size} bytes, shorter than its {capacity} slots"
+    return problem
+
+
+def others_live(fd: int, capacity: int, own: int, *, with_rows: bool) -> int:
+    """How many slots but ``own`` another live worker's lock holds (``with_rows``: and
+    whose row names a process); one ``fcntl`` per slot, so only for rare moments."""
+    data = os.pread(fd, slot_offset(capacity), 0)
+    count = 0
+    for slot in range(capacity):
+        if slot == own:
+            continue
+        if with_rows:
+            offset = slot_offset(slot)
+            if len(data) < offset + SLOT.size or not SLOT.unpack_from(data, offset)[0]:
+                continue
+        count += slot_held(fd, slot)
+    return count
+
+
+def flock_by(fd: int, deadline: float) -> bool:
+    """Take ``fd``'s exclusive ``flock`` if it is free by ``deadline`` (``time.monotonic``).
+
+    Never one blocking call: ``LOCK_NB`` retried after sleeps growing from 0.2 to
+    5 ms, so a holder that never lets go (a stopped worker) costs a bounded wait.
+    """
+    delay = 0.0002
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() + delay > deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
+
+
+@functools.lru_cache(maxsize=64)
+def counts_layout(used: int) -> struct.Struct:
+    """The pending and active fields of the first ``used`` slots, read from the end of
+    the header: one ``unpack_from`` for a decision's whole view of the others."""
+    return struct.Struct("=" + "16xqq" * used)
+
+
+def published(own: tuple[int, int, int | None]) -> int:
+    """The active count a worker publishes from its ``(pending, active, reported)``:
+    the app's, when it reports one."""
+    return own[1] if own[2] is None else own[2]
+
+
+class LedgerFile:
+    """One worker's hold on the ledger file in ``directory``: the descriptor, the slot
+    claimed in it and the row last written there (see the module notes)."""
+
+    __slots__ = (
+        "_capacity",
+        "_dirty",
+        "_fd",
+        "_header",
+        "_layout",
+        "_offset",
+        "_own",
+        "_pid",
+        "_quiet",
+        "_rejoining",
+        "_row",
+        "_slot",
+        "_start",
+        "_used",
+        "_want",
+        "_warned",
+        "directory",
+        "path",
+    )
+
+    def __init__(
+        self, directory: str | os.PathLike[str], *, capacity: int, settle_s: float
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be 1 or more; got {capacity!r}.")
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.path = os.path.join(self.directory, FILE_NAME)
+        self._capacity = capacity
+        #: This worker's (pending, active, the app's reported count or None): replaced
+        #: whole under the owner's lock, so read without it as one consistent snapshot.
+        self._own: tuple[int, int, int | None] = (0, 0, None)
+        #: Counts changed since the row was written: the next section writes them.
+        self._dirty = False
+        self._rejoining = Rejoining(settle_s)
+        self._fd = -1
+        self._slot = -1
+        self._pid = os.getpid()
+        self._offset = 0
+        self._start = 0
+        self._row = b""
+        #: The file as a look found it with no other slot holding sessions and this
+        #: worker's row intact, with this worker's writes since: while the file reads
+        #: the same, there is nothing to add up (b"": no such look to go by).
+        self._quiet = b""
+        self._set_used(1)
+        self._warned: set[str] = set()
+
+    def _check_own_row(self, data: bytes) -> None:
+        if self._slot >= 0 and not data.startswith(self._row, self._offset):
+            self._own_row_changed()
+
+    def _own_row_changed(self) -> None:
+        self._rejoining.start(self._fd, self._capacity, self._slot)
+        # Edited, or rebuilt (perhaps with fewer slots in use than this one).
+        self._warn_once(
+            "own",
+            "asgi-admission: this worker's slot in %s was changed by someone else; "
+            "rewriting it from the worker's own counts.",
+            self.path,
+        )
+        self._restore_own()
+
+    def _move_to_new_file(self, fd: int) -> None:
+        """Leave a file that was unlinked for the one at ``path``; under the flock.
+
+        This worker's counts move with it (claimed afresh, written by ``_claim``);
+        the others follow by their next heartbeat or decision, each with its counts.
+        """
+        # The workers still in the old file, plus those already in the new one.
+        others = others_live(fd, self._capacity, self._slot, with_rows=False)
+        logger.warning(
+            "asgi-admission: the shared session ledger %s was deleted or replaced; moving "
+            "this worker's sessions (%d pending, %d active) to the file now at that path; "
+            "the other workers follow within a heartbeat.",
+            self.path,
+            self._own[0],
+            published(self._own),
+        )
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        self._fd = -1
+        self._slot = -1
+        self._row = self._quiet = b""
+        os.close(fd)  # drops this worker's slot lock in the old file
+        # Expected now, so that they are waited for even where this worker gets into
+        # the new file only at a later section.
+        self._rejoining.expect(others)
+        # Made again if the directory went too. Never waited for: this is inside a
+        # section, perhaps on the event loop. An error, or the new file's lock taken,
+        # leaves _fd at -1, and the next critical section tries again.
+        new_fd = self._open(0.0)
+        self._rejoining.expect(others + others_live(new_fd, self._capacity, -1, with_rows=True))
+        try:
+            fcntl.flock(new_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Another worker is in the new file's critical section: ours is not
+            # exclusive there, so give up this time (the caller refuses, busy).
+            raise LedgerBusy(f"another worker holds the shared ledger {self.path}") from None
+
+    def _open(self, deadline: float) -> int:
+        """Open the file (made if missing) and check or rebuild it under the ``flock``,
+        taken by ``deadline`` (``time.monotonic``) or ``LedgerBusy``: never a blocking
+        wait, since a worker stopped inside its section would make it endless."""
+        fd = open_private_file(self.directory, FILE_NAME, setting=SHARED_DIR_SETTING)
+        try:
+            if not flock_by(fd, deadline):
+                raise LedgerBusy(f"another worker holds the shared ledger {self.path}")
+            try:
+                self._fd = fd
+                self._check_file()
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        except BaseException:
+            self._fd = -1
+            os.close(fd)
+            raise
+        return fd
+
+    def _check_file(self) -> None:
+        problem = file_problem(self._fd, self._capacity)
+        if problem is not None:
+            self._rebuild(problem or None)
+
+    def _rebuild(self, problem: str | None) -> None:
+        if problem is not None:
+            self._rejoining.start(self._fd, self._capacity, self._slot)
+            logger.warning(
+                "asgi-admission: the shared session ledger %s was unusable (%s); rebuilding "
+                "it. Each worker writes its sessions back at its next heartbeat or decision.",
+                self.path,
+                problem,
+            )
+        os.ftruncate(self._fd, slot_offset(self._capacity))
+        os.pwrite(self._fd, bytes(slot_offset(self._capacity)), 0)
+        self._write_header(max(self._slot + 1, 0))
+        if self._slot >= 0:
+            self._restore_own()
+
+    def _write_header(self, used: int) -> None:
+        self._set_used(used)
+        os.pwrite(self._fd, self._header, 0)
+
+    def _set_used(self, used: int) -> None:
+        self._quiet = b""
+        self._used = used
+        self._want = slot_offset(used)
+        self._header = HEADER.pack(MAGIC, self._capacity, used)
+        self._layout = counts_layout(used)
+
+    def _read(self) -> bytes | None:
+        """The header and the slots in use; ``None`` after rebuilding a bad file."""
+        data = os.pread(self._fd, self._want, 0)
+        if len(data) == self._want and data.startswith(self._header):
+            return data
+        return self._read_again(data)
+
+    def _read_again(self, data: bytes) -> bytes | None:
+        """After a read that found the header changed: ``data`` again with the slots in
+        use now, or ``None`` after rebuilding a bad file."""
+        fd, want = self._fd, self._want
+        problem = header_problem(data[: HEADER.size], self._capacity)
+        if problem is None:
+            used = HEADER.unpack_from(data)[2]
+            if used != self._used:
+                self._set_used(used)
+                want = slot_offset(used)
+                data = os.pread(fd, want, 0)
+            if len(data) < want:
+                problem = f"{len(data)} bytes, shorter than its {used} slots in use"
+        if problem is not None:
+            self._rebuild(problem)
+            return None
+        return data
+
+    def _claim(self) -> None:
+        """Take the first slot no live worker holds; recover what a dead one left."""
+        fd = self._fd
+        self._check_file()
+        slot = claim_free_slot(fd, self._capacity)
+        if slot is not None:
+            _, _, pending, active = SLOT.unpack(os.pread(fd, SLOT.size, slot_offset(slot)))
+            if pending or active:
+                self._recover(slot, pending, active)
+            self._slot = slot
+            self._offset = slot_offset(slot)
+            self._start = process_start_time()
+            self._restore_own()
+            return
+        self._warn_once(
+            "full",
+            "asgi-admission: all %d slots of the shared session ledger %s are held by live "
+            "workers; this worker's sessions are counted by this worker alone.",
+            self._capacity,
+            self.path,
+        )
+
+    def _write_own(self) -> None:
+        """Write this worker's slot from its counts if they changed; under the flock."""
+        if self._slot >= 0:
+            # Cleared before the snapshot: a change made after it marks the slot again.
+            self._dirty = False
+            own = self._own
+            published = own[1] if own[2] is None else own[2]
+            row = SLOT.pack(self._pid, self._start, own[0], published)
+            if row != self._row:
+                try:
+                    os.pwrite(self._fd, row, self._offset)
+                except BaseException:
+                    self._dirty = True  # for the next section or heartbeat to try again
+                    raise
+                self._row = row
+                quiet = self._quiet
+                if quiet:  # still what the file holds, with this row in it
+                    offset = self._offset
+                    self._quiet = quiet[:offset] + row + quiet[offset + SLOT.size :]
+
+    def _restore_own(self) -> None:
+        """Write this worker's slot and make sure the header counts it as in use."""
+        self._row = self._quiet = b""  # whatever the file held: write it
+        self._write_own()
+        # The file's header, not the cached one: a worker's first claim must not
+        # trust the cache's initial guess of one slot in use.
+        used = HEADER.unpack(os.pread(self._fd, HEADER.size, 0))[2]
+        if self._slot >= used:
+            self._write_header(self._slot + 1)
+        else:
+            self._set_used(used)
+
+    def _recover(self, slot: int, pending: int, active: int) -> None:
+        pid = SLOT.unpack(os.pread(self._fd, SLOT.size, slot_offset(slot)))[0]
+        logger.warning(
+            "asgi-admission: worker pid %d exited holding %d pending and %d active sessions "
+            "in the shared ledger; releasing them.",
+            pid,
+            pending,
+            active,
+        )
+        os.pwrite(self._fd, bytes(SLOT.size), slot_offset(slot))
+
+    def _warn_once(self, key: str, message: str, *args: object) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message, *args)
+
+
+# --------------------------------------------------------------------------------------
+# The shared ledger's critical section, and keeping this worker's slot written.
+#
+# ``LockedLedgerFile`` is a worker's hold on the ledger file (``ledger_file``) with
+# the section every decision enters: this process's lock, then the file's exclusive
+# ``flock``, with the repairs due on entering (following a replaced file, claiming a
+# slot, the heartbeat's start). After an activation or release it writes the slot at
+# the next section, on the loop's next turn or by the heartbeat. ``SharedLedger``
+# (``shared_ledger``, whose notes tell the whole story) counts on top of it.
+
+#: How often (at most) a worker checks that its ledger file is still the one at the path.
+LINK_CHECK_INTERVAL_S: Final = 0.25
+#: How often a worker's heartbeat (on its event loop) checks the file without a decision.
+HEARTBEAT_S: Final = 0.25
+
+# Looked up once: every critical section calls them.
+_flock = fcntl.flock
+_monotonic = time.monotonic
+_running_loop = asyncio._get_running_loop  # None off a loop, where get_running_loop raises
+_thread_id = threading.get_ident
+_LOCK_NOW: Final = fcntl.LOCK_EX | fcntl.LOCK_NB
+_UNLOCK: Final = fcntl.LOCK_UN
+
+
+class Section:
+    """The critical section: this process's lock, then the file's exclusive ``flock``,
+    each waited for at most ``wait_s`` (0: taken only if free at once).
+
+    Every decision enters it, so both locks are first tried without reading the
+    clock, and the rest (the link check, a claim, the heartbeat) waits for its timer.
+    """
+
+    __slots__ = ("_ledger", "_wait_s")
+
+    def __init__(self, ledger: LockedLedgerFile, wait_s: float) -> None:
+        self._ledger = ledger
+        self._wait_s = wait_s
+
+    def __enter__(self) -> None:
+        ledger = self._ledger
+        if not ledger._lock.acquire(False):
+            ledger._enter_slowly(self._wait_s, locked=False)
+            return
+        try:
+            _flock(ledger._fd, _LOCK_NOW)
+        except (OSError, ValueError):  # held elsewhere, or no file open (-1): the slow way
+            ledger._enter_slowly(self._wait_s, locked=True)
+            return
+        except BaseException:
+            ledger._lock.release()
+            raise
+        if (
+            ledger._slot < 0
+            or ledger._broken
+            or not ledger._beating
+            or _monotonic() >= ledger._next_link_check
+        ):
+            ledger._ready()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        ledger = self._ledger
+        if ledger._dirty:
+            # A change made meanwhile (a release that found this very section taken,
+            # one made on a loop that has not turned since) is ours to write.
+            ledger._write_dirty()
+        try:
+            _flock(ledger._fd, _UNLOCK)
+        except (OSError, ValueError):
+            pass  # closed by a move that failed: there is no lock left to drop
+        finally:
+            ledger._lock.release()
+
+
+class LockedLedgerFile(LedgerFile):
+    """The ledger file in ``directory`` under its critical section (see the module notes)."""
+
+    __slots__ = (
+        "_attempt",
+        "_beating",
+        "_broken",
+        "_flush_thread",
+        "_lock",
+        "_locked",
+        "_next_link_check",
+    )
+
+    def __init__(
+        self, directory: str | os.PathLike[str], *, capacity: int, settle_s: float
+    ) -> None:
+        super().__init__(directory, capacity=capacity, settle_s=settle_s)
+        self._lock = threading.Lock()
+        self._beating = False
+        self._broken = False
+        #: The thread whose loop's next turn writes the changes made in it (0: none).
+        self._flush_thread = 0
+        self._locked = Section(self, LOCK_WAIT_S)
+        self._attempt = Section(self, 0.0)
+        self._next_link_check = 0.0
+
+    # -- the critical section ------------------------------------------------------
+
+    def locked(self) -> Section:
+        """The critical section, waited for at most ``LOCK_WAIT_S`` (then ``LedgerBusy``).
+
+        For callers off the event loop; the middleware uses :meth:`attempt`.
+        """
+        return self._locked
+
+    def attempt(self) -> Section:
+        """The critical section if it is free right now; ``LedgerBusy`` if not."""
+        return self._attempt
+
+    def _enter_slowly(self, wait_s: float, *, locked: bool) -> None:
+        """The critical section when a lock was not free at once (``locked``: this
+        process's is held already) or no file is open: waits for each until
+        ``wait_s`` after the first try, then ``LedgerBusy``."""
+        lock = self._lock
+        deadline = _monotonic() + wait_s
+        if not (locked or (wait_s > 0 and lock.acquire(timeout=wait_s))):
+            raise LedgerBusy("another thread of this worker holds the shared ledger")
+        try:
+            fd = self._fd if self._fd >= 0 else self._reopen(deadline)
+            if not flock_by(fd, deadline):
+                raise LedgerBusy(
+                    f"another worker held the shared ledger {self.path} for over {wait_s:g} s"
+                )
+        except BaseException:
+            lock.release()
+            raise
+        self._ready()
+
+    def _ready(self) -> None:
+        """Both locks held: what is due before counting, releasing them if it fails."""
+        try:
+            self._repair()
+            if not self._beating:
+                self._beat()
+        except BaseException:
+            if self._fd >= 0:
+                _flock(self._fd, _UNLOCK)
+            self._lock.release()
+            raise
+
+    def _reopen(self, deadline: float) -> int:
+        try:
+            return self._open(deadline)
+        except (OSError, ValueError) as exc:
+            raise self._unavailable(exc) from exc
+
+    def _repair(self) -> None:
+        """Under the flock, when due: follow a replaced file, claim a slot, say that a
+        ledger that was unusable is usable again."""
+        now = _monotonic()
+        try:
+            if now >= self._next_link_check:
+                # Deleted or replaced under us (a tmp cleaner, an operator's rm)? The
+                # workers that open the path now would share nothing with this one.
+                # An fstat per decision would show in its cost, so it is asked at most
+                # every quarter second.
+                self._next_link_check = now + LINK_CHECK_INTERVAL_S
+                if os.fstat(self._fd).st_nlink == 0:
+                    self._move_to_new_file(self._fd)
+            if self._slot < 0:
+                self._claim()
+        except (OSError, ValueError) as exc:
+            raise self._unavailable(exc) from exc
+        if self._broken:
+            self._broken = False
+            logger.warning(
+                "asgi-admission: the shared session ledger %s is usable again; this "
+                "worker's sessions (%d pending, %d active) are counted in it.",
+                self.path,
+                self._own[0],
+                published(self._own),
+            )
+
+    def _unavailable(self, exc: BaseException) -> LedgerUnavailable:
+        if not self._broken:
+            self._broken = True
+            logger.warning(
+                "asgi-admission: the shared session ledger %s is unusable (%s); this "
+                "worker keeps its counts in memory and refuses new sessions until the "
+                "file can be opened again.",
+                self.path,
+                exc,
+            )
+        return LedgerUnavailable(f"the shared session ledger {self.path} is unusable: {exc}")
+
+    def _write_dirty(self) -> None:
+        if self._fd >= 0:
+            # If that fails, the slot stays dirty for the next section or heartbeat.
+            with contextlib.suppress(OSError):
+                self._write_own()
+
+    def _changed(self) -> None:
+        """After an activation or release (the counts changed in memory) in a thread
+        whose loop has no write scheduled: write the slot at the next critical section,
+        when this loop next turns at the latest; off a loop, now. Many releases in one
+        loop turn then cost one section, and a release followed by a decision none."""
+        loop = _running_loop()
+        if loop is None:
+            self._flush()
+        else:
+            # Marked for this thread until that turn: its loop runs no other meanwhile
+            # (one whose callbacks were dropped unrun leaves this worker's slot dirty
+            # for the next critical section or heartbeat, high, never low).
+            self._flush_thread = _thread_id()
+            loop.call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        self._flush_thread = 0
+        if self._dirty:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write this worker's slot now if the lock is free at once; else at the next
+        heartbeat or critical section. Never raises: a release must not fail."""
+        try:
+            with self._attempt:
+                pass  # leaving writes the dirty slot
+        except LedgerBusy:
+            self._beat()  # LedgerUnavailable included, logged once by _unavailable
+        except Exception:
+            logger.exception("asgi-admission: writing the shared session ledger failed")
+            self._beat()
+
+    def _beat(self) -> None:
+        """Keep the heartbeat scheduled on this thread's event loop, if it has one."""
+        if self._beating:
+            return
+        loop = _running_loop()
+        if loop is None:
+            return  # no loop here: the next critical section does the heartbeat's work
+        self._beating = True
+        loop.call_later(HEARTBEAT_S, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        """Write a dirty slot, follow a deleted or replaced file and put this worker's
+        row back into a rebuilt or edited one, without waiting for a decision: other
+        workers miss this worker's sessions for at most a heartbeat."""
+        self._beating = False
+        try:
+            with self._attempt:
+                data = self._read()
+                if data is not None:
+                    self._check_own_row(data)
+        except LedgerBusy:
+            pass  # held elsewhere, or unusable (logged once): the next beat tries again
+        except Exception:
+            logger.exception("asgi-admission: the shared session ledger's heartbeat failed")
+        self._beat()
+
 
 # Looked up once: every activation and release calls it.
-_thread_id = threading.get_ident
 
 #: Slots in a new file: far more worker processes than one container runs.
 DEFAULT_CAPACITY: Final = 256

@@ -39,12 +39,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from asgi_admission._admission.ledger.ledger_slots import FILE_NAME
 from asgi_admission._admission.ledger.safe_files import (
     SHARED_DIR_SETTING,
     UnsafeFileError,
     open_private_file,
 )
+from asgi_admission._admission.ledger.shared_ledger import FILE_NAME
 from asgi_admission._admission.reservations.shared_files import LEARNED_FILE, SETTLING_FILE
 from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.discover import discover_cgroup

@@ -20,9 +20,12 @@ from typing import Any, Final, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from asgi_admission._admission.decision.latch import AdmissionController, HeldBytes
+from asgi_admission._admission.decision.latch import (
+    AdmissionController,
+    HeldBytes,
+    derived_reserve_bytes,
+)
 from asgi_admission._admission.decision.observer import Kind
-from asgi_admission._admission.decision.reserve import derived_reserve_bytes
 from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
 from asgi_admission._admission.reservations.learning import (
     WINDOW,

@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
-from asgi_admission._admission.ledger.ledger_section import LINK_CHECK_INTERVAL_S
 from asgi_admission._admission.ledger.safe_files import (
     SHARED_DIR_SETTING,
     open_private_file,
     process_alive,
 )
+from asgi_admission._admission.ledger.shared_ledger import LINK_CHECK_INTERVAL_S
 from asgi_admission._admission.reservations.learning import (
     Observations,
     Overlap,

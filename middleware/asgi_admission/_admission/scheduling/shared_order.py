@@ -10,8 +10,8 @@ and leaves the capacity to that one).
 Notes:
 
 - One small file beside the session ledger, ``<shared_dir>/asgi-admission.waiting``
-  (its rows and their slot locks: ``order_file.py``), opened as the ledger is
-  (``safe_files``) and held by each worker through ``order_hold.OrderHold``, which never
+  (its rows and their slot locks: below), opened as the ledger is
+  (``safe_files``) and held by each worker through ``OrderHold``, which never
   waits for a lock once open and rebuilds a bad file. A dead worker's waiters vanish
   with its slot's lock: its slot is ignored.
 - Only the first waiter matters: another worker's waiter comes before a waiter of rank
@@ -20,23 +20,699 @@ Notes:
 - Where the file cannot be written or read, this worker serves its own waiters in its
   own order (logged once) until it can.
 - After each of this worker's passes (:meth:`SharedOrder.passed`), the worker holding
-  the container's first waiter, if another, is rung (``bell``, ``order_bell.py``): its
+  the container's first waiter, if another, is rung (``bell``, below): its
   pass runs at once. :meth:`SharedOrder.first` is the fallback, asked by the periodic
   look of each worker with waiters (docs/configuration.md, the wait queue).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
+import functools
+import logging
 import os
+import socket
+import struct
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
-from asgi_admission._admission.ledger.ledger_slots import slot_held, slot_offset
-from asgi_admission._admission.scheduling.order_bell import OrderBell
-from asgi_admission._admission.scheduling.order_file import ORDER_CAPACITY, ORDER_SLOT, check_of
-from asgi_admission._admission.scheduling.order_hold import OrderHold
+from asgi_admission._admission.ledger.ledger import LOCK_WAIT_S
+from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open_private_file
+from asgi_admission._admission.ledger.shared_ledger import (
+    HEADER,
+    claim_free_slot,
+    flock_by,
+    header_problem,
+    read_rows,
+    slot_held,
+    slot_lock,
+    slot_offset,
+)
+from asgi_admission._admission.ledger.shared_ledger import SLOT as LEDGER_SLOT
+
+# --------------------------------------------------------------------------------------
+# Waking another worker at once: a Unix datagram socket for each worker of the waiting order.
+#
+# A worker whose waiter is the container's first must run its pass as soon as capacity
+# frees in another worker, or the waiter ahead of it (in another worker) is admitted or
+# leaves. Looking at the shared files every so often would cost a wait of up to the look's
+# interval; instead the worker that sees it happen rings the first waiter's worker, whose
+# event loop wakes on the ring at once (docs/configuration.md, "Waiting and priority").
+#
+# Notes:
+#
+# - A worker that claims a slot in the waiting order binds
+# ``<shared_dir>/asgi-admission.wake.<slot>``: non-blocking and close-on-exec, mode
+# 0600 in the private shared directory, read on its event loop (``loop.add_reader``).
+# Whatever arrives is drained at once and the wait queue woken: one pass however many
+# rings came.
+# - A ring is one byte sent with ``MSG_DONTWAIT`` from an unbound socket: it never
+# blocks. A full socket (that worker has rings unread already), one gone, or one not
+# bound yet is ignored; the periodic look of each worker with waiters stays the
+# fallback (``queue.FreedWatch``).
+# - A ring must not come before what it tells of: this worker's release is written to
+# the shared ledger on its loop's next turn, unless another worker holds the ledger
+# in that instant. So before each ring ``flush`` (the ledger's non-blocking critical
+# section, whose end writes what is pending) is tried; where the ledger is held
+# elsewhere, the ring is tried again a few milliseconds later, a few times at most.
+# - Named after the slot, not the pid: the worker claiming a slot holds its lock, so a
+# file of that name is a dead worker's, and is replaced. A dead worker's file is
+# removed by whoever finds its slot dead with waiters (holding that slot's lock), or
+# by the next worker to claim the slot: at most one file per slot is ever left.
+# - The byte carries nothing: whoever may write to the socket (this user alone) can
+# only make that worker run a pass, which decides nothing it would not decide anyway.
+
+logger = logging.getLogger("asgi_admission")
+
+#: The wake sockets' names in the shared directory: this, then the slot's number.
+WAKE_PREFIX: Final = "asgi-admission.wake."
+#: Rings read at most in one go; more are read on the loop's next turn.
+_DRAIN: Final = 64
+#: A ring put off while the ledger is held elsewhere: tried again after this, at most
+#: ``_RETRIES`` times, and then sent all the same (the worker rung reads the ledger as it
+#: is by then; what it cannot see yet, its periodic look finds).
+RETRY_S: Final = 0.002
+_RETRIES: Final = 25
+
+
+class OrderBell:
+    """This worker's wake socket in ``directory`` and its rings to the others' (see the
+    module notes); ``on_ring`` is called on the loop when this worker is rung, and
+    ``flush`` before each ring: it writes this worker's pending changes to the shared
+    ledger and says whether it could (``False``: the ledger is held elsewhere)."""
+
+    __slots__ = (
+        "__weakref__",
+        "_bound",
+        "_flush",
+        "_loop",
+        "_on_ring",
+        "_open",
+        "_pid",
+        "_sender",
+        "_slot",
+        "_socket",
+        "_warned",
+        "directory",
+    )
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        on_ring: Callable[[], None] | None = None,
+        flush: Callable[[], bool] | None = None,
+    ) -> None:
+        self.directory = os.path.abspath(os.fspath(directory))
+        self._flush = flush
+        #: The socket file this worker bound (device, inode): only that one is its to remove.
+        self._bound: tuple[int, int] | None = None
+        #: Told on the loop when another worker rings this one (the wait queue's wake).
+        self._on_ring = on_ring
+        self._socket: socket.socket | None = None
+        self._sender: socket.socket | None = None
+        self._slot = -1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = os.getpid()
+        self._warned = False
+        # The sockets open now, closed with the bell where nobody closed it (a guard
+        # never shut down): a file descriptor is not left to the garbage collector.
+        self._open: list[socket.socket] = []
+        weakref.finalize(self, _close_all, self._open)
+
+    def tell_rings(self, on_ring: Callable[[], None]) -> None:
+        """Call ``on_ring`` on the loop when another worker rings this one: for a bell
+        built before what it wakes (the wait queue is built with the order it rings)."""
+        self._on_ring = on_ring
+
+    def path(self, slot: int) -> str:
+        """The wake socket of the worker holding ``slot`` of the waiting order."""
+        return os.path.join(self.directory, f"{WAKE_PREFIX}{slot}")
+
+    @property
+    def slot(self) -> int:
+        """The slot whose socket this worker listens on (-1: none)."""
+        return self._slot
+
+    def bind(self, slot: int) -> None:
+        """This worker has just claimed ``slot`` (and holds its lock): listen on its
+        socket, on the running event loop, replacing a dead worker's file of that name.
+        Where it cannot (no loop, a path too long for a socket), it is logged once and
+        this worker is found by the others' periodic looks instead."""
+        self.close(unlink=False)
+        loop = asyncio._get_running_loop()
+        if loop is None:
+            return  # nothing would read it: the next claim, on a loop, binds
+        path = self.path(slot)
+        listener = self._new_socket()
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # a dead worker's: this slot's lock is ours
+            listener.bind(path)
+            os.chmod(path, 0o600)
+            made = os.stat(path)
+            loop.add_reader(listener.fileno(), self._heard)
+        except (OSError, NotImplementedError) as exc:
+            self._drop(listener)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            if not self._warned:
+                self._warned = True
+                logger.warning(
+                    "asgi-admission: the wake socket %s cannot be used (%s); this worker's "
+                    "waiters are found by its periodic look instead (within a quarter of a "
+                    "second) when capacity frees in another worker.",
+                    path,
+                    exc,
+                )
+            return
+        self._socket, self._slot, self._loop = listener, slot, loop
+        self._bound = (made.st_dev, made.st_ino)
+
+    def ring(self, slot: int, tries: int = 0) -> None:
+        """Wake the worker holding ``slot``: one byte, never blocking, never raising; put
+        off a little while ``flush`` finds the ledger held elsewhere (module notes),
+        ``tries`` times so far."""
+        if self._flush is not None and not self._flush():
+            loop = asyncio._get_running_loop()
+            if loop is not None and tries < _RETRIES:
+                loop.call_later(RETRY_S, self.ring, slot, tries + 1)
+                return
+        # Full, gone, not bound yet, or no socket to send from (out of descriptors): the
+        # periodic look serves.
+        with contextlib.suppress(OSError):
+            sender = self._sender
+            if sender is None or self._pid != os.getpid():
+                self._pid = os.getpid()
+                sender = self._sender = self._new_socket()
+            sender.sendto(b"\0", socket.MSG_DONTWAIT, self.path(slot))
+
+    def unlink(self, slot: int) -> None:
+        """Remove the wake socket of a dead worker's ``slot`` (its lock held by the caller)
+        where nobody listens on it: in a file replaced meanwhile, the slot's lock says
+        nothing of the socket a worker of the new file bound under that name."""
+        if slot == self._slot:
+            return
+        path = self.path(slot)
+        with (
+            contextlib.suppress(OSError),
+            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe,
+        ):
+            try:
+                probe.connect(path)  # a live worker's: it stays
+            except ConnectionRefusedError:
+                os.unlink(path)  # bound by nobody now
+
+    def close(self, *, unlink: bool = True) -> None:
+        """Stop listening; ``unlink``: remove this worker's socket file too (not where the
+        slot may be another worker's by now, as after following a replaced file)."""
+        listener, self._socket = self._socket, None
+        slot, self._slot = self._slot, -1
+        loop, self._loop = self._loop, None
+        if listener is None:
+            return
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(listener.fileno())
+        bound, self._bound = self._bound, None
+        if unlink:
+            path = self.path(slot)
+            with contextlib.suppress(OSError):
+                now = os.stat(path)
+                if (now.st_dev, now.st_ino) == bound:  # not a file another worker made since
+                    os.unlink(path)
+        self._drop(listener)
+
+    def forget(self) -> None:
+        """In a forked child: the parent's socket is the parent's (neither read nor
+        removed here); the child binds its own when it claims a slot."""
+        _close_all(self._open)
+        self._socket = self._sender = None
+        self._slot = -1
+        self._loop = None
+        self._pid = os.getpid()
+
+    def _new_socket(self) -> socket.socket:
+        made = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+        self._open.append(made)
+        return made
+
+    def _drop(self, sock: socket.socket) -> None:
+        self._open.remove(sock)
+        sock.close()
+
+    def _heard(self) -> None:
+        listener = self._socket
+        if listener is None:
+            return
+        for _ in range(_DRAIN):
+            try:
+                listener.recv(16)
+            except OSError:  # drained (BlockingIOError) or closed meanwhile
+                break
+        if self._on_ring is not None:
+            self._on_ring()
+
+
+def _close_all(sockets: list[socket.socket]) -> None:
+    while sockets:
+        sockets.pop().close()
+
+
+# --------------------------------------------------------------------------------------
+# The shared waiting order's file: its rows, and a look at them for operators and tests.
+#
+# ``<shared_dir>/asgi-admission.waiting`` has the session ledger's geometry (a 16-byte
+# header: magic, slot capacity, slots in use; 32-byte slots), so a worker's slot is
+# claimed and its liveness told by the ledger's own OFD byte-range lock helpers. A slot
+# holds ``(pid, class rank, how many wait, the first waiter's arrival, check)``; the
+# check (a hash of the rest) tells a row torn by a concurrent write, or garbage, from a
+# real one. ``OrderHold`` reads and writes it for ``shared_order.SharedOrder``;
+# the wake sockets of the workers with waiters are named after their slots
+# .
+
+ORDER_FILE_NAME: Final = "asgi-admission.waiting"
+ORDER_MAGIC: Final = b"ASGIWAI1"
+#: Slots in a new file: far more worker processes than one container runs.
+ORDER_CAPACITY: Final = 256
+
+ORDER_SLOT: Final = struct.Struct("=qiidq")  # pid, class rank, waiting, first arrival, check
+# The ledger's slot locks cover its slots' byte ranges: the same geometry here.
+assert ORDER_SLOT.size == LEDGER_SLOT.size
+
+EMPTY: Final = bytes(ORDER_SLOT.size)
+
+
+def check_of(pid: int, rank: int, waiting: int, arrived: float) -> int:
+    # Deterministic across processes: numbers hash without the string hash's seed.
+    return hash((pid, rank, waiting, arrived))
+
+
+def row_of(pid: int, rank: int, arrived: float, waiting: int) -> bytes:
+    return ORDER_SLOT.pack(pid, rank, waiting, arrived, check_of(pid, rank, waiting, arrived))
+
+
+def live_rows(fd: int, capacity: int, own_slot: int) -> tuple[bytearray, int]:
+    """Under the file's flock: a fresh file's bytes (its header left to fill) holding
+    every whole row whose worker lives, and how many slots it uses. ``own_slot`` (-1:
+    none) is the caller's, which it writes back itself."""
+    old = os.pread(fd, slot_offset(capacity), 0)
+    kept = bytearray(slot_offset(capacity))
+    used = 0
+    for slot in range(capacity):
+        offset = slot_offset(slot)
+        if slot == own_slot:
+            used = slot + 1
+            continue
+        if not slot_held(fd, slot):
+            continue
+        used = slot + 1
+        row = old[offset : offset + ORDER_SLOT.size]
+        if len(row) == ORDER_SLOT.size:
+            pid, rank, waiting, arrived, check = ORDER_SLOT.unpack(row)
+            if check == check_of(pid, rank, waiting, arrived):
+                kept[offset : offset + ORDER_SLOT.size] = row
+    return kept, used
+
+
+@functools.lru_cache(maxsize=64)
+def waiting_layout(used: int) -> struct.Struct:
+    """The ``waiting`` field of the first ``used`` slots: one ``unpack_from`` tells
+    which slots have waiters."""
+    return struct.Struct("=" + "12xi16x" * used)
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingEntry:
+    """One slot of a waiting file with waiters, as :func:`read_waiting` finds it."""
+
+    slot: int
+    pid: int
+    rank: int
+    waiting: int
+    arrived: float
+    alive: bool
+
+
+def read_waiting(directory: str | os.PathLike[str]) -> list[WaitingEntry]:
+    """The slots with waiters of the waiting file in ``directory``, each with its
+    worker's liveness; for operators and tests (it takes no lock)."""
+    return [
+        WaitingEntry(slot, pid, rank, waiting, arrived, alive)
+        for slot, (pid, rank, waiting, arrived, _), alive in read_rows(
+            os.path.join(os.fspath(directory), ORDER_FILE_NAME), ORDER_SLOT
+        )
+        if waiting
+    ]
+
+
+# --------------------------------------------------------------------------------------
+# One worker's hold on the shared waiting order's file: its descriptor, slot and row, and upkeep.
+#
+# ``shared_order.SharedOrder`` decides who comes first from what :class:`OrderHold` reads,
+# and has it write this worker's first waiter; the file's rows and their slot locks are
+# below's, the wake socket named after the slot below's.
+#
+# Notes:
+#
+# - No blocking lock, ever: a worker writes only its own slot (no one else writes a live
+# slot), so writing its row is one ``pwrite`` and a read one ``pread``. The file's
+# ``flock`` serialises only claiming a slot and rebuilding the file, taken with
+# ``LOCK_NB``; when another worker holds it, this worker tries again at its next write
+# and meanwhile serves its own waiters in its own order. Only the check at opening
+# waits for it, for at most ``LOCK_WAIT_S``.
+# - A dead worker's slot (waiters, its lock free) is cleared by whoever first takes its
+# lock to prove it free (:meth:`OrderHold.clear_dead`). A truncated or garbage file is
+# rebuilt with a warning naming it; the rows that are still whole and whose worker
+# lives are kept, and every worker writes its own row back at its next read if it finds
+# it gone.
+# - A file deleted or replaced under this worker is followed (:meth:`OrderHold.follow`),
+# and a fork child opens the file again: the parent's descriptor carries its slot lock.
+# Each kind of failure is logged once, and this worker then serves its waiters in its
+# own order.
+
+
+class OrderHold:
+    """This worker's hold on the waiting file in ``directory`` (see the module notes),
+    opened, and checked or rebuilt, now: a bad directory fails at startup naming the
+    setting. Its slot is claimed by the first row with waiters, in the serving process;
+    ``bell`` (``None``: none) is bound to it.
+
+    ``fd`` (-1: not open), ``slot`` (-1: none) and ``row`` (what was last written to the
+    slot; ``b""``: unknown, written again) are the hold's own, read by the order."""
+
+    __slots__ = (
+        "_bell",
+        "_capacity",
+        "_header",
+        "_layout",
+        "_offset",
+        "_pid",
+        "_want",
+        "_warned",
+        "directory",
+        "fd",
+        "path",
+        "row",
+        "slot",
+    )
+
+    def __init__(
+        self, directory: str | os.PathLike[str], *, capacity: int, bell: OrderBell | None
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be 1 or more; got {capacity!r}.")
+        self._bell = bell
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.path = os.path.join(self.directory, ORDER_FILE_NAME)
+        self._capacity = capacity
+        self._warned: set[str] = set()
+        self.fd = -1
+        self.slot = -1
+        self._offset = 0
+        self.row = EMPTY
+        self._pid = os.getpid()
+        self._set_used(1)
+        fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
+        self.fd = fd
+        if flock_by(fd, time.monotonic() + LOCK_WAIT_S):
+            try:
+                self._check_file()
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    # -- the order's side -------------------------------------------------------------
+
+    def write(self, head: tuple[int, float] | None, waiting: int) -> None:
+        """Write this worker's row: its first waiter (its class's rank, its arrival) and
+        how many wait, ``None`` and 0 when none does; the first row with waiters claims a
+        slot. Never raises: a failure is logged once."""
+        row = EMPTY if head is None or not waiting else row_of(self._pid, *head, waiting)
+        if row == self.row or self.fd < 0:
+            return
+        try:
+            if self.slot < 0 and (row is EMPTY or not self._claim()):
+                return
+            os.pwrite(self.fd, row, self._offset)
+            self.row = row
+        except OSError as exc:
+            self.row = b""  # unknown now: the next write writes whatever it has
+            self._warn_once(
+                "write",
+                "asgi-admission: the shared waiting order %s cannot be written (%s); this "
+                "worker serves its waiters in its own order until it can.",
+                self.path,
+                exc,
+            )
+
+    def read(self) -> tuple[bytes, tuple[int, ...]] | None:
+        """The header and the slots in use, and how many wait in each of those slots,
+        after rebuilding a bad file and writing back this worker's row where it is gone;
+        ``None`` where the file cannot be read (logged once)."""
+        try:
+            data = self._read()
+        except OSError as exc:
+            self._warn_once(
+                "read",
+                "asgi-admission: the shared waiting order %s cannot be read (%s); this "
+                "worker serves its waiters in its own order until it can.",
+                self.path,
+                exc,
+            )
+            return None
+        if self.slot >= 0 and not data.startswith(self.row, self._offset):
+            self._restore_own()  # lost to a rebuild, or scribbled on
+        return data, self._layout.unpack_from(data, HEADER.size)
+
+    def clear_dead(self, slot: int) -> None:
+        """A slot with waiters whose lock is free: its worker died. Cleared while its
+        lock is held here, so a worker claiming it this instant is not wiped."""
+        fd = self.fd
+        try:
+            slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
+        except OSError:
+            return  # claimed this instant by a live worker
+        try:
+            os.pwrite(fd, EMPTY, slot_offset(slot))
+            if self._bell is not None:
+                self._bell.unlink(slot)
+        except OSError:
+            pass  # ignored while dead; the next look tries again
+        finally:
+            slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_UNLCK)
+
+    def follow(self, head: tuple[int, float] | None, waiting: int) -> None:
+        """Where the file was deleted or replaced under this worker (an ``fstat``): open
+        the file now at the path, where the workers that open it from now on look, and
+        write this worker's row there (``head`` and ``waiting`` as for :meth:`write`).
+        Never raises: a failure is logged once."""
+        try:
+            if self.fd >= 0 and os.fstat(self.fd).st_nlink == 0:
+                self._follow()
+                self.write(head, waiting)
+        except (OSError, ValueError) as exc:
+            self._warn_once(
+                "follow",
+                "asgi-admission: the shared waiting order %s was deleted or replaced and "
+                "cannot be opened again (%s); this worker serves its waiters in its own "
+                "order until it can.",
+                self.path,
+                exc,
+            )
+
+    def leave(self) -> bool:
+        """Give up this worker's slot and wake socket, keeping the file open; whether
+        there was a slot to give up."""
+        if self.fd < 0 or self.slot < 0:
+            return False
+        slot = self.slot
+        try:
+            if self._bell is not None:
+                self._bell.close()  # while the slot's lock is held: the file is still ours
+            os.pwrite(self.fd, EMPTY, self._offset)
+        except OSError:
+            pass  # the row reads as a dead worker's once its lock is dropped below
+        finally:
+            self._reset_slot()
+            with contextlib.suppress(OSError):
+                slot_lock(self.fd, slot, fcntl.F_OFD_SETLK, fcntl.F_UNLCK)
+        return True
+
+    def close(self) -> None:
+        """Clear this worker's slot and close the file."""
+        fd, self.fd = self.fd, -1
+        if fd < 0:
+            return
+        try:
+            if self._bell is not None:
+                self._bell.close()  # while the slot's lock is held: the file is still ours
+            if self.slot >= 0:
+                os.pwrite(fd, EMPTY, self._offset)
+        finally:
+            self._reset_slot()
+            os.close(fd)  # drops the slot's lock
+
+    def after_fork(self) -> None:
+        """In a fork child: a descriptor of its own, and no slot until it claims one."""
+        # The child shares the parent's open file description, and with it the parent's
+        # slot lock: it opens its own and claims afresh.
+        old, self.fd = self.fd, -1
+        self._reset_slot()
+        if self._bell is not None:
+            self._bell.forget()
+        if old >= 0:
+            os.close(old)
+        try:
+            self.fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
+        except (OSError, ValueError) as exc:
+            # Left at -1: writing and reading fail, logged once, and this worker
+            # serves its waiters in its own order.
+            self._warn_once(
+                "fork",
+                "asgi-admission: the shared waiting order %s cannot be opened in this "
+                "worker (%s); it serves its waiters in its own order.",
+                self.path,
+                exc,
+            )
+
+    # -- the file -----------------------------------------------------------------------
+
+    def _follow(self) -> None:
+        fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
+        logger.warning(
+            "asgi-admission: the shared waiting order %s was deleted or replaced; moving "
+            "this worker's waiters to the file now at that path.",
+            self.path,
+        )
+        old, self.fd = self.fd, fd
+        if self._bell is not None:
+            self._bell.close(unlink=False)  # that name may be a worker's of the new file
+        self._reset_slot()
+        self._set_used(1)
+        os.close(old)  # drops this worker's slot lock in the old file
+
+    def _reset_slot(self) -> None:
+        self.slot = -1
+        self._offset = 0
+        self.row = EMPTY
+        self._pid = os.getpid()
+
+    def _set_used(self, used: int) -> None:
+        self._want = slot_offset(used)
+        self._header = HEADER.pack(ORDER_MAGIC, self._capacity, used)
+        self._layout = waiting_layout(used)
+
+    def _read(self) -> bytes:
+        """The header and the slots in use, after rebuilding a bad file."""
+        data = os.pread(self.fd, self._want, 0)
+        if len(data) == self._want and data.startswith(self._header):
+            return data
+        problem = header_problem(data, self._capacity, magic=ORDER_MAGIC, kind="waiting-order")
+        if problem is None:
+            used = HEADER.unpack_from(data)[2]
+            self._set_used(used)
+            data = os.pread(self.fd, self._want, 0)
+            if len(data) == self._want:
+                return data
+            problem = f"{len(data)} bytes, shorter than its {used} slots in use"
+        self._rebuild_now()
+        return os.pread(self.fd, self._want, 0).ljust(self._want, b"\0")
+
+    def _check_file(self) -> None:
+        """Under the flock: rebuild an empty (new) or unusable file."""
+        header = os.pread(self.fd, HEADER.size, 0)
+        if not header:
+            self._rebuild(None)
+            return
+        problem = header_problem(header, self._capacity, magic=ORDER_MAGIC, kind="waiting-order")
+        if problem is None:
+            size = os.fstat(self.fd).st_size
+            used = HEADER.unpack(header)[2]
+            if size < slot_offset(used):
+                problem = f"{size} bytes, shorter than its {used} slots in use"
+            else:
+                self._set_used(used)
+        if problem is not None:
+            self._rebuild(problem)
+
+    def _rebuild_now(self) -> None:
+        """Rebuild if the flock is free at once (the problem is found and named again
+        under it); else another worker holds it, and the next look tries again."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        try:
+            self._check_file()
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _rebuild(self, problem: str | None) -> None:
+        """Under the flock: a fresh file keeping every whole row whose worker lives."""
+        fd, capacity = self.fd, self._capacity
+        kept, used = live_rows(fd, capacity, self.slot)
+        if problem is not None:
+            logger.warning(
+                "asgi-admission: the shared waiting order %s was unusable (%s); rebuilding "
+                "it. Each worker writes its waiters back at its next look.",
+                self.path,
+                problem,
+            )
+        used = max(used, 1)
+        kept[: HEADER.size] = HEADER.pack(ORDER_MAGIC, capacity, used)
+        os.ftruncate(fd, len(kept))
+        os.pwrite(fd, bytes(kept), 0)
+        self._set_used(used)
+        if self.slot >= 0:
+            self._restore_own()
+
+    def _restore_own(self) -> None:
+        row, self.row = self.row, b""
+        try:
+            os.pwrite(self.fd, row, self._offset)
+            self.row = row
+        except OSError:
+            pass  # the next write tries again
+
+    def _claim(self) -> bool:
+        """Take the first slot no live worker holds, if the flock is free at once."""
+        fd = self.fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        try:
+            self._check_file()
+            slot = claim_free_slot(fd, self._capacity)
+            if slot is not None:
+                self.slot, self._offset = slot, slot_offset(slot)
+                self.row = b""
+                if self._bell is not None:
+                    self._bell.bind(slot)
+                if slot >= HEADER.unpack(os.pread(fd, HEADER.size, 0))[2]:
+                    os.pwrite(fd, HEADER.pack(ORDER_MAGIC, self._capacity, slot + 1), 0)
+                    self._set_used(slot + 1)
+                return True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        self._warn_once(
+            "full",
+            "asgi-admission: all %d slots of the shared waiting order %s are held by live "
+            "workers; this worker serves its waiters in its own order.",
+            self._capacity,
+            self.path,
+        )
+        return False
+
+    def _warn_once(self, key: str, message: str, *args: object) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message, *args)
+
 
 #: Where this worker has no waiter: behind every other worker's first.
 _LAST: Final = (2**31 - 1, float("inf"))
@@ -144,7 +820,7 @@ class SharedOrder:
 
     def first(self) -> bool:
         """Whether this worker has waiters and its first is the container's first: for
-        the periodic look (``capacity_wait.FreedWatch``), which wakes the queue as it
+        the periodic look (``queue.FreedWatch``), which wakes the queue as it
         becomes so.
 
         It also claims a slot that a busy file lock put off, and follows a file deleted

@@ -19,7 +19,6 @@ RESERVE_SHARE_OF_LIMIT: Final = 8
 
 def derived_reserve_bytes(limit_bytes: int | None) -> int:
     """An eighth of ``limit_bytes``, at most 768 MiB; 768 MiB without a limit."""
-    # On the decision path: plain comparisons, cheaper than min().
     if not limit_bytes or limit_bytes <= 0:
         return RESERVE_CAP_BYTES
     share = limit_bytes // RESERVE_SHARE_OF_LIMIT

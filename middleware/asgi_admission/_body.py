@@ -14,7 +14,8 @@ Notes:
   timer made is taken as the timeout, any other one goes on.
 - A body larger than ``buffer_bytes`` is decided on its first part and streams
   to the app; if the rest has not arrived by the same deadline, the reservation
-  is given back (``_watching.run_http``) and the app reads on holding nothing.
+  is given back (``WatchedHttp``'s timer in ``_watching.py``) and the app reads on
+  holding nothing.
   Buffering is bounded so that the guard itself never holds more than
   ``buffer_bytes`` per request.
 """

@@ -172,7 +172,7 @@ class RouteMatcher:
         )
 
     def http_routes(self) -> dict[str, MethodRoutes]:
-        """The compiled HTTP routes by method, for a caller that inlines the lookup."""
+        """The compiled HTTP routes by method (the middleware looks each request up in it)."""
         return {method: routes for method, routes in self._routes.items() if method != WEBSOCKET}
 
     def websocket_routes(self) -> MethodRoutes | None:
@@ -197,7 +197,7 @@ class RouteNames:
     def __call__(self, scope: Scope | None) -> str:
         if scope is None:
             return "unnamed"
-        # route_path's first test inlined: most scopes have no root_path.
+        # Without a root_path (most scopes) the route is the path itself.
         path = route_path(scope) if scope.get("root_path") else scope["path"]
         key = (path, scope.get("method"))
         try:

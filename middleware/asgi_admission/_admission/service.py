@@ -597,7 +597,7 @@ class AdmissionService:
         #: The session requests waiting for capacity (``None``: none wait, refused at once).
         self.wait_queue = queue
         #: Each priority class's ceiling and latch; ``None``: one class at the high
-        #: watermark, decided by the controller (the same answers, and cheaper).
+        #: watermark, decided by the controller (which gives the same answers).
         self.ceilings = ceilings
         self._priorities = priorities
         #: Who holds how many sessions, for the fair share (``None``: no share applies).

@@ -115,7 +115,6 @@ class CgroupMemoryReader:
 
     def __call__(self) -> MemoryReading:
         """Take one reading (without PSI, which the decision path does not need)."""
-        # The request path: one call layer fewer than read().
         with self._lock:
             return self._read_locked()
 

@@ -192,7 +192,7 @@ class V1Source(CgroupSource):
         whole_chain: bool = False,
     ) -> None:
         super().__init__(directory, top, reclaimable)
-        # The hot path reads these three every time: resolve them once.
+        # Every reading reads these three: resolve them once.
         self.usage_file = self.own.file("memory.usage_in_bytes")
         self.limit_file = self.own.file("memory.limit_in_bytes")
         self.stat_file = self.own.file("memory.stat")

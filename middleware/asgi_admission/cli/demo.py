@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help=(
-            "uvicorn worker processes (1); set ADMISSION_SHARED_DIR so that they count "
-            "sessions together"
+            "uvicorn worker processes (1); they count sessions together by default "
+            "(ADMISSION_SHARED_DIR=auto; 'off': each counts alone)"
         ),
     )
     parser.add_argument("--log-level", default="info", help="uvicorn log level (info)")

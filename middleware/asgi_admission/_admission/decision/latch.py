@@ -405,10 +405,10 @@ class AdmissionController:
             return False
         high = self.high_watermark_percent
         percent = used * 100 / limit
-        # _rounded_at_least's first test inlined: the common case is far below high.
+        # Far below high (the common case) needs no rounding.
         if percent >= high - 0.01 and _rounded_at_least(percent, high):
             return False
-        # held() inlined: one call layer fewer on every fast-path decision.
+        # What held() returns; keep the two in step.
         held_bytes = self.held_bytes
         held = None if held_bytes is None else held_bytes(route, pending_sessions, limit)
         if held is None:

@@ -1,11 +1,17 @@
 """Counting admitted sessions: pending (admitted, not yet established) and active.
 
-The middleware decides and reserves inside ``ledger.locked()``: it reads the
-counts, takes a memory reading, runs the latch and, when it admits, calls
-``reserve()``, all without an ``await`` in between. Each reservation is then
-activated (a WebSocket the app accepted) and released exactly once, from
-whichever of the ASGI events comes first; both methods are idempotent so the
-middleware can call them from every place a session can end.
+The admission service (``_admission/service.py``) decides and reserves inside
+``ledger.attempt()``, the critical section taken only if it is free now: it
+reads the counts, takes a memory reading, runs the latch and, when it admits,
+calls ``reserve()``, all without an ``await`` in between. If another worker
+holds a shared ledger, ``attempt()`` raises ``LedgerBusy`` and the service
+retries with awaits in between (``when_free``), then refuses (``ledger_busy``).
+``locked()``, which waits up to ``LOCK_WAIT_S``, is for the callers that may
+block: the session counts of the metrics and the scrape (``counts.py``).
+Each reservation is then activated (the session is established) or released by
+the settling of reservations (``reservations/settlement.py``), outside the
+critical section; both methods are idempotent, so every place a session can end
+may call them and only the first call counts.
 
 A ledger shared by several worker processes (``shared_ledger.py``)
 implements the same ``SessionLedger`` protocol; the ASGI code only ever sees
@@ -57,23 +63,27 @@ class SessionLedger(Protocol):
     """The pending and active counts the latch decides with."""
 
     def locked(self) -> AbstractContextManager[object]:
-        """The critical section for read-decide-reserve; not reentrant.
+        """The critical section, waited for; not reentrant.
 
-        The same reusable context manager every time: the middleware asks once.
-        A shared ledger waits a bounded time for it, then raises ``LedgerBusy``.
+        For callers that may block (the metrics' and the scrape's counts); the
+        decisions use :meth:`attempt`. The same reusable context manager every
+        time. A shared ledger waits a bounded time for it, then raises ``LedgerBusy``.
         """
         ...
 
     def attempt(self) -> AbstractContextManager[object]:
-        """``locked()`` without waiting for another process: ``LedgerBusy`` if it is held.
+        """The critical section without waiting for another process: ``LedgerBusy``
+        if it is held.
 
-        For the event loop, which retries with awaits in between; the same
-        reusable context manager every time.
+        The admission service decides and reserves inside it, on the event loop,
+        and retries with awaits in between (``when_free``); the same reusable
+        context manager every time.
         """
         ...
 
     def counts(self, own_active: int | None = None) -> tuple[int, int]:
-        """``(active, pending)``; call inside ``locked()`` for a consistent pair.
+        """``(active, pending)``; call inside the critical section (``attempt()`` or
+        ``locked()``) for a consistent pair.
 
         ``own_active`` is this process's count of active sessions when the app
         reports it (``current_sessions``); it replaces the ledger's own count of
@@ -83,7 +93,8 @@ class SessionLedger(Protocol):
         ...
 
     def reserve(self) -> Reservation:
-        """A new pending reservation; call inside ``locked()``."""
+        """A new pending reservation; call inside the critical section, with the
+        decision (``attempt()``)."""
         ...
 
     def tell_changes(self, callback: Callable[[], None]) -> None:

@@ -911,7 +911,8 @@ class SharedLedger(LockedLedgerFile):
         self._on_change = callback
 
     def counts(self, own_active: int | None = None) -> tuple[int, int]:
-        """``(active, pending)`` of every live worker; call inside ``locked()``.
+        """``(active, pending)`` of every live worker; call inside the critical
+        section (``attempt()`` or ``locked()``).
 
         With ``own_active`` (the app's count, ``current_sessions``) this worker
         publishes it as its active sessions instead of its own WebSocket count;
@@ -986,7 +987,8 @@ class SharedLedger(LockedLedgerFile):
         return active, pending
 
     def reserve(self) -> _SharedReservation:
-        """A new pending reservation in this worker's slot; call inside ``locked()``."""
+        """A new pending reservation in this worker's slot; call inside the critical
+        section (``attempt()`` or ``locked()``)."""
         if self._rejoining.until and not self._rejoining.done(self._fd, self._capacity, self._slot):
             raise LedgerBusy(f"the shared ledger {self.path} was rebuilt; workers re-register")
         with self._mem:
@@ -997,7 +999,8 @@ class SharedLedger(LockedLedgerFile):
 
     def is_current(self) -> bool:
         """Whether this worker counts in the file at the path, not in one deleted or
-        replaced that it has not left yet; inside ``locked()`` (its fd is open)."""
+        replaced that it has not left yet; inside the critical section (its fd is
+        open)."""
         return self._fd >= 0 and os.fstat(self._fd).st_nlink > 0
 
     # -- lifecycle -----------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from asgi_admission import CgroupMemoryReader
-from asgi_admission._memory.cgroup import read_cgroup_memory
+from asgi_admission._memory.reading import read_cgroup_memory
 from kits.cgroup_trees import ELASTIC, FIXTURES, copy_files
 
 #: Internal on purpose: the per-root reader cache behind the latch's default reader.

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asgi_admission import CgroupMemoryReader
-from asgi_admission._memory.parse import (
+from asgi_admission._memory.reading import (
     MALFORMED,
     RECLAIMABLE_KEYS,
     find_stat,

@@ -14,15 +14,16 @@ from pathlib import Path
 import pytest
 
 from asgi_admission import CgroupMemoryReader, MemoryReading
-from asgi_admission._memory.cgroup import read_cgroup_memory
 from asgi_admission._memory.discover import discover_cgroup, parse_mountinfo, parse_proc_cgroup
-from asgi_admission._memory.files import VALUE_READ_SIZE, KeptFile
-from asgi_admission._memory.parse import (
+from asgi_admission._memory.reading import (
+    VALUE_READ_SIZE,
+    KeptFile,
+    available_reading,
     parse_bytes_value,
     parse_cgroup_memory_value,
     parse_pressure_some_avg10,
+    read_cgroup_memory,
 )
-from asgi_admission._memory.reading import available_reading
 from kits.cgroup_trees import FIXTURES, copy_files
 from kits.suitekit import GIB, MIB
 

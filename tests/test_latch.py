@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asgi_admission import AdmissionController, CapacityDecision, MemoryReading
-from asgi_admission._memory.cgroup import read_cgroup_memory
+from asgi_admission._memory.reading import read_cgroup_memory
 from kits.suitekit import MIB
 
 #: Internal on purpose: the latch's default reader and its rounding shortcuts.

@@ -13,9 +13,8 @@ from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.reservations.tickets import AdmissionTicket, admission_ticket
 from asgi_admission._admission.scheduling.priority import PriorityClass
 from asgi_admission._config import AdmissionConfig
-from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.host import HostMemoryReader
-from asgi_admission._memory.reading import MemoryReader, MemoryReading
+from asgi_admission._memory.reading import CgroupMemoryReader, MemoryReader, MemoryReading
 from asgi_admission._metrics.serving import metrics_app, metrics_route, serving_metrics
 from asgi_admission._middleware import AdmissionMiddleware
 from asgi_admission._watchdog.groups import SessionGroup

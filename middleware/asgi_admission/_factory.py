@@ -48,8 +48,8 @@ from asgi_admission._admission.service import (
 )
 from asgi_admission._config import MIB, AdmissionConfig
 from asgi_admission._config_env import SHARED_DIR_AUTO, SHARED_DIR_OFF
-from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.host import HostMemoryReader
+from asgi_admission._memory.reading import CgroupMemoryReader
 from asgi_admission._metrics.instrument import expose, instrument, queue_metrics
 
 logger = logging.getLogger("asgi_admission")

@@ -34,7 +34,7 @@ from asgi_admission._admission.reservations.learning import empty_observations
 from asgi_admission._admission.reservations.settling import QueueRecord
 from asgi_admission._admission.reservations.tickets import settlement_of
 from asgi_admission._factory import build_sharing
-from asgi_admission._memory.cgroup import CgroupMemoryReader
+from asgi_admission._memory.reading import CgroupMemoryReader
 from asgi_admission.cli.probe_learned import learned
 
 #: Internal on purpose: the bases the default place is made under are injected (the
@@ -244,7 +244,7 @@ def test_a_read_only_base_is_passed_over(tmp_path: Path) -> None:
     script = (
         "import sys\n"
         "from asgi_admission._admission.ledger import shared_place\n"
-        "from asgi_admission._memory.cgroup import CgroupMemoryReader\n"
+        "from asgi_admission._memory.reading import CgroupMemoryReader\n"
         "group = shared_place.group_of(CgroupMemoryReader(sys.argv[1]))\n"
         "place = shared_place.choose_place(group, bases=sys.argv[2:])\n"
         "print(place.directory)\n"

@@ -17,7 +17,7 @@ from asgi_admission._admission.scheduling.queue import (
     WaitRecord,
     WaitTotals,
 )
-from asgi_admission._waiting import Listening
+from asgi_admission._session_requests import Listening
 
 #: Internal on purpose: the scheduler's wait queue and the request path's client listener.
 INTERNAL = "the scheduler's wait queue and the request path's client listener"

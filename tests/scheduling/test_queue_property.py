@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from queuekit import Admission, Capacity, settle
 
 from asgi_admission._admission.scheduling.queue import Verdict, WaitQueue
-from asgi_admission._waiting import Listening
+from asgi_admission._session_requests import Listening
 
 #: Internal on purpose: the scheduler's wait queue and the request path's client listener.
 INTERNAL = "the scheduler's wait queue and the request path's client listener"

@@ -9,8 +9,8 @@ Notes:
   v2 forbids a group that has processes to give the memory controller to its
   children, and the server's own group has the server in it; so the groups go below
   the group *above* it, and only where that one already gives ``memory`` to its
-  children (its ``cgroup.subtree_control``) and lets this process move processes
-  into them (its ``cgroup.procs`` is writable: a delegated subtree). The guard never
+  children (its ``reading.subtree_control``) and lets this process move processes
+  into them (its ``reading.procs`` is writable: a delegated subtree). The guard never
   moves the server's own processes to make room, and leaves a v2 subtree without a
   delegation alone (docs/session-groups.md).
 - The limits. v1: ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes``
@@ -25,7 +25,7 @@ Notes:
   server has some). ``CLONE_INTO_CGROUP`` needs ``clone3``, which neither
   ``subprocess`` nor ``os.posix_spawn`` offers. So :meth:`SessionGroup.command`
   prefixes the command with a tiny wrapper (``/bin/sh``, or the interpreter where there
-  is no shell) that writes ``0`` (itself) to the group's ``cgroup.procs`` and then
+  is no shell) that writes ``0`` (itself) to the group's ``reading.procs`` and then
   ``exec``\\ s the command: the command's first instruction already runs in the group,
   and if joining fails the command never runs. It works with ``subprocess``,
   ``asyncio`` and anything else that takes an argv, threads or not.

@@ -139,8 +139,7 @@ from asgi_admission._admission.ledger import shared_place
 from asgi_admission._admission.scheduling.priority import classes_in_force
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._factory import build_reader
-from asgi_admission._memory.cgroup import CgroupMemoryReader
-from asgi_admission._memory.reading import MemoryReading
+from asgi_admission._memory.reading import CgroupMemoryReader, MemoryReading
 from asgi_admission._watchdog.groups import GroupsPlace, find_place
 from asgi_admission.cli.errors import UsageError
 from asgi_admission.cli.probe_learned import learned, probing, service_directory

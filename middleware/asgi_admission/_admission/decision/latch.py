@@ -41,8 +41,12 @@ from asgi_admission._config import (
     check_watermarks,
 )
 from asgi_admission._config_env import BLIND_MAX_SESSIONS
-from asgi_admission._memory.cgroup import read_cgroup_memory
-from asgi_admission._memory.reading import MemoryReader, MemoryReading, draft_class
+from asgi_admission._memory.reading import (
+    MemoryReader,
+    MemoryReading,
+    draft_class,
+    read_cgroup_memory,
+)
 
 # --------------------------------------------------------------------------------------
 # The session reserve for a memory limit, and the configurations that can never admit.
@@ -59,7 +63,6 @@ RESERVE_SHARE_OF_LIMIT: Final = 8
 
 def derived_reserve_bytes(limit_bytes: int | None) -> int:
     """An eighth of ``limit_bytes``, at most 768 MiB; 768 MiB without a limit."""
-    # On the decision path: plain comparisons, cheaper than min().
     if not limit_bytes or limit_bytes <= 0:
         return RESERVE_CAP_BYTES
     share = limit_bytes // RESERVE_SHARE_OF_LIMIT

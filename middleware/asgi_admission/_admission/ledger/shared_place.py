@@ -23,7 +23,7 @@ Notes (the operator's side: ``docs/operations.md``, the checks: ``docs/trust.md`
 - Where no place can be made, the guard counts alone; if other processes of the
   same program and command line, started by the same parent, share its memory group
   (the other workers of its server), it says so once at WARNING. That look reads the group's
-  ``cgroup.procs`` and a few ``/proc`` files, in a thread started with the lifespan,
+  ``reading.procs`` and a few ``/proc`` files, in a thread started with the lifespan,
   never on a request.
 """
 
@@ -46,9 +46,9 @@ from asgi_admission._admission.ledger.safe_files import (
 )
 from asgi_admission._admission.ledger.shared_ledger import FILE_NAME
 from asgi_admission._admission.reservations.shared_files import LEARNED_FILE, SETTLING_FILE
-from asgi_admission._memory.cgroup import CgroupMemoryReader
 from asgi_admission._memory.discover import discover_cgroup
 from asgi_admission._memory.host import HostMemoryReader
+from asgi_admission._memory.reading import CgroupMemoryReader
 
 logger = logging.getLogger("asgi_admission")
 
@@ -105,7 +105,7 @@ def group_of(reader: object, *, boot_id: str = BOOT_ID) -> MemoryGroup | None:
 
 
 def own_group_procs(*, proc: str = PROC) -> tuple[str, ...]:
-    """The ``cgroup.procs`` files of this process's own memory cgroup (v1 first, then
+    """The ``reading.procs`` files of this process's own memory cgroup (v1 first, then
     v2), for a guard whose reader does not say which group it measures."""
     location = discover_cgroup(
         proc_self_cgroup=os.path.join(proc, "self", "cgroup"),

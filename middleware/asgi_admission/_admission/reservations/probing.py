@@ -757,7 +757,7 @@ def _provisional(window: ProbeWindow, footprint: int, ramp_s: float) -> RouteEst
 # (``probing``) if the probe's evidence is still not in.
 #
 # The wait is one ``asyncio.wait`` on the hold's future and, where the client can be
-# heard (a :class:`Listener`, ``_waiting.py``), on its next message: no polling, no
+# heard (a :class:`Listener`, ``_session_requests.py``), on its next message: no polling, no
 # timer but the deadline's.
 
 _T = TypeVar("_T")

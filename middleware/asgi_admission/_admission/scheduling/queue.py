@@ -109,7 +109,7 @@ class WaitTotals:
 
 
 class ClientListener(Protocol):
-    """The client's messages while its request waits (``_waiting.Listening`` is one)."""
+    """The client's messages while its request waits (``_session_requests.Listening`` is one)."""
 
     def next_message(self) -> asyncio.Task[Any] | None:
         """The next message, read in the background; ``None``: no longer listening."""

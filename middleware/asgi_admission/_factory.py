@@ -46,7 +46,7 @@ from asgi_admission._admission.service import (
     SessionCounts,
     Tenants,
 )
-from asgi_admission._config import MIB, AdmissionConfig
+from asgi_admission._config import AdmissionConfig
 from asgi_admission._config_env import SHARED_DIR_AUTO, SHARED_DIR_OFF
 from asgi_admission._memory.host import HostMemoryReader
 from asgi_admission._memory.reading import CgroupMemoryReader
@@ -194,14 +194,13 @@ def build_service(
         request_timeout_s=max(config.pending_timeout_s, config.body_timeout_s),
         shared_dir=sharing.directory,
         ledger_is_current=getattr(ledger, "is_current", None),
-        on_reserve=_reserve_logger(config),
         probe_sessions=config.probe_sessions,
         holds=holds,
     )
     keeper = ReservationKeeper(
         attempt=ledger.attempt(),
         read=read,
-        active_count=lambda own: ledger.counts(own)[0],
+        active_count=ledger.active,
         app_count=app_count,
         route_of=route_of,
         parts=parts,
@@ -333,23 +332,3 @@ def _warn_unused(config: AdmissionConfig, tenant: Callable[[Scope], str | None] 
             "asgi-admission: ADMISSION_TENANT_MAX_SHARE (tenant_max_share) is set, but the "
             "middleware has no tenant callable to tell tenants apart: no share is kept."
         )
-
-
-def _reserve_logger(config: AdmissionConfig) -> Callable[[int, int | None], None]:
-    learning = config.reserve_learning
-
-    def on_reserve(learned_bytes: int, configured_bytes: int | None) -> None:
-        # Debug only: it changes with observations (the metrics show it); the latch's
-        # transitions and telemetry are what the log says at INFO and above.
-        logger.debug(
-            "asgi-admission: one session was learned to need %.1f MiB; with learning %s "
-            "that %s the reserve (%s).",
-            learned_bytes / MIB,
-            learning,
-            "replaces" if learning == "adapt" else "sets a floor for",
-            "derived from the limit"
-            if configured_bytes is None
-            else f"configured {configured_bytes / MIB:.1f} MiB",
-        )
-
-    return on_reserve

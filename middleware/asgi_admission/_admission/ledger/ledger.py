@@ -92,6 +92,10 @@ class SessionLedger(Protocol):
         """
         ...
 
+    def active(self, own_active: int | None = None) -> int:
+        """The active count of :meth:`counts`; call inside the critical section."""
+        ...
+
     def reserve(self) -> Reservation:
         """A new pending reservation; call inside the critical section, with the
         decision (``attempt()``)."""
@@ -170,6 +174,9 @@ class InProcessLedger:
 
     def counts(self, own_active: int | None = None) -> tuple[int, int]:
         return self._active if own_active is None else own_active, self._pending
+
+    def active(self, own_active: int | None = None) -> int:
+        return self._active if own_active is None else own_active
 
     def reserve(self) -> _InProcessReservation:
         self._pending += 1

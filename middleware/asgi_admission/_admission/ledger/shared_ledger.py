@@ -910,6 +910,9 @@ class SharedLedger(LockedLedgerFile):
     def tell_changes(self, callback: Callable[[], None]) -> None:
         self._on_change = callback
 
+    def active(self, own_active: int | None = None) -> int:
+        return self.counts(own_active)[0]
+
     def counts(self, own_active: int | None = None) -> tuple[int, int]:
         """``(active, pending)`` of every live worker; call inside the critical
         section (``attempt()`` or ``locked()``).

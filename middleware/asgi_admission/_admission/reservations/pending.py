@@ -55,9 +55,11 @@ from asgi_admission._admission.reservations.shared_files import (
     SharedProbeStore,
     SharedSettleQueue,
 )
-from asgi_admission._config import Learning
+from asgi_admission._config import MIB, Learning
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._routes import RouteNames
+
+logger = logging.getLogger("asgi_admission")
 
 # --------------------------------------------------------------------------------------
 # How often sessions end: the evidence for a ``Retry-After`` that means something.
@@ -465,6 +467,26 @@ class KeeperParts:
     expired: Tally
 
 
+def reserve_logger(learning: Learning) -> Callable[[int, int | None], None]:
+    """What the learned reserve's changes log: one debug line each."""
+
+    def on_reserve(learned_bytes: int, configured_bytes: int | None) -> None:
+        # Debug only: it changes with observations (the metrics show it); the latch's
+        # transitions and telemetry are what the log says at INFO and above.
+        logger.debug(
+            "asgi-admission: one session was learned to need %.1f MiB; with learning %s "
+            "that %s the reserve (%s).",
+            learned_bytes / MIB,
+            learning,
+            "replaces" if learning == "adapt" else "sets a floor for",
+            "derived from the limit"
+            if configured_bytes is None
+            else f"configured {configured_bytes / MIB:.1f} MiB",
+        )
+
+    return on_reserve
+
+
 def build_parts(
     *,
     controller: AdmissionController,
@@ -474,7 +496,7 @@ def build_parts(
     request_timeout_s: float | None = None,
     shared_dir: str | None = None,
     ledger_is_current: Callable[[], bool] | None = None,
-    on_reserve: Callable[[int, int | None], None] = lambda learned, configured: None,
+    on_reserve: Callable[[int, int | None], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     probe_sessions: int = 0,
     holds: HoldRegistry | None = None,
@@ -485,7 +507,8 @@ def build_parts(
     ``timeout_s`` bounds a reservation past its response (``request_timeout_s`` one
     whose request is in progress); ``shared_dir`` is ``ADMISSION_SHARED_DIR``;
     ``ledger_is_current()`` whether the shared ledger's file is still the one opened;
-    ``on_reserve(learned, configured)`` is told when the learned reserve changes;
+    ``on_reserve(learned, configured)`` is told when the learned reserve changes (by
+    default, a debug log line);
     ``learner`` is what learns the sessions' cost (a new one by default).
     """
     expired = Tally()
@@ -529,7 +552,7 @@ def build_parts(
         controller=controller,
         shared_dir=shared_dir if learning != "off" else None,
         probing=probing,
-        on_reserve=on_reserve,
+        on_reserve=reserve_logger(learning) if on_reserve is None else on_reserve,
         clock=clock,
     )
     return KeeperParts(
@@ -736,7 +759,6 @@ class Looks:
 # (``probing.py``): the keeper tells the board of the probes' events and
 # readings, and wakes the requests held for the probes' evidence (``probing.py``).
 
-logger = logging.getLogger("asgi_admission")
 
 #: Why a session request opened nothing: the app answered with an error status, or
 #: its body had not arrived by ``ADMISSION_BODY_TIMEOUT_SECONDS``.

@@ -129,6 +129,8 @@ class PathCounts:
     crossings: Tally
     #: Calls into the package from code outside it.
     from_outside: Tally
+    #: Each ``(caller, callee)`` pair of the package's modules a crossing went between.
+    edges: frozenset[tuple[str, str]] = frozenset()
 
     @property
     def module_count(self) -> int:
@@ -143,6 +145,7 @@ class PathCounts:
             "module_count": self.module_count,
             "crossings": self.crossings.as_json(),
             "from_outside": self.from_outside.as_json(),
+            "edges": sorted(self.edges),
             "calls": self.calls,
             "modules": {
                 name: {"calls": m.calls, "entries": m.entries} for name, m in self.modules.items()
@@ -159,6 +162,7 @@ class PathCounts:
             },
             crossings=Tally.from_json(data["crossings"]),
             from_outside=Tally.from_json(data["from_outside"]),
+            edges=frozenset((str(a), str(b)) for a, b in data["edges"]),
         )
 
 
@@ -198,6 +202,7 @@ class PathCounter:
         self._calls: dict[str, list[int]] = {}
         self._crossings = [0, 0, 0]  # calls, resumed, generated
         self._outside = [0, 0, 0]
+        self._edges: set[tuple[str, str]] = set()
         self._to_answer: PathCounts | None = None
 
     def install(self) -> None:
@@ -231,6 +236,7 @@ class PathCounter:
                 },
                 crossings=Tally(*self._crossings),
                 from_outside=Tally(*self._outside),
+                edges=frozenset(self._edges),
             )
 
     def report(self, status: int, settle_s: float) -> PathReport:
@@ -278,6 +284,8 @@ class PathCounter:
             if caller != module:
                 counted[1] += 1
                 tally = self._outside if caller is None else self._crossings
+                if caller is not None:
+                    self._edges.add((caller, module))
                 tally[0] += 1
                 tally[1] += resumed
                 tally[2] += generated

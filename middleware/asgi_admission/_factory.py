@@ -15,11 +15,16 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 from starlette.types import Scope
 
-from asgi_admission._admission.decision.latch import AdmissionController, ClassCeilings
+from asgi_admission._admission.decision.latch import AdmissionController, ClassCeilings, SafeReader
 from asgi_admission._admission.decision.observer import DecisionObserver
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.ledger import shared_place
-from asgi_admission._admission.ledger.ledger import InProcessLedger, LedgerBusy, SessionLedger
+from asgi_admission._admission.ledger.ledger import (
+    AppCount,
+    InProcessLedger,
+    LedgerBusy,
+    SessionLedger,
+)
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.reservations.pending import (
@@ -40,9 +45,7 @@ from asgi_admission._admission.scheduling.shared_order import OrderBell, SharedO
 from asgi_admission._admission.scheduling.tenants import TenantShares
 from asgi_admission._admission.service import (
     AdmissionService,
-    AppCount,
     Priorities,
-    SafeReader,
     SessionCounts,
     Tenants,
 )

@@ -35,7 +35,6 @@ Notes:
 from __future__ import annotations
 
 import logging
-import operator
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -48,12 +47,14 @@ from asgi_admission._admission.decision.latch import (
     CapacityDecision,
     ClassCeilings,
     DecisionLog,
+    SafeReader,
     is_blind,
 )
 from asgi_admission._admission.decision.observer import DecisionObserver, Kind
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.decision.stuck import StuckStatus, StuckWatch, build_watch
 from asgi_admission._admission.ledger.ledger import (
+    AppCount,
     LedgerBusy,
     Reservation,
     SessionLedger,
@@ -92,64 +93,37 @@ from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
 
 # --------------------------------------------------------------------------------------
-# What the admission service reads from outside it: memory and the app's own count.
-#
-# Both are the operator's or the app's code, and neither may turn a session request
-# into a 500: a reader that raises reads as unavailable (the decision is blind and
-# falls back to the fixed session cap), a count that fails is left out (the ledger
-# counts the sessions the guard admitted itself) until it answers again.
 
 logger = logging.getLogger("asgi_admission")
 
 
-class SafeReader:
-    """The controller's memory reader, never raising."""
-
-    __slots__ = ("_controller",)
-
-    def __init__(self, controller: AdmissionController) -> None:
-        self._controller = controller
-
-    def __call__(self) -> MemoryReading:
-        try:
-            return self._controller.memory_reader()
-        except Exception:
-            return UNAVAILABLE
-
-
-class AppCount:
-    """``current_sessions()``, or ``None`` (the ledger's own count) when it fails.
-
-    A broken counter must not turn every session request into a 500: the memory
-    latch still guards, and the count falls back to the sessions the guard
-    admitted itself until the app's counter answers again (logged once each way).
-    """
-
-    __slots__ = ("_failed", "current_sessions")
-
-    def __init__(self, current_sessions: Callable[[], int] | None) -> None:
-        #: The app's own count of its sessions; ``None``: the guard counts them.
-        self.current_sessions = current_sessions
-        self._failed = False
-
-    def __call__(self) -> int | None:
-        current_sessions = self.current_sessions
-        if current_sessions is None:
-            return None
-        try:
-            count = operator.index(current_sessions())
-        except Exception:
-            if not self._failed:
-                self._failed = True
-                logger.exception(
-                    "asgi-admission: current_sessions() failed or returned no whole number; "
-                    "counting the sessions this middleware admitted until it answers again."
-                )
-            return None
-        if self._failed:
-            self._failed = False
-            logger.info("asgi-admission: current_sessions() answers again.")
-        return count
+def decide(
+    controller: AdmissionController,
+    read: SafeReader,
+    held_bytes: Callable[[str | None, int, int], int],
+    session_limit: int | None,
+    current: int,
+    pending: int,
+    route: str | None,
+) -> CapacityDecision:
+    """The latch's decision for one more session of ``route``, inside the ledger's critical
+    section: on an upper bound of the working set where it admits (two small reads, while
+    the latch is clear), else on an exact reading; what the pending sessions and one more
+    hold is the reservations' ``held_bytes(route, pending, limit)``, handed to the latch."""
+    if controller.bound_may_admit(current, session_limit, pending):
+        bound = read.bound()
+        used, limit = (None, None) if bound is None else (bound.used_bytes, bound.limit_bytes)
+        if (
+            bound is not None
+            and used is not None
+            and limit
+            and controller.bound_admits(used, limit, held_bytes(route, pending, limit))
+        ):
+            return controller.admitted_on(bound)
+    memory = read()
+    limit = memory.limit_bytes
+    held = held_bytes(route, pending, limit) if limit else None
+    return controller.decide(memory, current, session_limit, pending, held_bytes=held)
 
 
 # --------------------------------------------------------------------------------------
@@ -362,6 +336,7 @@ class LatchChecks:
     __slots__ = (
         "_attempt",
         "_controller",
+        "_held_bytes",
         "_ledger",
         "_log",
         "_observer",
@@ -379,6 +354,7 @@ class LatchChecks:
         ledger: SessionLedger,
         attempt: AbstractContextManager[object],
         own_count: Callable[[], int | None],
+        held_bytes: Callable[[str | None, int, int], int],
         read: SafeReader,
         session_limit: int | None,
         log: DecisionLog,
@@ -389,6 +365,7 @@ class LatchChecks:
         self._ledger = ledger
         self._attempt = attempt
         self._own_count = own_count
+        self._held_bytes = held_bytes
         self._read = read
         self._session_limit = session_limit
         self._log = log
@@ -405,8 +382,14 @@ class LatchChecks:
         own = self._own_count()
         with self._attempt:
             current, pending = self._ledger.counts(own)
-            decision = self._controller.assess(
-                current, self._session_limit, pending, read=self._read
+            decision = decide(
+                self._controller,
+                self._read,
+                self._held_bytes,
+                self._session_limit,
+                current,
+                pending,
+                None,
             )
             blind_changed = self._log.note_blind(decision)
         if self._observer is not None:
@@ -479,7 +462,7 @@ class RequestDecisions:
             current_sessions=current,
             session_limit=self._session_limit,
             pending_sessions=pending,
-            held_bytes=self._controller.held(route, pending, limit) if limit else 0,
+            held_bytes=self._keeper.held_bytes(route, pending, limit) if limit else 0,
         )
 
     def probed(
@@ -492,8 +475,9 @@ class RequestDecisions:
         # The gate first: this reading may conclude the probes, and raise the reserve.
         gate: Gate = "known" if blind else self._keeper.gate(route, memory.used_bytes)
         if self._ceilings is None:
+            held = self._keeper.held_bytes(route, pending, memory.limit_bytes or 0)
             decision = self._controller.decide(
-                memory, current, self._session_limit, pending, route=route
+                memory, current, self._session_limit, pending, held_bytes=held
             )
         else:
             decision = self.by_class(klass, memory, route, current, pending)
@@ -588,6 +572,7 @@ class AdmissionService:
             ledger=ledger,
             attempt=self._attempt,
             own_count=keeper.own_count,
+            held_bytes=keeper.held_bytes,
             read=read,
             session_limit=session_limit,
             log=self._log,
@@ -715,8 +700,14 @@ class AdmissionService:
             elif probing:
                 decision, gate = self._decide.probed(route, current, pending, expired, klass)
             elif ceilings is None:
-                decision = self._controller.assess(
-                    current, self._session_limit, pending, read=self.read, route=route
+                decision = decide(
+                    self._controller,
+                    self.read,
+                    keeper.held_bytes,
+                    self._session_limit,
+                    current,
+                    pending,
+                    route,
                 )
             else:
                 decision = self._decide.by_class(klass, self.read(), route, current, pending)

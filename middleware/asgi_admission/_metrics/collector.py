@@ -256,7 +256,11 @@ class AdmissionCollector:
                 if cap is not None:
                     limits = cap + (limits or 0)
                 fits = admissible_sessions(
-                    view.controller, reading, view_counts, view.session_limit
+                    view.controller,
+                    reading,
+                    view_counts,
+                    view.session_limit,
+                    held_bytes=held_by(view, pending, reading),
                 )
                 if fits is not None:
                     room = fits + (room or 0)
@@ -309,9 +313,12 @@ class AdmissionCollector:
                 limit.add_metric((), reading.limit_bytes)
                 ratio.add_metric((), reading.used_bytes / reading.limit_bytes)
                 pending = counts[1] if counts is not None else 0
+                held = held_by(views[-1], pending, reading)
                 ceiling.add_metric(
                     (),
-                    max(0.0, controller.ceiling_bytes(reading.limit_bytes, pending))
+                    max(
+                        0.0, controller.ceiling_bytes(reading.limit_bytes, pending, held_bytes=held)
+                    )
                     / reading.limit_bytes,
                 )
                 yield from (limit, ratio, ceiling)
@@ -326,11 +333,23 @@ class AdmissionCollector:
         yield from stuck_families(views, reading, counts, describing=False)
 
 
+def held_by(view: object, pending: int, reading: MemoryReading | None) -> int | None:
+    """What a guard's ``pending`` sessions and one more hold under the reading's limit, as
+    its reservations count them; ``None`` for a view without reservations, or no limit."""
+    keeper = getattr(view, "keeper", None)
+    if keeper is None or reading is None or not reading.limit_bytes:
+        return None
+    held: int = keeper.held_bytes(None, pending, reading.limit_bytes)
+    return held
+
+
 def admissible_sessions(
     controller: AdmissionController,
     reading: MemoryReading | None,
     counts: tuple[int, int],
     session_limit: int | None,
+    *,
+    held_bytes: int | None = None,
 ) -> int | None:
     """How many more sessions the guard would admit now, one after another.
 
@@ -343,7 +362,7 @@ def admissible_sessions(
     active, pending = counts
     cap = count_cap(session_limit, is_blind(reading))
     by_count = None if cap is None else max(0, cap - active - pending)
-    by_memory = controller.memory_room(reading, pending)
+    by_memory = controller.memory_room(reading, pending, held_bytes=held_bytes)
     if by_memory is None or (by_count is not None and by_count < by_memory):
         return by_count
     return by_memory

@@ -11,7 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asgi_admission._admission.decision.latch import CapacityDecision
 from asgi_admission._admission.service import AdmissionService
-from asgi_admission._metrics.collector import admissible_sessions
+from asgi_admission._metrics.collector import admissible_sessions, held_by
 from asgi_admission._proxy.agent import AgentListener, serve_with_agent
 from asgi_admission._proxy.room import RoomView
 
@@ -35,7 +35,10 @@ class RoomReports:
         service = self._service
         decision, counts = service.checks.look()
         memory = decision.memory if decision.memory.exact else service.read()
-        fits = admissible_sessions(service.controller, memory, counts, service.session_limit)
+        held = held_by(service, counts[1], memory)
+        fits = admissible_sessions(
+            service.controller, memory, counts, service.session_limit, held_bytes=held
+        )
         return decision, fits
 
     def lifespan(self, app: ASGIApp) -> ASGIApp:

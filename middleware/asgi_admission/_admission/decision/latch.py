@@ -30,7 +30,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from typing import Final, Literal
 
 from asgi_admission._admission.ledger.ledger import LedgerBusy
 from asgi_admission._admission.scheduling.priority import PriorityClass
@@ -42,6 +42,7 @@ from asgi_admission._config import (
 )
 from asgi_admission._config_env import BLIND_MAX_SESSIONS
 from asgi_admission._memory.reading import (
+    UNAVAILABLE,
     MemoryReader,
     MemoryReading,
     draft_class,
@@ -59,6 +60,8 @@ from asgi_admission._memory.reading import (
 RESERVE_CAP_BYTES: Final = 768 * MIB
 #: A derived reserve is this fraction of the limit.
 RESERVE_SHARE_OF_LIMIT: Final = 8
+
+logger = logging.getLogger("asgi_admission")
 
 
 def derived_reserve_bytes(limit_bytes: int | None) -> int:
@@ -207,14 +210,6 @@ def count_cap_from(
     return "blind_fallback" if blind else None
 
 
-class HeldBytes(Protocol):
-    """``(route, pending_sessions, limit_bytes) -> bytes``: what the pending sessions and
-    one more of ``route`` (``None``: of the largest reserve) hold back; ``None``: one
-    reserve each."""
-
-    def __call__(self, route: str | None, pending: int, limit: int, /) -> int | None: ...
-
-
 class AdmissionController:
     """High-watermark/resume hysteresis latch with per-session memory reserves.
 
@@ -228,7 +223,6 @@ class AdmissionController:
         "_lock",
         "_pressured",
         "_read_bound",
-        "held_bytes",
         "high_watermark_percent",
         "learned_replaces",
         "learned_reserve_bytes",
@@ -255,10 +249,6 @@ class AdmissionController:
         #: nothing learned, or learning off.
         self.learned_reserve_bytes: int | None = None
         self.learned_replaces = False
-        #: What the pending sessions and one more of ``route`` hold, given the pending
-        #: count and the limit (the guard's settling knows what each still adds);
-        #: ``None``: one reserve each.
-        self.held_bytes: HeldBytes | None = None
         self.memory_reader: MemoryReader = memory_reader or read_cgroup_memory
         self._pressured = False
         # The state of the last full decision: the fast path follows only "normal".
@@ -277,11 +267,6 @@ class AdmissionController:
             return False
         self.learned_reserve_bytes = reserve_bytes
         return True
-
-    def held_by(self, held: HeldBytes) -> None:
-        """Count what the pending sessions hold with ``held`` (the guard's settling
-        knows what each still adds) instead of one reserve each."""
-        self.held_bytes = held
 
     @property
     def pressure_state(self) -> Literal["normal", "pressured"]:
@@ -304,20 +289,29 @@ class AdmissionController:
             return reserve
         return learned
 
-    def ceiling_bytes(self, limit_bytes: int, pending_sessions: int = 0) -> float:
+    def ceiling_bytes(
+        self, limit_bytes: int, pending_sessions: int = 0, *, held_bytes: int | None = None
+    ) -> float:
         """Working set above which one more session is refused (high minus what the
-        pending sessions and one more hold back)."""
-        return limit_bytes * self.high_watermark_percent / 100 - self.held(
-            None, pending_sessions, limit_bytes
-        )
+        pending sessions and one more hold back: ``held_bytes``, or a reserve each)."""
+        if held_bytes is None:
+            held_bytes = self.held(pending_sessions, limit_bytes)
+        return limit_bytes * self.high_watermark_percent / 100 - held_bytes
 
-    def memory_room(self, memory: MemoryReading | None, pending_sessions: int = 0) -> int | None:
+    def memory_room(
+        self,
+        memory: MemoryReading | None,
+        pending_sessions: int = 0,
+        *,
+        held_bytes: int | None = None,
+    ) -> int | None:
         """How many more sessions memory admits now, one after another; moves nothing.
 
         The reserves that still fit under the high watermark above the working set
-        and the ``pending_sessions``' reserves; 0 while the latch is set. ``None``
-        where memory sets no bound in sessions: blind, or a reserve of 0 while the
-        working set is below the high watermark.
+        and what the ``pending_sessions`` and one more hold (``held_bytes``, or a
+        reserve each); 0 while the latch is set. ``None`` where memory sets no bound
+        in sessions: blind, or a reserve of 0 while the working set is below the high
+        watermark.
         """
         if memory is None or memory.used_bytes is None or not memory.limit_bytes:
             return None
@@ -329,7 +323,7 @@ class AdmissionController:
         reserve = self.reserve_for(limit)
         if reserve <= 0:
             return 0 if _rounded_at_least(used * 100 / limit, self.high_watermark_percent) else None
-        free = self.ceiling_bytes(limit, pending_sessions) + reserve - used
+        free = self.ceiling_bytes(limit, pending_sessions, held_bytes=held_bytes) + reserve - used
         return max(0, int(free // reserve))
 
     def evaluate(
@@ -356,17 +350,14 @@ class AdmissionController:
         pending_sessions: int = 0,
         *,
         read: Callable[[], MemoryReading] | None = None,
-        route: str | None = None,
     ) -> CapacityDecision:
         """:meth:`evaluate` for callers that hold their own lock, with the fast path.
 
-        ``read`` replaces ``memory_reader`` for the full reading (the middleware
-        passes one that never raises). Where the reader offers ``read_bound`` and
-        the last decision was normal, a bound that admits is the decision.
+        ``read`` replaces ``memory_reader`` for the full reading. Where the reader
+        offers ``read_bound`` and the last decision was normal, a bound that admits
+        is the decision. Each pending session and one more hold a reserve.
         """
-        if self._last_state == "normal" and (
-            session_limit is None or current_sessions + pending_sessions < session_limit
-        ):
+        if self.bound_may_admit(current_sessions, session_limit, pending_sessions):
             if self.memory_reader is not self._bound_of:
                 self._look_up_bounds()
             read_bound = self._read_bound
@@ -380,13 +371,28 @@ class AdmissionController:
                     and bound.used_bytes is not None
                     and bound.limit_bytes is not None
                     and bound.available
-                    and self._bound_admits(
-                        bound.used_bytes, bound.limit_bytes, pending_sessions, route
+                    and self.bound_admits(
+                        bound.used_bytes,
+                        bound.limit_bytes,
+                        self.held(pending_sessions, bound.limit_bytes),
                     )
                 ):
-                    return _decision(True, "normal", bound, None, None)
+                    return self.admitted_on(bound)
         memory = (read or self.memory_reader)()
-        return self.decide(memory, current_sessions, session_limit, pending_sessions, route=route)
+        return self.decide(memory, current_sessions, session_limit, pending_sessions)
+
+    def bound_may_admit(
+        self, current_sessions: int, session_limit: int | None, pending_sessions: int
+    ) -> bool:
+        """Whether an upper bound of the working set may decide (the fast path): the last
+        decision was normal and the count cap has room."""
+        return self._last_state == "normal" and (
+            session_limit is None or current_sessions + pending_sessions < session_limit
+        )
+
+    def admitted_on(self, bound: MemoryReading) -> CapacityDecision:
+        """The decision where :meth:`bound_admits` admitted on ``bound``."""
+        return _decision(True, "normal", bound, None, None)
 
     def _look_up_bounds(self) -> None:
         # memory_reader may be replaced: look its bound methods up again then.
@@ -394,15 +400,14 @@ class AdmissionController:
         self._bound_of = reader
         self._read_bound = getattr(reader, "read_bound", None)
 
-    def _bound_admits(
-        self, used: int, limit: int, pending_sessions: int, route: str | None = None
-    ) -> bool:
-        """Whether the latch stays clear even at an upper bound ``used`` of the working set.
+    def bound_admits(self, used: int, limit: int, held_bytes: int) -> bool:
+        """Whether the latch stays clear even at an upper bound ``used`` of the working set,
+        with ``held_bytes`` held for the pending sessions and one more.
 
         The conditions of :meth:`decide` (percent rounded as ``MemoryReading.percent``
         rounds it), which are monotone in the working set: where the bound admits,
-        so would the exact working set. Callers have checked that the last decision
-        was normal, so the latch is clear.
+        so would the exact working set. Callers have checked :meth:`bound_may_admit`,
+        so the latch is clear.
         """
         if limit <= 0:
             return False
@@ -411,19 +416,12 @@ class AdmissionController:
         # Far below high (the common case) needs no rounding.
         if percent >= high - 0.01 and _rounded_at_least(percent, high):
             return False
-        # What held() returns; keep the two in step.
-        held_bytes = self.held_bytes
-        held = None if held_bytes is None else held_bytes(route, pending_sessions, limit)
-        if held is None:
-            held = (pending_sessions + 1) * self.reserve_for(limit)
-        return used + held <= limit * high / 100
+        return used + held_bytes <= limit * high / 100
 
-    def held(self, route: str | None, pending_sessions: int, limit: int) -> int:
-        """What the pending sessions and one more (of ``route``) hold back under ``limit``
-        bytes: the ``held_bytes`` a priority class's ceiling is checked with."""
-        held = self.held_bytes
-        value = None if held is None else held(route, pending_sessions, limit)
-        return (pending_sessions + 1) * self.reserve_for(limit) if value is None else value
+    def held(self, pending_sessions: int, limit: int) -> int:
+        """What the pending sessions and one more hold back under ``limit`` bytes where
+        nothing better is known: a reserve each."""
+        return (pending_sessions + 1) * self.reserve_for(limit)
 
     def decide(
         self,
@@ -432,9 +430,11 @@ class AdmissionController:
         session_limit: int | None,
         pending_sessions: int = 0,
         *,
-        route: str | None = None,
+        held_bytes: int | None = None,
     ) -> CapacityDecision:
-        """Like :meth:`evaluate`, with a reading the caller already took.
+        """Like :meth:`evaluate`, with a reading the caller already took and what the
+        pending sessions and one more hold back (``held_bytes``; ``None``: a reserve
+        each).
 
         Callers that share the controller between threads hold their own lock
         around this (``evaluate`` does).
@@ -458,7 +458,9 @@ class AdmissionController:
             )
 
         high = self.high_watermark_percent
-        reserve_fits = used + self.held(route, pending_sessions, limit) <= limit * high / 100
+        if held_bytes is None:
+            held_bytes = self.held(pending_sessions, limit)
+        reserve_fits = used + held_bytes <= limit * high / 100
         # Compared as MemoryReading.percent (rounded to two decimals) would be.
         unrounded = used * 100 / limit
         if was_pressured:
@@ -476,6 +478,44 @@ class AdmissionController:
         if session_limit is None or used_slots < session_limit:
             return _decision(True, "normal", memory, None, transition)
         return _decision(False, "normal", memory, "session_limit", transition)
+
+
+# The reader the decisions use is the operator's code too (``memory_reader``), and may
+# not turn a session request into a 500: a reader that raises reads as unavailable (the
+# decision is blind and falls back to the fixed session cap).
+
+
+class SafeReader:
+    """The controller's memory reader, never raising."""
+
+    __slots__ = ("_bound", "_bound_of", "_controller")
+
+    def __init__(self, controller: AdmissionController) -> None:
+        self._controller = controller
+        self._bound_of: object = None
+        self._bound: Callable[[], MemoryReading | None] | None = None
+
+    def __call__(self) -> MemoryReading:
+        try:
+            return self._controller.memory_reader()
+        except Exception:
+            return UNAVAILABLE
+
+    def bound(self) -> MemoryReading | None:
+        """An upper bound of the working set with the exact limit, where the reader offers
+        one (``read_bound``: two small reads) and it is usable; else ``None``."""
+        reader = self._controller.memory_reader
+        if reader is not self._bound_of:  # the reader may be replaced: look again then
+            self._bound_of = reader
+            self._bound = getattr(reader, "read_bound", None)
+        read_bound = self._bound
+        if read_bound is None:
+            return None
+        try:
+            bound = read_bound()
+        except Exception:
+            return None
+        return bound if bound is not None and bound.available else None
 
 
 # --------------------------------------------------------------------------------------
@@ -632,8 +672,6 @@ class ClassCeilings:
 # Each is logged once per change, with the figures; nothing is logged per request.
 # :class:`DecisionLog` adds, once each, a reserve the limit can never hold and the
 # first refusal for a busy shared ledger.
-
-logger = logging.getLogger("asgi_admission")
 
 
 def log_change(

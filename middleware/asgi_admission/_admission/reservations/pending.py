@@ -22,7 +22,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.decision.latch import (
     AdmissionController,
-    HeldBytes,
     derived_reserve_bytes,
 )
 from asgi_admission._admission.decision.observer import Kind
@@ -786,7 +785,7 @@ class ReservationKeeper:
         route_of: Callable[[Scope], str | None],
         parts: KeeperParts,
     ) -> None:
-        controller = self._controller = parts.controller
+        self._controller = parts.controller
         self._attempt = attempt
         self._read = read
         self._app_count = app_count
@@ -810,9 +809,6 @@ class ReservationKeeper:
         self.settler = parts.settler
         self.sharing = parts.sharing
         ref = weakref.ref(self)
-        # The latch counts the pending sessions by what they still add (held_bytes),
-        # through a weak reference: a guard that is gone is not kept by its controller.
-        controller.held_by(_held_by(ref))
         os.register_at_fork(after_in_child=lambda: _forked(ref))
 
     @property
@@ -1101,16 +1097,6 @@ class ReservationKeeper:
         self.board.after_fork()
         if isinstance(self._queue, SharedSettleQueue):
             self._queue.after_fork()
-
-
-def _held_by(ref: weakref.ReferenceType[ReservationKeeper]) -> HeldBytes:
-    """A keeper's :meth:`ReservationKeeper.held_bytes`, while the keeper lives."""
-
-    def held(route: str | None, pending: int, limit: int, /) -> int | None:
-        keeper = ref()
-        return None if keeper is None else keeper.held_bytes(route, pending, limit)
-
-    return held
 
 
 def _forked(ref: weakref.ReferenceType[ReservationKeeper]) -> None:

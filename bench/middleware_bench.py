@@ -133,7 +133,7 @@ def guarded(app: Any, root: str | None, registry: CollectorRegistry | None = Non
     # known of is probed first (docs/reservations.md), one session at a time, which is
     # what a first burst costs, not what every request does.
     for route in ("POST /sessions", "POST /spawn"):
-        guard.keeper.observe_peak(route, 0)
+        guard.reservations.observe_peak(route, 0)
     return guard
 
 

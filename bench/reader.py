@@ -134,7 +134,7 @@ def admission_cost(root: Path, iterations: int, rounds: int = 5) -> tuple[float,
     scope = {"type": "http", "method": "POST", "path": "/sessions"}
     # A route is probed only until something is learned of it: the figure is the cost
     # while nothing is probing, so the route is taught a footprint first.
-    guards["raise"].keeper.observe_peak("POST /sessions", 1024 * 1024)
+    guards["raise"].reservations.observe_peak("POST /sessions", 1024 * 1024)
 
     def admit_and_release(guard: AdmissionMiddleware) -> Callable[[], None]:
         def call() -> None:

@@ -199,7 +199,7 @@ def test_suite_modules_that_reach_inside_say_so() -> None:
 @pytest.mark.parametrize(
     ("source", "inside"),
     [
-        ("from asgi_admission._admission.reservations import keeper", True),
+        ("from asgi_admission._admission.reservations import reservations", True),
         ("import asgi_admission._config", True),
         ("from asgi_admission import _config", True),
         ("def f():\n    from asgi_admission._config import AdmissionConfig", True),
@@ -207,7 +207,7 @@ def test_suite_modules_that_reach_inside_say_so() -> None:
         ("import asgi_admission", False),
         ("from asgi_admission.demo import create_app", False),
         ("assert not watchdog._halter.pending()", True),
-        ("guard.service._keeper = None", True),
+        ("guard.service._reservations = None", True),
         ("self._task = None\ncls._cache.clear()", False),
         ("point._replace(x=1)\ntype(app).__name__", False),
     ],

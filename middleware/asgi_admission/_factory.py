@@ -1,7 +1,7 @@
 """Building what a configuration describes: the reader, the latch, the ledger, the service.
 
 Everything is built here, in dependency order, and handed in at construction:
-the ledger and the reader first, then the keeper (which asks them), the observer of
+the ledger and the reader first, then the reservations (which asks them), the observer of
 the decisions, and the :class:`AdmissionService` that asks all of them
 (``docs/design.md``).
 """
@@ -29,7 +29,7 @@ from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.reservations.pending import (
     SAMPLE_INTERVAL_S,
-    ReservationKeeper,
+    Reservations,
     build_parts,
 )
 from asgi_admission._admission.reservations.probing import HoldRegistry
@@ -200,7 +200,7 @@ def build_service(
         probe_sessions=config.probe_sessions,
         holds=holds,
     )
-    keeper = ReservationKeeper(
+    reservations = Reservations(
         attempt=ledger.attempt(),
         read=read,
         active_count=ledger.active,
@@ -208,7 +208,7 @@ def build_service(
         route_of=route_of,
         parts=parts,
     )
-    counts = SessionCounts(ledger, keeper)
+    counts = SessionCounts(ledger, reservations)
     metrics = queue_metrics(ledger, registry=registry)
     if metrics is not None:
         metrics.declare(names)
@@ -226,7 +226,7 @@ def build_service(
         config=config,
         controller=controller,
         ledger=ledger,
-        keeper=keeper,
+        reservations=reservations,
         holds=holds,
         app_count=app_count,
         read=read,
@@ -249,7 +249,7 @@ def build_service(
         if queue is None
         else FreedWatch(
             queue,
-            counted_and_used(ledger.attempt(), keeper.own_count, ledger.counts, read),
+            counted_and_used(ledger.attempt(), reservations.own_count, ledger.counts, read),
             SAMPLE_INTERVAL_S,
             first=None if order is None else order.first,
         ),

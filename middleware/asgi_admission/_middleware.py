@@ -26,7 +26,7 @@ from asgi_admission._admission.decision.latch import AdmissionController
 from asgi_admission._admission.decision.observer import DecisionObserver
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.decision.stuck import StuckWatch
-from asgi_admission._admission.reservations.pending import ReservationKeeper
+from asgi_admission._admission.reservations.pending import Reservations
 from asgi_admission._admission.service import AdmissionService
 from asgi_admission._arguments import check_arguments, check_callables, check_watchdog
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
@@ -177,9 +177,9 @@ class AdmissionMiddleware:
         return self._service.retry_after
 
     @property
-    def keeper(self) -> ReservationKeeper:
+    def reservations(self) -> Reservations:
         """Settling, tickets and what was learned of the sessions."""
-        return self._service.keeper
+        return self._service.reservations
 
     @property
     def stuck(self) -> StuckWatch:

@@ -96,15 +96,15 @@ WS_TRY_AGAIN_LATER: Final = 1013
 def refusal_for(service: AdmissionService, *, expose_details: bool) -> Refusal:
     """The refusals of ``service``'s guard; ``expose_details``: with its figures."""
     controller = service.controller
-    keeper = service.keeper
+    reservations = service.reservations
     return Refusal(
         expose_details=expose_details,
         high=controller.high_watermark_percent,
         resume=controller.resume_threshold_percent,
         reserve_for=controller.reserve_for,
         session_limit=service.session_limit,
-        learned=lambda: [_learned(estimate) for estimate in keeper.estimates()],
-        probing=lambda: [dataclasses.asdict(status) for status in keeper.probe_status()],
+        learned=lambda: [_learned(estimate) for estimate in reservations.estimates()],
+        probing=lambda: [dataclasses.asdict(status) for status in reservations.probe_status()],
     )
 
 

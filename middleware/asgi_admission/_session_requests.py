@@ -17,7 +17,7 @@ from typing import Any, Final, Literal
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.ledger.ledger import LedgerBusy
-from asgi_admission._admission.reservations.pending import ReservationKeeper
+from asgi_admission._admission.reservations.pending import Reservations
 from asgi_admission._admission.reservations.probing import Hold
 from asgi_admission._admission.reservations.settling import Settlement
 from asgi_admission._admission.reservations.tickets import (
@@ -226,20 +226,20 @@ class Listening:
 # An admitted session request on its way through the app: when does it end, and how.
 #
 # The middleware has decided and reserved; these run the app with a ``receive``
-# and ``send`` that tell the :class:`ReservationKeeper` how the request ends
+# and ``send`` that tell the :class:`Reservations` how the request ends
 # (``docs/reservations.md``):
 #
 # - HTTP: the response ends (``respond``: settling begins), the app answers with
 # a status of 400 or more (``fail``: it opened nothing), the client disconnects
 # or the app returns or raises without a complete response (``abandon``). The
-# keeper is told before the message is sent, so a client that does not read its
+# reservations are told before the message is sent, so a client that does not read its
 # response cannot hold a reservation by being slow. A body the guard could not
 # read whole before deciding gives its reservation back if the rest comes late.
 # - WebSocket: the accept (``respond``); a close before or at the accept with an
 # error, or a denial of 400 or more (``fail``); either side closing or the app
 # returning (``abandon``, the session is over).
 #
-# Telling the keeper is idempotent: every path calls it and the first one counts;
+# Telling the reservations is idempotent: every path calls it and the first one counts;
 # the ``finally`` around the app call also covers ``CancelledError``.
 
 #: Close codes that end a WebSocket without an error (RFC 6455 §7.4.1).
@@ -251,29 +251,29 @@ Stage = Literal["request", "accepted", "open"]
 class WatchedHttp:
     """One admitted HTTP session request's run of the app, its state its own (as
     Starlette's ``GZipMiddleware`` keeps a request's in its ``IdentityResponder``): the
-    app gets its :meth:`receive` and :meth:`send`, which tell the keeper how it ended.
+    app gets its :meth:`receive` and :meth:`send`, which tell the reservations how it ended.
 
     ``body``: the first messages the guard read already; ``rest_due_in_s``: the rest is
     due within that long (``None``: it is all there).
     """
 
-    __slots__ = ("_entry", "_keeper", "_late", "_receive", "_replay", "_send", "_told")
+    __slots__ = ("_entry", "_late", "_receive", "_replay", "_reservations", "_send", "_told")
 
     def __init__(
         self,
         receive: Receive,
         send: Send,
         *,
-        keeper: ReservationKeeper,
+        reservations: Reservations,
         entry: Settlement,
         body: list[Message],
         rest_due_in_s: float | None,
     ) -> None:
         self._receive = receive
         self._send = send
-        self._keeper = keeper
+        self._reservations = reservations
         self._entry = entry
-        # Whether the keeper has been told how the request ended (responded or failed).
+        # Whether the reservations have been told how the request ended (responded or failed).
         self._told = False
         # What the guard read already goes to the app first, in order.
         self._replay = body[::-1]
@@ -289,12 +289,12 @@ class WatchedHttp:
             await app(scope, self.receive, self.send)
         finally:
             if not self._told:
-                self._keeper.abandon(self._entry)
+                self._reservations.abandon(self._entry)
 
     def _body_late(self) -> None:
         if not self._told:
             self._told = True
-            self._keeper.fail(self._entry, "body_timeout")
+            self._reservations.fail(self._entry, "body_timeout")
 
     async def receive(self) -> Message:
         if self._replay:
@@ -307,7 +307,7 @@ class WatchedHttp:
             self._late = None
         if message["type"] == "http.disconnect" and not self._told:
             self._told = True
-            self._keeper.abandon(self._entry)
+            self._reservations.abandon(self._entry)
         return message
 
     async def send(self, message: Message) -> None:
@@ -316,28 +316,28 @@ class WatchedHttp:
             if message_type == "http.response.start":
                 if message["status"] >= 400:
                     self._told = True
-                    self._keeper.fail(self._entry, "error_status")
+                    self._reservations.fail(self._entry, "error_status")
             elif (
                 message_type == "http.response.body" and not message.get("more_body", False)
             ) or message_type == "http.response.pathsend":
                 self._told = True
-                self._keeper.respond(self._entry)
+                self._reservations.respond(self._entry)
         await self._send(message)
 
 
 class WatchedWebSocket:
     """One admitted WebSocket session's run of the app, its state its own (as
-    :class:`WatchedHttp`'s): its :meth:`receive` and :meth:`send` tell the keeper of
+    :class:`WatchedHttp`'s): its :meth:`receive` and :meth:`send` tell the reservations of
     the accept, a denial and the end."""
 
-    __slots__ = ("_entry", "_keeper", "_receive", "_send", "_stage")
+    __slots__ = ("_entry", "_receive", "_reservations", "_send", "_stage")
 
     def __init__(
-        self, receive: Receive, send: Send, *, keeper: ReservationKeeper, entry: Settlement
+        self, receive: Receive, send: Send, *, reservations: Reservations, entry: Settlement
     ) -> None:
         self._receive = receive
         self._send = send
-        self._keeper = keeper
+        self._reservations = reservations
         self._entry = entry
         # "request" until the accept, "accepted" until anything else passes, then "open".
         self._stage: Stage = "request"
@@ -347,12 +347,12 @@ class WatchedWebSocket:
         try:
             await app(scope, self.receive, self.send)
         finally:
-            self._keeper.abandon(self._entry, session_over=True)
+            self._reservations.abandon(self._entry, session_over=True)
 
     async def receive(self) -> Message:
         message = await self._receive()
         if message["type"] == "websocket.disconnect":
-            self._keeper.abandon(self._entry, session_over=True)
+            self._reservations.abandon(self._entry, session_over=True)
         elif self._stage == "accepted":
             self._stage = "open"
         return message
@@ -360,7 +360,7 @@ class WatchedWebSocket:
     async def send(self, message: Message) -> None:
         message_type = message["type"]
         if opened_nothing(self._stage, message):
-            self._keeper.fail(self._entry, "error_status")
+            self._reservations.fail(self._entry, "error_status")
         if self._stage == "accepted":
             self._stage = "open"
         try:
@@ -369,10 +369,10 @@ class WatchedWebSocket:
             if message_type == "websocket.close" or message_type.startswith(
                 "websocket.http.response"
             ):
-                self._keeper.abandon(self._entry, session_over=True)
+                self._reservations.abandon(self._entry, session_over=True)
         if message_type == "websocket.accept":
             self._stage = "accepted"
-            self._keeper.respond(self._entry)
+            self._reservations.respond(self._entry)
 
 
 def opened_nothing(stage: Stage, message: Message) -> bool:
@@ -409,7 +409,7 @@ def opened_nothing(stage: Stage, message: Message) -> bool:
 class Guarded:
     """What every session request of one guard is answered with, built once."""
 
-    __slots__ = ("bodies", "keeper", "load_report", "refusal", "service", "websocket_refusal")
+    __slots__ = ("bodies", "load_report", "refusal", "reservations", "service", "websocket_refusal")
 
     def __init__(
         self,
@@ -420,7 +420,7 @@ class Guarded:
         load_report: RoomView | None,
     ) -> None:
         self.service = service
-        self.keeper = service.keeper
+        self.reservations = service.reservations
         self.refusal = refusal
         config = service.config
         self.bodies = BodyReader(
@@ -464,7 +464,7 @@ class HttpSessionResponder:
             return
         service = guarded.service
         if arrival == "timed_out":
-            guarded.keeper.count_failure("http", "body_timeout")
+            guarded.reservations.count_failure("http", "body_timeout")
             await send_request_timeout(send, service.config.body_timeout_s)
             return
         try:
@@ -514,7 +514,7 @@ class HttpSessionResponder:
         watched = WatchedHttp(
             receive,
             send,
-            keeper=self._guarded.keeper,
+            reservations=self._guarded.reservations,
             entry=settlement_of(ticket),
             body=body,
             rest_due_in_s=rest_due_in_s,
@@ -579,7 +579,7 @@ class WebSocketSessionResponder:
             # The app finds its ticket in the scope: admission_ticket(request).
             scope[SCOPE_KEY] = outcome
             watched = WatchedWebSocket(
-                receive, send, keeper=guarded.keeper, entry=settlement_of(outcome)
+                receive, send, reservations=guarded.reservations, entry=settlement_of(outcome)
             )
             await watched.run(self._app, scope)
         finally:

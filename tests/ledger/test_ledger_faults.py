@@ -413,6 +413,6 @@ def test_the_guards_settling_queue_asks_its_own_ledger(tmp_path: Path, ledger_di
     """With a shared directory, the settling queue follows a deleted file only when the
     guard's own ledger has moved (it is handed that ledger's is_current)."""
     middleware = guard(tmp_path, ledger_dir, ok_app)
-    queue = middleware.keeper._queue
+    queue = middleware.reservations._queue
     assert isinstance(queue, shared_files.SharedSettleQueue)
     assert queue._may_follow == middleware.service.ledger.is_current  # type: ignore[attr-defined]

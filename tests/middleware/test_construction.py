@@ -55,10 +55,10 @@ def test_a_watchdog_handed_in_teaches_the_guard_its_sessions_peaks() -> None:
     mw = AdmissionMiddleware(
         app, session_routes=["POST /s"], config=config, registry=None, watchdog=watchdog
     )
-    assert mw.keeper.estimates() == []
+    assert mw.reservations.estimates() == []
     assert watchdog.on_peak is not None
     watchdog.on_peak("POST /s", 64 * MIB)
-    learned = [(e.route, e.footprint_bytes, e.observations) for e in mw.keeper.estimates()]
+    learned = [(e.route, e.footprint_bytes, e.observations) for e in mw.reservations.estimates()]
     assert learned == [("POST /s", 64 * MIB, 1)]
 
 

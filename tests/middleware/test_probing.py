@@ -148,7 +148,7 @@ def test_waiters_are_decided_on_the_probes_memory_once_it_stops_growing() -> Non
     waited = [a.seconds for a in answers[1:]]
     assert min(waited) >= 1.5  # the ramp and a quiet second
     assert max(waited) <= 3.5  # and a sample or two
-    [estimate] = mw.keeper.estimates()
+    [estimate] = mw.reservations.estimates()
     # What arrived, and what drift may have hidden over the window (256 KiB a second).
     assert 200 * MIB <= estimate.footprint_bytes <= 201 * MIB
     assert mw.controller.reserve_for(reader.limit) == estimate.footprint_bytes
@@ -157,7 +157,7 @@ def test_waiters_are_decided_on_the_probes_memory_once_it_stops_growing() -> Non
     )
     assert decided == 3  # a held request counts once, when it is decided
     assert registry.get_sample_value("asgi_admission_probing_routes") == 0
-    assert mw.keeper.holds.total() == 0
+    assert mw.reservations.holds.total() == 0
 
 
 def test_a_wait_that_runs_out_is_refused_with_probing() -> None:
@@ -225,10 +225,10 @@ def test_a_client_that_leaves_while_waiting_holds_nothing() -> None:
         leaving = asyncio.create_task(post(mw, leave))
         staying = asyncio.create_task(post(mw))
         await asyncio.sleep(0.2)
-        assert mw.keeper.holds.total() == 2
+        assert mw.reservations.holds.total() == 2
         leave.set()
         left = await leaving
-        counts = mw.keeper.holds.total(), mw.session_counts()
+        counts = mw.reservations.holds.total(), mw.session_counts()
         staying.cancel()
         done.set()
         await asyncio.gather(probe, staying, return_exceptions=True)
@@ -265,7 +265,7 @@ def test_a_probe_answered_with_an_error_lets_the_next_waiter_probe() -> None:
         done.set()
         failed = await probe
         await asyncio.sleep(0.1)
-        [status] = mw.keeper.probe_status()
+        [status] = mw.reservations.probe_status()
         finished = sum(task.done() for task in waiting)
         rest = await asyncio.gather(*waiting)
         admitted = sum(answer.status == 201 for answer in rest)
@@ -288,7 +288,7 @@ def test_probe_sessions_zero_trusts_the_reserve() -> None:
     answers = asyncio.run(burst())
     assert [a.status for a in answers] == [201] * 5
     assert max(a.seconds for a in answers) < 0.5
-    assert mw.keeper.probe_status() == []
+    assert mw.reservations.probe_status() == []
     assert mw.session_counts() == (0, 5)
 
 
@@ -302,7 +302,7 @@ def test_learning_off_probes_nothing() -> None:
             controller=controller(reader),
             registry=None,
         )
-    assert not mw.keeper.probing
+    assert not mw.reservations.probing
 
     async def burst() -> list[Answer]:
         return await asyncio.gather(*(post(mw) for _ in range(3)))
@@ -329,7 +329,7 @@ def test_a_ticket_released_from_a_thread_wakes_the_waiters() -> None:
         probe = await post(mw)
         waiting = [asyncio.create_task(post(mw)) for _ in range(2)]
         await asyncio.sleep(0.2)
-        assert mw.keeper.holds.total() == 2
+        assert mw.reservations.holds.total() == 2
         await asyncio.to_thread(held[0].release)
         return [probe, *await asyncio.wait_for(asyncio.gather(*waiting), timeout=1)]
 
@@ -372,7 +372,7 @@ def test_a_websocket_waits_before_its_accept() -> None:
         waiter = asyncio.create_task(connect(*events[1]))
         leaver = asyncio.create_task(connect(*events[2]))
         await asyncio.sleep(0.1)
-        holds = mw.keeper.holds.total()
+        holds = mw.reservations.holds.total()
         events[2][0].set()  # leaves while waiting
         left = await leaver
         await asyncio.wait_for(events[1][1].wait(), timeout=3)  # the probe's memory: none
@@ -388,10 +388,10 @@ def test_a_websocket_waits_before_its_accept() -> None:
 
 
 async def sample_every(guard: AdmissionMiddleware, interval_s: float = 0.25) -> None:
-    """What a lifespan runs for ``guard``: its keeper's sample, four times a second."""
+    """What a lifespan runs for ``guard``: its reservations' sample, four times a second."""
     while True:
         await asyncio.sleep(interval_s)
-        guard.keeper.sample()
+        guard.reservations.sample()
 
 
 def test_workers_probe_once_and_wait_for_each_other(tmp_path: Path) -> None:

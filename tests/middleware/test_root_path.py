@@ -20,7 +20,7 @@ from asgi_admission import AdmissionMiddleware
 from asgi_admission._routes import RouteMatcher, route_path
 
 #: Internal on purpose: the route path helper against Starlette's private one, and the
-#: route names the matcher and the keeper give a session.
+#: route names the matcher and the reservations give a session.
 INTERNAL = "the route path helper and the names of a session's route"
 
 
@@ -175,16 +175,16 @@ def test_route_path_is_the_one_starlette_routes(root_path: str, path: str) -> No
 
 
 def test_a_session_is_named_by_its_route() -> None:
-    """The matcher and the keeper name a session by its route, not its full path: one
-    full path under two root paths is two routes (the keeper's cache keeps them apart)."""
+    """The matcher and the reservations name a session by its route, not its full path: one
+    full path under two root paths is two routes (the reservations' cache keeps them apart)."""
     matcher = RouteMatcher(["POST /sessions", "POST /api/sessions"])
     assert matcher.pattern_of(http("POST", "/api/sessions", "/api")) == "POST /sessions"
     assert matcher.pattern_of(http("POST", "/api/sessions", "")) == "POST /api/sessions"
     mw = guard(Inner(), SettableReader(), routes=["POST /sessions", "POST /api/sessions"])
-    keeper = mw.keeper
-    assert keeper.route(http("POST", "/api/sessions", "/api")) == "POST /sessions"
-    assert keeper.route(http("POST", "/api/sessions", None)) == "POST /api/sessions"
-    assert keeper.route(http("POST", "/sessions", "/api")) == "POST /sessions"
+    reservations = mw.reservations
+    assert reservations.route(http("POST", "/api/sessions", "/api")) == "POST /sessions"
+    assert reservations.route(http("POST", "/api/sessions", None)) == "POST /api/sessions"
+    assert reservations.route(http("POST", "/sessions", "/api")) == "POST /sessions"
 
 
 def test_a_pattern_with_the_prefix_in_it_is_warned_of_once(

@@ -114,7 +114,7 @@ def test_learning_raises_the_reserve_and_shows_it() -> None:
         # The probe's growth raises the reserve at once; the footprint is learned once
         # its memory has stopped growing: 50 MiB, and what drift may have hidden over
         # its window (256 KiB a second).
-        wait_for(lambda: mw.keeper.estimates())
+        wait_for(lambda: mw.reservations.estimates())
         assert 50 * MIB <= mw.controller.reserve_for(reader.limit) <= 52 * MIB
         footprint = registry.get_sample_value(
             "asgi_admission_session_footprint_bytes", {"route": "POST /sessions"}
@@ -140,14 +140,14 @@ def test_learning_off_keeps_the_configured_reserve() -> None:
         reader.set_mb(150)
         time.sleep(1.6)
         assert mw.controller.reserve_for(reader.limit) == 10 * MIB
-        assert mw.keeper.estimates() == []
+        assert mw.reservations.estimates() == []
 
 
 def test_retry_after_follows_the_rate_of_session_ends() -> None:
     """Refused for memory after sessions ended every ~20 s: Retry-After is about 20 s."""
     reader = SettableReader(used_mb=900)
     mw = build(reader)
-    ends = mw.keeper.ends
+    ends = mw.reservations.ends
     now = time.monotonic()
     for i, active in enumerate([5, 4, 3, 2]):
         ends.on_active(active, now - 60 + 20 * i)
@@ -176,23 +176,23 @@ def test_two_workers_share_the_settling_queue_and_what_they_learned(tmp_path: Pa
     assert client.post("/sessions").status_code == 200
     assert second.session_counts() == (0, 1)
     reader.set_mb(160)
-    second.keeper.sample()  # the other worker's sample takes it off the shared queue
-    first.keeper.sample()  # and its owner notices
+    second.reservations.sample()  # the other worker's sample takes it off the shared queue
+    first.reservations.sample()  # and its owner notices
     assert second.session_counts() == (0, 0)
     deadline = time.monotonic() + 5
-    while not first.keeper.estimates():
+    while not first.reservations.estimates():
         assert time.monotonic() < deadline
         time.sleep(0.25)
-        first.keeper.sample()
+        first.reservations.sample()
     learned = json.loads((Path(shared) / "asgi-admission.learned").read_text())
     assert "POST /sessions" in learned["routes"]
-    second.keeper.sharing.refresh(time.monotonic(), urgent=True)
-    assert second.keeper.estimates() == first.keeper.estimates()
+    second.reservations.sharing.refresh(time.monotonic(), urgent=True)
+    assert second.reservations.estimates() == first.reservations.estimates()
     learned = first.controller.reserve_for(reader.limit)
     assert second.controller.reserve_for(reader.limit) == learned > 10 * MIB
     # A restarted worker starts from what the container learned.
     third = build(reader, learning="raise", shared_dir=shared)
-    assert third.keeper.estimates() == first.keeper.estimates()
+    assert third.reservations.estimates() == first.reservations.estimates()
 
 
 def test_the_watchdogs_peaks_teach_the_guard(tmp_path: Path) -> None:
@@ -217,7 +217,7 @@ def test_the_watchdogs_peaks_teach_the_guard(tmp_path: Path) -> None:
             watched.unregister()
         finally:
             child.kill()
-    [estimate] = mw.keeper.estimates()
+    [estimate] = mw.reservations.estimates()
     assert estimate.route == "POST /sessions"
     assert estimate.footprint_bytes >= 40 * MIB
     assert mw.controller.reserve_for(reader.limit) == estimate.footprint_bytes  # raised from 10 MiB
@@ -244,5 +244,5 @@ def test_with_no_reserve_set_what_was_learned_replaces_the_derived_guess() -> No
     with TestClient(mw) as client:
         assert client.post("/sessions").status_code == 200
         reader.set_mb(140)
-        wait_for(lambda: mw.keeper.estimates())
+        wait_for(lambda: mw.reservations.estimates())
     assert 40 * MIB <= mw.controller.reserve_for(reader.limit) <= 44 * MIB

@@ -29,8 +29,8 @@ from asgi_admission._admission.reservations.settling import (
 )
 from kits.suitekit import MIB
 
-#: Internal on purpose: the settler and keeper, driven through random lifecycles.
-INTERNAL = "the settler and keeper, driven through random lifecycles"
+#: Internal on purpose: the settler and reservations, driven through random lifecycles.
+INTERNAL = "the settler and reservations, driven through random lifecycles"
 
 R = 100 * MIB
 SESSIONS = 250

@@ -190,7 +190,7 @@ def test_a_session_ending_elsewhere_makes_the_probe_look_larger_not_smaller() ->
     b.admit(1, BASE, 0.0)
     b.board.responded(1, BASE, 0.01)
     b.read(BASE + 6 * MIB, 0.25)
-    b.learner.on_session_end(0.3, count=1)  # the keeper tells both
+    b.learner.on_session_end(0.3, count=1)  # the reservations tell both
     b.board.session_ended(0.3)
     b.read(BASE, 0.5)  # the other session's memory is gone
     for step in range(3, 10):

@@ -25,7 +25,7 @@ def order_worker(directory: str, limit: int, commands: Connection, results: Any)
     """Serve ``("join", name, class)`` commands (answered ``("joined", name)`` once the
     waiter is in line) until ``("stop",)``; each admission is put on ``results`` as
     ``("admitted", name, time.monotonic())``. Capacity: the ledger's sessions, container
-    wide, at most ``limit``. As the keeper's periodic sample will, every sample
+    wide, at most ``limit``. As the reservations' periodic sample will, every sample
     interval it wakes its queue when :meth:`SharedOrder.first` says its first waiter
     is the container's."""
     asyncio.run(_serve(directory, limit, commands, results))

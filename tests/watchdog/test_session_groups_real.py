@@ -386,7 +386,7 @@ def test_what_is_learned_of_grouped_sessions_is_their_groups_peaks(
                 child.kill()
                 child.wait()
     assert [p.source for p in peaks] == ["memory_group"] * 4
-    (estimate,) = guard.keeper.estimates()
+    (estimate,) = guard.reservations.estimates()
     assert estimate.route == "POST /processes"
     for peak in peaks:
         assert abs(estimate.footprint_bytes - peak.peak_bytes) <= 0.05 * peak.peak_bytes

@@ -62,9 +62,9 @@ from asgi_admission._admission.ledger.ledger import (
 )
 from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.reservations.pending import (
-    ReservationKeeper,
+    Reservations,
     sample_while_waiting,
-    serve_with_keeper,
+    serve_with_reservations,
 )
 from asgi_admission._admission.reservations.probing import (
     Gate,
@@ -138,15 +138,15 @@ class SessionCounts:
     and then raises ``LedgerBusy`` (a scrape reports no counts).
     """
 
-    __slots__ = ("_keeper", "_ledger", "_locked")
+    __slots__ = ("_ledger", "_locked", "_reservations")
 
-    def __init__(self, ledger: SessionLedger, keeper: ReservationKeeper) -> None:
+    def __init__(self, ledger: SessionLedger, reservations: Reservations) -> None:
         self._ledger = ledger
-        self._keeper = keeper
+        self._reservations = reservations
         self._locked = ledger.locked()
 
     def __call__(self) -> tuple[int, int]:
-        own = self._keeper.own_count()
+        own = self._reservations.own_count()
         with self._locked:
             return self._ledger.counts(own)
 
@@ -330,7 +330,7 @@ class TenantReservation:
 class LatchChecks:
     """The checks of one guard's latch (see the module notes), built by its service:
     ``attempt`` is the service's critical section of ``ledger``, ``log`` its decision
-    log, ``own_count`` the keeper's count of this process's sessions, and ``observer``
+    log, ``own_count`` the reservations' count of this process's sessions, and ``observer``
     is told of every check (``None``: nobody)."""
 
     __slots__ = (
@@ -427,22 +427,29 @@ class LatchChecks:
 class RequestDecisions:
     """The parts of a decision that the controller's ``assess`` does not make: a class's
     ceiling (``ceilings``; ``None``: one class, the controller's), a probed route's gate
-    (``keeper``) and a refusal's delay (``retry_after``)."""
+    (``reservations``) and a refusal's delay (``retry_after``)."""
 
-    __slots__ = ("_ceilings", "_controller", "_keeper", "_read", "_retry_after", "_session_limit")
+    __slots__ = (
+        "_ceilings",
+        "_controller",
+        "_read",
+        "_reservations",
+        "_retry_after",
+        "_session_limit",
+    )
 
     def __init__(
         self,
         *,
         controller: AdmissionController,
-        keeper: ReservationKeeper,
+        reservations: Reservations,
         read: SafeReader,
         session_limit: int | None,
         retry_after: RetryAfterPolicy,
         ceilings: ClassCeilings | None,
     ) -> None:
         self._controller = controller
-        self._keeper = keeper
+        self._reservations = reservations
         self._read = read
         self._session_limit = session_limit
         self._retry_after = retry_after
@@ -462,7 +469,7 @@ class RequestDecisions:
             current_sessions=current,
             session_limit=self._session_limit,
             pending_sessions=pending,
-            held_bytes=self._keeper.held_bytes(route, pending, limit) if limit else 0,
+            held_bytes=self._reservations.held_bytes(route, pending, limit) if limit else 0,
         )
 
     def probed(
@@ -473,9 +480,9 @@ class RequestDecisions:
         memory = self._read()
         blind = not memory.exact or is_blind(memory)
         # The gate first: this reading may conclude the probes, and raise the reserve.
-        gate: Gate = "known" if blind else self._keeper.gate(route, memory.used_bytes)
+        gate: Gate = "known" if blind else self._reservations.gate(route, memory.used_bytes)
         if self._ceilings is None:
-            held = self._keeper.held_bytes(route, pending, memory.limit_bytes or 0)
+            held = self._reservations.held_bytes(route, pending, memory.limit_bytes or 0)
             decision = self._controller.decide(
                 memory, current, self._session_limit, pending, held_bytes=held
             )
@@ -494,11 +501,11 @@ class RequestDecisions:
         """Retry-After for a refusal: from the rate of session ends when memory is short,
         about the probes' ramp so far while probing."""
         if decision.reason in ("memory_pressure", "queue_timeout", "queue_full"):
-            wait = self._keeper.expected_wait_s(time.monotonic())
+            wait = self._reservations.expected_wait_s(time.monotonic())
             if wait is not None:
                 return self._retry_after.delay_for(wait)
         elif decision.reason == "probing":
-            ramp = self._keeper.expected_wait_s(time.monotonic(), probed=route)
+            ramp = self._reservations.expected_wait_s(time.monotonic(), probed=route)
             assert ramp is not None  # a probed route's ramp is always known
             return self._retry_after.delay_for(ramp)
         return self._retry_after.next_delay()
@@ -516,7 +523,7 @@ class AdmissionService:
     ``session_limit`` is the configured count cap (``None``: none while memory is
     readable); ``app_count`` the app's own count of its sessions; ``read`` the
     controller's reader, never raising; ``holds`` the requests waiting for a probe
-    (the keeper's too); ``observer`` is told of every decision (``None``: nobody).
+    (the reservations' too); ``observer`` is told of every decision (``None``: nobody).
     """
 
     def __init__(
@@ -525,7 +532,7 @@ class AdmissionService:
         config: AdmissionConfig,
         controller: AdmissionController,
         ledger: SessionLedger,
-        keeper: ReservationKeeper,
+        reservations: Reservations,
         holds: HoldRegistry,
         app_count: AppCount,
         read: SafeReader,
@@ -547,7 +554,7 @@ class AdmissionService:
         self._config = config
         self._controller = controller
         self._ledger = ledger
-        self._keeper = keeper
+        self._reservations = reservations
         self._holds = holds
         self._app_count = app_count
         self._counts_app = app_count.current_sessions is not None
@@ -571,8 +578,8 @@ class AdmissionService:
             controller=controller,
             ledger=ledger,
             attempt=self._attempt,
-            own_count=keeper.own_count,
-            held_bytes=keeper.held_bytes,
+            own_count=reservations.own_count,
+            held_bytes=reservations.held_bytes,
             read=read,
             session_limit=session_limit,
             log=self._log,
@@ -593,7 +600,7 @@ class AdmissionService:
         self._class_decided = on_class_decision  # each decision, with its request's class
         self._decide = RequestDecisions(
             controller=controller,
-            keeper=keeper,
+            reservations=reservations,
             read=read,
             session_limit=session_limit,
             retry_after=retry_after,
@@ -625,9 +632,9 @@ class AdmissionService:
         return self._retry_after
 
     @property
-    def keeper(self) -> ReservationKeeper:
+    def reservations(self) -> Reservations:
         """Settling, tickets and what was learned of the sessions."""
-        return self._keeper
+        return self._reservations
 
     @property
     def stuck(self) -> StuckWatch:
@@ -637,7 +644,7 @@ class AdmissionService:
     def observe_peak(self, route: str, peak_bytes: int, *, exact: bool = False) -> None:
         """A session of ``route`` peaked at ``peak_bytes``, as a session watchdog measured
         it (its RSS at most, or ``exact``: its own memory group's peak): learned from."""
-        self._keeper.observe_peak(route, peak_bytes, exact=exact)
+        self._reservations.observe_peak(route, peak_bytes, exact=exact)
 
     # -- the decision ---------------------------------------------------------------
 
@@ -669,13 +676,13 @@ class AdmissionService:
         observer = self._observer
         start = time.perf_counter() if observer is not None else 0.0
         ledger = self._ledger
-        keeper = self._keeper
+        reservations = self._reservations
         # The app's own count (current_sessions) replaces the ledger's count of
         # accepted WebSockets; a shared ledger adds the other workers' counts. App
         # code, so it is asked once, before the critical section, never inside it.
         count = self._app_count() if self._counts_app else None
-        own = keeper.reconcile(count)
-        route = keeper.route(scope)
+        own = reservations.reconcile(count)
+        route = reservations.route(scope)
         tenants = self.tenants
         if klass is None:
             klass = DEFAULT_CLASS if self._priorities is None else self._priorities.of(scope, route)
@@ -684,7 +691,7 @@ class AdmissionService:
         # this one now would let it jump the line.
         if queue is not None and not waiting and queue.ahead(klass):
             return Queued(behind_others(self._controller.pressure_state), klass, tenant)
-        probing = keeper.probing and route not in keeper.known()
+        probing = reservations.probing and route not in reservations.known()
         ceilings = self.ceilings
         with self._attempt:
             current, pending = ledger.counts(own)
@@ -703,7 +710,7 @@ class AdmissionService:
                 decision = decide(
                     self._controller,
                     self.read,
-                    keeper.held_bytes,
+                    reservations.held_bytes,
                     self._session_limit,
                     current,
                     pending,
@@ -722,7 +729,7 @@ class AdmissionService:
                 reservation = ledger.reserve()
                 if tenant is not None and tenants is not None:
                     reservation = tenants.hold(reservation, tenant)
-                entry = keeper.admitted(
+                entry = reservations.admitted(
                     reservation,
                     kind,
                     scope,
@@ -738,7 +745,7 @@ class AdmissionService:
                 retry_after_s = self._decide.retry_delay(decision, route)
             # A fast-path decision reads a bound (usage with its cache), never
             # used for settling: a look at the exact working set is due instead.
-            settled = keeper.settle_with(memory) if memory.exact else keeper.due()
+            settled = reservations.settle_with(memory) if memory.exact else reservations.due()
             blind_changed = self._log.note_blind(decision)
         if settled:
             apply(settled)
@@ -757,7 +764,7 @@ class AdmissionService:
         if held is not None:
             return held
         if entry is not None:
-            return AdmissionTicket(keeper, entry)
+            return AdmissionTicket(reservations, entry)
         if queued and not waiting:
             return Queued((decision, retry_after_s, (current, pending)), klass, tenant)
         return decision, retry_after_s, (current, pending)
@@ -787,7 +794,7 @@ class AdmissionService:
             if self._class_decided is not None:
                 klass = DEFAULT_CLASS
                 if self._priorities is not None and scope is not None:
-                    klass = self._priorities.of(scope, self._keeper.route(scope))
+                    klass = self._priorities.of(scope, self._reservations.route(scope))
                 self._class_decided(klass, decision)
             return decision, self._retry_after.next_delay(), (0, 0)
 
@@ -804,7 +811,7 @@ class AdmissionService:
             except LedgerBusy as exc:
                 return await self.admit_later(kind, scope, exc, hold, expired)
 
-        sample_while_waiting(self._keeper)
+        sample_while_waiting(self._reservations)
         return await wait_then_decide(hold, self._holds, decide, listening)
 
     async def wait_for_room(
@@ -825,7 +832,7 @@ class AdmissionService:
             queue,
             decide=decide,
             # A waiter left in the instant it was admitted: its session never opens.
-            give_back=lambda ticket: self._keeper.abandon(settlement_of(ticket)),
+            give_back=lambda ticket: self._reservations.abandon(settlement_of(ticket)),
             queued=queued,
             listening=listening,
             watcher=self._queue_watcher,
@@ -851,12 +858,14 @@ class AdmissionService:
     async def serve_lifespan(
         self, app: ASGIApp, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        """``app``'s lifespan with what admission runs alongside: the keeper's periodic
+        """``app``'s lifespan with what admission runs alongside: the reservations' periodic
         sample, the stuck-pressure watch and the look for other workers."""
         if self.alone is not None:
             self.alone.start()
         try:
-            await serve_with_keeper(self._keeper, app, scope, receive, send, also=self.stuck.run)
+            await serve_with_reservations(
+                self._reservations, app, scope, receive, send, also=self.stuck.run
+            )
         finally:
             if self._order is not None:
                 self._order.leave()  # its slot and wake socket, for the next worker

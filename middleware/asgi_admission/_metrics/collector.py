@@ -276,11 +276,13 @@ class AdmissionCollector:
                 sessions.add_metric(("pending",), counts[1])
                 yield sessions
 
-        keepers = [k for k in (getattr(view, "keeper", None) for view in views) if k is not None]
-        if keepers:
+        reservation_sets = [
+            k for k in (getattr(view, "reservations", None) for view in views) if k is not None
+        ]
+        if reservation_sets:
             learned: dict[str, tuple[int, float]] = {}
-            for keeper in keepers:
-                for estimate in keeper.estimates():
+            for reservations in reservation_sets:
+                for estimate in reservations.estimates():
                     known = learned.get(estimate.route, (0, 0.0))
                     learned[estimate.route] = (
                         max(known[0], estimate.footprint_bytes),
@@ -289,14 +291,20 @@ class AdmissionCollector:
             for route, (footprint_bytes, ramp_s) in learned.items():
                 footprint.add_metric((route,), footprint_bytes)
                 ramp.add_metric((route,), ramp_s)
-            expired.add_metric((), sum(keeper.expired_total for keeper in keepers))
+            expired.add_metric(
+                (), sum(reservations.expired_total for reservations in reservation_sets)
+            )
             for kind in KINDS:
                 for cause in FAILURE_CAUSES:
                     failed.add_metric(
-                        (kind, cause), sum(k.failed.get((kind, cause), 0) for k in keepers)
+                        (kind, cause), sum(k.failed.get((kind, cause), 0) for k in reservation_sets)
                     )
             yield from (footprint, ramp, expired, failed)
-            probed = [status for keeper in keepers for status in keeper.probe_status()]
+            probed = [
+                status
+                for reservations in reservation_sets
+                for status in reservations.probe_status()
+            ]
             probing.add_metric((), len({status.route for status in probed}))
             waiting.add_metric((), sum(status.waiting for status in probed))
             yield from (probing, waiting)
@@ -336,10 +344,10 @@ class AdmissionCollector:
 def held_by(view: object, pending: int, reading: MemoryReading | None) -> int | None:
     """What a guard's ``pending`` sessions and one more hold under the reading's limit, as
     its reservations count them; ``None`` for a view without reservations, or no limit."""
-    keeper = getattr(view, "keeper", None)
-    if keeper is None or reading is None or not reading.limit_bytes:
+    reservations = getattr(view, "reservations", None)
+    if reservations is None or reading is None or not reading.limit_bytes:
         return None
-    held: int = keeper.held_bytes(None, pending, reading.limit_bytes)
+    held: int = reservations.held_bytes(None, pending, reading.limit_bytes)
     return held
 
 

@@ -245,7 +245,7 @@ LatchLook = Callable[[], tuple[CapacityDecision, tuple[int, int]]]
 
 
 class StuckWatch:
-    """Looks at a set latch for the detector; logs and publishes what changes.
+    """Samples at a set latch for the detector; logs and publishes what changes.
 
     ``look`` is the guard's readiness check with its counts (it may raise
     ``LedgerBusy``); ``shared_dir`` where the status file goes (``None``: none).

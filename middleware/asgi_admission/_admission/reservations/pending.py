@@ -193,7 +193,7 @@ class KeptEvents:
 #
 # ``LearnedView`` puts together the learner's estimates and the probe board's
 # provisional footprints (a concluded probe's, or an open probe's growth past its
-# guess: ``probing.py``) into the figures the keeper hands on: each route's reserve
+# guess: ``probing.py``) into the figures the reservations hands on: each route's reserve
 # (``effective_reserve`` of the configured or derived one), its footprint and ramp for
 # settling, and the routes decided on an estimate rather than probed first (with
 # ``raise``, what was learned floors a configured reserve and replaces a derived one). They are
@@ -202,7 +202,7 @@ class KeptEvents:
 
 
 class LearnedView:
-    """Per-route estimates for one keeper (called inside the ledger's lock)."""
+    """Per-route estimates for one reservations (called inside the ledger's lock)."""
 
     __slots__ = (
         "_board",
@@ -317,7 +317,7 @@ class LearnedView:
 
 
 # --------------------------------------------------------------------------------------
-# What the keeper learned, handed on: to the controller's reserve, and to the workers.
+# What the reservations learned, handed on: to the controller's reserve, and to the workers.
 #
 # Whenever the learner or the probes have something new, the reserve the latch uses is
 # set again (below: the configured reserve raised or replaced by what was
@@ -420,7 +420,7 @@ class LearnedSharing:
 
 
 # --------------------------------------------------------------------------------------
-# The parts a :class:`~asgi_admission._admission.reservations.pending.ReservationKeeper`
+# The parts a :class:`~asgi_admission._admission.reservations.pending.Reservations`
 # is made of, built together: they depend on one another in one direction only.
 #
 # Notes:
@@ -446,8 +446,8 @@ class Tally:
 
 
 @dataclass(frozen=True)
-class KeeperParts:
-    """A keeper's collaborators (see the module notes for how they depend on one another)."""
+class ReservationParts:
+    """The reservations' collaborators (see the module notes for how they depend on one another)."""
 
     #: The latch the reserve is set on, and the clock every part is told the time by.
     controller: AdmissionController
@@ -500,8 +500,8 @@ def build_parts(
     probe_sessions: int = 0,
     holds: HoldRegistry | None = None,
     learner: SessionLearner | None = None,
-) -> KeeperParts:
-    """The parts of one keeper, from the guard's settings.
+) -> ReservationParts:
+    """The parts of one reservations, from the guard's settings.
 
     ``timeout_s`` bounds a reservation past its response (``request_timeout_s`` one
     whose request is in progress); ``shared_dir`` is ``ADMISSION_SHARED_DIR``;
@@ -554,7 +554,7 @@ def build_parts(
         on_reserve=reserve_logger(learning) if on_reserve is None else on_reserve,
         clock=clock,
     )
-    return KeeperParts(
+    return ReservationParts(
         controller=controller,
         clock=clock,
         learner=learner,
@@ -570,9 +570,9 @@ def build_parts(
 
 
 # --------------------------------------------------------------------------------------
-# The keeper's looks at memory: when one is due, what a reading settles and teaches.
+# The reservations' looks at memory: when one is due, what a reading settles and teaches.
 #
-# A :class:`Looks` holds what the keeper needs between two readings (when the last
+# A :class:`Samples` holds what the reservations needs between two readings (when the last
 # was taken, the settling queue's mark at the last sample, the session ends already
 # told by their route, the memory limit of the last admission) and takes the
 # readings: a decision's own, one due after a sample interval, and the periodic
@@ -580,9 +580,9 @@ def build_parts(
 #
 # Notes:
 #
-# - Every method runs inside the ledger's critical section (the keeper enters it):
+# - Every method runs inside the ledger's critical section (the reservations enters it):
 # the actions returned release or activate reservations, which take the same lock,
-# so the keeper applies them after leaving it.
+# so the reservations applies them after leaving it.
 # - The sample reads memory only while something is unsettled, being learned or
 # probed, or waits in the workers' shared queue, and the active count (for the rate
 # of session ends) every time: it never blocks on anything slower than the ledger's
@@ -596,8 +596,8 @@ def build_parts(
 SAMPLE_INTERVAL_S: Final = 0.25
 
 
-class Looks:
-    """The readings behind one keeper's settling and learning (see the module notes).
+class Samples:
+    """The readings behind one reservations' settling and learning (see the module notes).
 
     ``read`` takes an exact reading and never raises; ``active_count(own)`` is the
     container's active sessions, given the app's own count ``own``; ``ends`` records
@@ -607,7 +607,7 @@ class Looks:
     def __init__(
         self,
         *,
-        parts: KeeperParts,
+        parts: ReservationParts,
         read: Callable[[], MemoryReading],
         active_count: Callable[[int | None], int],
         ends: SessionEnds,
@@ -726,7 +726,7 @@ class Looks:
 # --------------------------------------------------------------------------------------
 # The reservations of one guard: settling, tickets, learning and the sample behind them.
 #
-# ``ReservationKeeper`` ties together the :class:`Settler` (how long a reservation
+# ``Reservations`` ties together the :class:`Settler` (how long a reservation
 # lasts), the :class:`SessionLearner` (what a session costs), the record of
 # session ends (for ``Retry-After``) and, with ``ADMISSION_SHARED_DIR``, the files
 # the workers share. The admission service calls it on the decision path (inside
@@ -749,13 +749,13 @@ class Looks:
 # events decided is done even if the sample's look then fails. The app's own
 # count is asked before the critical section, never inside it.
 # - The readings (a decision's own, one due after a sample interval, the periodic
-# sample's) are taken by the keeper's :class:`Looks`, inside the
-# critical section the keeper enters for them.
+# sample's) are taken by the reservations' :class:`Samples`, inside the
+# critical section the reservations enters for them.
 # - The reserve the latch uses is set from the configured reserve and what was
 # learned whenever an observation arrives, and what was
 # learned is shared with the other workers.
 # - While a route has no learned footprint its sessions are probed
-# (``probing.py``): the keeper tells the board of the probes' events and
+# (``probing.py``): the reservations tell the board of the probes' events and
 # readings, and wakes the requests held for the probes' evidence (``probing.py``).
 
 
@@ -764,7 +764,7 @@ class Looks:
 FailureCause = Literal["error_status", "body_timeout"]
 
 
-class ReservationKeeper:
+class Reservations:
     """Settling, tickets and learning for one guard (see the module notes).
 
     ``attempt`` is the ledger's critical section, tried without waiting (it
@@ -783,7 +783,7 @@ class ReservationKeeper:
         active_count: Callable[[int | None], int],
         app_count: Callable[[], int | None] = lambda: None,
         route_of: Callable[[Scope], str | None],
-        parts: KeeperParts,
+        parts: ReservationParts,
     ) -> None:
         self._controller = parts.controller
         self._attempt = attempt
@@ -799,7 +799,7 @@ class ReservationKeeper:
         #: Session requests that opened nothing, by kind and cause, in this process.
         self.failed: dict[tuple[Kind, FailureCause], int] = {}
         self.ends = SessionEnds()
-        self._looks = Looks(parts=parts, read=read, active_count=active_count, ends=self.ends)
+        self._samples = Samples(parts=parts, read=read, active_count=active_count, ends=self.ends)
         self._queue = parts.queue
         self.learner = parts.learner
         self.probing = parts.probing
@@ -876,7 +876,7 @@ class ReservationKeeper:
         if self.learning != "off":
             self.learner.on_admit(route, used_bytes, now, responded=False)
         if limit_bytes is not None:
-            self._looks.note_limit(limit_bytes)
+            self._samples.note_limit(limit_bytes)
         expected = self.view.expected_bytes(route, limit_bytes)
         entry = self.settler.admit(reservation, kind, route, used_bytes, now, expected)
         if probe and used_bytes is not None:
@@ -920,12 +920,12 @@ class ReservationKeeper:
 
     def due(self) -> Sequence[Action]:
         """Settle from a fresh reading when the last look is a sample interval old
-        (``Looks.due``)."""
-        return self._looks.due()
+        (``Samples.due``)."""
+        return self._samples.due()
 
     def settle_with(self, memory: MemoryReading) -> Sequence[Action]:
-        """A decision's own reading settles what it shows (``Looks.settle_with``)."""
-        return self._looks.settle_with(memory)
+        """A decision's own reading settles what it shows (``Samples.settle_with``)."""
+        return self._samples.settle_with(memory)
 
     # -- the session's events (each takes the lock) -----------------------------------
 
@@ -957,7 +957,7 @@ class ReservationKeeper:
             if probe:
                 self.board.responded(entry.seq, used, now)
             if used is not None:
-                actions += self._looks.take(used, now)
+                actions += self._samples.take(used, now)
             else:
                 # No reading to show it by: it settles by time, as any blind session.
                 actions += self.settler.settle(None, now)
@@ -1043,10 +1043,10 @@ class ReservationKeeper:
         entry.end_told = True
         if entry.phase == "started" or (entry.phase == "done" and not entry.released):
             # It was active: the next sample sees the active count fall for it too.
-            self._looks.named_end()
+            self._samples.named_end()
         now = self._clock()
         # What it frees is credited to the sessions still settling (``settling.py``).
-        self.settler.ended(self.view.expected_bytes(entry.route, self._looks.limit), now)
+        self.settler.ended(self.view.expected_bytes(entry.route, self._samples.limit), now)
         if self.learning != "off":
             self.learner.on_session_end(now, route=entry.route, admitted_at=entry.admitted_at)
 
@@ -1087,7 +1087,7 @@ class ReservationKeeper:
             # The app's count after them: an end kept for later is not also a count falling.
             own = self.own_count()
             with self._attempt:
-                actions = self._looks.sample(own, now)
+                actions = self._samples.sample(own, now)
         except LedgerBusy:
             return
         apply(actions)
@@ -1099,53 +1099,51 @@ class ReservationKeeper:
             self._queue.after_fork()
 
 
-def _forked(ref: weakref.ReferenceType[ReservationKeeper]) -> None:
-    keeper = ref()
-    if keeper is not None:
-        keeper._after_fork()
+def _forked(ref: weakref.ReferenceType[Reservations]) -> None:
+    reservations = ref()
+    if reservations is not None:
+        reservations._after_fork()
 
 
 # --------------------------------------------------------------------------------------
-# The keeper's periodic sample: with the app's lifespan, or while requests wait for a probe.
+# The reservations' periodic sample: with the app's lifespan, or while requests wait for a probe.
 #
 # Where the server runs no lifespan, nothing would take the readings that end a
 # probe (``probing.py``); the first request held for one starts a sample of the
 # running loop, which ends once nothing waits or is probed any more.
 
-#: The sample started for requests waiting without a lifespan, per keeper.
-_helpers: weakref.WeakKeyDictionary[ReservationKeeper, asyncio.Task[None]] = (
-    weakref.WeakKeyDictionary()
-)
-#: How many periodic samples run per keeper (from a lifespan: :func:`run`).
-_running: weakref.WeakKeyDictionary[ReservationKeeper, int] = weakref.WeakKeyDictionary()
+#: The sample started for requests waiting without a lifespan, per reservations.
+_helpers: weakref.WeakKeyDictionary[Reservations, asyncio.Task[None]] = weakref.WeakKeyDictionary()
+#: How many periodic samples run per reservations (from a lifespan: :func:`run`).
+_running: weakref.WeakKeyDictionary[Reservations, int] = weakref.WeakKeyDictionary()
 
 
-async def run(keeper: ReservationKeeper, interval_s: float = SAMPLE_INTERVAL_S) -> None:
-    """Sample ``keeper`` every ``interval_s`` until cancelled (the lifespan runs this)."""
-    _running[keeper] = _running.get(keeper, 0) + 1
+async def run(reservations: Reservations, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+    """Sample ``reservations`` every ``interval_s`` until cancelled (the lifespan runs this)."""
+    _running[reservations] = _running.get(reservations, 0) + 1
     try:
         while True:
-            await sample_after(keeper, interval_s)
+            await sample_after(reservations, interval_s)
     finally:
-        _running[keeper] -= 1
+        _running[reservations] -= 1
 
 
-async def sample_after(keeper: ReservationKeeper, interval_s: float) -> None:
+async def sample_after(reservations: Reservations, interval_s: float) -> None:
     """One sample once ``interval_s`` has passed; a failure is logged, never raised."""
     await asyncio.sleep(interval_s)
     try:
-        keeper.sample()
+        reservations.sample()
     except Exception:
         logger.exception("asgi-admission: the reservation sample failed; trying again.")
 
 
-def sampling(keeper: ReservationKeeper) -> bool:
-    """Whether a periodic sample of ``keeper`` runs (from a lifespan)."""
-    return _running.get(keeper, 0) > 0
+def sampling(reservations: Reservations) -> bool:
+    """Whether a periodic sample of ``reservations`` runs (from a lifespan)."""
+    return _running.get(reservations, 0) > 0
 
 
-async def serve_with_keeper(
-    keeper: ReservationKeeper,
+async def serve_with_reservations(
+    reservations: Reservations,
     app: ASGIApp,
     scope: Scope,
     receive: Receive,
@@ -1153,7 +1151,7 @@ async def serve_with_keeper(
     *,
     also: Callable[[], Coroutine[Any, Any, None]] | None = None,
 ) -> None:
-    """Run ``app``'s lifespan with the keeper's periodic sample (and ``also``, another
+    """Run ``app``'s lifespan with the reservations' periodic sample (and ``also``, another
     watch of the guard's) from startup to shutdown."""
     tasks: list[asyncio.Task[None]] = []
 
@@ -1161,7 +1159,7 @@ async def serve_with_keeper(
         kind = message["type"]
         if kind == "lifespan.startup.complete" and not tasks:
             loop = asyncio.get_running_loop()
-            tasks.append(loop.create_task(run(keeper)))
+            tasks.append(loop.create_task(run(reservations)))
             if also is not None:
                 tasks.append(loop.create_task(also()))
         elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
@@ -1183,15 +1181,15 @@ async def _stop(tasks: list[asyncio.Task[None]]) -> None:
                 await task
 
 
-def sample_while_waiting(keeper: ReservationKeeper) -> None:
+def sample_while_waiting(reservations: Reservations) -> None:
     """Requests wait for a probe: with no lifespan sampling, a task of the running loop
     samples every ``SAMPLE_INTERVAL_S`` until nothing waits or is probed any more."""
-    helper = _helpers.get(keeper)
-    if sampling(keeper) or (helper is not None and not helper.done()):
+    helper = _helpers.get(reservations)
+    if sampling(reservations) or (helper is not None and not helper.done()):
         return
-    _helpers[keeper] = asyncio.get_running_loop().create_task(_sample_waiting(keeper))
+    _helpers[reservations] = asyncio.get_running_loop().create_task(_sample_waiting(reservations))
 
 
-async def _sample_waiting(keeper: ReservationKeeper) -> None:
-    while not sampling(keeper) and keeper.probes_busy:
-        await sample_after(keeper, SAMPLE_INTERVAL_S)
+async def _sample_waiting(reservations: Reservations) -> None:
+    while not sampling(reservations) and reservations.probes_busy:
+        await sample_after(reservations, SAMPLE_INTERVAL_S)

@@ -33,7 +33,7 @@ from asgi_admission._admission.reservations.settling import VISIBLE_FRACTION
 #
 # Notes:
 #
-# - No polling: a hold awaits one future, which the keeper resolves when something
+# - No polling: a hold awaits one future, which the reservations resolves when something
 # happens that may let it go on (under the ledger's lock, from whichever thread
 # told it: a ticket's ``release()`` may come from a thread pool), or the loop's
 # timer for its deadline fires.
@@ -112,7 +112,7 @@ class HoldRegistry:
     def tell_wakes(self, on_wake: Callable[[], None]) -> None:
         """Call ``on_wake`` whenever a route's requests may go on, from any thread: for a
         registry built before what it wakes (the wait queue, whose requests past their
-        probe's wait may go on too, is built after the keeper these holds are part of)."""
+        probe's wait may go on too, is built after the reservations these holds are part of)."""
         self._on_wake = on_wake
 
     def __bool__(self) -> bool:
@@ -389,7 +389,7 @@ class ProbeBoard:
 
     ``on_wake(route)`` is told when the requests waiting for ``route`` may go on (its
     evidence is in, or a probe's slot is free); ``waiting(route)`` says how many wait
-    in this process. Not thread-safe on its own: the keeper calls it inside the
+    in this process. Not thread-safe on its own: the reservations call it inside the
     ledger's lock. ``version`` changes whenever :meth:`estimates` does.
     """
 

@@ -24,7 +24,7 @@ from asgi_admission._admission.ledger.ledger import Reservation
 # A settlement: one admitted session's state while its reservation waits to settle.
 #
 # The settler (``settling.py``) makes one at admission and moves it through its phases
-# (the request, waiting past the response or held by a ticket, started, done); the keeper
+# (the request, waiting past the response or held by a ticket, started, done); the reservations
 # and the session requests hold on to it to report the session's events.
 
 #: Every settlement's number, for the whole process: two guards of one process that
@@ -87,7 +87,7 @@ class Settlement:
         self.remaining = 0
         #: What its own memory, measured (``Settler.measured``), still has to add.
         self.measured_left: int | None = None
-        #: Its end was told to settling and learning (``ReservationKeeper``): once only.
+        #: Its end was told to settling and learning (``Reservations``): once only.
         self.end_told = False
 
     @property

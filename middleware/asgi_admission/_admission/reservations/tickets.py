@@ -23,8 +23,8 @@ SCOPE_KEY: Final = "asgi_admission.ticket"
 TicketState = Literal["pending", "active", "released"]
 
 
-class _Keeper(Protocol):
-    """What a ticket calls: the guard's ``ReservationKeeper``."""
+class _Reservations(Protocol):
+    """What a ticket calls: the guard's ``Reservations``."""
 
     def ticket(self, operation: str, entry: Settlement) -> bool: ...
 
@@ -40,10 +40,10 @@ class AdmissionTicket:
     ``current_sessions`` count it): the guard counts it as active until then.
     """
 
-    __slots__ = ("_entry", "_keeper")
+    __slots__ = ("_entry", "_reservations")
 
-    def __init__(self, keeper: _Keeper, entry: Settlement) -> None:
-        self._keeper = keeper
+    def __init__(self, reservations: _Reservations, entry: Settlement) -> None:
+        self._reservations = reservations
         self._entry = entry
 
     @property
@@ -67,15 +67,15 @@ class AdmissionTicket:
         Call it before the response ends (or the WebSocket is accepted). Returns
         ``False`` when it is too late: the reservation had already settled.
         """
-        return self._keeper.ticket("hold", self._entry)
+        return self._reservations.ticket("hold", self._entry)
 
     def started(self) -> None:
         """The session's memory is up: its reservation becomes an active session."""
-        self._keeper.ticket("started", self._entry)
+        self._reservations.ticket("started", self._entry)
 
     def release(self) -> None:
         """The session failed or ended: give its reservation back."""
-        self._keeper.ticket("release", self._entry)
+        self._reservations.ticket("release", self._entry)
 
     def measured(self, used_bytes: int) -> None:
         """The session's own memory is ``used_bytes`` now (the memory its processes alone
@@ -88,7 +88,7 @@ class AdmissionTicket:
         high settles the reservation before the memory is there. Cheap once settled.
         """
         if self.awaiting_memory:
-            self._keeper.measured(self._entry, used_bytes)
+            self._reservations.measured(self._entry, used_bytes)
 
     @property
     def awaiting_memory(self) -> bool:
@@ -99,7 +99,7 @@ class AdmissionTicket:
 
 def settlement_of(ticket: AdmissionTicket) -> Settlement:
     """The reservation ``ticket`` is the app's hold on, for the guard's own use: the run
-    of the admitted request tells the keeper how it ended through it, and a waiter
+    of the admitted request tells the reservations how it ended through it, and a waiter
     admitted as its client left gives it back. Not the app's: the ticket's methods are."""
     return ticket._entry
 

@@ -1,4 +1,4 @@
-"""The keeper on its own: the sample, a failing reading, a fork, and the learned reserve."""
+"""The reservations on its own: the sample, a failing reading, a fork, and the learned reserve."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from asgi_admission._admission.reservations import pending
 from asgi_admission._admission.reservations.learning import SessionLearner
 from asgi_admission._admission.reservations.pending import (
     SAMPLE_INTERVAL_S,
-    ReservationKeeper,
+    Reservations,
     build_parts,
 )
 from asgi_admission._admission.reservations.settling import apply
@@ -36,8 +36,8 @@ from asgi_admission._admission.reservations.tickets import settlement_of
 from asgi_admission._memory.reading import UNAVAILABLE
 from kits.suitekit import MIB
 
-#: Internal on purpose: the reservation keeper, as a unit below the middleware.
-INTERNAL = "the reservation keeper, as a unit below the middleware"
+#: Internal on purpose: the reservation reservations, as a unit below the middleware.
+INTERNAL = "the reservation reservations, as a unit below the middleware"
 
 
 class Memory:
@@ -75,10 +75,10 @@ def make(
     ledger: InProcessLedger | None = None,
     attempt: AbstractContextManager[object] | None = None,
     clock: Callable[[], float] = time.monotonic,
-) -> tuple[ReservationKeeper, InProcessLedger]:
+) -> tuple[Reservations, InProcessLedger]:
     ledger = InProcessLedger() if ledger is None else ledger
     controller = AdmissionController(reserve_bytes=10 * MIB, memory_reader=memory)
-    keeper = ReservationKeeper(
+    reservations = Reservations(
         attempt=ledger.locked() if attempt is None else attempt,
         read=memory,
         active_count=active,
@@ -94,27 +94,27 @@ def make(
             learner=learner,
         ),
     )
-    return keeper, ledger
+    return reservations, ledger
 
 
-def admit(keeper: ReservationKeeper, ledger: InProcessLedger, used_mb: float) -> object:
+def admit(reservations: Reservations, ledger: InProcessLedger, used_mb: float) -> object:
     with ledger.locked():
-        return keeper.admitted(ledger.reserve(), "http", None, int(used_mb * MIB))
+        return reservations.admitted(ledger.reserve(), "http", None, int(used_mb * MIB))
 
 
 def test_due_settles_without_a_sample_once_an_interval_has_passed() -> None:
     """A decision that read no exact working set settles through due(), at most 4 times a second."""
     memory, clock = Memory(100), Clock()
-    keeper, ledger = make(memory, clock=clock)
-    entry = admit(keeper, ledger, 100)
-    keeper.respond(entry)  # type: ignore[arg-type]
+    reservations, ledger = make(memory, clock=clock)
+    entry = admit(reservations, ledger, 100)
+    reservations.respond(entry)  # type: ignore[arg-type]
     assert counts(ledger) == (0, 1)
     memory.used_mb = 110
     with ledger.locked():
-        assert keeper.due() == ()  # the response's own reading is not a sample interval old
+        assert reservations.due() == ()  # the response's own reading is not a sample interval old
     clock.now += SAMPLE_INTERVAL_S
     with ledger.locked():
-        actions = keeper.due()
+        actions = reservations.due()
     apply(actions)
     assert counts(ledger) == (0, 0)
 
@@ -122,14 +122,14 @@ def test_due_settles_without_a_sample_once_an_interval_has_passed() -> None:
 def test_an_unavailable_reading_settles_by_time_only() -> None:
     """With no reading, due() and the sample settle nothing but what is timed out."""
     memory, clock = Memory(100), Clock()
-    keeper, ledger = make(memory, clock=clock)
-    entry = admit(keeper, ledger, 100)
-    keeper.respond(entry)  # type: ignore[arg-type]
+    reservations, ledger = make(memory, clock=clock)
+    entry = admit(reservations, ledger, 100)
+    reservations.respond(entry)  # type: ignore[arg-type]
     memory.used_mb = None
     clock.now += SAMPLE_INTERVAL_S
     with ledger.locked():
-        apply(keeper.due())
-    keeper.sample()
+        apply(reservations.due())
+    reservations.sample()
     assert counts(ledger) == (0, 1)
 
 
@@ -137,7 +137,7 @@ def test_a_failing_sample_is_logged_and_the_loop_goes_on(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An exception in one sample is logged; the next sample still runs."""
-    keeper, _ = make(Memory(100))
+    reservations, _ = make(Memory(100))
     calls = []
     second = asyncio.Event()
 
@@ -147,10 +147,10 @@ def test_a_failing_sample_is_logged_and_the_loop_goes_on(
             raise RuntimeError("boom")
         second.set()
 
-    monkeypatch.setattr(keeper, "sample", failing)
+    monkeypatch.setattr(reservations, "sample", failing)
 
     async def run() -> None:
-        task = asyncio.create_task(pending.run(keeper, 0.001))
+        task = asyncio.create_task(pending.run(reservations, 0.001))
         await asyncio.wait_for(second.wait(), 10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -188,20 +188,22 @@ def test_session_ends_reach_the_learner_once() -> None:
     told again."""
     memory = Memory(100)
     active, learner = [3], Ends()
-    keeper, ledger = make(memory, learning="raise", learner=learner, active=lambda own: active[0])
-    keeper.sample()
+    reservations, ledger = make(
+        memory, learning="raise", learner=learner, active=lambda own: active[0]
+    )
+    reservations.sample()
     active[0] = 2
-    keeper.sample()
+    reservations.sample()
     assert learner.told == [(None, None, 1)]
     with ledger.locked():
-        entry = keeper.admitted(ledger.reserve(), "websocket", None, 100 * MIB)
+        entry = reservations.admitted(ledger.reserve(), "websocket", None, 100 * MIB)
     memory.used_mb = 120  # its memory shows: settled at its accept, active
-    keeper.respond(entry)
+    reservations.respond(entry)
     assert counts(ledger) == (1, 0)
-    keeper.abandon(entry, session_over=True)
+    reservations.abandon(entry, session_over=True)
     assert learner.told[1:] == [("unnamed", entry.admitted_at, 1)]
     active[0] = 1
-    keeper.sample()
+    reservations.sample()
     assert learner.told[2:] == []
 
 
@@ -219,7 +221,7 @@ def test_other_workers_ends_are_not_taken_for_this_workers_own(tmp_path: Path) -
     route); the rest is told as another worker's, which teaches no freed memory."""
     memory = Memory(100)
     active, own, learner = [5], [2], ForeignEnds()
-    keeper, _ledger = make(
+    reservations, _ledger = make(
         memory,
         learning="raise",
         shared_dir=str(tmp_path / "shared"),
@@ -227,44 +229,44 @@ def test_other_workers_ends_are_not_taken_for_this_workers_own(tmp_path: Path) -
         active=lambda count: active[0],
         app_count=lambda: own[0],  # none pending past a response: its own count
     )
-    keeper.sample()
+    reservations.sample()
     active[0], own[0] = 3, 1  # two ended: one of this worker's, one of another's
-    keeper.sample()
+    reservations.sample()
     assert learner.told == [(None, None, 1), ("other worker", None, 0)]
     active[0] = 2  # another worker's alone
-    keeper.sample()
+    reservations.sample()
     assert learner.told[2:] == [("other worker", None, 0)]
 
 
 def _child_sees_nothing(
-    keeper: ReservationKeeper, result: multiprocessing.Queue[tuple[int, int, int]]
+    reservations: Reservations, result: multiprocessing.Queue[tuple[int, int, int]]
 ) -> None:
-    result.put((keeper.settler.unsettled, keeper.settler.waiting, os.getpid()))
+    result.put((reservations.settler.unsettled, reservations.settler.waiting, os.getpid()))
 
 
 def test_a_forked_worker_starts_with_none_of_its_parents_sessions(tmp_path: Path) -> None:
     """After a fork the child's settler holds nothing of the parent's sessions."""
-    keeper, ledger = make(Memory(100), shared_dir=str(tmp_path / "shared"))
-    entry = admit(keeper, ledger, 100)
-    keeper.respond(entry)  # type: ignore[arg-type]
-    assert keeper.settler.unsettled == 1
+    reservations, ledger = make(Memory(100), shared_dir=str(tmp_path / "shared"))
+    entry = admit(reservations, ledger, 100)
+    reservations.respond(entry)  # type: ignore[arg-type]
+    assert reservations.settler.unsettled == 1
     context = multiprocessing.get_context("fork")
     result = context.Queue()
-    child = context.Process(target=_child_sees_nothing, args=(keeper, result))
+    child = context.Process(target=_child_sees_nothing, args=(reservations, result))
     child.start()
     unsettled, waiting, pid = result.get(timeout=30)
     child.join(30)
     assert (unsettled, waiting) == (0, 0)
     assert pid != os.getpid()
-    assert keeper.settler.unsettled == 1
+    assert reservations.settler.unsettled == 1
 
 
 def test_learning_off_ignores_the_watchdogs_peaks() -> None:
     """With learning off a peak changes nothing."""
-    keeper, _ = make(Memory(100))
-    keeper.observe_peak("POST /s", 500 * MIB)
-    assert keeper.estimates() == []
-    assert keeper.route(None) == "unnamed"
+    reservations, _ = make(Memory(100))
+    reservations.observe_peak("POST /s", 500 * MIB)
+    assert reservations.estimates() == []
+    assert reservations.route(None) == "unnamed"
 
 
 class Busy:
@@ -290,26 +292,26 @@ def test_events_wait_in_order_while_the_shared_ledger_is_held() -> None:
     release gives the reservation back at once, only its bookkeeping waits."""
     memory, ledger = Memory(100), InProcessLedger()
     lock = Busy(ledger)
-    keeper, _ = make(memory, ledger=ledger, attempt=lock)
+    reservations, _ = make(memory, ledger=ledger, attempt=lock)
     with ledger.locked():
-        entry = keeper.admitted(ledger.reserve(), "http", None, 100 * MIB)
+        entry = reservations.admitted(ledger.reserve(), "http", None, 100 * MIB)
     lock.held = True
-    assert keeper.ticket("hold", entry) is True  # taken on trust, applied first later
-    keeper.respond(entry)
-    assert keeper.deferred == 2
-    keeper.sample()  # still held: skipped, nothing applied
-    assert (keeper.deferred, counts(ledger)) == (2, (0, 1))
+    assert reservations.ticket("hold", entry) is True  # taken on trust, applied first later
+    reservations.respond(entry)
+    assert reservations.deferred == 2
+    reservations.sample()  # still held: skipped, nothing applied
+    assert (reservations.deferred, counts(ledger)) == (2, (0, 1))
     lock.held = False
-    keeper.sample()
-    assert keeper.deferred == 0
+    reservations.sample()
+    assert reservations.deferred == 0
     assert counts(ledger) == (0, 1)  # held past its response: still pending
     lock.held = True
-    keeper.ticket("release", entry)
-    assert (keeper.deferred, counts(ledger)) == (1, (0, 0))
+    reservations.ticket("release", entry)
+    assert (reservations.deferred, counts(ledger)) == (1, (0, 0))
     lock.held = False
-    keeper.sample()
-    assert (keeper.deferred, counts(ledger)) == (0, (0, 0))
-    assert keeper.settler.unsettled == 0
+    reservations.sample()
+    assert (reservations.deferred, counts(ledger)) == (0, (0, 0))
+    assert reservations.settler.unsettled == 0
 
 
 def test_what_was_learned_survives_the_shared_directory_being_deleted(
@@ -319,15 +321,15 @@ def test_what_was_learned_survives_the_shared_directory_being_deleted(
     learned (no error), and the next refresh writes what the worker knows back into the
     file made again, so a worker starting now learns it too."""
     shared = tmp_path / "shared"
-    keeper, _ = make(Memory(100), learning="raise", shared_dir=str(shared))
-    keeper.observe_peak("POST /s", 300 * MIB)
+    reservations, _ = make(Memory(100), learning="raise", shared_dir=str(shared))
+    reservations.observe_peak("POST /s", 300 * MIB)
     shutil.rmtree(shared)
-    keeper.observe_peak("POST /s", 310 * MIB)
-    assert [e.observations for e in keeper.estimates()] == [2]
+    reservations.observe_peak("POST /s", 310 * MIB)
+    assert [e.observations for e in reservations.estimates()] == [2]
     (shared / "asgi-admission.learned").unlink()
-    keeper.sharing.refresh(0.0, urgent=True)
+    reservations.sharing.refresh(0.0, urgent=True)
     fresh, _ = make(Memory(100), learning="raise", shared_dir=str(shared))
-    assert fresh.estimates() == keeper.estimates()
+    assert fresh.estimates() == reservations.estimates()
     assert "Traceback" not in caplog.text
 
 
@@ -367,12 +369,12 @@ def test_a_decision_nets_out_the_apps_count_after_the_kept_events(
     first = guard.service.admit("http", scope)
     assert isinstance(first, AdmissionTicket)
     store.append("first")  # the app counts its session once it has answered
-    keeper = guard.keeper
+    reservations = guard.reservations
     with held_by_another_worker(tmp_path):
-        keeper.respond(settlement_of(first))  # kept: its memory has not shown yet
-        assert keeper.deferred == 1
+        reservations.respond(settlement_of(first))  # kept: its memory has not shown yet
+        assert reservations.deferred == 1
     second = guard.service.admit("http", scope)
-    assert keeper.deferred == 0
+    assert reservations.deferred == 0
     assert isinstance(second, AdmissionTicket), second
 
 
@@ -382,16 +384,16 @@ def test_a_sessions_end_is_told_once_however_many_say_so() -> None:
     (and the credit for what it frees, told in the same step) once."""
     memory = Memory(100)
     learner = Ends()
-    keeper, ledger = make(memory, learning="raise", learner=learner)
+    reservations, ledger = make(memory, learning="raise", learner=learner)
     with ledger.locked():
-        pending = keeper.admitted(ledger.reserve(), "http", None, 100 * MIB)
-    keeper.respond(pending)
-    keeper.ticket("release", pending)  # the watchdog's
-    keeper.ticket("release", pending)  # the app's
+        pending = reservations.admitted(ledger.reserve(), "http", None, 100 * MIB)
+    reservations.respond(pending)
+    reservations.ticket("release", pending)  # the watchdog's
+    reservations.ticket("release", pending)  # the app's
     with ledger.locked():
-        socket = keeper.admitted(ledger.reserve(), "websocket", None, 100 * MIB)
-    keeper.respond(socket)
-    keeper.abandon(socket, session_over=True)
-    keeper.abandon(socket, session_over=True)
+        socket = reservations.admitted(ledger.reserve(), "websocket", None, 100 * MIB)
+    reservations.respond(socket)
+    reservations.abandon(socket, session_over=True)
+    reservations.abandon(socket, session_over=True)
     assert [route for route, _, _ in learner.told] == ["unnamed", "unnamed"]
     assert counts(ledger) == (0, 0)

@@ -36,6 +36,8 @@ from kits.suitekit import MIB
 
 #: Internal on purpose: the reservation keeper, as a unit below the middleware.
 INTERNAL = "the reservation keeper, as a unit below the middleware"
+#: The memory limit of every reading and admission here.
+LIMIT = 1000 * MIB
 
 
 class Memory:
@@ -47,9 +49,7 @@ class Memory:
     def __call__(self) -> MemoryReading:
         if self.used_mb is None:
             return UNAVAILABLE
-        return MemoryReading(
-            used_bytes=int(self.used_mb * MIB), limit_bytes=1000 * MIB, available=True
-        )
+        return MemoryReading(used_bytes=int(self.used_mb * MIB), limit_bytes=LIMIT, available=True)
 
 
 class Clock:
@@ -97,7 +97,7 @@ def make(
 
 def admit(keeper: ReservationKeeper, ledger: InProcessLedger, used_mb: float) -> object:
     with ledger.locked():
-        return keeper.admitted(ledger.reserve(), "http", None, int(used_mb * MIB))
+        return keeper.admitted(ledger.reserve(), "http", None, int(used_mb * MIB), LIMIT)
 
 
 def test_due_settles_without_a_sample_once_an_interval_has_passed() -> None:
@@ -192,7 +192,7 @@ def test_session_ends_reach_the_learner_once() -> None:
     keeper.sample()
     assert learner.told == [(None, None, 1)]
     with ledger.locked():
-        entry = keeper.admitted(ledger.reserve(), "websocket", None, 100 * MIB)
+        entry = keeper.admitted(ledger.reserve(), "websocket", None, 100 * MIB, LIMIT)
     memory.used_mb = 120  # its memory shows: settled at its accept, active
     keeper.respond(entry)
     assert counts(ledger) == (1, 0)
@@ -290,7 +290,7 @@ def test_events_wait_in_order_while_the_shared_ledger_is_held() -> None:
     lock = Busy(ledger)
     keeper, _ = make(memory, ledger=ledger, attempt=lock)
     with ledger.locked():
-        entry = keeper.admitted(ledger.reserve(), "http", None, 100 * MIB)
+        entry = keeper.admitted(ledger.reserve(), "http", None, 100 * MIB, LIMIT)
     lock.held = True
     assert keeper.ticket("hold", entry) is True  # taken on trust, applied first later
     keeper.respond(entry)
@@ -382,12 +382,12 @@ def test_a_sessions_end_is_told_once_however_many_say_so() -> None:
     learner = Ends()
     keeper, ledger = make(memory, learning="raise", learner=learner)
     with ledger.locked():
-        pending = keeper.admitted(ledger.reserve(), "http", None, 100 * MIB)
+        pending = keeper.admitted(ledger.reserve(), "http", None, 100 * MIB, LIMIT)
     keeper.respond(pending)
     keeper.ticket("release", pending)  # the watchdog's
     keeper.ticket("release", pending)  # the app's
     with ledger.locked():
-        socket = keeper.admitted(ledger.reserve(), "websocket", None, 100 * MIB)
+        socket = keeper.admitted(ledger.reserve(), "websocket", None, 100 * MIB, LIMIT)
     keeper.respond(socket)
     keeper.abandon(socket, session_over=True)
     keeper.abandon(socket, session_over=True)

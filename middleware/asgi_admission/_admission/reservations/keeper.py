@@ -184,7 +184,11 @@ class ReservationKeeper:
             self.learner.on_admit(route, used_bytes, now, responded=False)
         if limit_bytes is not None:
             self._looks.note_limit(limit_bytes)
-        expected = self.view.expected_bytes(route, limit_bytes)
+        # Blind since this process started (nothing admitted under a limit: there is none,
+        # or memory was never read), the latch measures no session's memory: there is
+        # none to wait for, and the session settles at its response (or accept), by its
+        # ticket or at its end.
+        expected = 0 if self._looks.limit is None else self.view.expected_bytes(route, limit_bytes)
         entry = self.settler.admit(reservation, kind, route, used_bytes, now, expected)
         if probe and used_bytes is not None:
             self.board.add(route, entry.seq, used_bytes, expected, now)

@@ -45,8 +45,12 @@ def no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ADMISSION_PROBE_SESSIONS", "0")
 
 
-def app() -> Starlette:
+def app(opened: list[str] | None = None) -> Starlette:
+    """``POST /sessions`` opens a session that never closes, in ``opened`` (the app's count)."""
+
     async def open_session(request: Request) -> Response:
+        if opened is not None:
+            opened.append("s")
         return JSONResponse({"id": "s"}, status_code=201)
 
     return Starlette(routes=[Route("/sessions", open_session, methods=["POST"])])
@@ -69,8 +73,9 @@ def tree(tmp_path: Path, memory: Memory, version: str = "v2") -> Path:
 def open_until_refused(guard: AdmissionMiddleware, most: int = 200) -> tuple[int, dict[str, Any]]:
     """POST /sessions until the first refusal: how many were admitted, and its body.
 
-    Every admitted session stays pending (its memory never shows in the fixed
-    reading), so each holds a count slot and a reserve.
+    Every admitted session stays open: pending while its memory has not shown (it never
+    does in the fixed reading), holding a count slot and a reserve; where the guard is
+    blind it settles at its response, and the app's count (``current_sessions``) holds it.
     """
     client = TestClient(guard)
     for admitted in range(most):
@@ -136,8 +141,13 @@ def test_blind_the_fallback_cap_of_16_applies(
     with the blind reason; the body and the gauge show the fallback cap."""
     monkeypatch.setenv("ADMISSION_CGROUP_ROOT", str(tree(tmp_path, memory)))
     registry = CollectorRegistry()
+    opened: list[str] = []
     guard = AdmissionMiddleware(
-        app(), session_routes=["POST /sessions"], expose_details=True, registry=registry
+        app(opened),
+        session_routes=["POST /sessions"],
+        current_sessions=opened.__len__,
+        expose_details=True,
+        registry=registry,
     )
     assert gauge(registry, "session_limit") == BLIND_CAP
     admitted, refusal = open_until_refused(guard)
@@ -185,9 +195,11 @@ def test_a_set_cap_of_20_binds_readable_or_blind(
     else:
         monkeypatch.setenv("ADMISSION_MAX_SESSIONS", "20")
     registry = CollectorRegistry()
+    opened: list[str] = []
     guard = AdmissionMiddleware(
-        app(),
+        app(opened),
         session_routes=["POST /sessions"],
+        current_sessions=opened.__len__,
         expose_details=True,
         registry=registry,
         **options,

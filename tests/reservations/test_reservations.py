@@ -38,6 +38,8 @@ from kits.suitekit import MIB
 
 #: Internal on purpose: the reservation reservations, as a unit below the middleware.
 INTERNAL = "the reservation reservations, as a unit below the middleware"
+#: The memory limit of every reading and admission here.
+LIMIT = 1000 * MIB
 
 
 class Memory:
@@ -49,9 +51,7 @@ class Memory:
     def __call__(self) -> MemoryReading:
         if self.used_mb is None:
             return UNAVAILABLE
-        return MemoryReading(
-            used_bytes=int(self.used_mb * MIB), limit_bytes=1000 * MIB, available=True
-        )
+        return MemoryReading(used_bytes=int(self.used_mb * MIB), limit_bytes=LIMIT, available=True)
 
 
 class Clock:
@@ -99,7 +99,7 @@ def make(
 
 def admit(reservations: Reservations, ledger: InProcessLedger, used_mb: float) -> object:
     with ledger.locked():
-        return reservations.admitted(ledger.reserve(), "http", None, int(used_mb * MIB))
+        return reservations.admitted(ledger.reserve(), "http", None, int(used_mb * MIB), LIMIT)
 
 
 def test_due_settles_without_a_sample_once_an_interval_has_passed() -> None:
@@ -196,7 +196,7 @@ def test_session_ends_reach_the_learner_once() -> None:
     reservations.sample()
     assert learner.told == [(None, None, 1)]
     with ledger.locked():
-        entry = reservations.admitted(ledger.reserve(), "websocket", None, 100 * MIB)
+        entry = reservations.admitted(ledger.reserve(), "websocket", None, 100 * MIB, LIMIT)
     memory.used_mb = 120  # its memory shows: settled at its accept, active
     reservations.respond(entry)
     assert counts(ledger) == (1, 0)
@@ -294,7 +294,7 @@ def test_events_wait_in_order_while_the_shared_ledger_is_held() -> None:
     lock = Busy(ledger)
     reservations, _ = make(memory, ledger=ledger, attempt=lock)
     with ledger.locked():
-        entry = reservations.admitted(ledger.reserve(), "http", None, 100 * MIB)
+        entry = reservations.admitted(ledger.reserve(), "http", None, 100 * MIB, LIMIT)
     lock.held = True
     assert reservations.ticket("hold", entry) is True  # taken on trust, applied first later
     reservations.respond(entry)
@@ -386,12 +386,12 @@ def test_a_sessions_end_is_told_once_however_many_say_so() -> None:
     learner = Ends()
     reservations, ledger = make(memory, learning="raise", learner=learner)
     with ledger.locked():
-        pending = reservations.admitted(ledger.reserve(), "http", None, 100 * MIB)
+        pending = reservations.admitted(ledger.reserve(), "http", None, 100 * MIB, LIMIT)
     reservations.respond(pending)
     reservations.ticket("release", pending)  # the watchdog's
     reservations.ticket("release", pending)  # the app's
     with ledger.locked():
-        socket = reservations.admitted(ledger.reserve(), "websocket", None, 100 * MIB)
+        socket = reservations.admitted(ledger.reserve(), "websocket", None, 100 * MIB, LIMIT)
     reservations.respond(socket)
     reservations.abandon(socket, session_over=True)
     reservations.abandon(socket, session_over=True)

@@ -654,14 +654,27 @@ class Samples:
 
         Used at once while sessions wait past their response; otherwise (for
         learning) at most once per sample interval, so that a stream of decisions
-        costs no more than the sample would.
+        costs no more than the sample would. An unavailable reading settles what is
+        timed out, at most once per sample interval.
         """
-        if not memory.exact or memory.used_bytes is None or not memory.available:
+        if memory.used_bytes is None or not memory.available:
+            return self._timed_out()
+        if not memory.exact:
             return ()
         now = self._parts.clock()
         if not self._parts.settler.past_response and now < self._next_look:
             return ()
         return self.take(memory.used_bytes, now)
+
+    def _timed_out(self) -> Sequence[Action]:
+        # Memory unreadable: nothing shows, but what is due by time (a held ticket, a
+        # request past its timeout) still ends where no periodic sample runs.
+        settler = self._parts.settler
+        now = self._parts.clock()
+        if not settler.unsettled or now < self._next_look:
+            return ()
+        self._next_look = now + SAMPLE_INTERVAL_S
+        return settler.settle(None, now)
 
     def take(self, used_bytes: int, now: float) -> list[Action]:
         """The working set ``used_bytes`` read at ``now``: teach it, settle by it."""
@@ -877,7 +890,13 @@ class Reservations:
             self.learner.on_admit(route, used_bytes, now, responded=False)
         if limit_bytes is not None:
             self._samples.note_limit(limit_bytes)
-        expected = self.view.expected_bytes(route, limit_bytes)
+        # Blind since this process started (nothing admitted under a limit: there is none,
+        # or memory was never read), the latch measures no session's memory: there is
+        # none to wait for, and the session settles at its response (or accept), by its
+        # ticket or at its end.
+        expected = (
+            0 if self._samples.limit is None else self.view.expected_bytes(route, limit_bytes)
+        )
         entry = self.settler.admit(reservation, kind, route, used_bytes, now, expected)
         if probe and used_bytes is not None:
             self.board.add(route, entry.seq, used_bytes, expected, now)

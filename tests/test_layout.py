@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -409,3 +410,28 @@ def test_a_unit_defined_anywhere_is_seen(source: str, names: list[str]) -> None:
     """The check above sees a unit bound at module level or in a function, annotated or
     not, in any case, and not one imported."""
     assert units_defined(ast.parse(source)) == names
+
+
+#: Words the code once used for things the glossary of docs/design.md names otherwise.
+RETIRED_WORDS = re.compile(r"\b(keepers?|ReservationKeeper|KeeperParts)\b", re.IGNORECASE)
+
+
+def test_the_retired_words_are_gone() -> None:
+    """Neither the package nor the docs use a word the glossary retired (the keeper is
+    the reservations)."""
+    docs = Path(__file__).parents[1] / "docs"
+    found = {
+        str(path): RETIRED_WORDS.findall(path.read_text())
+        for path in [*PACKAGE.rglob("*.py"), *docs.rglob("*.md")]
+        if RETIRED_WORDS.search(path.read_text())
+    }
+    assert found == {}
+
+
+def test_the_glossary_holds_at_most_twelve_words() -> None:
+    """docs/design.md opens with its words, at most twelve, each defined once."""
+    text = (Path(__file__).parents[1] / "docs" / "design.md").read_text()
+    table = text.split("## Words", 1)[1].split("\n## ", 1)[0]
+    words = re.findall(r"^\| \*\*(\w+)\*\* \|", table, flags=re.MULTILINE)
+    assert 0 < len(words) <= 12
+    assert len(set(words)) == len(words)

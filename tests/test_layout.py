@@ -413,12 +413,14 @@ def test_a_unit_defined_anywhere_is_seen(source: str, names: list[str]) -> None:
 
 
 #: Words the code once used for things the glossary of docs/design.md names otherwise.
-RETIRED_WORDS = re.compile(r"\b(keepers?|ReservationKeeper|KeeperParts)\b", re.IGNORECASE)
+RETIRED_WORDS = re.compile(
+    r"\b(keepers?|ReservationKeeper|KeeperParts|ProbeBoard|board)\b", re.IGNORECASE
+)
 
 
 def test_the_retired_words_are_gone() -> None:
     """Neither the package nor the docs use a word the glossary retired (the keeper is
-    the reservations)."""
+    the reservations, the probe board the probes)."""
     docs = Path(__file__).parents[1] / "docs"
     found = {
         str(path): RETIRED_WORDS.findall(path.read_text())

@@ -21,7 +21,7 @@ from asgi_admission._admission.reservations.learning import (
     SessionLearner,
     empty_observations,
 )
-from asgi_admission._admission.reservations.probing import ProbeBoard
+from asgi_admission._admission.reservations.probing import Probes
 from asgi_admission._admission.reservations.shared_files import LearnedStore, SharedProbeStore
 from asgi_admission._memory.reading import UNAVAILABLE
 from asgi_admission.cli import probe as probe_module
@@ -674,11 +674,11 @@ def test_the_routes_being_probed_are_shown_from_the_shared_dir(
     _, report = probe_json("--root", tree)
     assert (report["probing"]["on"], report["probing"]["evidence"]) == (True, False)
     assert "no directory shared by the service's workers" in report["probing"]["note"]
-    board = ProbeBoard(probe_sessions=1, timeout_s=120.0, store=SharedProbeStore(str(shared)))
+    probes = Probes(probe_sessions=1, timeout_s=120.0, store=SharedProbeStore(str(shared)))
     learner = SessionLearner()
     base = 100 * 1024**2
-    board.add("POST /s", 1, base, 16 * 1024**2, 0.0)
-    board.responded(1, base + 40 * 1024**2, 0.1)
+    probes.add("POST /s", 1, base, 16 * 1024**2, 0.0)
+    probes.responded(1, base + 40 * 1024**2, 0.1)
     _, report = probe_json("--root", tree, env=env)
     probing = report["probing"]
     assert (probing["evidence"], probing["wait_s"], probing["concluded"]) == (True, 3.0, [])
@@ -689,7 +689,7 @@ def test_the_routes_being_probed_are_shown_from_the_shared_dir(
     assert "POST /s: probing for" in text
     assert "others wait up to 3 s" in text
     for step in range(2, 8):
-        board.on_reading(base + 40 * 1024**2, step * 0.25, learner)
+        probes.on_reading(base + 40 * 1024**2, step * 0.25, learner)
     _, report = probe_json("--root", tree, env=env)
     assert report["probing"]["routes"] == []
     assert report["probing"]["concluded"] == [{"route": "POST /s", "footprint_bytes": 40 * 2**20}]

@@ -35,7 +35,7 @@ from asgi_admission._admission.reservations.learning import (
 from asgi_admission._admission.reservations.probing import (
     Gate,
     HoldRegistry,
-    ProbeBoard,
+    Probes,
     ProbeStatus,
     ProbeStore,
 )
@@ -191,13 +191,13 @@ class KeptEvents:
 # --------------------------------------------------------------------------------------
 # What the decisions and settling expect of each route, from what was learned.
 #
-# ``LearnedView`` puts together the learner's estimates and the probe board's
+# ``LearnedView`` puts together the learner's estimates and the probes'
 # provisional footprints (a concluded probe's, or an open probe's growth past its
 # guess: ``probing.py``) into the figures the reservations hands on: each route's reserve
 # (``effective_reserve`` of the configured or derived one), its footprint and ramp for
 # settling, and the routes decided on an estimate rather than probed first (with
 # ``raise``, what was learned floors a configured reserve and replaces a derived one). They are
-# computed once per change of what was learned (the learner's and the board's
+# computed once per change of what was learned (the learner's and the probes'
 # versions), not on every decision.
 
 
@@ -205,14 +205,14 @@ class LearnedView:
     """Per-route estimates for one reservations (called inside the ledger's lock)."""
 
     __slots__ = (
-        "_board",
-        "_board_version",
         "_controller",
         "_estimates",
         "_expected",
         "_known",
         "_learner",
         "_learner_version",
+        "_probes",
+        "_probes_version",
         "learning",
         "min_reserve_bytes",
     )
@@ -221,18 +221,18 @@ class LearnedView:
         self,
         *,
         learner: SessionLearner,
-        board: ProbeBoard,
+        probes: Probes,
         controller: AdmissionController,
         learning: Learning,
         min_reserve_bytes: int,
     ) -> None:
         self._learner = learner
-        self._board = board
+        self._probes = probes
         self._controller = controller
         self.learning: Learning = learning
         self.min_reserve_bytes = min_reserve_bytes
         self._learner_version = -1
-        self._board_version = -1
+        self._probes_version = -1
         self._estimates: dict[str, RouteEstimate] = {}
         #: Routes decided on an estimate (learned, or a probe's provisional footprint).
         self._known: dict[str, RouteEstimate | None] = {}
@@ -281,18 +281,18 @@ class LearnedView:
 
     def estimates(self) -> dict[str, RouteEstimate]:
         """Every route's estimate: learned, else a probe's provisional one."""
-        learner, board = self._learner, self._board
-        if self._learner_version != learner.version or self._board_version != board.version:
+        learner, probes = self._learner, self._probes
+        if self._learner_version != learner.version or self._probes_version != probes.version:
             self._learner_version = learner.version
-            self._board_version = board.version
+            self._probes_version = probes.version
             off = self.learning == "off"
             learned = {} if off else {e.route: e for e in learner.estimates()}
             # A probe's provisional footprint stands in until the learner has one.
-            provisional = {} if off else board.estimates()
+            provisional = {} if off else probes.estimates()
             for route in learned:
                 provisional.pop(route, None)
             self._estimates = {**learned, **provisional}
-            self._known = {**board.concluded(), **learned}
+            self._known = {**probes.concluded(), **learned}
             self._expected = {}
         return self._estimates
 
@@ -332,15 +332,15 @@ SHARED_REFRESH_S: Final = 2.0
 
 
 class LearnedSharing:
-    """Hands on what ``learner`` and ``board`` learned (see the module notes)."""
+    """Hands on what ``learner`` and ``probes`` learned (see the module notes)."""
 
     __slots__ = (
-        "_board",
         "_clock",
         "_controller",
         "_learner",
         "_next_refresh",
         "_on_reserve",
+        "_probes",
         "_probing",
         "_seen",
         "_store",
@@ -351,7 +351,7 @@ class LearnedSharing:
         self,
         *,
         learner: SessionLearner,
-        board: ProbeBoard,
+        probes: Probes,
         view: LearnedView,
         controller: AdmissionController,
         shared_dir: str | None,
@@ -360,7 +360,7 @@ class LearnedSharing:
         clock: Callable[[], float],
     ) -> None:
         self._learner = learner
-        self._board = board
+        self._probes = probes
         self._view = view
         self._controller = controller
         self._probing = probing
@@ -371,7 +371,7 @@ class LearnedSharing:
             self._store = LearnedStore(shared_dir, window=WINDOW)
             learner.merge(self._store.load())
         self._next_refresh = 0.0
-        #: The learner's and the board's versions the reserve was last set from.
+        #: The learner's and the probes' versions the reserve was last set from.
         self._seen = (-1, -1)
         self.update()
 
@@ -406,9 +406,9 @@ class LearnedSharing:
     def update(self) -> None:
         """Hand the controller what was learned: it raises or replaces the reserve; the
         probes of routes learned now are over."""
-        board = self._board
+        probes = self._probes
         if self._probing:
-            board.learned(board.watched() & self._learner.routes(), self._clock())
+            probes.learned(probes.watched() & self._learner.routes(), self._clock())
         self._seen = self._versions()
         self._view.forget()
         learned, controller = self._view.reserve_bytes(), self._controller
@@ -416,7 +416,7 @@ class LearnedSharing:
             self._on_reserve(learned, controller.reserve_bytes)
 
     def _versions(self) -> tuple[int, int]:
-        return self._learner.version, self._board.version
+        return self._learner.version, self._probes.version
 
 
 # --------------------------------------------------------------------------------------
@@ -426,8 +426,8 @@ class LearnedSharing:
 # Notes:
 #
 # - The order is the direction of their dependencies: the settling queue (this
-# process's, or the workers' shared file), the probe board (whose store is shared
-# too), the learned view over the learner and the board, the settler that asks the
+# process's, or the workers' shared file), the probes (whose store is shared
+# too), the learned view over the learner and the probes, the settler that asks the
 # view what a route's sessions are expected to add, and the sharing of what was
 # learned, which reads all of them.
 # - With ``ADMISSION_SHARED_DIR`` unset nothing here opens a file.
@@ -458,7 +458,7 @@ class ReservationParts:
     probing: bool
     #: The requests held for the probes' evidence (the service's, which waits them).
     holds: HoldRegistry
-    board: ProbeBoard
+    probes: Probes
     view: LearnedView
     settler: Settler
     sharing: LearnedSharing
@@ -521,7 +521,7 @@ def build_parts(
     store: ProbeStore | None = None
     if shared_dir is not None and probing:
         store = SharedProbeStore(shared_dir)
-    board = ProbeBoard(
+    probes = Probes(
         probe_sessions=probe_sessions,
         timeout_s=timeout_s,
         store=store,
@@ -530,7 +530,7 @@ def build_parts(
     )
     view = LearnedView(
         learner=learner,
-        board=board,
+        probes=probes,
         controller=controller,
         learning=learning,
         min_reserve_bytes=min_reserve_bytes,
@@ -546,7 +546,7 @@ def build_parts(
     )
     sharing = LearnedSharing(
         learner=learner,
-        board=board,
+        probes=probes,
         view=view,
         controller=controller,
         shared_dir=shared_dir if learning != "off" else None,
@@ -561,7 +561,7 @@ def build_parts(
         queue=queue,
         probing=probing,
         holds=holds,
-        board=board,
+        probes=probes,
         view=view,
         settler=settler,
         sharing=sharing,
@@ -681,19 +681,19 @@ class Samples:
         parts = self._parts
         self._next_look = now + SAMPLE_INTERVAL_S
         if self._learning:
-            busy = parts.probing and parts.board.busy
+            busy = parts.probing and parts.probes.busy
             parts.learner.on_reading(used_bytes, now, others=parts.queue.others)
             if busy:
-                parts.board.on_reading(used_bytes, now, parts.learner)
+                parts.probes.on_reading(used_bytes, now, parts.learner)
             parts.sharing.publish()
         return parts.settler.settle(used_bytes, now)
 
     def sample(self, own: int | None, now: float) -> list[Action]:
         """The periodic sample's step, given the app's own count ``own``."""
         parts = self._parts
-        settler, learner, board, holds = parts.settler, parts.learner, parts.board, parts.holds
+        settler, learner, probes, holds = parts.settler, parts.learner, parts.probes, parts.holds
         actions: list[Action] = []
-        probing = parts.probing and (board.busy or bool(holds))
+        probing = parts.probing and (probes.busy or bool(holds))
         ended = self._ends.on_active(self._active_count(own), now)
         # Ends whose route is known were told already; the others are the app's count
         # falling (or other workers' sessions), of a route the learner shares out.
@@ -712,7 +712,7 @@ class Samples:
             if anonymous > mine:
                 learner.on_foreign_end()
         if ended and probing:
-            board.session_ended(now)
+            probes.session_ended(now)
         if settler.unsettled or learner.observing or self._queue_busy() or probing:
             memory = self._read()
             if memory.available and memory.used_bytes is not None:
@@ -726,7 +726,7 @@ class Samples:
         if holds:
             # Requests that may go on now: their route is known, or (another worker's
             # probe having left or concluded) a probe's slot is free.
-            for route in board.ready(holds.routes(), parts.view.known(), now):
+            for route in probes.ready(holds.routes(), parts.view.known(), now):
                 holds.wake(route)
         return actions
 
@@ -768,7 +768,7 @@ class Samples:
 # learned whenever an observation arrives, and what was
 # learned is shared with the other workers.
 # - While a route has no learned footprint its sessions are probed
-# (``probing.py``): the reservations tell the board of the probes' events and
+# (``probing.py``): the reservations tell the probes of their events and
 # readings, and wakes the requests held for the probes' evidence (``probing.py``).
 
 
@@ -817,7 +817,7 @@ class Reservations:
         self.learner = parts.learner
         self.probing = parts.probing
         self.holds = parts.holds
-        self.board = parts.board
+        self.probes = parts.probes
         self.view = parts.view
         self.settler = parts.settler
         self.sharing = parts.sharing
@@ -864,7 +864,7 @@ class Reservations:
         """How long until a session ends, at the rate they have been ending; for a route
         being ``probed``, how long its probes have been ramping (for ``Retry-After``)."""
         if probed is not None:
-            return self.board.retry_after_s(probed, now)
+            return self.probes.retry_after_s(probed, now)
         return self.ends.expected_wait_s(now)
 
     # -- on the decision path (inside the ledger's lock) ------------------------------
@@ -899,9 +899,9 @@ class Reservations:
         )
         entry = self.settler.admit(reservation, kind, route, used_bytes, now, expected)
         if probe and used_bytes is not None:
-            self.board.add(route, entry.seq, used_bytes, expected, now)
-        elif self.probing and self.board.busy:
-            self.board.other_admitted(now)
+            self.probes.add(route, entry.seq, used_bytes, expected, now)
+        elif self.probing and self.probes.busy:
+            self.probes.other_admitted(now)
         return entry
 
     def held_bytes(self, route: str | None, pending: int, limit_bytes: int) -> int:
@@ -920,22 +920,22 @@ class Reservations:
         """How to decide one more session of ``route`` (inside the ledger's lock), at the
         exact working set ``used_bytes`` (which may conclude the probes)."""
         now = self._clock()
-        if used_bytes is not None and self.board.busy:
-            self.board.on_reading(used_bytes, now, self.learner)
+        if used_bytes is not None and self.probes.busy:
+            self.probes.on_reading(used_bytes, now, self.learner)
             self.sharing.publish()
         if route in self.known():
             return "known"
-        return self.board.gate(route, now)
+        return self.probes.gate(route, now)
 
     def probe_status(self) -> list[ProbeStatus]:
         """The routes being probed now (for metrics and refusals: outside the lock)."""
-        if self.board.shared:
+        if self.probes.shared:
             try:
                 with self._attempt:
-                    return self.board.status(self._clock(), load=True)
+                    return self.probes.status(self._clock(), load=True)
             except LedgerBusy:
                 pass  # as this worker last saw them
-        return self.board.status(self._clock())
+        return self.probes.status(self._clock())
 
     def due(self) -> Sequence[Action]:
         """Settle from a fresh reading when the last look is a sample interval old
@@ -967,14 +967,14 @@ class Reservations:
         actions = self.settler.respond(entry, now)
         if self.learning != "off":
             self.learner.on_response(entry.admitted_at, now)
-        probe = entry.seq in self.board.own
+        probe = entry.seq in self.probes.own
         if (entry.phase == "waiting" and entry.queued) or probe:
             # Work done inside the request is in the working set by now: a fresh
             # reading lets such a session settle at once (and a probe show it).
             memory = self._read()
             used = memory.used_bytes if memory.available else None
             if probe:
-                self.board.responded(entry.seq, used, now)
+                self.probes.responded(entry.seq, used, now)
             if used is not None:
                 actions += self._samples.take(used, now)
             else:
@@ -984,8 +984,8 @@ class Reservations:
 
     def _probe_left(self, entry: Settlement, opened: bool) -> None:
         # Asked of every session's end: most are no probe, and this process has none.
-        if entry.seq in self.board.own:
-            self.board.left(entry.seq, opened=opened, now=self._clock())
+        if entry.seq in self.probes.own:
+            self.probes.left(entry.seq, opened=opened, now=self._clock())
 
     def fail(self, entry: Settlement, cause: FailureCause) -> None:
         """The request opened nothing (an error answer, a body that came too late): its
@@ -1085,7 +1085,7 @@ class Reservations:
     @property
     def probes_busy(self) -> bool:
         """Whether requests wait for a probe's evidence, or a probe is open."""
-        return bool(self.holds) or self.board.busy
+        return bool(self.holds) or self.probes.busy
 
     @property
     def deferred(self) -> int:
@@ -1113,7 +1113,7 @@ class Reservations:
 
     def _after_fork(self) -> None:
         self.settler.after_fork()
-        self.board.after_fork()
+        self.probes.after_fork()
         if isinstance(self._queue, SharedSettleQueue):
             self._queue.after_fork()
 

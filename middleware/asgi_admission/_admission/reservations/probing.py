@@ -167,7 +167,7 @@ class HoldRegistry:
 # A probe window: one route's probes from the first one's admission until their evidence
 # is in, and how an open one is reported.
 #
-# The board (``probing.py``) opens, feeds and concludes windows; they are kept in this
+# The probes (``probing.py``) opens, feeds and concludes windows; they are kept in this
 # process or in the workers' shared file (``shared_files.py``), and
 # ``describe`` reports an open one for the metrics, ``probe`` and the refusal details.
 
@@ -384,7 +384,7 @@ CONCLUDED_KEEP_S: Final = 60.0
 Gate = Literal["known", "probe", "hold"]
 
 
-class ProbeBoard:
+class Probes:
     """The probes of every route not learned yet, and what they showed.
 
     ``on_wake(route)`` is told when the requests waiting for ``route`` may go on (its
@@ -597,7 +597,7 @@ class ProbeBoard:
         return dict(self._concluded)
 
     def watched(self) -> set[str]:
-        """The routes this board has a window or a provisional footprint for."""
+        """The routes this probes has a window or a provisional footprint for."""
         return {*self._windows, *self._concluded, *self._raised}
 
     def ready(self, routes: Iterable[str], known: Container[str], now: float) -> list[str]:

@@ -437,3 +437,38 @@ def test_the_glossary_holds_at_most_twelve_words() -> None:
     words = re.findall(r"^\| \*\*(\w+)\*\* \|", table, flags=re.MULTILINE)
     assert 0 < len(words) <= 12
     assert len(set(words)) == len(words)
+
+
+def concept_of(path: Path) -> str:
+    """What a module's docstring's first line names before its first colon: its concept."""
+    docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return docstring.split("\n", 1)[0].split(":", 1)[0]
+
+
+def test_each_module_names_one_concept_in_its_first_line() -> None:
+    """Every module of the package says in its first line which concept it holds, and
+    names one: no "and" or ";" before the line's first colon (STYLE: if the sentence
+    needs "and", it holds two)."""
+    two = {
+        module_name(path): concept
+        for path in PACKAGE.rglob("*.py")
+        if not (concept := concept_of(path)) or " and " in concept or ";" in concept
+    }
+    assert two == {}
+
+
+@pytest.mark.parametrize(
+    ("first_line", "one"),
+    [
+        ("Settling: a pending reservation lasts until its memory shows.", True),
+        ("Learning what one session costs: its footprint and its ramp.", True),
+        ("The readers and the writers: both.", False),
+        ("What a refused client receives; the readiness answers.", False),
+    ],
+)
+def test_a_module_naming_two_concepts_is_seen(first_line: str, one: bool, tmp_path: Path) -> None:
+    """The check reads the part before the colon, where the concept is named."""
+    module = tmp_path / "module.py"
+    module.write_text(f'"""{first_line}"""\n')
+    concept = concept_of(module)
+    assert (" and " not in concept and ";" not in concept) is one

@@ -1,4 +1,4 @@
-"""``AdmissionMiddleware``'s arguments, checked and resolved.
+"""``AdmissionMiddleware``'s arguments: checked, then resolved.
 
 Each argument about admission left out is the configuration's
 (``AdmissionConfig.from_env()`` when no ``config`` is given); a bad argument is a

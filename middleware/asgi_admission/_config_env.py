@@ -1,6 +1,7 @@
-"""Where each setting comes from in the environment, and the readers of the settings
-that need more than ``_env``'s: each falls back to its default with one warning naming
-the variable, and never raises (``AdmissionConfig.from_env``, docs/configuration.md)."""
+"""The settings' environment variables: where each setting comes from, with the readers
+of the settings that need more than ``_env``'s: each falls back to its default with one
+warning naming the variable, and never raises (``AdmissionConfig.from_env``,
+docs/configuration.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a refused client receives; the readiness and liveness answers.
+"""What the guard answers itself: a refused client's answer, readiness and liveness.
 
 Notes:
 

@@ -1,4 +1,4 @@
-"""Finding this process's memory cgroup from ``/proc/self/cgroup`` and mountinfo.
+"""Finding this process's memory cgroup: from ``/proc/self/cgroup`` with mountinfo.
 
 Notes:
 

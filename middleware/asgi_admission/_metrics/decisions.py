@@ -1,4 +1,4 @@
-"""The decision path's counters and histogram: :class:`DecisionMetrics`, a ``DecisionObserver``.
+"""Decision metrics: the decision path's counters and histogram (a ``DecisionObserver``).
 
 Every labelled child is bound once, in a dict keyed by ``(kind, allowed, reason)``, so
 a decision costs a dict lookup and three increments, never a label lookup. All

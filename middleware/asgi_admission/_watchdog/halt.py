@@ -1,4 +1,4 @@
-"""What a halt is, and the default way of carrying one out.
+"""Halts: what a halt is, and the default way of carrying one out.
 
 Notes:
 

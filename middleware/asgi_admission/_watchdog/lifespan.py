@@ -1,5 +1,5 @@
-"""The session watchdog and the app's lifespan: started and stopped with it, and found
-from a request through the lifespan state."""
+"""The session watchdog's lifespan: started and stopped with the app's, and found from a
+request through the lifespan state."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A watched session's handle, and the figures the watchdog hands on when it ends."""
+"""A watched session: its handle, and the figures the watchdog hands on when it ends."""
 
 from __future__ import annotations
 

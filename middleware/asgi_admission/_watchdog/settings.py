@@ -1,4 +1,4 @@
-"""The watchdog's two settings, the critical watermark and the sampling interval: their
+"""The watchdog's settings: the critical watermark and the sampling interval, their
 defaults, the check a constructor makes of them, and reading them from the environment,
 which never fails (``docs/configuration.md``)."""
 

@@ -1,4 +1,4 @@
-"""The command's exit statuses for errors, and the error a subcommand raises for bad usage."""
+"""The command's errors: their exit statuses, and the error a subcommand raises for bad usage."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The ``learned`` and ``probing`` parts of ``asgi-admission probe``: what the running
-service learned of its sessions and which routes it probes now, from the files its
-workers keep in their shared directory."""
+"""What the running service learned, for ``asgi-admission probe``: the ``learned`` part
+(its sessions' footprints and ramps) with the ``probing`` one (the routes it probes now),
+from the files its workers keep in their shared directory."""
 
 from __future__ import annotations
 

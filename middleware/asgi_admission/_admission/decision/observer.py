@@ -1,4 +1,4 @@
-"""The seam between admission and what watches it (metrics, tests).
+"""The observer: the seam between admission and what watches it (metrics, tests).
 
 The admission service reports every decision to one ``DecisionObserver`` and is
 an ``AdmissionView`` for collectors that read its state at scrape time (so is the

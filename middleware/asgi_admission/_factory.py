@@ -20,7 +20,6 @@ from asgi_admission._admission.decision.observer import DecisionObserver
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.ledger import shared_place
 from asgi_admission._admission.ledger.ledger import (
-    AppCount,
     InProcessLedger,
     LedgerBusy,
     SessionLedger,
@@ -29,6 +28,7 @@ from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.reservations.pending import (
     SAMPLE_INTERVAL_S,
+    AppCount,
     Reservations,
     build_parts,
 )

@@ -54,7 +54,6 @@ from asgi_admission._admission.decision.observer import DecisionObserver, Kind
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.decision.stuck import StuckStatus, StuckWatch, build_watch
 from asgi_admission._admission.ledger.ledger import (
-    AppCount,
     LedgerBusy,
     Reservation,
     SessionLedger,
@@ -62,6 +61,7 @@ from asgi_admission._admission.ledger.ledger import (
 )
 from asgi_admission._admission.ledger.shared_place import AloneCheck
 from asgi_admission._admission.reservations.pending import (
+    AppCount,
     Reservations,
     sample_while_waiting,
     serve_with_reservations,

@@ -21,8 +21,6 @@ the protocol.
 from __future__ import annotations
 
 import asyncio
-import logging
-import operator
 import threading
 import time
 from collections.abc import Callable
@@ -33,8 +31,6 @@ from typing import Final, Protocol, TypeVar
 PENDING: Final = 0
 ACTIVE: Final = 1
 RELEASED: Final = 2
-
-logger = logging.getLogger("asgi_admission")
 
 
 #: How long a session decision may wait for a shared ledger before it is refused
@@ -216,43 +212,3 @@ async def when_free(step: Callable[[], _T], *, tried: LedgerBusy | None = None) 
         except LedgerBusy as exc:
             if isinstance(exc, LedgerUnavailable) or time.monotonic() >= deadline:
                 raise
-
-
-# The app's own count of its sessions (``current_sessions``) is the app's code: a count
-# that fails is left out (the ledger counts the sessions the guard admitted itself) until
-# it answers again, never a 500.
-
-
-class AppCount:
-    """``current_sessions()``, or ``None`` (the ledger's own count) when it fails.
-
-    A broken counter must not turn every session request into a 500: the memory
-    latch still guards, and the count falls back to the sessions the guard
-    admitted itself until the app's counter answers again (logged once each way).
-    """
-
-    __slots__ = ("_failed", "current_sessions")
-
-    def __init__(self, current_sessions: Callable[[], int] | None) -> None:
-        #: The app's own count of its sessions; ``None``: the guard counts them.
-        self.current_sessions = current_sessions
-        self._failed = False
-
-    def __call__(self) -> int | None:
-        current_sessions = self.current_sessions
-        if current_sessions is None:
-            return None
-        try:
-            count = operator.index(current_sessions())
-        except Exception:
-            if not self._failed:
-                self._failed = True
-                logger.exception(
-                    "asgi-admission: current_sessions() failed or returned no whole number; "
-                    "counting the sessions this middleware admitted until it answers again."
-                )
-            return None
-        if self._failed:
-            self._failed = False
-            logger.info("asgi-admission: current_sessions() answers again.")
-        return count

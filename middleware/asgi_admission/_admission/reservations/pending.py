@@ -9,6 +9,7 @@ import collections
 import contextlib
 import functools
 import logging
+import operator
 import os
 import time
 import weakref
@@ -59,6 +60,47 @@ from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._routes import RouteNames
 
 logger = logging.getLogger("asgi_admission")
+
+# --------------------------------------------------------------------------------------
+# The app's own count of its sessions (``current_sessions``) is the app's code: a count
+# that fails is left out (the ledger counts the sessions the guard admitted itself) until
+# it answers again, never a 500.
+
+
+class AppCount:
+    """``current_sessions()``, or ``None`` (the ledger's own count) when it fails.
+
+    A broken counter must not turn every session request into a 500: the memory
+    latch still guards, and the count falls back to the sessions the guard
+    admitted itself until the app's counter answers again (logged once each way).
+    """
+
+    __slots__ = ("_failed", "current_sessions")
+
+    def __init__(self, current_sessions: Callable[[], int] | None) -> None:
+        #: The app's own count of its sessions; ``None``: the guard counts them.
+        self.current_sessions = current_sessions
+        self._failed = False
+
+    def __call__(self) -> int | None:
+        current_sessions = self.current_sessions
+        if current_sessions is None:
+            return None
+        try:
+            count = operator.index(current_sessions())
+        except Exception:
+            if not self._failed:
+                self._failed = True
+                logger.exception(
+                    "asgi-admission: current_sessions() failed or returned no whole number; "
+                    "counting the sessions this middleware admitted until it answers again."
+                )
+            return None
+        if self._failed:
+            self._failed = False
+            logger.info("asgi-admission: current_sessions() answers again.")
+        return count
+
 
 # --------------------------------------------------------------------------------------
 # How often sessions end: the evidence for a ``Retry-After`` that means something.

@@ -45,7 +45,7 @@ def admit(
 
 def measure(settler: Settler, ledger: InProcessLedger, entry: Settlement, mib: int) -> None:
     """The session's own memory measured at ``mib`` MiB (inside the ledger's lock, as
-    the reservations does; what it decides is done after)."""
+    the reservations do; what it decides is done after)."""
     with ledger.locked():
         actions = settler.measured(entry, mib * MIB)
     apply(actions)

@@ -5,7 +5,7 @@ sessions do), after a short start-up delay; it is freed when the session ends, o
 while later for a session that frees it late. The background drifts (three slow
 sines, within ``drift_bytes``) and every reading has a little jitter. ``drive`` feeds a
 learner with a fake clock: admissions when they happen, ends at the next sample (as
-the reservations sees them in the active count), readings four times a second.
+the reservations see them in the active count), readings four times a second.
 """
 
 from __future__ import annotations

@@ -235,7 +235,7 @@ class KeptEvents:
 #
 # ``LearnedView`` puts together the learner's estimates and the probes'
 # provisional footprints (a concluded probe's, or an open probe's growth past its
-# guess: ``probing.py``) into the figures the reservations hands on: each route's reserve
+# guess: ``probing.py``) into the figures the reservations hand on: each route's reserve
 # (``effective_reserve`` of the configured or derived one), its footprint and ramp for
 # settling, and the routes decided on an estimate rather than probed first (with
 # ``raise``, what was learned floors a configured reserve and replaces a derived one). They are

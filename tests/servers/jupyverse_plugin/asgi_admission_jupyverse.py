@@ -7,9 +7,10 @@ app passes the guard first. ``POST /api/sessions`` is the route that starts a ke
 
 Each kernel's process is registered with the guard's session watchdog under the
 admission ticket of the request that started it: the kernel's own memory, measured,
-settles that session's reservation and teaches the guard what a kernel costs. When the
-process ends (``DELETE /api/sessions/{id}``, ``DELETE /api/kernels/{id}``, or the kernel
-dying), the watchdog ends the session, which gives back a reservation still pending.
+settles that session's reservation, and its peak teaches the guard what a kernel costs.
+When the process ends (``DELETE /api/sessions/{id}``, ``DELETE /api/kernels/{id}``, or
+the kernel dying), the watchdog ends the session and a reservation still pending is
+given back.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from asgi_admission import (
 
 
 def kernel_pid(connection_file: str) -> int | None:
-    """The server's child process started with ``connection_file``: the kernel."""
+    """The server's child process started with ``connection_file``: the kernel (jupyverse
+    does not publish its process, but its command names the connection file)."""
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             if connection_file in child.cmdline():

@@ -2,9 +2,9 @@
 
 ``jupyverse_plugin/`` is a plugin (an fps module found by the ``jupyverse.modules``
 entry point) that adds ``AdmissionMiddleware`` to jupyverse's FastAPI app with
-``session_routes=["POST /api/sessions"]``, a ``SessionWatchdog`` and ``/metrics``, and
-registers each kernel's process with the watchdog under the admission ticket of the
-request that started it: the guard's defaults, its sessions measured. The server is
+``session_routes=["POST /api/sessions"]`` and ``/metrics``, and registers each kernel's
+process with a ``SessionWatchdog`` of its own under the admission ticket of the request
+that started it: the guard's defaults, its sessions measured. The server is
 started with the ``jupyverse`` command inside a real memory group; each session is an
 ipykernel process.
 """
@@ -250,3 +250,29 @@ def test_a_kernel_ended_while_pending_gives_its_reservation_back(tmp_path: Path)
         assert released_s < 3, released_s
         assert scraped(client, "asgi_admission_session_memory_bytes_count") == 1
         assert kernels_in(served.group) == 0
+
+
+def test_kernels_that_end_teach_no_more_than_a_kernel_adds(footprint: int, tmp_path: Path) -> None:
+    """The watchdog's peak of a kernel is its highest RSS (about 51 MiB: the libraries
+    every kernel maps are in it), and the plugin keeps it from the guard's learning:
+    after five kernels have ended, what the guard expects a kernel to add stays within a
+    quarter of what one adds to the working set (handed over, it rose to that RSS)."""
+    with (
+        serve(tmp_path, "jupyverse_ends", LIMIT_MB) as served,
+        httpx.Client(base_url=served.base_url, timeout=30) as client,
+    ):
+        opened = []
+        for i in range(5):
+            opened.append(open_session(client, i).json()["id"])
+            time.sleep(1.5)  # one at a time, each learned alone
+        for session_id in opened:
+            assert client.delete(f"/api/sessions/{session_id}").status_code == 204
+        watched = "asgi_admission_session_memory_bytes"
+        assert seconds_until(lambda: scraped(client, f"{watched}_count") == 5, 5) < 5
+        learned = scraped(
+            client, "asgi_admission_session_footprint_bytes", {"route": "POST /api/sessions"}
+        )
+        peak = scraped(client, f"{watched}_sum") / 5
+        print({"footprint_mb": footprint / MIB, "learned_mb": learned / MIB, "peak_mb": peak / MIB})
+        assert peak > 1.25 * footprint, "a kernel's RSS no longer counts the shared libraries"
+        assert 0 < learned < 1.25 * footprint

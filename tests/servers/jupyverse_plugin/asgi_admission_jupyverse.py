@@ -5,12 +5,11 @@ entry point; this module is one more of them. It adds ``AdmissionMiddleware`` to
 app while the modules prepare, before the server serves it, so every request to the
 app passes the guard first. ``POST /api/sessions`` is the route that starts a kernel.
 
-Each kernel's process is registered with the guard's session watchdog under the
-admission ticket of the request that started it: the kernel's own memory, measured,
-settles that session's reservation, and its peak teaches the guard what a kernel costs.
-When the process ends (``DELETE /api/sessions/{id}``, ``DELETE /api/kernels/{id}``, or
-the kernel dying), the watchdog ends the session and a reservation still pending is
-given back.
+Each kernel's process is registered with a session watchdog, which runs while the
+server does, under the admission ticket of the request that started the kernel: the
+kernel's own memory, measured, settles that session's reservation. When the process
+ends (``DELETE /api/sessions/{id}``, ``DELETE /api/kernels/{id}``, or the kernel
+dying), the watchdog ends its session and a reservation still pending is given back.
 """
 
 from __future__ import annotations
@@ -52,10 +51,10 @@ class AdmissionModule(Module):
     async def prepare(self) -> None:
         app = await self.get(FastAPI)
         kernels = await self.get(Kernels)  # type: ignore[type-abstract]
-        watchdog = SessionWatchdog.from_env()  # started and stopped with the app's lifespan
-        app.add_middleware(
-            AdmissionMiddleware, session_routes=["POST /api/sessions"], watchdog=watchdog
-        )
+        # Not handed to the middleware, which would learn what a kernel costs from its
+        # highest RSS: that counts the libraries all kernels share (docs/servers.md).
+        self.watchdog = watchdog = SessionWatchdog.from_env()
+        app.add_middleware(AdmissionMiddleware, session_routes=["POST /api/sessions"])
         app.router.routes.append(metrics_route())
         tickets: dict[str, AdmissionTicket] = {}  # by jupyverse's session id
         create_session = kernels.create_session
@@ -79,3 +78,9 @@ class AdmissionModule(Module):
 
         kernels.create_session = create_measured_session  # type: ignore[method-assign]
         watchdog.on_session_peak = ended
+
+    async def start(self) -> None:
+        await self.watchdog.start()
+
+    async def stop(self) -> None:
+        await self.watchdog.stop()

@@ -45,8 +45,8 @@ def kernel_pid(connection_file: str) -> int | None:
 
 
 class AdmissionModule(Module):
-    """Adds the guard, its watchdog and ``/metrics`` to jupyverse's app; the guard's
-    settings come from the environment."""
+    """Adds the guard and ``/metrics`` to jupyverse's app and measures its kernels with a
+    watchdog of its own; the settings come from the environment."""
 
     async def prepare(self) -> None:
         app = await self.get(FastAPI)

@@ -119,6 +119,8 @@ class BurstResult:
     settled_mb: float
     #: How many refusals gave each reason (``memory_pressure``, ``probing``, ...).
     reasons: dict[str, int] = field(default_factory=dict)
+    #: Seconds from the burst's last answer until no reservation was pending, where read.
+    all_settled_s: float | None = None
 
     def summary(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

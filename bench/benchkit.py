@@ -74,3 +74,17 @@ def server_alive(proc: subprocess.Popen[bytes], base_url: str) -> bool:
     with contextlib.suppress(httpx.HTTPError):
         return httpx.get(base_url + "/health", timeout=5).status_code == 200
     return True
+
+
+def wait_healthy(base_url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """Until ``base_url/health`` answers 200; ``RuntimeError`` if ``proc`` exits first or
+    ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("the server exited before it was ready")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(base_url + "/health", timeout=1).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError("the server did not become ready")

@@ -46,6 +46,7 @@ from benchkit import (
     oom_kills,
     server_alive,
     stop_process_group,
+    wait_healthy,
     working_set_bytes,
 )
 
@@ -119,18 +120,6 @@ def sampling(group: Path, interval_s: float | None) -> Iterator[list[tuple[float
         thread.join()
 
 
-def _wait_healthy(base_url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("the server exited before it was ready")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(base_url + "/health", timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError("the server did not become ready")
-
-
 async def _burst(base_url: str, sessions: int, hold_s: float) -> list[httpx.Response | str]:
     limits = httpx.Limits(max_connections=sessions + 5)
     async with httpx.AsyncClient(base_url=base_url, timeout=30, limits=limits) as client:
@@ -180,7 +169,7 @@ def run_burst(
             argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
-            _wait_healthy(base_url, proc)
+            wait_healthy(base_url, proc)
             time.sleep(0.3)
             baseline = working_set_bytes(group)
             ceiling = limit_mb * MIB * HIGH_WATERMARK / 100

@@ -70,7 +70,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import asgi_admission
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
-from benchkit import FIXTURES, MIB, free_port, joining, memory_group, stop_process_group
+from benchkit import (
+    FIXTURES,
+    MIB,
+    free_port,
+    joining,
+    memory_group,
+    stop_process_group,
+    wait_healthy,
+)
 from kits.cgroup_trees import copy_files
 from kits.cgroupkit import default_places
 
@@ -475,7 +483,7 @@ def run_under_uvicorn(limit_mb: int, settle_s: float, idle_s: float = IDLE_S) ->
             argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
-            _wait_ready(base_url, proc)
+            wait_healthy(base_url, proc, 60)
             time.sleep(idle_s)
             status = httpx.post(base_url + "/sessions", timeout=30).status_code
             time.sleep(settle_s)
@@ -499,18 +507,6 @@ def run_under_uvicorn(limit_mb: int, settle_s: float, idle_s: float = IDLE_S) ->
             raise
         finally:
             stop_process_group(proc)
-
-
-def _wait_ready(base_url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("the server exited before it was ready")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(base_url + "/health", timeout=1).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError("the server did not become ready")
 
 
 # -- the report --------------------------------------------------------------------

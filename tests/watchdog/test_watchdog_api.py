@@ -213,6 +213,33 @@ def test_a_pending_ticket_is_told_its_sessions_memory(spawn: Spawn, calm: FixedR
     assert learned[0][0] == ticket.route
 
 
+def test_a_ticketed_sessions_own_memory_is_what_is_learned(spawn: Spawn, calm: FixedReader) -> None:
+    """A session registered under its ticket is measured by its own memory all its life,
+    after its ticket settled too: learning is handed the peak of that, not of its RSS
+    (which counts the interpreter's pages it shares); a session registered without a
+    ticket is learned by its RSS."""
+    watchdog = SessionWatchdog(config=AdmissionConfig(), memory_reader=calm, registry=None)
+    learned: list[tuple[str, int]] = []
+    watchdog.learn_peaks_with(lambda route, peak, exact=False: learned.append((route, peak)))
+    ticketed, plain = spawn(16), spawn(16)
+    ticket = Ticket()
+    session = watchdog.register(ticketed.pid, ticket=ticket)
+    other = watchdog.register(plain.pid, route="POST /plain")
+    watchdog.sample_once()
+    ticket.awaiting_memory = False  # settled: later growth still counts toward its peak
+    ticketed.grow(64)
+    watchdog.sample_once()
+    told_while_pending = max(ticket.told)
+    session.unregister()
+    other.unregister()
+    own, rss = session.peak_own_bytes, session.peak_rss_bytes
+    assert own is not None
+    assert rss is not None
+    assert own >= told_while_pending + 60 * MIB
+    assert own < rss
+    assert learned == [(ticket.route, own), ("POST /plain", other.peak_rss_bytes)]
+
+
 @pytest.mark.parametrize(
     ("how", "state", "released"),
     [("unregistered", "pending", 1), ("unregistered", "active", 0), ("exited", "pending", 0)],

@@ -66,6 +66,7 @@ class WatchedSession:
         "_last",
         "_observed",
         "_peak",
+        "_peak_own",
         "_sampler",
         "_watchdog",
         "budget_bytes",
@@ -103,6 +104,7 @@ class WatchedSession:
         self.group = group
         self._last: ProcessSample | None = None
         self._peak: int | None = None
+        self._peak_own: int | None = None
         self._halt: SessionHalt | None = None
         self._ended = sampler is None
         self._observed = False
@@ -122,6 +124,12 @@ class WatchedSession:
     def peak_rss_bytes(self) -> int | None:
         """The highest RSS measured so far, ``None`` until the first measurement."""
         return self._peak
+
+    @property
+    def peak_own_bytes(self) -> int | None:
+        """The highest memory of its own measured so far (what it alone maps: measured
+        for a session registered under its admission ticket), ``None`` if never."""
+        return self._peak_own
 
     @property
     def halt(self) -> SessionHalt | None:
@@ -184,6 +192,9 @@ class SessionWatch(WatchedSession):
         self._last = sample
         if peak and (self._peak is None or sample.rss_bytes > self._peak):
             self._peak = sample.rss_bytes
+        own = sample.unique_bytes
+        if peak and own is not None and (self._peak_own is None or own > self._peak_own):
+            self._peak_own = own
 
     def halted(self, halt: SessionHalt) -> None:
         """The watchdog halted it, for the reason and on the figures ``halt`` says."""

@@ -72,8 +72,9 @@ def measure(
             # Halted: only wait for it to go; its RSS no longer decides anything.
             measured.append((session, True, None if not sampler.alive() else STILL, ooms))
             continue
-        # A ticket still pending is told the session's own memory (``decide``).
-        unique = session.ticket is not None and session.ticket.awaiting_memory
+        # A session registered under its ticket is measured by its own memory all its life:
+        # while pending, its ticket is told it (``decide``); its peak is what is learned.
+        unique = session.ticket is not None
         sample = sampler.sample(children if session.include_children else None, now, unique=unique)
         measured.append((session, False, sample, ooms))
     if session_groups.pending:
@@ -107,8 +108,9 @@ def decide(
             continue
         assert isinstance(sample, ProcessSample)
         session.record(sample)
-        if session.ticket is not None and sample.unique_bytes is not None:
-            session.ticket.measured(sample.unique_bytes)
+        ticket = session.ticket
+        if ticket is not None and ticket.awaiting_memory and sample.unique_bytes is not None:
+            ticket.measured(sample.unique_bytes)
         budget = session.budget_bytes
         if budget is not None and session.group is None and sample.rss_bytes > budget:
             halts.append(

@@ -307,7 +307,12 @@ class SessionWatchdog:
             return
         self._metrics.session_memory.observe(peak)
         if self._on_peak is not None and session.route is not None:
-            self._on_peak(session.route, peak, exact=exact is not None)
+            # Measured sessions first: learning takes the session's own memory where it
+            # was measured (its group's peak, or what it alone mapped), not its RSS, which
+            # counts the pages it shares with the server.
+            own = session.peak_own_bytes
+            learned = peak if exact is not None or own is None else own
+            self._on_peak(session.route, learned, exact=exact is not None)
         if self.on_session_peak is not None:
             self.on_session_peak(
                 SessionPeak(

@@ -499,7 +499,7 @@ def test_read_cgroup_memory_takes_root_from_environment(
 
 
 def test_available_reading_matches_the_dataclass_constructor() -> None:
-    """An available reading holds every field as MemoryReading(...) would."""
+    """The request-path constructor sets every field exactly as MemoryReading(...) does."""
     fast = available_reading(1, 2, 3, 4, "cgroup-v1", "/p", "/p/f")
     slow = MemoryReading(
         used_bytes=1,

@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from asgi_admission._memory.discover import (
     DEFAULT_CGROUP_MOUNT,
@@ -76,6 +76,23 @@ class MemoryReader(Protocol):
     def __call__(self) -> MemoryReading: ...
 
 
+def draft_class(cls: type) -> Any:
+    """A plain class with the slots of the frozen, slotted dataclass ``cls``.
+
+    The generated ``__init__`` of a frozen dataclass sets each field through
+    ``object.__setattr__``, which is slow on the request path (bench/README.md).
+    The readings and decisions made there are written as an instance of this class
+    instead, whose slots are plain attributes, and then handed ``cls`` as
+    their class: CPython allows that between classes of one layout and raises
+    ``TypeError`` otherwise. Tests check the results equal the constructor's.
+    """
+    return type(f"_{cls.__name__}Draft", (), {"__slots__": vars(cls)["__slots__"]})
+
+
+_Draft = draft_class(MemoryReading)
+_new = object.__new__
+
+
 def available_reading(
     used_bytes: int,
     limit_bytes: int | None,
@@ -86,18 +103,21 @@ def available_reading(
     limit_file: str | None,
     exact: bool = True,
 ) -> MemoryReading:
-    """A reading of a cgroup whose usage could be read."""
-    return MemoryReading(
-        used_bytes=used_bytes,
-        limit_bytes=limit_bytes,
-        available=True,
-        usage_bytes=usage_bytes,
-        reclaimable_bytes=reclaimable_bytes,
-        source=source,
-        path=path,
-        limit_file=limit_file,
-        exact=exact,
-    )
+    """``MemoryReading(..., available=True)`` without the frozen-dataclass overhead."""
+    reading = _new(_Draft)
+    reading.used_bytes = used_bytes
+    reading.limit_bytes = limit_bytes
+    reading.available = True
+    reading.usage_bytes = usage_bytes
+    reading.reclaimable_bytes = reclaimable_bytes
+    reading.source = source
+    reading.path = path
+    reading.limit_file = limit_file
+    reading.pressure_some_avg10 = None
+    reading.exact = exact
+    reading.__class__ = MemoryReading
+    built: MemoryReading = reading
+    return built
 
 
 UNAVAILABLE = MemoryReading(used_bytes=None, limit_bytes=None, available=False)

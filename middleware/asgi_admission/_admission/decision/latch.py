@@ -45,6 +45,7 @@ from asgi_admission._memory.reading import (
     UNAVAILABLE,
     MemoryReader,
     MemoryReading,
+    draft_class,
     read_cgroup_memory,
 )
 
@@ -134,6 +135,30 @@ class CapacityDecision:
     reason: Reason | None = None
     #: ``"pressured"`` or ``"normal"`` when this evaluation set or cleared the latch.
     transition: Literal["pressured", "normal"] | None = None
+
+
+# Decisions are made on the request path: written as a draft (see draft_class);
+# tests/test_latch.py checks the result equals the constructor's.
+_Draft = draft_class(CapacityDecision)
+_new = object.__new__
+
+
+def _decision(
+    allowed: bool,
+    state: State,
+    memory: MemoryReading,
+    reason: Reason | None,
+    transition: Literal["pressured", "normal"] | None,
+) -> CapacityDecision:
+    decision = _new(_Draft)
+    decision.allowed = allowed
+    decision.state = state
+    decision.memory = memory
+    decision.reason = reason
+    decision.transition = transition
+    decision.__class__ = CapacityDecision
+    built: CapacityDecision = decision
+    return built
 
 
 # The latch compares the percentage rounded to two decimals, as the guard it replaced
@@ -367,7 +392,7 @@ class AdmissionController:
 
     def admitted_on(self, bound: MemoryReading) -> CapacityDecision:
         """The decision where :meth:`bound_admits` admitted on ``bound``."""
-        return CapacityDecision(True, "normal", bound, None, None)
+        return _decision(True, "normal", bound, None, None)
 
     def _look_up_bounds(self) -> None:
         # memory_reader may be replaced: look its bound methods up again then.
@@ -428,7 +453,7 @@ class AdmissionController:
             if not allowed:
                 # A readable cgroup that is simply unlimited is not a telemetry failure.
                 reason = "no_memory_limit" if has_no_limit(memory) else "telemetry_unavailable"
-            return CapacityDecision(
+            return _decision(
                 allowed, "unavailable", memory, reason, "normal" if was_pressured else None
             )
 
@@ -449,10 +474,10 @@ class AdmissionController:
             transition = "pressured" if self._pressured else "normal"
         self._last_state = "pressured" if self._pressured else "normal"
         if self._pressured:
-            return CapacityDecision(False, "pressured", memory, "memory_pressure", transition)
+            return _decision(False, "pressured", memory, "memory_pressure", transition)
         if session_limit is None or used_slots < session_limit:
-            return CapacityDecision(True, "normal", memory, None, transition)
-        return CapacityDecision(False, "normal", memory, "session_limit", transition)
+            return _decision(True, "normal", memory, None, transition)
+        return _decision(False, "normal", memory, "session_limit", transition)
 
 
 # The reader the decisions use is the operator's code too (``memory_reader``), and may

@@ -51,8 +51,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """``real_cgroup`` tests need root and a writable cgroup v1 memory hierarchy: they
-    skip without one, and fail under ``CI=true``, where a green run must include them."""
+    """``real_cgroup`` tests need root and a writable cgroup v1 memory hierarchy, and
+    ``cgroup_v2`` tests root and cgroup v2 alone: they skip without one, and fail under
+    ``CI=true``, where a green run must include them."""
     require_markers(item)
 
 

@@ -11,6 +11,7 @@ from kits.cgroupkit import memory_group
 from kits.processkit import Server
 from kits.requirekit import (
     cgroup_v1_problem,
+    cgroup_v2_problem,
     mark_units,
     require,
     require_cgroup_v1,
@@ -75,6 +76,46 @@ def test_real_cgroup_tests_fail_in_ci_without_a_hierarchy(
         require_markers(_Marked(True))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("mounted", "controllers", "expected"),
+    [
+        ("cgroup2", "memory pids", None),
+        ("cgroup2", "pids", "gives no memory controller to its children"),
+        ("tmpfs", "memory", "no cgroup v2 hierarchy alone"),
+    ],
+)
+def test_cgroup_v2_tests_need_v2_alone_with_memory_given_to_the_roots_children(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mounted: str,
+    controllers: str,
+    expected: str | None,
+) -> None:
+    """The v2 requirement holds where cgroup2 is mounted at the root and gives memory
+    to its children, and names what is missing otherwise; a v1 hierarchy mounted
+    anywhere beside it (a hybrid machine, like this project's) is missing v2 alone."""
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    monkeypatch.setattr(requirekit, "V1_MEMORY", tmp_path / "no-v1")
+    (tmp_path / "cgroup.subtree_control").write_text(controllers + "\n")
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"none {tmp_path} {mounted} rw 0 0\nproc /proc proc rw 0 0\n")
+    problem = cgroup_v2_problem(str(tmp_path), str(mounts))
+    assert problem is None if expected is None else expected in str(problem)
+    hybrid = tmp_path / "hybrid"
+    hybrid.write_text(mounts.read_text() + "cgroup /sys/fs/cgroup/memory cgroup rw 0 0\n")
+    assert "no cgroup v2 hierarchy alone" in str(cgroup_v2_problem(str(tmp_path), str(hybrid)))
+
+
+def test_cgroup_v2_tests_fail_in_ci_without_a_v2_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The setup hook fails a cgroup_v2 test under CI=true where there is no v2 kernel
+    alone (the host's run leaves tests/v2 to the v2 stage's VM)."""
+    monkeypatch.setattr(requirekit, "cgroup_v2_problem", lambda: "no cgroup v2 here")
+    monkeypatch.setenv("CI", "true")
+    require_markers(_Item())  # type: ignore[arg-type]
+    with pytest.raises(pytest.fail.Exception, match="no cgroup v2 here"):
+        require_markers(_Item("cgroup_v2"))  # type: ignore[arg-type]
+
+
 class _Item:
     """Just enough of a pytest item for the collection hook: fixtures and markers."""
 
@@ -98,6 +139,7 @@ class _Item:
         ((), ("promtool",), {"tool"}),
         ((), ("prometheus",), {"tool"}),
         (("real_cgroup",), (), {"real_cgroup"}),
+        (("cgroup_v2", "real_server"), (), {"cgroup_v2", "real_server"}),
         (("real_server",), (), {"real_server"}),
         (("browser", "real_server"), (), {"browser", "real_server"}),
         (("container",), (), {"container"}),

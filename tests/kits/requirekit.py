@@ -1,7 +1,7 @@
 """``require``: what a test needs from the machine, skipped locally and failed in CI.
 
-A test that needs root, a writable cgroup v1 memory hierarchy, a tool or a free
-port to run a server may skip on a developer's laptop, but in CI (``CI=true``) a
+A test that needs root, a writable cgroup v1 memory hierarchy, a cgroup v2 kernel, a
+tool or a free port to run a server may skip on a developer's laptop, but in CI (``CI=true``) a
 missing part is a broken runner, and a green run without the tests that matter
 would be a lie: there the same call fails the test, saying why.
 """
@@ -13,12 +13,12 @@ from collections.abc import Iterable
 
 import pytest
 
-from kits.suitekit import V1_MEMORY
+from kits.suitekit import V1_MEMORY, V2_ROOT
 
 #: The markers of the tests that need a part of the machine beyond the Python running
 #: them. Every other test is a unit test: scripts/check runs those (``-m unit``) on each
 #: Python the package claims, in a virtualenv holding only the ``unit`` extra.
-MACHINE_MARKERS = ("real_cgroup", "real_server", "browser", "container", "tool")
+MACHINE_MARKERS = ("real_cgroup", "cgroup_v2", "real_server", "browser", "container", "tool")
 #: The fixtures that hand a test a tool scripts/setup installs outside Python.
 TOOL_FIXTURES = frozenset({"helm", "promtool", "prometheus"})
 
@@ -56,16 +56,43 @@ def require_cgroup_v1() -> None:
     require(problem is None, str(problem))
 
 
+def cgroup_v2_problem(root: str = str(V2_ROOT), mounts: str = "/proc/self/mounts") -> str | None:
+    """Why the tests marked ``cgroup_v2`` cannot run here, or ``None``: they need cgroup v2
+    alone at ``root`` (no v1 hierarchy mounted) with its memory controller given to the
+    root's children, and root. The gate's v2 stage boots such a kernel (scripts/cgroup-v2)."""
+    try:
+        with open(mounts) as f:
+            table = [line.split()[1:3] for line in f if len(line.split()) > 2]
+    except OSError:
+        table = []
+    if [root, "cgroup2"] not in table or any(kind == "cgroup" for _, kind in table):
+        return f"no cgroup v2 hierarchy alone at {root} (scripts/cgroup-v2 boots a VM with one)"
+    try:
+        with open(os.path.join(root, "cgroup.subtree_control")) as f:
+            controllers = f.read().split()
+    except OSError:
+        controllers = []
+    if "memory" not in controllers:
+        return f"{root} gives no memory controller to its children (cgroup.subtree_control)"
+    if os.geteuid() != 0:
+        return f"needs root to create memory groups under {root}"
+    return None
+
+
 def require_root(why: str) -> None:
     """:func:`require` that the tests run as root, for ``why``."""
     require(os.geteuid() == 0, f"needs root: {why}")
 
 
 def require_markers(item: pytest.Item) -> None:
-    """What a test's markers say it needs: ``real_cgroup``, root and cgroup v1."""
+    """What a test's markers say it needs: ``real_cgroup``, root and cgroup v1;
+    ``cgroup_v2``, root and cgroup v2 alone."""
     _running[:] = [item]
     if item.get_closest_marker("real_cgroup") is not None:
         require_cgroup_v1()
+    if item.get_closest_marker("cgroup_v2") is not None:
+        problem = cgroup_v2_problem()
+        require(problem is None, str(problem))
 
 
 def require_marker(name: str, why: str) -> None:

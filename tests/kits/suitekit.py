@@ -17,6 +17,8 @@ PACKAGE = ROOT / "middleware" / "asgi_admission"
 CHART = ROOT / "charts" / "asgi-admission"
 #: The cgroup v1 memory hierarchy, where the tests and benches make real memory groups.
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
+#: Where a cgroup v2 hierarchy is mounted alone (in the v2 stage's VM, scripts/cgroup-v2).
+V2_ROOT = Path("/sys/fs/cgroup")
 #: The shared ledger file, read by the tests on their own: a header (magic, slot capacity,
 #: slots in use), then one slot per worker that decided (pid, start time, pending, active).
 LEDGER_HEADER = struct.Struct("=8sII")

@@ -111,15 +111,13 @@ def decide(
     the latch is clear), else on an exact reading; what the pending sessions and one more
     hold is the reservations' ``held_bytes(route, pending, limit)``, handed to the latch."""
     if controller.bound_may_admit(current, session_limit, pending):
-        bound = read.bound()
-        used, limit = (None, None) if bound is None else (bound.used_bytes, bound.limit_bytes)
-        if (
-            bound is not None
-            and used is not None
-            and limit
-            and controller.bound_admits(used, limit, held_bytes(route, pending, limit))
-        ):
-            return controller.admitted_on(bound)
+        bound = controller.read_bound()
+        if bound is not None:
+            used, limit = bound.used_bytes, bound.limit_bytes
+            assert used is not None  # read_bound() returns usable bounds only
+            assert limit is not None
+            if controller.bound_admits(used, limit, held_bytes(route, pending, limit)):
+                return controller.admitted_on(bound)
     memory = read()
     limit = memory.limit_bytes
     held = held_bytes(route, pending, limit) if limit else None

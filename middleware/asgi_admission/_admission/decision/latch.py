@@ -358,25 +358,12 @@ class AdmissionController:
         is the decision. Each pending session and one more hold a reserve.
         """
         if self.bound_may_admit(current_sessions, session_limit, pending_sessions):
-            if self.memory_reader is not self._bound_of:
-                self._look_up_bounds()
-            read_bound = self._read_bound
-            if read_bound is not None:
-                try:
-                    bound: MemoryReading | None = read_bound()
-                except Exception:
-                    bound = None
-                if (
-                    bound is not None
-                    and bound.used_bytes is not None
-                    and bound.limit_bytes is not None
-                    and bound.available
-                    and self.bound_admits(
-                        bound.used_bytes,
-                        bound.limit_bytes,
-                        self.held(pending_sessions, bound.limit_bytes),
-                    )
-                ):
+            bound = self.read_bound()
+            if bound is not None:
+                used, limit = bound.used_bytes, bound.limit_bytes
+                assert used is not None  # read_bound() returns usable bounds only
+                assert limit is not None
+                if self.bound_admits(used, limit, self.held(pending_sessions, limit)):
                     return self.admitted_on(bound)
         memory = (read or self.memory_reader)()
         return self.decide(memory, current_sessions, session_limit, pending_sessions)
@@ -394,11 +381,24 @@ class AdmissionController:
         """The decision where :meth:`bound_admits` admitted on ``bound``."""
         return _decision(True, "normal", bound, None, None)
 
-    def _look_up_bounds(self) -> None:
-        # memory_reader may be replaced: look its bound methods up again then.
+    def read_bound(self) -> MemoryReading | None:
+        """An upper bound of the working set with the exact limit, where ``memory_reader``
+        offers one (``read_bound``: two small reads) and it is usable; else ``None``.
+        Never raises."""
         reader = self.memory_reader
-        self._bound_of = reader
-        self._read_bound = getattr(reader, "read_bound", None)
+        if reader is not self._bound_of:  # the reader may be replaced: look again then
+            self._bound_of = reader
+            self._read_bound = getattr(reader, "read_bound", None)
+        read_bound = self._read_bound
+        if read_bound is None:
+            return None
+        try:
+            bound = read_bound()
+        except Exception:
+            return None
+        if bound is None or bound.used_bytes is None or bound.limit_bytes is None:
+            return None
+        return bound if bound.available else None
 
     def bound_admits(self, used: int, limit: int, held_bytes: int) -> bool:
         """Whether the latch stays clear even at an upper bound ``used`` of the working set,
@@ -488,34 +488,16 @@ class AdmissionController:
 class SafeReader:
     """The controller's memory reader, never raising."""
 
-    __slots__ = ("_bound", "_bound_of", "_controller")
+    __slots__ = ("_controller",)
 
     def __init__(self, controller: AdmissionController) -> None:
         self._controller = controller
-        self._bound_of: object = None
-        self._bound: Callable[[], MemoryReading | None] | None = None
 
     def __call__(self) -> MemoryReading:
         try:
             return self._controller.memory_reader()
         except Exception:
             return UNAVAILABLE
-
-    def bound(self) -> MemoryReading | None:
-        """An upper bound of the working set with the exact limit, where the reader offers
-        one (``read_bound``: two small reads) and it is usable; else ``None``."""
-        reader = self._controller.memory_reader
-        if reader is not self._bound_of:  # the reader may be replaced: look again then
-            self._bound_of = reader
-            self._bound = getattr(reader, "read_bound", None)
-        read_bound = self._bound
-        if read_bound is None:
-            return None
-        try:
-            bound = read_bound()
-        except Exception:
-            return None
-        return bound if bound is not None and bound.available else None
 
 
 # --------------------------------------------------------------------------------------

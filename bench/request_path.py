@@ -1,8 +1,9 @@
 """What one session request runs through: the package's modules it enters, counted.
 
     sudo .venv/bin/python bench/request_path.py [--settle-s 3] [--idle-s 1] [--limit-mb 512]
-        [--json]
+        [--json] [--edges N]
     .venv/bin/python bench/request_path.py --in-process [--settle-s 3] [--idle-s 1] [--json]
+        [--edges N]
 
 A Starlette app with the guard at its defaults (``AdmissionMiddleware`` with
 ``session_routes=["POST /sessions"]`` and nothing else) gets one ``POST /sessions``,
@@ -20,7 +21,9 @@ after its answer. It reports:
   another; calls into the package from outside it (the server, Starlette, asyncio's
   event loop running a callback or a task) are counted apart;
 - each of those up to the answer (the moment the response's last body message
-  leaves the guard for the server) and through the settling after it.
+  leaves the guard for the server) and through the settling after it;
+- with ``--edges N``, the N ``(caller, callee)`` pairs of modules most crossed
+  between.
 
 Within the figures it also counts the calls into methods a dataclass generated, and
 the coroutines and generators resumed: a profile hook sees a resumed frame as a call
@@ -55,7 +58,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
@@ -139,6 +142,8 @@ class PathCounts:
     from_outside: Tally
     #: Each ``(caller, callee)`` pair of the package's modules a crossing went between.
     edges: frozenset[tuple[str, str]] = frozenset()
+    #: By ``(caller, callee)`` pair, how many crossings went between them, most first.
+    edge_calls: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def module_count(self) -> int:
@@ -154,6 +159,7 @@ class PathCounts:
             "crossings": self.crossings.as_json(),
             "from_outside": self.from_outside.as_json(),
             "edges": sorted(self.edges),
+            "edge_calls": [[a, b, n] for (a, b), n in self.edge_calls.items()],
             "calls": self.calls,
             "modules": {
                 name: {"calls": m.calls, "entries": m.entries} for name, m in self.modules.items()
@@ -171,6 +177,7 @@ class PathCounts:
             crossings=Tally.from_json(data["crossings"]),
             from_outside=Tally.from_json(data["from_outside"]),
             edges=frozenset((str(a), str(b)) for a, b in data["edges"]),
+            edge_calls={(str(a), str(b)): int(n) for a, b, n in data.get("edge_calls", [])},
         )
 
 
@@ -210,7 +217,7 @@ class PathCounter:
         self._calls: dict[str, list[int]] = {}
         self._crossings = [0, 0, 0]  # calls, resumed, generated
         self._outside = [0, 0, 0]
-        self._edges: set[tuple[str, str]] = set()
+        self._edges: dict[tuple[str, str], int] = {}
         self._to_answer: PathCounts | None = None
 
     def install(self) -> None:
@@ -245,6 +252,7 @@ class PathCounter:
                 crossings=Tally(*self._crossings),
                 from_outside=Tally(*self._outside),
                 edges=frozenset(self._edges),
+                edge_calls=dict(sorted(self._edges.items(), key=lambda item: -item[1])),
             )
 
     def report(self, status: int, settle_s: float) -> PathReport:
@@ -293,7 +301,8 @@ class PathCounter:
                 counted[1] += 1
                 tally = self._outside if caller is None else self._crossings
                 if caller is not None:
-                    self._edges.add((caller, module))
+                    edge = (caller, module)
+                    self._edges[edge] = self._edges.get(edge, 0) + 1
                 tally[0] += 1
                 tally[1] += resumed
                 tally[2] += generated
@@ -512,7 +521,7 @@ def run_under_uvicorn(limit_mb: int, settle_s: float, idle_s: float = IDLE_S) ->
 # -- the report --------------------------------------------------------------------
 
 
-def print_report(report: PathReport, where: str) -> None:
+def print_report(report: PathReport, where: str, edges: int = 0) -> None:
     answer, settled = report.to_answer, report.settled
     print(f"one POST /sessions ({where}): {report.status}")
     print(f"{'':36}{'to the answer':>15}{f'+{report.settle_s:g} s settling':>20}")
@@ -534,6 +543,12 @@ def print_report(report: PathReport, where: str) -> None:
     for name, counted in settled.modules.items():
         early = answer.modules.get(name, ModuleCalls(0, 0))
         print(f"  {counted.entries:6} ({early.entries:4}; {counted.calls:6})  {name}")
+    if edges:
+        print()
+        print(f"the {edges} busiest crossings through the settling (to the answer):")
+        for (caller, callee), n in list(settled.edge_calls.items())[:edges]:
+            early_n = answer.edge_calls.get((caller, callee), 0)
+            print(f"  {n:6} ({early_n:4})  {caller} -> {callee}")
 
 
 def main() -> None:
@@ -547,6 +562,9 @@ def main() -> None:
     )
     parser.add_argument("--limit-mb", type=int, default=512)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--edges", type=int, default=0, metavar="N", help="also print the N busiest crossings"
+    )
     args = parser.parse_args()
     if args.serve is not None:
         serve(args.serve, args.settle_s)
@@ -560,7 +578,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({"where": where, **report.as_json()}, indent=2))
     else:
-        print_report(report, where)
+        print_report(report, where, args.edges)
 
 
 if __name__ == "__main__":

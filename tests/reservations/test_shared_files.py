@@ -12,13 +12,17 @@ import pytest
 
 from asgi_admission._admission.reservations import shared_files
 from asgi_admission._admission.reservations.learning import Observations, Overlap, Window
+from asgi_admission._admission.reservations.probing import Probe, ProbeWindow
 from asgi_admission._admission.reservations.settling import QueueRecord
 from asgi_admission._admission.reservations.shared_files import (
     LEARNED_FILE,
+    PROBING_FILE,
     SETTLING_FILE,
     LearnedStore,
+    SharedProbeStore,
     SharedSettleQueue,
     read_learned,
+    read_probing,
 )
 from kits.suitekit import MIB
 
@@ -144,6 +148,80 @@ def test_the_other_workers_admissions_are_those_the_last_load_read(tmp_path: Pat
     assert queue.others == (3.5,)
     assert queue.others == (3.5,)  # asked again: the same
     queue.close()
+
+
+def test_a_load_makes_records_again_only_when_the_rows_changed(tmp_path: Path) -> None:
+    """Loaded again with nothing changed, the queue hands back the same records; changed
+    by another worker, or by the caller without storing them, it makes them again from
+    the file."""
+    queue = SharedSettleQueue(str(tmp_path))
+    other = SharedSettleQueue(str(tmp_path))
+    stored = [QueueRecord(os.getpid(), 1, 2.5, 100 * MIB, 50 * MIB)]
+    queue.store(90 * MIB, stored)
+    floor, records = queue.load()
+    assert (floor, records) == (90 * MIB, stored)
+    assert queue.load()[1] is records
+    records[0].base_bytes = 0
+    records.append(QueueRecord(os.getpid(), 2, 3.5, 110 * MIB, 50 * MIB))
+    fresh = queue.load()[1]
+    assert fresh == [QueueRecord(os.getpid(), 1, 2.5, 100 * MIB, 50 * MIB)]
+    moved = [QueueRecord(os.getpid() + 1, 7, 3.5, 120 * MIB, 40 * MIB, True)]
+    other.store(None, moved)
+    assert queue.load() == (None, moved)
+    queue.close()
+    other.close()
+
+
+def probe_window(route: str = "POST /s", *, pid: int | None = None) -> ProbeWindow:
+    """An open window of one probe of this process (or of ``pid``)."""
+    return ProbeWindow(
+        route=route,
+        started_at=1.5,
+        base_bytes=100 * MIB,
+        guess_bytes=16 * MIB,
+        peak_bytes=120 * MIB,
+        last_peak_at=2.0,
+        last_event_at=2.0,
+        probes=[Probe(os.getpid() if pid is None else pid, 3)],
+        admitted=1,
+        peaks=[(1.5, 100 * MIB), (2.0, 120 * MIB)],
+        waiting={os.getpid(): 2},
+    )
+
+
+def test_the_probing_file_loads_the_windows_stored_and_what_others_stored(
+    tmp_path: Path,
+) -> None:
+    """Windows stored by one worker are what another loads; unchanged, a load hands back
+    the same windows, and windows changed without being stored are read from the file."""
+    first = SharedProbeStore(str(tmp_path))
+    second = SharedProbeStore(str(tmp_path))
+    assert first.load() == {}
+    first.store({"POST /s": probe_window()})
+    loaded = second.load()
+    assert loaded == {"POST /s": probe_window()}
+    assert second.load() is loaded
+    assert loaded is not None
+    loaded["POST /s"].peak_bytes = 0
+    assert second.load() == {"POST /s": probe_window()}
+    second.store({})
+    assert first.load() == {}
+    first.close()
+    second.close()
+
+
+def test_the_probing_file_deleted_is_made_again(tmp_path: Path) -> None:
+    """The store keeps its file open; deleted with its directory, the next store makes
+    both again, where another worker and ``probe`` find it."""
+    shared = tmp_path / "shared"
+    store = SharedProbeStore(str(shared))
+    store.store({"POST /s": probe_window()})
+    shutil.rmtree(shared)
+    assert store.load() == {}
+    store.store({"POST /s": probe_window(pid=os.getpid() + 1)})
+    assert (shared / PROBING_FILE).stat().st_mode & 0o777 == 0o600
+    assert read_probing(str(shared)) == {"POST /s": probe_window(pid=os.getpid() + 1)}
+    store.close()
 
 
 def test_a_malformed_settling_file_is_rebuilt(

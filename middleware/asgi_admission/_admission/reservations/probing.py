@@ -328,9 +328,7 @@ class LocalProbeStore:
     def owner_alive(self, pid: int) -> bool:
         return True
 
-    @property
-    def shared(self) -> bool:
-        return False
+    shared: Final = False
 
 
 # --------------------------------------------------------------------------------------
@@ -712,7 +710,9 @@ class Probes:
                 if window.concluded_at is not None and now - window.concluded_at > CONCLUDED_KEEP_S:
                     del windows[route]
                 continue
-            alive = [p for p in window.probes if self._store.owner_alive(p.pid)]
+            # This worker's own probes need no asking.
+            pid, owner_alive = self._pid, self._store.owner_alive
+            alive = [p for p in window.probes if p.pid == pid or owner_alive(p.pid)]
             if len(alive) != len(window.probes):
                 dead = True
                 # A worker that died took its sessions' memory with it.

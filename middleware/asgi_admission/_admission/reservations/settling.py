@@ -208,9 +208,7 @@ class LocalSettleQueue:
     def owner_alive(self, pid: int) -> bool:
         return True
 
-    @property
-    def shared(self) -> bool:
-        return False
+    shared: Final = False
 
     @property
     def others(self) -> tuple[float, ...]:

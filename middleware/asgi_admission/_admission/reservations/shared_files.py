@@ -84,6 +84,7 @@ class SharedSettleQueue:
         "_broken",
         "_directory",
         "_fd",
+        "_known",
         "_may_follow",
         "_next_check",
         "_others",
@@ -91,6 +92,10 @@ class SharedSettleQueue:
         "_rows",
         "path",
     )
+
+    # Plain attributes, not methods that forward: the settler asks them on every pass.
+    shared: Final = True
+    owner_alive = staticmethod(process_alive)
 
     def __init__(self, directory: str, *, may_follow: Callable[[], bool] | None = None) -> None:
         # Whether this worker's ledger is the file now at its path. The queue is used
@@ -106,6 +111,8 @@ class SharedSettleQueue:
         self._pid = os.getpid()
         self._others: tuple[float, ...] | None = ()
         self._rows = b""
+        #: The rows at the last load or store, and the records made of them (``_load``).
+        self._known: tuple[bytes, list[QueueRecord]] = (b"", [])
         with self._exclusive():
             header = os.pread(self._fd, _HEADER.size, 0)
             if not self._usable(header):
@@ -169,10 +176,16 @@ class SharedSettleQueue:
         data = os.pread(self._fd, count * _ROW.size, _HEADER.size)
         rows = self._rows = data[: len(data) - len(data) % _ROW.size]
         self._others = None
-        records = [
-            QueueRecord(pid, seq, admitted_at, base, expected, placeholder)
-            for pid, seq, admitted_at, base, expected, placeholder in _ROW.iter_unpack(rows)
-        ]
+        known, records = self._known
+        if rows != known or _encode_rows(records) != rows:
+            # Made again only when the rows changed since this worker last loaded or
+            # stored them (another worker's pass, or records changed and not stored):
+            # the settler loads the queue several times in one critical section.
+            records = [
+                QueueRecord(pid, seq, admitted_at, base, expected, placeholder)
+                for pid, seq, admitted_at, base, expected, placeholder in _ROW.iter_unpack(rows)
+            ]
+            self._known = rows, records
         return (None if floor < 0 else floor), records
 
     def store(self, floor: int | None, records: list[QueueRecord]) -> None:
@@ -183,14 +196,12 @@ class SharedSettleQueue:
                 self.path,
             )
             records = records[-SETTLING_CAPACITY:]
-        rows = b"".join(
-            _ROW.pack(r.pid, r.seq, r.admitted_at, r.base_bytes, r.expected_bytes, r.placeholder)
-            for r in records
-        )
+        rows = _encode_rows(records)
         header = _HEADER.pack(
             SETTLING_MAGIC, SETTLING_CAPACITY, len(records), -1 if floor is None else floor
         )
         os.pwrite(self._fd, header + rows, 0)
+        self._known = rows, records
 
     def _follow(self) -> None:
         """The file was deleted or replaced: move to the one at the path now, carrying
@@ -238,13 +249,6 @@ class SharedSettleQueue:
             self.path,
         )
 
-    def owner_alive(self, pid: int) -> bool:
-        return process_alive(pid)
-
-    @property
-    def shared(self) -> bool:
-        return True
-
     @property
     def others(self) -> tuple[float, ...]:
         """The other workers' admission times at the last load (its bytes, not its records)."""
@@ -269,6 +273,13 @@ class SharedSettleQueue:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _encode_rows(records: list[QueueRecord]) -> bytes:
+    return b"".join(
+        _ROW.pack(r.pid, r.seq, r.admitted_at, r.base_bytes, r.expected_bytes, r.placeholder)
+        for r in records
+    )
 
 
 def _queue_order(record: QueueRecord) -> tuple[bool, float]:
@@ -534,7 +545,8 @@ def read_learned(directory: str, *, window: int) -> Observations | None:
 # ``asgi-admission probe`` from reading half a write.
 # - It is opened as the ledger's other files are (``safe_files.open_private_file``):
 # a new file ``0600``, an existing one a regular file of this user, else the error
-# names ``ADMISSION_SHARED_DIR``. Once the service runs, a fault never raises: a
+# names ``ADMISSION_SHARED_DIR``; its descriptor stays open, opened again when the
+# file is deleted or replaced. Once the service runs, a fault never raises: a
 # file that cannot be used is logged once (each worker then goes on with the
 # windows it last saw, probing on its own), and a malformed one is replaced.
 # - Only touched while something is being probed: a decision for a route not learned
@@ -608,31 +620,49 @@ def _window(route: str, v: dict[str, Any]) -> ProbeWindow:
 
 
 class SharedProbeStore:
-    """The windows of every worker, in one file; used inside the ledger's lock."""
+    """The windows of every worker, in one file; used inside the ledger's lock.
 
-    __slots__ = ("_broken", "_directory", "path")
+    Its descriptor stays open, as the ledger's and the settling queue's do: a file
+    deleted or replaced is opened again at the next load or store, and so is the file
+    in a forked worker (``flock`` belongs to the open file description).
+    """
+
+    __slots__ = ("_broken", "_directory", "_fd", "_known", "_pid", "path")
+
+    # Plain attributes, not methods that forward: the probes ask them on every load.
+    shared: Final = True
+    owner_alive = staticmethod(process_alive)
 
     def __init__(self, directory: str) -> None:
         self._directory = directory
         self.path = os.path.join(directory, PROBING_FILE)
         self._broken = False
+        #: The file's contents at the last load or store, and the windows made of them.
+        self._known: tuple[bytes, dict[str, ProbeWindow]] = (b"", {})
         # At startup a file that cannot be used is an error naming the setting.
-        os.close(open_private_file(directory, PROBING_FILE, setting=SHARED_DIR_SETTING))
+        self._fd = open_private_file(directory, PROBING_FILE, setting=SHARED_DIR_SETTING)
+        self._pid = os.getpid()
 
     def load(self) -> dict[str, ProbeWindow] | None:
-        fd = self._open()
+        fd = self._current()
         if fd is None:
             return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
-            data = os.pread(fd, os.fstat(fd).st_size, 0)
+            try:
+                data = os.pread(fd, os.fstat(fd).st_size, 0)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
         except OSError as exc:
             self._unusable(exc)
             return None
-        finally:
-            os.close(fd)
+        known, windows = self._known
+        if data == known and encode(windows) == data:
+            # Unchanged since this worker last loaded or stored it (the probes load the
+            # file several times in one critical section): the same windows again.
+            return windows
         try:
-            return decode(data)
+            windows = decode(data)
         except ValueError:
             logger.warning(
                 "asgi-admission: %s is not a probing file this version reads; it is "
@@ -640,38 +670,46 @@ class SharedProbeStore:
                 self.path,
             )
             return {}
+        self._known = data, windows
+        return windows
 
     def store(self, windows: dict[str, ProbeWindow]) -> None:
-        fd = self._open()
+        fd = self._current()
         if fd is None:
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            data = encode(windows)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
+            try:
+                data = encode(windows)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, data, 0)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
         except OSError as exc:
             self._unusable(exc)
-        finally:
-            os.close(fd)
+            return
+        self._known = data, windows
 
-    def owner_alive(self, pid: int) -> bool:
-        return process_alive(pid)
+    def close(self) -> None:
+        os.close(self._fd)
 
-    @property
-    def shared(self) -> bool:
-        return True
-
-    def _open(self) -> int | None:
+    def _current(self) -> int | None:
+        """The descriptor of the file at the path now, this process's own: the one open,
+        or the file there opened again (deleted or replaced since, or opened before a
+        fork); ``None`` when it cannot be used."""
         try:
-            fd = open_private_file(self._directory, PROBING_FILE, setting=SHARED_DIR_SETTING)
+            pid = os.getpid()
+            if pid != self._pid or os.fstat(self._fd).st_nlink == 0:
+                fd = open_private_file(self._directory, PROBING_FILE, setting=SHARED_DIR_SETTING)
+                os.close(self._fd)
+                self._fd, self._pid = fd, pid
         except (OSError, ValueError) as exc:
             self._unusable(exc)
             return None
         if self._broken:
             self._broken = False
             logger.warning("asgi-admission: the probing file %s is usable again.", self.path)
-        return fd
+        return self._fd
 
     def _unusable(self, exc: BaseException) -> None:
         if not self._broken:

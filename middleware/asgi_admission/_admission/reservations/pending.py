@@ -735,7 +735,10 @@ class Samples:
         parts = self._parts
         settler, learner, probes, holds = parts.settler, parts.learner, parts.probes, parts.holds
         actions: list[Action] = []
-        probing = parts.probing and (probes.busy or bool(holds))
+        # Requests wait for a probe's evidence: none start waiting during the sample
+        # (decisions take the same critical section), though some may be woken.
+        waiting = bool(holds)
+        probing = parts.probing and (probes.busy or waiting)
         ended = self._ends.on_active(self._active_count(own), now)
         # Ends whose route is known were told already; the others are the app's count
         # falling (or other workers' sessions), of a route the learner shares out.
@@ -765,7 +768,7 @@ class Samples:
         # While requests wait for another worker's probe, what it learned is looked
         # for at every sample.
         parts.sharing.refresh(now, urgent=probing and bool(holds))
-        if holds:
+        if waiting:
             # Requests that may go on now: their route is known, or (another worker's
             # probe having left or concluded) a probe's slot is free.
             for route in probes.ready(holds.routes(), parts.view.known(), now):
@@ -1151,7 +1154,8 @@ class Reservations:
                 actions = self._samples.sample(own, now)
         except LedgerBusy:
             return
-        apply(actions)
+        if actions:
+            apply(actions)
 
     def _after_fork(self) -> None:
         self.settler.after_fork()

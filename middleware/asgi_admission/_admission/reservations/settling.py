@@ -368,7 +368,7 @@ def attribute(
     head_left: tuple[int, int] | None = None
     while start < count:
         head = records[start]
-        if not alive(head.pid):
+        if head.pid != pid and not alive(head.pid):  # this worker runs: no need to ask
             start += 1
             continue
         base = head.base_bytes if floor is None else max(floor, head.base_bytes)

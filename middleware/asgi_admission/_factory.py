@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 from starlette.types import Scope
 
-from asgi_admission._admission.decision.latch import AdmissionController, ClassCeilings, SafeReader
+from asgi_admission._admission.decision.latch import AdmissionController, ClassCeilings
 from asgi_admission._admission.decision.observer import DecisionObserver
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.ledger import shared_place
@@ -52,7 +52,7 @@ from asgi_admission._admission.service import (
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._config_env import SHARED_DIR_AUTO, SHARED_DIR_OFF
 from asgi_admission._memory.host import HostMemoryReader
-from asgi_admission._memory.reading import CgroupMemoryReader
+from asgi_admission._memory.reading import CgroupMemoryReader, SafeReader
 from asgi_admission._metrics.instrument import expose, instrument, queue_metrics
 
 logger = logging.getLogger("asgi_admission")

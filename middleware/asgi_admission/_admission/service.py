@@ -47,7 +47,6 @@ from asgi_admission._admission.decision.latch import (
     CapacityDecision,
     ClassCeilings,
     DecisionLog,
-    SafeReader,
     is_blind,
 )
 from asgi_admission._admission.decision.observer import DecisionObserver, Kind
@@ -90,7 +89,7 @@ from asgi_admission._admission.scheduling.queue import (
 from asgi_admission._admission.scheduling.shared_order import SharedOrder
 from asgi_admission._admission.scheduling.tenants import TenantShares, TenantSlot
 from asgi_admission._config import AdmissionConfig
-from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
+from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading, SafeReader
 
 # --------------------------------------------------------------------------------------
 

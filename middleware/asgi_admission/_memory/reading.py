@@ -123,6 +123,34 @@ def available_reading(
 UNAVAILABLE = MemoryReading(used_bytes=None, limit_bytes=None, available=False)
 
 
+# The reader the decisions use is the operator's code too (the latch's
+# ``memory_reader``), and may not turn a session request into a 500: a reader that
+# raises reads as unavailable (the decision is blind and falls back to the fixed
+# session cap). Kept beside the readers so that a reading is one call into this module.
+
+
+class ReaderInUse(Protocol):
+    """What holds the reader the decisions use, which may be replaced (the latch)."""
+
+    @property
+    def memory_reader(self) -> MemoryReader: ...
+
+
+class SafeReader:
+    """The memory reader ``owner`` uses now, never raising."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: ReaderInUse) -> None:
+        self._owner = owner
+
+    def __call__(self) -> MemoryReading:
+        try:
+            return self._owner.memory_reader()
+        except Exception:
+            return UNAVAILABLE
+
+
 # --------------------------------------------------------------------------------------
 # Parsing cgroup memory files: value files, ``memory.stat`` counters and PSI.
 #

@@ -42,7 +42,6 @@ from asgi_admission._config import (
 )
 from asgi_admission._config_env import BLIND_MAX_SESSIONS
 from asgi_admission._memory.reading import (
-    UNAVAILABLE,
     MemoryReader,
     MemoryReading,
     draft_class,
@@ -478,26 +477,6 @@ class AdmissionController:
         if session_limit is None or used_slots < session_limit:
             return _decision(True, "normal", memory, None, transition)
         return _decision(False, "normal", memory, "session_limit", transition)
-
-
-# The reader the decisions use is the operator's code too (``memory_reader``), and may
-# not turn a session request into a 500: a reader that raises reads as unavailable (the
-# decision is blind and falls back to the fixed session cap).
-
-
-class SafeReader:
-    """The controller's memory reader, never raising."""
-
-    __slots__ = ("_controller",)
-
-    def __init__(self, controller: AdmissionController) -> None:
-        self._controller = controller
-
-    def __call__(self) -> MemoryReading:
-        try:
-            return self._controller.memory_reader()
-        except Exception:
-            return UNAVAILABLE
 
 
 # --------------------------------------------------------------------------------------

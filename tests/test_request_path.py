@@ -12,6 +12,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import request_path
 from asgi_admission._admission.ledger import shared_place
 
+#: Internal on purpose: the bases of the guard's default shared place, which the suite
+#: turns off (tests/conftest.py) and this test makes under its tmp_path.
+INTERNAL = "the bases of the default shared place"
+
 #: The most modules one session request may enter, to its answer and through the
 #: settling after it (docs/design.md: one session request reads top to bottom).
 MAX_MODULES = 16

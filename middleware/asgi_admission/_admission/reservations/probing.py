@@ -705,13 +705,13 @@ class Probes:
         if windows is None:
             return  # unusable for now (logged once): the windows last seen stand
         dead = False
+        # This worker's own probes need no asking whether their worker runs.
+        pid, owner_alive = self._pid, self._store.owner_alive
         for route, window in list(windows.items()):
             if not window.open:
                 if window.concluded_at is not None and now - window.concluded_at > CONCLUDED_KEEP_S:
                     del windows[route]
                 continue
-            # This worker's own probes need no asking.
-            pid, owner_alive = self._pid, self._store.owner_alive
             alive = [p for p in window.probes if p.pid == pid or owner_alive(p.pid)]
             if len(alive) != len(window.probes):
                 dead = True

@@ -2,22 +2,15 @@
 
 Notes:
 
-- The measuring (``measure``) is a ``/proc`` scan and a read per session process,
-  whose cost grows with the sessions: the running watchdog does it in a thread of its
-  own, so many sessions never hold the loop. It changes no session.
-- The decisions (``decide``) are cheap and run on the loop: record each sample, end
-  the sessions whose process has gone, halt. Two reasons to halt, checked every tick:
-  a session whose RSS exceeds its own budget (``budget_exceeded``), and, while the
-  container's working set is at or above the critical watermark, the largest sessions
-  first until the memory they are expected to free brings it back under
-  (``container_headroom``, picked by ``halter.Halter``). A session being halted counts
-  as freeing its last RSS until its process is gone, so one breach does not halt a
-  second session while the first is still exiting.
-- A session in a memory group is held to its budget by the kernel, so the sampled
-  RSS (an upper bound) does not halt it; an OOM kill in its group is reported as the
-  halt ``memory_limit`` by the tick that sees it.
-- The session handles' state is the watchdog's own (``session.py``): the tick
-  records each sample in it (``SessionWatch.record``) as the halter records a halt.
+- The measuring (``measure``) is a ``/proc`` scan and a read per session process, so
+  the running watchdog does it in a thread of its own. It changes no session.
+- The decisions (``decide``) run on the loop. Two reasons to halt: a session over its
+  own budget (``budget_exceeded``), and, while the container is at or above the
+  critical watermark, the largest sessions first (``container_headroom``). A session
+  being halted counts as freeing its last RSS until its process is gone, so one breach
+  does not halt a second session while the first is still exiting.
+- A session in a memory group is held to its budget by the kernel, so its sampled RSS
+  (an upper bound) does not halt it; an OOM kill there is the halt ``memory_limit``.
 """
 
 from __future__ import annotations
@@ -49,11 +42,8 @@ def measure(
     session_groups: SessionGroups,
     pause: Callable[[], None] | None = None,
 ) -> list[Measured]:
-    """The system calls of a tick, safe in a thread: each session's sample at ``now``,
-    or ``None`` for a process that has gone. Changes no session.
-
-    ``pause`` is called between sessions and every few ``/proc`` entries.
-    """
+    """The system calls of a tick, safe in a thread; ``pause`` is called between
+    sessions and every few ``/proc`` entries."""
     children = (
         read_children_map(proc, pause=pause)
         if any(s.include_children and s.halt is None for s in sessions)
@@ -68,12 +58,10 @@ def measure(
         if session.ended:
             continue
         ooms = 0 if session.group is None else session.group.oom_kills()
-        if session.halt is not None:
-            # Halted: only wait for it to go; its RSS no longer decides anything.
+        if session.halt is not None:  # only wait for it to go
             measured.append((session, True, None if not sampler.alive() else STILL, ooms))
             continue
-        # A session registered under its ticket is measured by its own memory all its life:
-        # while pending, its ticket is told it (``decide``); its peak is what is learned.
+        # A session registered under its ticket is measured by its own memory.
         unique = session.ticket is not None
         sample = sampler.sample(children if session.include_children else None, now, unique=unique)
         measured.append((session, False, sample, ooms))
@@ -91,8 +79,8 @@ def decide(
     critical_percent: float,
     drop: Callable[[SessionWatch], None],
 ) -> tuple[SessionHalt, ...]:
-    """The decisions of a tick, on the loop: record samples, end sessions (``drop``
-    takes one whose process has gone out of the table), halt."""
+    """The decisions of a tick, on the loop: record samples, end sessions, halt."""
+
     halts: list[SessionHalt] = []
     for session, was_halted, sample, ooms in measured:
         if session.ended:  # unregistered meanwhile (a callback, another thread)

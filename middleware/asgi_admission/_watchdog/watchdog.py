@@ -2,28 +2,15 @@
 
 Notes:
 
-- A session registers the pid of the process it starts and gets a handle back;
-  unregistering (or leaving the handle's ``with`` block) ends the session. Nothing
-  is sampled after that, and a process that exits on its own ends its session the
-  same way: it is the normal end of a session, not an error.
 - ``run()`` is a task on the application's event loop, started and stopped with
   the lifespan (``lifespan.py``). Each tick measures in a thread of its own and
-  decides on the loop (``tick.py``: what is measured, and the two reasons to halt).
-  ``sample_once()`` does both, synchronously, for tests (``bench/watchdog.md``).
-  Without a lifespan, call ``await start()`` and ``await stop()`` yourself.
+  decides on the loop (``tick.py``); ``sample_once()`` does both, for tests.
 - Only memory halts. CPU is measured and reported, never acted on: a busy half
   second is the container runtime's to throttle, and a CPU-bound session is not
   a danger to its neighbours the way an out-of-memory kill is.
-- The peak RSS of every session goes into ``asgi_admission_session_memory_bytes``
-  once, when it is halted or ends: the evidence for choosing the reserve. A session
-  in a memory group of its own (``groups.py``) gives its group's exact peak instead,
-  when it ends; ``on_session_peak`` is told either, saying which.
-- A session in a memory group is held to its budget by the kernel; an OOM kill in
-  its group is reported as the halt ``memory_limit``, by the tick that sees it or
-  when the session ends.
-- A decided halt is carried out by ``halter.Halter`` (the event, its count and log
-  line, the callbacks); the two settings are checked and read from the environment
-  in ``priority.py``.
+- Each session's peak goes into ``asgi_admission_session_memory_bytes`` once, when
+  it is halted or ends: its RSS, or its memory group's exact peak (``groups.py``).
+  An OOM kill in its group is reported as the halt ``memory_limit``.
 """
 
 from __future__ import annotations
@@ -132,7 +119,6 @@ class SessionWatchdog:
         self._proc = proc
         # Registration order, so "largest first" breaks ties by age. The lock makes
         # register/unregister safe from threads (sync endpoints run in a threadpool).
-        # Each handle maps to itself as the watchdog keeps it (the same object).
         self._sessions: dict[WatchedSession, SessionWatch] = {}
         self._lock = threading.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -181,8 +167,6 @@ class SessionWatchdog:
             on_halt=on_halt,
             registry=registry,
         )
-
-    # -- registration ------------------------------------------------------------------
 
     def register(
         self,
@@ -261,7 +245,6 @@ class SessionWatchdog:
             return tuple(self._sessions)
 
     def _watched(self) -> tuple[SessionWatch, ...]:
-        """:attr:`sessions` as the watchdog keeps them."""
         with self._lock:
             return tuple(self._sessions.values())
 
@@ -307,9 +290,8 @@ class SessionWatchdog:
             return
         self._metrics.session_memory.observe(peak)
         if self._on_peak is not None and session.route is not None:
-            # Measured sessions first: learning takes the session's own memory where it
-            # was measured (its group's peak, or what it alone mapped), not its RSS, which
-            # counts the pages it shares with the server.
+            # Learning takes the session's own memory where it was measured, not its
+            # RSS, which counts the pages it shares with the server.
             own = session.peak_own_bytes
             learned = peak if exact is not None or own is None else own
             self._on_peak(session.route, learned, exact=exact is not None)
@@ -325,8 +307,6 @@ class SessionWatchdog:
                 )
             )
 
-    # -- sampling ----------------------------------------------------------------------
-
     def sample_once(self) -> tuple[SessionHalt, ...]:
         """One tick: sample every live session, then halt what must be halted.
 
@@ -340,7 +320,6 @@ class SessionWatchdog:
     def _measure(
         self, sessions: Sequence[SessionWatch], pause: Callable[[], None] | None = None
     ) -> list[Measured]:
-        """A tick's measuring (``tick.measure``), safe in a thread."""
         return measure(
             sessions,
             now=self._clock(),
@@ -352,7 +331,6 @@ class SessionWatchdog:
     def _apply(
         self, sessions: Sequence[SessionWatch], measured: list[Measured]
     ) -> tuple[SessionHalt, ...]:
-        """A tick's decisions (``tick.decide``), on the loop."""
         return decide(
             sessions,
             measured,
@@ -367,8 +345,6 @@ class SessionWatchdog:
             watch = self._sessions.pop(session, None)
         if watch is not None:
             self._end(watch)
-
-    # -- the lifespan task -------------------------------------------------------------
 
     @property
     def running(self) -> bool:

@@ -2,35 +2,18 @@
 
 Notes:
 
-- Gauges are collected at scrape time by :class:`AdmissionCollector` from a fresh
-  reading, so they are current without traffic. The scrape never moves the latch:
-  it reads ``controller.memory_reader`` (with PSI where the reader offers
-  ``read(pressure=True)``) and ``controller.pressure_state``, never ``evaluate``.
-  A reader or view that fails gives fewer samples, never a failed scrape (as
-  prometheus_client's ``process_collector`` does on ``OSError``).
-- Counters and the histograms are updated on the decision path by
-  :class:`~asgi_admission._metrics.decisions.DecisionMetrics` (``decisions.py``) and
-  around each wait for capacity by
-  :class:`~asgi_admission._metrics.queue.QueueMetrics` (``queue.py``); this module
-  binds them to a registry with the collector.
+- Gauges are collected at scrape time from a fresh reading, so they are current
+  without traffic. The scrape never moves the latch, and a reader or view that fails
+  gives fewer samples, never a failed scrape (as prometheus_client's
+  ``process_collector`` does on ``OSError``).
 - "Duplicated timeseries": metrics belong to a registry, not to a guard. The
-  counters are created once per registry (cached in a ``WeakKeyDictionary``) and
-  shared by every guard built on it, the way a module-level counter would be, and
-  the registry's one scrape-time collector describes every guard built on it that
-  is still alive (held weakly: an app built again replaces the old one once that
-  is gone). So building an app twice in one process, as tests do, never raises,
-  and two live guards are both counted. ``registry=None`` registers nothing and
-  shares nothing.
-- Multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``): counters and the histogram are
-  written by prometheus_client to per-process mmap files and summed at scrape time
-  by ``MultiProcessCollector``. The memory gauges describe the container, which
-  every worker shares, so they come from one fresh reading in the scraping worker
-  (see ``_metrics_app``), not from a sum. Session counts are per worker unless
-  the ledger is shared (``AdmissionConfig.shared_dir``, on by default), so without a shared
-  ledger they are exported by a ``livesum`` gauge that each worker refreshes
-  whenever its counts change (:meth:`DecisionMetrics.on_sessions`); a worker that
-  dies drops out of the sum once ``mark_process_dead`` runs (or its file is
-  removed), which is what ``livesum`` is for.
+  counters are created once per registry and shared by every guard built on it, and
+  the registry's one collector describes every guard on it still alive (held
+  weakly). So building an app twice in one process never raises.
+- Multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``): the memory gauges describe the
+  container, so they come from one fresh reading in the scraping worker, not a sum.
+  Without a shared ledger session counts are per worker, exported by a ``livesum``
+  gauge (:meth:`DecisionMetrics.on_sessions`), from which a dead worker drops out.
 """
 
 from __future__ import annotations
@@ -100,13 +83,10 @@ def _gauge(name: str, documentation: str, unit: str = "") -> GaugeMetricFamily:
 
 
 class AdmissionCollector:
-    """A prometheus_client collector of what the guard sees, read at scrape time.
+    """A prometheus_client collector of what the guards see, read at scrape time.
 
-    ``view`` is a running guard's admission (an :class:`AdmissionView`, such as
-    its ``AdmissionService``, or the guard itself).
     Without a view only ``asgi_admission_build_info`` is exported.
-    ``include_sessions=False`` leaves ``asgi_admission_sessions`` to another
-    source (multiprocess mode without a shared ledger: a ``livesum`` gauge).
+    ``include_sessions=False`` leaves ``asgi_admission_sessions`` to a ``livesum`` gauge.
     """
 
     def __init__(self, view: AdmissionView | None = None, *, include_sessions: bool = True) -> None:
@@ -136,11 +116,9 @@ class AdmissionCollector:
     def collect(self) -> Iterator[Metric]:
         """Take one fresh reading and yield every family it supports.
 
-        With several guards on one registry (in one process, on one container) the
-        memory figures and thresholds are the newest guard's, the session counts and
-        expired tickets their sums, the count caps and admissible sessions the sums
-        over the guards that have one, and the state ``pressured`` while any guard's
-        latch is set.
+        With several guards on one registry the memory figures and thresholds are the
+        newest guard's, the counts their sums, and the state ``pressured`` while any
+        guard's latch is set.
         """
         views = self.views()
         reading = _read(views[-1].controller) if views else None
@@ -342,8 +320,8 @@ class AdmissionCollector:
 
 
 def held_by(view: object, pending: int, reading: MemoryReading | None) -> int | None:
-    """What a guard's ``pending`` sessions and one more hold under the reading's limit, as
-    its reservations count them; ``None`` for a view without reservations, or no limit."""
+    """What a guard's ``pending`` sessions and one more hold under the reading's limit;
+    ``None`` for a view without reservations, or no limit."""
     reservations = getattr(view, "reservations", None)
     if reservations is None or reading is None or not reading.limit_bytes:
         return None
@@ -359,14 +337,8 @@ def admissible_sessions(
     *,
     held_bytes: int | None = None,
 ) -> int | None:
-    """How many more sessions the guard would admit now, one after another.
-
-    Where memory is readable, the reserves that still fit under the high watermark
-    above the working set and the pending reserves (none while the latch is set),
-    within the count cap where one applies (``session_limit``, or the fallback
-    while blind): what KEDA or an HPA can scale on. ``None`` where nothing bounds
-    it (no count cap and a reserve of 0).
-    """
+    """How many more sessions the guard would admit now, one after another: what KEDA
+    or an HPA can scale on. ``None`` where nothing bounds it."""
     active, pending = counts
     cap = count_cap(session_limit, is_blind(reading))
     by_count = None if cap is None else max(0, cap - active - pending)
@@ -396,16 +368,9 @@ _bindings_lock = threading.Lock()
 def admission_metrics(
     view: AdmissionView, *, registry: CollectorRegistry | None = REGISTRY, shared: bool = False
 ) -> DecisionMetrics | None:
-    """Export ``view``'s state on ``registry`` and return the observer for its decisions.
+    """Export ``view``'s state on ``registry`` and return the observer for its decisions;
+    ``registry=None`` exports nothing and returns ``None``."""
 
-    The first call for a registry registers the scrape-time collector and the
-    decision counters there; later calls rebind the collector to the new
-    ``view`` and return the same counters, so building a guard twice never
-    raises "Duplicated timeseries". ``registry=None`` exports nothing and
-    returns ``None``. In multiprocess mode session counts are per worker unless the
-    ledger is ``shared``, so they go to a ``livesum`` gauge (see
-    :meth:`DecisionMetrics.on_sessions`).
-    """
     if registry is None:
         return None
     binding = registry_binding(registry, shared=shared)

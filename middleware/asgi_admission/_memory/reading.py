@@ -359,7 +359,7 @@ class KeptFiles:
 # usage is what the limit is compared with, since siblings count too.
 
 #: A cgroup v1 limit at or above this is the kernel's "unlimited" sentinel.
-V1_UNLIMITED_FLOOR: Final = 1 << 60
+V1_UNLIMITED: Final = 1 << 60
 
 
 class CgroupSource:
@@ -544,7 +544,7 @@ class V1Source(CgroupSource):
         if hierarchical is not None and 0 < hierarchical < limit:
             limit = hierarchical
             limit_file = self.stat_file.path
-            if limit < V1_UNLIMITED_FLOOR:
+            if limit < V1_UNLIMITED:
                 # An ancestor binds: compare its usage, which includes our siblings.
                 # Where the ancestor is not visible (a container's view), our own
                 # usage is all there is to compare.
@@ -553,7 +553,7 @@ class V1Source(CgroupSource):
                     binding, usage, stat = found
                     limit_file = os.path.join(binding.directory, "memory.limit_in_bytes")
         reclaimable = reclaimable_bytes(stat, self.stat_keys)
-        unlimited = limit >= V1_UNLIMITED_FLOOR
+        unlimited = limit >= V1_UNLIMITED
         return available_reading(
             max(0, usage - reclaimable),
             None if unlimited else limit,
@@ -598,7 +598,7 @@ class V1Source(CgroupSource):
                     return None
                 if level_limit < limit:
                     limit, binding = level_limit, level
-            if limit >= V1_UNLIMITED_FLOOR:
+            if limit >= V1_UNLIMITED:
                 return None
             if binding is not self.own:
                 usage = parse_bytes_value(binding.read("memory.usage_in_bytes"))

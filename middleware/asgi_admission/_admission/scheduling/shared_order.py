@@ -10,7 +10,7 @@ and leaves the capacity to that one).
 Notes:
 
 - One small file beside the session ledger, ``<shared_dir>/asgi-admission.waiting``,
-  held by each worker through ``OrderHold``. A dead worker's waiters vanish with its
+  held by each worker through ``OrderFile``. A dead worker's waiters vanish with its
   slot's lock.
 - Only the first waiter matters: another worker's waiter comes first exactly when that
   worker's first does. Arrivals are ``time.monotonic()``, one clock for every process
@@ -345,7 +345,7 @@ def read_waiting(directory: str | os.PathLike[str]) -> list[WaitingEntry]:
 
 
 # --------------------------------------------------------------------------------------
-# One worker's hold on the waiting order's file.
+# One worker's slot in the waiting order's file.
 #
 # Notes:
 #
@@ -358,8 +358,8 @@ def read_waiting(directory: str | os.PathLike[str]) -> list[WaitingEntry]:
 # - A fork child opens the file again: the parent's descriptor carries its slot lock.
 
 
-class OrderHold:
-    """This worker's hold on the waiting file in ``directory``, opened and checked now.
+class OrderFile:
+    """This worker's slot in the waiting file in ``directory``, opened and checked now.
 
     Its slot is claimed by the first row with waiters. ``fd`` (-1: not open), ``slot``
     (-1: none) and ``row`` (last written; ``b""``: unknown) are read by the order.
@@ -676,7 +676,7 @@ class SharedOrder:
     each attempt and tells :meth:`passed` after each pass.
     """
 
-    __slots__ = ("__weakref__", "_head", "_hold", "_waiting", "bell", "directory", "path")
+    __slots__ = ("__weakref__", "_file", "_head", "_waiting", "bell", "directory", "path")
 
     def __init__(
         self,
@@ -685,10 +685,10 @@ class SharedOrder:
         capacity: int = ORDER_CAPACITY,
         bell: OrderBell | None = None,
     ) -> None:
-        self._hold = hold = OrderHold(directory, capacity=capacity, bell=bell)
+        self._file = order_file = OrderFile(directory, capacity=capacity, bell=bell)
         self.bell = bell
-        self.directory = hold.directory
-        self.path = hold.path
+        self.directory = order_file.directory
+        self.path = order_file.path
         # What this worker last published: its first waiter, and how many wait.
         self._head: tuple[int, float] | None = None
         self._waiting = 0
@@ -701,16 +701,16 @@ class SharedOrder:
 
     def publish(self, head: tuple[int, float] | None, waiting: int) -> None:
         """This worker's first waiter (rank, arrival) and how many wait; never raises."""
-        hold = self._hold
+        order_file = self._file
         if (
             head == self._head
             and waiting == self._waiting
-            and hold.row  # b"": unknown, written again
-            and (hold.slot >= 0 or head is None)  # else a claim to try again
+            and order_file.row  # b"": unknown, written again
+            and (order_file.slot >= 0 or head is None)  # else a claim to try again
         ):
             return  # as written (a pass that admitted no one, a wake that changed nothing)
         self._head, self._waiting = head, waiting
-        hold.write(head, waiting)
+        order_file.write(head, waiting)
 
     def ahead(self, rank: int, arrived: float) -> bool:
         """Whether another live worker's waiter is served before one of ``rank`` that
@@ -726,7 +726,7 @@ class SharedOrder:
         """After a pass of this worker's queue: ring the worker whose waiter is the
         container's first now, if another's."""
         bell = self.bell
-        if bell is None or self._hold.fd < 0:
+        if bell is None or self._file.fd < 0:
             return
         slot = self._ahead_slot(self._head or _LAST, best=True)
         if slot is not None:
@@ -735,12 +735,12 @@ class SharedOrder:
     def _ahead_slot(self, mine: tuple[int, float], *, best: bool) -> int | None:
         """The slot of a live worker whose first waiter is served before ``mine`` (the
         earliest such where ``best``). Dead workers' slots met on the way are cleared."""
-        hold = self._hold
-        read = hold.read()
+        order_file = self._file
+        read = order_file.read()
         if read is None:
             return None
         data, waiting = read
-        own, fd = hold.slot, hold.fd
+        own, fd = order_file.slot, order_file.fd
         found = None
         for slot, count in enumerate(waiting):
             if not count or slot == own:
@@ -753,7 +753,7 @@ class SharedOrder:
             if head >= mine:
                 continue
             if not slot_held(fd, slot):
-                hold.clear_dead(slot)
+                order_file.clear_dead(slot)
             elif not best:
                 return slot
             else:
@@ -766,28 +766,28 @@ class SharedOrder:
         It also claims a slot a busy file lock put off, and follows a replaced file (an
         ``fstat``, too dear for every attempt).
         """
-        self._hold.follow(self._head, self._waiting)
+        self._file.follow(self._head, self._waiting)
         head = self._head
         if head is None:
             return False
-        if self._hold.slot < 0:
+        if self._file.slot < 0:
             self.publish(head, self._waiting)  # a claim put off by a busy file lock
         return not self.ahead(head[0], head[1])
 
     def leave(self) -> None:
         """Give up this worker's slot and wake socket at the end of a lifespan."""
 
-        if self._hold.leave():
+        if self._file.leave():
             self._head, self._waiting = None, 0
 
     def close(self) -> None:
         """Clear this worker's slot and close the file (shutdown and tests)."""
-        self._hold.close()
+        self._file.close()
 
     def _after_fork(self) -> None:
         # The parent's waiters are not the child's: it publishes its own.
         self._head, self._waiting = None, 0
-        self._hold.after_fork()
+        self._file.after_fork()
 
 
 def _forked(ref: weakref.ReferenceType[SharedOrder]) -> None:

@@ -76,7 +76,7 @@ def watermarks_consistent(high: float, resume: float) -> bool:
     return math.isfinite(high) and math.isfinite(resume) and 0 < resume <= high <= 100
 
 
-def _one_of(value: object, kind: object, setting: str) -> None:
+def check_one_of(value: object, kind: object, setting: str) -> None:
     options = [repr(option) for option in get_args(kind)]
     if value not in get_args(kind):
         raise ValueError(
@@ -200,8 +200,8 @@ class AdmissionConfig:
                 f"retry_after_s must be a whole number of seconds, 1 or more; "
                 f"got {self.retry_after_s!r}."
             )
-        _one_of(self.memory_source, MemorySource, "memory_source")
-        _one_of(self.reserve_learning, Learning, "reserve_learning")
+        check_one_of(self.memory_source, MemorySource, "memory_source")
+        check_one_of(self.reserve_learning, Learning, "reserve_learning")
         if self.reserve_min_bytes < 0:
             raise ValueError(
                 f"reserve_min_bytes must be 0 or more; got {self.reserve_min_bytes!r}."
@@ -229,7 +229,9 @@ class AdmissionConfig:
                 f"sessions, 0 or more; got {self.probe_sessions!r}."
             )
         _seconds_above_0(self.probe_wait_s, "probe_wait_s (ADMISSION_PROBE_WAIT_SECONDS)")
-        _one_of(self.session_groups, SessionGroupsMode, "session_groups (ADMISSION_SESSION_GROUPS)")
+        check_one_of(
+            self.session_groups, SessionGroupsMode, "session_groups (ADMISSION_SESSION_GROUPS)"
+        )
         if not (math.isfinite(self.stuck_after_s) and self.stuck_after_s >= 0):
             raise ValueError(
                 "stuck_after_s (ADMISSION_STUCK_AFTER_SECONDS) must be a number of seconds, "
@@ -262,8 +264,8 @@ class AdmissionConfig:
             high_watermark_percent=self.high_watermark_percent,
             resume_threshold_percent=self.resume_threshold_percent,
         )
-        _one_of(self.reclaimable, Reclaimable, "reclaimable")
-        _one_of(self.websocket_refusal, WebSocketRefusal, "websocket_refusal")
+        check_one_of(self.reclaimable, Reclaimable, "reclaimable")
+        check_one_of(self.websocket_refusal, WebSocketRefusal, "websocket_refusal")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AdmissionConfig:

@@ -76,14 +76,6 @@ class WaitRecord:
     seconds: float
 
 
-@dataclass(frozen=True, slots=True)
-class WaitTotals:
-    """The waits of one class and outcome so far: how many, and their seconds in all."""
-
-    count: int
-    seconds: float
-
-
 class ClientListener(Protocol):
     """The client's messages while its request waits (``_session_requests.Listening`` is one)."""
 
@@ -150,7 +142,6 @@ class WaitQueue(Generic[T]):
         "_order",
         "_schedule_lock",
         "_scheduled",
-        "_totals",
         "classes",
         "limit",
         "timeout_s",
@@ -182,7 +173,6 @@ class WaitQueue(Generic[T]):
         self._on_wait_end = on_wait_end
         self._order = order
         self._lines: dict[str, deque[_Waiter[T]]] = {name: deque() for name in self.classes}
-        self._totals: dict[tuple[str, WaitOutcome], WaitTotals] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._schedule_lock = threading.Lock()
         self._scheduled = False
@@ -208,10 +198,6 @@ class WaitQueue(Generic[T]):
                     found += 1
                 return found
         raise ValueError(f"{class_name!r} is not one of the classes {self.classes!r}.")
-
-    def totals(self) -> dict[tuple[str, WaitOutcome], WaitTotals]:
-        """The waits that took place, per class and outcome."""
-        return dict(self._totals)
 
     def wake(self) -> None:
         """Capacity may have freed: a pass over the waiters is run soon on their loop."""
@@ -339,13 +325,6 @@ class WaitQueue(Generic[T]):
 
     def _record(self, class_name: str, outcome: WaitOutcome, since: float) -> float:
         seconds = max(0.0, self._clock() - since)
-        key = (class_name, outcome)
-        before = self._totals.get(key)
-        self._totals[key] = (
-            WaitTotals(1, seconds)
-            if before is None
-            else WaitTotals(before.count + 1, before.seconds + seconds)
-        )
         if self._on_wait_end is not None:
             self._on_wait_end(WaitRecord(class_name, outcome, seconds))
         return seconds

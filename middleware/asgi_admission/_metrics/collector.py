@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from functools import cache
 from typing import Final, get_args
 
-from prometheus_client import REGISTRY, CollectorRegistry, values
+from prometheus_client import CollectorRegistry, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from asgi_admission._admission.decision.latch import (
@@ -404,19 +404,6 @@ _bindings: weakref.WeakKeyDictionary[CollectorRegistry, _Binding] = weakref.Weak
 _bindings_lock = threading.Lock()
 
 
-def admission_metrics(
-    view: AdmissionView, *, registry: CollectorRegistry | None = REGISTRY, shared: bool = False
-) -> DecisionMetrics | None:
-    """Export ``view``'s state on ``registry`` and return the observer for its decisions;
-    ``registry=None`` exports nothing and returns ``None``."""
-
-    if registry is None:
-        return None
-    binding = registry_binding(registry, shared=shared)
-    binding.collector.add(view)
-    return binding.metrics
-
-
 def registry_binding(registry: CollectorRegistry, *, shared: bool) -> _Binding:
     """The registry's collector and counters, registered there at the first call."""
     with _bindings_lock:
@@ -442,7 +429,7 @@ def registry_binding(registry: CollectorRegistry, *, shared: bool) -> _Binding:
 
 
 def bound_collector(registry: CollectorRegistry) -> AdmissionCollector | None:
-    """The scrape-time collector :func:`admission_metrics` registered on ``registry``."""
+    """The scrape-time collector registered on ``registry``, if any."""
     with _bindings_lock:
         binding = _bindings.get(registry)
     return binding.collector if binding is not None else None

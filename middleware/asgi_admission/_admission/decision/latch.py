@@ -607,6 +607,10 @@ def log_change(
 ) -> None:
     """Log what ``decision`` changed: telemetry lost or back, the latch set or cleared."""
     memory = decision.memory
+    at = (
+        f"working set {(memory.used_bytes or 0) / MIB:.1f} MiB of "
+        f"{(memory.limit_bytes or 0) / MIB:.1f} MiB ({memory.percent or 0.0:.2f}%"
+    )
     if blind_changed:
         if decision.state == "unavailable":
             cap = count_cap(session_limit, True)
@@ -629,30 +633,20 @@ def log_change(
                 origin,
             )
             return
-        logger.info(
-            "asgi-admission: memory telemetry recovered: working set %.1f MiB of "
-            "%.1f MiB (%.2f%%).",
-            (memory.used_bytes or 0) / MIB,
-            (memory.limit_bytes or 0) / MIB,
-            memory.percent or 0.0,
-        )
+        logger.info("asgi-admission: memory telemetry recovered: %s).", at)
     if decision.transition == "pressured":
         logger.warning(
-            "asgi-admission: memory pressure: refusing new sessions at working set "
-            "%.1f MiB of %.1f MiB (%.2f%%; high watermark %.1f%%, reserve %.1f MiB).",
-            (memory.used_bytes or 0) / MIB,
-            (memory.limit_bytes or 0) / MIB,
-            memory.percent or 0.0,
+            "asgi-admission: memory pressure: refusing new sessions at %s; high watermark "
+            "%.1f%%, reserve %.1f MiB).",
+            at,
             controller.high_watermark_percent,
             controller.reserve_for(memory.limit_bytes) / MIB,
         )
     elif decision.transition == "normal":
         logger.info(
-            "asgi-admission: memory pressure cleared: admitting sessions again at "
-            "working set %.1f MiB of %.1f MiB (%.2f%%; resume threshold %.1f%%).",
-            (memory.used_bytes or 0) / MIB,
-            (memory.limit_bytes or 0) / MIB,
-            memory.percent or 0.0,
+            "asgi-admission: memory pressure cleared: admitting sessions again at %s; "
+            "resume threshold %.1f%%).",
+            at,
             controller.resume_threshold_percent,
         )
 

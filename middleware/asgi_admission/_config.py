@@ -84,6 +84,11 @@ def check_one_of(value: object, kind: object, setting: str) -> None:
         )
 
 
+def _at_least_0(value: int, setting: str) -> None:
+    if value < 0:
+        raise ValueError(f"{setting} must be 0 or more; got {value!r}.")
+
+
 def _seconds_above_0(value: float, setting: str) -> None:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{setting} must be a number of seconds above 0; got {value!r}.")
@@ -193,8 +198,8 @@ class AdmissionConfig:
         check_watermarks(
             self.high_watermark_percent, self.resume_threshold_percent, self.reserve_bytes
         )
-        if self.max_sessions is not None and self.max_sessions < 0:
-            raise ValueError(f"max_sessions must be 0 or more; got {self.max_sessions!r}.")
+        if self.max_sessions is not None:
+            _at_least_0(self.max_sessions, "max_sessions")
         if self.retry_after_s < 1:
             raise ValueError(
                 f"retry_after_s must be a whole number of seconds, 1 or more; "
@@ -202,19 +207,12 @@ class AdmissionConfig:
             )
         check_one_of(self.memory_source, MemorySource, "memory_source")
         check_one_of(self.reserve_learning, Learning, "reserve_learning")
-        if self.reserve_min_bytes < 0:
-            raise ValueError(
-                f"reserve_min_bytes must be 0 or more; got {self.reserve_min_bytes!r}."
-            )
+        _at_least_0(self.reserve_min_bytes, "reserve_min_bytes")
         _seconds_above_0(
             self.pending_timeout_s, "pending_timeout_s (ADMISSION_PENDING_TIMEOUT_SECONDS)"
         )
         _seconds_above_0(self.body_timeout_s, "body_timeout_s (ADMISSION_BODY_TIMEOUT_SECONDS)")
-        if self.body_buffer_bytes < 0:
-            raise ValueError(
-                "body_buffer_bytes (ADMISSION_BODY_BUFFER_KB) must be 0 or more; "
-                f"got {self.body_buffer_bytes!r}."
-            )
+        _at_least_0(self.body_buffer_bytes, "body_buffer_bytes (ADMISSION_BODY_BUFFER_KB)")
         if not isinstance(self.shared_dir, str) or not self.shared_dir.strip():
             raise ValueError(
                 "shared_dir (ADMISSION_SHARED_DIR) must be 'auto' (a private place the "

@@ -20,7 +20,6 @@ from asgi_admission._memory.reading import (
     KeptFile,
     available_reading,
     parse_bytes_value,
-    parse_cgroup_memory_value,
     parse_pressure_some_avg10,
     read_cgroup_memory,
 )
@@ -579,23 +578,22 @@ def test_discover_ignores_v1_mounts_without_memory(
 
 
 @pytest.mark.parametrize(
-    ("text", "allow_max", "expected"),
+    ("text", "expected"),
     [
-        ("12345\n", False, 12345),
-        ("  0 ", False, 0),
-        ("max\n", True, None),
-        ("max", False, None),
-        ("-1", False, None),
-        ("+5", False, None),
-        ("1_000", False, None),
-        ("١٢", False, None),
-        ("", False, None),
-        ("9" * 5000, False, None),
+        (b"12345\n", 12345),
+        (b"  0 ", 0),
+        (b"max\n", None),
+        (b"-1", None),
+        (b"+5", None),
+        (b"1_000", None),
+        ("١٢".encode(), None),
+        (b"", None),
+        (b"9" * 5000, None),
     ],
 )
-def test_parse_cgroup_memory_value_table(text: str, allow_max: bool, expected: int | None) -> None:
-    """Only plain non-negative base-10 integers parse; `max` is None; junk is None, never raised."""
-    assert parse_cgroup_memory_value(text, allow_max=allow_max) == expected
+def test_parse_bytes_value_table(text: bytes, expected: int | None) -> None:
+    """Only plain non-negative base-10 integers parse; `max` and junk are None, never raised."""
+    assert parse_bytes_value(text) == expected
 
 
 @pytest.mark.parametrize(

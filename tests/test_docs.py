@@ -27,7 +27,7 @@ from asgi_admission import (
     metrics_route,
 )
 from asgi_admission._config_env import ENVIRONMENT
-from asgi_admission._watchdog.settings import ENV_CRITICAL_WATERMARK, ENV_INTERVAL
+from asgi_admission._watchdog.watchdog import ENV_CRITICAL_WATERMARK, ENV_INTERVAL
 from asgi_admission.demo import ENV_METRICS_PORT
 from kits.suitekit import MIB, PACKAGE, ROOT
 

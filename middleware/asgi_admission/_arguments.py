@@ -11,14 +11,13 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import get_args
 
 from starlette.types import Scope
 
 from asgi_admission._admission.decision.latch import AdmissionController
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy, coerce_policy
 from asgi_admission._admission.decision.stuck import liveness_path_of
-from asgi_admission._config import AdmissionConfig, WebSocketRefusal
+from asgi_admission._config import AdmissionConfig, WebSocketRefusal, check_one_of
 from asgi_admission._factory import build_controller
 from asgi_admission._watchdog.watchdog import SessionWatchdog
 
@@ -119,8 +118,6 @@ def check_arguments(
     policy = coerce_policy(retry_after, config.retry_after_s)
     if websocket_refusal is None:
         websocket_refusal = config.websocket_refusal
-    elif websocket_refusal not in get_args(WebSocketRefusal):
-        raise ValueError(
-            f"websocket_refusal must be 'auto', 'close' or 'deny'; got {websocket_refusal!r}."
-        )
+    else:
+        check_one_of(websocket_refusal, WebSocketRefusal, "websocket_refusal")
     return Arguments(config, controller, limit, policy, websocket_refusal, liveness_path)

@@ -76,6 +76,24 @@ def watermarks_consistent(high: float, resume: float) -> bool:
     return math.isfinite(high) and math.isfinite(resume) and 0 < resume <= high <= 100
 
 
+def check_one_of(value: object, kind: object, setting: str) -> None:
+    options = [repr(option) for option in get_args(kind)]
+    if value not in get_args(kind):
+        raise ValueError(
+            f"{setting} must be {', '.join(options[:-1])} or {options[-1]}; got {value!r}."
+        )
+
+
+def _at_least_0(value: int, setting: str) -> None:
+    if value < 0:
+        raise ValueError(f"{setting} must be 0 or more; got {value!r}.")
+
+
+def _seconds_above_0(value: float, setting: str) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{setting} must be a number of seconds above 0; got {value!r}.")
+
+
 def check_watermarks(high: float, resume: float, reserve_bytes: int | None) -> None:
     """Raise ``ValueError`` naming the setting unless the latch's settings are usable."""
     if not watermarks_consistent(high, resume):
@@ -123,7 +141,7 @@ class AdmissionConfig:
     #: ``"raise"`` it (never below the configured one), ``"adapt"`` (replace it,
     #: never below ``reserve_min_bytes``), or nothing (``"off"``).
     reserve_learning: Learning = "raise"
-    #: The floor ``"adapt"`` never goes below.
+    #: The least reserve ``"adapt"`` sets.
     reserve_min_bytes: int = DEFAULT_RESERVE_MIN_MB * MIB
     #: The longest a reservation stays pending after its response, and a held
     #: ticket never started before it is released.
@@ -180,41 +198,21 @@ class AdmissionConfig:
         check_watermarks(
             self.high_watermark_percent, self.resume_threshold_percent, self.reserve_bytes
         )
-        if self.max_sessions is not None and self.max_sessions < 0:
-            raise ValueError(f"max_sessions must be 0 or more; got {self.max_sessions!r}.")
+        if self.max_sessions is not None:
+            _at_least_0(self.max_sessions, "max_sessions")
         if self.retry_after_s < 1:
             raise ValueError(
                 f"retry_after_s must be a whole number of seconds, 1 or more; "
                 f"got {self.retry_after_s!r}."
             )
-        if self.memory_source not in get_args(MemorySource):
-            raise ValueError(
-                f"memory_source must be 'cgroup' or 'host'; got {self.memory_source!r}."
-            )
-        if self.reserve_learning not in get_args(Learning):
-            raise ValueError(
-                "reserve_learning must be 'raise', 'adapt' or 'off'; "
-                f"got {self.reserve_learning!r}."
-            )
-        if self.reserve_min_bytes < 0:
-            raise ValueError(
-                f"reserve_min_bytes must be 0 or more; got {self.reserve_min_bytes!r}."
-            )
-        if not (math.isfinite(self.pending_timeout_s) and self.pending_timeout_s > 0):
-            raise ValueError(
-                "pending_timeout_s (ADMISSION_PENDING_TIMEOUT_SECONDS) must be a number of "
-                f"seconds above 0; got {self.pending_timeout_s!r}."
-            )
-        if not (math.isfinite(self.body_timeout_s) and self.body_timeout_s > 0):
-            raise ValueError(
-                "body_timeout_s (ADMISSION_BODY_TIMEOUT_SECONDS) must be a number of "
-                f"seconds above 0; got {self.body_timeout_s!r}."
-            )
-        if self.body_buffer_bytes < 0:
-            raise ValueError(
-                "body_buffer_bytes (ADMISSION_BODY_BUFFER_KB) must be 0 or more; "
-                f"got {self.body_buffer_bytes!r}."
-            )
+        check_one_of(self.memory_source, MemorySource, "memory_source")
+        check_one_of(self.reserve_learning, Learning, "reserve_learning")
+        _at_least_0(self.reserve_min_bytes, "reserve_min_bytes")
+        _seconds_above_0(
+            self.pending_timeout_s, "pending_timeout_s (ADMISSION_PENDING_TIMEOUT_SECONDS)"
+        )
+        _seconds_above_0(self.body_timeout_s, "body_timeout_s (ADMISSION_BODY_TIMEOUT_SECONDS)")
+        _at_least_0(self.body_buffer_bytes, "body_buffer_bytes (ADMISSION_BODY_BUFFER_KB)")
         if not isinstance(self.shared_dir, str) or not self.shared_dir.strip():
             raise ValueError(
                 "shared_dir (ADMISSION_SHARED_DIR) must be 'auto' (a private place the "
@@ -228,16 +226,10 @@ class AdmissionConfig:
                 "probe_sessions (ADMISSION_PROBE_SESSIONS) must be a whole number of "
                 f"sessions, 0 or more; got {self.probe_sessions!r}."
             )
-        if not (math.isfinite(self.probe_wait_s) and self.probe_wait_s > 0):
-            raise ValueError(
-                "probe_wait_s (ADMISSION_PROBE_WAIT_SECONDS) must be a number of seconds "
-                f"above 0; got {self.probe_wait_s!r}."
-            )
-        if self.session_groups not in get_args(SessionGroupsMode):
-            raise ValueError(
-                "session_groups (ADMISSION_SESSION_GROUPS) must be 'auto', 'off' or "
-                f"'require'; got {self.session_groups!r}."
-            )
+        _seconds_above_0(self.probe_wait_s, "probe_wait_s (ADMISSION_PROBE_WAIT_SECONDS)")
+        check_one_of(
+            self.session_groups, SessionGroupsMode, "session_groups (ADMISSION_SESSION_GROUPS)"
+        )
         if not (math.isfinite(self.stuck_after_s) and self.stuck_after_s >= 0):
             raise ValueError(
                 "stuck_after_s (ADMISSION_STUCK_AFTER_SECONDS) must be a number of seconds, "
@@ -270,13 +262,8 @@ class AdmissionConfig:
             high_watermark_percent=self.high_watermark_percent,
             resume_threshold_percent=self.resume_threshold_percent,
         )
-        if self.reclaimable not in get_args(Reclaimable):
-            raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {self.reclaimable!r}.")
-        if self.websocket_refusal not in get_args(WebSocketRefusal):
-            raise ValueError(
-                "websocket_refusal must be 'auto', 'close' or 'deny'; "
-                f"got {self.websocket_refusal!r}."
-            )
+        check_one_of(self.reclaimable, Reclaimable, "reclaimable")
+        check_one_of(self.websocket_refusal, WebSocketRefusal, "websocket_refusal")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AdmissionConfig:

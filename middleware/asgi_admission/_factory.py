@@ -1,9 +1,7 @@
 """Building what a configuration describes: the reader, the latch, the ledger, the service.
 
-Everything is built here, in dependency order, and handed in at construction:
-the ledger and the reader first, then the reservations (which asks them), the observer of
-the decisions, and the :class:`AdmissionService` that asks all of them
-(``docs/design.md``).
+Everything is built here, in dependency order, and handed in at construction
+(``docs/design.md``, "Who asks whom").
 """
 
 from __future__ import annotations
@@ -75,17 +73,6 @@ def build_controller(config: AdmissionConfig) -> AdmissionController:
     )
 
 
-def build_ledger(shared_dir: str | None) -> SessionLedger:
-    """The ledger shared by the workers in ``shared_dir``, or this process's alone.
-
-    Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when that directory
-    cannot be created or used.
-    """
-    if shared_dir is not None:
-        return SharedLedger(shared_dir)
-    return InProcessLedger()
-
-
 @dataclass(frozen=True, slots=True)
 class Sharing:
     """How a guard counts its sessions: the ledger, and the directory it shares."""
@@ -100,8 +87,7 @@ class Sharing:
 def build_sharing(config: AdmissionConfig, reader: object) -> Sharing:
     """The ledger for ``config.shared_dir``: ``"off"`` counts in this process, a path
     shares that directory, and ``"auto"`` shares a private place of this user and the
-    memory group ``reader`` measures (``shared_place``), or counts alone where there
-    is none, with a look for other workers that would then be counted apart.
+    memory group ``reader`` measures, or counts alone where there is none.
 
     Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when a directory it names
     cannot be used; the automatic place never stops the service.
@@ -161,9 +147,6 @@ def build_service(
 ) -> AdmissionService:
     """The admission service ``config`` describes around ``controller``, its metrics on
     ``registry`` (``None``: none) and ``observer`` told of every decision as well.
-
-    ``route_classes`` maps session patterns to their priority class, ``priority`` picks
-    one per request, ``tenant`` names each request's tenant (``_admission/service.py``).
 
     Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when a directory it names
     cannot be used, or naming a route mapped to a class that is not configured.
@@ -275,10 +258,8 @@ def build_queue(
     on_wait_end: Callable[[WaitRecord], None] | None = None,
     order: SharedOrder | None = None,
 ) -> WaitQueue[AdmissionTicket] | None:
-    """The wait queue ``config`` describes, its ``classes`` served in that order
-    (``on_wait_end``: told of each wait's end; ``order``: the workers' shared order, if
-    any); ``None`` where requests that do not fit are refused at once
-    (``ADMISSION_QUEUE_TIMEOUT_SECONDS`` 0)."""
+    """The wait queue ``config`` describes; ``None`` where requests that do not fit are
+    refused at once (``ADMISSION_QUEUE_TIMEOUT_SECONDS`` 0)."""
     if config.queue_timeout_s <= 0:
         return None
     return WaitQueue(
@@ -293,13 +274,11 @@ def build_queue(
 def build_order(
     config: AdmissionConfig, directory: str | None, ledger: SessionLedger
 ) -> SharedOrder | None:
-    """The workers' one waiting order in ``directory`` (``asgi-admission.waiting`` and
-    their wake sockets) where they share ``ledger`` and requests may wait; ``None``
-    otherwise.
+    """The workers' one waiting order in ``directory`` where they share ``ledger`` and
+    requests may wait; ``None`` otherwise.
 
     Raises ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when a directory it names
-    cannot hold it; the automatic place never stops the service: each worker then
-    serves its own waiters in its own order, with a warning saying so.
+    cannot hold it; the automatic place never stops the service.
     """
     if directory is None or config.queue_timeout_s <= 0:
         return None
@@ -328,8 +307,8 @@ def build_order(
 
 
 def _warn_unused(config: AdmissionConfig, tenant: Callable[[Scope], str | None] | None) -> None:
-    """A share with nobody to tell tenants apart does nothing: a warning, so that nobody
-    counts on it."""
+    """Warn that a tenant share without a tenant callable does nothing."""
+
     if config.tenant_max_share < 1.0 and tenant is None:
         logger.warning(
             "asgi-admission: ADMISSION_TENANT_MAX_SHARE (tenant_max_share) is set, but the "

@@ -15,8 +15,6 @@ Notes:
   Programs read the 503 denial response (``websocket.http.response``) as they
   read the HTTP one. ``websocket_refusal="auto"`` picks by the ``Origin`` header,
   which every browser sends and most programs do not.
-- The ``Retry-After`` delay comes from the service's policy
-  (``_admission/decision/retry_after.py``).
 """
 
 from __future__ import annotations
@@ -159,13 +157,7 @@ class Refusal:
     def body(
         self, decision: CapacityDecision, retry_after_s: int, counts: tuple[int, int]
     ) -> bytes:
-        """The problem+json body; ``counts`` is ``(active, pending)``.
-
-        The detailed body's ``sessions.limit`` is the count cap that applied to the
-        decision and ``sessions.limit_from`` where it came from: ``"max_sessions"``,
-        ``"blind_fallback"`` (none is set and the guard is blind), or both ``null``
-        while memory decides alone.
-        """
+        """The problem+json body; ``counts`` is ``(active, pending)``."""
         reason: Reason = decision.reason or "session_limit"
         if not self.expose_details:
             key = (reason, retry_after_s)
@@ -268,18 +260,7 @@ async def answer_readiness(service: AdmissionService, scope: Scope, send: Send) 
     ready = state not in ("pressured", "ledger_busy")
     body = b'{"ready":true,"state":"%s"}' if ready else b'{"ready":false,"state":"%s"}'
     body = body % state.encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200 if ready else 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"cache-control", b"no-store"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+    await _send_json(scope, send, 200 if ready else 503, body)
 
 
 async def answer_liveness(service: AdmissionService, scope: Scope, send: Send) -> None:
@@ -291,17 +272,16 @@ async def answer_liveness(service: AdmissionService, scope: Scope, send: Send) -
         body = b'{"alive":false,"stuck":true,"held_s":%d}' % int(status.held_s)
     else:
         body = b'{"alive":true}'
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503 if failing else 200,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"cache-control", b"no-store"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
+    await _send_json(scope, send, 503 if failing else 200, body)
+
+
+async def _send_json(scope: Scope, send: Send, status: int, body: bytes) -> None:
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"cache-control", b"no-store"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
 
 

@@ -31,12 +31,10 @@ _HTTP_METHODS: Final = frozenset(
 def route_path(scope: Scope) -> str:
     """The path the app routes: ``scope["path"]`` less its ``root_path`` prefix.
 
-    What Starlette's router matches its routes against. A server or a ``Mount`` that
-    follows the ASGI spec puts the prefix in both ``root_path`` and ``path``; an older
-    server leaves it out of ``path``, which then is the route already. So the prefix
-    goes only when the path starts with it as whole segments: ``/apix/sessions`` under
-    ``/api`` stays as it is.
+    An older server leaves the prefix out of ``path``, which then is the route already,
+    so the prefix goes only as whole segments: ``/apix/sessions`` under ``/api`` stays.
     """
+
     path: str = scope["path"]
     root_path: str = scope.get("root_path", "")
     if not root_path or not path.startswith(root_path):
@@ -118,17 +116,16 @@ class RouteMatcher:
         self.patterns: tuple[str, ...] = tuple(patterns)
         literal: dict[str, set[str]] = {}
         globs: dict[str, list[str]] = {}
-        for pattern in self.patterns:
-            method, path = parse_pattern(pattern)
-            if "*" in path:
-                globs.setdefault(method, []).append(_glob_to_regex(path))
-            else:
-                literal.setdefault(method, set()).add(path)
         # Each pattern on its own, for telling which one a session came by.
         self._each: list[tuple[str, str, re.Pattern[str]]] = []
         for pattern in self.patterns:
             method, path = parse_pattern(pattern)
-            regex_text = _glob_to_regex(path) if "*" in path else re.escape(path)
+            if "*" in path:
+                regex_text = _glob_to_regex(path)
+                globs.setdefault(method, []).append(regex_text)
+            else:
+                regex_text = re.escape(path)
+                literal.setdefault(method, set()).add(path)
             self._each.append((pattern, method, re.compile(regex_text)))
         self._routes: dict[str, MethodRoutes] = {}
         for method in literal.keys() | globs.keys():

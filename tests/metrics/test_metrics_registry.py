@@ -12,8 +12,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from asgi_admission import AdmissionConfig, CapacityDecision, CgroupMemoryReader, MemoryReading
 from asgi_admission._admission.decision.observer import Kind
-from asgi_admission._metrics.collector import AdmissionCollector, admission_metrics
+from asgi_admission._metrics.collector import AdmissionCollector
 from asgi_admission._metrics.decisions import DecisionMetrics
+from asgi_admission._metrics.instrument import expose
 from kits.cgroup_trees import write_v2_tree
 from kits.suitekit import MIB
 
@@ -72,8 +73,8 @@ def test_every_live_guard_on_one_registry_is_described(registry: CollectorRegist
     state is pressured while either latch is set; a guard that is gone drops out."""
     first, second = View(SettableReader(used_mb=100), counts=(1, 2)), View(SettableReader())
     second._counts = (3, 0)
-    admission_metrics(first, registry=registry)
-    admission_metrics(second, registry=registry)
+    expose(first, registry=registry)
+    expose(second, registry=registry)
 
     def sample(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(f"asgi_admission_{name}", labels)
@@ -113,7 +114,6 @@ def test_registry_none_registers_nothing(registry: CollectorRegistry) -> None:
     assert request(app, "POST", "/sessions").status_code == 201
     assert names(REGISTRY) == before
     assert [kind for kind, _ in recorder.seen] == ["http"]
-    assert admission_metrics(View(SettableReader()), registry=None) is None
 
 
 def test_explicit_observer_is_told_as_well_as_the_metrics(registry: CollectorRegistry) -> None:

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from asgi_admission._admission.scheduling.queue import Verdict, WaitQueue
+from asgi_admission._admission.scheduling.queue import Verdict, WaitQueue, WaitRecord
 
 #: Internal on purpose: the scheduler's wait queue, driven with a capacity of slots.
 INTERNAL = "the scheduler's wait queue, driven with a capacity of slots"
@@ -58,6 +58,10 @@ async def settle() -> None:
 
 
 def queue(
-    *, classes: tuple[str, ...] = ("default",), limit: int = 16, timeout_s: float = 5.0
+    *,
+    classes: tuple[str, ...] = ("default",),
+    limit: int = 16,
+    timeout_s: float = 5.0,
+    on_wait_end: Callable[[WaitRecord], None] | None = None,
 ) -> WaitQueue[Admission]:
-    return WaitQueue(classes=classes, limit=limit, timeout_s=timeout_s)
+    return WaitQueue(classes=classes, limit=limit, timeout_s=timeout_s, on_wait_end=on_wait_end)

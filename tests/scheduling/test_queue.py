@@ -15,7 +15,6 @@ from asgi_admission._admission.scheduling.queue import (
     Waited,
     WaitQueue,
     WaitRecord,
-    WaitTotals,
 )
 from asgi_admission._session_requests import Listening
 
@@ -193,7 +192,6 @@ def test_a_waiter_times_out_at_its_deadline_holding_nothing() -> None:
         assert waited == Waited("timeout", None, 2.5)
         assert (line.total(), capacity.holding) == (0, {})
         assert records == [WaitRecord("default", "timeout", 2.5)]
-        assert line.totals() == {("default", "timeout"): WaitTotals(1, 2.5)}
 
     run(main)
 
@@ -330,7 +328,8 @@ def test_a_waiter_cancelled_as_it_is_admitted_gives_its_admission_back() -> None
 
     async def main() -> None:
         capacity = Capacity(free=0)
-        line = queue()
+        records: list[WaitRecord] = []
+        line = queue(on_wait_end=records.append)
         task = asyncio.ensure_future(
             line.wait(
                 class_name="default", attempt=capacity.attempt("a"), give_back=capacity.give_back
@@ -344,7 +343,7 @@ def test_a_waiter_cancelled_as_it_is_admitted_gives_its_admission_back() -> None
             await task
         assert capacity.admitted == ["a"]
         assert (capacity.free, capacity.holding) == (1, {})
-        assert list(line.totals()) == [("default", "cancelled")]
+        assert [(r.class_name, r.outcome) for r in records] == [("default", "cancelled")]
 
     run(main)
 
@@ -354,7 +353,8 @@ def test_an_attempt_that_raises_ends_that_wait_only() -> None:
 
     async def main() -> None:
         capacity = Capacity(free=0)
-        line = queue()
+        records: list[WaitRecord] = []
+        line = queue(on_wait_end=records.append)
 
         def broken() -> Admission | Verdict:
             raise OSError("the ledger is gone")
@@ -372,7 +372,7 @@ def test_an_attempt_that_raises_ends_that_wait_only() -> None:
         with pytest.raises(OSError, match="the ledger is gone"):
             await bad
         assert (await good).outcome == "admitted"
-        assert line.totals()[("default", "cancelled")].count == 1
+        assert [r.outcome for r in records].count("cancelled") == 1
 
     run(main)
 

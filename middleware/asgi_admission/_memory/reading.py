@@ -159,25 +159,11 @@ class SafeReader:
 # conservative.
 
 
-def parse_cgroup_memory_value(value: str, *, allow_max: bool = False) -> int | None:
-    """Parse one cgroup byte value: a base-10 integer, else ``None``.
-
-    Negative numbers and junk give ``None``; so does ``"max"``, but only with
-    ``allow_max`` (where it means "no limit"). Only plain ASCII digits count:
-    Python's ``int`` would also take ``1_000``, ``+5`` or other scripts' digits,
-    none of which the kernel writes.
-    """
-    value = value.strip()
-    if allow_max and value == "max":
-        return None
-    return parse_bytes_value(value) if value.isascii() else None
-
-
-def parse_bytes_value(text: str | bytes) -> int | None:
+def parse_bytes_value(text: bytes) -> int | None:
     """A value file's content as a non-negative integer, ``None`` for anything else.
 
     ``isdigit`` on bytes is ASCII-only: no sign, no ``1_000``, nothing ``int()``
-    would stretch to. This runs on every decision.
+    would stretch to.
     """
     text = text.strip()
     if not text.isdigit():
@@ -199,12 +185,10 @@ def stat_key(key: bytes) -> tuple[bytes, bytes]:
 def find_stat(data: bytes, key: tuple[bytes, bytes]) -> int | None:
     """The counter ``key`` (from :func:`stat_key`) in ``memory.stat`` text, ``None`` when absent.
 
-    The first line whose first field is the key counts. A value that is not a
-    non-negative integer gives ``MALFORMED``, so callers can tell "absent" (fall
-    back to another key) from "present but unusable" (count as 0).
+    A value that is not a non-negative integer gives ``MALFORMED``, so callers can
+    tell "absent" (fall back to another key) from "present but unusable" (count as 0).
     """
     first, later = key
-    # The common case is a single C-level scan: the key found at a line start.
     found = data.find(first)
     if found < 0:
         return None
@@ -265,23 +249,13 @@ def parse_pressure_some_avg10(data: bytes) -> float | None:
 # --------------------------------------------------------------------------------------
 # Cgroup files kept open and re-read cheaply.
 #
-# Notes:
-#
-# - Readings are on the request path (docs/how-it-decides.md has the figures).
-# Files are opened once and re-read with ``os.pread`` at offset 0, a fraction of
-# what opening them each time costs (the kernel still formats a v1 ``memory.stat``
-# on every read; bench/README.md has the figures). A descriptor that fails is
-# reopened, since a cgroup is recreated when a container restarts (old descriptors
-# then fail with ENODEV).
-# - Regular files (fixture trees, snapshots) can be replaced under an open
-# descriptor without it failing, so for those alone an unlinked file is noticed
-# with ``fstat``; cgroupfs files report size 0 yet have content, which is how
-# the two are told apart.
+# Readings are on the request path: files are opened once and re-read with
+# ``os.pread``, a fraction of what opening them costs (bench/README.md). A descriptor
+# that fails is reopened, since a cgroup is recreated when a container restarts.
 
 READ_SIZE: Final = 65536
-#: What one value file (memory.current, memory.max, ...) is read with first: a kernel
-#: value takes at most 21 bytes, and a small buffer is measurably cheaper for pread to
-#: fill. Whatever fills it is read again whole, so an odd file reads as it always did.
+#: What one value file is read with first: a kernel value takes at most 21 bytes, and
+#: a small buffer is cheaper for pread to fill; a full one is read again whole.
 VALUE_READ_SIZE: Final = 64
 #: The files with many lines; every other file read is a single value.
 MULTILINE: Final = frozenset({"memory.stat", "memory.pressure"})
@@ -333,12 +307,7 @@ class KeptFile:
         return self._read_fresh()
 
     def read_value(self) -> int | None:
-        """:meth:`read` as one non-negative integer (``parse_bytes_value``), ``None`` for
-        anything else; ``OSError`` as :meth:`read` raises it.
-
-        One call from the fast path of every decision where it made two per file (the
-        reading, then the parsing).
-        """
+        """:meth:`read` parsed by ``parse_bytes_value``; ``OSError`` as :meth:`read`."""
         fd = self._fd
         if fd >= 0 and not self._check_unlinked:
             try:
@@ -412,17 +381,13 @@ class KeptFiles:
 # --------------------------------------------------------------------------------------
 # Where a reading comes from: one cgroup v2 directory or one v1 location.
 #
-# Notes:
-#
-# - The effective limit is the tightest along the ancestry: on v1 the kernel
-# reports it as ``hierarchical_memory_limit``; on v2 we walk up to the mount root,
-# counting ``memory.high`` too (the kernel throttles hard at it). Where an ancestor
-# binds, its usage is what the limit is compared with, since siblings count too.
-# - ``read_bound()`` is the fast path's upper bound of the working set: raw usage and the
-# exact limit, without ``memory.stat``.
+# The effective limit is the tightest along the ancestry: on v1 the kernel reports it
+# as ``hierarchical_memory_limit``; on v2 we walk up to the mount root, counting
+# ``memory.high`` too (the kernel throttles hard at it). Where an ancestor binds, its
+# usage is what the limit is compared with, since siblings count too.
 
 #: A cgroup v1 limit at or above this is the kernel's "unlimited" sentinel.
-V1_UNLIMITED_FLOOR: Final = 1 << 60
+V1_UNLIMITED: Final = 1 << 60
 
 
 class CgroupSource:
@@ -445,12 +410,8 @@ class CgroupSource:
         raise NotImplementedError
 
     def read_bound(self) -> MemoryReading | None:
-        """An upper bound of the working set (raw usage) with the exact limit, without
-        ``memory.stat``, as a reading marked ``exact=False``.
-
-        ``None`` where this source cannot tell the effective limit exactly that way
-        (or anything is off): the caller then takes a full reading.
-        """
+        """Raw usage with the exact limit, without ``memory.stat`` (``exact=False``);
+        ``None`` where the limit cannot be told exactly that way."""
         raise NotImplementedError
 
     def ancestor_files(self, marker: str) -> list[KeptFiles]:
@@ -493,9 +454,8 @@ class V2Source(CgroupSource):
             except OSError:
                 if name == "memory.max":
                     return None, None, False
-                # memory.high is optional (absent on old kernels and in some
-                # snapshots); a cgroup's set of files never changes, so stop asking
-                # until the reader starts over.
+                # memory.high is optional (absent on old kernels); a cgroup's set of
+                # files never changes, so stop asking until the reader starts over.
                 level.absent.add(name)
                 continue
             value = raw.strip()
@@ -583,16 +543,13 @@ class V1Source(CgroupSource):
         whole_chain: bool = False,
     ) -> None:
         super().__init__(directory, top, reclaimable)
-        # Every reading reads these three: resolve them once.
         self.usage_file = self.own.file("memory.usage_in_bytes")
         self.limit_file = self.own.file("memory.limit_in_bytes")
         self.stat_file = self.own.file("memory.stat")
-        #: Every ancestor up to the hierarchy's root is visible below ``top`` (the
-        #: mount shows the whole hierarchy), so their limit files give the kernel's
-        #: hierarchical_memory_limit exactly, without memory.stat.
+        # Every ancestor is visible below ``top``, so their limit files give the
+        # kernel's hierarchical_memory_limit exactly, without memory.stat.
         self.whole_chain = whole_chain and top is not None
-        #: The ancestors ``bound`` reads, settled at the first bound: ``None`` until then,
-        #: ``False`` where the walk did not reach the hierarchy's root (no bound).
+        # The ancestors read_bound reads: None until the first bound, False for none.
         self.bound_levels: list[KeptFiles] | Literal[False] | None = None
 
     def read(self) -> MemoryReading | None:
@@ -615,7 +572,7 @@ class V1Source(CgroupSource):
         if hierarchical is not None and 0 < hierarchical < limit:
             limit = hierarchical
             limit_file = self.stat_file.path
-            if limit < V1_UNLIMITED_FLOOR:
+            if limit < V1_UNLIMITED:
                 # An ancestor binds: compare its usage, which includes our siblings.
                 # Where the ancestor is not visible (a container's view), our own
                 # usage is all there is to compare.
@@ -624,7 +581,7 @@ class V1Source(CgroupSource):
                     binding, usage, stat = found
                     limit_file = os.path.join(binding.directory, "memory.limit_in_bytes")
         reclaimable = reclaimable_bytes(stat, self.stat_keys)
-        unlimited = limit >= V1_UNLIMITED_FLOOR
+        unlimited = limit >= V1_UNLIMITED
         return available_reading(
             max(0, usage - reclaimable),
             None if unlimited else limit,
@@ -638,12 +595,8 @@ class V1Source(CgroupSource):
     def _bound_levels(self) -> list[KeptFiles] | None:
         """The ancestors whose limits ``read_bound`` reads, or ``None`` where it cannot.
 
-        hierarchical_memory_limit is the least limit of the group and all its
-        ancestors; they can be read directly only where all of them are visible (a
-        container's view hides them and only memory.stat can tell). The walk is made
-        once per source, so whether it reached the hierarchy's root is settled once.
-        The last level is the mount point, the hierarchy's root cgroup, whose limit
-        v1 cannot set (the kernel refuses with EINVAL): it never binds and is left out.
+        The last level, the hierarchy's root cgroup, is left out: v1 cannot set its
+        limit (EINVAL), so it never binds.
         """
         if not self.whole_chain:
             return None
@@ -673,7 +626,7 @@ class V1Source(CgroupSource):
                     return None
                 if level_limit < limit:
                     limit, binding = level_limit, level
-            if limit >= V1_UNLIMITED_FLOOR:
+            if limit >= V1_UNLIMITED:
                 return None
             if binding is not self.own:
                 usage = parse_bytes_value(binding.read("memory.usage_in_bytes"))
@@ -700,17 +653,9 @@ class V1Source(CgroupSource):
 
 
 # --------------------------------------------------------------------------------------
-# ``CgroupMemoryReader``: this process's cgroup memory, read cheaply and safely.
-#
-# Notes:
-#
-# - The sources (below) are tried v2 first, then v1; the one
-# that last answered is read first next time.
-# - PSI comes from the v2 directory: in a hybrid layout (v1 memory controller,
-# cgroup2 mounted at ``/sys/fs/cgroup/unified``) that is our unified cgroup,
-# which for most processes is the root, i.e. machine-wide pressure.
-# - Nothing here raises on bad files: an unreadable or malformed pair reports
-# ``available=False``, so bad data can only make the guard more conservative.
+# ``CgroupMemoryReader``: the sources tried v2 first, then v1; the one that last
+# answered is read first next time. In a hybrid layout PSI comes from our unified
+# cgroup, for most processes the root, i.e. machine-wide pressure.
 
 logger = logging.getLogger("asgi_admission")
 
@@ -755,8 +700,7 @@ class CgroupMemoryReader:
             self.root: str | None = fallback
         else:
             self.root = os.fspath(root) if root is not None else None
-        # Where an explicit root lies inside a v1 memory mount showing the whole
-        # hierarchy, the v1 sources there can read every ancestor's limit (read_bound).
+        # v1 directories under an explicit root whose every ancestor is visible.
         self._v1_tops: dict[str, str] = {}
         if self.root is not None:  # explicit or fallback root
             self._v1_tops = whole_chain_tops(self.root, mountinfo, hostfs, cgroup_namespace)
@@ -834,8 +778,7 @@ class CgroupMemoryReader:
                 reading = None
             if reading is not None and reading.available:
                 return reading
-        # Slow path (first reading, or the source that answered last failed):
-        # start over in precedence order with fresh descriptors.
+        # First reading, or the last source failed: start over with fresh descriptors.
         for source in self._sources:
             source.close()
         self._build()

@@ -2,35 +2,18 @@
 
 Notes:
 
-- Gauges are collected at scrape time by :class:`AdmissionCollector` from a fresh
-  reading, so they are current without traffic. The scrape never moves the latch:
-  it reads ``controller.memory_reader`` (with PSI where the reader offers
-  ``read(pressure=True)``) and ``controller.pressure_state``, never ``evaluate``.
-  A reader or view that fails gives fewer samples, never a failed scrape (as
-  prometheus_client's ``process_collector`` does on ``OSError``).
-- Counters and the histograms are updated on the decision path by
-  :class:`~asgi_admission._metrics.decisions.DecisionMetrics` (``decisions.py``) and
-  around each wait for capacity by
-  :class:`~asgi_admission._metrics.queue.QueueMetrics` (``queue.py``); this module
-  binds them to a registry with the collector.
+- Gauges are collected at scrape time from a fresh reading, so they are current
+  without traffic. The scrape never moves the latch, and a reader or view that fails
+  gives fewer samples, never a failed scrape (as prometheus_client's
+  ``process_collector`` does on ``OSError``).
 - "Duplicated timeseries": metrics belong to a registry, not to a guard. The
-  counters are created once per registry (cached in a ``WeakKeyDictionary``) and
-  shared by every guard built on it, the way a module-level counter would be, and
-  the registry's one scrape-time collector describes every guard built on it that
-  is still alive (held weakly: an app built again replaces the old one once that
-  is gone). So building an app twice in one process, as tests do, never raises,
-  and two live guards are both counted. ``registry=None`` registers nothing and
-  shares nothing.
-- Multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``): counters and the histogram are
-  written by prometheus_client to per-process mmap files and summed at scrape time
-  by ``MultiProcessCollector``. The memory gauges describe the container, which
-  every worker shares, so they come from one fresh reading in the scraping worker
-  (see ``_metrics_app``), not from a sum. Session counts are per worker unless
-  the ledger is shared (``AdmissionConfig.shared_dir``, on by default), so without a shared
-  ledger they are exported by a ``livesum`` gauge that each worker refreshes
-  whenever its counts change (:meth:`DecisionMetrics.on_sessions`); a worker that
-  dies drops out of the sum once ``mark_process_dead`` runs (or its file is
-  removed), which is what ``livesum`` is for.
+  counters are created once per registry and shared by every guard built on it, and
+  the registry's one collector describes every guard on it still alive (held
+  weakly). So building an app twice in one process never raises.
+- Multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``): the memory gauges describe the
+  container, so they come from one fresh reading in the scraping worker, not a sum.
+  Without a shared ledger session counts are per worker, exported by a ``livesum``
+  gauge (:meth:`DecisionMetrics.on_sessions`), from which a dead worker drops out.
 """
 
 from __future__ import annotations
@@ -39,11 +22,11 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import cache
 from typing import Final, get_args
 
-from prometheus_client import REGISTRY, CollectorRegistry, values
+from prometheus_client import CollectorRegistry, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from asgi_admission._admission.decision.latch import (
@@ -52,11 +35,11 @@ from asgi_admission._admission.decision.latch import (
     is_blind,
 )
 from asgi_admission._admission.decision.observer import AdmissionView
+from asgi_admission._admission.decision.stuck import StuckWatch, attribute_working_set
 from asgi_admission._admission.reservations.pending import FailureCause
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._metrics.decisions import KINDS, PREFIX, DecisionMetrics
 from asgi_admission._metrics.queue import QueueMetrics
-from asgi_admission._metrics.stuck import stuck_families
 
 logger = logging.getLogger("asgi_admission")
 
@@ -100,13 +83,10 @@ def _gauge(name: str, documentation: str, unit: str = "") -> GaugeMetricFamily:
 
 
 class AdmissionCollector:
-    """A prometheus_client collector of what the guard sees, read at scrape time.
+    """A prometheus_client collector of what the guards see, read at scrape time.
 
-    ``view`` is a running guard's admission (an :class:`AdmissionView`, such as
-    its ``AdmissionService``, or the guard itself).
     Without a view only ``asgi_admission_build_info`` is exported.
-    ``include_sessions=False`` leaves ``asgi_admission_sessions`` to another
-    source (multiprocess mode without a shared ledger: a ``livesum`` gauge).
+    ``include_sessions=False`` leaves ``asgi_admission_sessions`` to a ``livesum`` gauge.
     """
 
     def __init__(self, view: AdmissionView | None = None, *, include_sessions: bool = True) -> None:
@@ -136,11 +116,9 @@ class AdmissionCollector:
     def collect(self) -> Iterator[Metric]:
         """Take one fresh reading and yield every family it supports.
 
-        With several guards on one registry (in one process, on one container) the
-        memory figures and thresholds are the newest guard's, the session counts and
-        expired tickets their sums, the count caps and admissible sessions the sums
-        over the guards that have one, and the state ``pressured`` while any guard's
-        latch is set.
+        With several guards on one registry the memory figures and thresholds are the
+        newest guard's, the counts their sums, and the state ``pressured`` while any
+        guard's latch is set.
         """
         views = self.views()
         reading = _read(views[-1].controller) if views else None
@@ -341,9 +319,48 @@ class AdmissionCollector:
         yield from stuck_families(views, reading, counts, describing=False)
 
 
+# The stuck-pressure gauges: ``asgi_admission_pressure_stuck`` is 1 while any guard
+# described calls its pressure stuck; ``asgi_admission_unattributed_bytes`` is the working
+# set less one reserve per counted session (``_admission/decision/stuck.py``).
+
+
+def stuck_families(
+    views: Sequence[AdmissionView],
+    reading: MemoryReading | None,
+    counts: tuple[int, int] | None,
+    *,
+    describing: bool,
+) -> Iterator[Metric]:
+    """The two gauges for ``views`` (the newest last), ``reading`` and the summed
+    ``counts``; both families, empty, when ``describing``."""
+    stuck = GaugeMetricFamily(
+        PREFIX + "pressure_stuck",
+        "1 while the latch has been held by the server's own memory (no session pending, "
+        "the same sessions open, their reserves not enough to clear it) for "
+        "ADMISSION_STUCK_AFTER_SECONDS; 0 otherwise.",
+    )
+    rest = GaugeMetricFamily(
+        PREFIX + "unattributed_bytes",
+        "Working set no session of the guard's accounts for (the working set less one "
+        "reserve per active or pending session): the server's own memory.",
+    )
+    if describing:
+        yield from (stuck, rest)
+        return
+    watches = [w for w in (getattr(v, "stuck", None) for v in views) if isinstance(w, StuckWatch)]
+    if watches:
+        stuck.add_metric((), int(any(watch.status().stuck for watch in watches)))
+        yield stuck
+    if views and counts is not None:
+        split = attribute_working_set(views[-1].controller, reading, counts[0] + counts[1])
+        if split is not None:
+            rest.add_metric((), split.unattributed_bytes)
+            yield rest
+
+
 def held_by(view: object, pending: int, reading: MemoryReading | None) -> int | None:
-    """What a guard's ``pending`` sessions and one more hold under the reading's limit, as
-    its reservations count them; ``None`` for a view without reservations, or no limit."""
+    """What a guard's ``pending`` sessions and one more hold under the reading's limit;
+    ``None`` for a view without reservations, or no limit."""
     reservations = getattr(view, "reservations", None)
     if reservations is None or reading is None or not reading.limit_bytes:
         return None
@@ -359,14 +376,8 @@ def admissible_sessions(
     *,
     held_bytes: int | None = None,
 ) -> int | None:
-    """How many more sessions the guard would admit now, one after another.
-
-    Where memory is readable, the reserves that still fit under the high watermark
-    above the working set and the pending reserves (none while the latch is set),
-    within the count cap where one applies (``session_limit``, or the fallback
-    while blind): what KEDA or an HPA can scale on. ``None`` where nothing bounds
-    it (no count cap and a reserve of 0).
-    """
+    """How many more sessions the guard would admit now, one after another: what KEDA
+    or an HPA can scale on. ``None`` where nothing bounds it."""
     active, pending = counts
     cap = count_cap(session_limit, is_blind(reading))
     by_count = None if cap is None else max(0, cap - active - pending)
@@ -391,26 +402,6 @@ class _Binding:
 
 _bindings: weakref.WeakKeyDictionary[CollectorRegistry, _Binding] = weakref.WeakKeyDictionary()
 _bindings_lock = threading.Lock()
-
-
-def admission_metrics(
-    view: AdmissionView, *, registry: CollectorRegistry | None = REGISTRY, shared: bool = False
-) -> DecisionMetrics | None:
-    """Export ``view``'s state on ``registry`` and return the observer for its decisions.
-
-    The first call for a registry registers the scrape-time collector and the
-    decision counters there; later calls rebind the collector to the new
-    ``view`` and return the same counters, so building a guard twice never
-    raises "Duplicated timeseries". ``registry=None`` exports nothing and
-    returns ``None``. In multiprocess mode session counts are per worker unless the
-    ledger is ``shared``, so they go to a ``livesum`` gauge (see
-    :meth:`DecisionMetrics.on_sessions`).
-    """
-    if registry is None:
-        return None
-    binding = registry_binding(registry, shared=shared)
-    binding.collector.add(view)
-    return binding.metrics
 
 
 def registry_binding(registry: CollectorRegistry, *, shared: bool) -> _Binding:
@@ -438,7 +429,7 @@ def registry_binding(registry: CollectorRegistry, *, shared: bool) -> _Binding:
 
 
 def bound_collector(registry: CollectorRegistry) -> AdmissionCollector | None:
-    """The scrape-time collector :func:`admission_metrics` registered on ``registry``."""
+    """The scrape-time collector registered on ``registry``, if any."""
     with _bindings_lock:
         binding = _bindings.get(registry)
     return binding.collector if binding is not None else None

@@ -3,7 +3,6 @@
 Every labelled child is bound once, in a dict keyed by ``(kind, allowed, reason)``, so
 a decision costs a dict lookup and three increments, never a label lookup. All
 reachable label combinations start at 0, so ``rate()`` works from the first scrape.
-The metrics belong to a registry, created once per registry (``collector.py``).
 """
 
 from __future__ import annotations
@@ -94,9 +93,7 @@ class _Families:
 class DecisionMetrics:
     """The counters and histogram of the decision path: a ``DecisionObserver``.
 
-    ``registry`` is where the metrics are registered (``None``: nowhere, for
-    callers that collect them themselves). ``live_sessions=True`` adds the
-    ``livesum`` session gauge of multiprocess mode, set by :meth:`on_sessions`.
+    ``live_sessions=True`` adds the ``livesum`` session gauge of multiprocess mode.
     """
 
     __slots__ = ("_families", "_incs", "_observe", "_sessions", "_telemetry", "_transition")

@@ -1,9 +1,7 @@
 """How a guard's admission is instrumented: the observer of its decisions, its view.
 
-The decision counters and the scrape-time collector belong to a registry
-(``collector.py``); a guard is told which observer to tell of its decisions
-(:func:`instrument`), and once its service exists that service is what the
-registry's collector describes (:func:`expose`).
+A guard is told which observer to tell of its decisions (:func:`instrument`), and
+once its service exists the registry's collector describes it (:func:`expose`).
 """
 
 from __future__ import annotations
@@ -42,12 +40,8 @@ class _Both:
 
 
 class _LiveSessions:
-    """Multiprocess mode: republishes this worker's session counts whenever they change.
-
-    After each decision (a reservation may have been taken) and after each
-    activation or release, outside the ledger lock, since ``session_counts``
-    takes it.
-    """
+    """Multiprocess mode: republishes this worker's session counts whenever they change,
+    outside the ledger lock, since ``session_counts`` takes it."""
 
     __slots__ = ("_counts", "_metrics")
 
@@ -85,13 +79,9 @@ def instrument(
 ) -> DecisionObserver | None:
     """The observer a guard should tell of its decisions to export its metrics on ``registry``.
 
-    ``registry=None`` exports nothing: no observer (``None``) unless one is given.
-    An explicit ``observer`` is told of every decision as well as the metrics (after
-    them), so passing one never switches metrics off. In multiprocess mode the
-    ledger tells of its changes to republish the ``livesum`` session gauge (``counts()``)
-    after every activation and release, before ``on_change`` (what else the guard is
-    told of them: the wait queue's wake). What the guard shows at scrape time is
-    added once it exists (:func:`describe`).
+    An explicit ``observer`` is told of every decision after the metrics. The ledger
+    tells of its changes to republish the ``livesum`` session gauge (multiprocess mode),
+    then ``on_change`` (the wait queue's wake).
     """
     chosen: DecisionObserver | None = None
     publish: Callable[[], None] | None = None
@@ -121,7 +111,7 @@ def queue_metrics(
 
 
 def expose(view: AdmissionView, *, registry: CollectorRegistry | None = REGISTRY) -> None:
-    """Export what ``view`` (a running guard's service) shows at scrape time on
-    ``registry``, for as long as it lives (``None``: nowhere)."""
+    """Export what ``view`` shows at scrape time on ``registry``, for as long as it lives."""
+
     if registry is not None:
         registry_binding(registry, shared=False).collector.add(view)

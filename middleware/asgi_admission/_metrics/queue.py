@@ -1,17 +1,9 @@
 """The scheduler's metrics: how many wait, per class, how long each wait took, and the
 decisions of each class.
 
-``asgi_admission_queue_waiting{class}`` is a gauge moved as each request joins and
-leaves the queue (``livesum`` in multiprocess mode, so the scrape sums the workers'
-waiters and a dead worker's drop out); ``asgi_admission_queue_wait_seconds{class,
-outcome}`` is a histogram observed as each wait ends (``admitted``, ``timeout``,
-``cancelled``). ``asgi_admission_class_decisions_total{class,outcome,reason}`` counts
-the decisions per class, where a guard has classes (a separate family: a new label on
-``asgi_admission_decisions_total`` would change every series a dashboard or an alert
-of a guard without classes already matches). The ``class`` label takes the configured
-classes' names only (a bounded set, checked by the configuration); every combination
-starts at 0. Created once per registry with the
-decision metrics (``collector.py``).
+``asgi_admission_class_decisions_total`` is a family of its own: a new label on
+``asgi_admission_decisions_total`` would change every series a dashboard of a guard
+without classes already matches. The ``class`` label takes the configured names only.
 """
 
 from __future__ import annotations
@@ -71,8 +63,8 @@ class QueueMetrics:
                 self._seconds.labels(name, outcome)
 
     def counting_decisions(self, classes: Iterable[str]) -> Callable[[str, CapacityDecision], None]:
-        """What a guard with ``classes`` tells of each decision and its request's class
-        (every combination of theirs started at 0); bound once, a dict lookup each."""
+        """What a guard with ``classes`` tells of each decision and its request's class."""
+
         incs: dict[tuple[str, bool, str | None], Callable[[], None]] = {}
         for name in classes:
             for allowed, reason, outcome, label in OUTCOMES:

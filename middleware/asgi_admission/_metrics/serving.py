@@ -7,18 +7,12 @@ Notes:
   ``Route`` whose endpoint is an ASGI app matches the exact path instead, so
   :func:`metrics_route` (or FastAPI's ``app.add_route("/metrics", metrics_app())``)
   answers ``/metrics`` directly.
-- Content negotiation is prometheus_client's: OpenMetrics when the scraper asks
-  for it (Prometheus does), the text format otherwise, gzip when accepted.
-- Multiprocess mode switches on by itself when ``PROMETHEUS_MULTIPROC_DIR`` is
-  set (read once, when the app is built), as prometheus_client's own
-  multiprocess switch is: each scrape builds a fresh registry holding
-  ``MultiProcessCollector`` (the counters, histogram and ``livesum`` session
-  gauge of every worker, summed) and the scrape-time collector of this worker,
-  which reads the container's memory once (the cgroup is shared, so summing it
-  per worker would be wrong). Any worker can answer.
-- The separate port is prometheus_client's own threaded WSGI server
-  (``start_http_server``) over the same scrape target, for deployments that
-  must not expose metrics on the public port.
+- Content negotiation is prometheus_client's: OpenMetrics when asked, the text
+  format otherwise, gzip when accepted.
+- With ``PROMETHEUS_MULTIPROC_DIR`` set (read when the app is built) each scrape
+  builds a fresh registry holding ``MultiProcessCollector`` (every worker's counters,
+  summed) and this worker's scrape-time collector, which reads the container's
+  memory once (summing it per worker would be wrong). Any worker can answer.
 """
 
 from __future__ import annotations

@@ -2,19 +2,13 @@
 
 Notes:
 
-- Started with the app's lifespan (just before the server hears that startup
-  completed) and stopped with it; on every interface, with ``SO_REUSEPORT``, so
-  that each worker of a container listens on the same port and the kernel hands
-  each connection to one of them. Their answers agree: the memory is the
-  container's and the counts are the shared ledger's (``docs/containers.md``).
-- A connection is answered as soon as the room is known (``RoomView``: one look per
-  interval, however many connect) and then closed. Nothing the client sends is
-  needed: it is read and dropped, and a client that sends more than
-  ``MAX_RECEIVED_BYTES`` or is still connected ``ANSWER_TIMEOUT_S`` after it came
-  (one that never reads) is cut off. At most ``MAX_CONNECTIONS`` are open at a
-  time; one more is closed at once, unanswered.
-- Everything runs on the event loop as callbacks and one shared task; nothing
-  blocks it.
+- Started and stopped with the app's lifespan, on every interface with
+  ``SO_REUSEPORT``, so every worker of a container listens on the same port; their
+  answers agree, the memory being the container's and the counts the shared
+  ledger's (``docs/containers.md``).
+- A connection is answered as soon as the room is known, then closed. What the client
+  sends is dropped; one that sends more than ``MAX_RECEIVED_BYTES`` or stays past
+  ``ANSWER_TIMEOUT_S`` is cut off, and beyond ``MAX_CONNECTIONS`` one is closed at once.
 """
 
 from __future__ import annotations
@@ -108,8 +102,8 @@ class AgentListener:
         self._looking: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Listen; a port that cannot be had is logged at ERROR and left alone (the
-        service runs on, and the proxy on its own weights and the 503 retry)."""
+        """Listen; a port that cannot be had is logged at ERROR and the service runs on."""
+
         if self._server is not None:
             return
         try:

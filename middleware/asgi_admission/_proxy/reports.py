@@ -29,9 +29,9 @@ class RoomReports:
         self.load_report = self.view if config.load_metrics_header else None
 
     def look(self) -> tuple[CapacityDecision, int | None]:
-        """The readiness probe's look (the latch and the counts, container-wide where the
-        workers share a ledger), and the admissible sessions the metrics report, on an
-        exact reading: the fast path's bound would understate the room."""
+        """The readiness probe's look and the admissible sessions, on an exact reading:
+        the fast path's bound would understate the room."""
+
         service = self._service
         decision, counts = service.checks.look()
         memory = decision.memory if decision.memory.exact else service.read()

@@ -2,12 +2,9 @@
 
 Notes:
 
-- One look is the guard's own: the latch on an exact reading, as the readiness
-  probe evaluates it, and the admissible sessions the metrics report
-  (``asgi_admission_admissible_sessions``), over the container's counts where the
-  workers share a ledger. Nothing here does that arithmetic again.
-- A look is taken at most every ``MAX_AGE_S``: a flood of agent checks or session
-  responses costs one reading per interval, not one each.
+- One look is the readiness probe's latch on an exact reading and the admissible
+  sessions the metrics report; it is taken at most every ``MAX_AGE_S``, however many
+  agent checks or session responses ask.
 - HAProxy's agent check reads ``ready N%``: N percent of the server's configured
   weight, at most 256 in all. With ``weight 100`` on each server (the documented
   configuration), N is the admissible sessions, capped at 256. ``drain`` where no
@@ -111,12 +108,9 @@ class RoomView:
         return None
 
     async def now(self) -> Room:
-        """A recent room: the last look's, or one new look shared by concurrent callers.
+        """A recent room: the last look's, or one new look shared by concurrent callers
+        (:data:`BUSY` while the shared ledger stays busy)."""
 
-        While another worker holds the shared ledger the look is retried without
-        blocking the loop for at most ``LOCK_WAIT_S`` (then :data:`BUSY`). A look that
-        fails in any other way raises, logged once.
-        """
         room = self.fresh()
         if room is not None:
             return room

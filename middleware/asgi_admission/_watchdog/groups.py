@@ -2,39 +2,25 @@
 
 Notes:
 
-- Where the groups go. cgroup v1 (the memory controller mounted on its own): below
-  this process's own memory group, ``<own>/asgi-admission/<group>``; v1 lets a group
-  with processes have children, and with ``memory.use_hierarchy`` (always on in
-  current kernels) their memory still counts against the container's limit. cgroup
-  v2 forbids a group that has processes to give the memory controller to its
-  children, and the server's own group has the server in it; so the groups go below
-  the group *above* it, and only where that one already gives ``memory`` to its
-  children (its ``reading.subtree_control``) and lets this process move processes
-  into them (its ``reading.procs`` is writable: a delegated subtree). The guard never
-  moves the server's own processes to make room, and leaves a v2 subtree without a
-  delegation alone (docs/session-groups.md).
-- The limits. v1: ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes``
-  where the kernel counts swap), so the kernel's OOM killer, run for the group alone
-  when it reaches its limit, picks its victim inside it. v2: ``memory.max``,
-  ``memory.high`` at 15/16 of it (reclaim and throttling start a little before the
-  kill), ``memory.oom.group=1`` (the whole session goes, not one of its processes) and
-  ``memory.swap.max=0`` where swap is counted, so the budget is a hard one.
-- Joining before allocating. A process started normally and moved afterwards has
-  already allocated (and its first children may have escaped). ``preexec_fn`` would
-  move it between fork and exec, but it is unsafe in a process with threads (every
-  server has some). ``CLONE_INTO_CGROUP`` needs ``clone3``, which neither
-  ``subprocess`` nor ``os.posix_spawn`` offers. So :meth:`SessionGroup.command`
-  prefixes the command with a tiny wrapper (``/bin/sh``, or the interpreter where there
-  is no shell) that writes ``0`` (itself) to the group's ``reading.procs`` and then
-  ``exec``\\ s the command: the command's first instruction already runs in the group,
-  and if joining fails the command never runs. It works with ``subprocess``,
-  ``asyncio`` and anything else that takes an argv, threads or not.
-- Names: ``<worker pid>-<number>-<session id>``, so the next start of a worker can
-  tell a crashed worker's leftovers from a live worker's groups. It removes a
-  leftover only when its worker is gone *and* it has no process left; a group with
-  processes is never touched (the kernel refuses to remove one anyway).
-- Removing a group needs it empty: a session ended while its processes still exit
-  is removed by the next watchdog tick (or at the watchdog's stop) instead.
+- Where the groups go (docs/session-groups.md). v1: below this process's own memory
+  group, ``<own>/asgi-admission/<group>``; with ``memory.use_hierarchy`` their memory
+  still counts against the container's limit. v2 forbids a group with processes to
+  give the memory controller to its children, so the groups go below the group
+  *above* the server's, and only where that one already gives ``memory`` to its
+  children (``cgroup.subtree_control``) and lets this process move processes into
+  them (a delegated subtree). The guard never moves the server's own processes.
+- The limits. v1: ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes``), so
+  the OOM killer picks its victim inside the group. v2: ``memory.max``,
+  ``memory.high`` at 15/16 of it (reclaim starts a little before the kill),
+  ``memory.oom.group=1`` (the whole session goes) and ``memory.swap.max=0``.
+- Joining before allocating. ``preexec_fn`` is unsafe in a process with threads, and
+  ``CLONE_INTO_CGROUP`` needs ``clone3``, which ``subprocess`` does not offer. So
+  :meth:`SessionGroup.command` prefixes the command with a tiny wrapper that writes
+  ``0`` (itself) to the group's ``cgroup.procs`` and then ``exec``\\ s the command:
+  its first instruction already runs in the group, and if joining fails it never runs.
+- Names: ``<worker pid>-<number>-<session id>``, so a worker can tell a crashed
+  worker's leftovers; it removes one only when its worker is gone and it is empty.
+- A group is removed once empty: by the next watchdog tick, or the watchdog's stop.
 """
 
 from __future__ import annotations
@@ -60,9 +46,9 @@ GroupVersion = Literal["v1", "v2"]
 
 #: The directory below which the guard makes its session groups.
 GROUPS_DIR: Final = "asgi-admission"
-#: Where this process finds its own cgroup (replaced by the test suite's conftest, so
-#: guards built in its process never make groups under the machine's own).
+#: Where this process finds its own cgroup (the test suite's conftest replaces it).
 PROC_SELF_CGROUP = "/proc/self/cgroup"
+
 MOUNTINFO = "/proc/self/mountinfo"
 
 #: Writes itself into the group ("$0" is its cgroup.procs), then becomes the command.

@@ -10,12 +10,9 @@ Notes:
 - SIGKILL after the grace period is scheduled on the event loop (a task that sleeps),
   never with ``time.sleep`` or a thread. When the watchdog stops, pending escalations
   are cancelled and kill at once, so shutdown leaves no halted process running.
-- A process that is already gone is not an error at any step.
-- Nor is one we may not signal (``PermissionError``: it changed user, or a
-  security module says no). A refused existence check (``killpg(pgid, 0)``) means
-  "cannot tell", so the escalation goes on to SIGKILL after the grace period; a
-  refused SIGTERM or SIGKILL means "cannot signal". Each is logged once per halt,
-  and the session stays marked halted until its process is gone.
+- A process that is already gone is not an error at any step, nor is one we may not
+  signal (``PermissionError``): that is logged once per halt, and the session stays
+  marked halted until its process is gone.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Carrying out the watchdog's halts: the event, its count and log line, then the halt
 action and ``on_halt``, each awaited as a task of its own when it returns an awaitable.
 
-The watchdog's tick (``tick.py``) measures and decides which session breaks its budget;
-the halter also picks the sessions the container's headroom takes (the largest first,
-``container_headroom``) and reports a kill in a session's memory group as the halt
-``memory_limit``. Every halt tells the watchdog's ``observe_peak`` first, so the
-session's peak is recorded before its process is signalled; the callbacks still
-running are the watchdog's to cancel when it stops.
+Every halt records the session's peak first, before its process is signalled.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ logger = logging.getLogger("asgi_admission")
 
 class Halter:
     """Halts sessions for the watchdog: ``action`` carries a halt out, ``on_halt`` is
-    told of it (either may be a coroutine function), ``metrics.halted`` counts it and
-    ``observe_peak(session)`` records the session's peak as it is halted."""
+    told of it (either may be a coroutine function)."""
 
     __slots__ = ("_action", "_metrics", "_observe_peak", "_on_halt", "_tasks")
 

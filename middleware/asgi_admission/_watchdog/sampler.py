@@ -11,10 +11,8 @@ Notes:
   logical CPUs to give a share of the whole machine. A process's first sample
   only sets psutil's baseline and reads 0.
 - Descendants: ``Process.children(recursive=True)`` scans all of ``/proc`` per
-  call. One scan per tick (``read_children_map``) serves every session instead;
-  its cost per process on the machine is in ``bench/watchdog.md``.
-  The tree is rebuilt from scratch each tick, so a reused pid that is not one of
-  the session's descendants is never counted.
+  call; one scan per tick (``read_children_map``) serves every session instead
+  (``bench/watchdog.md``), rebuilt each tick so a reused pid is never counted.
 """
 
 from __future__ import annotations
@@ -51,10 +49,8 @@ class ProcessSample:
     #: When the sample was taken, on the watchdog's clock.
     at: float
     #: The memory these processes alone map and made themselves: the least of their USS
-    #: (not the libraries, nor what a forked process still shares with its parent) and
-    #: their RSS less the pages mapped from files. Measured only when asked
-    #: (``unique=True``: a session whose ticket waits for it; it costs a walk of the
-    #: process's mappings); ``None`` otherwise or where the platform cannot.
+    #: and their RSS less the pages mapped from files. Measured only for a session
+    #: registered under its ticket; ``None`` otherwise or where the platform cannot.
     unique_bytes: int | None = None
 
 
@@ -152,9 +148,7 @@ class ProcessTreeSampler:
         ``None`` means the process has gone, which is how a session normally ends.
         """
         try:
-            # One read of /proc/<pid>/stat (status, CPU) and one of statm (RSS). A pid
-            # reused within one interval would need pid_max to wrap; the halt action
-            # checks the creation time (``alive``) before it signals anything.
+            # The halt action checks the creation time (``alive``) against pid reuse.
             with self._root.oneshot():
                 if self._root.status() == psutil.STATUS_ZOMBIE:
                     return None
@@ -188,9 +182,9 @@ class ProcessTreeSampler:
 
 
 def _memory(process: psutil.Process, unique: bool) -> tuple[int, int | None]:
-    """A process's RSS and (``unique``, where the platform says) the memory it alone maps
-    and made itself: the least of its USS and its RSS less its pages mapped from files
-    (a file only it maps is in its USS, but was in the page cache before it)."""
+    """A process's RSS and (``unique``) the memory it alone maps and made itself: a
+    file only it maps is in its USS, but was in the page cache before it."""
+
     if not unique:
         return int(process.memory_info().rss), None
     try:

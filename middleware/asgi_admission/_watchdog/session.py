@@ -12,9 +12,8 @@ from asgi_admission._watchdog.groups import SessionGroup
 from asgi_admission._watchdog.halt import HaltReason, SessionHalt
 from asgi_admission._watchdog.sampler import ProcessSample, ProcessTreeSampler
 
-#: Where a session's peak came from: its memory group's own counter (exact: every page
-#: charged to the session, counted by the kernel), or the highest RSS the sampler saw
-#: (an upper bound over its processes, sampled every interval).
+#: Where a session's peak came from: its memory group's own counter (exact), or the
+#: highest RSS the sampler saw (an upper bound).
 PeakSource = Literal["memory_group", "rss"]
 
 
@@ -174,10 +173,7 @@ class WatchedSession:
 
 
 class SessionWatch(WatchedSession):
-    """A registered session as the watchdog keeps it: the handle ``register`` returns,
-    with what only the watchdog does to it. Its tick records each sample, its halter a
-    halt, and its end and the telling of its peak are recorded once; an application
-    reads them through :class:`WatchedSession`'s properties, and none of these writes."""
+    """The handle ``register`` returns, with the writes only the watchdog makes."""
 
     __slots__ = ()
 
@@ -187,8 +183,7 @@ class SessionWatch(WatchedSession):
         return self._sampler
 
     def record(self, sample: ProcessSample, *, peak: bool = True) -> None:
-        """``sample`` is the latest measurement; its RSS counts toward the peak unless
-        ``peak`` is false (a sample taken as the kernel killed in its memory group)."""
+        """Record ``sample``; ``peak`` false: taken as the kernel killed in its group."""
         self._last = sample
         if peak and (self._peak is None or sample.rss_bytes > self._peak):
             self._peak = sample.rss_bytes
@@ -205,8 +200,8 @@ class SessionWatch(WatchedSession):
         self._ended = True
 
     def claim_peak(self) -> bool:
-        """Whether its peak is still to be told (once only): true the first time, and
-        from then on false."""
+        """True the first time only: its peak is told once."""
+
         if self._observed:
             return False
         self._observed = True

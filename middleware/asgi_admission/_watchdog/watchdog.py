@@ -2,51 +2,52 @@
 
 Notes:
 
-- A session registers the pid of the process it starts and gets a handle back;
-  unregistering (or leaving the handle's ``with`` block) ends the session. Nothing
-  is sampled after that, and a process that exits on its own ends its session the
-  same way: it is the normal end of a session, not an error.
 - ``run()`` is a task on the application's event loop, started and stopped with
-  the lifespan (``lifespan.py``). Each tick measures in a thread of its own and
-  decides on the loop (``tick.py``: what is measured, and the two reasons to halt).
-  ``sample_once()`` does both, synchronously, for tests (``bench/watchdog.md``).
-  Without a lifespan, call ``await start()`` and ``await stop()`` yourself.
+  the lifespan (``lifespan.py``). Each tick measures in a thread of its own
+  (``measure``: a ``/proc`` scan and a read per session process) and decides on the
+  loop (``decide``); ``sample_once()`` does both, for tests.
+- Two reasons to halt: a session over its own budget (``budget_exceeded``), and,
+  while the container is at or above the critical watermark, the largest sessions
+  first (``container_headroom``). A session being halted counts as freeing its last
+  RSS until its process is gone, so one breach does not halt a second session while
+  the first is still exiting.
 - Only memory halts. CPU is measured and reported, never acted on: a busy half
   second is the container runtime's to throttle, and a CPU-bound session is not
   a danger to its neighbours the way an out-of-memory kill is.
-- The peak RSS of every session goes into ``asgi_admission_session_memory_bytes``
-  once, when it is halted or ends: the evidence for choosing the reserve. A session
-  in a memory group of its own (``groups.py``) gives its group's exact peak instead,
-  when it ends; ``on_session_peak`` is told either, saying which.
-- A session in a memory group is held to its budget by the kernel; an OOM kill in
-  its group is reported as the halt ``memory_limit``, by the tick that sees it or
-  when the session ends.
-- A decided halt is carried out by ``halter.Halter`` (the event, its count and log
-  line, the callbacks); the two settings are checked and read from the environment
-  in ``priority.py``.
+- A session in a memory group is held to its budget by the kernel, so its sampled RSS
+  (an upper bound) does not halt it; an OOM kill there is the halt ``memory_limit``.
+- Each session's peak goes into ``asgi_admission_session_memory_bytes`` once, when
+  it is halted or ends: its RSS, or its memory group's exact peak (``groups.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Final
 
 import psutil
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from asgi_admission._config import AdmissionConfig
+from asgi_admission import _env
+from asgi_admission._config import MIB, AdmissionConfig
 from asgi_admission._memory.reading import MemoryReader
 from asgi_admission._watchdog.groups import SessionGroup, SessionGroups
 from asgi_admission._watchdog.halt import HaltAction, ProcessGroupHalt, SessionHalt
 from asgi_admission._watchdog.halter import Halter
 from asgi_admission._watchdog.metrics import watchdog_metrics
-from asgi_admission._watchdog.sampler import ProcessTreeSampler, let_the_loop_run
+from asgi_admission._watchdog.sampler import (
+    ProcessSample,
+    ProcessTreeSampler,
+    let_the_loop_run,
+    read_children_map,
+)
 from asgi_admission._watchdog.session import (
     PeakHook,
     SessionPeak,
@@ -54,15 +55,60 @@ from asgi_admission._watchdog.session import (
     SessionWatch,
     WatchedSession,
 )
-from asgi_admission._watchdog.settings import (
-    DEFAULT_CRITICAL_WATERMARK_PERCENT,
-    DEFAULT_INTERVAL_S,
-    check_settings,
-    settings_from_env,
-)
-from asgi_admission._watchdog.tick import Measured, decide, measure
 
 logger = logging.getLogger("asgi_admission")
+
+# --------------------------------------------------------------------------------------
+# The settings: the critical watermark and the sampling interval (docs/configuration.md).
+
+DEFAULT_CRITICAL_WATERMARK_PERCENT: Final = 90.0
+DEFAULT_INTERVAL_S: Final = 0.5
+ENV_CRITICAL_WATERMARK: Final = ("ADMISSION_CRITICAL_WATERMARK_PERCENT", None)
+ENV_INTERVAL: Final = ("ADMISSION_WATCHDOG_INTERVAL_SECONDS", None)
+
+
+def check_settings(*, critical_watermark_percent: float, interval_s: float, high: float) -> None:
+    """Raise ``ValueError`` unless the critical watermark lies above the high one ``high``
+    and at most 100, and the interval is a number of seconds above 0."""
+    if not (math.isfinite(critical_watermark_percent) and high < critical_watermark_percent <= 100):
+        raise ValueError(
+            "critical_watermark_percent must lie above the high watermark and at most 100 "
+            f"(high < critical <= 100); got critical={critical_watermark_percent!r}, "
+            f"high={high!r}."
+        )
+    if not (math.isfinite(interval_s) and interval_s > 0):
+        raise ValueError(f"interval_s must be a number of seconds above 0; got {interval_s!r}.")
+
+
+def settings_from_env(env: Mapping[str, str], *, high: float) -> tuple[float, float]:
+    """The critical watermark and the interval from ``env``, given the high watermark
+    ``high``; a bad value falls back with one warning naming the variable (see
+    ``SessionWatchdog.from_env``)."""
+    critical = _env.number(env, ENV_CRITICAL_WATERMARK, DEFAULT_CRITICAL_WATERMARK_PERCENT, float)
+    if not (math.isfinite(critical) and high < critical <= 100):
+        fallback = (
+            DEFAULT_CRITICAL_WATERMARK_PERCENT
+            if high < DEFAULT_CRITICAL_WATERMARK_PERCENT
+            else (high + 100) / 2
+        )
+        logger.warning(
+            "%s=%s must lie above the high watermark %s and at most 100; using %s.",
+            ENV_CRITICAL_WATERMARK[0],
+            critical,
+            high,
+            fallback,
+        )
+        critical = fallback
+    interval = _env.number(env, ENV_INTERVAL, DEFAULT_INTERVAL_S, float)
+    if not (math.isfinite(interval) and interval > 0):
+        logger.warning(
+            "%s=%s must be above 0; using the default %s.",
+            ENV_INTERVAL[0],
+            interval,
+            DEFAULT_INTERVAL_S,
+        )
+        interval = DEFAULT_INTERVAL_S
+    return critical, interval
 
 
 class SessionWatchdog:
@@ -132,7 +178,6 @@ class SessionWatchdog:
         self._proc = proc
         # Registration order, so "largest first" breaks ties by age. The lock makes
         # register/unregister safe from threads (sync endpoints run in a threadpool).
-        # Each handle maps to itself as the watchdog keeps it (the same object).
         self._sessions: dict[WatchedSession, SessionWatch] = {}
         self._lock = threading.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -181,8 +226,6 @@ class SessionWatchdog:
             on_halt=on_halt,
             registry=registry,
         )
-
-    # -- registration ------------------------------------------------------------------
 
     def register(
         self,
@@ -261,7 +304,6 @@ class SessionWatchdog:
             return tuple(self._sessions)
 
     def _watched(self) -> tuple[SessionWatch, ...]:
-        """:attr:`sessions` as the watchdog keeps them."""
         with self._lock:
             return tuple(self._sessions.values())
 
@@ -307,9 +349,8 @@ class SessionWatchdog:
             return
         self._metrics.session_memory.observe(peak)
         if self._on_peak is not None and session.route is not None:
-            # Measured sessions first: learning takes the session's own memory where it
-            # was measured (its group's peak, or what it alone mapped), not its RSS, which
-            # counts the pages it shares with the server.
+            # Learning takes the session's own memory where it was measured, not its
+            # RSS, which counts the pages it shares with the server.
             own = session.peak_own_bytes
             learned = peak if exact is not None or own is None else own
             self._on_peak(session.route, learned, exact=exact is not None)
@@ -325,8 +366,6 @@ class SessionWatchdog:
                 )
             )
 
-    # -- sampling ----------------------------------------------------------------------
-
     def sample_once(self) -> tuple[SessionHalt, ...]:
         """One tick: sample every live session, then halt what must be halted.
 
@@ -340,7 +379,6 @@ class SessionWatchdog:
     def _measure(
         self, sessions: Sequence[SessionWatch], pause: Callable[[], None] | None = None
     ) -> list[Measured]:
-        """A tick's measuring (``tick.measure``), safe in a thread."""
         return measure(
             sessions,
             now=self._clock(),
@@ -352,7 +390,6 @@ class SessionWatchdog:
     def _apply(
         self, sessions: Sequence[SessionWatch], measured: list[Measured]
     ) -> tuple[SessionHalt, ...]:
-        """A tick's decisions (``tick.decide``), on the loop."""
         return decide(
             sessions,
             measured,
@@ -367,8 +404,6 @@ class SessionWatchdog:
             watch = self._sessions.pop(session, None)
         if watch is not None:
             self._end(watch)
-
-    # -- the lifespan task -------------------------------------------------------------
 
     @property
     def running(self) -> bool:
@@ -418,3 +453,97 @@ class SessionWatchdog:
         await asyncio.gather(*pending, return_exceptions=True)
         if self.session_groups.pending:
             await asyncio.to_thread(self.session_groups.retry)
+
+
+# --------------------------------------------------------------------------------------
+# One tick: what it measures of each session, and what it decides from that.
+
+#: A halted session that still runs, in a tick's measurements.
+STILL: Final = "still running"
+#: One session's measurement: the session, whether it was halted, its sample
+#: (``None``: the process has gone; ``STILL``: halted and still running), and the OOM
+#: kills counted in its memory group (0 without one).
+Measured = tuple[SessionWatch, bool, "ProcessSample | str | None", int]
+
+
+def measure(
+    sessions: Sequence[SessionWatch],
+    *,
+    now: float,
+    proc: str,
+    session_groups: SessionGroups,
+    pause: Callable[[], None] | None = None,
+) -> list[Measured]:
+    """The system calls of a tick, safe in a thread; ``pause`` is called between
+    sessions and every few ``/proc`` entries."""
+    children = (
+        read_children_map(proc, pause=pause)
+        if any(s.include_children and s.halt is None for s in sessions)
+        else None
+    )
+    measured: list[Measured] = []
+    for session in sessions:
+        if pause is not None:
+            pause()
+        sampler = session.sampler
+        assert sampler is not None  # only live sessions are in the table
+        if session.ended:
+            continue
+        ooms = 0 if session.group is None else session.group.oom_kills()
+        if session.halt is not None:  # only wait for it to go
+            measured.append((session, True, None if not sampler.alive() else STILL, ooms))
+            continue
+        # A session registered under its ticket is measured by its own memory.
+        unique = session.ticket is not None
+        sample = sampler.sample(children if session.include_children else None, now, unique=unique)
+        measured.append((session, False, sample, ooms))
+    if session_groups.pending:
+        session_groups.retry()
+    return measured
+
+
+def decide(
+    sessions: Sequence[SessionWatch],
+    measured: list[Measured],
+    *,
+    halter: Halter,
+    memory_reader: MemoryReader,
+    critical_percent: float,
+    drop: Callable[[SessionWatch], None],
+) -> tuple[SessionHalt, ...]:
+    """The decisions of a tick, on the loop: record samples, end sessions, halt."""
+
+    halts: list[SessionHalt] = []
+    for session, was_halted, sample, ooms in measured:
+        if session.ended:  # unregistered meanwhile (a callback, another thread)
+            continue
+        if ooms and not was_halted:
+            if isinstance(sample, ProcessSample):
+                session.record(sample, peak=False)
+            halts.append(halter.memory_limit(session, critical_percent))
+            was_halted = True
+        if was_halted or sample is None:
+            if sample is None:
+                drop(session)
+            continue
+        assert isinstance(sample, ProcessSample)
+        session.record(sample)
+        ticket = session.ticket
+        if ticket is not None and ticket.awaiting_memory and sample.unique_bytes is not None:
+            ticket.measured(sample.unique_bytes)
+        budget = session.budget_bytes
+        if budget is not None and session.group is None and sample.rss_bytes > budget:
+            halts.append(
+                halter.halt(
+                    session,
+                    "budget_exceeded",
+                    None,
+                    f"The session was halted because it used {sample.rss_bytes / MIB:.0f} MiB "
+                    f"of memory, over its budget of {budget / MIB:.0f} MiB.",
+                    critical_percent=critical_percent,
+                )
+            )
+    live = [s for s in sessions if not s.ended]
+    if live:
+        halts.extend(halter.container_halts(live, memory_reader(), critical_percent))
+    return tuple(halts)

@@ -170,11 +170,8 @@ class ProcessSessions:
                 await process.stdout.readline()
             except BaseException:
                 # Cancelled (the client left) or failed before the session was recorded:
-                # nothing else would ever stop this child. Shielded, as in close().
-                with anyio.CancelScope(shield=True):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(process.pid, signal.SIGKILL)
-                    await process.wait()
+                # nothing else would ever stop this child.
+                await _kill(process)
                 if watched is not None:
                     watched.unregister()
                 raise
@@ -195,17 +192,21 @@ class ProcessSessions:
             child.watched.unregister()
         if child.ramping is not None:
             child.ramping.cancel()
-        # Shielded: a handler its server cancels (an anyio cancel scope cancels every
-        # await in it) still reaps the child it has taken out of the table.
-        with anyio.CancelScope(shield=True):
-            if child.process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.process.pid, signal.SIGKILL)
-            await child.process.wait()
+        await _kill(child.process)
 
     async def close_all(self) -> None:
         for session_id in list(self._children):
             await self.close(session_id)
+
+
+async def _kill(process: asyncio.subprocess.Process) -> None:
+    # Shielded: a handler its server cancels (an anyio cancel scope cancels every
+    # await in it) still reaps the child it has taken out of the table.
+    with anyio.CancelScope(shield=True):
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
 
 
 def ended(child: _Child) -> HTTPException | None:

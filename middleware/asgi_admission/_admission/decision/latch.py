@@ -1,27 +1,17 @@
 """The admission latch: a pure state machine over memory readings.
 
 It knows nothing of ASGI, files or Prometheus. Given the session counts and one
-reading, it decides whether one more session may start.
+reading, it decides whether one more session may start (docs/how-it-decides.md).
 
 Notes:
 
 - The set and clear conditions are exact complements, so one evaluation can never
-  clear the latch and re-arm it (docs/how-it-decides.md).
-- A reserve of R bytes makes the effective admission ceiling ``high - R``: one
-  more session is only admitted while its reserve (and those of sessions already
-  admitted but not yet started) still fits under the high watermark. R is
-  ``reserve_for(limit)``: the configured reserve, or one derived from the limit.
+  clear the latch and re-arm it.
 - The fast path (``assess``): every condition of the latch is monotone in the
-  working set. So where the last decision was "normal" and an upper bound of the
-  working set (raw usage, from a reader's ``read_bound``, without the costly
-  ``memory.stat``) with the exact limit already admits without setting the
-  latch, the exact working set would have decided the same: admit, normal, no
-  transition. Anything else (near the ceiling, latched, blind, after a blind
-  decision) takes the full reading. Only ``decision.memory`` differs: the bound,
-  marked ``exact=False``.
-- The count cap (``session_limit``) is the operator's: ``None`` sets none while
-  memory is readable, so memory alone decides there, and ``BLIND_MAX_SESSIONS``
-  while the guard is blind, where the count is all it has (``count_cap``).
+  working set, so where the last decision was "normal" and an upper bound of the
+  working set (raw usage, without the costly ``memory.stat``) already admits, the
+  exact working set would have decided the same. Only ``decision.memory`` differs:
+  the bound, with ``exact=False``.
 """
 
 from __future__ import annotations
@@ -48,13 +38,6 @@ from asgi_admission._memory.reading import (
     read_cgroup_memory,
 )
 
-# --------------------------------------------------------------------------------------
-# The session reserve for a memory limit, and the configurations that can never admit.
-#
-# Unset, the reserve follows the container's size: an eighth of the limit, at most
-# 768 MiB. Every use of the reserve goes through ``AdmissionController.reserve_for``,
-# the one place that says what "the reserve for this limit" is.
-
 #: The largest derived reserve, and the reserve shown while no limit is known.
 RESERVE_CAP_BYTES: Final = 768 * MIB
 #: A derived reserve is this fraction of the limit.
@@ -80,9 +63,7 @@ def never_admits(
 ) -> str | None:
     """Why nothing can ever be admitted at this limit, naming the setting; ``None`` if it can.
 
-    One reserve at or above the admission ceiling (the high watermark's share of
-    the limit) refuses every session whatever the working set. Without a limit
-    there is no ceiling and nothing to say.
+    One reserve at or above the high watermark's share of the limit refuses every session.
     """
     if not limit_bytes or reserve_bytes < limit_bytes * high_watermark_percent / 100:
         return None
@@ -136,8 +117,7 @@ class CapacityDecision:
     transition: Literal["pressured", "normal"] | None = None
 
 
-# Decisions are made on the request path: written as a draft (see draft_class);
-# tests/test_latch.py checks the result equals the constructor's.
+# Decisions are made on the request path: see draft_class.
 _Draft = draft_class(CapacityDecision)
 _new = object.__new__
 
@@ -160,10 +140,9 @@ def _decision(
     return built
 
 
-# The latch compares the percentage rounded to two decimals, as the guard it replaced
-# did, so that both decide alike at the bounds.
-# round() is slow (bench/README.md), and it can only move a value by 0.005: further
-# than 0.01 from the bound, the unrounded value gives the same answer.
+# The latch compares the percentage rounded to two decimals, as MemoryReading.percent
+# does. round() is slow (bench/README.md) and moves a value by at most 0.005, so
+# further than 0.01 from the bound the unrounded value gives the same answer.
 def _rounded_at_least(percent: float, bound: float) -> bool:
     """``round(percent, 2) >= bound``."""
     if percent >= bound + 0.01:
@@ -182,6 +161,18 @@ def _rounded_at_most(percent: float, bound: float) -> bool:
     return round(percent, 2) <= bound
 
 
+def _blind_decision(
+    memory: MemoryReading, used_slots: int, session_limit: int | None, was_pressured: bool
+) -> CapacityDecision:
+    """The count cap alone decides; the latch, if it was set, clears."""
+    allowed = used_slots < (BLIND_MAX_SESSIONS if session_limit is None else session_limit)
+    reason: Reason | None = None
+    if not allowed:
+        # A readable cgroup that is simply unlimited is not a telemetry failure.
+        reason = "no_memory_limit" if has_no_limit(memory) else "telemetry_unavailable"
+    return _decision(allowed, "unavailable", memory, reason, "normal" if was_pressured else None)
+
+
 def has_no_limit(memory: MemoryReading) -> bool:
     """Whether ``memory`` was read but is simply unlimited: blind, yet no telemetry failure."""
     return memory.available and memory.used_bytes is not None and memory.limit_bytes is None
@@ -193,8 +184,7 @@ def is_blind(memory: MemoryReading | None) -> bool:
 
 
 def count_cap(session_limit: int | None, blind: bool) -> int | None:
-    """The count cap in force: ``session_limit`` when set; else ``BLIND_MAX_SESSIONS``
-    while the guard is blind, and none (``None``: memory alone decides) while it reads."""
+    """The count cap in force: ``session_limit``, else ``BLIND_MAX_SESSIONS`` while blind."""
     if session_limit is not None:
         return session_limit
     return BLIND_MAX_SESSIONS if blind else None
@@ -243,9 +233,7 @@ class AdmissionController:
         self.resume_threshold_percent = float(resume_threshold_percent)
         #: The configured reserve; ``None`` derives it from each reading's limit.
         self.reserve_bytes = None if reserve_bytes is None else int(reserve_bytes)
-        #: What the guard learned one session adds (``docs/reservations.md``): it
-        #: raises the reserve, or replaces it where ``learned_replaces``; ``None``:
-        #: nothing learned, or learning off.
+        #: What the guard learned one session adds (``docs/reservations.md``).
         self.learned_reserve_bytes: int | None = None
         self.learned_replaces = False
         self.memory_reader: MemoryReader = memory_reader or read_cgroup_memory
@@ -420,6 +408,7 @@ class AdmissionController:
     def held(self, pending_sessions: int, limit: int) -> int:
         """What the pending sessions and one more hold back under ``limit`` bytes where
         nothing better is known: a reserve each."""
+
         return (pending_sessions + 1) * self.reserve_for(limit)
 
     def decide(
@@ -447,14 +436,7 @@ class AdmissionController:
             # recovering telemetry starts from a fresh evaluation.
             self._pressured = False
             self._last_state = "unavailable"
-            allowed = used_slots < (BLIND_MAX_SESSIONS if session_limit is None else session_limit)
-            reason: Reason | None = None
-            if not allowed:
-                # A readable cgroup that is simply unlimited is not a telemetry failure.
-                reason = "no_memory_limit" if has_no_limit(memory) else "telemetry_unavailable"
-            return _decision(
-                allowed, "unavailable", memory, reason, "normal" if was_pressured else None
-            )
+            return _blind_decision(memory, used_slots, session_limit, was_pressured)
 
         high = self.high_watermark_percent
         if held_bytes is None:
@@ -480,28 +462,14 @@ class AdmissionController:
 
 
 # --------------------------------------------------------------------------------------
-# Priority classes' ceilings: the latch's hysteresis, once per class.
+# Priority classes: the latch once per class (docs/configuration.md).
 #
-# Each class (``ADMISSION_PRIORITY_CLASSES``) has its own ceiling, a high watermark
-# of its own, and its own latch: it sets where the class's ceiling is reached (the
-# working set alone, or with the pending reserves and one more reserve) and clears
-# at or below the ceiling less the configured gap between the high watermark and the
-# resume threshold, once one more reserve fits again. So a lower class is refused
-# first and a higher one keeps its headroom (docs/configuration.md).
-#
-# Notes:
-#
-# - The conditions are exactly those of ``AdmissionController.decide``
-# (``latch.py``), percentages rounded to two decimals as ``MemoryReading.percent``
-# rounds them, with the class's ceiling and resume point for the high watermark
-# and the resume threshold. With no classes configured there is one, ``default``,
-# at the high watermark, and :meth:`ClassCeilings.decide` answers exactly as the
-# controller does (tests/scheduling/test_classes.py checks it on random readings).
-# - A class's latch moves on the readings its own requests are decided on: a class
-# asked rarely keeps its latch set until one of its requests finds the working set
-# at or below its resume point, as the single latch does between requests.
-# - Not thread-safe by itself: callers hold the lock they hold around the
-# controller's ``decide``.
+# Each class has its own ceiling and latch, which clears at its ceiling less the gap
+# between the high watermark and the resume threshold; so a lower class is refused
+# first. The conditions are those of ``AdmissionController.decide``; with no classes
+# configured the one class, ``default``, answers exactly as the controller does
+# (tests/scheduling/test_classes.py). A class's latch moves only on its own requests'
+# readings. Not thread-safe: callers hold the controller's lock.
 
 Transition = Literal["pressured", "normal"]
 
@@ -545,25 +513,18 @@ class ClassCeilings:
         return self._pressured[name]
 
     def forget(self) -> None:
-        """Clear every class's latch: the guard went blind, and a reading that comes back
-        starts afresh, as the single latch does."""
+        """Clear every class's latch (the guard went blind)."""
         for name in self.names:
             self._pressured[name] = False
 
     def fits(self, name: str, *, used_bytes: int, held_bytes: int, limit_bytes: int) -> bool:
-        """Move the class's latch on this reading and say whether a request of the class
-        fits: the working set ``used_bytes`` and ``held_bytes`` (what the pending sessions
-        and one more hold back: the controller's reserves) under the class's ceiling of
-        ``limit_bytes`` (above 0), its latch clear."""
+        """Move the class's latch on this reading; whether a request of the class fits."""
         return self._move(name, used_bytes, held_bytes, limit_bytes)[0]
 
     def bound_admits(
         self, name: str, *, used_bytes: int, held_bytes: int, limit_bytes: int
     ) -> bool:
-        """Whether an upper bound ``used_bytes`` of the working set admits a request of the
-        class with its latch left alone: the latch is clear and stays clear even at the
-        bound, so the exact working set would decide the same (the controller's fast path,
-        per class). Moves nothing."""
+        """The controller's :meth:`~AdmissionController.bound_admits`, per class."""
         if limit_bytes <= 0 or self._pressured[name]:
             return False
         ceiling = self._ceiling[name]
@@ -598,27 +559,14 @@ class ClassCeilings:
         pending_sessions: int,
         held_bytes: int,
     ) -> CapacityDecision:
-        """``AdmissionController.decide`` for a request of class ``name``: the class's
-        latch in place of the single one, the count cap as ever.
-
-        ``held_bytes`` is what the pending sessions and one more hold back at this
-        reading's limit (the controller's reserves for the request's route). Blind, every
-        class's latch is cleared and the count cap alone decides; the transition is then
-        this class's latch clearing, if it was set.
-        """
+        """``AdmissionController.decide`` with the class's latch in place of the single one."""
         used_slots = current_sessions + pending_sessions
         used, limit = memory.used_bytes, memory.limit_bytes
         if used is None or not limit or not memory.available:
             was = self._pressured[name]
             self.forget()
-            cap = count_cap(session_limit, blind=True)
-            allowed = cap is None or used_slots < cap
-            reason: Reason | None = None
-            if not allowed:
-                reason = "no_memory_limit" if has_no_limit(memory) else "telemetry_unavailable"
-            return CapacityDecision(
-                allowed, "unavailable", memory, reason, "normal" if was else None
-            )
+            return _blind_decision(memory, used_slots, session_limit, was)
+
         fits, transition = self._move(name, used, held_bytes, limit)
         if not fits:
             return CapacityDecision(False, "pressured", memory, "memory_pressure", transition)
@@ -628,11 +576,7 @@ class ClassCeilings:
 
 
 # --------------------------------------------------------------------------------------
-# The guard's log lines: telemetry lost and back, the latch set and cleared.
-#
-# Each is logged once per change, with the figures; nothing is logged per request.
-# :class:`DecisionLog` adds, once each, a reserve the limit can never hold and the
-# first refusal for a busy shared ledger.
+# The guard's log lines: once per change, never per request.
 
 
 def log_change(
@@ -641,17 +585,17 @@ def log_change(
     controller: AdmissionController,
     session_limit: int | None,
 ) -> None:
-    """Log what ``decision`` changed: telemetry lost or back, the latch set or cleared.
-
-    ``session_limit`` is the configured count cap (``None``: none while memory reads).
-    """
+    """Log what ``decision`` changed: telemetry lost or back, the latch set or cleared."""
     memory = decision.memory
+    at = (
+        f"working set {(memory.used_bytes or 0) / MIB:.1f} MiB of "
+        f"{(memory.limit_bytes or 0) / MIB:.1f} MiB ({memory.percent or 0.0:.2f}%"
+    )
     if blind_changed:
         if decision.state == "unavailable":
             cap = count_cap(session_limit, True)
             origin = "max_sessions" if session_limit is not None else "the fallback while blind"
             if memory.available:
-                # Readable, but nothing to take a percentage of: no memory limit.
                 logger.warning(
                     "asgi-admission: %s has no memory limit (working set %.1f MiB); "
                     "admitting up to %d sessions (%s) until it has one.",
@@ -669,51 +613,36 @@ def log_change(
                 origin,
             )
             return
-        logger.info(
-            "asgi-admission: memory telemetry recovered: working set %.1f MiB of "
-            "%.1f MiB (%.2f%%).",
-            (memory.used_bytes or 0) / MIB,
-            (memory.limit_bytes or 0) / MIB,
-            memory.percent or 0.0,
-        )
+        logger.info("asgi-admission: memory telemetry recovered: %s).", at)
     if decision.transition == "pressured":
         logger.warning(
-            "asgi-admission: memory pressure: refusing new sessions at working set "
-            "%.1f MiB of %.1f MiB (%.2f%%; high watermark %.1f%%, reserve %.1f MiB).",
-            (memory.used_bytes or 0) / MIB,
-            (memory.limit_bytes or 0) / MIB,
-            memory.percent or 0.0,
+            "asgi-admission: memory pressure: refusing new sessions at %s; high watermark "
+            "%.1f%%, reserve %.1f MiB).",
+            at,
             controller.high_watermark_percent,
             controller.reserve_for(memory.limit_bytes) / MIB,
         )
     elif decision.transition == "normal":
         logger.info(
-            "asgi-admission: memory pressure cleared: admitting sessions again at "
-            "working set %.1f MiB of %.1f MiB (%.2f%%; resume threshold %.1f%%).",
-            (memory.used_bytes or 0) / MIB,
-            (memory.limit_bytes or 0) / MIB,
-            memory.percent or 0.0,
+            "asgi-admission: memory pressure cleared: admitting sessions again at %s; "
+            "resume threshold %.1f%%).",
+            at,
             controller.resume_threshold_percent,
         )
 
 
 class DecisionLog:
-    """What one guard's decisions changed, logged once per change: telemetry lost and
-    back, the latch set and cleared, a reserve that can never fit, a busy ledger.
-
-    ``session_limit`` is the configured count cap (``None``: none while memory reads).
-    """
+    """What one guard's decisions changed, logged once: also a reserve that can never
+    fit, and a busy ledger."""
 
     __slots__ = ("_blind", "_busy_logged", "_controller", "_never_admits_logged", "_session_limit")
 
     def __init__(self, controller: AdmissionController, session_limit: int | None) -> None:
         self._controller = controller
         self._session_limit = session_limit
-        # Shared, lock-protected: whether the last decision was blind.
-        self._blind = False
-        # Whether the ERROR for a configuration that can never admit has been logged.
+        self._blind = False  # under the service's lock
         self._never_admits_logged = False
-        # Whether a ledger_busy refusal was logged (once: the ledger logs its outages).
+        # Once: the ledger logs its own outages.
         self._busy_logged = False
 
     def note_blind(self, decision: CapacityDecision) -> bool:
@@ -738,8 +667,6 @@ class DecisionLog:
             )
 
     def _never_admits(self, memory: MemoryReading) -> None:
-        # A latch that sets at the first reading of a limit may be set for good: a
-        # reserve the limit cannot hold. Said once, at ERROR, naming the setting.
         if self._never_admits_logged:
             return
         controller = self._controller

@@ -76,10 +76,7 @@ class RetryAfterPolicy:
         """Record one refusal and return the whole seconds to send with it."""
         if self.adaptive:
             self._adapt(self._clock())
-        delay = self._level
-        if self.jitter:
-            delay *= self._rng.uniform(1 - self.jitter, 1 + self.jitter)
-        return max(1, min(self.max_s, round(delay)))
+        return self.delay_for(self._level)
 
     def delay_for(self, seconds: float) -> int:
         """Whole seconds to send for an expected wait of ``seconds``: jittered, 1 to ``max_s``."""

@@ -1,27 +1,20 @@
 """Stuck pressure: a latch that nothing the guard admitted can clear.
 
-A set latch normally waits for sessions: they settle, end and free their memory,
-and the working set falls to the resume threshold. Where it stays set with no
-session pending, the same sessions open, and the working set less what those
-sessions account for still holding it, the memory is the server's own (a leak, a
-cache that never shrinks): after ``stuck_after_s`` of that the pressure is
-*stuck* (docs/operations.md).
+Where the latch stays set with no session pending, the same sessions open, and the
+working set less what those sessions account for still holding it, the memory is the
+server's own (a leak, a cache that never shrinks): after ``stuck_after_s`` of that the
+pressure is *stuck* (docs/operations.md).
 
 Notes:
 
-- :class:`StuckDetector` is a pure state machine over looks (latched or not, one
-  reading, the counts); it knows nothing of ASGI, files, logging or Prometheus.
-- What the guard's sessions account for is what it admits them with: one reserve
-  per counted session (active or pending), the configured or derived one raised by
-  what was learned (``AdmissionController.reserve_for``). That overstates small
-  sessions, so the unattributed rest is a lower bound and the pressure is called
-  stuck late rather than early: a restart drops every session the pod holds.
-- Any change in the counts (a session ending, one admitted by another worker)
-  starts the stretch again: memory a session held may still be on its way out.
-- The liveness answer fails a little after the pressure is stuck:
-  :func:`liveness_delay_s` adds up to half the window, fixed per pod from its host
-  name, so that every worker of a pod answers alike and replicas that leak alike are
-  not restarted at once.
+- The sessions account for one reserve each (``AdmissionController.reserve_for``).
+  That overstates small sessions, so the pressure is called stuck late rather than
+  early: a restart drops every session the pod holds.
+- Any change in the counts starts the stretch again: memory a session held may still
+  be on its way out.
+- :func:`liveness_delay_s` adds up to half the window, fixed per pod from its host
+  name, so every worker of a pod answers alike and replicas that leak alike are not
+  restarted at once.
 """
 
 from __future__ import annotations
@@ -86,9 +79,7 @@ def attribute_working_set(
 
 
 def holds_latch(controller: AdmissionController, attribution: Attribution) -> bool:
-    """Whether the unattributed rest alone keeps the latch set: its clear condition
-    (at or below the resume threshold, with room for one reserve under the high
-    watermark) fails even with every counted session's memory gone."""
+    """Whether the unattributed rest alone keeps the latch set, every session's memory gone."""
     rest, limit = attribution.unattributed_bytes, attribution.limit_bytes
     below_resume = round(rest * 100 / limit, 2) <= controller.resume_threshold_percent
     return not (below_resume and rest <= controller.ceiling_bytes(limit, 0))
@@ -146,7 +137,7 @@ class StuckDetector:
         self._controller = controller
         self.after_s = float(after_s)
         self.liveness_delay_s = float(liveness_delay_s)
-        #: When the latch began to be held by the server's own memory; ``None``: it is not.
+        # When the latch began to be held by the server's own memory; None: it is not.
         self._since: float | None = None
         self._counts = (0, 0)
         self._attribution: Attribution | None = None
@@ -187,8 +178,6 @@ class StuckDetector:
             return "cleared" if was else None
         self._attribution = attribution
         if self._since is None or counts != self._counts:
-            # A new stretch: the first look, or sessions moved (one that ended may still
-            # be freeing its memory).
             restarted = self._stuck
             self._since = now
             self._counts = counts
@@ -215,24 +204,13 @@ class StuckDetector:
 
 
 # --------------------------------------------------------------------------------------
-# The guard's watch for stuck pressure: its looks, its log lines and its shared file.
+# The watch: its looks, its log lines and its shared file.
 #
-# ``StuckWatch`` feeds a :class:`StuckDetector` (``stuck.py``) from the app's
-# lifespan: while the latch is set it runs the readiness check (which reads memory
-# and may clear the latch, as a readiness probe would) about once a second, and
-# while it is clear it reads nothing. Where the server runs no lifespan, the
-# liveness path's own requests take the looks. The decision path never calls it.
-#
-# Notes:
-#
-# - A look only ever tries the shared ledger (``LedgerBusy``: skipped until the
-# next); the reading is the latch's own (``pread`` of a few cgroup files), so a
-# look never stalls the event loop.
-# - The pressure becoming stuck is logged once at WARNING with the figures, and its
-# end once at INFO, as the latch's own transitions are (``latch.py``).
-# - With a shared directory the status is written to ``asgi-admission.stuck`` there
-# at each change (a few hundred bytes), for ``asgi-admission probe``; a file that
-# cannot be used is logged once and never stops the service.
+# While the latch is set the lifespan runs the readiness check about once a second
+# (without a lifespan, the liveness path's requests take the looks). A look only
+# tries the shared ledger (``LedgerBusy``: skipped), so it never stalls the event
+# loop. With a shared directory the status goes to ``asgi-admission.stuck`` for
+# ``asgi-admission probe``; a file that cannot be used is logged once.
 
 logger = logging.getLogger("asgi_admission")
 
@@ -267,7 +245,6 @@ class StuckWatch:
         self._store = None if shared_dir is None else StuckFile(shared_dir)
         #: How many lifespan watches run (:meth:`run`); none: the liveness path looks.
         self.running = 0
-        # Whether the pressure was logged as stuck, so that its end is logged once too.
         self._was_logged = False
 
     @property
@@ -369,9 +346,7 @@ class StuckWatch:
 def liveness_path_of(
     config: AdmissionConfig, liveness_path: str | None, readiness_path: str | None
 ) -> str | None:
-    """The liveness path a guard serves: ``liveness_path`` when given, else the config's;
-    ``ValueError`` naming it for one not starting with ``/`` or equal to the readiness path
-    (one path cannot answer both: readiness fails whenever the latch is set)."""
+    """The liveness path a guard serves: ``liveness_path`` when given, else the config's."""
     if liveness_path is None:
         liveness_path = config.liveness_path
     elif not (isinstance(liveness_path, str) and liveness_path.startswith("/")):
@@ -394,8 +369,7 @@ def build_watch(
     *,
     host: str | None = None,
 ) -> StuckWatch:
-    """The watch ``config`` describes, its liveness delay fixed by ``host`` (default: this
-    machine's host name, the pod's name in Kubernetes, so every worker of a pod agrees)."""
+    """The watch ``config`` describes, its liveness delay fixed by ``host`` (the pod's name)."""
     after_s = config.stuck_after_s
     key = socket.gethostname() if host is None else host
     detector = StuckDetector(
@@ -427,8 +401,7 @@ def encode_stuck(after_s: float, delay_s: float, status: StuckStatus, *, now: fl
 class StuckFile:
     """``asgi-admission.stuck`` in the shared directory, written at each change.
 
-    Its ``flock`` is only tried: while another worker or ``probe`` holds it, the status
-    waits for the next look (:meth:`flush`), so a look never waits for another process.
+    Its ``flock`` is only tried, so a look never waits for another process.
     """
 
     __slots__ = ("_broken", "_directory", "_pending", "path")
@@ -481,10 +454,8 @@ class StuckFile:
 
 
 def read_stuck(directory: str) -> dict[str, Any] | None:
-    """The status file in ``directory`` for ``probe``; ``None`` when there is none.
+    """The status file in ``directory`` for ``probe``; ``None`` when there is none."""
 
-    ``OSError`` or ``ValueError`` when it cannot be read or is not one.
-    """
     path = os.path.join(directory, STUCK_FILE)
     if not os.path.lexists(path):  # a planted symlink is reported, not taken for none
         return None

@@ -1,11 +1,8 @@
 """Priority classes: their names and ceilings, as configured (``ADMISSION_PRIORITY_CLASSES``).
 
-A class is a name and its own high watermark: a session request of the class is
-admitted while the working set, the pending reserves and one more reserve fit under
-that ceiling (``_admission/decision/latch.py`` decides it). The order of the classes
-is the order waiters are served in: the first is served first (docs/configuration.md).
-
-This module imports nothing of the package, so the configuration can use it.
+A class is a name and its own high watermark (``latch.ClassCeilings`` decides with it);
+the first class is served first (docs/configuration.md). This module imports only
+``_env``, so the configuration can use it.
 """
 
 from __future__ import annotations
@@ -38,15 +35,7 @@ class PriorityClass:
 def check_priority_classes(
     classes: object, *, high_watermark_percent: float, resume_threshold_percent: float
 ) -> None:
-    """Raise ``ValueError`` naming the setting unless ``classes`` is usable.
-
-    Usable: a tuple of :class:`PriorityClass`, each named by a short word (letters,
-    digits, ``_ . -``, at most 32) used once, each ceiling above the gap between the
-    high watermark and the resume threshold (where its latch clears) and at most 100,
-    no ceiling above the one before it (the first class is served first, so it must
-    keep the most headroom). An empty tuple is the default: one class at the high
-    watermark.
-    """
+    """Raise ``ValueError`` naming the setting unless ``classes`` is usable."""
     if not isinstance(classes, tuple):
         raise ValueError(
             f"{_SETTING} must be a tuple of PriorityClass (an empty one for the single "
@@ -89,11 +78,7 @@ def check_priority_classes(
 
 
 def parse_priority_classes(text: str) -> tuple[PriorityClass, ...]:
-    """``"critical=90,standard=80,batch=65"`` as classes, in that order.
-
-    Raises ``ValueError`` naming the setting for an entry that is not ``name=percent``;
-    :func:`check_priority_classes` checks names and ceilings.
-    """
+    """``"critical=90,standard=80,batch=65"`` as classes, in that order."""
     classes: list[PriorityClass] = []
     for entry in text.split(","):
         name, equals, percent = entry.partition("=")
@@ -113,21 +98,15 @@ def parse_priority_classes(text: str) -> tuple[PriorityClass, ...]:
 def classes_in_force(
     classes: tuple[PriorityClass, ...], *, high_watermark_percent: float
 ) -> tuple[PriorityClass, ...]:
-    """The classes configured, in serving order; none: one ``DEFAULT_CLASS`` at the high
-    watermark, which decides exactly as the single latch does."""
+    """The classes configured; none: one ``DEFAULT_CLASS`` at the high watermark."""
     if classes:
         return classes
     return (PriorityClass(name=DEFAULT_CLASS, high_watermark_percent=high_watermark_percent),)
 
 
 # --------------------------------------------------------------------------------------
-# The scheduler's settings: their variables, their checks, and reading them from the environment.
-#
-# ``AdmissionConfig`` holds them (``queue_timeout_s``, ``queue_limit``,
-# ``priority_classes``, ``tenant_max_share``) and calls :func:`check_scheduling`;
-# ``from_env`` reads them with the functions below, which never raise: a value that
-# is not usable gives its default with one warning naming the variable, as every other
-# setting does (docs/configuration.md).
+# The scheduling settings. Read from the environment they never raise: a value that is
+# not usable gives its default with one warning, as every setting does.
 
 logger = logging.getLogger("asgi_admission")
 
@@ -136,10 +115,8 @@ ENV_QUEUE_LIMIT: Final = ("ADMISSION_QUEUE_LIMIT", None)
 ENV_PRIORITY_CLASSES: Final = ("ADMISSION_PRIORITY_CLASSES", None)
 ENV_TENANT_MAX_SHARE: Final = ("ADMISSION_TENANT_MAX_SHARE", None)
 
-#: How many session requests may wait for capacity at once. A waiter costs a few KiB
-#: (its connection, a task, a future), so 256 stay well under a MiB; more than that
-#: many waiting means capacity is not coming back within one wait, where refusing at
-#: once (``queue_full``) serves a client better than a longer line.
+#: How many session requests may wait at once: a waiter costs a few KiB, and more than
+#: this many waiting means capacity is not coming back within one wait.
 DEFAULT_QUEUE_LIMIT: Final = 256
 
 
@@ -180,8 +157,7 @@ def check_scheduling(
 
 
 def queue_timeout_from(env: Mapping[str, str]) -> float:
-    """``ADMISSION_QUEUE_TIMEOUT_SECONDS``: 0 (refuse at once) when unset, or with one
-    warning when it is no number of seconds, 0 or more."""
+    """``ADMISSION_QUEUE_TIMEOUT_SECONDS``; 0 (refuse at once) when unset or unusable."""
     value = _env.number(env, ENV_QUEUE_TIMEOUT, 0.0, float)
     if math.isfinite(value) and value >= 0:
         return value
@@ -196,9 +172,7 @@ def queue_timeout_from(env: Mapping[str, str]) -> float:
 def priority_classes_from(
     env: Mapping[str, str], *, high: float, resume: float
 ) -> tuple[PriorityClass, ...]:
-    """``ADMISSION_PRIORITY_CLASSES`` against the watermarks in force: unset or blank is
-    the one default class, and so is a value that is not usable, with one warning
-    saying what is wrong with it."""
+    """``ADMISSION_PRIORITY_CLASSES``; the one default class when unset or unusable."""
     raw = _env.text(env, ENV_PRIORITY_CLASSES)
     if raw is None:
         return ()
@@ -219,8 +193,8 @@ def priority_classes_from(
 
 
 def tenant_max_share_from(env: Mapping[str, str]) -> float:
-    """``ADMISSION_TENANT_MAX_SHARE``: 1.0 (no share) when unset, or with one warning when
-    it is not above 0 and at most 1."""
+    """``ADMISSION_TENANT_MAX_SHARE``; 1.0 (no share) when unset or unusable."""
+
     value = _env.number(env, ENV_TENANT_MAX_SHARE, 1.0, float)
     if math.isfinite(value) and 0 < value <= 1:
         return value

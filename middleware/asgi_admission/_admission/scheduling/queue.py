@@ -1,47 +1,23 @@
 """The bounded wait for capacity: session requests that do not fit yet, served in order.
 
-A session request that does not fit may wait here (``ADMISSION_QUEUE_TIMEOUT_SECONDS``,
-at most ``ADMISSION_QUEUE_LIMIT`` at once) instead of being refused at once. A waiter
-holds nothing (no count slot, no reserve): it holds an *attempt*, a callable the
-admission service hands in that decides the request again and returns its admission,
-or a :class:`Verdict` saying it still does not fit (docs/configuration.md).
-
-Waiters are served by class (the configured order, first served first), then in
-arrival order. A pass tries the first waiter, then the next, and stops at the first
-that does not fit (``Verdict.FULL``), so nobody jumps the queue; a waiter whose turn
-it is not (``Verdict.DEFERRED``: its tenant holds its share) keeps its place and the
-next one is tried.
+A waiter holds nothing (no count slot, no reserve): it holds an *attempt*, a callable
+that decides the request again and returns its admission or a :class:`Verdict`
+(docs/configuration.md). Waiters are served by class, then in arrival order; a pass
+stops at the first that does not fit (``Verdict.FULL``), so nobody jumps the queue,
+and skips one whose tenant holds its share (``Verdict.DEFERRED``).
 
 Notes:
 
-- No polling: a waiter awaits one future (its admission), its client's next message
-  and its deadline, all at once. Something that may have freed capacity (a session
-  settles or ends, a ticket is released, a sample shows memory freed) calls
-  :meth:`WaitQueue.wake`, from any thread.
-- ``wake()`` never decides: it schedules one pass on the waiters' loop, and wakes
-  that come while a pass is scheduled join it, so a burst of releases costs one pass.
-  The attempts run on the loop, as every decision does, never under the caller's
+- ``wake()``, from any thread, never decides: it schedules one pass on the waiters'
+  loop, and a burst of wakes costs one pass. Attempts never run under the caller's
   lock (a release under the ledger's lock must not find the ledger busy).
-- The waiters' state is touched on their loop only: no lock but the one that keeps
-  a pass from being scheduled twice, held for a few instructions. One loop at a time
-  (an ASGI server runs one per process).
-- A waiter that leaves (its deadline, its client gone, its task cancelled) gives back
-  an admission it was handed in that same instant (``give_back``); where it was the
-  waiter a pass stopped at, the next pass runs, since those behind it may fit.
-- Across the workers of a container, an optional ``order`` (a :class:`WaitOrder`, the
-  shared one is ``shared_order.SharedOrder``) takes part: the queue tells it its first
-  waiter whenever that may have changed (a waiter joins, leaves or is admitted), and
-  asks it before each attempt whether another worker's waiter comes first; if so the
-  pass stops there, as at a waiter that does not fit, and after each pass it tells the
-  order (``passed``), which wakes the process whose waiter is first now. A waiter whose
-  last attempt was ``DEFERRED`` is not published as first (it could not take the
-  capacity it would be left). Without an order the queue is exactly the worker's own.
-- With an order, a wake on a loop before anyone waited adopts that loop: its pass
-  (over nobody) still tells the order, so capacity this process frees reaches
-  another's waiters.
-- Bookkeeping for the metrics: how many wait per class, and each wait's seconds and
-  outcome (``admitted``, ``timeout``, ``cancelled``), counted per class and outcome,
-  and told to ``on_wait_end`` as it ends.
+- The waiters' state is touched on their loop only, one loop at a time.
+- A waiter that leaves gives back an admission handed to it in that same instant
+  (``give_back``); where a pass stopped at it, the next pass runs.
+- With an ``order`` (``shared_order.SharedOrder``) the queue publishes its first waiter
+  (not one last ``DEFERRED``), stops a pass where another worker's waiter comes first,
+  and tells the order after each pass. A wake before anyone waited adopts the running
+  loop, so capacity this process frees still reaches other workers' waiters.
 """
 
 from __future__ import annotations
@@ -100,14 +76,6 @@ class WaitRecord:
     seconds: float
 
 
-@dataclass(frozen=True, slots=True)
-class WaitTotals:
-    """The waits of one class and outcome so far: how many, and their seconds in all."""
-
-    count: int
-    seconds: float
-
-
 class ClientListener(Protocol):
     """The client's messages while its request waits (``_session_requests.Listening`` is one)."""
 
@@ -155,18 +123,14 @@ class _Waiter(Generic[T]):
         self.future = future
         self.rank = rank
         self.arrived = arrived
-        #: Its last attempt said ``DEFERRED``: not published as first meanwhile.
-        self.deferred = False
+        self.deferred = False  # its last attempt: not published as first meanwhile
 
 
 class WaitQueue(Generic[T]):
-    """The session requests of one process waiting for capacity; see the module's notes.
+    """The session requests of one process waiting for capacity.
 
-    ``classes`` are the class names in serving order; ``limit`` how many may wait at
-    once (0: none); ``timeout_s`` (above 0) the longest one waits; ``clock`` measures
-    the waits for the bookkeeping (deadlines are the loop's own timers);
-    ``on_wait_end`` is told of every wait that took place as it ends, on the loop;
-    ``order`` is the order across processes this queue takes part in (``None``: its own).
+    ``classes`` are the class names in serving order; ``clock`` measures the waits for
+    the metrics (deadlines are the loop's timers); ``on_wait_end`` is told of each wait.
     """
 
     __slots__ = (
@@ -178,7 +142,6 @@ class WaitQueue(Generic[T]):
         "_order",
         "_schedule_lock",
         "_scheduled",
-        "_totals",
         "classes",
         "limit",
         "timeout_s",
@@ -210,7 +173,6 @@ class WaitQueue(Generic[T]):
         self._on_wait_end = on_wait_end
         self._order = order
         self._lines: dict[str, deque[_Waiter[T]]] = {name: deque() for name in self.classes}
-        self._totals: dict[tuple[str, WaitOutcome], WaitTotals] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._schedule_lock = threading.Lock()
         self._scheduled = False
@@ -226,9 +188,7 @@ class WaitQueue(Generic[T]):
         return {name: len(line) for name, line in self._lines.items()}
 
     def ahead(self, class_name: str) -> int:
-        """How many waiters a new request of ``class_name`` must let go first: those of
-        its class and of the classes served before it (with an ``order``, another
-        process's waiter counts as one). 0: it may be decided at once."""
+        """How many waiters a new request of ``class_name`` must let go first (0: none)."""
         found = 0
         for rank, name in enumerate(self.classes):
             found += len(self._lines[name])
@@ -239,22 +199,13 @@ class WaitQueue(Generic[T]):
                 return found
         raise ValueError(f"{class_name!r} is not one of the classes {self.classes!r}.")
 
-    def totals(self) -> dict[tuple[str, WaitOutcome], WaitTotals]:
-        """The waits that took place, per class and outcome."""
-        return dict(self._totals)
-
     def wake(self) -> None:
-        """Capacity may have freed: a pass over the waiters is run soon on their loop.
-
-        From any thread, under any lock: it decides nothing itself, and a wake while a
-        pass is already scheduled joins that pass.
-        """
+        """Capacity may have freed: a pass over the waiters is run soon on their loop."""
         loop = self._loop
         if loop is None or loop.is_closed():
             if self._order is None or self.total():
                 return
-            # Nobody waits on a loop that runs: on a loop, adopt it (the order is told of
-            # the pass), as after a lifespan run on a loop that has since closed.
+            # Nobody waits: adopt the running loop, so that the order is told of the pass.
             loop = self._loop = asyncio._get_running_loop()
             if loop is None:
                 return
@@ -285,15 +236,8 @@ class WaitQueue(Generic[T]):
         give_back: Callable[[T], None],
         listening: ClientListener | None = None,
     ) -> Waited[T]:
-        """Wait in line for ``class_name`` until ``attempt`` admits, the deadline, or the
-        client leaves (``listening``); ``full`` at once where ``limit`` wait already.
-
-        ``attempt`` is called on this loop each time the waiter's turn comes; what it
-        returns other than a :class:`Verdict` is the admission, which this waiter then
-        owns (``give_back`` returns it where the waiter leaves in the same instant).
-        Joining runs a pass, so a request that was not tried (others were ahead) is
-        tried as soon as those ahead are.
-        """
+        """Wait in line until ``attempt`` admits, the deadline, or the client leaves;
+        ``full`` at once where ``limit`` wait already."""
         line = self._lines.get(class_name)
         if line is None:
             raise ValueError(f"{class_name!r} is not one of the classes {self.classes!r}.")
@@ -364,8 +308,7 @@ class WaitQueue(Generic[T]):
         return "admitted"
 
     def _leave(self, waiter: _Waiter[T]) -> None:
-        """``waiter`` waits no longer: out of its line, its admission (if one came in the
-        same instant) given back, and the next pass run if it was the one that blocked."""
+        """Take ``waiter`` out of its line, giving back an admission that just came."""
         line = self._lines[waiter.class_name]
         if waiter in line:
             line.remove(waiter)
@@ -382,13 +325,6 @@ class WaitQueue(Generic[T]):
 
     def _record(self, class_name: str, outcome: WaitOutcome, since: float) -> float:
         seconds = max(0.0, self._clock() - since)
-        key = (class_name, outcome)
-        before = self._totals.get(key)
-        self._totals[key] = (
-            WaitTotals(1, seconds)
-            if before is None
-            else WaitTotals(before.count + 1, before.seconds + seconds)
-        )
         if self._on_wait_end is not None:
             self._on_wait_end(WaitRecord(class_name, outcome, seconds))
         return seconds
@@ -407,9 +343,7 @@ class WaitQueue(Generic[T]):
         order.publish(head, waiting)
 
     def _scheduled_pass(self) -> None:
-        """One pass (see :meth:`_pass`), then the order told of the first waiter now.
-
-        Wakes from here on (an attempt's own among them) schedule the next pass."""
+        """One pass, then the order told of the first waiter now."""
         with self._schedule_lock:
             self._scheduled = False
         self._blocker = None
@@ -451,28 +385,13 @@ class WaitQueue(Generic[T]):
 
 
 # --------------------------------------------------------------------------------------
-# Waiting for capacity: a session request that does not fit, in the queue until it does.
+# A session request in the queue (docs/configuration.md, "Waiting and priority").
 #
-# With ``ADMISSION_QUEUE_TIMEOUT_SECONDS`` above 0 the admission service answers a
-# request that does not fit (memory, the count cap, a probe's wait run out) with
-# :class:`Queued` instead of a refusal, and the request waits here, holding nothing
-# (``scheduling/queue.py``), until a decision admits it, its wait runs out, or its client
-# leaves (docs/configuration.md, "Waiting and priority").
-#
-# Notes:
-#
-# - A waiter's attempt is a decision like any other (``AdmissionService.admit``), on the
-# loop, inside the ledger's critical section; one that does not admit stops the pass
-# (``Verdict.FULL``), so nobody behind it goes first. A ledger held by another worker
-# stops the pass too, and the queue is woken again a few milliseconds later.
-# - What may free capacity wakes the queue: this process's reservations given back or
-# activated (what the ledger tells of, ``tell_changes``) and a probe's evidence
-# (``_factory.py`` wires both), another worker's ring where the waiting order is
-# shared (``scheduling/order_bell.py``), and :class:`FreedWatch`, a look every sample
-# interval while anyone waits that finds fewer sessions or less memory used than the
-# look before (other workers' sessions ending, the app's own count falling, memory the
-# app freed) or this worker's first waiter first in the container's order: the
-# fallback where a ring was lost.
+# The service answers a request that does not fit with :class:`Queued`; its attempt is
+# a decision like any other (``AdmissionService.admit``). What may free capacity wakes
+# the queue: reservations given back or activated (``ledger.tell_changes``), a probe's
+# evidence (``_factory.py`` wires both), another worker's ring (``OrderBell``), and
+# :class:`FreedWatch`, the fallback where a ring was lost or capacity freed elsewhere.
 
 #: What a refusal needs: the decision, the Retry-After delay, (active, pending).
 Refused = tuple[CapacityDecision, int, tuple[int, int]]
@@ -503,8 +422,7 @@ class WaitWatcher(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Queued:
-    """The request does not fit now and may wait for capacity (:func:`wait_in_line`):
-    ``refused`` is what it would be answered if it could not wait at all."""
+    """The request does not fit now and may wait; ``refused``: its answer if it cannot."""
 
     refused: Refused
     #: The request's priority class, which it waits in.
@@ -523,10 +441,8 @@ async def wait_in_line(
     watcher: WaitWatcher | None = None,
     freed: FreedWatch | None = None,
 ) -> tuple[Waited[AdmissionTicket], Refused]:
-    """Wait in ``queue`` with ``decide`` as the attempt (``LedgerBusy`` where the ledger is
-    held elsewhere); how the wait ended, and the last refusal it was answered (the one it
-    was ``queued`` with where it was never tried). ``watcher`` is told of the wait;
-    ``freed`` watches for capacity freed elsewhere while anyone waits."""
+    """Wait in ``queue`` with ``decide`` as the attempt; how the wait ended, and the last
+    refusal it was answered."""
     last = [queued.refused]
     loop = asyncio.get_running_loop()
 
@@ -534,7 +450,6 @@ async def wait_in_line(
         try:
             outcome = decide()
         except LedgerBusy:
-            # Another worker holds the shared ledger for microseconds: try again then.
             loop.call_later(BUSY_RETRY_S, queue.wake)
             return Verdict.FULL
         if isinstance(outcome, AdmissionTicket):
@@ -560,8 +475,7 @@ async def wait_in_line(
 
 
 def ran_out(outcome: str, last: Refused) -> tuple[CapacityDecision, tuple[int, int]]:
-    """The refusal of a wait that ended without an admission (``timeout`` or ``full``),
-    from the ``last`` refusal it was answered, and the counts it was decided with."""
+    """The refusal, and its counts, of a wait that ended ``timeout`` or ``full``."""
     decision, _, counts = last
     reason: Reason = "queue_full" if outcome == "full" else "queue_timeout"
     if decision.reason == "tenant_share":
@@ -570,11 +484,9 @@ def ran_out(outcome: str, last: Refused) -> tuple[CapacityDecision, tuple[int, i
 
 
 class FreedWatch:
-    """While anyone waits in ``queue``: every ``interval_s``, ``look()`` (the sessions
-    counted and the memory used, ``LedgerBusy`` while the ledger is held elsewhere), and a
-    wake where either fell since the look before, or where ``first()`` says this worker's
-    first waiter has just become the container's first (``SharedOrder.first``; ``None``:
-    no order)."""
+    """While anyone waits: every ``interval_s``, wake the queue where ``look()`` (sessions
+    counted, memory used) fell, or where ``first()`` (``SharedOrder.first``) just became
+    true."""
 
     __slots__ = ("_first", "_interval_s", "_look", "_queue", "_task")
 
@@ -605,9 +517,7 @@ class FreedWatch:
             await asyncio.sleep(self._interval_s)
             first = self._first is not None and self._first()
             if first and not was_first:
-                # Just became the container's first: its worker rang it, or (this) the
-                # ring was lost. While it stays first the counts below say when to try.
-                queue.wake()
+                queue.wake()  # in case the ring was lost
             was_first = first
             now = self._try_look()
             if now is None:
@@ -624,8 +534,7 @@ class FreedWatch:
 
 
 def behind_others(state: State) -> Refused:
-    """What a request that waits behind others would be answered if it could not wait:
-    the latch as it stands (``state``), without a reading (the attempt's to take)."""
+    """The refusal of a request behind others that cannot wait: the latch as it stands."""
     reason: Reason = "memory_pressure" if state == "pressured" else "session_limit"
     return CapacityDecision(False, state, UNAVAILABLE, reason), 0, (0, 0)
 
@@ -636,9 +545,7 @@ def counted_and_used(
     counts: Callable[[int | None], tuple[int, int]],
     read: Callable[[], MemoryReading],
 ) -> Callable[[], tuple[int, int]]:
-    """The freed watch's look: the sessions counted (``counts`` of the app's own count
-    ``own()``, asked before the ledger's critical section, which is only tried:
-    ``LedgerBusy``) and the memory used (0: unread)."""
+    """The freed watch's look: the sessions counted and the memory used (0: unread)."""
 
     def look() -> tuple[int, int]:
         mine = own()

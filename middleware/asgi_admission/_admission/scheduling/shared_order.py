@@ -9,20 +9,17 @@ and leaves the capacity to that one).
 
 Notes:
 
-- One small file beside the session ledger, ``<shared_dir>/asgi-admission.waiting``
-  (its rows and their slot locks: below), opened as the ledger is
-  (``safe_files``) and held by each worker through ``OrderHold``, which never
-  waits for a lock once open and rebuilds a bad file. A dead worker's waiters vanish
-  with its slot's lock: its slot is ignored.
-- Only the first waiter matters: another worker's waiter comes before a waiter of rank
-  *r* arriving at *t* exactly when that worker's first does. Arrivals are
-  ``time.monotonic()``, one clock for every process of a machine.
+- One small file beside the session ledger, ``<shared_dir>/asgi-admission.waiting``,
+  held by each worker through ``OrderFile``. A dead worker's waiters vanish with its
+  slot's lock.
+- Only the first waiter matters: another worker's waiter comes first exactly when that
+  worker's first does. Arrivals are ``time.monotonic()``, one clock for every process
+  of a machine.
 - Where the file cannot be written or read, this worker serves its own waiters in its
   own order (logged once) until it can.
-- After each of this worker's passes (:meth:`SharedOrder.passed`), the worker holding
-  the container's first waiter, if another, is rung (``bell``, below): its
-  pass runs at once. :meth:`SharedOrder.first` is the fallback, asked by the periodic
-  look of each worker with waiters (docs/configuration.md, the wait queue).
+- After each pass (:meth:`SharedOrder.passed`) the worker holding the container's first
+  waiter is rung (``OrderBell``); :meth:`SharedOrder.first`, asked by each worker's
+  periodic look, is the fallback (docs/configuration.md, the wait queue).
 """
 
 from __future__ import annotations
@@ -56,36 +53,25 @@ from asgi_admission._admission.ledger.shared_ledger import (
 from asgi_admission._admission.ledger.shared_ledger import SLOT as LEDGER_SLOT
 
 # --------------------------------------------------------------------------------------
-# Waking another worker at once: a Unix datagram socket for each worker of the waiting order.
+# Waking another worker at once: a Unix datagram socket per slot of the waiting order.
 #
-# A worker whose waiter is the container's first must run its pass as soon as capacity
-# frees in another worker, or the waiter ahead of it (in another worker) is admitted or
-# leaves. Looking at the shared files every so often would cost a wait of up to the look's
-# interval; instead the worker that sees it happen rings the first waiter's worker, whose
-# event loop wakes on the ring at once (docs/configuration.md, "Waiting and priority").
+# When capacity frees, the worker that sees it rings the worker holding the container's
+# first waiter rather than leave it to its periodic look (docs/configuration.md,
+# "Waiting and priority").
 #
 # Notes:
 #
-# - A worker that claims a slot in the waiting order binds
-# ``<shared_dir>/asgi-admission.wake.<slot>``: non-blocking and close-on-exec, mode
-# 0600 in the private shared directory, read on its event loop (``loop.add_reader``).
-# Whatever arrives is drained at once and the wait queue woken: one pass however many
-# rings came.
-# - A ring is one byte sent with ``MSG_DONTWAIT`` from an unbound socket: it never
-# blocks. A full socket (that worker has rings unread already), one gone, or one not
-# bound yet is ignored; the periodic look of each worker with waiters stays the
-# fallback (``queue.FreedWatch``).
-# - A ring must not come before what it tells of: this worker's release is written to
-# the shared ledger on its loop's next turn, unless another worker holds the ledger
-# in that instant. So before each ring ``flush`` (the ledger's non-blocking critical
-# section, whose end writes what is pending) is tried; where the ledger is held
-# elsewhere, the ring is tried again a few milliseconds later, a few times at most.
+# - The socket is ``<shared_dir>/asgi-admission.wake.<slot>``, mode 0600, read on the
+# event loop; rings are drained at once, one pass however many came.
+# - A ring is one byte sent with ``MSG_DONTWAIT``: it never blocks, and a full, gone or
+# unbound socket is ignored (the periodic look, ``queue.FreedWatch``, is the fallback).
+# - A ring must not come before what it tells of: ``flush`` writes this worker's pending
+# ledger changes first; where the ledger is held elsewhere the ring is retried a few
+# milliseconds later, a few times at most.
 # - Named after the slot, not the pid: the worker claiming a slot holds its lock, so a
-# file of that name is a dead worker's, and is replaced. A dead worker's file is
-# removed by whoever finds its slot dead with waiters (holding that slot's lock), or
-# by the next worker to claim the slot: at most one file per slot is ever left.
-# - The byte carries nothing: whoever may write to the socket (this user alone) can
-# only make that worker run a pass, which decides nothing it would not decide anyway.
+# file of that name is a dead worker's, and is replaced.
+# - The byte carries nothing: a writer (this user alone) can only make a worker run a
+# pass, which decides nothing it would not decide anyway.
 
 logger = logging.getLogger("asgi_admission")
 
@@ -93,18 +79,18 @@ logger = logging.getLogger("asgi_admission")
 WAKE_PREFIX: Final = "asgi-admission.wake."
 #: Rings read at most in one go; more are read on the loop's next turn.
 _DRAIN: Final = 64
-#: A ring put off while the ledger is held elsewhere: tried again after this, at most
-#: ``_RETRIES`` times, and then sent all the same (the worker rung reads the ledger as it
-#: is by then; what it cannot see yet, its periodic look finds).
+#: A ring put off while the ledger is held elsewhere is tried again after this, at most
+#: ``_RETRIES`` times, and then sent all the same.
 RETRY_S: Final = 0.002
 _RETRIES: Final = 25
 
 
 class OrderBell:
-    """This worker's wake socket in ``directory`` and its rings to the others' (see the
-    module notes); ``on_ring`` is called on the loop when this worker is rung, and
-    ``flush`` before each ring: it writes this worker's pending changes to the shared
-    ledger and says whether it could (``False``: the ledger is held elsewhere)."""
+    """This worker's wake socket in ``directory`` and its rings to the others'.
+
+    ``on_ring`` is called on the loop when this worker is rung; ``flush`` before each
+    ring writes this worker's pending ledger changes (``False``: the ledger is busy).
+    """
 
     __slots__ = (
         "__weakref__",
@@ -130,9 +116,8 @@ class OrderBell:
     ) -> None:
         self.directory = os.path.abspath(os.fspath(directory))
         self._flush = flush
-        #: The socket file this worker bound (device, inode): only that one is its to remove.
+        # The socket file this worker bound (device, inode): only that one is its to remove.
         self._bound: tuple[int, int] | None = None
-        #: Told on the loop when another worker rings this one (the wait queue's wake).
         self._on_ring = on_ring
         self._socket: socket.socket | None = None
         self._sender: socket.socket | None = None
@@ -140,14 +125,12 @@ class OrderBell:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid = os.getpid()
         self._warned = False
-        # The sockets open now, closed with the bell where nobody closed it (a guard
-        # never shut down): a file descriptor is not left to the garbage collector.
+        # Closed with the bell where nobody closed it, not left to the garbage collector.
         self._open: list[socket.socket] = []
         weakref.finalize(self, _close_all, self._open)
 
     def tell_rings(self, on_ring: Callable[[], None]) -> None:
-        """Call ``on_ring`` on the loop when another worker rings this one: for a bell
-        built before what it wakes (the wait queue is built with the order it rings)."""
+        """Call ``on_ring`` on the loop when another worker rings this one."""
         self._on_ring = on_ring
 
     def path(self, slot: int) -> str:
@@ -160,10 +143,10 @@ class OrderBell:
         return self._slot
 
     def bind(self, slot: int) -> None:
-        """This worker has just claimed ``slot`` (and holds its lock): listen on its
-        socket, on the running event loop, replacing a dead worker's file of that name.
-        Where it cannot (no loop, a path too long for a socket), it is logged once and
-        this worker is found by the others' periodic looks instead."""
+        """Listen on the socket of ``slot``, just claimed, on the running loop.
+
+        Where it cannot, it is logged once and the others' periodic looks find this worker.
+        """
         self.close(unlink=False)
         loop = asyncio._get_running_loop()
         if loop is None:
@@ -195,17 +178,13 @@ class OrderBell:
         self._bound = (made.st_dev, made.st_ino)
 
     def ring(self, slot: int, tries: int = 0) -> None:
-        """Wake the worker holding ``slot``: one byte, never blocking, never raising; put
-        off a little while ``flush`` finds the ledger held elsewhere (module notes),
-        ``tries`` times so far."""
+        """Wake the worker holding ``slot``: one byte, never blocking, never raising."""
         if self._flush is not None and not self._flush():
             loop = asyncio._get_running_loop()
             if loop is not None and tries < _RETRIES:
                 loop.call_later(RETRY_S, self.ring, slot, tries + 1)
                 return
-        # Full, gone, not bound yet, or no socket to send from (out of descriptors): the
-        # periodic look serves.
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # the periodic look serves
             sender = self._sender
             if sender is None or self._pid != os.getpid():
                 self._pid = os.getpid()
@@ -213,9 +192,11 @@ class OrderBell:
             sender.sendto(b"\0", socket.MSG_DONTWAIT, self.path(slot))
 
     def unlink(self, slot: int) -> None:
-        """Remove the wake socket of a dead worker's ``slot`` (its lock held by the caller)
-        where nobody listens on it: in a file replaced meanwhile, the slot's lock says
-        nothing of the socket a worker of the new file bound under that name."""
+        """Remove the wake socket of a dead worker's ``slot`` where nobody listens on it.
+
+        The caller holds the slot's lock, but in a file replaced meanwhile that says
+        nothing of a socket a worker of the new file bound under that name.
+        """
         if slot == self._slot:
             return
         path = self.path(slot)
@@ -229,8 +210,7 @@ class OrderBell:
                 os.unlink(path)  # bound by nobody now
 
     def close(self, *, unlink: bool = True) -> None:
-        """Stop listening; ``unlink``: remove this worker's socket file too (not where the
-        slot may be another worker's by now, as after following a replaced file)."""
+        """Stop listening; ``unlink``: remove this worker's socket file too."""
         listener, self._socket = self._socket, None
         slot, self._slot = self._slot, -1
         loop, self._loop = self._loop, None
@@ -248,8 +228,7 @@ class OrderBell:
         self._drop(listener)
 
     def forget(self) -> None:
-        """In a forked child: the parent's socket is the parent's (neither read nor
-        removed here); the child binds its own when it claims a slot."""
+        """In a forked child: leave the parent's socket alone."""
         _close_all(self._open)
         self._socket = self._sender = None
         self._slot = -1
@@ -284,16 +263,12 @@ def _close_all(sockets: list[socket.socket]) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# The shared waiting order's file: its rows, and a look at them for operators and tests.
+# The waiting order's file.
 #
-# ``<shared_dir>/asgi-admission.waiting`` has the session ledger's geometry (a 16-byte
-# header: magic, slot capacity, slots in use; 32-byte slots), so a worker's slot is
-# claimed and its liveness told by the ledger's own OFD byte-range lock helpers. A slot
-# holds ``(pid, class rank, how many wait, the first waiter's arrival, check)``; the
-# check (a hash of the rest) tells a row torn by a concurrent write, or garbage, from a
-# real one. ``OrderHold`` reads and writes it for ``shared_order.SharedOrder``;
-# the wake sockets of the workers with waiters are named after their slots
-# .
+# It has the session ledger's geometry (16-byte header, 32-byte slots), so slots are
+# claimed and their liveness told by the ledger's OFD lock helpers. A slot holds
+# ``(pid, class rank, how many wait, the first waiter's arrival, check)``; the check (a
+# hash of the rest) tells a torn or garbage row from a real one.
 
 ORDER_FILE_NAME: Final = "asgi-admission.waiting"
 ORDER_MAGIC: Final = b"ASGIWAI1"
@@ -317,9 +292,8 @@ def row_of(pid: int, rank: int, arrived: float, waiting: int) -> bytes:
 
 
 def live_rows(fd: int, capacity: int, own_slot: int) -> tuple[bytearray, int]:
-    """Under the file's flock: a fresh file's bytes (its header left to fill) holding
-    every whole row whose worker lives, and how many slots it uses. ``own_slot`` (-1:
-    none) is the caller's, which it writes back itself."""
+    """Under the file's flock: a fresh file's bytes (header left to fill) with every
+    whole row whose worker lives, and how many slots it uses; ``own_slot`` is skipped."""
     old = os.pread(fd, slot_offset(capacity), 0)
     kept = bytearray(slot_offset(capacity))
     used = 0
@@ -371,39 +345,25 @@ def read_waiting(directory: str | os.PathLike[str]) -> list[WaitingEntry]:
 
 
 # --------------------------------------------------------------------------------------
-# One worker's hold on the shared waiting order's file: its descriptor, slot and row, and upkeep.
-#
-# ``shared_order.SharedOrder`` decides who comes first from what :class:`OrderHold` reads,
-# and has it write this worker's first waiter; the file's rows and their slot locks are
-# below's, the wake socket named after the slot below's.
+# One worker's slot in the waiting order's file.
 #
 # Notes:
 #
-# - No blocking lock, ever: a worker writes only its own slot (no one else writes a live
-# slot), so writing its row is one ``pwrite`` and a read one ``pread``. The file's
-# ``flock`` serialises only claiming a slot and rebuilding the file, taken with
-# ``LOCK_NB``; when another worker holds it, this worker tries again at its next write
-# and meanwhile serves its own waiters in its own order. Only the check at opening
-# waits for it, for at most ``LOCK_WAIT_S``.
-# - A dead worker's slot (waiters, its lock free) is cleared by whoever first takes its
-# lock to prove it free (:meth:`OrderHold.clear_dead`). A truncated or garbage file is
-# rebuilt with a warning naming it; the rows that are still whole and whose worker
-# lives are kept, and every worker writes its own row back at its next read if it finds
-# it gone.
-# - A file deleted or replaced under this worker is followed (:meth:`OrderHold.follow`),
-# and a fork child opens the file again: the parent's descriptor carries its slot lock.
-# Each kind of failure is logged once, and this worker then serves its waiters in its
-# own order.
+# - No blocking lock once open: a worker writes only its own slot, so a write is one
+# ``pwrite`` and a read one ``pread``. The file's ``flock`` serialises only claiming a
+# slot and rebuilding, taken with ``LOCK_NB``; only the check at opening waits, at most
+# ``LOCK_WAIT_S``.
+# - A truncated or garbage file is rebuilt with a warning, keeping the whole rows of
+# live workers; each worker writes its own row back when it finds it gone.
+# - A fork child opens the file again: the parent's descriptor carries its slot lock.
 
 
-class OrderHold:
-    """This worker's hold on the waiting file in ``directory`` (see the module notes),
-    opened, and checked or rebuilt, now: a bad directory fails at startup naming the
-    setting. Its slot is claimed by the first row with waiters, in the serving process;
-    ``bell`` (``None``: none) is bound to it.
+class OrderFile:
+    """This worker's slot in the waiting file in ``directory``, opened and checked now.
 
-    ``fd`` (-1: not open), ``slot`` (-1: none) and ``row`` (what was last written to the
-    slot; ``b""``: unknown, written again) are the hold's own, read by the order."""
+    Its slot is claimed by the first row with waiters. ``fd`` (-1: not open), ``slot``
+    (-1: none) and ``row`` (last written; ``b""``: unknown) are read by the order.
+    """
 
     __slots__ = (
         "_bell",
@@ -448,9 +408,10 @@ class OrderHold:
     # -- the order's side -------------------------------------------------------------
 
     def write(self, head: tuple[int, float] | None, waiting: int) -> None:
-        """Write this worker's row: its first waiter (its class's rank, its arrival) and
-        how many wait, ``None`` and 0 when none does; the first row with waiters claims a
-        slot. Never raises: a failure is logged once."""
+        """Write this worker's row (``head``: rank and arrival of its first waiter).
+
+        Never raises: a failure is logged once.
+        """
         row = EMPTY if head is None or not waiting else row_of(self._pid, *head, waiting)
         if row == self.row or self.fd < 0:
             return
@@ -470,9 +431,8 @@ class OrderHold:
             )
 
     def read(self) -> tuple[bytes, tuple[int, ...]] | None:
-        """The header and the slots in use, and how many wait in each of those slots,
-        after rebuilding a bad file and writing back this worker's row where it is gone;
-        ``None`` where the file cannot be read (logged once)."""
+        """The header and slots in use, and how many wait in each; ``None`` where the
+        file cannot be read (logged once)."""
         try:
             data = self._read()
         except OSError as exc:
@@ -489,8 +449,7 @@ class OrderHold:
         return data, self._layout.unpack_from(data, HEADER.size)
 
     def clear_dead(self, slot: int) -> None:
-        """A slot with waiters whose lock is free: its worker died. Cleared while its
-        lock is held here, so a worker claiming it this instant is not wiped."""
+        """Clear a dead worker's slot, holding its lock so a new claimant is not wiped."""
         fd = self.fd
         try:
             slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
@@ -506,10 +465,8 @@ class OrderHold:
             slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_UNLCK)
 
     def follow(self, head: tuple[int, float] | None, waiting: int) -> None:
-        """Where the file was deleted or replaced under this worker (an ``fstat``): open
-        the file now at the path, where the workers that open it from now on look, and
-        write this worker's row there (``head`` and ``waiting`` as for :meth:`write`).
-        Never raises: a failure is logged once."""
+        """Where the file was deleted or replaced under this worker, move to the one now
+        at the path. Never raises: a failure is logged once."""
         try:
             if self.fd >= 0 and os.fstat(self.fd).st_nlink == 0:
                 self._follow()
@@ -525,8 +482,7 @@ class OrderHold:
             )
 
     def leave(self) -> bool:
-        """Give up this worker's slot and wake socket, keeping the file open; whether
-        there was a slot to give up."""
+        """Give up this worker's slot and wake socket; whether there was one."""
         if self.fd < 0 or self.slot < 0:
             return False
         slot = self.slot
@@ -557,9 +513,7 @@ class OrderHold:
             os.close(fd)  # drops the slot's lock
 
     def after_fork(self) -> None:
-        """In a fork child: a descriptor of its own, and no slot until it claims one."""
-        # The child shares the parent's open file description, and with it the parent's
-        # slot lock: it opens its own and claims afresh.
+        """In a fork child: a descriptor of its own (the parent's carries its slot lock)."""
         old, self.fd = self.fd, -1
         self._reset_slot()
         if self._bell is not None:
@@ -569,8 +523,6 @@ class OrderHold:
         try:
             self.fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
         except (OSError, ValueError) as exc:
-            # Left at -1: writing and reading fail, logged once, and this worker
-            # serves its waiters in its own order.
             self._warn_once(
                 "fork",
                 "asgi-admission: the shared waiting order %s cannot be opened in this "
@@ -640,8 +592,7 @@ class OrderHold:
             self._rebuild(problem)
 
     def _rebuild_now(self) -> None:
-        """Rebuild if the flock is free at once (the problem is found and named again
-        under it); else another worker holds it, and the next look tries again."""
+        """Rebuild if the flock is free at once; else the next look tries again."""
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -719,14 +670,13 @@ _LAST: Final = (2**31 - 1, float("inf"))
 
 
 class SharedOrder:
-    """This worker's place in the container's waiting order (see the module notes).
+    """This worker's place in the container's waiting order, handed to its ``WaitQueue``.
 
-    Hand it to the worker's ``WaitQueue`` (``order=``): the queue publishes its first
-    waiter through :meth:`publish`, asks :meth:`ahead` before each attempt and tells
-    :meth:`passed` after each pass. ``bell`` (``None``: none) wakes the other workers.
+    The queue publishes its first waiter (:meth:`publish`), asks :meth:`ahead` before
+    each attempt and tells :meth:`passed` after each pass.
     """
 
-    __slots__ = ("__weakref__", "_head", "_hold", "_waiting", "bell", "directory", "path")
+    __slots__ = ("__weakref__", "_file", "_head", "_waiting", "bell", "directory", "path")
 
     def __init__(
         self,
@@ -735,70 +685,62 @@ class SharedOrder:
         capacity: int = ORDER_CAPACITY,
         bell: OrderBell | None = None,
     ) -> None:
-        self._hold = hold = OrderHold(directory, capacity=capacity, bell=bell)
+        self._file = order_file = OrderFile(directory, capacity=capacity, bell=bell)
         self.bell = bell
-        self.directory = hold.directory
-        self.path = hold.path
-        #: What this worker last published: its first waiter, and how many wait.
+        self.directory = order_file.directory
+        self.path = order_file.path
+        # What this worker last published: its first waiter, and how many wait.
         self._head: tuple[int, float] | None = None
         self._waiting = 0
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forked(ref))
-
-    # -- the queue's side -------------------------------------------------------------
 
     def now(self) -> float:
         """An arrival time: ``time.monotonic()``, the clock every worker shares."""
         return time.monotonic()
 
     def publish(self, head: tuple[int, float] | None, waiting: int) -> None:
-        """This worker's first waiter (its class's rank, its arrival) and how many wait;
-        ``None`` and 0 when none does. Never raises: a failure is logged once, and
-        this worker's waiters are then served in its own order."""
-        hold = self._hold
+        """This worker's first waiter (rank, arrival) and how many wait; never raises."""
+        order_file = self._file
         if (
             head == self._head
             and waiting == self._waiting
-            and hold.row  # b"": unknown, written again
-            and (hold.slot >= 0 or head is None)  # else a claim to try again
+            and order_file.row  # b"": unknown, written again
+            and (order_file.slot >= 0 or head is None)  # else a claim to try again
         ):
             return  # as written (a pass that admitted no one, a wake that changed nothing)
         self._head, self._waiting = head, waiting
-        hold.write(head, waiting)
+        order_file.write(head, waiting)
 
     def ahead(self, rank: int, arrived: float) -> bool:
-        """Whether another live worker's waiter is served before a waiter of class
-        ``rank`` (0: served first) that arrived at ``arrived``: one ``pread``, one
-        ``fcntl`` per slot with waiters."""
+        """Whether another live worker's waiter is served before one of ``rank`` that
+        arrived at ``arrived``."""
         return self._ahead_slot((rank, arrived), best=False) is not None
 
     def tell_rings(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (the queue's wake) on the loop when another worker rings this
-        one (nothing without a bell)."""
+        """Call ``callback`` (the queue's wake) when another worker rings this one."""
         if self.bell is not None:
             self.bell.tell_rings(callback)
 
     def passed(self) -> None:
-        """After a pass of this worker's queue (its first waiter published): ring the
-        worker whose waiter is the container's first now, if it is another's, so that its
-        pass runs at once (it takes what capacity is left, or finds none)."""
+        """After a pass of this worker's queue: ring the worker whose waiter is the
+        container's first now, if another's."""
         bell = self.bell
-        if bell is None or self._hold.fd < 0:
+        if bell is None or self._file.fd < 0:
             return
         slot = self._ahead_slot(self._head or _LAST, best=True)
         if slot is not None:
             bell.ring(slot)
 
     def _ahead_slot(self, mine: tuple[int, float], *, best: bool) -> int | None:
-        """The slot of a live worker whose first waiter is served before ``mine`` (a
-        class rank and an arrival), the earliest served where ``best``; ``None``: none
-        is. Dead workers' slots met on the way are cleared."""
-        hold = self._hold
-        read = hold.read()
+        """The slot of a live worker whose first waiter is served before ``mine`` (the
+        earliest such where ``best``). Dead workers' slots met on the way are cleared."""
+        order_file = self._file
+        read = order_file.read()
         if read is None:
             return None
         data, waiting = read
-        own, fd = hold.slot, hold.fd
+        own, fd = order_file.slot, order_file.fd
         found = None
         for slot, count in enumerate(waiting):
             if not count or slot == own:
@@ -811,7 +753,7 @@ class SharedOrder:
             if head >= mine:
                 continue
             if not slot_held(fd, slot):
-                hold.clear_dead(slot)
+                order_file.clear_dead(slot)
             elif not best:
                 return slot
             else:
@@ -819,36 +761,33 @@ class SharedOrder:
         return found
 
     def first(self) -> bool:
-        """Whether this worker has waiters and its first is the container's first: for
-        the periodic look (``queue.FreedWatch``), which wakes the queue as it
-        becomes so.
+        """Whether this worker's first waiter is the container's first (the periodic look).
 
-        It also claims a slot that a busy file lock put off, and follows a file deleted
-        or replaced under this worker (an ``fstat``, too dear for every attempt but not
-        for a sample), moving its row to the file now at the path, where the workers
-        that open it from now on look."""
-        self._hold.follow(self._head, self._waiting)
+        It also claims a slot a busy file lock put off, and follows a replaced file (an
+        ``fstat``, too dear for every attempt).
+        """
+        self._file.follow(self._head, self._waiting)
         head = self._head
         if head is None:
             return False
-        if self._hold.slot < 0:
+        if self._file.slot < 0:
             self.publish(head, self._waiting)  # a claim put off by a busy file lock
         return not self.ahead(head[0], head[1])
 
     def leave(self) -> None:
-        """Give up this worker's slot and wake socket, keeping the file open (the end of
-        a lifespan): the next waiter claims a slot again, in a lifespan run later too."""
-        if self._hold.leave():
+        """Give up this worker's slot and wake socket at the end of a lifespan."""
+
+        if self._file.leave():
             self._head, self._waiting = None, 0
 
     def close(self) -> None:
         """Clear this worker's slot and close the file (shutdown and tests)."""
-        self._hold.close()
+        self._file.close()
 
     def _after_fork(self) -> None:
         # The parent's waiters are not the child's: it publishes its own.
         self._head, self._waiting = None, 0
-        self._hold.after_fork()
+        self._file.after_fork()
 
 
 def _forked(ref: weakref.ReferenceType[SharedOrder]) -> None:

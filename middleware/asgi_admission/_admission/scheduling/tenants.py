@@ -1,25 +1,17 @@
 """Fair share: the sessions each tenant holds, and whether one more would be beyond its share.
 
-``tenant=callable(scope)`` names a request's tenant; ``ADMISSION_TENANT_MAX_SHARE``
-(``tenant_max_share``) is the most of the counted sessions one tenant may hold while
-requests wait or are refused (docs/configuration.md). The admission service counts a
-tenant's session in when it admits it (:meth:`TenantShares.admitted`, which hands back
-a :class:`TenantSlot` that goes with the session) and out when the session ends
-(:meth:`TenantShares.released`), and asks :meth:`TenantShares.over_share` while
-requests wait or are refused.
+``tenant=callable(scope)`` names a request's tenant; ``ADMISSION_TENANT_MAX_SHARE`` is
+the most of the counted sessions one tenant may hold while requests wait or are
+refused (docs/configuration.md).
 
 Notes:
 
 - Bounded memory, whatever names clients invent: a tenant is tracked only while it
-  holds a session (its entry goes with its last one), and at most ``max_tenants``
-  are tracked by name. A tenant first seen while that many are tracked is counted in
-  one shared bucket with every other such tenant, so together they hold at most one
-  share: a client inventing a name per request gains nothing by it (a tenant whose
-  first sessions went there is counted by name once there is room). Each session
-  keeps its slot, so its release always finds the count it was added to.
+  holds a session, and at most ``max_tenants`` by name. Tenants first seen beyond that
+  share one bucket, so together they hold at most one share. Each session keeps its
+  :class:`TenantSlot`, so its release finds the count it was added to.
 - A tenant may always hold one session: with ``share * total`` below one, a share
   would refuse even the first session of a tenant that holds none.
-- Thread-safe: one lock, held for a dictionary update.
 """
 
 from __future__ import annotations
@@ -34,17 +26,13 @@ DEFAULT_MAX_TENANTS: Final = 1024
 
 @dataclass(frozen=True, slots=True)
 class TenantSlot:
-    """What one admitted session of a tenant was counted under; handed back on release.
-
-    ``bucket`` is the tenant's name, or ``None`` for the shared bucket of the tenants
-    first seen while ``max_tenants`` were tracked.
-    """
+    """What one admitted session was counted under (``None``: the shared bucket)."""
 
     bucket: str | None
 
 
 class TenantShares:
-    """Sessions held per tenant, within a share of the counted sessions; see the notes."""
+    """Sessions held per tenant, within a share of the counted sessions; thread-safe."""
 
     __slots__ = ("_counts", "_lock", "_shared", "max_share", "max_tenants")
 
@@ -94,8 +82,7 @@ class TenantShares:
                 self._counts.pop(bucket, None)
 
     def held(self, tenant: str) -> int:
-        """How many sessions the count for ``tenant`` holds (the shared bucket's, for a
-        tenant not tracked by name while ``max_tenants`` are)."""
+        """How many sessions the count for ``tenant`` holds (maybe the shared bucket's)."""
         with self._lock:
             return self._held(tenant)
 
@@ -112,8 +99,8 @@ class TenantShares:
 
     def over_share(self, tenant: str | None, counted_total: int) -> bool:
         """Whether one more session of ``tenant`` would hold more than its share of the
-        counted sessions (``counted_total`` now, one more with it); a request with no
-        tenant, or with no share set, never is. A tenant may always hold one."""
+        ``counted_total`` sessions and one more."""
+
         if tenant is None or not self.enabled:
             return False
         with self._lock:

@@ -794,7 +794,10 @@ class Samples:
 #
 # - Every change is made inside the ledger's critical section (its
 # ``threading.Lock``, and its ``flock`` when shared), and the reservations are
-# released or activated after it is left: they take the same lock.
+# released or activated after it is left: they take the same lock. A response that
+# settles from this process's own state alone (nothing shared to read or write: no
+# reserve waits to show, no ticket holds it, no probe) takes the lock alone
+# (``attempt_own``): a session request then takes the shared ledger's ``flock`` once.
 # - The critical section is only ever tried (``attempt``): where another worker
 # holds the shared ledger, a session's event (its response, its end, a ticket)
 # is kept, in order, for the next sample, so neither the event loop nor a
@@ -823,7 +826,8 @@ class Reservations:
     """Settling, tickets and learning for one guard (see the module notes).
 
     ``attempt`` is the ledger's critical section, tried without waiting (it
-    raises ``LedgerBusy`` while another worker holds it); ``read`` takes an
+    raises ``LedgerBusy`` while another worker holds it), and ``attempt_own``
+    its part for this process's own bookkeeping (default: ``attempt``); ``read`` takes an
     exact reading and never raises; ``app_count()`` is the app's own count of
     its sessions (app code: asked outside ``attempt``; ``None``: none) and
     ``active_count(own)`` the container's active sessions with it (inside
@@ -834,6 +838,7 @@ class Reservations:
         self,
         *,
         attempt: AbstractContextManager[object],
+        attempt_own: AbstractContextManager[object] | None = None,
         read: Callable[[], MemoryReading],
         active_count: Callable[[int | None], int],
         app_count: Callable[[], int | None] = lambda: None,
@@ -842,6 +847,7 @@ class Reservations:
     ) -> None:
         self._controller = parts.controller
         self._attempt = attempt
+        self._attempt_own = attempt if attempt_own is None else attempt_own
         self._read = read
         self._app_count = app_count
         #: Events kept while another worker held the shared ledger, oldest first.
@@ -995,14 +1001,27 @@ class Reservations:
         # Once a session request: now_or_later's steps, without a closure.
         if not self._kept:
             try:
-                with self._attempt:
-                    actions = self._responded(entry)
+                actions = self._respond_now(entry)
             except LedgerBusy:
                 pass
             else:
                 apply(actions)
                 return
         self._kept.keep(functools.partial(self._responded, entry))
+
+    def _respond_now(self, entry: Settlement) -> Sequence[Action]:
+        # A session that settles at its response from this process's own state (its
+        # memory showed, or none is expected; no ticket holds it; no probe) reads and
+        # writes no shared file: this process's lock is its whole section, without the
+        # shared ledger's flock (bench/README.md, the thirteenth session). Asked again
+        # under the lock: a ticket's hold() from another thread may have come between.
+        probes = self.probes
+        if entry.visible and not entry.held and entry.seq not in probes.own:
+            with self._attempt_own:
+                if entry.visible and not entry.held and entry.seq not in probes.own:
+                    return self._responded(entry)
+        with self._attempt:
+            return self._responded(entry)
 
     def _responded(self, entry: Settlement) -> Sequence[Action]:
         now = self._clock()

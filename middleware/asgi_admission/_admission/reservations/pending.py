@@ -1010,18 +1010,25 @@ class Reservations:
         self._kept.keep(functools.partial(self._responded, entry))
 
     def _respond_now(self, entry: Settlement) -> Sequence[Action]:
-        # A session that settles at its response from this process's own state (its
+        # A request that settles at its response from this process's own state (its
         # memory showed, or none is expected; no ticket holds it; no probe) reads and
         # writes no shared file: this process's lock is its whole section, without the
         # shared ledger's flock (bench/README.md, the thirteenth session). Asked again
         # under the lock: a ticket's hold() from another thread may have come between.
-        probes = self.probes
-        if entry.visible and not entry.held and entry.seq not in probes.own:
+        if self._settles_alone(entry):
             with self._attempt_own:
-                if entry.visible and not entry.held and entry.seq not in probes.own:
+                if self._settles_alone(entry):
                     return self._responded(entry)
         with self._attempt:
             return self._responded(entry)
+
+    def _settles_alone(self, entry: Settlement) -> bool:
+        return (
+            entry.phase == "request"
+            and entry.visible
+            and not entry.held
+            and entry.seq not in self.probes.own
+        )
 
     def _responded(self, entry: Settlement) -> Sequence[Action]:
         now = self._clock()

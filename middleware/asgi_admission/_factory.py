@@ -185,6 +185,7 @@ def build_service(
     )
     reservations = Reservations(
         attempt=ledger.attempt(),
+        attempt_own=ledger.attempt_own(),
         read=read,
         active_count=ledger.active,
         app_count=app_count,

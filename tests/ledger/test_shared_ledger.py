@@ -21,7 +21,7 @@ from asgi_admission import AdmissionConfig, AdmissionMiddleware, AdmissionTicket
 from asgi_admission._admission.ledger import (
     shared_ledger,
 )
-from asgi_admission._admission.ledger.ledger import InProcessLedger, LedgerUnavailable
+from asgi_admission._admission.ledger.ledger import InProcessLedger, LedgerBusy, LedgerUnavailable
 from asgi_admission._admission.ledger.shared_ledger import (
     FILE_NAME,
     LedgerEntry,
@@ -576,3 +576,24 @@ def test_the_file_is_checked_at_most_every_quarter_second(
     assert counts(first) == (0, 1)  # within the interval: still the old file
     time.sleep(shared_ledger.LINK_CHECK_INTERVAL_S + 0.05)
     assert counts(first) == (0, 0)  # moved: the second worker has not followed yet
+
+
+def test_own_section_takes_this_process_lock_and_never_the_flock(
+    shared: tuple[str, list[SharedLedger]],
+) -> None:
+    """attempt_own() enters while another worker is in the critical section, and is busy
+    while another thread of this worker is."""
+    first, second = open_ledger(shared), open_ledger(shared)
+    with first.attempt():  # holds the file's flock (and claims a slot)
+        with second.attempt_own():
+            pass
+        with pytest.raises(LedgerBusy), second.attempt():
+            pass
+    with second.attempt_own():
+        # This process's lock is held: neither section is reentrant.
+        with pytest.raises(LedgerBusy), second.attempt():
+            pass
+        with pytest.raises(LedgerBusy), second.attempt_own():
+            pass
+    with second.attempt():
+        pass  # both locks were given back

@@ -31,7 +31,7 @@ from asgi_admission._admission.reservations.pending import (
     Reservations,
     build_parts,
 )
-from asgi_admission._admission.reservations.settling import apply
+from asgi_admission._admission.reservations.settling import Settlement, apply
 from asgi_admission._admission.reservations.tickets import settlement_of
 from asgi_admission._memory.reading import UNAVAILABLE
 from kits.suitekit import MIB
@@ -397,3 +397,55 @@ def test_a_sessions_end_is_told_once_however_many_say_so() -> None:
     reservations.abandon(socket, session_over=True)
     assert [route for route, _, _ in learner.told] == ["unnamed", "unnamed"]
     assert counts(ledger) == (0, 0)
+
+
+class Taken:
+    """A critical section that records each time it is entered, under its name."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name = name
+        self.log = log
+
+    def __enter__(self) -> None:
+        self.log.append(self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_a_response_that_settles_nothing_shared_takes_only_the_own_section() -> None:
+    """A session expecting no memory settles at its response under attempt_own; one whose
+    reserve waits to show in the (shared) settling queue, or held by its ticket, under attempt."""
+    memory, log = Memory(100), list[str]()
+    ledger = InProcessLedger()
+    reservations = Reservations(
+        attempt=Taken("attempt", log),
+        attempt_own=Taken("own", log),
+        read=memory,
+        active_count=lambda own: 0,
+        route_of=lambda scope: "POST /s",
+        parts=build_parts(
+            controller=AdmissionController(reserve_bytes=10 * MIB, memory_reader=memory),
+            learning="off",
+            min_reserve_bytes=16 * MIB,
+            timeout_s=120.0,
+            shared_dir=None,
+        ),
+    )
+
+    def admitted(limit: int | None) -> Settlement:
+        return reservations.admitted(ledger.reserve(), "http", None, 100 * MIB, limit)
+
+    blind = admitted(None)  # no limit yet: nothing is expected of it
+    reservations.respond(blind)
+    assert log == ["own"]
+    assert counts(ledger) == (0, 0)
+    log.clear()
+    queued = admitted(LIMIT)  # its reserve waits to show
+    reservations.respond(queued)
+    assert log == ["attempt"]
+    log.clear()
+    held = admitted(None)
+    held.held = True
+    reservations.respond(held)
+    assert log == ["attempt"]

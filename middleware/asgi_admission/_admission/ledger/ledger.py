@@ -81,6 +81,16 @@ class SessionLedger(Protocol):
         """
         ...
 
+    def attempt_own(self) -> AbstractContextManager[object]:
+        """The critical section for this process's own bookkeeping alone, which reads
+        and writes no shared file: this process's lock without another process's
+        (``LedgerBusy`` if it is held). Not for counting or reserving.
+
+        Settling a session that holds nothing shared (its memory showed, or none is
+        expected) needs no more; the same reusable context manager every time.
+        """
+        ...
+
     def counts(self, own_active: int | None = None) -> tuple[int, int]:
         """``(active, pending)``; call inside the critical section (``attempt()`` or
         ``locked()``) for a consistent pair.
@@ -170,6 +180,9 @@ class InProcessLedger:
     def attempt(self) -> threading.Lock:
         # Only this process's threads take it, each for microseconds and never
         # across app code or I/O: waiting for it never stalls the loop.
+        return self._lock
+
+    def attempt_own(self) -> threading.Lock:
         return self._lock
 
     def counts(self, own_active: int | None = None) -> tuple[int, int]:

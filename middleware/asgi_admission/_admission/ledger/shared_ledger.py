@@ -10,7 +10,9 @@ Notes (the whole story, with the faults each part answers: ``docs/trust.md``):
   read-decide-reserve is atomic across threads and workers. No wait is unbounded:
   ``attempt()`` raises :class:`LedgerBusy` unless the lock is free now (the
   middleware retries with awaits, then refuses); ``locked()`` sleeps between tries
-  for at most ``LOCK_WAIT_S``.
+  for at most ``LOCK_WAIT_S``. ``attempt_own()`` is the thread lock alone, for this
+  worker's own bookkeeping that reads and writes no shared file (a response that
+  settles nothing shared).
 - Activations and releases never raise and are never lost: counts change in
   memory first. On an event loop the slot is then written by this worker's next
   critical section or, at the latest, when the loop next runs its callbacks (one
@@ -638,6 +640,31 @@ class Section:
             ledger._lock.release()
 
 
+class OwnSection:
+    """The section for this worker's own bookkeeping: this process's lock alone, taken
+    only if it is free at once. The shared file is neither read nor written in it, so
+    another worker's ``flock`` is not needed, and a slot changed meanwhile is written
+    by the next critical section or the loop's next turn, as after any release."""
+
+    __slots__ = ("_ledger",)
+
+    def __init__(self, ledger: LockedLedgerFile) -> None:
+        self._ledger = ledger
+
+    def __enter__(self) -> None:
+        # Looked up each time: a fork child has a lock of its own.
+        if not self._ledger._lock.acquire(False):
+            raise LedgerBusy("another thread of this worker holds the shared ledger")
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._ledger._lock.release()
+
+
 class LockedLedgerFile(LedgerFile):
     """The ledger file in ``directory`` under its critical section (see the module notes)."""
 
@@ -649,6 +676,7 @@ class LockedLedgerFile(LedgerFile):
         "_lock",
         "_locked",
         "_next_link_check",
+        "_own_section",
     )
 
     def __init__(
@@ -662,6 +690,7 @@ class LockedLedgerFile(LedgerFile):
         self._flush_thread = 0
         self._locked = Section(self, LOCK_WAIT_S)
         self._attempt = Section(self, 0.0)
+        self._own_section = OwnSection(self)
         self._next_link_check = 0.0
 
     # -- the critical section ------------------------------------------------------
@@ -676,6 +705,11 @@ class LockedLedgerFile(LedgerFile):
     def attempt(self) -> Section:
         """The critical section if it is free right now; ``LedgerBusy`` if not."""
         return self._attempt
+
+    def attempt_own(self) -> OwnSection:
+        """This worker's own bookkeeping, which touches no shared file: this process's
+        lock alone, if it is free right now; ``LedgerBusy`` if not."""
+        return self._own_section
 
     def _enter_slowly(self, wait_s: float, *, locked: bool) -> None:
         """The critical section when a lock was not free at once (``locked``: this

@@ -797,7 +797,10 @@ class Samples:
 #
 # - Every change is made inside the ledger's critical section (its
 # ``threading.Lock``, and its ``flock`` when shared), and the reservations are
-# released or activated after it is left: they take the same lock.
+# released or activated after it is left: they take the same lock. A response that
+# settles from this process's own state alone (nothing shared to read or write: no
+# reserve waits to show, no ticket holds it, no probe) takes the lock alone
+# (``attempt_own``): a session request then takes the shared ledger's ``flock`` once.
 # - The critical section is only ever tried (``attempt``): where another worker
 # holds the shared ledger, a session's event (its response, its end, a ticket)
 # is kept, in order, for the next sample, so neither the event loop nor a
@@ -826,7 +829,8 @@ class Reservations:
     """Settling, tickets and learning for one guard (see the module notes).
 
     ``attempt`` is the ledger's critical section, tried without waiting (it
-    raises ``LedgerBusy`` while another worker holds it); ``read`` takes an
+    raises ``LedgerBusy`` while another worker holds it), and ``attempt_own``
+    its part for this process's own bookkeeping (default: ``attempt``); ``read`` takes an
     exact reading and never raises; ``app_count()`` is the app's own count of
     its sessions (app code: asked outside ``attempt``; ``None``: none) and
     ``active_count(own)`` the container's active sessions with it (inside
@@ -837,6 +841,7 @@ class Reservations:
         self,
         *,
         attempt: AbstractContextManager[object],
+        attempt_own: AbstractContextManager[object] | None = None,
         read: Callable[[], MemoryReading],
         active_count: Callable[[int | None], int],
         app_count: Callable[[], int | None] = lambda: None,
@@ -845,6 +850,7 @@ class Reservations:
     ) -> None:
         self._controller = parts.controller
         self._attempt = attempt
+        self._attempt_own = attempt if attempt_own is None else attempt_own
         self._read = read
         self._app_count = app_count
         #: Events kept while another worker held the shared ledger, oldest first.
@@ -998,14 +1004,34 @@ class Reservations:
         # Once a session request: now_or_later's steps, without a closure.
         if not self._kept:
             try:
-                with self._attempt:
-                    actions = self._responded(entry)
+                actions = self._respond_now(entry)
             except LedgerBusy:
                 pass
             else:
                 apply(actions)
                 return
         self._kept.keep(functools.partial(self._responded, entry))
+
+    def _respond_now(self, entry: Settlement) -> Sequence[Action]:
+        # A request that settles at its response from this process's own state (its
+        # memory showed, or none is expected; no ticket holds it; no probe) reads and
+        # writes no shared file: this process's lock is its whole section, without the
+        # shared ledger's flock (bench/README.md, the thirteenth session). Asked again
+        # under the lock: a ticket's hold() from another thread may have come between.
+        if self._settles_alone(entry):
+            with self._attempt_own:
+                if self._settles_alone(entry):
+                    return self._responded(entry)
+        with self._attempt:
+            return self._responded(entry)
+
+    def _settles_alone(self, entry: Settlement) -> bool:
+        return (
+            entry.phase == "request"
+            and entry.visible
+            and not entry.held
+            and entry.seq not in self.probes.own
+        )
 
     def _responded(self, entry: Settlement) -> Sequence[Action]:
         now = self._clock()

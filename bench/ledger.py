@@ -14,6 +14,10 @@ like the ledger file):
 - the liveness checks the design chose between: an ``F_OFD_GETLK`` on a slot,
   reading ``/proc/<pid>/stat`` for the start time, ``os.kill(pid, 0)``.
 
+Probing is off (``probe_sessions=0``): the decisions measured here must admit, and with
+other workers' sessions pending on a route not yet learned, a decision would wait for
+a probe instead.
+
 Prints medians and 99th percentiles in microseconds and the shared/in-process
 ratio; the targets are a median decision of at most 20 µs and at most 2x the
 in-process one.
@@ -105,12 +109,17 @@ def main() -> int:
         root = Path(scratch)
         cgroup = write_v2_tree(root / "cgroup", used_mb=300, limit_mb=4096)
         base = AdmissionConfig(
-            cgroup_root=str(cgroup), reserve_bytes=0, max_sessions=10**9, shared_dir="off"
+            cgroup_root=str(cgroup),
+            reserve_bytes=0,
+            max_sessions=10**9,
+            probe_sessions=0,
+            shared_dir="off",
         )
         shared = AdmissionConfig(
             cgroup_root=str(cgroup),
             reserve_bytes=0,
             max_sessions=10**9,
+            probe_sessions=0,
             shared_dir=str(root / "ledger"),
         )
 

@@ -370,29 +370,3 @@ def test_a_timeout_of_zero_or_less_is_refused() -> None:
     """The pending timeout must be positive; the error names the variable."""
     with pytest.raises(ValueError, match="ADMISSION_PENDING_TIMEOUT_SECONDS"):
         Settler(timeout_s=0)
-
-
-def test_a_session_admitted_on_too_large_a_guess_settles_once_its_route_is_learned() -> None:
-    """Admitted expecting 100 MiB, sessions that add 50 MiB never show that much; once
-    their route is learned at 50 MiB they expect no more than that and settle. Before,
-    the first became a placeholder at the queue's front (its ramp time passed) and kept
-    the second from showing its memory until the pending timeout."""
-    learned: dict[str, int] = {}
-    settler = Settler(
-        timeout_s=120.0,
-        ramp_s=lambda route: 2.0,
-        min_ramp_s=lambda: 2.0,
-        footprint_bytes=learned.get,
-    )
-    ledger = InProcessLedger()
-    first = admit(settler, ledger, 500 * MIB, 0.0)
-    apply(settler.respond(first, 0.1))
-    apply(settler.settle(550 * MIB, 2.0))
-    apply(settler.settle(550 * MIB, 3.5))  # its ramp passed, quiet: a placeholder
-    assert first.phase == "done"
-    second = admit(settler, ledger, 550 * MIB, 4.0)
-    apply(settler.respond(second, 4.1))
-    learned["POST /s"] = 50 * MIB
-    apply(settler.settle(600 * MIB, 5.0))
-    assert second.visible
-    assert counts(ledger) == (0, 0)

@@ -290,30 +290,6 @@ def take_shown(floor: int | None, records: list[QueueRecord], record: QueueRecor
     return (head if floor is None else max(floor, head)) + record.expected_bytes
 
 
-def expect_learned(
-    records: list[QueueRecord],
-    pid: int,
-    routes: dict[int, str],
-    footprint_bytes: Callable[[str], int | None],
-) -> tuple[dict[int, str], dict[int, int]]:
-    """Worker ``pid``'s sessions in the queue (their ``routes`` by number) expect no more
-    than their route is now learned to add: one admitted on a guess that proved too
-    large would otherwise never show its memory, and, a placeholder at the queue's
-    front, keep every later session from showing theirs until the timeout. The routes
-    of those still queued, and the footprints the lowered ones now expect."""
-    kept: dict[int, str] = {}
-    lowered: dict[int, int] = {}
-    for record in records:
-        route = routes.get(record.seq) if record.pid == pid else None
-        if route is None:
-            continue
-        kept[record.seq] = route
-        footprint = footprint_bytes(route)
-        if footprint is not None and footprint < record.expected_bytes:
-            record.expected_bytes = lowered[record.seq] = footprint
-    return kept, lowered
-
-
 def drop_lapsed(
     records: list[QueueRecord],
     pid: int,
@@ -1045,13 +1021,9 @@ class Settler:
             young = young_bytes_per_s(self._pending, self._ramp_s, now)
             self._growth.note(used_bytes, now, young)
         if self._routes:
-            # Queued sessions expect no more than their route is now learned to add.
-            self._routes, lowered = expect_learned(
-                records, self._pid, self._routes, self._footprint_bytes
-            )
-            for seq, footprint in lowered.items():
-                if (entry := self._pending.get(seq)) is not None:
-                    entry.remaining = min(entry.remaining, footprint)
+            # The routes of this worker's sessions still queued, for ``drop_lapsed``.
+            own = {record.seq for record in records if record.pid == self._pid}
+            self._routes = {seq: route for seq, route in self._routes.items() if seq in own}
         if queued and self._growth.quiet(now):
             records = drop_lapsed(records, self._pid, now, self._routes, self._seen, self._ramp_s)
         if queued:

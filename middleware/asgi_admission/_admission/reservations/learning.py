@@ -490,17 +490,11 @@ def ramp_share(ramp_s: float, age_s: float) -> float:
 
 
 class Admission:
-    __slots__ = ("at", "ended", "probe", "responded", "route", "seen", "seen_until")
+    __slots__ = ("at", "ended", "responded", "route", "seen", "seen_until")
 
-    def __init__(
-        self, route: str, at: float, responded: float | None, *, probe: bool = False
-    ) -> None:
+    def __init__(self, route: str, at: float, responded: float | None) -> None:
         self.route = route
         self.at = at
-        #: A probe of its route (``probing.py``): its window closes with the probe's
-        #: evidence (:meth:`GrowthWindows.close_route`) or at the horizon, not on a quiet
-        #: spell of its own, which a process slow to start would end too early.
-        self.probe = probe
         #: When its response ended or its WebSocket was accepted (``None``: not yet).
         self.responded = responded
         #: When it was reported ended (its ramp stops there), or ``None``.
@@ -903,11 +897,10 @@ def _rise(length: float, start: float, end: float, at: float, ended: float | Non
 # its memory has arrived. A route with a learned ramp is watched for one and a half
 # times that ramp and half a second more; before, a window no session of a route of
 # unknown footprint ramped in closes once the series, less what the other sessions
-# are expected to add, has made no new peak for a quiet spell (a probe's, with its
-# probe's evidence instead: ``probing.py``); any window closes at ``HORIZON_S``. A
-# closed window says how much the series grew over it and which part of the other
-# sessions' ramps fell inside it, per route (``Overlap``, worked out below), which is
-# one equation for the footprints.
+# are expected to add, has made no new peak for a quiet spell; any window closes at
+# ``HORIZON_S``. A closed window says how much the series grew over it and which part
+# of the other sessions' ramps fell inside it, per route (``Overlap``,
+# worked out below), which is one equation for the footprints.
 # - A session whose own growth had stopped (for more readings than it ever paused)
 # when another session came keeps that ramp as its own, and what it added alone is the
 # least it adds to any later window it lies in.
@@ -976,18 +969,16 @@ class GrowthWindows:
         expected: Expected,
         *,
         responded: bool = True,
-        probe: bool = False,
     ) -> None:
         """A session of ``route`` was admitted at working set ``used_bytes`` (exact or a
-        bound); ``responded=False``: its response is still to come (:meth:`respond`);
-        ``probe``: a probe of its route (:class:`Admission`)."""
+        bound); ``responded=False``: its response is still to come (:meth:`respond`)."""
         last = self._last
         if (last is None or now - last[1] > MAX_STEP_S) and used_bytes is not None:
             # No recent reading: the admission's own starts the series afresh. A bound
             # above the working set only shows as a drop at the next exact reading.
             self._restart(used_bytes, now)
             last = self._last
-        admission = Admission(route, now, now if responded else None, probe=probe)
+        admission = Admission(route, now, now if responded else None)
         if len(self._recent) >= MAX_RECENT:
             # Too many to follow: its growth is unknown to every window it may ramp in.
             self._foreign_until = max(self._foreign_until, now + self.horizon_s + QUIET_S)
@@ -1185,7 +1176,7 @@ class GrowthWindows:
                 due = False
             elif length is not None:
                 due = age >= length
-            elif window.clean and not admission.probe:
+            elif window.clean:
                 spell = max(QUIET_S, 0.5 * (window.peak_at - admission.at))
                 due = now - max(window.peak_at, admission.responded) >= spell
             else:
@@ -1372,26 +1363,17 @@ class SessionLearner:
     # -- events --------------------------------------------------------------------------
 
     def on_admit(
-        self,
-        route: str,
-        used_bytes: int | None,
-        now: float,
-        *,
-        responded: bool = True,
-        probe: bool = False,
+        self, route: str, used_bytes: int | None, now: float, *, responded: bool = True
     ) -> None:
         """A session of ``route`` was admitted at working set ``used_bytes``;
         ``responded=False``: its response is still to come (:meth:`on_response`), and its
-        window stays open until then; ``probe``: a probe of its route, whose window
-        closes with the probe's evidence (:meth:`close_episode`) or at the horizon."""
+        window stays open until then."""
         state = self._route(route)
         if state is None:
             return
         state.live += 1
         self._profiles.admitted(route)
-        self._windows.admit(
-            route, used_bytes, now, self._expected, responded=responded, probe=probe
-        )
+        self._windows.admit(route, used_bytes, now, self._expected, responded=responded)
 
     def on_response(self, admitted_at: float, now: float) -> None:
         """The session admitted at ``admitted_at`` answered (or accepted its WebSocket)."""

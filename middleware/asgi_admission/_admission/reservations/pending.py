@@ -938,7 +938,7 @@ class Reservations:
         if route is None:
             route = self.route(scope)
         if self.learning != "off":
-            self.learner.on_admit(route, used_bytes, now, responded=False, probe=probe)
+            self.learner.on_admit(route, used_bytes, now, responded=False)
         if limit_bytes is not None:
             self._samples.note_limit(limit_bytes)
         # Blind since this process started (nothing admitted under a limit: there is none,

@@ -174,13 +174,6 @@ class HoldRegistry:
 #: How long after the probes' responses memory already visible must stay without a
 #: new peak before it counts as all there: one periodic sample.
 CONFIRM_S: Final = 0.25
-#: How long after the probes' last response (or admission) a window whose growth per
-#: probe is short of 90 % of the guessed reserve stays open, quiet or not: their memory
-#: may not have begun to arrive (a process slow to start, on a loaded machine, shows
-#: its interpreter's few MiB, then nothing for seconds). Long enough for such a start,
-#: short enough that the requests held for the evidence
-#: (``ADMISSION_PROBE_WAIT_SECONDS``, 5 s by default) are decided on it.
-SLOW_START_S: Final = 3.0
 #: A new peak must beat the last by this share of the growth so far (or 256 KiB), as
 #: for the learner's episodes.
 _PEAK_STEP: Final = 0.01
@@ -258,8 +251,7 @@ class ProbeWindow:
             self.peak_bytes = used_bytes
 
     def quiet(self, now: float) -> bool:
-        """Whether every probe has answered and the memory has stopped growing (and,
-        while it is short of the guessed reserve, ``SLOW_START_S`` have passed)."""
+        """Whether every probe has answered and the memory has stopped growing."""
         if any(not probe.responded for probe in self.probes):
             return False
         if (
@@ -269,11 +261,7 @@ class ProbeWindow:
         ):
             return True
         spell = max(QUIET_S, 0.5 * (self.last_peak_at - self.started_at))
-        if now - max(self.last_peak_at, self.last_event_at) < spell:
-            return False
-        # Little memory so far: it may not have begun to arrive (a process slow to start).
-        short = self.per_probe() < VISIBLE_FRACTION * self.guess_bytes
-        return not short or now - self.last_event_at >= SLOW_START_S
+        return now - max(self.last_peak_at, self.last_event_at) >= spell
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,10 +346,7 @@ class LocalProbeStore:
 # - A *window* follows a route's probes from the first one's admission, at the exact
 # working set then (its *base*), through its peak. It concludes once every probe
 # has answered and the working set has made no new peak for a quiet spell (as
-# long as the learner's, ``learning.QUIET_S`` or half the ramp so far; and not
-# before ``SLOW_START_S`` after the last response while the growth per probe is
-# short of 90 % of the guessed reserve: a process slow to start shows only its first
-# few MiB), or, for
+# long as the learner's, ``learning.QUIET_S`` or half the ramp so far), or, for
 # memory built inside the request, once a look a sample interval after the
 # probes' responses finds it all there (their growth reached 90 % of the guessed
 # reserve at the response) and still no new peak.

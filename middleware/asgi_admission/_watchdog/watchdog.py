@@ -37,6 +37,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from asgi_admission import _env
 from asgi_admission._config import MIB, AdmissionConfig
+from asgi_admission._config_env import seconds_from
 from asgi_admission._memory.reading import MemoryReader
 from asgi_admission._watchdog.groups import SessionGroup, SessionGroups
 from asgi_admission._watchdog.halt import HaltAction, ProcessGroupHalt, SessionHalt
@@ -99,15 +100,7 @@ def settings_from_env(env: Mapping[str, str], *, high: float) -> tuple[float, fl
             fallback,
         )
         critical = fallback
-    interval = _env.number(env, ENV_INTERVAL, DEFAULT_INTERVAL_S, float)
-    if not (math.isfinite(interval) and interval > 0):
-        logger.warning(
-            "%s=%s must be above 0; using the default %s.",
-            ENV_INTERVAL[0],
-            interval,
-            DEFAULT_INTERVAL_S,
-        )
-        interval = DEFAULT_INTERVAL_S
+    interval = seconds_from(env, ENV_INTERVAL, DEFAULT_INTERVAL_S)
     return critical, interval
 
 

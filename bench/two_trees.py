@@ -3,7 +3,7 @@
     sudo .venv/bin/python bench/two_trees.py OTHER_CHECKOUT [--rounds 20] [--clock cpu]
 
 ``middleware_bench.py`` (a) runs one tree at a time, and on a shared machine its
-ratios moved by 0.1 between runs of the same code (bench/README.md, the thirteenth
+ratios moved by 0.1 between runs of the same code (bench/README.md, the fourteenth
 session): more than most changes to the session path. Here the other checkout's
 package and this one's are both imported (each under module objects of its own, the
 ``asgi_admission`` entries of ``sys.modules`` swapped between the two imports), and

@@ -1016,8 +1016,9 @@ class Reservations:
         # A request that settles at its response from this process's own state (its
         # memory showed, or none is expected; no ticket holds it; no probe) reads and
         # writes no shared file: this process's lock is its whole section, without the
-        # shared ledger's flock (bench/README.md, the thirteenth session). Asked again
-        # under the lock: a ticket's hold() from another thread may have come between.
+        # shared ledger's flock (bench/README.md, "The fourteenth session: the session
+        # path's cost at the defaults"). Asked again under the lock: a ticket's hold()
+        # from another thread may have come between.
         if self._settles_alone(entry):
             with self._attempt_own:
                 if self._settles_alone(entry):

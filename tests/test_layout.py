@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import io
 import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -414,13 +416,43 @@ def test_a_unit_defined_anywhere_is_seen(source: str, names: list[str]) -> None:
 
 #: Words the code once used for things the glossary of docs/design.md names otherwise.
 RETIRED_WORDS = re.compile(
-    r"\b(keepers?|ReservationKeeper|KeeperParts|ProbeBoard|board)\b", re.IGNORECASE
+    r"\b(keepers?|ReservationKeeper|KeeperParts|ProbeBoard|board|placeholders?|credits?)\b",
+    re.IGNORECASE,
 )
+#: Parts of names the package once used for things it now names plainly: settling's
+#: floor (what is accounted for), mark (its last exact reading), credit (memory seen
+#: freed) and placeholder (a record left early). As words, "floor" and "mark" keep
+#: their plain sense (a reserve's floor), so only names are checked for them.
+RETIRED_NAME_PARTS = frozenset({"floor", "mark", "credit", "credited", "placeholder"})
+#: Names with a retired part in its plain sense: learning's noise floor.
+PLAIN_NAMES = frozenset({"NOISE_FLOOR_BYTES"})
+
+
+def name_parts(name: str) -> set[str]:
+    """The words of a snake_case or CamelCase name, in lower case."""
+    return {
+        part.lower()
+        for piece in name.split("_")
+        for part in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+", piece)
+    }
+
+
+def retired_names(source: str) -> set[str]:
+    """The names (not comments, not strings) of ``source`` made of a retired part."""
+    return {
+        token.string
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.NAME
+        and token.string not in PLAIN_NAMES
+        and name_parts(token.string) & RETIRED_NAME_PARTS
+    }
 
 
 def test_the_retired_words_are_gone() -> None:
     """Neither the package nor the docs use a word the glossary retired (the keeper is
-    the reservations, the probe board the probes)."""
+    the reservations, the probe board the probes, settling's placeholder a record left
+    early and its credit memory seen freed), nor does the package name anything by a
+    retired name part."""
     docs = Path(__file__).parents[1] / "docs"
     found = {
         str(path): RETIRED_WORDS.findall(path.read_text())
@@ -428,6 +460,29 @@ def test_the_retired_words_are_gone() -> None:
         if RETIRED_WORDS.search(path.read_text())
     }
     assert found == {}
+    named = {
+        str(path): names
+        for path in PACKAGE.rglob("*.py")
+        if (names := retired_names(path.read_text()))
+    }
+    assert named == {}
+
+
+@pytest.mark.parametrize(
+    ("source", "names"),
+    [
+        ("floor, records = queue.load()", {"floor"}),
+        ("self._sample_mark = settler.mark", {"_sample_mark", "mark"}),
+        ("def make_placeholder(): ...", {"make_placeholder"}),
+        ("class CreditPool: ...", {"CreditPool"}),
+        ("# the floor of a reserve\nx = 'a floor'", set()),
+        ("accounted = marked + NOISE_FLOOR_BYTES", set()),
+    ],
+)
+def test_a_retired_name_is_seen(source: str, names: set[str]) -> None:
+    """A name made of a retired part is found; the word in a comment or a string, or
+    inside a longer word, is not."""
+    assert retired_names(source) == names
 
 
 def test_the_glossary_holds_at_most_twelve_words() -> None:

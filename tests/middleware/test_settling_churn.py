@@ -2,8 +2,8 @@
 
 A session settles once its memory shows. When another session ends while it ramps,
 the working set can stay flat although the ramping session's memory has all come:
-these tests show that the end's freed memory is credited (docs/reservations.md,
-"Settling under churn"), and that what is not freed is never credited.
+these tests show that the end's freed memory counts for the sessions still settling
+(docs/reservations.md, "Settling under churn"), and that what is not freed never does.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def test_a_session_ending_while_another_ramps_does_not_hold_the_ramping_one() ->
         assert wait_until(lambda: mw.session_counts() == (1, 0), 3)
 
 
-def test_memory_not_freed_at_an_end_credits_nothing() -> None:
+def test_memory_not_freed_at_an_end_frees_nothing() -> None:
     """The first session closes but its memory stays (a server keeping a kernel for a
     reconnect): the second, whose memory has not come, stays pending."""
     with second_pending() as (_reader, mw, client):

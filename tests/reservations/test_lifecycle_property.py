@@ -105,9 +105,9 @@ class Sim:
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**32 - 1), oversized=st.booleans())
-# A ticket started on memory credited to an older session still ramping (its reserve
+# A ticket started on memory counted as an older session's still ramping (its reserve
 # was all that covered the older one's), and the same after a later ticket's memory
-# paid its placeholder.
+# paid for its record left early.
 @example(seed=527, oversized=False)
 @example(seed=1914, oversized=False)
 def test_random_sessions_release_once_never_early_and_return_to_zero(

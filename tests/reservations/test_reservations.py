@@ -381,7 +381,7 @@ def test_a_decision_nets_out_the_apps_count_after_the_kept_events(
 def test_a_sessions_end_is_told_once_however_many_say_so() -> None:
     """A pending session released by its watchdog (its process unregistered) and then by
     its app, and a WebSocket whose close is seen twice: each end reaches the learner
-    (and the credit for what it frees, told in the same step) once."""
+    (and what it frees, told in the same step) once."""
     memory = Memory(100)
     learner = Ends()
     reservations, ledger = make(memory, learning="raise", learner=learner)

@@ -105,7 +105,8 @@ def test_concurrent_sessions_are_attributed_first_in_first_out() -> None:
 
 
 def test_growth_from_before_admission_is_not_the_sessions_own() -> None:
-    """A session admitted at a higher working set must grow from there, not from the floor."""
+    """A session admitted at a higher working set must grow from there, not from what was
+    accounted for."""
     settler, ledger = make()
     first = admit(settler, ledger, 500 * MIB, 0.0)
     apply(settler.respond(first, 0.1))
@@ -113,7 +114,7 @@ def test_growth_from_before_admission_is_not_the_sessions_own() -> None:
     apply(settler.respond(later, 0.3))
     apply(settler.settle(900 * MIB + int(0.5 * R), 1.0))
     assert first.released  # its growth showed (and more)
-    assert not later.released  # the floor is max(500+R, 900): 0.5 R is not enough
+    assert not later.released  # it counts from max(500+R, 900): 0.5 R is not enough
     apply(settler.settle(900 * MIB + R, 1.5))
     assert later.released
 
@@ -138,7 +139,7 @@ def test_learned_ramp_time_settles_without_growth() -> None:
     assert not entry.released
     apply(settler.settle(500 * MIB, 2.0))
     assert entry.released
-    # Its reserve still counts for a session queued behind it (a placeholder).
+    # Its reserve still counts for a session queued behind it (left early).
     second = admit(settler, ledger, 500 * MIB, 2.1)
     apply(settler.respond(second, 2.1))
     apply(settler.settle(500 * MIB + R, 2.5))
@@ -171,7 +172,7 @@ def test_the_pending_timeout_bounds_every_reservation() -> None:
     assert counts(ledger) == (0, 1)
     apply(settler.settle(500 * MIB, 5.0))
     assert counts(ledger) == (0, 0)
-    # The placeholder leaves the queue once the timeout has passed at the head.
+    # Its record, left early, leaves the queue once the timeout has passed at the head.
     apply(settler.settle(500 * MIB, 5.1))
     assert settler._queue.load() == (None, [])
 
@@ -193,9 +194,9 @@ def test_a_held_ticket_waits_for_started_even_when_memory_shows() -> None:
     assert counts(ledger) == (0, 0)
 
 
-def test_a_ticket_started_on_memory_credited_to_an_older_session_keeps_its_reserve() -> None:
-    """A ticket started after first-in-first-out attribution credited its memory to an
-    older session still ramping keeps its reserve until growth has paid for both, then
+def test_a_ticket_started_on_memory_counted_as_an_older_sessions_keeps_its_reserve() -> None:
+    """A ticket started after first-in-first-out attribution counted its memory as an
+    older session's still ramping keeps its reserve until growth has paid for both, then
     becomes active: the older session was released on the ticket's memory."""
     settler, ledger = make()
     older = admit(settler, ledger, 500 * MIB, 0.0)
@@ -204,7 +205,7 @@ def test_a_ticket_started_on_memory_credited_to_an_older_session_keeps_its_reser
     assert settler.hold(ticket)
     apply(settler.respond(ticket, 0.2))
     # The ticket's session is up (0.95 R), the older one has shown 0.05 R of its own:
-    # attribution credits the oldest, which settles.
+    # attribution counts it as the oldest's, which settles.
     apply(settler.settle(500 * MIB + R, 0.5))
     assert older.released
     apply(settler.started(ticket))
@@ -218,27 +219,27 @@ def test_a_ticket_started_on_memory_credited_to_an_older_session_keeps_its_reser
     assert settler.unsettled == 0
 
 
-def test_a_covering_ticket_waits_for_every_placeholder_ahead_of_growth() -> None:
+def test_a_covering_ticket_waits_for_every_record_left_early_ahead_of_growth() -> None:
     """A started ticket covering an older session is not freed by growth that a later
-    started ticket's memory paid its placeholder with: it waits until every placeholder
-    in the queue has been paid for."""
+    started ticket's memory paid its own record with: it waits until every record left
+    early in the queue has been paid for."""
     settler, ledger = make()
     older = admit(settler, ledger, 500 * MIB, 0.0)
     apply(settler.respond(older, 0.1))
     covering = admit(settler, ledger, 500 * MIB, 0.1)
     settler.hold(covering)
     apply(settler.respond(covering, 0.2))
-    apply(settler.settle(500 * MIB + R, 0.5))  # the covering ticket's memory credits `older`
+    apply(settler.settle(500 * MIB + R, 0.5))  # the covering ticket's memory counts as `older`'s
     assert older.released
     apply(settler.started(covering))
     later = admit(settler, ledger, 500 * MIB + R, 0.6)
     settler.hold(later)
     apply(settler.respond(later, 0.7))
-    # Up before a reading shows it, with nothing credited since its admission: active
-    # at once, its placeholder behind the covering one's.
+    # Up before a reading shows it, with nothing counted as older sessions' since its
+    # admission: active at once, its record left early behind the covering one's.
     apply(settler.started(later))
     assert counts(ledger) == (1, 1)
-    # Its memory arrives and pays the covering ticket's placeholder, not its own.
+    # Its memory arrives and pays for the covering ticket's record, not its own.
     apply(settler.settle(500 * MIB + 2 * R, 0.8))
     assert counts(ledger) == (1, 1)
     apply(settler.settle(500 * MIB + int(2.95 * R), 1.5))  # the older one's memory
@@ -293,7 +294,7 @@ def test_hold_after_settling_is_refused() -> None:
 
 
 def test_a_failed_request_releases_at_once_and_leaves_the_queue() -> None:
-    """An exception or disconnect before the response releases outright (no placeholder)."""
+    """An exception or disconnect before the response releases outright (nothing left early)."""
     settler, ledger = make()
     failed = admit(settler, ledger, 500 * MIB, 0.0)
     behind = admit(settler, ledger, 500 * MIB, 0.0)

@@ -128,7 +128,7 @@ def test_a_burst_past_its_ramp_time_is_held_while_its_memory_still_arrives() -> 
         assert not any(entry.released for entry in burst), step
 
 
-def test_a_placeholder_long_past_every_ramp_leaves_for_a_later_session() -> None:
+def test_a_record_left_early_long_past_every_ramp_leaves_for_a_later_session() -> None:
     """A session that settled by its ramp time without showing its memory (other
     sessions' ends hid it) claims the growth that follows only while an older session
     may still be ramping: once every ramp is past and the sessions behind it came
@@ -138,7 +138,7 @@ def test_a_placeholder_long_past_every_ramp_leaves_for_a_later_session() -> None
     apply(settler.respond(first, 0.05))
     for step in range(1, 21):  # its memory hidden by others' ends, for 5 s
         apply(settler.settle(BASE, 0.25 * step))
-    assert first.released  # by its ramp time: a placeholder
+    assert first.released  # by its ramp time: left early
     later = admit(settler, ledger, RAMPING, BASE, 6.0)
     apply(settler.respond(later, 6.05))
     for step in range(1, 11):  # its 96 MiB over 2.5 s
@@ -146,9 +146,9 @@ def test_a_placeholder_long_past_every_ramp_leaves_for_a_later_session() -> None
     assert later.released
 
 
-def test_a_placeholder_still_claims_growth_for_sessions_admitted_in_its_ramp() -> None:
-    """A session admitted while a placeholder's memory may still have been arriving
-    counts from a working set without it: the placeholder keeps claiming the growth
+def test_a_record_left_early_still_claims_growth_for_sessions_admitted_in_its_ramp() -> None:
+    """A session admitted while the memory of one left early may still have been arriving
+    counts from a working set without it: the record left early keeps claiming the growth
     that follows, and the later session's reservation is held."""
     settler, ledger = make()
     first = admit(settler, ledger, RAMPING, BASE, 0.0)

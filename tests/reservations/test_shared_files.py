@@ -102,7 +102,7 @@ def open_both(directory: Path) -> Opened:
 
 
 def test_the_settling_queue_round_trips(tmp_path: Path) -> None:
-    """Records and the floor stored by one queue are what another opening loads."""
+    """Records and what is accounted for, stored by one queue, are what another opening loads."""
     first = SharedSettleQueue(str(tmp_path))
     assert first.load() == (None, [])
     records = [QueueRecord(os.getpid(), 1, 2.5, 100 * MIB, 50 * MIB, False)]
@@ -142,7 +142,7 @@ def test_the_other_workers_admissions_are_those_the_last_load_read(tmp_path: Pat
     queue = SharedSettleQueue(str(tmp_path))
     other = os.getpid() + 1
     queue.store(None, [QueueRecord(other, 7, 3.5, 100 * MIB, 50 * MIB)])
-    _floor, records = queue.load()
+    _accounted, records = queue.load()
     records[0] = QueueRecord(other, 8, 9.5, 100 * MIB, 50 * MIB)
     records.append(QueueRecord(other, 9, 4.5, 100 * MIB, 50 * MIB))
     assert queue.others == (3.5,)
@@ -158,8 +158,8 @@ def test_a_load_makes_records_again_only_when_the_rows_changed(tmp_path: Path) -
     other = SharedSettleQueue(str(tmp_path))
     stored = [QueueRecord(os.getpid(), 1, 2.5, 100 * MIB, 50 * MIB)]
     queue.store(90 * MIB, stored)
-    floor, records = queue.load()
-    assert (floor, records) == (90 * MIB, stored)
+    accounted, records = queue.load()
+    assert (accounted, records) == (90 * MIB, stored)
     assert queue.load()[1] is records
     records[0].base_bytes = 0
     records.append(QueueRecord(os.getpid(), 2, 3.5, 110 * MIB, 50 * MIB))
@@ -427,7 +427,7 @@ def test_the_settling_queue_follows_its_file_deleted_with_the_directory(
     ]
     first.store(90 * MIB, records)
     shutil.rmtree(shared)
-    ordered = [records[1], records[0]]  # placeholders first
+    ordered = [records[1], records[0]]  # those left early first
     assert first.load() == (90 * MIB, ordered)
     assert second.load() == (90 * MIB, ordered)
     third = SharedSettleQueue(str(shared))

@@ -43,8 +43,8 @@ from asgi_admission._admission.reservations.probing import (
 from asgi_admission._admission.reservations.settling import (
     RAMP_MARGIN,
     Action,
+    ExactReading,
     LocalSettleQueue,
-    Mark,
     Settlement,
     SettleQueue,
     Settler,
@@ -615,7 +615,7 @@ def build_parts(
 # The reservations' looks at memory: when one is due, what a reading settles and teaches.
 #
 # A :class:`Samples` holds what the reservations needs between two readings (when the last
-# was taken, the settling queue's mark at the last sample, the session ends already
+# was taken, the settler's last exact reading at the last sample, the session ends already
 # told by their route, the memory limit of the last admission) and takes the
 # readings: a decision's own, one due after a sample interval, and the periodic
 # sample's step inside the ledger's critical section.
@@ -660,7 +660,7 @@ class Samples:
         self._ends = ends
         self._learning = parts.view.learning != "off"
         self._next_look = 0.0
-        self._sample_mark: Mark | None = None
+        self._sample_reading: ExactReading | None = None
         #: Active sessions seen ending by their route since the last sample.
         self._named_ends = 0
         #: The memory limit of the last admission.
@@ -750,7 +750,7 @@ class Samples:
         if anonymous:
             # Found by a count: they ended since the last sample's reading.
             freed = anonymous * parts.controller.reserve_for(self.limit)
-            settler.ended(freed, now, since=self._sample_mark)
+            settler.ended(freed, now, since=self._sample_reading)
         if anonymous and self._learning:
             if mine:
                 learner.on_session_end(now, count=mine)
@@ -764,7 +764,7 @@ class Samples:
                 actions += self.take(memory.used_bytes, now)
             else:
                 actions += settler.settle(None, now)
-        self._sample_mark = settler.mark
+        self._sample_reading = settler.last_reading
         # While requests wait for another worker's probe, what it learned is looked
         # for at every sample.
         parts.sharing.refresh(now, urgent=probing and bool(holds))
@@ -1136,7 +1136,7 @@ class Reservations:
             # It was active: the next sample sees the active count fall for it too.
             self._samples.named_end()
         now = self._clock()
-        # What it frees is credited to the sessions still settling (``settling.py``).
+        # What it frees counts for the sessions still settling (``settling.py``).
         self.settler.ended(self.view.expected_bytes(entry.route, self._samples.limit), now)
         if self.learning != "off":
             self.learner.on_session_end(now, route=entry.route, admitted_at=entry.admitted_at)

@@ -495,13 +495,13 @@ class Probes:
 
     def other_admitted(self, now: float) -> None:
         """A session that is no probe was admitted: its growth mixes into open windows."""
-        self._mark(now, "mixed")
+        self._flag_open(now, "mixed")
 
     def session_ended(self, now: float) -> None:
         """A session ended somewhere: memory freed in open windows may hide probes'."""
-        self._mark(now, "ended")
+        self._flag_open(now, "ended")
 
-    def _mark(self, now: float, flag: Literal["mixed", "ended"]) -> None:
+    def _flag_open(self, now: float, flag: Literal["mixed", "ended"]) -> None:
         self._load(now)
         changed = False
         for window in self._windows.values():

@@ -142,7 +142,7 @@ def apply(actions: Iterable[Action]) -> None:
 # --------------------------------------------------------------------------------------
 # The attribution queue settling works on (``settling.py``): in one process, or
 # shared by the workers in a file (``shared_files.SharedSettleQueue``), and the changes
-# a settler makes to one record: find it, move it to the front as a placeholder, drop it
+# a settler makes to one record: find it, move it to the front as left early, drop it
 # (the module notes of ``settling.py`` say why).
 
 #: The share of its expected bytes a session's growth must show to settle.
@@ -159,7 +159,7 @@ class QueueRecord:
     base_bytes: int
     expected_bytes: int
     #: Left without showing its memory; still counts its expected bytes.
-    placeholder: bool = False
+    left_early: bool = False
 
 
 class SettleQueue(Protocol):
@@ -169,10 +169,11 @@ class SettleQueue(Protocol):
     """
 
     def load(self) -> tuple[int | None, list[QueueRecord]]:
-        """The floor (``None`` while empty) and the records in admission order."""
+        """The working set already accounted for (``None`` while empty) and the records in
+        admission order."""
         ...
 
-    def store(self, floor: int | None, records: list[QueueRecord]) -> None: ...
+    def store(self, accounted: int | None, records: list[QueueRecord]) -> None: ...
 
     def owner_alive(self, pid: int) -> bool:
         """Whether the worker that queued a record still runs."""
@@ -193,17 +194,17 @@ class SettleQueue(Protocol):
 class LocalSettleQueue:
     """The queue of one process."""
 
-    __slots__ = ("_floor", "_records")
+    __slots__ = ("_accounted", "_records")
 
     def __init__(self) -> None:
-        self._floor: int | None = None
+        self._accounted: int | None = None
         self._records: list[QueueRecord] = []
 
     def load(self) -> tuple[int | None, list[QueueRecord]]:
-        return self._floor, self._records
+        return self._accounted, self._records
 
-    def store(self, floor: int | None, records: list[QueueRecord]) -> None:
-        self._floor, self._records = floor, records
+    def store(self, accounted: int | None, records: list[QueueRecord]) -> None:
+        self._accounted, self._records = accounted, records
 
     def owner_alive(self, pid: int) -> bool:
         return True
@@ -224,7 +225,7 @@ def own_record(records: list[QueueRecord], pid: int, seq: int) -> QueueRecord | 
     return None
 
 
-def make_placeholder(
+def move_to_front(
     queue: SettleQueue,
     pid: int,
     seq: int,
@@ -233,10 +234,10 @@ def make_placeholder(
     footprint_bytes: Callable[[str], int | None],
 ) -> bool:
     """Move the record of session ``seq`` of worker ``pid`` to the front of the queue
-    (behind the other placeholders) as a placeholder, claiming what a session of its
+    (behind the others left early) as left early, claiming what a session of its
     ``route`` was learned to add if less than its reserve; a claim of nothing leaves the
-    queue at once. Whether it stays, as a placeholder."""
-    floor, records = queue.load()
+    queue at once. Whether it stays, left early."""
+    accounted, records = queue.load()
     record = own_record(records, pid, seq)
     if record is None:
         return False
@@ -245,15 +246,15 @@ def make_placeholder(
     if footprint is not None:
         record.expected_bytes = min(record.expected_bytes, footprint)
     if record.expected_bytes > 0:
-        record.placeholder = True
-        # Placeholders are a prefix of the queue.
-        records.insert(bisect.bisect_left(records, True, key=_not_placeholder), record)
-    queue.store(floor if records else None, records)
-    return record.placeholder
+        record.left_early = True
+        # The records left early are a prefix of the queue.
+        records.insert(bisect.bisect_left(records, True, key=_not_left_early), record)
+    queue.store(accounted if records else None, records)
+    return record.left_early
 
 
 def shown_in_request(
-    floor: int | None,
+    accounted: int | None,
     records: list[QueueRecord],
     pid: int,
     seqs: set[int],
@@ -263,31 +264,35 @@ def shown_in_request(
     """Of worker ``pid``'s sessions ``seqs``, of routes that build their memory inside the
     request, at the first reading after their response: those the working set has grown
     by ``share`` of what they are expected to add since their admission have their memory
-    there. Each leaves the queue wherever it stands, and the floor rises by what it was
-    expected to add (above the head's starting point), so that none of it counts as an
-    older session's growth. The floor, and the records taken off (``records`` is changed)."""
+    there. Each leaves the queue wherever it stands, and what is accounted for rises by
+    what it was expected to add (above the head's starting point), so that none of it
+    counts as an older session's growth. What is accounted for, and the records taken off
+    (``records`` is changed)."""
     taken: list[QueueRecord] = []
     if not seqs:
-        return floor, taken
+        return accounted, taken
     for record in list(records):
         if record.pid != pid or record.seq not in seqs:
             continue
         if used_bytes - record.base_bytes < share * record.expected_bytes:
             continue
-        floor = take_shown(floor, records, record)
+        accounted = take_shown(accounted, records, record)
         taken.append(record)
-    return (floor if records else None), taken
+    return (accounted if records else None), taken
 
 
-def take_shown(floor: int | None, records: list[QueueRecord], record: QueueRecord) -> int | None:
-    """Take ``record``, whose memory showed, off the queue wherever it stands: the floor
-    rises by what it was expected to add (above the head's starting point), so that none
-    of it counts as an older session's growth. The new floor (``records`` is changed)."""
+def take_shown(
+    accounted: int | None, records: list[QueueRecord], record: QueueRecord
+) -> int | None:
+    """Take ``record``, whose memory showed, off the queue wherever it stands: what is
+    accounted for rises by what it was expected to add (above the head's starting point),
+    so that none of it counts as an older session's growth. What is accounted for now
+    (``records`` is changed)."""
     records.remove(record)
     if not records:
         return None
     head = records[0].base_bytes
-    return (head if floor is None else max(floor, head)) + record.expected_bytes
+    return (head if accounted is None else max(accounted, head)) + record.expected_bytes
 
 
 def drop_lapsed(
@@ -298,22 +303,23 @@ def drop_lapsed(
     seen: Iterable[str],
     ramp_s: Callable[[str], float | None],
 ) -> list[QueueRecord]:
-    """``records`` less worker ``pid``'s placeholders (their ``routes`` by number) whose
+    """``records`` less worker ``pid``'s records left early (their ``routes`` by number) whose
     claim protects no one any longer: the longest ramp (``ramp_s``) of the routes ``seen``
     (all of them known) has passed since its admission, so every older session's memory
     has come, and the sessions still queued were admitted after its own ramp, so theirs
-    is counted from a working set that held its memory. Each leaves without raising the
-    floor: what it claimed is in their starting points."""
-    if not records or not records[0].placeholder:
+    is counted from a working set that held its memory. Each leaves without raising what
+    is accounted for: what it claimed is in their starting points."""
+
+    if not records or not records[0].left_early:
         return records
     ramps = [ramp_s(route) for route in seen]
     if not ramps or None in ramps:
         return records
     longest = max(r for r in ramps if r is not None)
-    first = next((r.admitted_at for r in records if not r.placeholder), math.inf)
+    first = next((r.admitted_at for r in records if not r.left_early), math.inf)
     kept = []
     for record in records:
-        route = routes.get(record.seq) if record.pid == pid and record.placeholder else None
+        route = routes.get(record.seq) if record.pid == pid and record.left_early else None
         ramp = None if route is None else ramp_s(route)
         lapsed = ramp is not None and first >= record.admitted_at + ramp
         if not (lapsed and now - record.admitted_at >= longest):
@@ -322,7 +328,7 @@ def drop_lapsed(
 
 
 def attribute(
-    floor: int | None,
+    accounted: int | None,
     records: list[QueueRecord],
     used: int | None,
     now: float,
@@ -333,7 +339,8 @@ def attribute(
     pid: int,
 ) -> tuple[int | None, list[QueueRecord], list[int], tuple[int, int] | None]:
     """One pass of first-in, first-out attribution at the exact working set ``used``
-    (``None``: none, only placeholders past ``timeout_s`` leave): the new floor, the
+    (``None``: none, only records left early past ``timeout_s`` leave): what is now
+    accounted for, the
     records kept, the sequence numbers of worker ``pid``'s sessions whose memory showed
     (in queue order), and, where the head that stopped the pass is ``pid``'s, its
     sequence number and what it still has to add. Records of workers not ``alive`` are
@@ -347,36 +354,36 @@ def attribute(
         if head.pid != pid and not alive(head.pid):  # this worker runs: no need to ask
             start += 1
             continue
-        base = head.base_bytes if floor is None else max(floor, head.base_bytes)
+        base = head.base_bytes if accounted is None else max(accounted, head.base_bytes)
         shown = used is not None and used - base >= VISIBLE_FRACTION * head.expected_bytes
-        if not shown and not (head.placeholder and now - head.admitted_at >= timeout_s):
-            floor = base
+        if not shown and not (head.left_early and now - head.admitted_at >= timeout_s):
+            accounted = base
             if head.pid == pid and used is not None:
                 head_left = (head.seq, max(0, head.expected_bytes - max(0, used - base)))
             break
-        floor = base + head.expected_bytes
+        accounted = base + head.expected_bytes
         start += 1
-        if head.pid == pid and not head.placeholder:
+        if head.pid == pid and not head.left_early:
             shown_own.append(head.seq)
     kept = records[start:] if start else records
     if not kept:
-        floor = None
+        accounted = None
     # Dead workers' records further back are dropped too: their sessions are gone.
     if shared and any(not alive(r.pid) for r in kept if r.pid != pid):
         kept = [r for r in kept if r.pid == pid or alive(r.pid)]
-    return floor, kept, shown_own, head_left
+    return accounted, kept, shown_own, head_left
 
 
 def drop_record(queue: SettleQueue, pid: int, seq: int) -> None:
     """Take the record of session ``seq`` of worker ``pid`` off the queue, if it is there."""
-    floor, records = queue.load()
+    accounted, records = queue.load()
     kept = [r for r in records if not (r.pid == pid and r.seq == seq)]
     if len(kept) != len(records):
-        queue.store(floor if kept else None, kept)
+        queue.store(accounted if kept else None, kept)
 
 
-def _not_placeholder(record: QueueRecord) -> bool:
-    return not record.placeholder
+def _not_left_early(record: QueueRecord) -> bool:
+    return not record.left_early
 
 
 # --------------------------------------------------------------------------------------
@@ -468,7 +475,8 @@ class Growth:
 # Memory freed by sessions that end, so that it does not hide the growth of others.
 #
 # While sessions settle (``settling.py``) the working set must rise by what each is
-# expected to add above a floor. Under churn, sessions end while others ramp: the memory
+# expected to add above what is already accounted for. Under churn, sessions end while
+# others ramp: the memory
 # they free makes the working set fall by as much as the others grow, and without this
 # the sessions still ramping would look as if nothing of theirs had come, their
 # reservations held until their ramp time or the timeout (docs/reservations.md,
@@ -476,58 +484,59 @@ class Growth:
 #
 # Notes:
 #
-# - Each end the settler is told of *owes* a credit: at most what a session of its
-# route is expected to free (its learned footprint, else its reserve), counted from
-# a *mark*, the exact reading before which it cannot have ended (the last one for an
-# end told as it happens; the previous sample's for one found by the app's count
-# falling at a sample).
-# - At each exact reading, a fall of the working set since the mark is credited, up to
-# what is owed, with the growth it hid: the sessions still ramping are taken to have
-# gone on growing as slowly as in the slower of the last two steps that fell nothing.
-# The bases of the sessions admitted no later than the mark, and the floor if it has
-# not moved since the mark, fall by the credit; the mark moves to this reading. The
-# memory left; it counts against no one.
-# - Only a fall actually seen is credited, never an end's footprint on its own: memory
-# a server keeps after a session ends (a kernel kept for reconnection, a cache)
-# credits nothing. An ended session's memory that had counted as another's growth
+# - Each end the settler is told of *owes* freed memory: at most what a session of its
+# route is expected to free (its learned footprint, else its reserve), looked for
+# since an exact reading before which it cannot have ended (the last one for an end
+# told as it happens; the previous sample's for one found by the app's count falling
+# at a sample).
+# - At each exact reading, a fall of the working set since that reading counts as
+# freed, up to what is owed, with the growth it hid: the sessions still ramping are
+# taken to have gone on growing as slowly as in the slower of the last two steps that
+# fell nothing. The bases of the sessions admitted no later than that reading, and
+# what is accounted for if it has not moved since, fall by what was freed; what is
+# still owed is looked for since this reading. The memory left; it counts against no
+# one.
+# - Only a fall actually seen counts as freed, never an end's footprint on its own:
+# memory a server keeps after a session ends (a kernel kept for reconnection, a cache)
+# frees nothing. An ended session's memory that had counted as another's growth
 # stays counted (a reservation settles no earlier than it could have before the
-# end). A credit not matched within ``CREDIT_S`` lapses.
+# end). Freed memory owed and not seen within ``FREED_WITHIN_S`` lapses.
 
 #: How long after its end a session's freed memory is looked for.
-CREDIT_S: Final = 3.0
+FREED_WITHIN_S: Final = 3.0
 #: Rates of growth are taken over steps at least this long (decisions read more often).
 RATE_STEP_S: Final = 0.1
 
 
 @dataclass(frozen=True, slots=True)
-class Mark:
-    """An exact reading, and the queue's floor once it was attributed."""
+class ExactReading:
+    """An exact reading, and what the queue accounted for once it was attributed."""
 
     used_bytes: int
     at: float
-    floor: int | None
+    accounted: int | None
 
 
 @dataclass(frozen=True, slots=True)
-class Credit:
-    """Memory seen freed: ``bytes`` off the bases admitted by ``mark.at``, and off the
-    floor if it is still ``mark.floor``."""
+class Freed:
+    """Memory seen freed: ``bytes`` off the bases admitted by ``since.at``, and off what
+    is accounted for if it is still ``since.accounted``."""
 
     bytes: int
-    mark: Mark
+    since: ExactReading
 
 
 class FreedMemory:
     """What ended sessions may still free, matched against the readings' falls.
 
-    One pool: ends told with different marks look from the oldest of them (a fall
+    One pool: ends told since different readings look from the oldest of them (a fall
     before an end is memory that left too, and is never counted twice)."""
 
-    __slots__ = ("_bytes", "_last", "_mark", "_rates", "_until")
+    __slots__ = ("_bytes", "_last", "_rates", "_since", "_until")
 
     def __init__(self) -> None:
         self._bytes = 0
-        self._mark: Mark | None = None
+        self._since: ExactReading | None = None
         self._until = 0.0
         self._last: tuple[int, float] | None = None
         #: The working set's rate of change over the last two steps that fell nothing.
@@ -537,42 +546,42 @@ class FreedMemory:
     def owed(self) -> bool:
         return self._bytes > 0
 
-    def ended(self, freed_bytes: int, since: Mark, now: float) -> None:
+    def ended(self, freed_bytes: int, since: ExactReading, now: float) -> None:
         """Sessions ended after the reading ``since``, freeing at most ``freed_bytes``."""
         if freed_bytes <= 0:
             return
-        if self._bytes <= 0 or self._mark is None or since.at < self._mark.at:
-            self._mark = since
+        if self._bytes <= 0 or self._since is None or since.at < self._since.at:
+            self._since = since
         self._bytes += freed_bytes
-        self._until = now + CREDIT_S
+        self._until = now + FREED_WITHIN_S
 
-    def step(self, used_bytes: int, now: float) -> Credit | None:
-        """Each exact reading: what it shows freed since the mark, if anything (the mark
-        is moved on by :meth:`moved`)."""
+    def step(self, used_bytes: int, now: float) -> Freed | None:
+        """Each exact reading: what it shows freed since the reading looked from, if
+        anything (that reading is moved on by :meth:`moved`)."""
         last = self._last
-        credit = None
-        mark = self._mark
-        if self._bytes > 0 and mark is not None:
-            fell = mark.used_bytes - used_bytes
+        freed = None
+        since = self._since
+        if self._bytes > 0 and since is not None:
+            fell = since.used_bytes - used_bytes
             if fell > 0:
                 # Sessions still ramping went on growing meanwhile, as slowly as in
                 # either of the last steps before: that much of the fall is hidden.
-                hidden = max(0.0, min(self._rates)) * max(0.0, now - mark.at)
+                hidden = max(0.0, min(self._rates)) * max(0.0, now - since.at)
                 taken = min(self._bytes, int(fell + hidden))
                 self._bytes -= taken
-                credit = Credit(taken, mark)
+                freed = Freed(taken, since)
             if now >= self._until:
                 self._bytes = 0  # lapsed, after this last look
-        if last is None or now - last[1] >= RATE_STEP_S or credit is not None:
+        if last is None or now - last[1] >= RATE_STEP_S or freed is not None:
             self._last = (used_bytes, now)
-            if credit is None and last is not None and used_bytes >= last[0]:
+            if freed is None and last is not None and used_bytes >= last[0]:
                 self._rates = (self._rates[1], (used_bytes - last[0]) / (now - last[1]))
-        return credit
+        return freed
 
-    def moved(self, mark: Mark) -> None:
-        """What is still owed is looked for from ``mark`` on."""
+    def moved(self, since: ExactReading) -> None:
+        """What is still owed is looked for from ``since`` on."""
         if self._bytes > 0:
-            self._mark = mark
+            self._since = since
 
 
 class AdmittedBase(Protocol):
@@ -582,15 +591,18 @@ class AdmittedBase(Protocol):
     base_bytes: int
 
 
-def credited(floor: int | None, records: Sequence[AdmittedBase], credit: Credit) -> int | None:
-    """Memory freed since ``credit.mark`` leaves the bases of the sessions admitted by
-    then, and the floor where it has not moved since; the floor."""
+def without_freed(
+    accounted: int | None, records: Sequence[AdmittedBase], freed: Freed
+) -> int | None:
+    """Memory freed since ``freed.since`` leaves the bases of the sessions admitted by
+    then, and what is accounted for where it has not moved since; what is accounted for."""
+
     for record in records:
-        if record.admitted_at <= credit.mark.at:
-            record.base_bytes = max(0, record.base_bytes - credit.bytes)
-    if floor is not None and floor == credit.mark.floor:
-        floor = max(0, floor - credit.bytes)
-    return floor
+        if record.admitted_at <= freed.since.at:
+            record.base_bytes = max(0, record.base_bytes - freed.bytes)
+    if accounted is not None and accounted == freed.since.accounted:
+        accounted = max(0, accounted - freed.bytes)
+    return accounted
 
 
 # --------------------------------------------------------------------------------------
@@ -600,14 +612,14 @@ def credited(floor: int | None, records: Sequence[AdmittedBase], credit: Credit)
 #
 # - The settler (``settling.py``) decides when a session leaves; this says what its
 # leaving does: settled (its reservation released or made active by its kind),
-# given back (released, its memory still expected as a placeholder), activated (a
+# given back (released, its memory still expected of its record, left early), activated (a
 # started session) or dropped (it failed or ended: released, its record taken off
 # the attribution queue). Each returns the reservation changes to make once the
 # ledger's critical section is left, as the settler's own methods do.
 # - The counts of sessions waiting past their response, and of those and the held
 # tickets, follow every change of phase: reading them costs no pass over the entries.
-# - A session that leaves without showing its memory moves to the front of the queue
-# as a placeholder (``make_placeholder``; the settler's module notes say
+# - A session that leaves without showing its memory *leaves early*: its record moves
+# to the front of the queue (``move_to_front``; the settler's module notes say
 # why). Entries are kept in admission order, the order ``due`` reads them in.
 
 
@@ -672,7 +684,7 @@ class PendingSessions:
         return [(entry.reservation, outcome)]
 
     def give_back(self, entry: Settlement) -> list[Action]:
-        self.mark_placeholder(entry)
+        self.leave_early(entry)
         self.phase(entry, "done")
         entry.released = True
         self._entries.pop(entry.seq, None)
@@ -699,14 +711,14 @@ class PendingSessions:
                 drop_record(self._queue, self._pid, entry.seq)
         return [(entry.reservation, "release")]
 
-    def mark_placeholder(self, entry: Settlement) -> bool:
-        """Move the session's record to the front of the queue as a placeholder; whether
-        it stays there (``make_placeholder``)."""
+    def leave_early(self, entry: Settlement) -> bool:
+        """The session leaves early: its record moves to the front of the queue; whether
+        it stays there (``move_to_front``)."""
         # It may have all its memory by now, ahead of older sessions still ramping: at
-        # the front, growth pays for it before crediting anyone.
+        # the front, growth pays for it before counting as anyone else's.
         if not entry.queued:
             return False
-        return make_placeholder(
+        return move_to_front(
             self._queue,
             self._pid,
             entry.seq,
@@ -727,11 +739,11 @@ class PendingSessions:
 # Notes:
 #
 # - Attribution is aggregate and first in, first out. Unsettled sessions wait in
-# admission order behind a *floor*, the working set already accounted for. The
-# head's memory is visible once the working set reaches ``floor + 0.9 x its
-# expected bytes``; it then leaves and the floor rises by its *whole* expected
-# bytes, so the next one must show its own memory on top. A session's floor is
-# never below the working set at its own admission: growth from before it
+# admission order behind the working set already accounted for (``accounted``). The
+# head's memory is visible once the working set reaches ``accounted + 0.9 x its
+# expected bytes``; it then leaves and what is accounted for rises by its *whole*
+# expected bytes, so the next one must show its own memory on top. What a session
+# counts from is never below the working set at its own admission: growth from before it
 # existed is never its own. Other memory growing can only make a session look
 # settled when it really is growing too, and memory freed (sessions ending) holds
 # the queue longer: a reservation may be held a little long, never released early.
@@ -739,8 +751,8 @@ class PendingSessions:
 # which includes cache). Admission records the working set it decided with, or the
 # bound where that was all it read: a higher start only holds the reservation longer.
 # - A session that leaves the queue without showing its memory (its ramp time or
-# the timeout passed, or its app said ``started()``) stays in the queue as a
-# placeholder, still counting its expected bytes, and moves to the front: its
+# the timeout passed, or its app said ``started()``) *leaves early*: its record
+# stays in the queue, still counting its expected bytes, and moves to the front: its
 # memory may all be there already, ahead of older sessions still ramping, so
 # growth pays for it first. It leaves once its memory shows, the timeout has passed
 # since its admission, or it protects no one (``drop_lapsed``). A
@@ -748,11 +760,12 @@ class PendingSessions:
 # - A session of a route built inside the request settles at the first reading after
 # its response that shows its memory, wherever it stands in the queue, and its memory
 # counts as no older session's growth (``shown_in_request``).
-# - A session whose app says ``started()`` while the floor stands above the working
-# set it was admitted at may be what credited older sessions with growth since
-# then: its memory is up, theirs perhaps not yet, and its reserve is all that still
-# covers theirs. It stays pending (its ticket started) until growth has paid for
-# every placeholder in the queue (a later one's memory may be what paid for its
+# - A session whose app says ``started()`` while what is accounted for stands above
+# the working set it was admitted at may be what older sessions were counted as
+# growing since then: its memory is up, theirs perhaps not yet, and its reserve is
+# all that still covers theirs. It stays pending (its ticket started) until growth has
+# paid for every record left early in the queue (a later one's memory may be what paid for its
+
 # own) or the timeout has passed since its admission, then becomes active.
 # Otherwise ``started()`` makes it active at once.
 # - Everything here runs inside the ledger's critical section, which also guards
@@ -783,7 +796,7 @@ class Settler:
         "_freed",
         "_fresh",
         "_growth",
-        "_mark",
+        "_last_reading",
         "_on_expired",
         "_pending",
         "_pid",
@@ -819,7 +832,7 @@ class Settler:
         self._shortest_ramp_s = min_ramp_s
         self._footprint_bytes = footprint_bytes
         self._on_expired = on_expired
-        #: The route of each of this process's sessions in the queue, placeholders too.
+        #: The route of each of this process's sessions in the queue, left early too.
         self._routes: dict[int, str] = {}
         #: Every route this process admitted a session of.
         self._seen: set[str] = set()
@@ -827,7 +840,7 @@ class Settler:
         self._pending = PendingSessions(self._queue, self._pid, footprint_bytes)
         self._growth = Growth()
         #: The last exact reading, and memory ended sessions may free.
-        self._mark: Mark | None = None
+        self._last_reading: ExactReading | None = None
         self._freed = FreedMemory()
         #: Sessions of routes built inside the request that responded since the last reading.
         self._fresh: set[int] = set()
@@ -882,12 +895,12 @@ class Settler:
             entry.visible = True
             return entry
         base = used_bytes
-        if base is None and self._mark is not None:
-            base = self._mark.used_bytes  # the last exact reading
+        if base is None and self._last_reading is not None:
+            base = self._last_reading.used_bytes  # the last exact reading
         if base is not None:
-            floor, records = self._queue.load()
+            accounted, records = self._queue.load()
             records.append(QueueRecord(self._pid, seq, now, base, expected))
-            self._queue.store(floor, records)
+            self._queue.store(accounted, records)
             entry.queued = True
             self._routes[seq] = route
         return entry
@@ -937,13 +950,13 @@ class Settler:
         """The app says the session's memory is up: pending becomes active (once it
         covers no older session's memory: see the module notes)."""
         if entry.phase in ("request", "waiting", "held"):
-            floor, records = self._queue.load()
+            accounted, records = self._queue.load()
             own = own_record(records, self._pid, entry.seq) if entry.queued else None
-            credited = own is not None and floor is not None and floor > own.base_bytes
+            covers_older = own is not None and accounted is not None and accounted > own.base_bytes
             self._pending.phase(entry, "started")
-            if self._pending.mark_placeholder(entry) and credited:
+            if self._pending.leave_early(entry) and covers_older:
                 # It stays among the entries, its reserve held, until growth has paid
-                # for every placeholder (see the module notes).
+                # for every record left early (see the module notes).
                 return []
             return self._pending.activate(entry)
         return []
@@ -955,15 +968,15 @@ class Settler:
         its own memory still has to add. Exact evidence: ends elsewhere cannot hide it."""
         if not entry.awaiting_memory:
             return []
-        floor, records = self._queue.load()
+        accounted, records = self._queue.load()
         record = own_record(records, self._pid, entry.seq)
-        if record is None or record.placeholder:
+        if record is None or record.left_early:
             return []
         # The latest measurement alone (memory that went may come back); see _attribute.
         entry.remaining = entry.measured_left = max(0, record.expected_bytes - own_bytes)
         if own_bytes < VISIBLE_FRACTION * record.expected_bytes:
             return []
-        self._queue.store(take_shown(floor, records, record), records)
+        self._queue.store(take_shown(accounted, records, record), records)
         self._routes.pop(entry.seq, None)
         entry.visible = True
         return self._pending.settle(entry) if entry.phase == "waiting" else []
@@ -977,24 +990,24 @@ class Settler:
         return self._pending.held()
 
     @property
-    def mark(self) -> Mark | None:
+    def last_reading(self) -> ExactReading | None:
         """The last exact reading settled with (``None`` before the first)."""
-        return self._mark
+        return self._last_reading
 
-    def ended(self, freed_bytes: int, now: float, *, since: Mark | None = None) -> None:
+    def ended(self, freed_bytes: int, now: float, *, since: ExactReading | None = None) -> None:
         """Sessions ended after the reading ``since`` (default: the last), freeing at
-        most ``freed_bytes``: the falls seen next are credited."""
-        since = self._mark if since is None else since
+        most ``freed_bytes``: the falls seen next count as freed."""
+        since = self._last_reading if since is None else since
         if since is not None:
             self._freed.ended(freed_bytes, since, now)
 
     def counted(self, app_count: int) -> list[Action]:
         """The app counts ``app_count`` sessions, fewer than are waiting past their response:
-        the oldest waiting ones ended before their memory showed, and settle now (as
-        placeholders: their memory is still expected, in case it comes after all)."""
+        the oldest waiting ones ended before their memory showed, and settle now (left
+        early: their memory is still expected, in case it comes after all)."""
         actions: list[Action] = []
         for entry in self._pending.oldest_waiting(self.past_response - max(0, app_count)):
-            self._pending.mark_placeholder(entry)
+            self._pending.leave_early(entry)
             actions += self._pending.settle(entry)
         return actions
 
@@ -1002,16 +1015,16 @@ class Settler:
 
     def settle(self, used_bytes: int | None, now: float) -> list[Action]:
         """Attribute the working set ``used_bytes`` (exact) and settle what it shows."""
-        floor, records = self._queue.load()
+        accounted, records = self._queue.load()
         queued = bool(records)
         actions: list[Action] = []
         if used_bytes is not None:
-            credit = self._freed.step(used_bytes, now)
-            if credit is not None:
-                floor = credited(floor, records, credit)
+            freed = self._freed.step(used_bytes, now)
+            if freed is not None:
+                accounted = without_freed(accounted, records, freed)
             # Sessions built in their request, at the first reading after their response.
             fresh, self._fresh = self._fresh, set()
-            floor, taken = shown_in_request(floor, records, self._pid, fresh, used_bytes)
+            accounted, taken = shown_in_request(accounted, records, self._pid, fresh, used_bytes)
             for record in taken:
                 self._growth.explain(record.expected_bytes)
                 if (entry := self._pending.get(record.seq)) is not None:
@@ -1027,14 +1040,14 @@ class Settler:
         if queued and self._growth.quiet(now):
             records = drop_lapsed(records, self._pid, now, self._routes, self._seen, self._ramp_s)
         if queued:
-            floor, records = self._attribute(floor, records, used_bytes, now, actions)
-            self._queue.store(floor, records)
+            accounted, records = self._attribute(accounted, records, used_bytes, now, actions)
+            self._queue.store(accounted, records)
         if used_bytes is not None:
-            self._mark = Mark(used_bytes, now, floor if records else None)
-            self._freed.moved(self._mark)
+            self._last_reading = ExactReading(used_bytes, now, accounted if records else None)
+            self._freed.moved(self._last_reading)
         if self._pending:
-            if not records or not records[0].placeholder:
-                # Growth has paid for every placeholder: the started sessions kept
+            if not records or not records[0].left_early:
+                # Growth has paid for every record left early: the started sessions kept
                 # pending cover no one any longer (see the module notes).
                 actions += self._pending.activate_started()
             if self._queue.shared:
@@ -1056,7 +1069,7 @@ class Settler:
         for entry in list(self._pending):
             if entry.queued and not entry.visible and entry.seq not in known:
                 if entry.phase == "started":
-                    continue  # its placeholder's leaving alone frees it of nothing
+                    continue  # its record left early leaving alone frees it of nothing
                 entry.visible = True
                 if entry.phase == "waiting":
                     actions += self._pending.settle(entry)
@@ -1070,14 +1083,14 @@ class Settler:
 
     def _attribute(
         self,
-        floor: int | None,
+        accounted: int | None,
         records: list[QueueRecord],
         used: int | None,
         now: float,
         actions: list[Action],
     ) -> tuple[int | None, list[QueueRecord]]:
-        floor, kept, shown, head = attribute(
-            floor,
+        accounted, kept, shown, head = attribute(
+            accounted,
             records,
             used,
             now,
@@ -1095,18 +1108,19 @@ class Settler:
         if head is not None and (own := self._pending.get(head[0])) is not None:
             left = own.measured_left
             own.remaining = head[1] if left is None else min(head[1], left)
-        return floor, kept
+        return accounted, kept
 
     def _time_out(self, entry: Settlement, now: float) -> list[Action]:
         age = now - entry.admitted_at
         if entry.phase == "started":
-            # Called past the timeout only: a placeholder behind others may not
+            # Called past the timeout only: a record left early behind others may not
             # have reached the head by then.
             return self._pending.activate(entry)
         if entry.phase == "request":
             # A request still in progress past the timeout (a response the client
             # does not read, an app that never answers) holds nothing any longer:
-            # whatever memory it built is expected of it as a placeholder.
+            # whatever memory it built is still expected of its record, left early.
+
             return self._pending.give_back(entry)
         if entry.phase == "held":
             if age < self.timeout_s:
@@ -1122,10 +1136,10 @@ class Settler:
             self._on_expired()
             return self._pending.give_back(entry)
         if age >= self.timeout_s:
-            self._pending.mark_placeholder(entry)
+            self._pending.leave_early(entry)
             return self._pending.settle(entry)
         ramp = self._ramp_s(entry.route)
         if ramp is not None and age >= ramp and self._growth.quiet(now):
-            self._pending.mark_placeholder(entry)
+            self._pending.leave_early(entry)
             return self._pending.settle(entry)
         return []

@@ -65,8 +65,10 @@ SETTLING_MAGIC: Final = b"ASGISET1"
 #: Rows in the settling file: far more unsettled sessions than one container holds.
 SETTLING_CAPACITY: Final = 4096
 
-_HEADER: Final = struct.Struct("=8sIIq")  # magic, capacity, rows in use, floor (-1: none)
-_ROW: Final = struct.Struct("=qqdqq?7x")  # pid, seq, admitted at, base, expected, placeholder
+#: magic, capacity, rows in use, the working set accounted for (-1: none).
+_HEADER: Final = struct.Struct("=8sIIq")
+#: pid, seq, admitted at, base, expected, left early.
+_ROW: Final = struct.Struct("=qqdqq?7x")
 
 
 def open_shared(directory: str, name: str) -> int:
@@ -121,7 +123,7 @@ class SharedSettleQueue:
     def _usable(self, header: bytes) -> bool:
         if len(header) < _HEADER.size:
             return False
-        magic, capacity, count, _floor = _HEADER.unpack(header)
+        magic, capacity, count, _accounted = _HEADER.unpack(header)
         return bool(magic == SETTLING_MAGIC and capacity == SETTLING_CAPACITY and count <= capacity)
 
     def _reset(self, problem: str | None) -> None:
@@ -169,7 +171,7 @@ class SharedSettleQueue:
         if not self._usable(header):
             self._reset("an unreadable header")
             return None, []
-        _magic, _capacity, count, floor = _HEADER.unpack(header)
+        _magic, _capacity, count, accounted = _HEADER.unpack(header)
         if not count:
             self._others = ()
             return None, []
@@ -182,13 +184,13 @@ class SharedSettleQueue:
             # stored them (another worker's pass, or records changed and not stored):
             # the settler loads the queue several times in one critical section.
             records = [
-                QueueRecord(pid, seq, admitted_at, base, expected, placeholder)
-                for pid, seq, admitted_at, base, expected, placeholder in _ROW.iter_unpack(rows)
+                QueueRecord(pid, seq, admitted_at, base, expected, left_early)
+                for pid, seq, admitted_at, base, expected, left_early in _ROW.iter_unpack(rows)
             ]
             self._known = rows, records
-        return (None if floor < 0 else floor), records
+        return (None if accounted < 0 else accounted), records
 
-    def store(self, floor: int | None, records: list[QueueRecord]) -> None:
+    def store(self, accounted: int | None, records: list[QueueRecord]) -> None:
         if len(records) > SETTLING_CAPACITY:
             logger.warning(
                 "asgi-admission: the shared settling queue %s is full; the oldest entries "
@@ -198,7 +200,7 @@ class SharedSettleQueue:
             records = records[-SETTLING_CAPACITY:]
         rows = _encode_rows(records)
         header = _HEADER.pack(
-            SETTLING_MAGIC, SETTLING_CAPACITY, len(records), -1 if floor is None else floor
+            SETTLING_MAGIC, SETTLING_CAPACITY, len(records), -1 if accounted is None else accounted
         )
         os.pwrite(self._fd, header + rows, 0)
         self._known = rows, records
@@ -220,21 +222,21 @@ class SharedSettleQueue:
                     exc,
                 )
             return
-        floor, records = self._load()
+        accounted, records = self._load()
         old, self._fd = self._fd, fd
         try:
             with self._exclusive():
                 header = os.pread(fd, _HEADER.size, 0)
                 if not self._usable(header):
                     self._reset(None)
-                new_floor, new_records = self._load()
+                new_accounted, new_records = self._load()
                 known = {(r.pid, r.seq) for r in new_records}
                 pid = os.getpid()
                 moved = [r for r in records if r.pid == pid and (r.pid, r.seq) not in known]
                 if moved:
-                    # Placeholders first (they are a prefix), then in admission order.
+                    # Those left early first (they are a prefix), then in admission order.
                     merged = sorted(new_records + moved, key=_queue_order)
-                    self.store(new_floor if new_floor is not None else floor, merged)
+                    self.store(new_accounted if new_accounted is not None else accounted, merged)
         except OSError:
             # The new file failed under us (a full disk): stay in the old one for now.
             self._fd = old
@@ -277,13 +279,13 @@ class SharedSettleQueue:
 
 def _encode_rows(records: list[QueueRecord]) -> bytes:
     return b"".join(
-        _ROW.pack(r.pid, r.seq, r.admitted_at, r.base_bytes, r.expected_bytes, r.placeholder)
+        _ROW.pack(r.pid, r.seq, r.admitted_at, r.base_bytes, r.expected_bytes, r.left_early)
         for r in records
     )
 
 
 def _queue_order(record: QueueRecord) -> tuple[bool, float]:
-    return not record.placeholder, record.admitted_at
+    return not record.left_early, record.admitted_at
 
 
 # --------------------------------------------------------------------------------------

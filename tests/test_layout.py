@@ -421,9 +421,16 @@ RETIRED_WORDS = re.compile(
 )
 #: Parts of names the package once used for things it now names plainly: settling's
 #: floor (what is accounted for), mark (its last exact reading), credit (memory seen
-#: freed) and placeholder (a record left early). As words, "floor" and "mark" keep
-#: their plain sense (a reserve's floor), so only names are checked for them.
-RETIRED_NAME_PARTS = frozenset({"floor", "mark", "credit", "credited", "placeholder"})
+#: freed) and placeholder (a record left early), and probing's gate (what the probes
+#: answer for a route). As words, "floor" and "mark" keep their plain sense (a
+#: reserve's floor), so only names are checked for them.
+RETIRED_NAME_PARTS = frozenset({"floor", "mark", "credit", "credited", "placeholder", "gate"})
+#: Parts of class names retired: a ``Hold`` is a waiter (``ProbeWaiter``); the verb
+#: stays (``ticket.hold()``).
+RETIRED_CLASS_PARTS = frozenset({"hold"})
+#: Words the package's comments and docstrings no longer use (the docs' "quality gate"
+#: is the test suite's, a plain sense).
+RETIRED_PACKAGE_WORDS = re.compile(r"\b(gates?|gated)\b", re.IGNORECASE)
 #: Names with a retired part in its plain sense: learning's noise floor.
 PLAIN_NAMES = frozenset({"NOISE_FLOOR_BYTES"})
 
@@ -444,7 +451,10 @@ def retired_names(source: str) -> set[str]:
         for token in tokenize.generate_tokens(io.StringIO(source).readline)
         if token.type == tokenize.NAME
         and token.string not in PLAIN_NAMES
-        and name_parts(token.string) & RETIRED_NAME_PARTS
+        and (
+            name_parts(token.string) & RETIRED_NAME_PARTS
+            or (token.string[:1].isupper() and name_parts(token.string) & RETIRED_CLASS_PARTS)
+        )
     }
 
 
@@ -452,7 +462,7 @@ def test_the_retired_words_are_gone() -> None:
     """Neither the package nor the docs use a word the glossary retired (the keeper is
     the reservations, the probe board the probes, settling's placeholder a record left
     early and its credit memory seen freed), nor does the package name anything by a
-    retired name part."""
+    retired name part (a hold is a waiter, the probe gate what the probes answer)."""
     docs = Path(__file__).parents[1] / "docs"
     found = {
         str(path): RETIRED_WORDS.findall(path.read_text())
@@ -466,6 +476,12 @@ def test_the_retired_words_are_gone() -> None:
         if (names := retired_names(path.read_text()))
     }
     assert named == {}
+    worded = {
+        str(path): words
+        for path in PACKAGE.rglob("*.py")
+        if (words := RETIRED_PACKAGE_WORDS.findall(path.read_text()))
+    }
+    assert worded == {}
 
 
 @pytest.mark.parametrize(
@@ -475,6 +491,9 @@ def test_the_retired_words_are_gone() -> None:
         ("self._sample_mark = settler.mark", {"_sample_mark", "mark"}),
         ("def make_placeholder(): ...", {"make_placeholder"}),
         ("class CreditPool: ...", {"CreditPool"}),
+        ("answer: Gate = probes.gate(route)", {"Gate", "gate"}),
+        ("if isinstance(outcome, Hold): ticket.hold()", {"Hold"}),
+        ("registry = HoldRegistry()", {"HoldRegistry"}),
         ("# the floor of a reserve\nx = 'a floor'", set()),
         ("accounted = marked + NOISE_FLOOR_BYTES", set()),
     ],

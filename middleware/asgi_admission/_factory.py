@@ -30,7 +30,7 @@ from asgi_admission._admission.reservations.pending import (
     Reservations,
     build_parts,
 )
-from asgi_admission._admission.reservations.probing import HoldRegistry
+from asgi_admission._admission.reservations.probing import ProbeWaiters
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS, classes_in_force
 from asgi_admission._admission.scheduling.queue import (
@@ -169,7 +169,7 @@ def build_service(
     ledger = sharing.ledger
     read = SafeReader(controller)
     app_count = AppCount(current_sessions)
-    holds = HoldRegistry()
+    probe_waiters = ProbeWaiters()
     parts = build_parts(
         controller=controller,
         learning=config.reserve_learning,
@@ -181,7 +181,7 @@ def build_service(
         shared_dir=sharing.directory,
         ledger_is_current=getattr(ledger, "is_current", None),
         probe_sessions=config.probe_sessions,
-        holds=holds,
+        probe_waiters=probe_waiters,
     )
     reservations = Reservations(
         attempt=ledger.attempt(),
@@ -211,7 +211,7 @@ def build_service(
         controller=controller,
         ledger=ledger,
         reservations=reservations,
-        holds=holds,
+        probe_waiters=probe_waiters,
         app_count=app_count,
         read=read,
         counts=counts,
@@ -248,7 +248,7 @@ def build_service(
     )
     expose(service, registry=registry)
     if queue is not None:
-        holds.tell_wakes(queue.wake)  # a probe's evidence may let a waiter in too
+        probe_waiters.tell_wakes(queue.wake)  # a probe's evidence may let a waiter in too
     return service
 
 

@@ -1,7 +1,7 @@
 """One session request: its body, its decision, then the refusal or the app, and its end.
 
 A responder of its own per request (HTTP or WebSocket) reads an HTTP body before the
-decision, asks the admission service, waits with its client heard while it is held,
+decision, asks the admission service, waits with its client heard while it is a waiter,
 sends the refusal or runs the app, and tells its reservation how the request ended.
 """
 
@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.ledger.ledger import LedgerBusy
 from asgi_admission._admission.reservations.pending import Reservations
-from asgi_admission._admission.reservations.probing import Hold
+from asgi_admission._admission.reservations.probing import ProbeWaiter
 from asgi_admission._admission.reservations.settling import Settlement
 from asgi_admission._admission.reservations.tickets import (
     SCOPE_KEY,
@@ -141,9 +141,9 @@ class BodyReader:
 
 
 # --------------------------------------------------------------------------------------
-# The client of a session request held for a probe's evidence, heard while it waits.
+# The client of a waiter for a probe's evidence, heard while it waits.
 #
-# The service (``_admission/reservations/probing.py``) waits a held request; this is what it
+# The service (``_admission/reservations/probing.py``) waits a probe waiter; this is what it
 # listens to meanwhile, so that a client that leaves ends the wait.
 #
 # Notes:
@@ -399,7 +399,7 @@ def opened_nothing(stage: Stage, message: Message) -> bool:
 # that request's state: the HTTP body is read before the decision (a client still
 # sending it holds nothing, and one slower than ``ADMISSION_BODY_TIMEOUT_SECONDS``
 # gets a ``408``),
-# the decision is the service's (``_admission/service.py``), a request held for a
+# the decision is the service's (``_admission/service.py``), a waiter for a
 # probe's evidence or for capacity waits with its client heard, a
 # refusal is sent
 # (``_responses.py``), and an admitted one runs the app watched.
@@ -477,11 +477,11 @@ class HttpSessionResponder:
             await self._run(scope, receive, send, outcome, body, rest_due_in_s)
             return
         try:
-            if isinstance(outcome, (Hold, Queued)) and arrival == "complete":
+            if isinstance(outcome, (ProbeWaiter, Queued)) and arrival == "complete":
                 # The body is in: the client's next message can only be its disconnect.
                 self._listening = Listening(receive)
                 receive = self._listening.receive
-            if isinstance(outcome, Hold):
+            if isinstance(outcome, ProbeWaiter):
                 outcome = await service.wait("http", scope, outcome, self._listening)
             if isinstance(outcome, Queued):
                 outcome = await service.wait_for_room("http", scope, outcome, self._listening)
@@ -542,22 +542,22 @@ class WebSocketSessionResponder:
         except LedgerBusy as exc:
             outcome = await service.admit_later("websocket", scope, exc)
         try:
-            if isinstance(outcome, (Hold, Queued)):
+            if isinstance(outcome, (ProbeWaiter, Queued)):
                 # Before the accept: the server's connect is kept for the app, and the
                 # next message can only be the client's disconnect.
                 try:
                     first = await receive()
                 except BaseException:
-                    if isinstance(outcome, Hold):
+                    if isinstance(outcome, ProbeWaiter):
                         service.leave(outcome)
                     raise
                 if first["type"] != "websocket.connect":
-                    if isinstance(outcome, Hold):
+                    if isinstance(outcome, ProbeWaiter):
                         service.leave(outcome)
                     return
                 self._listening = Listening(receive, [first])
                 receive = self._listening.receive
-            if isinstance(outcome, Hold):
+            if isinstance(outcome, ProbeWaiter):
                 outcome = await service.wait("websocket", scope, outcome, self._listening)
             if isinstance(outcome, Queued):
                 outcome = await service.wait_for_room("websocket", scope, outcome, self._listening)

@@ -157,7 +157,7 @@ def test_waiters_are_decided_on_the_probes_memory_once_it_stops_growing() -> Non
     )
     assert decided == 3  # a held request counts once, when it is decided
     assert registry.get_sample_value("asgi_admission_probing_routes") == 0
-    assert mw.reservations.holds.total() == 0
+    assert mw.reservations.probe_waiters.total() == 0
 
 
 def test_a_wait_that_runs_out_is_refused_with_probing() -> None:
@@ -225,20 +225,20 @@ def test_a_client_that_leaves_while_waiting_holds_nothing() -> None:
         leaving = asyncio.create_task(post(mw, leave))
         staying = asyncio.create_task(post(mw))
         await asyncio.sleep(0.2)
-        assert mw.reservations.holds.total() == 2
+        assert mw.reservations.probe_waiters.total() == 2
         leave.set()
         left = await leaving
-        counts = mw.reservations.holds.total(), mw.session_counts()
+        counts = mw.reservations.probe_waiters.total(), mw.session_counts()
         staying.cancel()
         done.set()
         await asyncio.gather(probe, staying, return_exceptions=True)
         return left, *counts
 
-    left, holds, counts = asyncio.run(scenario())
+    left, waiters, counts = asyncio.run(scenario())
     assert left.status is None
     assert left.seconds < 1
     assert calls == ["app"]  # the probe only
-    assert holds == 1
+    assert waiters == 1
     assert counts == (0, 1)  # the probe's reservation, nothing for the one that left
 
 
@@ -329,7 +329,7 @@ def test_a_ticket_released_from_a_thread_wakes_the_waiters() -> None:
         probe = await post(mw)
         waiting = [asyncio.create_task(post(mw)) for _ in range(2)]
         await asyncio.sleep(0.2)
-        assert mw.reservations.holds.total() == 2
+        assert mw.reservations.probe_waiters.total() == 2
         await asyncio.to_thread(held[0].release)
         return [probe, *await asyncio.wait_for(asyncio.gather(*waiting), timeout=1)]
 
@@ -372,16 +372,16 @@ def test_a_websocket_waits_before_its_accept() -> None:
         waiter = asyncio.create_task(connect(*events[1]))
         leaver = asyncio.create_task(connect(*events[2]))
         await asyncio.sleep(0.1)
-        holds = mw.reservations.holds.total()
+        waiters = mw.reservations.probe_waiters.total()
         events[2][0].set()  # leaves while waiting
         left = await leaver
         await asyncio.wait_for(events[1][1].wait(), timeout=3)  # the probe's memory: none
         for leave, _ in events[:2]:
             leave.set()
-        return await probe, await waiter, left, holds
+        return await probe, await waiter, left, waiters
 
-    probe, waiter, left, holds = asyncio.run(scenario())
-    assert holds == 2
+    probe, waiter, left, waiters = asyncio.run(scenario())
+    assert waiters == 2
     assert probe[0]["type"] == waiter[0]["type"] == "websocket.accept"
     assert left == []
     assert mw.session_counts() == (0, 0)

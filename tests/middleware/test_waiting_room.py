@@ -377,7 +377,7 @@ def test_the_requests_held_for_a_probe_wake_the_queue_when_woken(
     monkeypatch.setattr(WaitQueue, "wake", wake)
     mw = guarded()
     assert wakes == []
-    mw.reservations.holds.wake("POST /sessions")
+    mw.reservations.probe_waiters.wake("POST /sessions")
     assert wakes == [mw.service.wait_queue]
 
 

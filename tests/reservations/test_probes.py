@@ -62,9 +62,9 @@ def ramp(
 def test_one_probe_at_a_time_and_the_others_wait() -> None:
     """The first session of a route not learned yet is its probe; the next ones wait."""
     b = ProbeKit()
-    assert b.probes.gate(ROUTE, 0.0) == "probe"
+    assert b.probes.probe_answer(ROUTE, 0.0) == "probe"
     b.admit(1, BASE, 0.0)
-    assert b.probes.gate(ROUTE, 0.01) == "hold"
+    assert b.probes.probe_answer(ROUTE, 0.01) == "wait"
 
 
 def test_one_route_is_probed_at_a_time() -> None:
@@ -73,15 +73,15 @@ def test_one_route_is_probed_at_a_time() -> None:
     beside it once the first has ramped for longer than a learner's window watches."""
     b = ProbeKit()
     b.admit(1, BASE, 0.0)
-    assert b.probes.gate(OTHER, 0.01) == "hold"
+    assert b.probes.probe_answer(OTHER, 0.01) == "wait"
     b.probes.responded(1, BASE, 0.05)
     ramp(b, start=0.05, growth=100 * MIB, ramp_s=2.0, until=3.5)
     assert b.woken == [ROUTE]
-    assert b.probes.gate(OTHER, 3.5) == "probe"
+    assert b.probes.probe_answer(OTHER, 3.5) == "probe"
     slow = ProbeKit()
     slow.admit(1, BASE, 0.0)
-    assert slow.probes.gate(OTHER, SOLO_S - 0.1) == "hold"
-    assert slow.probes.gate(OTHER, SOLO_S) == "probe"
+    assert slow.probes.probe_answer(OTHER, SOLO_S - 0.1) == "wait"
+    assert slow.probes.probe_answer(OTHER, SOLO_S) == "probe"
 
 
 def test_the_evidence_is_in_once_the_memory_has_stopped_growing() -> None:
@@ -92,7 +92,7 @@ def test_the_evidence_is_in_once_the_memory_has_stopped_growing() -> None:
     b.probes.responded(1, BASE, 0.05)
     ramp(b, start=0.05, growth=100 * MIB, ramp_s=2.0, until=2.5)
     assert b.woken == []  # far past the 10 MiB guess, and still growing until 2.05 s
-    assert b.probes.gate(ROUTE, 2.5) == "hold"
+    assert b.probes.probe_answer(ROUTE, 2.5) == "wait"
     ramp(b, start=0.05, growth=100 * MIB, ramp_s=2.0, until=3.5, first=2.55)
     assert b.woken == [ROUTE]
     [estimate] = b.learner.estimates()
@@ -156,7 +156,7 @@ def test_a_probe_that_opened_nothing_frees_its_slot() -> None:
     b.admit(1, BASE, 0.0)
     b.probes.left(1, opened=False, now=0.1)
     assert b.woken == [ROUTE]
-    assert b.probes.gate(ROUTE, 0.2) == "probe"
+    assert b.probes.probe_answer(ROUTE, 0.2) == "probe"
     assert b.probes.estimates() == {}
     assert not b.probes.busy
 
@@ -165,12 +165,12 @@ def test_with_two_probes_one_failing_leaves_the_other() -> None:
     """probe_sessions=2: two at once; one failing frees one slot and the window goes on."""
     b = ProbeKit(probes=2)
     b.admit(1, BASE, 0.0)
-    assert b.probes.gate(ROUTE, 0.0) == "probe"
+    assert b.probes.probe_answer(ROUTE, 0.0) == "probe"
     b.admit(2, BASE, 0.01)
-    assert b.probes.gate(ROUTE, 0.02) == "hold"
+    assert b.probes.probe_answer(ROUTE, 0.02) == "wait"
     b.probes.left(2, opened=False, now=0.1)
     assert b.woken == [ROUTE]
-    assert b.probes.gate(ROUTE, 0.2) == "probe"
+    assert b.probes.probe_answer(ROUTE, 0.2) == "probe"
     assert b.probes.busy
 
 
@@ -183,7 +183,7 @@ def test_a_probe_whose_session_ended_concludes_never_below_the_guess() -> None:
     b.read(BASE + 4 * MIB, 0.25)
     b.probes.left(1, opened=True, now=0.3)
     assert b.woken == [ROUTE]
-    assert b.probes.gate(ROUTE, 0.4) == "known"
+    assert b.probes.probe_answer(ROUTE, 0.4) == "known"
     assert b.probes.estimates() == {}  # the guess itself: no estimate to show
     assert b.learner.estimates() == []
 
@@ -202,7 +202,7 @@ def test_a_session_ending_elsewhere_makes_the_probe_look_larger_not_smaller() ->
     for step in range(3, 10):
         b.read(BASE, step * 0.25)
     assert b.woken == [ROUTE]
-    assert b.probes.gate(ROUTE, 3.0) == "known"
+    assert b.probes.probe_answer(ROUTE, 3.0) == "known"
     [estimate] = b.learner.estimates()
     assert estimate.footprint_bytes >= 12 * MIB
 
@@ -234,25 +234,25 @@ def test_a_probe_with_no_growth_concludes_with_next_to_no_footprint() -> None:
     assert b.learner.estimates()[0].footprint_bytes <= MIB
 
 
-def test_a_probe_that_never_answers_keeps_its_window_open() -> None:
+def test_a_probe_that_never_answers_keeps_its_trial_open() -> None:
     """The evidence needs every probe's answer: memory quiet before it proves nothing."""
     b = ProbeKit()
     b.admit(1, BASE, 0.0)
     for step in range(1, 20):
         b.read(BASE, step * 0.25)
     assert b.woken == []
-    assert b.probes.gate(ROUTE, 5.0) == "hold"
+    assert b.probes.probe_answer(ROUTE, 5.0) == "wait"
     assert b.probes.retry_after_s(ROUTE, 5.0) == 5.0
     [status] = b.probes.status(5.0)
     assert (status.route, status.probes, status.since_s) == (ROUTE, 1, 5.0)
 
 
-def test_the_pending_timeout_ends_a_window() -> None:
+def test_the_pending_timeout_ends_a_trial() -> None:
     """A probe that never answers does not hold its route back for ever."""
     b = ProbeKit()
     b.probes.timeout_s = 10.0
     b.admit(1, BASE, 0.0)
-    assert b.probes.gate(ROUTE, 10.0) == "known"
+    assert b.probes.probe_answer(ROUTE, 10.0) == "known"
     assert b.woken == [ROUTE]
 
 
@@ -263,14 +263,14 @@ def test_workers_count_their_probes_together(tmp_path: Path) -> None:
     first = ProbeKit(store=SharedProbeStore(directory))
     second = ProbeKit(store=SharedProbeStore(directory))
     first.admit(1, BASE, 0.0)
-    assert second.probes.gate(ROUTE, 0.01) == "hold"
+    assert second.probes.probe_answer(ROUTE, 0.01) == "wait"
     first.probes.responded(1, BASE, 0.02)
     ramp(first, start=0.02, growth=50 * MIB, ramp_s=1.0, until=1.0)
     assert second.probes.ready([ROUTE], (), 1.0) == []
     ramp(first, start=0.02, growth=50 * MIB, ramp_s=1.0, until=2.5)
     assert first.woken == [ROUTE]
     assert second.probes.ready([ROUTE], (), 2.5) == [ROUTE]
-    assert second.probes.gate(ROUTE, 2.5) == "known"
+    assert second.probes.probe_answer(ROUTE, 2.5) == "known"
     assert abs(second.probes.estimates()[ROUTE].footprint_bytes - 50 * MIB) <= MIB
     shown = read_probing(directory)
     assert shown is not None
@@ -293,7 +293,7 @@ def test_a_dead_workers_probe_frees_its_slot(tmp_path: Path) -> None:
     windows[ROUTE].probes[0].pid = int(gone.stdout)
     SharedProbeStore(directory).store(windows)
     other = ProbeKit(store=SharedProbeStore(directory))
-    assert other.probes.gate(ROUTE, 0.5) == "probe"
+    assert other.probes.probe_answer(ROUTE, 0.5) == "probe"
     assert read_probing(directory) == {}
 
 
@@ -305,6 +305,6 @@ def test_an_unreadable_probing_file_leaves_each_worker_its_own(
     probes = ProbeKit(store=SharedProbeStore(str(directory)))
     probes.admit(1, BASE, 0.0)
     (directory / "asgi-admission.probing").write_text("{not json")
-    assert probes.probes.gate(ROUTE, 0.1) == "probe"  # replaced: a fresh start
+    assert probes.probes.probe_answer(ROUTE, 0.1) == "probe"  # replaced: a fresh start
     assert "not a probing file" in caplog.text
     assert os.stat(directory / "asgi-admission.probing").st_mode & 0o077 == 0

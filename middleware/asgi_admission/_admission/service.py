@@ -3,7 +3,7 @@
 Notes:
 
 - One session request flows one way: (ledger lock) reader → latch → ledger
-  reserve → a ticket, a refusal, or a hold for a probe's evidence. The middleware
+  reserve → a ticket, a refusal, or a waiter for a probe's evidence. The middleware
   asks :meth:`AdmissionService.admit` and answers the client; it holds no
   decision state of its own.
 - Read, decide and reserve happen inside the ledger's critical section with no
@@ -19,7 +19,7 @@ Notes:
   refuses with ``ledger_busy``.
 - A route whose footprint is not learned yet is probed: its first sessions are
   decided on an exact reading and admitted a few at a time, and the others are
-  held, reserving nothing, until the probes' evidence is in (:meth:`wait`,
+  waiters, reserving nothing, until the probes' evidence is in (:meth:`wait`,
   ``probing.py``, ``reservations/probing.py``). Learned routes cost one dict
   lookup more.
 - With ``ADMISSION_QUEUE_TIMEOUT_SECONDS`` above 0, a request that does not fit is
@@ -66,10 +66,10 @@ from asgi_admission._admission.reservations.pending import (
     serve_with_reservations,
 )
 from asgi_admission._admission.reservations.probing import (
-    Gate,
-    Hold,
-    HoldRegistry,
     Listener,
+    ProbeAnswer,
+    ProbeWaiter,
+    ProbeWaiters,
     wait_then_decide,
 )
 from asgi_admission._admission.reservations.settling import apply
@@ -423,8 +423,8 @@ class LatchChecks:
 
 class RequestDecisions:
     """The parts of a decision that the controller's ``assess`` does not make: a class's
-    ceiling (``ceilings``; ``None``: one class, the controller's), a probed route's gate
-    (``reservations``) and a refusal's delay (``retry_after``)."""
+    ceiling (``ceilings``; ``None``: one class, the controller's), what the probes answer
+    for a probed route (``reservations``) and a refusal's delay (``retry_after``)."""
 
     __slots__ = (
         "_ceilings",
@@ -471,13 +471,15 @@ class RequestDecisions:
 
     def probed(
         self, route: str, current: int, pending: int, expired: bool, klass: str
-    ) -> tuple[CapacityDecision, Gate]:
+    ) -> tuple[CapacityDecision, ProbeAnswer]:
         """A route not learned yet: the latch on an exact reading (a probe's growth counts
         from it), then whether the session is a probe, waits, or is decided as it is."""
         memory = self._read()
         blind = not memory.exact or is_blind(memory)
-        # The gate first: this reading may conclude the probes, and raise the reserve.
-        gate: Gate = "known" if blind else self._reservations.gate(route, memory.used_bytes)
+        # The probes first: this reading may conclude them, and raise the reserve.
+        answer: ProbeAnswer = (
+            "known" if blind else self._reservations.probe_answer(route, memory.used_bytes)
+        )
         if self._ceilings is None:
             held = self._reservations.held_bytes(route, pending, memory.limit_bytes or 0)
             decision = self._controller.decide(
@@ -487,12 +489,12 @@ class RequestDecisions:
             decision = self.by_class(klass, memory, route, current, pending)
         if not decision.allowed or blind:
             return decision, "known"  # refused anyway, or blind: nothing to probe with
-        if gate == "hold" and expired:
+        if answer == "wait" and expired:
             refused = CapacityDecision(
                 False, decision.state, memory, "probing", decision.transition
             )
             return refused, "known"
-        return decision, gate
+        return decision, answer
 
     def retry_delay(self, decision: CapacityDecision, route: str) -> int:
         """Retry-After for a refusal: from the rate of session ends when memory is short,
@@ -508,9 +510,9 @@ class RequestDecisions:
         return self._retry_after.next_delay()
 
 
-#: What a decision comes to: a ticket, a refusal, a hold for a probe's evidence, or a
+#: What a decision comes to: a ticket, a refusal, a waiter for a probe's evidence, or a
 #: place in the wait queue.
-Outcome = AdmissionTicket | Refused | Hold | Queued
+Outcome = AdmissionTicket | Refused | ProbeWaiter | Queued
 
 
 class AdmissionService:
@@ -519,7 +521,7 @@ class AdmissionService:
 
     ``session_limit`` is the configured count cap (``None``: none while memory is
     readable); ``app_count`` the app's own count of its sessions; ``read`` the
-    controller's reader, never raising; ``holds`` the requests waiting for a probe
+    controller's reader, never raising; ``probe_waiters`` the requests waiting for a probe
     (the reservations' too); ``observer`` is told of every decision (``None``: nobody).
     """
 
@@ -530,7 +532,7 @@ class AdmissionService:
         controller: AdmissionController,
         ledger: SessionLedger,
         reservations: Reservations,
-        holds: HoldRegistry,
+        probe_waiters: ProbeWaiters,
         app_count: AppCount,
         read: SafeReader,
         counts: SessionCounts,
@@ -552,7 +554,7 @@ class AdmissionService:
         self._controller = controller
         self._ledger = ledger
         self._reservations = reservations
-        self._holds = holds
+        self._probe_waiters = probe_waiters
         self._app_count = app_count
         self._counts_app = app_count.current_sessions is not None
         self.read = read
@@ -649,7 +651,7 @@ class AdmissionService:
         self,
         kind: Kind,
         scope: Scope | None = None,
-        hold: Hold | None = None,
+        waited: ProbeWaiter | None = None,
         expired: bool = False,
         waiting: bool = False,
         klass: str | None = None,
@@ -658,8 +660,8 @@ class AdmissionService:
         """Read, decide and (when admitted) reserve, atomically; no awaits here.
 
         The admitted session's ticket, what a refusal needs (the decision, the
-        Retry-After delay and the counts it was decided with), or a :class:`Hold`
-        while its route is probed (``hold``: the one it waited with, ``expired``: at
+        Retry-After delay and the counts it was decided with), or a :class:`ProbeWaiter`
+        while its route is probed (``waited``: the one it waited as, ``expired``: at
         its deadline, which refuses it with ``probing`` if it would wait again).
         With the wait queue on, :class:`Queued` where it could wait instead of being
         refused, or others of its class or a higher one wait already (``waiting``: an
@@ -692,7 +694,7 @@ class AdmissionService:
         ceilings = self.ceilings
         with self._attempt:
             current, pending = ledger.counts(own)
-            gate: Gate = "known"
+            answer: ProbeAnswer = "known"
             if (
                 tenant is not None
                 and tenants is not None
@@ -702,7 +704,7 @@ class AdmissionService:
                     False, self._controller.pressure_state, UNAVAILABLE, "tenant_share"
                 )
             elif probing:
-                decision, gate = self._decide.probed(route, current, pending, expired, klass)
+                decision, answer = self._decide.probed(route, current, pending, expired, klass)
             elif ceilings is None:
                 decision = decide(
                     self._controller,
@@ -716,12 +718,12 @@ class AdmissionService:
             else:
                 decision = self._decide.by_class(klass, self.read(), route, current, pending)
             memory = decision.memory
-            entry = held = None
+            entry = waiter = None
             retry_after_s = 0
-            if gate == "hold":
-                # Waits for its probes' evidence (a hold that waited keeps its deadline).
+            if answer == "wait":
+                # Waits for its probes' evidence (a waiter that waited keeps its deadline).
                 deadline = time.monotonic() + self._config.probe_wait_s
-                held = self._holds.hold(route, deadline, hold)
+                waiter = self._probe_waiters.add(route, deadline, waited)
             elif decision.allowed:
                 reservation = ledger.reserve()
                 if tenant is not None and tenants is not None:
@@ -733,7 +735,7 @@ class AdmissionService:
                     memory.used_bytes,
                     memory.limit_bytes,
                     route=route,
-                    probe=gate == "probe",
+                    probe=answer == "probe",
                 )
             elif queue is None or decision.reason not in WAITABLE:
                 # Refused, not waiting: for the fair share, requests are being refused.
@@ -747,19 +749,19 @@ class AdmissionService:
         if settled:
             apply(settled)
         queued = (
-            entry is None and held is None and queue is not None and decision.reason in WAITABLE
+            entry is None and waiter is None and queue is not None and decision.reason in WAITABLE
         )
         if observer is not None:
-            if held is None and not queued:
+            if waiter is None and not queued:
                 observer.on_decision(kind, decision, time.perf_counter() - start)
             else:  # not decided yet: only what the latch did counts
                 observer.on_check(decision)
-        if self._class_decided is not None and held is None and not queued:
+        if self._class_decided is not None and waiter is None and not queued:
             self._class_decided(klass, decision)
         if blind_changed or decision.transition is not None:
             self._log.changed(decision, blind_changed)
-        if held is not None:
-            return held
+        if waiter is not None:
+            return waiter
         if entry is not None:
             return AdmissionTicket(reservations, entry)
         if queued and not waiting:
@@ -771,13 +773,13 @@ class AdmissionService:
         kind: Kind,
         scope: Scope | None,
         tried: LedgerBusy,
-        hold: Hold | None = None,
+        waited: ProbeWaiter | None = None,
         expired: bool = False,
     ) -> Outcome:
         """:meth:`admit` retried without blocking the loop after the caller's first try
         raised ``tried`` (a free ledger costs no coroutine); else a ``ledger_busy`` refusal."""
         try:
-            return await when_free(lambda: self.admit(kind, scope, hold, expired), tried=tried)
+            return await when_free(lambda: self.admit(kind, scope, waited, expired), tried=tried)
         except LedgerBusy as exc:
             self._log.busy(exc)
             decision = CapacityDecision(
@@ -796,20 +798,20 @@ class AdmissionService:
             return decision, self._retry_after.next_delay(), (0, 0)
 
     async def wait(
-        self, kind: Kind, scope: Scope, hold: Hold, listening: Listener | None
+        self, kind: Kind, scope: Scope, waiter: ProbeWaiter, listening: Listener | None
     ) -> AdmissionTicket | Refused | Queued | None:
-        """Wait with ``hold`` for the probes' evidence, then decide (:class:`Queued`: it
+        """Wait with ``waiter`` for the probes' evidence, then decide (:class:`Queued`: it
         waits on in the wait queue); ``None``: the client left (``listening`` hears it;
         ``None``: it cannot be heard)."""
 
-        async def decide(hold: Hold, expired: bool) -> Outcome:
+        async def decide(waiter: ProbeWaiter, expired: bool) -> Outcome:
             try:
-                return self.admit(kind, scope, hold, expired)
+                return self.admit(kind, scope, waiter, expired)
             except LedgerBusy as exc:
-                return await self.admit_later(kind, scope, exc, hold, expired)
+                return await self.admit_later(kind, scope, exc, waiter, expired)
 
         sample_while_waiting(self._reservations)
-        return await wait_then_decide(hold, self._holds, decide, listening)
+        return await wait_then_decide(waiter, self._probe_waiters, decide, listening)
 
     async def wait_for_room(
         self, kind: Kind, scope: Scope, queued: Queued, listening: Listener | None
@@ -846,9 +848,9 @@ class AdmissionService:
             self._class_decided(queued.class_name, refused)
         return refused, self._decide.retry_delay(refused, ""), counts
 
-    def leave(self, hold: Hold) -> None:
-        """A held request goes before it waited (its client left, or sent no connect)."""
-        self._holds.leave(hold)
+    def leave(self, waiter: ProbeWaiter) -> None:
+        """A probe waiter goes before it waited (its client left, or sent no connect)."""
+        self._probe_waiters.leave(waiter)
 
     # -- the lifespan ---------------------------------------------------------------
 

@@ -34,11 +34,11 @@ from asgi_admission._admission.reservations.learning import (
     effective_reserve,
 )
 from asgi_admission._admission.reservations.probing import (
-    Gate,
-    HoldRegistry,
+    ProbeAnswer,
     Probes,
     ProbeStatus,
     ProbeStore,
+    ProbeWaiters,
 )
 from asgi_admission._admission.reservations.settling import (
     RAMP_MARGIN,
@@ -498,8 +498,8 @@ class ReservationParts:
     queue: SettleQueue
     #: Whether routes not learned yet are probed (``probing.py``).
     probing: bool
-    #: The requests held for the probes' evidence (the service's, which waits them).
-    holds: HoldRegistry
+    #: The waiters for the probes' evidence (the service's, which waits them).
+    probe_waiters: ProbeWaiters
     probes: Probes
     view: LearnedView
     settler: Settler
@@ -540,7 +540,7 @@ def build_parts(
     on_reserve: Callable[[int, int | None], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     probe_sessions: int = 0,
-    holds: HoldRegistry | None = None,
+    probe_waiters: ProbeWaiters | None = None,
     learner: SessionLearner | None = None,
 ) -> ReservationParts:
     """The parts of one reservations, from the guard's settings.
@@ -559,7 +559,7 @@ def build_parts(
     if shared_dir is not None:
         queue = SharedSettleQueue(shared_dir, may_follow=ledger_is_current)
     probing = probe_sessions > 0 and learning != "off"
-    holds = HoldRegistry() if holds is None else holds
+    probe_waiters = ProbeWaiters() if probe_waiters is None else probe_waiters
     store: ProbeStore | None = None
     if shared_dir is not None and probing:
         store = SharedProbeStore(shared_dir)
@@ -567,8 +567,8 @@ def build_parts(
         probe_sessions=probe_sessions,
         timeout_s=timeout_s,
         store=store,
-        on_wake=holds.wake,
-        waiting=holds.count,
+        on_wake=probe_waiters.wake,
+        waiting=probe_waiters.count,
     )
     view = LearnedView(
         learner=learner,
@@ -602,7 +602,7 @@ def build_parts(
         learner=learner,
         queue=queue,
         probing=probing,
-        holds=holds,
+        probe_waiters=probe_waiters,
         probes=probes,
         view=view,
         settler=settler,
@@ -733,11 +733,16 @@ class Samples:
     def sample(self, own: int | None, now: float) -> list[Action]:
         """The periodic sample's step, given the app's own count ``own``."""
         parts = self._parts
-        settler, learner, probes, holds = parts.settler, parts.learner, parts.probes, parts.holds
+        settler, learner, probes, probe_waiters = (
+            parts.settler,
+            parts.learner,
+            parts.probes,
+            parts.probe_waiters,
+        )
         actions: list[Action] = []
         # Requests wait for a probe's evidence: none start waiting during the sample
         # (decisions take the same critical section), though some may be woken.
-        waiting = bool(holds)
+        waiting = bool(probe_waiters)
         probing = parts.probing and (probes.busy or waiting)
         ended = self._ends.on_active(self._active_count(own), now)
         # Ends whose route is known were told already; the others are the app's count
@@ -767,12 +772,12 @@ class Samples:
         self._sample_reading = settler.last_reading
         # While requests wait for another worker's probe, what it learned is looked
         # for at every sample.
-        parts.sharing.refresh(now, urgent=probing and bool(holds))
+        parts.sharing.refresh(now, urgent=probing and bool(probe_waiters))
         if waiting:
             # Requests that may go on now: their route is known, or (another worker's
             # probe having left or concluded) a probe's slot is free.
-            for route in probes.ready(holds.routes(), parts.view.known(), now):
-                holds.wake(route)
+            for route in probes.ready(probe_waiters.routes(), parts.view.known(), now):
+                probe_waiters.wake(route)
         return actions
 
     def _queue_busy(self) -> bool:
@@ -817,7 +822,7 @@ class Samples:
 # learned is shared with the other workers.
 # - While a route has no learned footprint its sessions are probed
 # (``probing.py``): the reservations tell the probes of their events and
-# readings, and wakes the requests held for the probes' evidence (``probing.py``).
+# readings, and wakes the waiters for the probes' evidence (``probing.py``).
 
 
 #: Why a session request opened nothing: the app answered with an error status, or
@@ -867,7 +872,7 @@ class Reservations:
         self._queue = parts.queue
         self.learner = parts.learner
         self.probing = parts.probing
-        self.holds = parts.holds
+        self.probe_waiters = parts.probe_waiters
         self.probes = parts.probes
         self.view = parts.view
         self.settler = parts.settler
@@ -967,7 +972,7 @@ class Reservations:
             new = min(reserve, self.view.expected_bytes(route, limit_bytes))
         return own + max(0, pending - counted) * reserve + new
 
-    def gate(self, route: str, used_bytes: int | None = None) -> Gate:
+    def probe_answer(self, route: str, used_bytes: int | None = None) -> ProbeAnswer:
         """How to decide one more session of ``route`` (inside the ledger's lock), at the
         exact working set ``used_bytes`` (which may conclude the probes)."""
         now = self._clock()
@@ -976,7 +981,7 @@ class Reservations:
             self.sharing.publish()
         if route in self.known():
             return "known"
-        return self.probes.gate(route, now)
+        return self.probes.probe_answer(route, now)
 
     def probe_status(self) -> list[ProbeStatus]:
         """The routes being probed now (for metrics and refusals: outside the lock)."""
@@ -1157,7 +1162,7 @@ class Reservations:
     @property
     def probes_busy(self) -> bool:
         """Whether requests wait for a probe's evidence, or a probe is open."""
-        return bool(self.holds) or self.probes.busy
+        return bool(self.probe_waiters) or self.probes.busy
 
     @property
     def deferred(self) -> int:
@@ -1201,7 +1206,7 @@ def _forked(ref: weakref.ReferenceType[Reservations]) -> None:
 # The reservations' periodic sample: with the app's lifespan, or while requests wait for a probe.
 #
 # Where the server runs no lifespan, nothing would take the readings that end a
-# probe (``probing.py``); the first request held for one starts a sample of the
+# probe (``probing.py``); the first waiter for one starts a sample of the
 # running loop, which ends once nothing waits or is probed any more.
 
 #: The sample started for requests waiting without a lifespan, per reservations.

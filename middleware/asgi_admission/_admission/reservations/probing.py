@@ -23,28 +23,29 @@ from asgi_admission._admission.reservations.learning import (
 from asgi_admission._admission.reservations.settling import VISIBLE_FRACTION
 
 # --------------------------------------------------------------------------------------
-# Requests held back while their route is probed, and what wakes them.
+# Waiters for a probe's evidence, and what wakes them.
 #
-# A session request of a route being probed (``probing.py``) is not refused: it is
-# *held* (a :class:`Hold`) until the probes' evidence is in, a probe's slot is
+# A session request of a route being probed (``probing.py``) is not refused: it is a
+# *waiter* (a :class:`ProbeWaiter`) until the probes' evidence is in, a probe's slot is
 # free, or its own deadline (``ADMISSION_PROBE_WAIT_SECONDS``) passes, and then
 # decided again. This is the one seam between the decision and the waiting: a
-# scheduler queue that orders waiters would take the place of :class:`HoldRegistry`.
+# scheduler queue that orders waiters would take the place of :class:`ProbeWaiters`.
 #
 # Notes:
 #
-# - No polling: a hold awaits one future, which the reservations resolves when something
+# - No polling: a waiter awaits one future, which the reservations resolves when something
 # happens that may let it go on (under the ledger's lock, from whichever thread
 # told it: a ticket's ``release()`` may come from a thread pool), or the loop's
 # timer for its deadline fires.
-# - A hold that is woken leaves the registry; decided again, it either goes on or is
+# - A waiter that is woken leaves the registry; decided again, it either goes on or is
 # registered anew, so the count of waiters is of requests actually waiting.
-# - A hold holds nothing: no count slot, no reserve. A client that leaves while
+# - A waiter holds nothing: no count slot, no reserve. A client that leaves while
 # waiting is simply forgotten.
 
 
-class Hold:
-    """One held request: its route, its deadline (``time.monotonic()``), its wake-up.
+class ProbeWaiter:
+    """One request waiting for a probe's evidence: its route, its deadline
+    (``time.monotonic()``), its wake-up.
 
     Made inside the decision (with or without a running loop); the waiter's loop is
     taken when it first awaits :attr:`future`.
@@ -84,7 +85,7 @@ class Hold:
 
     @property
     def future(self) -> asyncio.Future[None]:
-        """Done once the hold is woken; on the waiter's loop."""
+        """Done once the waiter is woken; on its loop."""
         with self._lock:
             if self._future is None:
                 self._loop = asyncio.get_running_loop()
@@ -99,13 +100,13 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class HoldRegistry:
-    """The holds of one process, per route; thread-safe."""
+class ProbeWaiters:
+    """The probe waiters of one process, per route; thread-safe."""
 
-    __slots__ = ("_holds", "_lock", "_on_wake")
+    __slots__ = ("_lock", "_on_wake", "_waiters")
 
     def __init__(self) -> None:
-        self._holds: dict[str, list[Hold]] = {}
+        self._waiters: dict[str, list[ProbeWaiter]] = {}
         self._lock = threading.Lock()
         self._on_wake: Callable[[], None] | None = None
 
@@ -116,51 +117,51 @@ class HoldRegistry:
         self._on_wake = on_wake
 
     def __bool__(self) -> bool:
-        return bool(self._holds)
+        return bool(self._waiters)
 
-    def hold(self, route: str, deadline: float, again: Hold | None = None) -> Hold:
-        """Register a request of ``route`` to wait until ``deadline`` (``again``: the hold
-        it waited with before, which keeps its deadline)."""
+    def add(self, route: str, deadline: float, again: ProbeWaiter | None = None) -> ProbeWaiter:
+        """Register a request of ``route`` to wait until ``deadline`` (``again``: the waiter
+        it waited as before, which keeps its deadline)."""
         if again is None:
-            hold = Hold(route, deadline)
+            waiter = ProbeWaiter(route, deadline)
         else:
-            hold = again
-            hold.rearm()
+            waiter = again
+            waiter.rearm()
         with self._lock:
-            self._holds.setdefault(route, []).append(hold)
-        return hold
+            self._waiters.setdefault(route, []).append(waiter)
+        return waiter
 
     def wake(self, route: str) -> None:
         """Every request waiting for ``route`` goes on to be decided again."""
         with self._lock:
-            woken = self._holds.pop(route, ())
-        for hold in woken:
-            hold.wake()
+            woken = self._waiters.pop(route, ())
+        for waiter in woken:
+            waiter.wake()
         if self._on_wake is not None:
             self._on_wake()
 
-    def leave(self, hold: Hold) -> None:
-        """``hold`` waits no longer (decided, timed out, or its client left)."""
+    def leave(self, waiter: ProbeWaiter) -> None:
+        """``waiter`` waits no longer (decided, timed out, or its client left)."""
         with self._lock:
-            holds = self._holds.get(hold.route)
-            if holds is not None and hold in holds:
-                holds.remove(hold)
-                if not holds:
-                    del self._holds[hold.route]
+            waiters = self._waiters.get(waiter.route)
+            if waiters is not None and waiter in waiters:
+                waiters.remove(waiter)
+                if not waiters:
+                    del self._waiters[waiter.route]
 
     def count(self, route: str) -> int:
         """How many requests of ``route`` wait here."""
         with self._lock:
-            return len(self._holds.get(route, ()))
+            return len(self._waiters.get(route, ()))
 
     def routes(self) -> list[str]:
         """The routes with requests waiting here."""
         with self._lock:
-            return list(self._holds)
+            return list(self._waiters)
 
     def total(self) -> int:
         with self._lock:
-            return sum(len(holds) for holds in self._holds.values())
+            return sum(len(waiters) for waiters in self._waiters.values())
 
 
 # --------------------------------------------------------------------------------------
@@ -378,8 +379,8 @@ SOLO_S: Final = HORIZON_S
 #: workers take in its footprint before what was learned reaches them.
 CONCLUDED_KEEP_S: Final = 60.0
 
-#: ``known``: decide on the estimate; ``probe``: admit as a probe; ``hold``: wait.
-Gate = Literal["known", "probe", "hold"]
+#: ``known``: decide on the estimate; ``probe``: admit as a probe; ``wait``: a waiter.
+ProbeAnswer = Literal["known", "probe", "wait"]
 
 
 class Probes:
@@ -444,7 +445,7 @@ class Probes:
 
     # -- the decision ----------------------------------------------------------------
 
-    def gate(self, route: str, now: float) -> Gate:
+    def probe_answer(self, route: str, now: float) -> ProbeAnswer:
         """How to decide one more session of ``route``, which the learner does not know."""
         if route in self._concluded:
             return "known"
@@ -455,14 +456,14 @@ class Probes:
                 return "known"
             # One route at a time: another route's probes ramping in this one's window
             # would be taken for its own, and its probes in theirs.
-            return "hold" if self._probing_other(route, now) else "probe"
+            return "wait" if self._probing_other(route, now) else "probe"
         if window.open and now - window.started_at >= self.timeout_s:
             self._conclude(window, now, timed_out=True)
             self._save()
         if not window.open:
             self._take(window)
             return "known"
-        return "probe" if len(window.probes) < self.probe_sessions else "hold"
+        return "probe" if len(window.probes) < self.probe_sessions else "wait"
 
     def _probing_other(self, route: str, now: float) -> bool:
         """Whether another route's probes are still ramping (for at most ``SOLO_S``)."""
@@ -601,7 +602,9 @@ class Probes:
     def ready(self, routes: Iterable[str], known: Container[str], now: float) -> list[str]:
         """Of ``routes`` with requests waiting here, those that may go on now: known, or
         (another worker's probe having concluded or left) with a probe's slot free."""
-        return [route for route in routes if route in known or self.gate(route, now) != "hold"]
+        return [
+            route for route in routes if route in known or self.probe_answer(route, now) != "wait"
+        ]
 
     def retry_after_s(self, route: str, now: float) -> float:
         """How long the probes of ``route`` have been ramping (for ``Retry-After``)."""
@@ -748,15 +751,15 @@ def _provisional(window: ProbeWindow, footprint: int, ramp_s: float) -> RouteEst
 
 
 # --------------------------------------------------------------------------------------
-# A session request held for a probe's evidence: until woken, its deadline, or its client left.
+# A waiter for a probe's evidence: until woken, its deadline, or its client left.
 #
-# The service may answer a request of a route being probed with a :class:`Hold`
+# The service may answer a request of a route being probed with a :class:`ProbeWaiter`
 # (``reservations/probing.py``) instead of a ticket or a refusal. The request then
 # waits here, holding nothing, and is decided again once woken or once its deadline
 # passes (``ADMISSION_PROBE_WAIT_SECONDS``), which the decision turns into a refusal
 # (``probing``) if the probe's evidence is still not in.
 #
-# The wait is one ``asyncio.wait`` on the hold's future and, where the client can be
+# The wait is one ``asyncio.wait`` on the waiter's future and, where the client can be
 # heard (a :class:`Listener`, ``_session_requests.py``), on its next message: no polling, no
 # timer but the deadline's.
 
@@ -776,45 +779,47 @@ class Listener(Protocol):
 
 
 async def wait_then_decide(
-    hold: Hold,
-    holds: HoldRegistry,
-    decide: Callable[[Hold, bool], Awaitable[_T | Hold]],
+    waiter: ProbeWaiter,
+    waiters: ProbeWaiters,
+    decide: Callable[[ProbeWaiter, bool], Awaitable[_T | ProbeWaiter]],
     listening: Listener | None,
 ) -> _T | None:
-    """Wait with ``hold`` until woken or its deadline, then ``decide(hold, expired)``
+    """Wait as ``waiter`` until woken or its deadline, then ``decide(waiter, expired)``
     again; ``None`` when the client left meanwhile (it holds nothing)."""
     while True:
-        outcome = await _wait(hold, holds, listening)
+        outcome = await _wait(waiter, waiters, listening)
         if outcome is None:
             return None
-        decided = await decide(hold, outcome)
-        if not isinstance(decided, Hold):
+        decided = await decide(waiter, outcome)
+        if not isinstance(decided, ProbeWaiter):
             return decided
-        hold = decided
+        waiter = decided
 
 
-async def _wait(hold: Hold, holds: HoldRegistry, listening: Listener | None) -> bool | None:
+async def _wait(
+    waiter: ProbeWaiter, waiters: ProbeWaiters, listening: Listener | None
+) -> bool | None:
     """``False`` once woken, ``True`` at the deadline, ``None`` when the client left."""
     try:
         while True:
-            remaining = hold.deadline - time.monotonic()
+            remaining = waiter.deadline - time.monotonic()
             if remaining <= 0:
-                holds.leave(hold)
+                waiters.leave(waiter)
                 return True
             message = None if listening is None else listening.next_message()
-            waits: set[asyncio.Future[object]] = {hold.future}  # type: ignore[arg-type]
+            waits: set[asyncio.Future[object]] = {waiter.future}  # type: ignore[arg-type]
             if message is not None:
                 waits.add(message)
             done, _ = await asyncio.wait(
                 waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
             )
-            if hold.future in done:
+            if waiter.future in done:
                 return False
             if message is not None and message in done:
                 assert listening is not None
                 if listening.heard():
-                    holds.leave(hold)
+                    waiters.leave(waiter)
                     return None
     except BaseException:
-        holds.leave(hold)
+        waiters.leave(waiter)
         raise

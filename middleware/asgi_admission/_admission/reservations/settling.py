@@ -309,7 +309,6 @@ def drop_lapsed(
     has come, and the sessions still queued were admitted after its own ramp, so theirs
     is counted from a working set that held its memory. Each leaves without raising what
     is accounted for: what it claimed is in their starting points."""
-
     if not records or not records[0].left_early:
         return records
     ramps = [ramp_s(route) for route in seen]
@@ -596,7 +595,6 @@ def without_freed(
 ) -> int | None:
     """Memory freed since ``freed.since`` leaves the bases of the sessions admitted by
     then, and what is accounted for where it has not moved since; what is accounted for."""
-
     for record in records:
         if record.admitted_at <= freed.since.at:
             record.base_bytes = max(0, record.base_bytes - freed.bytes)
@@ -763,10 +761,10 @@ class PendingSessions:
 # - A session whose app says ``started()`` while what is accounted for stands above
 # the working set it was admitted at may be what older sessions were counted as
 # growing since then: its memory is up, theirs perhaps not yet, and its reserve is
-# all that still covers theirs. It stays pending (its ticket started) until growth has
-# paid for every record left early in the queue (a later one's memory may be what paid for its
-
-# own) or the timeout has passed since its admission, then becomes active.
+# all that still covers theirs. It stays pending (its ticket started) until growth
+# has paid for every record left early in the queue (a later one's memory may be
+# what paid for its own) or the timeout has passed since its admission, then
+# becomes active.
 # Otherwise ``started()`` makes it active at once.
 # - Everything here runs inside the ledger's critical section, which also guards
 # the queue when it is shared by the workers (``SharedSettleQueue``); what to do
@@ -1120,7 +1118,6 @@ class Settler:
             # A request still in progress past the timeout (a response the client
             # does not read, an app that never answers) holds nothing any longer:
             # whatever memory it built is still expected of its record, left early.
-
             return self._pending.give_back(entry)
         if entry.phase == "held":
             if age < self.timeout_s:

@@ -433,6 +433,8 @@ RETIRED_CLASS_PARTS = frozenset({"hold"})
 RETIRED_PACKAGE_WORDS = re.compile(r"\b(gates?|gated)\b", re.IGNORECASE)
 #: Names with a retired part in its plain sense: learning's noise floor.
 PLAIN_NAMES = frozenset({"NOISE_FLOOR_BYTES"})
+#: Whole names retired: probing's window is a trial ("window" is learning's alone).
+RETIRED_WHOLE_NAMES = frozenset({"ProbeWindow", "MAX_WINDOWS"})
 
 
 def name_parts(name: str) -> set[str]:
@@ -452,7 +454,8 @@ def retired_names(source: str) -> set[str]:
         if token.type == tokenize.NAME
         and token.string not in PLAIN_NAMES
         and (
-            name_parts(token.string) & RETIRED_NAME_PARTS
+            token.string in RETIRED_WHOLE_NAMES
+            or name_parts(token.string) & RETIRED_NAME_PARTS
             or (token.string[:1].isupper() and name_parts(token.string) & RETIRED_CLASS_PARTS)
         )
     }
@@ -462,7 +465,8 @@ def test_the_retired_words_are_gone() -> None:
     """Neither the package nor the docs use a word the glossary retired (the keeper is
     the reservations, the probe board the probes, settling's placeholder a record left
     early and its credit memory seen freed), nor does the package name anything by a
-    retired name part (a hold is a waiter, the probe gate what the probes answer)."""
+    retired name part (a hold is a waiter, the probe gate what the probes answer, a
+    probe window a trial)."""
     docs = Path(__file__).parents[1] / "docs"
     found = {
         str(path): RETIRED_WORDS.findall(path.read_text())
@@ -494,6 +498,7 @@ def test_the_retired_words_are_gone() -> None:
         ("answer: Gate = probes.gate(route)", {"Gate", "gate"}),
         ("if isinstance(outcome, Hold): ticket.hold()", {"Hold"}),
         ("registry = HoldRegistry()", {"HoldRegistry"}),
+        ("windows: dict[str, ProbeWindow] = {}", {"ProbeWindow"}),
         ("# the floor of a reserve\nx = 'a floor'", set()),
         ("accounted = marked + NOISE_FLOOR_BYTES", set()),
     ],

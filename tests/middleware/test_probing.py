@@ -149,7 +149,7 @@ def test_waiters_are_decided_on_the_probes_memory_once_it_stops_growing() -> Non
     assert min(waited) >= 1.5  # the ramp and a quiet second
     assert max(waited) <= 3.5  # and a sample or two
     [estimate] = mw.reservations.estimates()
-    # What arrived, and what drift may have hidden over the window (256 KiB a second).
+    # What arrived, and what drift may have hidden over the trial (256 KiB a second).
     assert 200 * MIB <= estimate.footprint_bytes <= 201 * MIB
     assert mw.controller.reserve_for(reader.limit) == estimate.footprint_bytes
     decided = registry.get_sample_value(

@@ -97,7 +97,7 @@ def test_the_evidence_is_in_once_the_memory_has_stopped_growing() -> None:
     assert b.woken == [ROUTE]
     [estimate] = b.learner.estimates()
     assert estimate.route == ROUTE
-    # What arrived, and what drift may have hidden over the window (256 KiB a second).
+    # What arrived, and what drift may have hidden over the trial (256 KiB a second).
     assert 100 * MIB <= estimate.footprint_bytes <= 101 * MIB
     assert 1.5 <= estimate.ramp_s <= 2.25
     assert b.probes.estimates() == {}  # learned: nothing provisional is left
@@ -146,7 +146,7 @@ def test_memory_still_growing_after_the_response_waits_for_the_quiet_spell() -> 
     for step in range(3, 12):
         b.read(BASE + 90 * MIB, 0.2 + step * CONFIRM_S)
     assert b.woken == [ROUTE]
-    # What arrived, and what drift may have hidden over the window (256 KiB a second).
+    # What arrived, and what drift may have hidden over the trial (256 KiB a second).
     assert 90 * MIB <= b.learner.estimates()[0].footprint_bytes <= 91 * MIB
 
 
@@ -162,7 +162,7 @@ def test_a_probe_that_opened_nothing_frees_its_slot() -> None:
 
 
 def test_with_two_probes_one_failing_leaves_the_other() -> None:
-    """probe_sessions=2: two at once; one failing frees one slot and the window goes on."""
+    """probe_sessions=2: two at once; one failing frees one slot and the trial goes on."""
     b = ProbeKit(probes=2)
     b.admit(1, BASE, 0.0)
     assert b.probes.probe_answer(ROUTE, 0.0) == "probe"
@@ -230,7 +230,7 @@ def test_a_probe_with_no_growth_concludes_with_next_to_no_footprint() -> None:
     for step in range(1, 6):
         b.read(BASE, step * 0.25)
     assert b.woken == [ROUTE]
-    # Nothing arrived; only what drift may have hidden over the window (256 KiB a second).
+    # Nothing arrived; only what drift may have hidden over the trial (256 KiB a second).
     assert b.learner.estimates()[0].footprint_bytes <= MIB
 
 
@@ -282,16 +282,16 @@ def test_a_dead_workers_probe_frees_its_slot(tmp_path: Path) -> None:
     directory = str(tmp_path / "shared")
     probes = ProbeKit(store=SharedProbeStore(directory))
     probes.admit(1, BASE, 0.0)
-    windows = read_probing(directory)
-    assert windows is not None
+    trials = read_probing(directory)
+    assert trials is not None
     gone = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         check=True,
         capture_output=True,
         text=True,
     )
-    windows[ROUTE].probes[0].pid = int(gone.stdout)
-    SharedProbeStore(directory).store(windows)
+    trials[ROUTE].probes[0].pid = int(gone.stdout)
+    SharedProbeStore(directory).store(trials)
     other = ProbeKit(store=SharedProbeStore(directory))
     assert other.probes.probe_answer(ROUTE, 0.5) == "probe"
     assert read_probing(directory) == {}

@@ -12,7 +12,7 @@ import pytest
 
 from asgi_admission._admission.reservations import shared_files
 from asgi_admission._admission.reservations.learning import Observations, Overlap, Window
-from asgi_admission._admission.reservations.probing import Probe, ProbeWindow
+from asgi_admission._admission.reservations.probing import Probe, ProbeTrial
 from asgi_admission._admission.reservations.settling import QueueRecord
 from asgi_admission._admission.reservations.shared_files import (
     LEARNED_FILE,
@@ -172,9 +172,9 @@ def test_a_load_makes_records_again_only_when_the_rows_changed(tmp_path: Path) -
     other.close()
 
 
-def probe_window(route: str = "POST /s", *, pid: int | None = None) -> ProbeWindow:
-    """An open window of one probe of this process (or of ``pid``)."""
-    return ProbeWindow(
+def probe_trial(route: str = "POST /s", *, pid: int | None = None) -> ProbeTrial:
+    """An open trial of one probe of this process (or of ``pid``)."""
+    return ProbeTrial(
         route=route,
         started_at=1.5,
         base_bytes=100 * MIB,
@@ -192,18 +192,18 @@ def probe_window(route: str = "POST /s", *, pid: int | None = None) -> ProbeWind
 def test_the_probing_file_loads_the_windows_stored_and_what_others_stored(
     tmp_path: Path,
 ) -> None:
-    """Windows stored by one worker are what another loads; unchanged, a load hands back
-    the same windows, and windows changed without being stored are read from the file."""
+    """Trials stored by one worker are what another loads; unchanged, a load hands back
+    the same trials, and trials changed without being stored are read from the file."""
     first = SharedProbeStore(str(tmp_path))
     second = SharedProbeStore(str(tmp_path))
     assert first.load() == {}
-    first.store({"POST /s": probe_window()})
+    first.store({"POST /s": probe_trial()})
     loaded = second.load()
-    assert loaded == {"POST /s": probe_window()}
+    assert loaded == {"POST /s": probe_trial()}
     assert second.load() is loaded
     assert loaded is not None
     loaded["POST /s"].peak_bytes = 0
-    assert second.load() == {"POST /s": probe_window()}
+    assert second.load() == {"POST /s": probe_trial()}
     second.store({})
     assert first.load() == {}
     first.close()
@@ -215,12 +215,12 @@ def test_the_probing_file_deleted_is_made_again(tmp_path: Path) -> None:
     both again, where another worker and ``probe`` find it."""
     shared = tmp_path / "shared"
     store = SharedProbeStore(str(shared))
-    store.store({"POST /s": probe_window()})
+    store.store({"POST /s": probe_trial()})
     shutil.rmtree(shared)
     assert store.load() == {}
-    store.store({"POST /s": probe_window(pid=os.getpid() + 1)})
+    store.store({"POST /s": probe_trial(pid=os.getpid() + 1)})
     assert (shared / PROBING_FILE).stat().st_mode & 0o777 == 0o600
-    assert read_probing(str(shared)) == {"POST /s": probe_window(pid=os.getpid() + 1)}
+    assert read_probing(str(shared)) == {"POST /s": probe_trial(pid=os.getpid() + 1)}
     store.close()
 
 

@@ -112,7 +112,7 @@ class AppCount:
 # evidence, and the configured base delay is used.
 
 #: Ends older than this are no evidence of the current rate.
-WINDOW_S: Final = 600.0
+RECENT_ENDS_S: Final = 600.0
 #: At least this many recent ends before their rate is trusted.
 MIN_ENDS: Final = 3
 _KEEP: Final = 64
@@ -153,7 +153,7 @@ class SessionEnds:
     def expected_wait_s(self, now: float) -> float | None:
         """Seconds until the next session end is expected; ``None`` without evidence."""
         ends = self._ends
-        while ends and now - ends[0] > WINDOW_S:
+        while ends and now - ends[0] > RECENT_ENDS_S:
             ends.popleft()
         if len(ends) < MIN_ENDS:
             return None

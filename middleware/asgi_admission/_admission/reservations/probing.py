@@ -165,10 +165,10 @@ class ProbeWaiters:
 
 
 # --------------------------------------------------------------------------------------
-# A probe window: one route's probes from the first one's admission until their evidence
+# A probe trial: one route's probes from the first one's admission until their evidence
 # is in, and how an open one is reported.
 #
-# The probes (``probing.py``) opens, feeds and concludes windows; they are kept in this
+# The probes (``probing.py``) opens, feeds and concludes trials; they are kept in this
 # process or in the workers' shared file (``shared_files.py``), and
 # ``describe`` reports an open one for the metrics, ``probe`` and the refusal details.
 
@@ -179,7 +179,7 @@ CONFIRM_S: Final = 0.25
 #: for the learner's episodes.
 _PEAK_STEP: Final = 0.01
 _MIN_STEP: Final = 256 * 1024
-#: The peaks kept per window for its ramp time (halved when full).
+#: The peaks kept per trial for its ramp time (halved when full).
 _MAX_PEAKS: Final = 64
 
 
@@ -193,7 +193,7 @@ class Probe:
 
 
 @dataclass(slots=True)
-class ProbeWindow:
+class ProbeTrial:
     """A route's probes from the first one's admission until their evidence is in."""
 
     route: str
@@ -219,7 +219,7 @@ class ProbeWindow:
     footprint_bytes: int | None = None
     ramp_s: float = 0.0
     concluded_at: float | None = None
-    #: Requests waiting for this window, per worker (for the metrics and ``probe``).
+    #: Requests waiting for this trial, per worker (for the metrics and ``probe``).
     waiting: dict[int, int] = field(default_factory=dict)
 
     @property
@@ -279,32 +279,32 @@ class ProbeStatus:
     guess_bytes: int
 
 
-def describe(window: ProbeWindow, now: float, pid: int, waiting_here: int) -> ProbeStatus:
-    """One open window as its :class:`ProbeStatus`; ``waiting_here`` counts this process's."""
-    others = sum(n for worker, n in window.waiting.items() if worker != pid)
+def describe(trial: ProbeTrial, now: float, pid: int, waiting_here: int) -> ProbeStatus:
+    """One open trial as its :class:`ProbeStatus`; ``waiting_here`` counts this process's."""
+    others = sum(n for worker, n in trial.waiting.items() if worker != pid)
     return ProbeStatus(
-        route=window.route,
-        probes=len(window.probes),
+        route=trial.route,
+        probes=len(trial.probes),
         waiting=others + waiting_here,
-        since_s=round(max(0.0, now - window.started_at), 2),
-        growth_bytes=max(0, window.peak_bytes - window.base_bytes),
-        guess_bytes=window.guess_bytes,
+        since_s=round(max(0.0, now - trial.started_at), 2),
+        growth_bytes=max(0, trial.peak_bytes - trial.base_bytes),
+        guess_bytes=trial.guess_bytes,
     )
 
 
 # --------------------------------------------------------------------------------------
-# Where the probe windows are kept (``probing.py``): in one process, or in a file the
+# Where the probe trials are kept (``probing.py``): in one process, or in a file the
 # workers share (``shared_files.SharedProbeStore``).
 
 
 class ProbeStore(Protocol):
-    """Where the windows are: in this process, or in a file the workers share."""
+    """Where the trials are: in this process, or in a file the workers share."""
 
-    def load(self) -> dict[str, ProbeWindow] | None:
-        """The windows; ``None`` while they cannot be read (the last ones seen stand)."""
+    def load(self) -> dict[str, ProbeTrial] | None:
+        """The trials; ``None`` while they cannot be read (the last ones seen stand)."""
         ...
 
-    def store(self, windows: dict[str, ProbeWindow]) -> None: ...
+    def store(self, trials: dict[str, ProbeTrial]) -> None: ...
 
     def owner_alive(self, pid: int) -> bool: ...
 
@@ -313,18 +313,18 @@ class ProbeStore(Protocol):
 
 
 class LocalProbeStore:
-    """The windows of one process."""
+    """The trials of one process."""
 
-    __slots__ = ("_windows",)
+    __slots__ = ("_trials",)
 
     def __init__(self) -> None:
-        self._windows: dict[str, ProbeWindow] = {}
+        self._trials: dict[str, ProbeTrial] = {}
 
-    def load(self) -> dict[str, ProbeWindow]:
-        return self._windows
+    def load(self) -> dict[str, ProbeTrial]:
+        return self._trials
 
-    def store(self, windows: dict[str, ProbeWindow]) -> None:
-        self._windows = windows
+    def store(self, trials: dict[str, ProbeTrial]) -> None:
+        self._trials = trials
 
     def owner_alive(self, pid: int) -> bool:
         return True
@@ -344,38 +344,38 @@ class LocalProbeStore:
 #
 # Notes:
 #
-# - A *window* follows a route's probes from the first one's admission, at the exact
+# - A *trial* follows a route's probes from the first one's admission, at the exact
 # working set then (its *base*), through its peak. It concludes once every probe
 # has answered and the working set has made no new peak for a quiet spell (as
 # long as the learner's, ``learning.QUIET_S`` or half the ramp so far), or, for
 # memory built inside the request, once a look a sample interval after the
 # probes' responses finds it all there (their growth reached 90 % of the guessed
 # reserve at the response) and still no new peak.
-# - The evidence: the window's growth per probe. A clean window (no other session
+# - The evidence: the trial's growth per probe. A clean trial (no other session
 # admitted, none ended) closes the learner's episode at once, so the route is
 # learned; otherwise the growth per probe is a *provisional* footprint, used until
 # the learner has one. Memory freed meanwhile could hide part of a probe's memory,
-# so a window in which a session ended never concludes below the guessed reserve;
+# so a trial in which a session ended never concludes below the guessed reserve;
 # other sessions' growth only makes the footprint larger, the safe side.
-# - While a window is open, growth per probe beyond the guessed reserve raises the
+# - While a trial is open, growth per probe beyond the guessed reserve raises the
 # route's estimate at once (the reserve the latch uses with it).
 # - One route is probed at a time: a route not probed yet waits while another route's
 # probes ramp (for at most ``SOLO_S``), so that neither's growth is taken for the
 # other's; sessions of routes already known are admitted meanwhile.
 # - A probe that opened nothing (an error answer, a failure before its response)
 # frees its slot, and the next waiter becomes a probe; a probe whose session ended
-# concludes its window with what it showed.
-# - The windows are in this process or, with
+# concludes its trial with what it showed.
+# - The trials are in this process or, with
 # ``ADMISSION_SHARED_DIR``, in a file the workers share (``shared_files.py``), so
 # the number of probes is counted container-wide. Everything here runs inside the
 # ledger's critical section.
 
 #: At most this many routes are probed at once; others are decided on their reserve.
-MAX_WINDOWS: Final = 64
+MAX_TRIALS: Final = 64
 #: A route not probed yet waits while another route's probes are younger than this
 #: (the longest a learner's window watches), and is probed beside them after it.
 SOLO_S: Final = HORIZON_S
-#: How long a shared window stays in the file once concluded, so that the other
+#: How long a shared trial stays in the file once concluded, so that the other
 #: workers take in its footprint before what was learned reaches them.
 CONCLUDED_KEEP_S: Final = 60.0
 
@@ -398,8 +398,8 @@ class Probes:
         "_pid",
         "_raised",
         "_store",
+        "_trials",
         "_waiting",
-        "_windows",
         "own",
         "probe_sessions",
         "timeout_s",
@@ -420,13 +420,13 @@ class Probes:
         self._store: ProbeStore = store if store is not None else LocalProbeStore()
         self._on_wake = on_wake
         self._waiting = waiting
-        self._windows: dict[str, ProbeWindow] = self._store.load() or {}
-        #: This process's probes in open windows: their sequence number and route.
+        self._trials: dict[str, ProbeTrial] = self._store.load() or {}
+        #: This process's probes in open trials: their sequence number and route.
         self.own: dict[int, str] = {}
-        #: Concluded windows' provisional footprints, until the learner has one (``None``:
+        #: Concluded trials' provisional footprints, until the learner has one (``None``:
         #: nothing beyond the guess was seen, and the route is decided on its reserve).
         self._concluded: dict[str, RouteEstimate | None] = {}
-        #: Open windows whose growth per probe passed the guessed reserve.
+        #: Open trials whose growth per probe passed the guessed reserve.
         self._raised: dict[str, RouteEstimate] = {}
         self._pid = os.getpid()
         self.version = 0
@@ -437,11 +437,11 @@ class Probes:
 
     @property
     def busy(self) -> bool:
-        """Whether readings matter here: this process has probes, or saw a window open."""
+        """Whether readings matter here: this process has probes, or saw a trial open."""
         if self.own:
             return True
-        # Asked on every admission: most often there is no window at all.
-        return bool(self._windows) and any(w.open for w in self._windows.values())
+        # Asked on every admission: most often there is no trial at all.
+        return bool(self._trials) and any(w.open for w in self._trials.values())
 
     # -- the decision ----------------------------------------------------------------
 
@@ -450,33 +450,33 @@ class Probes:
         if route in self._concluded:
             return "known"
         self._load(now)
-        window = self._windows.get(route)
-        if window is None:
-            if len(self._windows) >= MAX_WINDOWS:
+        trial = self._trials.get(route)
+        if trial is None:
+            if len(self._trials) >= MAX_TRIALS:
                 return "known"
-            # One route at a time: another route's probes ramping in this one's window
+            # One route at a time: another route's probes ramping in this one's trial
             # would be taken for its own, and its probes in theirs.
             return "wait" if self._probing_other(route, now) else "probe"
-        if window.open and now - window.started_at >= self.timeout_s:
-            self._conclude(window, now, timed_out=True)
+        if trial.open and now - trial.started_at >= self.timeout_s:
+            self._conclude(trial, now, timed_out=True)
             self._save()
-        if not window.open:
-            self._take(window)
+        if not trial.open:
+            self._take(trial)
             return "known"
-        return "probe" if len(window.probes) < self.probe_sessions else "wait"
+        return "probe" if len(trial.probes) < self.probe_sessions else "wait"
 
     def _probing_other(self, route: str, now: float) -> bool:
         """Whether another route's probes are still ramping (for at most ``SOLO_S``)."""
         return any(
             w.open and w.route != route and now - w.started_at < SOLO_S
-            for w in self._windows.values()
+            for w in self._trials.values()
         )
 
     def add(self, route: str, seq: int, used_bytes: int, guess_bytes: int, now: float) -> None:
         """Session ``seq`` of this process was admitted as a probe of ``route``."""
-        window = self._windows.get(route)
-        if window is None or not window.open:
-            window = self._windows[route] = ProbeWindow(
+        trial = self._trials.get(route)
+        if trial is None or not trial.open:
+            trial = self._trials[route] = ProbeTrial(
                 route=route,
                 started_at=now,
                 base_bytes=used_bytes,
@@ -487,27 +487,27 @@ class Probes:
                 peaks=[(now, used_bytes)],
             )
         else:
-            window.see(used_bytes, now)
-            window.last_event_at = now
-        window.probes.append(Probe(self._pid, seq))
-        window.admitted += 1
+            trial.see(used_bytes, now)
+            trial.last_event_at = now
+        trial.probes.append(Probe(self._pid, seq))
+        trial.admitted += 1
         self.own[seq] = route
         self._save()
 
     def other_admitted(self, now: float) -> None:
-        """A session that is no probe was admitted: its growth mixes into open windows."""
+        """A session that is no probe was admitted: its growth mixes into open trials."""
         self._flag_open(now, "mixed")
 
     def session_ended(self, now: float) -> None:
-        """A session ended somewhere: memory freed in open windows may hide probes'."""
+        """A session ended somewhere: memory freed in open trials may hide probes'."""
         self._flag_open(now, "ended")
 
     def _flag_open(self, now: float, flag: Literal["mixed", "ended"]) -> None:
         self._load(now)
         changed = False
-        for window in self._windows.values():
-            if window.open and not getattr(window, flag):
-                setattr(window, flag, True)
+        for trial in self._trials.values():
+            if trial.open and not getattr(trial, flag):
+                setattr(trial, flag, True)
                 changed = True
         if changed:
             self._save()
@@ -516,88 +516,88 @@ class Probes:
 
     def responded(self, seq: int, used_bytes: int | None, now: float) -> None:
         """Probe ``seq`` answered (its response ended, or its WebSocket was accepted)."""
-        window, probe = self._find(seq, now)
-        if window is None or probe is None:
+        trial, probe = self._find(seq, now)
+        if trial is None or probe is None:
             return
         probe.responded = True
-        window.last_event_at = now
+        trial.last_event_at = now
         if used_bytes is not None:
-            window.see(used_bytes, now)
-        if all(p.responded for p in window.probes) and window.per_probe() >= (
-            VISIBLE_FRACTION * window.guess_bytes
+            trial.see(used_bytes, now)
+        if all(p.responded for p in trial.probes) and trial.per_probe() >= (
+            VISIBLE_FRACTION * trial.guess_bytes
         ):
-            window.visible_at = now
-        self._raise(window)
+            trial.visible_at = now
+        self._raise(trial)
         self._save()
 
     def left(self, seq: int, *, opened: bool, now: float) -> None:
         """Probe ``seq`` is over: it opened nothing (an error answer, a failure before
         its response), or (``opened``) its session ended."""
-        window, probe = self._find(seq, now)
+        trial, probe = self._find(seq, now)
         self.own.pop(seq, None)
-        if window is None or probe is None:
+        if trial is None or probe is None:
             return
-        window.probes.remove(probe)
+        trial.probes.remove(probe)
         if opened:
-            window.ended = True
+            trial.ended = True
         else:
-            window.admitted -= 1
-        if window.probes or window.admitted <= 0:
-            if not window.probes:
+            trial.admitted -= 1
+        if trial.probes or trial.admitted <= 0:
+            if not trial.probes:
                 # Nothing to learn from: the next waiter becomes a probe.
-                del self._windows[window.route]
-                self._drop_raised(window.route)
-            self._on_wake(window.route)  # a probe's slot is free
+                del self._trials[trial.route]
+                self._drop_raised(trial.route)
+            self._on_wake(trial.route)  # a probe's slot is free
         else:
-            self._conclude(window, now)  # wakes the waiters too
+            self._conclude(trial, now)  # wakes the waiters too
         self._save()
 
     # -- readings and what was learned ---------------------------------------------------
 
     def on_reading(self, used_bytes: int, now: float, learner: SessionLearner) -> None:
-        """An exact working set: peaks, estimates raised at once, windows concluded."""
+        """An exact working set: peaks, estimates raised at once, trials concluded."""
         self._load(now)
         changed = False
-        for window in list(self._windows.values()):
-            if not window.open:
+        for trial in list(self._trials.values()):
+            if not trial.open:
                 continue
-            window.see(used_bytes, now)
-            self._raise(window)
+            trial.see(used_bytes, now)
+            self._raise(trial)
             changed = True
-            if now - window.started_at >= self.timeout_s:
-                self._conclude(window, now, timed_out=True)
-            elif window.quiet(now):
-                clean = not (window.mixed or window.ended)
-                self._conclude(window, now, learner if clean else None)
+            if now - trial.started_at >= self.timeout_s:
+                self._conclude(trial, now, timed_out=True)
+            elif trial.quiet(now):
+                clean = not (trial.mixed or trial.ended)
+                self._conclude(trial, now, learner if clean else None)
         if changed:
             self._save()
 
     def learned(self, routes: Iterable[str], now: float) -> None:
-        """The learner has a footprint for ``routes`` now: their windows conclude."""
+        """The learner has a footprint for ``routes`` now: their trials conclude."""
         for route in routes:
             self._concluded.pop(route, None)
             self._drop_raised(route)
-            window = self._windows.get(route)
-            if window is not None and window.open:
-                window.footprint_bytes = window.per_probe()
-                window.ramp_s = window.ramp()
-                window.concluded_at = now
-                self._finish(window)
+            trial = self._trials.get(route)
+            if trial is not None and trial.open:
+                trial.footprint_bytes = trial.per_probe()
+                trial.ramp_s = trial.ramp()
+                trial.concluded_at = now
+                self._finish(trial)
                 self._save()
                 self._on_wake(route)
 
     def estimates(self) -> dict[str, RouteEstimate]:
-        """Provisional footprints: concluded windows, and open ones raised past their guess."""
+        """Provisional footprints: concluded trials, and open ones raised past their guess."""
         concluded = {r: e for r, e in self._concluded.items() if e is not None}
         return {**self._raised, **concluded}
 
     def concluded(self) -> dict[str, RouteEstimate | None]:
-        """The routes whose windows concluded, with their provisional footprints."""
+        """The routes whose trials concluded, with their provisional footprints."""
         return dict(self._concluded)
 
     def watched(self) -> set[str]:
-        """The routes this probes has a window or a provisional footprint for."""
-        return {*self._windows, *self._concluded, *self._raised}
+        """The routes this probes has a trial or a provisional footprint for."""
+        return {*self._trials, *self._concluded, *self._raised}
 
     def ready(self, routes: Iterable[str], known: Container[str], now: float) -> list[str]:
         """Of ``routes`` with requests waiting here, those that may go on now: known, or
@@ -608,18 +608,18 @@ class Probes:
 
     def retry_after_s(self, route: str, now: float) -> float:
         """How long the probes of ``route`` have been ramping (for ``Retry-After``)."""
-        window = self._windows.get(route)
-        return 1.0 if window is None else max(1.0, now - window.started_at)
+        trial = self._trials.get(route)
+        return 1.0 if trial is None else max(1.0, now - trial.started_at)
 
     def status(self, now: float, *, load: bool = False) -> list[ProbeStatus]:
-        """Every open window, as last seen here or (``load``, under the ledger's lock)
+        """Every open trial, as last seen here or (``load``, under the ledger's lock)
         as the shared file has them now."""
         if load:
             self._load(now)
         return [
-            describe(window, now, self._pid, self._waiting(route))
-            for route, window in self._windows.items()
-            if window.open
+            describe(trial, now, self._pid, self._waiting(route))
+            for route, trial in self._trials.items()
+            if trial.open
         ]
 
     def after_fork(self) -> None:
@@ -628,33 +628,31 @@ class Probes:
         self._pid = os.getpid()
         if not self._store.shared:
             self._store = LocalProbeStore()
-            self._windows = {}
+            self._trials = {}
 
     # -- internals -----------------------------------------------------------------------
 
-    def _find(self, seq: int, now: float) -> tuple[ProbeWindow | None, Probe | None]:
+    def _find(self, seq: int, now: float) -> tuple[ProbeTrial | None, Probe | None]:
         route = self.own.get(seq)
         if route is None:
             return None, None
         self._load(now)
-        window = self._windows.get(route)
-        if window is None or not window.open:
+        trial = self._trials.get(route)
+        if trial is None or not trial.open:
             self.own.pop(seq, None)
             return None, None
-        for probe in window.probes:
+        for probe in trial.probes:
             if probe.pid == self._pid and probe.seq == seq:
-                return window, probe
+                return trial, probe
         self.own.pop(seq, None)
         return None, None
 
-    def _raise(self, window: ProbeWindow) -> None:
-        per_probe = window.per_probe()
-        if per_probe > window.guess_bytes:
-            known = self._raised.get(window.route)
+    def _raise(self, trial: ProbeTrial) -> None:
+        per_probe = trial.per_probe()
+        if per_probe > trial.guess_bytes:
+            known = self._raised.get(trial.route)
             if known is None or known.footprint_bytes != per_probe:
-                self._raised[window.route] = RouteEstimate(
-                    window.route, per_probe, window.ramp(), 0
-                )
+                self._raised[trial.route] = RouteEstimate(trial.route, per_probe, trial.ramp(), 0)
                 self.version += 1
 
     def _drop_raised(self, route: str) -> None:
@@ -663,91 +661,89 @@ class Probes:
 
     def _conclude(
         self,
-        window: ProbeWindow,
+        trial: ProbeTrial,
         now: float,
         learner: SessionLearner | None = None,
         *,
         timed_out: bool = False,
     ) -> None:
-        """The window's evidence is in. A clean window closes the learner's episode (the
+        """The trial's evidence is in. A clean trial closes the learner's episode (the
         route is learned); otherwise its growth per probe is a provisional footprint,
-        never below the guess where a session ended meanwhile or the window timed out."""
-        footprint = window.per_probe()
-        if learner is None or not learner.close_episode(window.route):
-            if window.ended or timed_out:
-                footprint = max(footprint, window.guess_bytes)
-            self._concluded[window.route] = _provisional(window, footprint, window.ramp())
+        never below the guess where a session ended meanwhile or the trial timed out."""
+        footprint = trial.per_probe()
+        if learner is None or not learner.close_episode(trial.route):
+            if trial.ended or timed_out:
+                footprint = max(footprint, trial.guess_bytes)
+            self._concluded[trial.route] = _provisional(trial, footprint, trial.ramp())
             self.version += 1
-        window.footprint_bytes = footprint
-        window.ramp_s = window.ramp()
-        window.concluded_at = now
-        self._drop_raised(window.route)
-        self._finish(window)
-        self._on_wake(window.route)
+        trial.footprint_bytes = footprint
+        trial.ramp_s = trial.ramp()
+        trial.concluded_at = now
+        self._drop_raised(trial.route)
+        self._finish(trial)
+        self._on_wake(trial.route)
 
-    def _finish(self, window: ProbeWindow) -> None:
-        for probe in window.probes:
+    def _finish(self, trial: ProbeTrial) -> None:
+        for probe in trial.probes:
             if probe.pid == self._pid:
                 self.own.pop(probe.seq, None)
-        window.probes = []
+        trial.probes = []
         if not self._store.shared:
             # In one process the estimate lives on in _concluded (or the learner).
-            self._windows.pop(window.route, None)
+            self._trials.pop(trial.route, None)
 
-    def _take(self, window: ProbeWindow) -> None:
-        """Another worker's concluded window: its footprint is provisional here."""
-        assert window.footprint_bytes is not None
-        self._concluded[window.route] = _provisional(window, window.footprint_bytes, window.ramp_s)
-        self._drop_raised(window.route)
+    def _take(self, trial: ProbeTrial) -> None:
+        """Another worker's concluded trial: its footprint is provisional here."""
+        assert trial.footprint_bytes is not None
+        self._concluded[trial.route] = _provisional(trial, trial.footprint_bytes, trial.ramp_s)
+        self._drop_raised(trial.route)
         self.version += 1
 
     def _load(self, now: float) -> None:
         if not self._store.shared:
             return
-        windows = self._store.load()
-        if windows is None:
-            return  # unusable for now (logged once): the windows last seen stand
+        trials = self._store.load()
+        if trials is None:
+            return  # unusable for now (logged once): the trials last seen stand
         dead = False
         # This worker's own probes need no asking whether their worker runs.
         pid, owner_alive = self._pid, self._store.owner_alive
-        for route, window in list(windows.items()):
-            if not window.open:
-                if window.concluded_at is not None and now - window.concluded_at > CONCLUDED_KEEP_S:
-                    del windows[route]
+        for route, trial in list(trials.items()):
+            if not trial.open:
+                if trial.concluded_at is not None and now - trial.concluded_at > CONCLUDED_KEEP_S:
+                    del trials[route]
                 continue
-            alive = [p for p in window.probes if p.pid == pid or owner_alive(p.pid)]
-            if len(alive) != len(window.probes):
+            alive = [p for p in trial.probes if p.pid == pid or owner_alive(p.pid)]
+            if len(alive) != len(trial.probes):
                 dead = True
                 # A worker that died took its sessions' memory with it.
-                window.admitted -= len(window.probes) - len(alive)
-                window.probes = alive
+                trial.admitted -= len(trial.probes) - len(alive)
+                trial.probes = alive
                 if not alive:
-                    del windows[route]
+                    del trials[route]
                     self._drop_raised(route)
-        self._windows = windows
+        self._trials = trials
         # This worker's probes that another worker's pass concluded are watched no more.
-        watched = {
-            p.seq for w in windows.values() if w.open for p in w.probes if p.pid == self._pid
-        }
+        watched = {p.seq for w in trials.values() if w.open for p in w.probes if p.pid == self._pid}
         self.own = {seq: route for seq, route in self.own.items() if seq in watched}
         if dead:
             self._save()
 
     def _save(self) -> None:
-        for route, window in self._windows.items():
+        for route, trial in self._trials.items():
             here = self._waiting(route)
             if here:
-                window.waiting[self._pid] = here
+                trial.waiting[self._pid] = here
             else:
-                window.waiting.pop(self._pid, None)
-        self._store.store(self._windows)
+                trial.waiting.pop(self._pid, None)
+        self._store.store(self._trials)
 
 
-def _provisional(window: ProbeWindow, footprint: int, ramp_s: float) -> RouteEstimate | None:
-    """A concluded window's provisional estimate; ``None`` where it is only the guess."""
-    if footprint == window.guess_bytes:
+def _provisional(trial: ProbeTrial, footprint: int, ramp_s: float) -> RouteEstimate | None:
+    """A concluded trial's provisional estimate; ``None`` where it is only the guess."""
+    if footprint == trial.guess_bytes:
         return None
-    return RouteEstimate(window.route, footprint, ramp_s, 0)
+    return RouteEstimate(trial.route, footprint, ramp_s, 0)
 
 
 # --------------------------------------------------------------------------------------

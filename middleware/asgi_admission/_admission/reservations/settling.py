@@ -392,7 +392,7 @@ def _not_left_early(record: QueueRecord) -> bool:
 # from calmer ones; releasing them by time while their memory is visibly still coming
 # would admit a burst past capacity. So the settler (``settling.py``) settles no session
 # by its ramp time while the working set grows at least ``GROWING_BYTES_PER_S`` faster
-# than what can be explained (over readings at least ``GROWTH_WINDOW_S`` apart), nor
+# than what can be explained (over readings at least ``GROWTH_SPAN_S`` apart), nor
 # until it has been quiet for ``GROWTH_QUIET_S``.
 #
 # What can be explained: the memory of sessions built inside their request, at their
@@ -403,7 +403,7 @@ def _not_left_early(record: QueueRecord) -> bool:
 # within its ramp once the first is past it, and the growth holds them all.
 
 GROWING_BYTES_PER_S: Final = 16 * 1024 * 1024
-GROWTH_WINDOW_S: Final = 0.25
+GROWTH_SPAN_S: Final = 0.25
 GROWTH_QUIET_S: Final = 1.0
 #: A route settling waits for this little (its learned ramp, stretched) builds its memory
 #: inside the request (``learning.quick``): it is there at its response.
@@ -456,7 +456,7 @@ class Growth:
         """An exact reading of the working set, while the sessions within their ramp may
         add ``young_bytes_per_s``."""
         ref = self._ref
-        if ref is not None and now - ref[1] < GROWTH_WINDOW_S:
+        if ref is not None and now - ref[1] < GROWTH_SPAN_S:
             return
         if ref is not None:
             rate = (used_bytes - ref[0] - self._explained) / (now - ref[1])

@@ -29,7 +29,7 @@ from asgi_admission._admission.reservations.learning import (
     Window,
     empty_observations,
 )
-from asgi_admission._admission.reservations.probing import Probe, ProbeWindow
+from asgi_admission._admission.reservations.probing import Probe, ProbeTrial
 from asgi_admission._admission.reservations.settling import QueueRecord
 
 # --------------------------------------------------------------------------------------
@@ -541,7 +541,7 @@ def read_learned(directory: str, *, window: int) -> Observations | None:
 #
 # Notes:
 #
-# - The file is JSON, small (a window per route being probed, a few numbers each),
+# - The file is JSON, small (a trial per route being probed, a few numbers each),
 # and read and written only inside the ledger's critical section, so the workers
 # never race on it; its own ``flock`` (exclusive to write, shared to read) keeps
 # ``asgi-admission probe`` from reading half a write.
@@ -550,15 +550,15 @@ def read_learned(directory: str, *, window: int) -> Observations | None:
 # names ``ADMISSION_SHARED_DIR``; its descriptor stays open, opened again when the
 # file is deleted or replaced. Once the service runs, a fault never raises: a
 # file that cannot be used is logged once (each worker then goes on with the
-# windows it last saw, probing on its own), and a malformed one is replaced.
+# trials it last saw, probing on its own), and a malformed one is replaced.
 # - Only touched while something is being probed: a decision for a route not learned
 # yet, and the samples of a worker with probes or waiters of its own.
 
 PROBING_FILE: Final = "asgi-admission.probing"
 
 
-def encode(windows: dict[str, ProbeWindow]) -> bytes:
-    """The file's contents for ``windows``."""
+def encode(trials: dict[str, ProbeTrial]) -> bytes:
+    """The file's contents for ``trials``."""
     routes = {
         route: {
             "started_at": w.started_at,
@@ -578,29 +578,29 @@ def encode(windows: dict[str, ProbeWindow]) -> bytes:
             "concluded_at": w.concluded_at,
             "waiting": {str(pid): n for pid, n in w.waiting.items()},
         }
-        for route, w in windows.items()
+        for route, w in trials.items()
     }
     return json.dumps({"version": 1, "routes": routes}, separators=(",", ":")).encode()
 
 
-def decode(data: bytes) -> dict[str, ProbeWindow]:
-    """The windows in the file's contents; ``ValueError`` when they are not a probing file."""
+def decode(data: bytes) -> dict[str, ProbeTrial]:
+    """The trials in the file's contents; ``ValueError`` when they are not a probing file."""
     if not data.strip():
         return {}
     try:
         routes: dict[str, Any] = json.loads(data)["routes"]
-        return {str(route): _window(str(route), values) for route, values in routes.items()}
+        return {str(route): _trial(str(route), values) for route, values in routes.items()}
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a probing file this version reads ({exc!r})") from None
 
 
-def _window(route: str, v: dict[str, Any]) -> ProbeWindow:
+def _trial(route: str, v: dict[str, Any]) -> ProbeTrial:
     def optional(key: str) -> float | None:
         value = v.get(key)
         return None if value is None else float(value)
 
     footprint = v.get("footprint")
-    return ProbeWindow(
+    return ProbeTrial(
         route=route,
         started_at=float(v["started_at"]),
         base_bytes=int(v["base"]),
@@ -622,7 +622,7 @@ def _window(route: str, v: dict[str, Any]) -> ProbeWindow:
 
 
 class SharedProbeStore:
-    """The windows of every worker, in one file; used inside the ledger's lock.
+    """The trials of every worker, in one file; used inside the ledger's lock.
 
     Its descriptor stays open, as the ledger's and the settling queue's do: a file
     deleted or replaced is opened again at the next load or store, and so is the file
@@ -639,13 +639,13 @@ class SharedProbeStore:
         self._directory = directory
         self.path = os.path.join(directory, PROBING_FILE)
         self._broken = False
-        #: The file's contents at the last load or store, and the windows made of them.
-        self._known: tuple[bytes, dict[str, ProbeWindow]] = (b"", {})
+        #: The file's contents at the last load or store, and the trials made of them.
+        self._known: tuple[bytes, dict[str, ProbeTrial]] = (b"", {})
         # At startup a file that cannot be used is an error naming the setting.
         self._fd = open_private_file(directory, PROBING_FILE, setting=SHARED_DIR_SETTING)
         self._pid = os.getpid()
 
-    def load(self) -> dict[str, ProbeWindow] | None:
+    def load(self) -> dict[str, ProbeTrial] | None:
         fd = self._current()
         if fd is None:
             return None
@@ -658,13 +658,13 @@ class SharedProbeStore:
         except OSError as exc:
             self._unusable(exc)
             return None
-        known, windows = self._known
-        if data == known and encode(windows) == data:
+        known, trials = self._known
+        if data == known and encode(trials) == data:
             # Unchanged since this worker last loaded or stored it (the probes load the
-            # file several times in one critical section): the same windows again.
-            return windows
+            # file several times in one critical section): the same trials again.
+            return trials
         try:
-            windows = decode(data)
+            trials = decode(data)
         except ValueError:
             logger.warning(
                 "asgi-admission: %s is not a probing file this version reads; it is "
@@ -672,17 +672,17 @@ class SharedProbeStore:
                 self.path,
             )
             return {}
-        self._known = data, windows
-        return windows
+        self._known = data, trials
+        return trials
 
-    def store(self, windows: dict[str, ProbeWindow]) -> None:
+    def store(self, trials: dict[str, ProbeTrial]) -> None:
         fd = self._current()
         if fd is None:
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                data = encode(windows)
+                data = encode(trials)
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, data, 0)
             finally:
@@ -690,7 +690,7 @@ class SharedProbeStore:
         except OSError as exc:
             self._unusable(exc)
             return
-        self._known = data, windows
+        self._known = data, trials
 
     def close(self) -> None:
         os.close(self._fd)
@@ -724,7 +724,7 @@ class SharedProbeStore:
             )
 
 
-def read_probing(directory: str) -> dict[str, ProbeWindow] | None:
+def read_probing(directory: str) -> dict[str, ProbeTrial] | None:
     """The probing file in ``directory`` for ``probe``; ``None`` when there is none.
 
     ``OSError`` or ``ValueError`` when it cannot be read.

@@ -1,4 +1,4 @@
-"""The package's layout: rooms by concept, no import cycle, a lean import."""
+"""The package's layout: subpackages by concept, no import cycle, a lean import."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_the_library_never_imports_the_demo() -> None:
 
 
 def test_admission_imports_nothing_of_the_asgi_side() -> None:
-    """The service and its rooms (``_admission``) import only the configuration (and its
+    """The service and its subpackages (``_admission``) import only the configuration (and its
     environment), the memory readings and the route names: the dependencies point one way, from the
     middleware to admission (docs/design.md)."""
     allowed = (
@@ -103,14 +103,14 @@ def test_admission_imports_nothing_of_the_asgi_side() -> None:
     assert outside == set()
 
 
-def rooms_defining() -> dict[str, set[str]]:
-    """Each public name defined at the top of a module of ``_admission``, with the rooms
+def subpackages_defining() -> dict[str, set[str]]:
+    """Each public name defined at the top of a module of ``_admission``, with the subpackages
     (``decision``, ``ledger``, ...; the service's own modules: ``_admission``) defining it."""
     admission = PACKAGE / "_admission"
-    rooms: dict[str, set[str]] = {}
+    subpackages: dict[str, set[str]] = {}
     for path in admission.rglob("*.py"):
         parts = path.relative_to(admission).parts
-        room = parts[0] if len(parts) > 1 else "_admission"
+        subpackage = parts[0] if len(parts) > 1 else "_admission"
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names = [node.name]
@@ -122,14 +122,14 @@ def rooms_defining() -> dict[str, set[str]]:
                 names = []
             for name in names:
                 if not name.startswith("_") and name not in ("logger", "T"):
-                    rooms.setdefault(name, set()).add(room)
-    return rooms
+                    subpackages.setdefault(name, set()).add(subpackage)
+    return subpackages
 
 
-def test_no_name_is_defined_in_two_rooms() -> None:
-    """A public name of ``_admission`` means one thing: no two rooms define it (a module
+def test_no_name_is_defined_in_two_subpackages() -> None:
+    """A public name of ``_admission`` means one thing: no two subpackages define it (a module
     takes a shared name from the one that defines it)."""
-    shared = {name for name, found in rooms_defining().items() if len(found) > 1}
+    shared = {name for name, found in subpackages_defining().items() if len(found) > 1}
     assert shared == set()
 
 

@@ -1,1 +1,2 @@
-"""Admission, in three rooms: the decision, the reservations, and the ledger that counts."""
+"""Admission, in four parts: the decision, the reservations, the ledger that counts, and the
+wait queue's scheduling."""

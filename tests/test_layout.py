@@ -416,7 +416,7 @@ def test_a_unit_defined_anywhere_is_seen(source: str, names: list[str]) -> None:
 
 #: Words the code once used for things the glossary of docs/design.md names otherwise.
 RETIRED_WORDS = re.compile(
-    r"\b(keepers?|ReservationKeeper|KeeperParts|ProbeBoard|board|placeholders?|credits?)\b",
+    r"\b(keepers?|ReservationKeeper|KeeperParts|ProbeBoard|board|placeholders?|credit(?:s|ed|ing)?)\b",
     re.IGNORECASE,
 )
 #: Parts of names the package once used for things it now names plainly: settling's

@@ -142,7 +142,8 @@ def apply(actions: Iterable[Action]) -> None:
 # --------------------------------------------------------------------------------------
 # The attribution queue settling works on (``settling.py``): in one process, or
 # shared by the workers in a file (``shared_files.SharedSettleQueue``), and the changes
-# a settler makes to one record: find it, move it to the front as left early, drop it
+# a settler makes to one record: find it, move it to the front when its session leaves
+# early, drop it
 # (the module notes of ``settling.py`` say why).
 
 #: The share of its expected bytes a session's growth must show to settle.
@@ -233,10 +234,10 @@ def move_to_front(
     route: str,
     footprint_bytes: Callable[[str], int | None],
 ) -> bool:
-    """Move the record of session ``seq`` of worker ``pid`` to the front of the queue
-    (behind the others left early) as left early, claiming what a session of its
-    ``route`` was learned to add if less than its reserve; a claim of nothing leaves the
-    queue at once. Whether it stays, left early."""
+    """Its session left early: move the record of session ``seq`` of worker ``pid`` to
+    the front of the queue (behind the others that left early), claiming what a session
+    of its ``route`` was learned to add if less than its reserve; a claim of nothing
+    leaves the queue at once. Whether it stays."""
     accounted, records = queue.load()
     record = own_record(records, pid, seq)
     if record is None:
@@ -339,11 +340,10 @@ def attribute(
 ) -> tuple[int | None, list[QueueRecord], list[int], tuple[int, int] | None]:
     """One pass of first-in, first-out attribution at the exact working set ``used``
     (``None``: none, only records left early past ``timeout_s`` leave): what is now
-    accounted for, the
-    records kept, the sequence numbers of worker ``pid``'s sessions whose memory showed
-    (in queue order), and, where the head that stopped the pass is ``pid``'s, its
-    sequence number and what it still has to add. Records of workers not ``alive`` are
-    skipped at the head, and (``shared``) dropped further back too."""
+    accounted for, the records kept, the sequence numbers of worker ``pid``'s sessions
+    whose memory showed (in queue order), and, where the head that stopped the pass is
+    ``pid``'s, its sequence number and what it still has to add. Records of workers not
+    ``alive`` are skipped at the head, and (``shared``) dropped further back too."""
     start = 0
     count = len(records)
     shown_own: list[int] = []
@@ -475,8 +475,8 @@ class Growth:
 #
 # While sessions settle (``settling.py``) the working set must rise by what each is
 # expected to add above what is already accounted for. Under churn, sessions end while
-# others ramp: the memory
-# they free makes the working set fall by as much as the others grow, and without this
+# others ramp: the memory they free makes the working set fall by as much as the others
+# grow, and without this
 # the sessions still ramping would look as if nothing of theirs had come, their
 # reservations held until their ramp time or the timeout (docs/reservations.md,
 # "Settling under churn").
@@ -610,8 +610,8 @@ def without_freed(
 #
 # - The settler (``settling.py``) decides when a session leaves; this says what its
 # leaving does: settled (its reservation released or made active by its kind),
-# given back (released, its memory still expected of its record, left early), activated (a
-# started session) or dropped (it failed or ended: released, its record taken off
+# given back (released, its memory still expected of its record, left early),
+# activated (a started session) or dropped (it failed or ended: released, its record taken off
 # the attribution queue). Each returns the reservation changes to make once the
 # ledger's critical section is left, as the settler's own methods do.
 # - The counts of sessions waiting past their response, and of those and the held
@@ -741,8 +741,8 @@ class PendingSessions:
 # head's memory is visible once the working set reaches ``accounted + 0.9 x its
 # expected bytes``; it then leaves and what is accounted for rises by its *whole*
 # expected bytes, so the next one must show its own memory on top. What a session
-# counts from is never below the working set at its own admission: growth from before it
-# existed is never its own. Other memory growing can only make a session look
+# counts from is never below the working set at its own admission: growth from before
+# it existed is never its own. Other memory growing can only make a session look
 # settled when it really is growing too, and memory freed (sessions ending) holds
 # the queue longer: a reservation may be held a little long, never released early.
 # - Readings used here are exact working sets (never the fast path's usage bound,

@@ -10,7 +10,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol, TypedDict, TypeVar
+from typing import Final, Literal, TypedDict, TypeVar
 
 from asgi_admission._config import Learning
 
@@ -43,8 +43,7 @@ from asgi_admission._config import Learning
 NOISE_FLOOR_BYTES: Final = 1024 * 1024
 NOISE_SHARE: Final = 0.03
 #: How fast memory is taken to drift down for other reasons, at most, when a single
-#: window is all there is to go by (a fit averages drift out). Slow: a fall of more than
-#: FREE_STEP_BYTES in one step is left out of the growth series anyway .
+#: window is all there is to go by (a fit averages drift out).
 DRIFT_BYTES_PER_S: Final = 256 * 1024
 #: A fit whose one-sided 95 % bound is within this share of it is taken as known.
 DETERMINED_SHARE: Final = 0.2
@@ -314,26 +313,6 @@ MIN_EXACT_WINDOWS: Final = 4
 MIN_PER_SESSION: Final = 3
 
 
-class Observed(Protocol):
-    """What is held of one route's sessions (the learner keeps it, bounded)."""
-
-    @property
-    def footprints(self) -> Sequence[float]:
-        """Per-session footprints: the watchdog's peaks."""
-
-    @property
-    def ends(self) -> Sequence[float]:
-        """Memory freed at one session's end, in a step in which nothing else ramped."""
-
-    @property
-    def exact(self) -> Sequence[float]:
-        """Exact per-session peaks: a session's own memory group."""
-
-    @property
-    def windows(self) -> Sequence[Window]:
-        """The route's closed windows."""
-
-
 @dataclass(frozen=True, slots=True)
 class Footprint:
     """A route's footprint and how many observations it rests on."""
@@ -349,7 +328,7 @@ def percentile(values: Iterable[float], share: float = PERCENTILE) -> float:
     return ordered[rank - 1]
 
 
-def end_floors(routes: Mapping[str, Observed]) -> dict[str, float]:
+def end_floors(routes: Mapping[str, _Route]) -> dict[str, float]:
     """The least one session of each route frees at its end (the median of its ends):
     no more than that, or its fit's lower bound, is ever taken from another session's
     window for it."""
@@ -357,7 +336,7 @@ def end_floors(routes: Mapping[str, Observed]) -> dict[str, float]:
 
 
 def footprint(
-    route: str, state: Observed, fits: Mapping[str, Fit], floors: Mapping[str, float]
+    route: str, state: _Route, fits: Mapping[str, Fit], floors: Mapping[str, float]
 ) -> Footprint | None:
     """``route``'s footprint from what ``state`` holds of it, the fits of all routes
     and their ``end_floors``; ``None`` before its first observation."""
@@ -400,13 +379,8 @@ def footprint(
 
 
 # --------------------------------------------------------------------------------------
-# What the growth windows keep per session, and what a closed window says.
-#
-# The timing of a window (``HORIZON_S``, ``QUIET_S``, how long a route with a learned
-# ramp is watched), an admitted session as the series remembers it, one open window on
-# it, and the records a reading hands on (``ClosedWindow``, ``Step``, ``Freed``). The
-# series and the windows' rules are below, as is what the other sessions'
-# ramps put into a span.
+# What the growth windows keep per session, and what a closed window says (the series
+# and the windows' rules are further down).
 
 #: A step that fell by more than this freed memory (its growth is carried on instead).
 FREE_STEP_BYTES: Final = 2 * 1024 * 1024
@@ -572,13 +546,10 @@ def window_length(ramp_s: float | None) -> float | None:
 #
 # Notes:
 #
-# - The growth windows ask these of the admissions they
-# remember, in admission order, by what is known of each route now: its expected bytes
-# and ramp (``Expected``) and how long its sessions are watched (``Lengths``).
-# - A session's memory is taken to arrive linearly over its ramp (below).
-# Ramps vary, by as much shorter or longer as ``RAMP_SPREAD`` allows: what is taken
-# away from one session's growth is the least of the others' that may have arrived,
-# what may still be growing after a step that freed memory the most.
+# - Asked of the remembered admissions by what is known of each route now
+# (``Expected``, ``Lengths``). A session's memory arrives linearly over its ramp, and
+# ramps vary by ``RAMP_SPREAD``: what is taken away from one session's growth is the
+# least of the others' that may have arrived, what may still grow after a free the most.
 
 
 def most_added(
@@ -885,43 +856,32 @@ def _rise(length: float, start: float, end: float, at: float, ended: float | Non
 #
 # Notes:
 #
-# - Readings become a *growth series*: each step between two readings adds what the
-# working set rose by, except a step in which memory was freed (it fell by more than
-# ``FREE_STEP_BYTES``, or a session end was reported in it). Such a step adds the
-# larger growth of the two steps before it instead: sessions still ramping are taken
-# to have gone on growing, and what was freed is left out. Memory freed, promptly at a
-# session's end or seconds later, therefore never makes another session look
-# smaller; memory that grows for other reasons (caches, drift) makes sessions look
-# larger, the safe side for a reserve.
-# - Each admitted session gets a *window*: from the reading before its admission until
-# its memory has arrived. A route with a learned ramp is watched for one and a half
-# times that ramp and half a second more; before, a window no session of a route of
-# unknown footprint ramped in closes once the series, less what the other sessions
-# are expected to add, has made no new peak for a quiet spell; any window closes at
-# ``HORIZON_S``. A closed window says how much the series grew over it and which part
-# of the other sessions' ramps fell inside it, per route (``Overlap``,
-# worked out below), which is one equation for the footprints.
+# - Readings become a *growth series*: each step adds what the working set rose by,
+# except a step in which memory was freed (it fell by more than ``FREE_STEP_BYTES``,
+# or a session end was reported in it), which adds the larger growth of the two steps
+# before it instead. Memory freed, at a session's end or seconds later, therefore
+# never makes another session look smaller; memory that grows for other reasons
+# makes sessions look larger, the safe side for a reserve.
+# - Each admitted session gets a *window*, from the reading before its admission until
+# its memory has arrived: ``window_length`` of a learned ramp; before, until the
+# series less what the others are expected to add has made no new peak for a quiet
+# spell (only if no session of unknown footprint ramped in it); at most ``HORIZON_S``.
+# A closed window is one equation for the footprints: its growth and, per route, the
+# part of the other sessions' ramps inside it (``Overlap``).
 # - A session whose own growth had stopped (for more readings than it ever paused)
 # when another session came keeps that ramp as its own, and what it added alone is the
 # least it adds to any later window it lies in.
 # - A step in which sessions of one route were reported ended and nothing else was
 # ramping says how much memory one of them freed: evidence of its footprint too.
 # - Other workers' sessions (a shared ledger) are in the working set but not in this
-# worker's admissions: while one of them may still be ramping (it is on the shared
-# settling queue, or within the longest known ramp of its admission), no window can
-# tell its own session's growth from theirs: the windows open over that time are
-# dropped (unless the working set did not grow over them: that bounds their sessions
-# all the same), and the steps in it, or in which another worker's session ended (the
-# container's count fell by more than the app's own), teach no freed memory. Each
-# worker learns footprints
-# from the spells its own sessions had to themselves; ramps, which say when memory
+# worker's admissions: while one may still be ramping (on the shared settling queue,
+# or within the longest known ramp of its admission), the windows open are dropped
+# (unless the working set did not grow over them), and those steps, or one in which
+# another worker's session ended, teach no freed memory. Ramps, which say when memory
 # comes rather than how much, still come from every step.
-# - Bounded: at most ``MAX_OPEN`` open windows and the admissions of the last
-# ``2 x HORIZON_S`` (at most ``MAX_RECENT``); a reading costs a pass over the recent
-# admissions for each open window, and asks what is known of each route once. An
-# admission beyond ``MAX_RECENT`` is not remembered: like another worker's session,
-# it crowds every window open while it may ramp (they are dropped unless nothing grew),
-# so the reading's cost stays bounded however fast sessions are admitted.
+# - Bounded: at most ``MAX_OPEN`` open windows and ``MAX_RECENT`` admissions of the
+# last ``2 x HORIZON_S``; a reading costs a pass over them per open window. An
+# admission beyond ``MAX_RECENT`` crowds every open window as another worker's would.
 
 T = TypeVar("T")
 
@@ -1241,15 +1201,10 @@ def _freed(ended: list[tuple[str, float]], freed_bytes: float) -> list[Freed]:
 #
 # Notes:
 #
-# - Evidence comes from all traffic, not only from quiet spells. Each admitted session
-# is watched over a window of the working set taken as growth alone (memory freed in
-# a step, at a session's end or later, is left out; below). A window
-# that other sessions' ramps overlapped is one equation among many: the footprints of
-# all routes are fitted to the recent windows together, and the
-# ramps to every step of the growth series.
-# - Conservative: a route's footprint is a high percentile of what its windows and
-# sessions say, the safe side for a reserve; its ramp time, a high
-# percentile of the ramps recorded.
+# - Evidence comes from all traffic, not only from quiet spells: the footprints of all
+# routes are fitted to the recent windows together (above), the ramps to every step.
+# - Conservative: a route's footprint and its ramp time are high percentiles of what
+# was observed, the safe side for a reserve.
 # - Bounded and forgetting: the last ``WINDOW`` windows, ends and peaks per route, at
 # most ``MAX_ROUTES`` routes. Sessions change when the app does, so an old footprint
 # fades out as new sessions are observed rather than at once.
@@ -1341,8 +1296,7 @@ class SessionLearner:
         self._profiles = RampProfiles()
         #: Observations made here and not yet handed to the shared file.
         self._new: Observations = {}
-        #: Bumped by every change of the observations, so callers can tell (a plain
-        #: attribute: the decision path compares it).
+        #: Bumped by every change of the observations, so callers can tell.
         self.version = 0
         self._estimates: dict[str, RouteEstimate] = {}
         self._fits: dict[str, Fit] = {}

@@ -66,14 +66,9 @@ def _check_owned(setting: str, directory: str, path: str, info: os.stat_result, 
 
 
 def open_private_dir(directory: str, *, setting: str) -> int:
-    """Create ``directory`` (mode 0700) if missing and return a checked descriptor of it.
-
-    The caller closes the descriptor. Raises :class:`UnsafeFileError` (a
-    ``ValueError``) naming ``setting`` when the directory cannot be created or
-    opened, is a symlink or not a directory, belongs to another user or is
-    writable by others (the sticky bit does not help: others could still add
-    files to it).
-    """
+    """Create ``directory`` (mode 0700) if missing and return a checked descriptor of it,
+    for the caller to close; :class:`UnsafeFileError` naming ``setting`` otherwise (the
+    module notes; the sticky bit does not help: others could still add files to it)."""
     directory = os.path.abspath(directory)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -100,13 +95,9 @@ def open_private_dir(directory: str, *, setting: str) -> int:
 
 
 def open_private_file(directory: str, name: str, *, setting: str) -> int:
-    """Open ``directory/name`` read-write, creating it (mode 0600) only if it is missing.
-
-    The directory is checked as :func:`open_private_dir` does. The returned
-    descriptor (close-on-exec) is of a regular file owned by this user that no
-    one else may write to; the file is never reached through a symlink. Raises
-    :class:`UnsafeFileError` (a ``ValueError``) naming ``setting`` otherwise.
-    """
+    """Open ``directory/name`` read-write (close-on-exec), creating it (mode 0600) only
+    if it is missing, as the module notes say; :class:`UnsafeFileError` naming
+    ``setting`` otherwise."""
     directory = os.path.abspath(directory)
     path = os.path.join(directory, name)
     dir_fd = open_private_dir(directory, setting=setting)

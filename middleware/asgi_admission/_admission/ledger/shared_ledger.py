@@ -2,8 +2,8 @@
 
 Notes (the whole story, with the faults each part answers: ``docs/trust.md``):
 
-- One small file (layout and slot locks: ``ledger_file``); a worker claims its slot
-  at its first critical section (``ledger_section``), so a ledger built before a fork
+- One small file (its layout and slot locks: the first sections below); a worker
+  claims its slot at its first critical section, so a ledger built before a fork
   claims nothing.
 - The critical section is this process's ``threading.Lock`` then an exclusive
   ``flock`` on its own open file description (a fork child reopens the file), so
@@ -63,14 +63,8 @@ from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open
 
 # --------------------------------------------------------------------------------------
 # The shared ledger file's layout and its slots' locks, and reading it from outside.
-#
-# ``<shared_dir>/asgi-admission.ledger``: a 16-byte header (magic, slot capacity, slots
-# in use) and fixed 32-byte slots of four int64s, ``(pid, start_time, pending, active)``.
-# A worker holds an exclusive OFD byte-range lock on its own slot while its descriptor is
-# open; the kernel drops it when the process dies, ``SIGKILL`` included, so a slot with
-# counts whose lock is free belongs to a dead worker (below has the whole
-# story). The waiting order's file (``scheduling/order_file.py``) has the same geometry
-# and uses the same locks.
+# The waiting order's file (``scheduling/shared_order.py``) has the same geometry and
+# uses the same locks.
 
 FILE_NAME: Final = "asgi-admission.ledger"
 MAGIC: Final = b"ASGIADM1"
@@ -189,8 +183,7 @@ def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
 
 
 # --------------------------------------------------------------------------------------
-# The shared ledger's file as one worker holds it (its layout and slot locks:
-# below).
+# The shared ledger's file as one worker holds it.
 #
 # Notes:
 #
@@ -211,11 +204,8 @@ def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
 # costs far less per slot with counts than reading ``/proc/<pid>/stat`` to compare
 # start times (``bench/ledger.py``, bench/README.md). The start time is still stored,
 # for people reading the file.
-#
-# :class:`LedgerFile` is one worker's hold on the file: its descriptor, its slot
-# and the row it wrote there; it opens, claims, reads, rebuilds and follows a
-# replaced file, always under the ``flock`` that ``SharedLedger``
-# (``shared_ledger``), which does the counting, takes for it.
+# - :class:`LedgerFile` opens, claims, reads, rebuilds and follows a replaced file,
+# always under the ``flock`` that the critical section (below) takes for it.
 
 logger = logging.getLogger("asgi_admission")
 
@@ -563,14 +553,8 @@ class LedgerFile:
 
 
 # --------------------------------------------------------------------------------------
-# The shared ledger's critical section, and keeping this worker's slot written.
-#
-# ``LockedLedgerFile`` is a worker's hold on the ledger file (``ledger_file``) with
-# the section every decision enters: this process's lock, then the file's exclusive
-# ``flock``, with the repairs due on entering (following a replaced file, claiming a
-# slot, the heartbeat's start). After an activation or release it writes the slot at
-# the next section, on the loop's next turn or by the heartbeat. ``SharedLedger``
-# (``shared_ledger``, whose notes tell the whole story) counts on top of it.
+# The shared ledger's critical section, and keeping this worker's slot written
+# (the module notes tell the whole story); ``SharedLedger`` counts on top of it.
 
 #: How often (at most) a worker checks that its ledger file is still the one at the path.
 LINK_CHECK_INTERVAL_S: Final = 0.25
@@ -851,8 +835,6 @@ class LockedLedgerFile(LedgerFile):
             logger.exception("asgi-admission: the shared session ledger's heartbeat failed")
         self._beat()
 
-
-# Looked up once: every activation and release calls it.
 
 #: Slots in a new file: far more worker processes than one container runs.
 DEFAULT_CAPACITY: Final = 256

@@ -422,13 +422,7 @@ class OrderFile:
             self.row = row
         except OSError as exc:
             self.row = b""  # unknown now: the next write writes whatever it has
-            self._warn_once(
-                "write",
-                "asgi-admission: the shared waiting order %s cannot be written (%s); this "
-                "worker serves its waiters in its own order until it can.",
-                self.path,
-                exc,
-            )
+            self._own_order("write", "cannot be written", exc)
 
     def read(self) -> tuple[bytes, tuple[int, ...]] | None:
         """The header and slots in use, and how many wait in each; ``None`` where the
@@ -436,13 +430,7 @@ class OrderFile:
         try:
             data = self._read()
         except OSError as exc:
-            self._warn_once(
-                "read",
-                "asgi-admission: the shared waiting order %s cannot be read (%s); this "
-                "worker serves its waiters in its own order until it can.",
-                self.path,
-                exc,
-            )
+            self._own_order("read", "cannot be read", exc)
             return None
         if self.slot >= 0 and not data.startswith(self.row, self._offset):
             self._restore_own()  # lost to a rebuild, or scribbled on
@@ -472,14 +460,7 @@ class OrderFile:
                 self._follow()
                 self.write(head, waiting)
         except (OSError, ValueError) as exc:
-            self._warn_once(
-                "follow",
-                "asgi-admission: the shared waiting order %s was deleted or replaced and "
-                "cannot be opened again (%s); this worker serves its waiters in its own "
-                "order until it can.",
-                self.path,
-                exc,
-            )
+            self._own_order("follow", "was deleted or replaced and cannot be opened again", exc)
 
     def leave(self) -> bool:
         """Give up this worker's slot and wake socket; whether there was one."""
@@ -563,14 +544,12 @@ class OrderFile:
         data = os.pread(self.fd, self._want, 0)
         if len(data) == self._want and data.startswith(self._header):
             return data
-        problem = header_problem(data, self._capacity, magic=ORDER_MAGIC, kind="waiting-order")
-        if problem is None:
-            used = HEADER.unpack_from(data)[2]
-            self._set_used(used)
+        if header_problem(data, self._capacity, magic=ORDER_MAGIC) is None:
+            self._set_used(HEADER.unpack_from(data)[2])
             data = os.pread(self.fd, self._want, 0)
             if len(data) == self._want:
                 return data
-            problem = f"{len(data)} bytes, shorter than its {used} slots in use"
+        # Rebuilt where the check under the flock finds it unusable (and says why).
         self._rebuild_now()
         return os.pread(self.fd, self._want, 0).ljust(self._want, b"\0")
 
@@ -663,6 +642,16 @@ class OrderFile:
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(message, *args)
+
+    def _own_order(self, key: str, problem: str, exc: BaseException) -> None:
+        self._warn_once(
+            key,
+            "asgi-admission: the shared waiting order %s %s (%s); this worker serves its "
+            "waiters in its own order until it can.",
+            self.path,
+            problem,
+            exc,
+        )
 
 
 #: Where this worker has no waiter: behind every other worker's first.
@@ -776,7 +765,6 @@ class SharedOrder:
 
     def leave(self) -> None:
         """Give up this worker's slot and wake socket at the end of a lifespan."""
-
         if self._file.leave():
             self._head, self._waiting = None, 0
 

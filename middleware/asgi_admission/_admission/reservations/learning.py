@@ -291,17 +291,12 @@ def _inverse(matrix: list[list[float]]) -> list[list[float]] | None:
 #
 # Notes:
 #
-# - A route's footprint is a high percentile (``PERCENTILE``) of what each of its
-# windows grew less the least the other sessions in it can have added (all of it
-# while they are unknown; below), or, once its own fit is known, the
-# fit's upper bound where that is lower. Memory freed when its sessions end and the
-# watchdog's peaks raise it where most of them say more; sessions that free memory
-# later only give smaller values, which cannot lower it. Memory that grows for other
-# reasons makes a session look larger, the safe side for a reserve.
-# - Sessions in memory groups of their own give exact peaks: those are their cost, and
-# nothing else observed of the route changes it.
-# - Pure: the learner (``learning.py``) hands in what it holds of each route and the
-# fits of all of them, and makes the route's estimate of the result.
+# - A high percentile (``PERCENTILE``) of its windows' ``attributed`` bounds, capped by
+# its own fit once that is determined; memory freed at its sessions' ends and the
+# watchdog's peaks raise it where most of them say more; exact peaks (memory groups of
+# their own) replace all else. Sessions that free memory later only give smaller
+# values, which cannot lower it; memory growing for other reasons only raises it.
+# - Pure: the learner hands in what it holds of each route and the fits of all routes.
 
 PERCENTILE: Final = 0.9
 #: Windows that knew every other session's ramp a route needs before its bound comes
@@ -969,13 +964,9 @@ class GrowthWindows:
         self._ended.append((route, weight))
         if admitted_at is None:
             return
-        # Most ends are of recent sessions: looked for from the newest (admission order).
-        for admission in reversed(self._recent):
-            if admission.at < admitted_at:
-                break
-            if admission.route == route and admission.at == admitted_at:
-                admission.ended = now
-                break
+        admission = self._admission(admitted_at, route)
+        if admission is not None:
+            admission.ended = now
         # A session that ended before its memory had all arrived teaches nothing.
         if any(w.admission.at == admitted_at for w in self._open):
             self._open = [
@@ -987,25 +978,19 @@ class GrowthWindows:
     def respond(self, admitted_at: float, now: float) -> None:
         """The session admitted at ``admitted_at`` answered: its window may close from
         now on (its memory usually starts to arrive then)."""
-        for admission in reversed(self._recent):
-            if admission.at < admitted_at:
-                break
-            if admission.at == admitted_at:
-                if admission.responded is None:
-                    admission.responded = now
-                return
+        admission = self._admission(admitted_at)
+        if admission is not None and admission.responded is None:
+            admission.responded = now
 
     def failed(self, admitted_at: float) -> str | None:
         """The session admitted at ``admitted_at`` opened nothing: it is forgotten. Its
         route, or ``None`` when it is no longer remembered."""
-        for admission in reversed(self._recent):
-            if admission.at < admitted_at:
-                break
-            if admission.at == admitted_at:
-                self._recent.remove(admission)
-                self._open = [w for w in self._open if w.admission is not admission]
-                return admission.route
-        return None
+        admission = self._admission(admitted_at)
+        if admission is None:
+            return None
+        self._recent.remove(admission)
+        self._open = [w for w in self._open if w.admission is not admission]
+        return admission.route
 
     def close_route(self, route: str, expected: Expected, lengths: Lengths) -> list[ClosedWindow]:
         """A probe saw the memory of ``route``'s sessions stop growing: their windows
@@ -1073,6 +1058,15 @@ class GrowthWindows:
         )
 
     # -- internals -------------------------------------------------------------------
+
+    def _admission(self, admitted_at: float, route: str | None = None) -> Admission | None:
+        # Most are of recent sessions: looked for from the newest (admission order).
+        for admission in reversed(self._recent):
+            if admission.at < admitted_at:
+                return None
+            if admission.at == admitted_at and route in (None, admission.route):
+                return admission
+        return None
 
     def _restart(self, used_bytes: int, now: float) -> None:
         # Growth across a gap is unknown: windows open across it are dropped.

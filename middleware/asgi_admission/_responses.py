@@ -32,7 +32,6 @@ from asgi_admission._admission.decision.latch import (
     count_cap,
     count_cap_from,
 )
-from asgi_admission._admission.reservations.learning import RouteEstimate
 from asgi_admission._admission.service import AdmissionService
 from asgi_admission._config import WebSocketRefusal
 
@@ -101,19 +100,9 @@ def refusal_for(service: AdmissionService, *, expose_details: bool) -> Refusal:
         resume=controller.resume_threshold_percent,
         reserve_for=controller.reserve_for,
         session_limit=service.session_limit,
-        learned=lambda: [_learned(estimate) for estimate in reservations.estimates()],
+        learned=lambda: [estimate.shown() for estimate in reservations.estimates()],
         probing=lambda: [dataclasses.asdict(status) for status in reservations.probe_status()],
     )
-
-
-def _learned(estimate: RouteEstimate) -> dict[str, object]:
-    """What was learned of one route, as a detailed refusal body shows it."""
-    return {
-        "route": estimate.route,
-        "footprint_bytes": estimate.footprint_bytes,
-        "ramp_s": round(estimate.ramp_s, 2),
-        "observations": estimate.observations,
-    }
 
 
 class Refusal:

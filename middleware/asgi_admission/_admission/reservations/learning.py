@@ -1240,6 +1240,15 @@ class RouteEstimate:
     ramp_s: float
     observations: int
 
+    def shown(self) -> dict[str, object]:
+        """As a detailed refusal body and ``asgi-admission probe`` show it."""
+        return {
+            "route": self.route,
+            "footprint_bytes": self.footprint_bytes,
+            "ramp_s": round(self.ramp_s, 2),
+            "observations": self.observations,
+        }
+
 
 def empty_observations() -> RouteObservations:
     return {"footprints": [], "ramps": [], "ends": [], "exact": [], "windows": []}

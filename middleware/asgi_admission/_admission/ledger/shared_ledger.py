@@ -2,35 +2,27 @@
 
 Notes (the whole story, with the faults each part answers: ``docs/trust.md``):
 
-- One small file (its layout and slot locks: the first sections below); a worker
-  claims its slot at its first critical section, so a ledger built before a fork
-  claims nothing.
+- One small file; a worker claims its slot at its first critical section, so a
+  ledger built before a fork claims nothing.
 - The critical section is this process's ``threading.Lock`` then an exclusive
   ``flock`` on its own open file description (a fork child reopens the file), so
   read-decide-reserve is atomic across threads and workers. No wait is unbounded:
-  ``attempt()`` raises :class:`LedgerBusy` unless the lock is free now (the
-  middleware retries with awaits, then refuses); ``locked()`` sleeps between tries
-  for at most ``LOCK_WAIT_S``. ``attempt_own()`` is the thread lock alone, for this
-  worker's own bookkeeping that reads and writes no shared file (a response that
-  settles nothing shared).
-- Activations and releases never raise and are never lost: counts change in
-  memory first. On an event loop the slot is then written by this worker's next
-  critical section or, at the latest, when the loop next runs its callbacks (one
-  section for every release of a loop turn, none when a decision comes first);
-  off a loop, now if the lock is free. When it is not, the next heartbeat or
-  critical section writes it. Meanwhile the others count this worker's released
-  sessions a little longer: high, never low. A slot is written only when its row
-  changed. While the file cannot be opened, decisions raise
+  ``attempt()`` raises :class:`LedgerBusy` unless both are free now, ``locked()``
+  waits at most ``LOCK_WAIT_S``; ``attempt_own()`` is the thread lock alone, for
+  bookkeeping that touches no shared file.
+- Activations and releases never raise and are never lost: counts change in memory
+  first, and the slot is written (only if its row changed) by the next critical
+  section, the loop's next turn (one write for all of a turn's releases), or the
+  heartbeat. Meanwhile the others count this worker's released sessions a little
+  longer: high, never low. While the file cannot be opened, decisions raise
   :class:`LedgerUnavailable` (logged once).
-- A heartbeat every ``HEARTBEAT_S`` on the worker's loop writes a dirty slot,
-  follows a deleted or replaced file and rewrites its row in a rebuilt one. A
-  worker that finds the file rebuilt, replaced or its own row gone knows the
-  others' rows are lost too: its ``reserve`` raises ``LedgerBusy`` until every
+- The heartbeat (every ``HEARTBEAT_S`` on the worker's loop) also follows a deleted or
+  replaced file and rewrites its row in a rebuilt one. A worker that finds its row
+  gone knows the others' are too: its ``reserve`` raises ``LedgerBusy`` until every
   worker that held a slot lock has a row again (at most ``SETTLE_MAX_S``).
 - A slot with counts whose OFD lock is free belongs to a dead worker, ``SIGKILL``
   included: the next decision zeroes it. Negative counts in other slots count as 0.
-- Files are opened through ``_admission.ledger.safe_files``: never through a symlink,
-  created private, refused when another user owns them or may write to them.
+- Files are opened through ``safe_files``.
 """
 
 from __future__ import annotations

@@ -25,18 +25,11 @@ from asgi_admission._config import Learning
 # solved together by weighted least squares (larger windows are noisier), a few
 # rounds of Huber's weights keeping one odd window from pulling the fit, separately
 # for each group of routes whose windows overlapped. A route with fewer than
-# ``MIN_OWN`` windows of its own is no unknown yet: the windows its sessions overlap
-# wait.
+# ``MIN_OWN`` windows of its own is no unknown yet: the windows it overlaps wait.
 # - A route's fit is *determined* once its one-sided 95 % bound, from the residuals
-# (never below the noise expected of each window), is within ``DETERMINED_SHARE`` of
-# it.
-# - Each window also says, at most, what its session added: its growth less the least
-# the others in it can have added (their fits' 95 % lower bounds, or the memory their
-# sessions free at their ends, with the least share of them ramps that vary allow;
-# nothing for a route not known yet), plus what memory drifting down may have hidden
-# (``DRIFT_BYTES_PER_S``). Sessions of its own route not known yet share what is left
-# equally. These bounds are what a route's footprint is taken from until its own fit
-# is determined (``learning.py``).
+# (never below the noise expected of each window), is within ``DETERMINED_SHARE`` of it.
+# - Each window also says, at most, what its session added (``attributed``): a route's
+# footprint is taken from these bounds until its own fit is determined (below).
 
 #: The smallest noise assumed of one equation: a share of its growth (readings drift
 #: and sessions vary) and a few readings' worth.
@@ -396,10 +389,9 @@ MIN_WINDOW_S: Final = 0.3
 #: most, for what is taken away from a session's growth.
 RAMP_SPREAD: Final = (0.5, 1.5)
 #: At most this many windows open at once, and this many admissions remembered: a
-#: reading makes a pass over the remembered admissions for each open window, on the
-#: event loop, so both stay small. More admissions than that within ``2 x HORIZON_S``
-#: (over 6 a second) are too many to tell one session's growth from the others' anyway:
-#: one not remembered counts as an unknown session, as another worker's does.
+#: reading passes over the admissions for each open window, on the event loop. More
+#: admissions within ``2 x HORIZON_S`` (over 6 a second) are too many to tell one
+#: session's growth from the others' anyway.
 MAX_OPEN: Final = 32
 MAX_RECENT: Final = 96
 #: A new peak must beat the last by this much, or by ``PEAK_SHARE`` of it: memory
@@ -649,13 +641,12 @@ def overlaps(
 #
 # Notes:
 #
-# - Each step of the growth series, less what the other
-# routes' known sessions are expected to have added in it, is regressed, per route,
-# on how much of that route's recent sessions a linear ramp of each candidate length
-# would have added, together with how much the sessions of the routes not known yet
-# would have (by their own best ramps; their footprint a free coefficient). The
-# candidate with the smallest squared error is the route's ramp: the error is
-# smallest where the assumed ramp matches when the memory really came, and sessions
+# - Each step of the growth series, less what the other routes' known sessions are
+# expected to have added in it, is regressed, per route, on how much of that route's
+# recent sessions a linear ramp of each candidate length would have added, together
+# with how much the sessions of the routes not known yet would have (by their own best
+# ramps; their footprint a free coefficient). The candidate with the smallest squared
+# error is the route's ramp: it matches when the memory really came, and sessions
 # overlapping in time do not hide that, since each step counts.
 # - Evidence fades per session of the route (``FADE``), so an app that changes its ramp
 # is followed, and an early estimate made while other routes were unknown is outgrown.

@@ -40,7 +40,6 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Final
 
 from asgi_admission._admission.ledger.ledger import (
@@ -597,12 +596,7 @@ class Section:
         ):
             ledger._ready()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         ledger = self._ledger
         if ledger._dirty:
             # A change made meanwhile (a release that found this very section taken,
@@ -632,12 +626,7 @@ class OwnSection:
         if not self._ledger._lock.acquire(False):
             raise LedgerBusy("another thread of this worker holds the shared ledger")
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._ledger._lock.release()
 
 

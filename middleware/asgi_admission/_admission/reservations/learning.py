@@ -842,18 +842,12 @@ def _rise(length: float, start: float, end: float, at: float, ended: float | Non
 #
 # Notes:
 #
-# - Readings become a *growth series*: each step adds what the working set rose by,
-# except a step in which memory was freed (it fell by more than ``FREE_STEP_BYTES``,
-# or a session end was reported in it), which adds the larger growth of the two steps
-# before it instead. Memory freed, at a session's end or seconds later, therefore
-# never makes another session look smaller; memory that grows for other reasons
-# makes sessions look larger, the safe side for a reserve.
-# - Each admitted session gets a *window*, from the reading before its admission until
-# its memory has arrived: ``window_length`` of a learned ramp; before, until the
-# series less what the others are expected to add has made no new peak for a quiet
-# spell (only if no session of unknown footprint ramped in it); at most ``HORIZON_S``.
-# A closed window is one equation for the footprints: its growth and, per route, the
-# part of the other sessions' ramps inside it (``Overlap``).
+# - Readings become a *growth series*, and each admitted session gets a *window* on it
+# (both told in docs/reservations.md, "Learning what a session costs"). A step that
+# freed memory (by more than ``FREE_STEP_BYTES``, or with an end reported) carries on
+# the larger rise of the two before it. A window lasts ``window_length`` of a learned
+# ramp; before, until its own growth is quiet (only if no session of unknown footprint
+# ramped in it); at most ``HORIZON_S``. A closed window is one equation (``Overlap``).
 # - A session whose own growth had stopped (for more readings than it ever paused)
 # when another session came keeps that ramp as its own, and what it added alone is the
 # least it adds to any later window it lies in.

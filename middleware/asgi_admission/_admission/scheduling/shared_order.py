@@ -56,22 +56,16 @@ from asgi_admission._admission.ledger.shared_ledger import SLOT as LEDGER_SLOT
 # Waking another worker at once: a Unix datagram socket per slot of the waiting order.
 #
 # When capacity frees, the worker that sees it rings the worker holding the container's
-# first waiter rather than leave it to its periodic look (docs/configuration.md,
-# "Waiting and priority").
+# first waiter rather than leave it to its periodic look (``queue.FreedWatch``). The
+# socket's name, mode and why a ring is harmless: docs/trust.md.
 #
 # Notes:
 #
-# - The socket is ``<shared_dir>/asgi-admission.wake.<slot>``, mode 0600, read on the
-# event loop; rings are drained at once, one pass however many came.
-# - A ring is one byte sent with ``MSG_DONTWAIT``: it never blocks, and a full, gone or
-# unbound socket is ignored (the periodic look, ``queue.FreedWatch``, is the fallback).
+# - Rings are drained at once on the event loop, one pass however many came; one sent
+# to a full, gone or unbound socket is dropped (``MSG_DONTWAIT``), never waited for.
 # - A ring must not come before what it tells of: ``flush`` writes this worker's pending
 # ledger changes first; where the ledger is held elsewhere the ring is retried a few
 # milliseconds later, a few times at most.
-# - Named after the slot, not the pid: the worker claiming a slot holds its lock, so a
-# file of that name is a dead worker's, and is replaced.
-# - The byte carries nothing: a writer (this user alone) can only make a worker run a
-# pass, which decides nothing it would not decide anyway.
 
 logger = logging.getLogger("asgi_admission")
 

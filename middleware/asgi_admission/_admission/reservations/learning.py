@@ -408,17 +408,14 @@ Lengths = Callable[[str], float | None]
 
 @dataclass(frozen=True, slots=True)
 class ClosedWindow:
-    """One admitted session's window: the growth over it and the other sessions in it."""
+    """One admitted session's window, as :class:`Window` records it, with its route;
+    ``ramp_s`` is ``None`` where another session ramped in it before its own had."""
 
     route: str
     growth: float
     seconds: float
-    #: Seconds from admission until the session's own growth reached 90 % of its peak,
-    #: where no other session ramped in the window before it had (else ``None``).
     ramp_s: float | None
-    #: The other sessions in it, per route.
     overlaps: tuple[Overlap, ...]
-    #: Every route in ``overlaps`` had a learned ramp (else its share is a lower bound).
     exact: bool
 
 

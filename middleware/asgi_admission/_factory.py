@@ -309,7 +309,6 @@ def build_order(
 
 def _warn_unused(config: AdmissionConfig, tenant: Callable[[Scope], str | None] | None) -> None:
     """Warn that a tenant share without a tenant callable does nothing."""
-
     if config.tenant_max_share < 1.0 and tenant is None:
         logger.warning(
             "asgi-admission: ADMISSION_TENANT_MAX_SHARE (tenant_max_share) is set, but the "

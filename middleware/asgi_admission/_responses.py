@@ -6,15 +6,12 @@ Notes:
   ``Cache-Control: no-store`` so no proxy replays a refusal, and an RFC 9457
   ``application/problem+json`` body. Memory figures are internals, so they go in
   the body only when the operator opts in (``expose_details=True``).
-- WebSocket: a browser hides a failed handshake from JavaScript (the page sees
-  only close 1006), so a refusal a browser can act on is to accept and close at
-  once with 1013 (Try Again Later, RFC 6455 §7.4 / IANA registry) and the delay
-  in the close reason; closing before accepting turns into a bare 403 on every
-  server. The accept names the first subprotocol the client asked for: a browser
-  that asked for one and gets none fails the handshake, and the 1013 with it.
-  Programs read the 503 denial response (``websocket.http.response``) as they
-  read the HTTP one. ``websocket_refusal="auto"`` picks by the ``Origin`` header,
-  which every browser sends and most programs do not.
+- WebSocket (docs/clients.md): a browser hides a failed handshake from JavaScript, so
+  it is answered by accepting and closing at once with 1013 (Try Again Later, RFC 6455
+  §7.4) and the delay in the reason; closing before accepting turns into a bare 403.
+  The accept names the first subprotocol asked for, or a browser fails the handshake.
+  Programs get the 503 denial response (``websocket.http.response``);
+  ``websocket_refusal="auto"`` picks by the ``Origin`` header, which browsers send.
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ from asgi_admission._admission.decision.latch import (
     count_cap,
     count_cap_from,
 )
-from asgi_admission._admission.reservations.learning import RouteEstimate
 from asgi_admission._admission.service import AdmissionService
 from asgi_admission._config import WebSocketRefusal
 
@@ -101,19 +97,9 @@ def refusal_for(service: AdmissionService, *, expose_details: bool) -> Refusal:
         resume=controller.resume_threshold_percent,
         reserve_for=controller.reserve_for,
         session_limit=service.session_limit,
-        learned=lambda: [_learned(estimate) for estimate in reservations.estimates()],
+        learned=lambda: [estimate.shown() for estimate in reservations.estimates()],
         probing=lambda: [dataclasses.asdict(status) for status in reservations.probe_status()],
     )
-
-
-def _learned(estimate: RouteEstimate) -> dict[str, object]:
-    """What was learned of one route, as a detailed refusal body shows it."""
-    return {
-        "route": estimate.route,
-        "footprint_bytes": estimate.footprint_bytes,
-        "ramp_s": round(estimate.ramp_s, 2),
-        "observations": estimate.observations,
-    }
 
 
 class Refusal:

@@ -34,7 +34,6 @@ def route_path(scope: Scope) -> str:
     An older server leaves the prefix out of ``path``, which then is the route already,
     so the prefix goes only as whole segments: ``/apix/sessions`` under ``/api`` stays.
     """
-
     path: str = scope["path"]
     root_path: str = scope.get("root_path", "")
     if not root_path or not path.startswith(root_path):

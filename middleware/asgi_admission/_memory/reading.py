@@ -77,15 +77,10 @@ class MemoryReader(Protocol):
 
 
 def draft_class(cls: type) -> Any:
-    """A plain class with the slots of the frozen, slotted dataclass ``cls``.
-
-    The generated ``__init__`` of a frozen dataclass sets each field through
-    ``object.__setattr__``, which is slow on the request path (bench/README.md).
-    The readings and decisions made there are written as an instance of this class
-    instead, whose slots are plain attributes, and then handed ``cls`` as
-    their class: CPython allows that between classes of one layout and raises
-    ``TypeError`` otherwise. Tests check the results equal the constructor's.
-    """
+    """A plain class with the slots of the frozen, slotted dataclass ``cls``: the request
+    path fills one and then sets its ``__class__`` to ``cls`` (allowed between classes of
+    one layout), skipping the frozen ``__init__``'s slow ``object.__setattr__``
+    (bench/README.md). Tests check the results equal the constructor's."""
     return type(f"_{cls.__name__}Draft", (), {"__slots__": vars(cls)["__slots__"]})
 
 
@@ -123,10 +118,8 @@ def available_reading(
 UNAVAILABLE = MemoryReading(used_bytes=None, limit_bytes=None, available=False)
 
 
-# The reader the decisions use is the operator's code too (the latch's
-# ``memory_reader``), and may not turn a session request into a 500: a reader that
-# raises reads as unavailable (the decision is blind and falls back to the fixed
-# session cap). Kept beside the readers so that a reading is one call into this module.
+# The reader the decisions use may be the operator's code (the latch's ``memory_reader``)
+# and must not turn a session request into a 500: one that raises reads as unavailable.
 
 
 class ReaderInUse(Protocol):

@@ -112,6 +112,5 @@ def queue_metrics(
 
 def expose(view: AdmissionView, *, registry: CollectorRegistry | None = REGISTRY) -> None:
     """Export what ``view`` shows at scrape time on ``registry``, for as long as it lives."""
-
     if registry is not None:
         registry_binding(registry, shared=False).collector.add(view)

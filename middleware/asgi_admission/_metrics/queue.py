@@ -64,7 +64,6 @@ class QueueMetrics:
 
     def counting_decisions(self, classes: Iterable[str]) -> Callable[[str, CapacityDecision], None]:
         """What a guard with ``classes`` tells of each decision and its request's class."""
-
         incs: dict[tuple[str, bool, str | None], Callable[[], None]] = {}
         for name in classes:
             for allowed, reason, outcome, label in OUTCOMES:

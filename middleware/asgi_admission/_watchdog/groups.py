@@ -1,26 +1,18 @@
 """Per-session memory groups: the kernel itself holds each process session to its budget.
 
-Notes:
+Notes (where the groups go, their limits and why the wrapper: docs/session-groups.md):
 
-- Where the groups go (docs/session-groups.md). v1: below this process's own memory
-  group, ``<own>/asgi-admission/<group>``; with ``memory.use_hierarchy`` their memory
-  still counts against the container's limit. v2 forbids a group with processes to
-  give the memory controller to its children, so the groups go below the group
-  *above* the server's, and only where that one already gives ``memory`` to its
-  children (``cgroup.subtree_control``) and lets this process move processes into
-  them (a delegated subtree). The guard never moves the server's own processes.
-- The limits. v1: ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes``), so
-  the OOM killer picks its victim inside the group. v2: ``memory.max``,
-  ``memory.high`` at 15/16 of it (reclaim starts a little before the kill),
-  ``memory.oom.group=1`` (the whole session goes) and ``memory.swap.max=0``.
-- Joining before allocating. ``preexec_fn`` is unsafe in a process with threads, and
-  ``CLONE_INTO_CGROUP`` needs ``clone3``, which ``subprocess`` does not offer. So
-  :meth:`SessionGroup.command` prefixes the command with a tiny wrapper that writes
-  ``0`` (itself) to the group's ``cgroup.procs`` and then ``exec``\\ s the command:
-  its first instruction already runs in the group, and if joining fails it never runs.
+- v1: below this process's own memory group, ``<own>/asgi-admission/<group>``, where
+  ``memory.use_hierarchy`` makes their memory count against the container's limit.
+  v2: below the group *above* the server's, and only where that one already gives
+  ``memory`` to its children and lets this process move processes into them. The
+  guard never moves the server's own processes.
+- :meth:`SessionGroup.command` prefixes the command with a tiny wrapper that writes
+  ``0`` (itself) to the group's ``cgroup.procs`` and then ``exec``\\ s the command: its
+  first instruction already runs in the group, and if joining fails it never runs.
 - Names: ``<worker pid>-<number>-<session id>``, so a worker can tell a crashed
   worker's leftovers; it removes one only when its worker is gone and it is empty.
-- A group is removed once empty: by the next watchdog tick, or the watchdog's stop.
+  Its own are removed once empty: by the next watchdog tick, or the watchdog's stop.
 """
 
 from __future__ import annotations
@@ -332,6 +324,7 @@ class SessionGroups:
                     _write(os.path.join(path, "memory.memsw.limit_in_bytes"), str(budget_bytes))
             else:
                 _write(os.path.join(path, "memory.max"), str(budget_bytes))
+                # Reclaim starts a little before the kill; the kill takes the whole session.
                 _write(os.path.join(path, "memory.high"), str(budget_bytes * 15 // 16))
                 _write(os.path.join(path, "memory.oom.group"), "1")
                 if os.path.exists(os.path.join(path, "memory.swap.max")):

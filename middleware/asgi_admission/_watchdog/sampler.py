@@ -184,7 +184,6 @@ class ProcessTreeSampler:
 def _memory(process: psutil.Process, unique: bool) -> tuple[int, int | None]:
     """A process's RSS and (``unique``) the memory it alone maps and made itself: a
     file only it maps is in its USS, but was in the page cache before it."""
-
     if not unique:
         return int(process.memory_info().rss), None
     try:

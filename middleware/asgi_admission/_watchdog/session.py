@@ -201,7 +201,6 @@ class SessionWatch(WatchedSession):
 
     def claim_peak(self) -> bool:
         """True the first time only: its peak is told once."""
-
         if self._observed:
             return False
         self._observed = True

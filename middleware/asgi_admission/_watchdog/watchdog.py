@@ -505,7 +505,6 @@ def decide(
     drop: Callable[[SessionWatch], None],
 ) -> tuple[SessionHalt, ...]:
     """The decisions of a tick, on the loop: record samples, end sessions, halt."""
-
     halts: list[SessionHalt] = []
     for session, was_halted, sample, ooms in measured:
         if session.ended:  # unregistered meanwhile (a callback, another thread)

@@ -80,15 +80,7 @@ def learned(
         mode=config.reserve_learning,
         min_bytes=config.reserve_min_bytes,
     )
-    report["routes"] = [
-        {
-            "route": e.route,
-            "footprint_bytes": e.footprint_bytes,
-            "ramp_s": round(e.ramp_s, 2),
-            "observations": e.observations,
-        }
-        for e in estimates
-    ]
+    report["routes"] = [estimate.shown() for estimate in estimates]
     return report
 
 

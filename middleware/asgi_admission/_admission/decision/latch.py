@@ -408,7 +408,6 @@ class AdmissionController:
     def held(self, pending_sessions: int, limit: int) -> int:
         """What the pending sessions and one more hold back under ``limit`` bytes where
         nothing better is known: a reserve each."""
-
         return (pending_sessions + 1) * self.reserve_for(limit)
 
     def decide(

@@ -455,7 +455,6 @@ class StuckFile:
 
 def read_stuck(directory: str) -> dict[str, Any] | None:
     """The status file in ``directory`` for ``probe``; ``None`` when there is none."""
-
     path = os.path.join(directory, STUCK_FILE)
     if not os.path.lexists(path):  # a planted symlink is reported, not taken for none
         return None

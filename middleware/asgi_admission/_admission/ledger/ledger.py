@@ -1,21 +1,13 @@
 """Counting admitted sessions: pending (admitted, not yet established) and active.
 
 The admission service (``_admission/service.py``) decides and reserves inside
-``ledger.attempt()``, the critical section taken only if it is free now: it
-reads the counts, takes a memory reading, runs the latch and, when it admits,
-calls ``reserve()``, all without an ``await`` in between. If another worker
-holds a shared ledger, ``attempt()`` raises ``LedgerBusy`` and the service
-retries with awaits in between (``when_free``), then refuses (``ledger_busy``).
-``locked()``, which waits up to ``LOCK_WAIT_S``, is for the callers that may
-block: the session counts of the metrics and the scrape (``counts.py``).
+``ledger.attempt()`` (see :class:`SessionLedger`), reading the counts, taking a
+memory reading, running the latch and reserving without an ``await`` in between.
 Each reservation is then activated (the session is established) or released by
-the settling of reservations (``reservations/settlement.py``), outside the
-critical section; both methods are idempotent, so every place a session can end
-may call them and only the first call counts.
-
-A ledger shared by several worker processes (``shared_ledger.py``)
-implements the same ``SessionLedger`` protocol; the ASGI code only ever sees
-the protocol.
+the settling of reservations (``reservations/settling.py``), outside the
+critical section; both are idempotent, so every place a session can end may call
+them and only the first call counts. A ledger shared by several worker processes
+(``shared_ledger.py``) implements the same protocol.
 """
 
 from __future__ import annotations
@@ -63,43 +55,30 @@ class SessionLedger(Protocol):
     """The pending and active counts the latch decides with."""
 
     def locked(self) -> AbstractContextManager[object]:
-        """The critical section, waited for; not reentrant.
-
-        For callers that may block (the metrics' and the scrape's counts); the
-        decisions use :meth:`attempt`. The same reusable context manager every
-        time. A shared ledger waits a bounded time for it, then raises ``LedgerBusy``.
-        """
+        """The critical section, waited for (a shared ledger: ``LOCK_WAIT_S``, then
+        ``LedgerBusy``); not reentrant. For callers that may block (the metrics' and
+        the scrape's counts); the same reusable context manager every time."""
         ...
 
     def attempt(self) -> AbstractContextManager[object]:
         """The critical section without waiting for another process: ``LedgerBusy``
-        if it is held.
-
-        The admission service decides and reserves inside it, on the event loop,
-        and retries with awaits in between (``when_free``); the same reusable
-        context manager every time.
-        """
+        if it is held. The admission service decides and reserves inside it, on the
+        event loop, retrying with :func:`when_free`; the same reusable context manager
+        every time."""
         ...
 
     def attempt_own(self) -> AbstractContextManager[object]:
         """The critical section for this process's own bookkeeping alone, which reads
-        and writes no shared file: this process's lock without another process's
-        (``LedgerBusy`` if it is held). Not for counting or reserving.
-
-        Settling a session that holds nothing shared (its memory showed, or none is
-        expected) needs no more; the same reusable context manager every time.
-        """
+        and writes no shared file (settling a session that holds nothing shared): this
+        process's lock alone, ``LedgerBusy`` if it is held. Not for counting or
+        reserving; the same reusable context manager every time."""
         ...
 
     def counts(self, own_active: int | None = None) -> tuple[int, int]:
-        """``(active, pending)``; call inside the critical section (``attempt()`` or
-        ``locked()``) for a consistent pair.
-
-        ``own_active`` is this process's count of active sessions when the app
-        reports it (``current_sessions``); it replaces the ledger's own count of
-        accepted WebSockets for this process, and a shared ledger publishes it so
-        that every worker's decision sees the container-wide total.
-        """
+        """``(active, pending)``; call inside the critical section for a consistent
+        pair. ``own_active``, the app's count when it reports one (``current_sessions``),
+        replaces this process's own count of accepted WebSockets; a shared ledger
+        publishes it, so that every worker's decision sees the container-wide total."""
         ...
 
     def active(self, own_active: int | None = None) -> int:
@@ -138,9 +117,7 @@ class _InProcessReservation:
 
     def release(self) -> None:
         if self._state == RELEASED:
-            # Settled for good (released is final), so no lock is needed to see it:
-            # the second of the middleware's release calls costs next to nothing.
-            return
+            return  # final, so seen without the lock: the middleware's later calls are free
         ledger = self._ledger
         with ledger._lock:
             if self._state == PENDING:

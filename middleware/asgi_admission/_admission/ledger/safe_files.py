@@ -1,22 +1,15 @@
 """Opening the files this package keeps in a shared directory, without being tricked.
 
-Notes:
+Notes (every check, and the refusal's words: ``docs/trust.md``):
 
-- The directory (``ADMISSION_SHARED_DIR`` for the session ledger) often lies under
-  a directory every user may write to, such as ``/dev/shm``. Anyone could have made
-  it first, or planted a symlink or a file of their own at a name we use; a guard
-  running as root would then write through the link into any file on the machine.
-- So the directory is created with mode 0700 and then opened without following a
-  final symlink (``O_NOFOLLOW``), and ``fstat`` on that descriptor must show a
-  directory owned by this user that no one else may write to. Its parent may be
-  shared (``/dev/shm``, a Kubernetes ``emptyDir``): whoever renames our directory
-  away and puts their own in its place fails the same check, since every check is
-  made on the descriptor that is then used.
-- The file is opened relative to the checked directory's descriptor (``dir_fd``),
-  so the directory cannot be swapped between the check and the open. It is
-  created exclusively (``O_CREAT | O_EXCL``) with mode 0600, never through a
-  symlink (``O_NOFOLLOW``), and an existing one must be a regular file owned by
-  this user and not writable by others.
+- The shared directory often lies under one every user may write to, such as
+  ``/dev/shm``: anyone could have made it first, or planted a symlink or a file at a
+  name we use, and a guard running as root would write through the link.
+- Every check is made on the descriptor that is then used: the directory is created
+  with mode 0700, opened with ``O_NOFOLLOW`` and must be this user's and writable by
+  no one else; the file is opened relative to it (``dir_fd``), never through a
+  symlink, created exclusively with mode 0600 or checked alike. Whoever renames the
+  directory or the file away and puts their own in its place fails the same check.
 - Anything else is refused with a ``ValueError`` naming the setting, the path and
   what is wrong: a guard that cannot trust its file must not start.
 """
@@ -66,14 +59,9 @@ def _check_owned(setting: str, directory: str, path: str, info: os.stat_result, 
 
 
 def open_private_dir(directory: str, *, setting: str) -> int:
-    """Create ``directory`` (mode 0700) if missing and return a checked descriptor of it.
-
-    The caller closes the descriptor. Raises :class:`UnsafeFileError` (a
-    ``ValueError``) naming ``setting`` when the directory cannot be created or
-    opened, is a symlink or not a directory, belongs to another user or is
-    writable by others (the sticky bit does not help: others could still add
-    files to it).
-    """
+    """Create ``directory`` (mode 0700) if missing and return a checked descriptor of it,
+    for the caller to close; :class:`UnsafeFileError` naming ``setting`` otherwise (the
+    module notes; the sticky bit does not help: others could still add files to it)."""
     directory = os.path.abspath(directory)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -100,13 +88,9 @@ def open_private_dir(directory: str, *, setting: str) -> int:
 
 
 def open_private_file(directory: str, name: str, *, setting: str) -> int:
-    """Open ``directory/name`` read-write, creating it (mode 0600) only if it is missing.
-
-    The directory is checked as :func:`open_private_dir` does. The returned
-    descriptor (close-on-exec) is of a regular file owned by this user that no
-    one else may write to; the file is never reached through a symlink. Raises
-    :class:`UnsafeFileError` (a ``ValueError``) naming ``setting`` otherwise.
-    """
+    """Open ``directory/name`` read-write (close-on-exec), creating it (mode 0600) only
+    if it is missing, as the module notes say; :class:`UnsafeFileError` naming
+    ``setting`` otherwise."""
     directory = os.path.abspath(directory)
     path = os.path.join(directory, name)
     dir_fd = open_private_dir(directory, setting=setting)

@@ -2,35 +2,27 @@
 
 Notes (the whole story, with the faults each part answers: ``docs/trust.md``):
 
-- One small file (layout and slot locks: ``ledger_file``); a worker claims its slot
-  at its first critical section (``ledger_section``), so a ledger built before a fork
-  claims nothing.
+- One small file; a worker claims its slot at its first critical section, so a
+  ledger built before a fork claims nothing.
 - The critical section is this process's ``threading.Lock`` then an exclusive
   ``flock`` on its own open file description (a fork child reopens the file), so
   read-decide-reserve is atomic across threads and workers. No wait is unbounded:
-  ``attempt()`` raises :class:`LedgerBusy` unless the lock is free now (the
-  middleware retries with awaits, then refuses); ``locked()`` sleeps between tries
-  for at most ``LOCK_WAIT_S``. ``attempt_own()`` is the thread lock alone, for this
-  worker's own bookkeeping that reads and writes no shared file (a response that
-  settles nothing shared).
-- Activations and releases never raise and are never lost: counts change in
-  memory first. On an event loop the slot is then written by this worker's next
-  critical section or, at the latest, when the loop next runs its callbacks (one
-  section for every release of a loop turn, none when a decision comes first);
-  off a loop, now if the lock is free. When it is not, the next heartbeat or
-  critical section writes it. Meanwhile the others count this worker's released
-  sessions a little longer: high, never low. A slot is written only when its row
-  changed. While the file cannot be opened, decisions raise
+  ``attempt()`` raises :class:`LedgerBusy` unless both are free now, ``locked()``
+  waits at most ``LOCK_WAIT_S``; ``attempt_own()`` is the thread lock alone, for
+  bookkeeping that touches no shared file.
+- Activations and releases never raise and are never lost: counts change in memory
+  first, and the slot is written (only if its row changed) by the next critical
+  section, the loop's next turn (one write for all of a turn's releases), or the
+  heartbeat. Meanwhile the others count this worker's released sessions a little
+  longer: high, never low. While the file cannot be opened, decisions raise
   :class:`LedgerUnavailable` (logged once).
-- A heartbeat every ``HEARTBEAT_S`` on the worker's loop writes a dirty slot,
-  follows a deleted or replaced file and rewrites its row in a rebuilt one. A
-  worker that finds the file rebuilt, replaced or its own row gone knows the
-  others' rows are lost too: its ``reserve`` raises ``LedgerBusy`` until every
+- The heartbeat (every ``HEARTBEAT_S`` on the worker's loop) also follows a deleted or
+  replaced file and rewrites its row in a rebuilt one. A worker that finds its row
+  gone knows the others' are too: its ``reserve`` raises ``LedgerBusy`` until every
   worker that held a slot lock has a row again (at most ``SETTLE_MAX_S``).
 - A slot with counts whose OFD lock is free belongs to a dead worker, ``SIGKILL``
   included: the next decision zeroes it. Negative counts in other slots count as 0.
-- Files are opened through ``_admission.ledger.safe_files``: never through a symlink,
-  created private, refused when another user owns them or may write to them.
+- Files are opened through ``safe_files``.
 """
 
 from __future__ import annotations
@@ -48,7 +40,6 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Final
 
 from asgi_admission._admission.ledger.ledger import (
@@ -63,14 +54,8 @@ from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open
 
 # --------------------------------------------------------------------------------------
 # The shared ledger file's layout and its slots' locks, and reading it from outside.
-#
-# ``<shared_dir>/asgi-admission.ledger``: a 16-byte header (magic, slot capacity, slots
-# in use) and fixed 32-byte slots of four int64s, ``(pid, start_time, pending, active)``.
-# A worker holds an exclusive OFD byte-range lock on its own slot while its descriptor is
-# open; the kernel drops it when the process dies, ``SIGKILL`` included, so a slot with
-# counts whose lock is free belongs to a dead worker (below has the whole
-# story). The waiting order's file (``scheduling/order_file.py``) has the same geometry
-# and uses the same locks.
+# The waiting order's file (``scheduling/shared_order.py``) has the same geometry and
+# uses the same locks.
 
 FILE_NAME: Final = "asgi-admission.ledger"
 MAGIC: Final = b"ASGIADM1"
@@ -189,8 +174,7 @@ def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
 
 
 # --------------------------------------------------------------------------------------
-# The shared ledger's file as one worker holds it (its layout and slot locks:
-# below).
+# The shared ledger's file as one worker holds it.
 #
 # Notes:
 #
@@ -211,11 +195,8 @@ def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
 # costs far less per slot with counts than reading ``/proc/<pid>/stat`` to compare
 # start times (``bench/ledger.py``, bench/README.md). The start time is still stored,
 # for people reading the file.
-#
-# :class:`LedgerFile` is one worker's hold on the file: its descriptor, its slot
-# and the row it wrote there; it opens, claims, reads, rebuilds and follows a
-# replaced file, always under the ``flock`` that ``SharedLedger``
-# (``shared_ledger``), which does the counting, takes for it.
+# - :class:`LedgerFile` opens, claims, reads, rebuilds and follows a replaced file,
+# always under the ``flock`` that the critical section (below) takes for it.
 
 logger = logging.getLogger("asgi_admission")
 
@@ -563,14 +544,8 @@ class LedgerFile:
 
 
 # --------------------------------------------------------------------------------------
-# The shared ledger's critical section, and keeping this worker's slot written.
-#
-# ``LockedLedgerFile`` is a worker's hold on the ledger file (``ledger_file``) with
-# the section every decision enters: this process's lock, then the file's exclusive
-# ``flock``, with the repairs due on entering (following a replaced file, claiming a
-# slot, the heartbeat's start). After an activation or release it writes the slot at
-# the next section, on the loop's next turn or by the heartbeat. ``SharedLedger``
-# (``shared_ledger``, whose notes tell the whole story) counts on top of it.
+# The shared ledger's critical section, and keeping this worker's slot written
+# (the module notes tell the whole story); ``SharedLedger`` counts on top of it.
 
 #: How often (at most) a worker checks that its ledger file is still the one at the path.
 LINK_CHECK_INTERVAL_S: Final = 0.25
@@ -621,12 +596,7 @@ class Section:
         ):
             ledger._ready()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         ledger = self._ledger
         if ledger._dirty:
             # A change made meanwhile (a release that found this very section taken,
@@ -656,12 +626,7 @@ class OwnSection:
         if not self._ledger._lock.acquire(False):
             raise LedgerBusy("another thread of this worker holds the shared ledger")
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._ledger._lock.release()
 
 
@@ -851,8 +816,6 @@ class LockedLedgerFile(LedgerFile):
             logger.exception("asgi-admission: the shared session ledger's heartbeat failed")
         self._beat()
 
-
-# Looked up once: every activation and release calls it.
 
 #: Slots in a new file: far more worker processes than one container runs.
 DEFAULT_CAPACITY: Final = 256

@@ -1,30 +1,19 @@
 """Where the workers of one memory group share their session ledger, found without being told.
 
-Notes (the operator's side: ``docs/operations.md``, the checks: ``docs/trust.md``):
+Notes (the operator's side, with the bases tried in order: ``docs/operations.md``;
+the checks: ``docs/trust.md``):
 
-- With ``ADMISSION_SHARED_DIR`` unset (``"auto"``) the guard makes a private
-  directory named after its memory group under the first base that allows it:
-  ``/dev/shm``, ``$XDG_RUNTIME_DIR``, ``/run/user/<uid>``, then the temporary
-  directory. The workers of one server find the same group, so the same name; a
-  process of another group finds another name, even where both see their group as
-  ``/`` inside a cgroup namespace of their own: the name carries the group
-  directory's device and inode, this user's id and the boot's id (so a directory
-  left in a persistent ``/tmp`` by an earlier boot is never taken for this one's).
-- The memory group is what the reader measures: the cgroup directory whose files
-  answer (``CgroupMemoryReader.group_directory``), or with ``memory_source="host"``
-  the whole machine, which every guarded service of this user on it shares. The
+- The directory is named after the memory group the reader measures
+  (``CgroupMemoryReader.group_directory``, or with ``memory_source="host"`` the
+  machine): its device and inode, this user's id and the boot's id, so the workers of
+  one server share one name, and another group, even one that sees itself as ``/``
+  in a cgroup namespace of its own, or an earlier boot's leftover, never does. The
   group of any other reader cannot be told, so its guard counts alone.
-- A name taken by something that is not this user's private directory (another
-  user's, one others may write to, a symlink, a file) is refused by the checks of
-  ``safe_files`` and the next base is tried, with a warning naming the path. The
-  three files are opened there before the place is chosen, so a read-only base, or
-  a file someone else put in the directory, is passed over too: a default place
-  never stops the service.
-- Where no place can be made, the guard counts alone; if other processes of the
-  same program and command line, started by the same parent, share its memory group
-  (the other workers of its server), it says so once at WARNING. That look reads the group's
-  ``reading.procs`` and a few ``/proc`` files, in a thread started with the lifespan,
-  never on a request.
+- A base is passed over where ``safe_files`` refuses the name or any of the three
+  files opened there first (a read-only base, a file someone else put in the
+  directory): a default place never stops the service.
+- A guard that counts alone looks once, in a thread started with the lifespan, for
+  other workers of its server in its memory group, and warns if there are any.
 """
 
 from __future__ import annotations

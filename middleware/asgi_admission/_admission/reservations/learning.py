@@ -10,7 +10,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol, TypedDict, TypeVar
+from typing import Final, Literal, TypedDict, TypeVar
 
 from asgi_admission._config import Learning
 
@@ -25,26 +25,18 @@ from asgi_admission._config import Learning
 # solved together by weighted least squares (larger windows are noisier), a few
 # rounds of Huber's weights keeping one odd window from pulling the fit, separately
 # for each group of routes whose windows overlapped. A route with fewer than
-# ``MIN_OWN`` windows of its own is no unknown yet: the windows its sessions overlap
-# wait.
+# ``MIN_OWN`` windows of its own is no unknown yet: the windows it overlaps wait.
 # - A route's fit is *determined* once its one-sided 95 % bound, from the residuals
-# (never below the noise expected of each window), is within ``DETERMINED_SHARE`` of
-# it.
-# - Each window also says, at most, what its session added: its growth less the least
-# the others in it can have added (their fits' 95 % lower bounds, or the memory their
-# sessions free at their ends, with the least share of them ramps that vary allow;
-# nothing for a route not known yet), plus what memory drifting down may have hidden
-# (``DRIFT_BYTES_PER_S``). Sessions of its own route not known yet share what is left
-# equally. These bounds are what a route's footprint is taken from until its own fit
-# is determined (``learning.py``).
+# (never below the noise expected of each window), is within ``DETERMINED_SHARE`` of it.
+# - Each window also says, at most, what its session added (``attributed``): a route's
+# footprint is taken from these bounds until its own fit is determined (below).
 
 #: The smallest noise assumed of one equation: a share of its growth (readings drift
 #: and sessions vary) and a few readings' worth.
 NOISE_FLOOR_BYTES: Final = 1024 * 1024
 NOISE_SHARE: Final = 0.03
 #: How fast memory is taken to drift down for other reasons, at most, when a single
-#: window is all there is to go by (a fit averages drift out). Slow: a fall of more than
-#: FREE_STEP_BYTES in one step is left out of the growth series anyway .
+#: window is all there is to go by (a fit averages drift out).
 DRIFT_BYTES_PER_S: Final = 256 * 1024
 #: A fit whose one-sided 95 % bound is within this share of it is taken as known.
 DETERMINED_SHARE: Final = 0.2
@@ -292,17 +284,12 @@ def _inverse(matrix: list[list[float]]) -> list[list[float]] | None:
 #
 # Notes:
 #
-# - A route's footprint is a high percentile (``PERCENTILE``) of what each of its
-# windows grew less the least the other sessions in it can have added (all of it
-# while they are unknown; below), or, once its own fit is known, the
-# fit's upper bound where that is lower. Memory freed when its sessions end and the
-# watchdog's peaks raise it where most of them say more; sessions that free memory
-# later only give smaller values, which cannot lower it. Memory that grows for other
-# reasons makes a session look larger, the safe side for a reserve.
-# - Sessions in memory groups of their own give exact peaks: those are their cost, and
-# nothing else observed of the route changes it.
-# - Pure: the learner (``learning.py``) hands in what it holds of each route and the
-# fits of all of them, and makes the route's estimate of the result.
+# - A high percentile (``PERCENTILE``) of its windows' ``attributed`` bounds, capped by
+# its own fit once that is determined; memory freed at its sessions' ends and the
+# watchdog's peaks raise it where most of them say more; exact peaks (memory groups of
+# their own) replace all else. Sessions that free memory later only give smaller
+# values, which cannot lower it; memory growing for other reasons only raises it.
+# - Pure: the learner hands in what it holds of each route and the fits of all routes.
 
 PERCENTILE: Final = 0.9
 #: Windows that knew every other session's ramp a route needs before its bound comes
@@ -312,26 +299,6 @@ MIN_EXACT_WINDOWS: Final = 4
 #: a route's estimate only once there are this many: one drop that other memory freed
 #: in the same moment must not (their median needs two of three to say more).
 MIN_PER_SESSION: Final = 3
-
-
-class Observed(Protocol):
-    """What is held of one route's sessions (the learner keeps it, bounded)."""
-
-    @property
-    def footprints(self) -> Sequence[float]:
-        """Per-session footprints: the watchdog's peaks."""
-
-    @property
-    def ends(self) -> Sequence[float]:
-        """Memory freed at one session's end, in a step in which nothing else ramped."""
-
-    @property
-    def exact(self) -> Sequence[float]:
-        """Exact per-session peaks: a session's own memory group."""
-
-    @property
-    def windows(self) -> Sequence[Window]:
-        """The route's closed windows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,7 +316,7 @@ def percentile(values: Iterable[float], share: float = PERCENTILE) -> float:
     return ordered[rank - 1]
 
 
-def end_floors(routes: Mapping[str, Observed]) -> dict[str, float]:
+def end_floors(routes: Mapping[str, _Route]) -> dict[str, float]:
     """The least one session of each route frees at its end (the median of its ends):
     no more than that, or its fit's lower bound, is ever taken from another session's
     window for it."""
@@ -357,7 +324,7 @@ def end_floors(routes: Mapping[str, Observed]) -> dict[str, float]:
 
 
 def footprint(
-    route: str, state: Observed, fits: Mapping[str, Fit], floors: Mapping[str, float]
+    route: str, state: _Route, fits: Mapping[str, Fit], floors: Mapping[str, float]
 ) -> Footprint | None:
     """``route``'s footprint from what ``state`` holds of it, the fits of all routes
     and their ``end_floors``; ``None`` before its first observation."""
@@ -400,13 +367,8 @@ def footprint(
 
 
 # --------------------------------------------------------------------------------------
-# What the growth windows keep per session, and what a closed window says.
-#
-# The timing of a window (``HORIZON_S``, ``QUIET_S``, how long a route with a learned
-# ramp is watched), an admitted session as the series remembers it, one open window on
-# it, and the records a reading hands on (``ClosedWindow``, ``Step``, ``Freed``). The
-# series and the windows' rules are below, as is what the other sessions'
-# ramps put into a span.
+# What the growth windows keep per session, and what a closed window says (the series
+# and the windows' rules are further down).
 
 #: A step that fell by more than this freed memory (its growth is carried on instead).
 FREE_STEP_BYTES: Final = 2 * 1024 * 1024
@@ -427,10 +389,9 @@ MIN_WINDOW_S: Final = 0.3
 #: most, for what is taken away from a session's growth.
 RAMP_SPREAD: Final = (0.5, 1.5)
 #: At most this many windows open at once, and this many admissions remembered: a
-#: reading makes a pass over the remembered admissions for each open window, on the
-#: event loop, so both stay small. More admissions than that within ``2 x HORIZON_S``
-#: (over 6 a second) are too many to tell one session's growth from the others' anyway:
-#: one not remembered counts as an unknown session, as another worker's does.
+#: reading passes over the admissions for each open window, on the event loop. More
+#: admissions within ``2 x HORIZON_S`` (over 6 a second) are too many to tell one
+#: session's growth from the others' anyway.
 MAX_OPEN: Final = 32
 MAX_RECENT: Final = 96
 #: A new peak must beat the last by this much, or by ``PEAK_SHARE`` of it: memory
@@ -447,17 +408,14 @@ Lengths = Callable[[str], float | None]
 
 @dataclass(frozen=True, slots=True)
 class ClosedWindow:
-    """One admitted session's window: the growth over it and the other sessions in it."""
+    """One admitted session's window, as :class:`Window` records it, with its route;
+    ``ramp_s`` is ``None`` where another session ramped in it before its own had."""
 
     route: str
     growth: float
     seconds: float
-    #: Seconds from admission until the session's own growth reached 90 % of its peak,
-    #: where no other session ramped in the window before it had (else ``None``).
     ramp_s: float | None
-    #: The other sessions in it, per route.
     overlaps: tuple[Overlap, ...]
-    #: Every route in ``overlaps`` had a learned ramp (else its share is a lower bound).
     exact: bool
 
 
@@ -572,13 +530,10 @@ def window_length(ramp_s: float | None) -> float | None:
 #
 # Notes:
 #
-# - The growth windows ask these of the admissions they
-# remember, in admission order, by what is known of each route now: its expected bytes
-# and ramp (``Expected``) and how long its sessions are watched (``Lengths``).
-# - A session's memory is taken to arrive linearly over its ramp (below).
-# Ramps vary, by as much shorter or longer as ``RAMP_SPREAD`` allows: what is taken
-# away from one session's growth is the least of the others' that may have arrived,
-# what may still be growing after a step that freed memory the most.
+# - Asked of the remembered admissions by what is known of each route now
+# (``Expected``, ``Lengths``). A session's memory arrives linearly over its ramp, and
+# ramps vary by ``RAMP_SPREAD``: what is taken away from one session's growth is the
+# least of the others' that may have arrived, what may still grow after a free the most.
 
 
 def most_added(
@@ -683,13 +638,12 @@ def overlaps(
 #
 # Notes:
 #
-# - Each step of the growth series, less what the other
-# routes' known sessions are expected to have added in it, is regressed, per route,
-# on how much of that route's recent sessions a linear ramp of each candidate length
-# would have added, together with how much the sessions of the routes not known yet
-# would have (by their own best ramps; their footprint a free coefficient). The
-# candidate with the smallest squared error is the route's ramp: the error is
-# smallest where the assumed ramp matches when the memory really came, and sessions
+# - Each step of the growth series, less what the other routes' known sessions are
+# expected to have added in it, is regressed, per route, on how much of that route's
+# recent sessions a linear ramp of each candidate length would have added, together
+# with how much the sessions of the routes not known yet would have (by their own best
+# ramps; their footprint a free coefficient). The candidate with the smallest squared
+# error is the route's ramp: it matches when the memory really came, and sessions
 # overlapping in time do not hide that, since each step counts.
 # - Evidence fades per session of the route (``FADE``), so an app that changes its ramp
 # is followed, and an early estimate made while other routes were unknown is outgrown.
@@ -885,43 +839,26 @@ def _rise(length: float, start: float, end: float, at: float, ended: float | Non
 #
 # Notes:
 #
-# - Readings become a *growth series*: each step between two readings adds what the
-# working set rose by, except a step in which memory was freed (it fell by more than
-# ``FREE_STEP_BYTES``, or a session end was reported in it). Such a step adds the
-# larger growth of the two steps before it instead: sessions still ramping are taken
-# to have gone on growing, and what was freed is left out. Memory freed, promptly at a
-# session's end or seconds later, therefore never makes another session look
-# smaller; memory that grows for other reasons (caches, drift) makes sessions look
-# larger, the safe side for a reserve.
-# - Each admitted session gets a *window*: from the reading before its admission until
-# its memory has arrived. A route with a learned ramp is watched for one and a half
-# times that ramp and half a second more; before, a window no session of a route of
-# unknown footprint ramped in closes once the series, less what the other sessions
-# are expected to add, has made no new peak for a quiet spell; any window closes at
-# ``HORIZON_S``. A closed window says how much the series grew over it and which part
-# of the other sessions' ramps fell inside it, per route (``Overlap``,
-# worked out below), which is one equation for the footprints.
+# - Readings become a *growth series*, and each admitted session gets a *window* on it
+# (both told in docs/reservations.md, "Learning what a session costs"). A step that
+# freed memory (by more than ``FREE_STEP_BYTES``, or with an end reported) carries on
+# the larger rise of the two before it. A window lasts ``window_length`` of a learned
+# ramp; before, until its own growth is quiet (only if no session of unknown footprint
+# ramped in it); at most ``HORIZON_S``. A closed window is one equation (``Overlap``).
 # - A session whose own growth had stopped (for more readings than it ever paused)
 # when another session came keeps that ramp as its own, and what it added alone is the
 # least it adds to any later window it lies in.
 # - A step in which sessions of one route were reported ended and nothing else was
 # ramping says how much memory one of them freed: evidence of its footprint too.
 # - Other workers' sessions (a shared ledger) are in the working set but not in this
-# worker's admissions: while one of them may still be ramping (it is on the shared
-# settling queue, or within the longest known ramp of its admission), no window can
-# tell its own session's growth from theirs: the windows open over that time are
-# dropped (unless the working set did not grow over them: that bounds their sessions
-# all the same), and the steps in it, or in which another worker's session ended (the
-# container's count fell by more than the app's own), teach no freed memory. Each
-# worker learns footprints
-# from the spells its own sessions had to themselves; ramps, which say when memory
+# worker's admissions: while one may still be ramping (on the shared settling queue,
+# or within the longest known ramp of its admission), the windows open are dropped
+# (unless the working set did not grow over them), and those steps, or one in which
+# another worker's session ended, teach no freed memory. Ramps, which say when memory
 # comes rather than how much, still come from every step.
-# - Bounded: at most ``MAX_OPEN`` open windows and the admissions of the last
-# ``2 x HORIZON_S`` (at most ``MAX_RECENT``); a reading costs a pass over the recent
-# admissions for each open window, and asks what is known of each route once. An
-# admission beyond ``MAX_RECENT`` is not remembered: like another worker's session,
-# it crowds every window open while it may ramp (they are dropped unless nothing grew),
-# so the reading's cost stays bounded however fast sessions are admitted.
+# - Bounded: at most ``MAX_OPEN`` open windows and ``MAX_RECENT`` admissions of the
+# last ``2 x HORIZON_S``; a reading costs a pass over them per open window. An
+# admission beyond ``MAX_RECENT`` crowds every open window as another worker's would.
 
 T = TypeVar("T")
 
@@ -1009,13 +946,9 @@ class GrowthWindows:
         self._ended.append((route, weight))
         if admitted_at is None:
             return
-        # Most ends are of recent sessions: looked for from the newest (admission order).
-        for admission in reversed(self._recent):
-            if admission.at < admitted_at:
-                break
-            if admission.route == route and admission.at == admitted_at:
-                admission.ended = now
-                break
+        admission = self._admission(admitted_at, route)
+        if admission is not None:
+            admission.ended = now
         # A session that ended before its memory had all arrived teaches nothing.
         if any(w.admission.at == admitted_at for w in self._open):
             self._open = [
@@ -1027,25 +960,19 @@ class GrowthWindows:
     def respond(self, admitted_at: float, now: float) -> None:
         """The session admitted at ``admitted_at`` answered: its window may close from
         now on (its memory usually starts to arrive then)."""
-        for admission in reversed(self._recent):
-            if admission.at < admitted_at:
-                break
-            if admission.at == admitted_at:
-                if admission.responded is None:
-                    admission.responded = now
-                return
+        admission = self._admission(admitted_at)
+        if admission is not None and admission.responded is None:
+            admission.responded = now
 
     def failed(self, admitted_at: float) -> str | None:
         """The session admitted at ``admitted_at`` opened nothing: it is forgotten. Its
         route, or ``None`` when it is no longer remembered."""
-        for admission in reversed(self._recent):
-            if admission.at < admitted_at:
-                break
-            if admission.at == admitted_at:
-                self._recent.remove(admission)
-                self._open = [w for w in self._open if w.admission is not admission]
-                return admission.route
-        return None
+        admission = self._admission(admitted_at)
+        if admission is None:
+            return None
+        self._recent.remove(admission)
+        self._open = [w for w in self._open if w.admission is not admission]
+        return admission.route
 
     def close_route(self, route: str, expected: Expected, lengths: Lengths) -> list[ClosedWindow]:
         """A probe saw the memory of ``route``'s sessions stop growing: their windows
@@ -1113,6 +1040,15 @@ class GrowthWindows:
         )
 
     # -- internals -------------------------------------------------------------------
+
+    def _admission(self, admitted_at: float, route: str | None = None) -> Admission | None:
+        # Most are of recent sessions: looked for from the newest (admission order).
+        for admission in reversed(self._recent):
+            if admission.at < admitted_at:
+                return None
+            if admission.at == admitted_at and route in (None, admission.route):
+                return admission
+        return None
 
     def _restart(self, used_bytes: int, now: float) -> None:
         # Growth across a gap is unknown: windows open across it are dropped.
@@ -1241,15 +1177,10 @@ def _freed(ended: list[tuple[str, float]], freed_bytes: float) -> list[Freed]:
 #
 # Notes:
 #
-# - Evidence comes from all traffic, not only from quiet spells. Each admitted session
-# is watched over a window of the working set taken as growth alone (memory freed in
-# a step, at a session's end or later, is left out; below). A window
-# that other sessions' ramps overlapped is one equation among many: the footprints of
-# all routes are fitted to the recent windows together, and the
-# ramps to every step of the growth series.
-# - Conservative: a route's footprint is a high percentile of what its windows and
-# sessions say, the safe side for a reserve; its ramp time, a high
-# percentile of the ramps recorded.
+# - Evidence comes from all traffic, not only from quiet spells: the footprints of all
+# routes are fitted to the recent windows together (above), the ramps to every step.
+# - Conservative: a route's footprint and its ramp time are high percentiles of what
+# was observed, the safe side for a reserve.
 # - Bounded and forgetting: the last ``WINDOW`` windows, ends and peaks per route, at
 # most ``MAX_ROUTES`` routes. Sessions change when the app does, so an old footprint
 # fades out as new sessions are observed rather than at once.
@@ -1290,6 +1221,15 @@ class RouteEstimate:
     footprint_bytes: int
     ramp_s: float
     observations: int
+
+    def shown(self) -> dict[str, object]:
+        """As a detailed refusal body and ``asgi-admission probe`` show it."""
+        return {
+            "route": self.route,
+            "footprint_bytes": self.footprint_bytes,
+            "ramp_s": round(self.ramp_s, 2),
+            "observations": self.observations,
+        }
 
 
 def empty_observations() -> RouteObservations:
@@ -1341,8 +1281,7 @@ class SessionLearner:
         self._profiles = RampProfiles()
         #: Observations made here and not yet handed to the shared file.
         self._new: Observations = {}
-        #: Bumped by every change of the observations, so callers can tell (a plain
-        #: attribute: the decision path compares it).
+        #: Bumped by every change of the observations, so callers can tell.
         self.version = 0
         self._estimates: dict[str, RouteEstimate] = {}
         self._fits: dict[str, Fit] = {}

@@ -194,7 +194,6 @@ def priority_classes_from(
 
 def tenant_max_share_from(env: Mapping[str, str]) -> float:
     """``ADMISSION_TENANT_MAX_SHARE``; 1.0 (no share) when unset or unusable."""
-
     value = _env.number(env, ENV_TENANT_MAX_SHARE, 1.0, float)
     if math.isfinite(value) and 0 < value <= 1:
         return value

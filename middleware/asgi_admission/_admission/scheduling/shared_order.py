@@ -56,22 +56,16 @@ from asgi_admission._admission.ledger.shared_ledger import SLOT as LEDGER_SLOT
 # Waking another worker at once: a Unix datagram socket per slot of the waiting order.
 #
 # When capacity frees, the worker that sees it rings the worker holding the container's
-# first waiter rather than leave it to its periodic look (docs/configuration.md,
-# "Waiting and priority").
+# first waiter rather than leave it to its periodic look (``queue.FreedWatch``). The
+# socket's name, mode and why a ring is harmless: docs/trust.md.
 #
 # Notes:
 #
-# - The socket is ``<shared_dir>/asgi-admission.wake.<slot>``, mode 0600, read on the
-# event loop; rings are drained at once, one pass however many came.
-# - A ring is one byte sent with ``MSG_DONTWAIT``: it never blocks, and a full, gone or
-# unbound socket is ignored (the periodic look, ``queue.FreedWatch``, is the fallback).
+# - Rings are drained at once on the event loop, one pass however many came; one sent
+# to a full, gone or unbound socket is dropped (``MSG_DONTWAIT``), never waited for.
 # - A ring must not come before what it tells of: ``flush`` writes this worker's pending
 # ledger changes first; where the ledger is held elsewhere the ring is retried a few
 # milliseconds later, a few times at most.
-# - Named after the slot, not the pid: the worker claiming a slot holds its lock, so a
-# file of that name is a dead worker's, and is replaced.
-# - The byte carries nothing: a writer (this user alone) can only make a worker run a
-# pass, which decides nothing it would not decide anyway.
 
 logger = logging.getLogger("asgi_admission")
 
@@ -422,13 +416,7 @@ class OrderFile:
             self.row = row
         except OSError as exc:
             self.row = b""  # unknown now: the next write writes whatever it has
-            self._warn_once(
-                "write",
-                "asgi-admission: the shared waiting order %s cannot be written (%s); this "
-                "worker serves its waiters in its own order until it can.",
-                self.path,
-                exc,
-            )
+            self._own_order("write", "cannot be written", exc)
 
     def read(self) -> tuple[bytes, tuple[int, ...]] | None:
         """The header and slots in use, and how many wait in each; ``None`` where the
@@ -436,13 +424,7 @@ class OrderFile:
         try:
             data = self._read()
         except OSError as exc:
-            self._warn_once(
-                "read",
-                "asgi-admission: the shared waiting order %s cannot be read (%s); this "
-                "worker serves its waiters in its own order until it can.",
-                self.path,
-                exc,
-            )
+            self._own_order("read", "cannot be read", exc)
             return None
         if self.slot >= 0 and not data.startswith(self.row, self._offset):
             self._restore_own()  # lost to a rebuild, or scribbled on
@@ -472,14 +454,7 @@ class OrderFile:
                 self._follow()
                 self.write(head, waiting)
         except (OSError, ValueError) as exc:
-            self._warn_once(
-                "follow",
-                "asgi-admission: the shared waiting order %s was deleted or replaced and "
-                "cannot be opened again (%s); this worker serves its waiters in its own "
-                "order until it can.",
-                self.path,
-                exc,
-            )
+            self._own_order("follow", "was deleted or replaced and cannot be opened again", exc)
 
     def leave(self) -> bool:
         """Give up this worker's slot and wake socket; whether there was one."""
@@ -563,14 +538,12 @@ class OrderFile:
         data = os.pread(self.fd, self._want, 0)
         if len(data) == self._want and data.startswith(self._header):
             return data
-        problem = header_problem(data, self._capacity, magic=ORDER_MAGIC, kind="waiting-order")
-        if problem is None:
-            used = HEADER.unpack_from(data)[2]
-            self._set_used(used)
+        if header_problem(data, self._capacity, magic=ORDER_MAGIC) is None:
+            self._set_used(HEADER.unpack_from(data)[2])
             data = os.pread(self.fd, self._want, 0)
             if len(data) == self._want:
                 return data
-            problem = f"{len(data)} bytes, shorter than its {used} slots in use"
+        # Rebuilt where the check under the flock finds it unusable (and says why).
         self._rebuild_now()
         return os.pread(self.fd, self._want, 0).ljust(self._want, b"\0")
 
@@ -663,6 +636,16 @@ class OrderFile:
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(message, *args)
+
+    def _own_order(self, key: str, problem: str, exc: BaseException) -> None:
+        self._warn_once(
+            key,
+            "asgi-admission: the shared waiting order %s %s (%s); this worker serves its "
+            "waiters in its own order until it can.",
+            self.path,
+            problem,
+            exc,
+        )
 
 
 #: Where this worker has no waiter: behind every other worker's first.
@@ -776,7 +759,6 @@ class SharedOrder:
 
     def leave(self) -> None:
         """Give up this worker's slot and wake socket at the end of a lifespan."""
-
         if self._file.leave():
             self._head, self._waiting = None, 0
 

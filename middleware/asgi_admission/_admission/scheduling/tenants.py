@@ -100,7 +100,6 @@ class TenantShares:
     def over_share(self, tenant: str | None, counted_total: int) -> bool:
         """Whether one more session of ``tenant`` would hold more than its share of the
         ``counted_total`` sessions and one more."""
-
         if tenant is None or not self.enabled:
             return False
         with self._lock:

@@ -20,19 +20,19 @@ from prometheus_client import CollectorRegistry
 
 from asgi_admission import AdmissionConfig, MemoryReading, SessionPeak, SessionWatchdog
 from asgi_admission._watchdog.groups import GroupsPlace, SessionGroups
-from kits.cgroup2kit import (
+from kits.cgroupkit import (
     DEMO,
     Demo,
     container,
     demo,
     events,
     give_memory,
+    joining,
     metric,
     procs,
     v2_group,
     wait_for,
 )
-from kits.cgroupkit import joining
 from kits.suitekit import MIB, ROOT
 
 INTERNAL = "a SessionGroups placed in a test's own v2 group"

@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kits.cgroup2kit import container, demo, metric, oom_kills, v2_group, wait_for
-from kits.cgroup2kit import working_set_bytes as working_set
+from kits.cgroupkit import container, demo, metric, oom_kills, v2_group, wait_for
+from kits.cgroupkit import working_set_bytes as working_set
 from kits.suitekit import MIB
 
 pytestmark = [pytest.mark.cgroup_v2, pytest.mark.real_server, pytest.mark.timeout(900)]

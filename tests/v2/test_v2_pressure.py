@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kits.cgroup2kit import container, demo, metric, oom_kills, v2_group, wait_for
+from kits.cgroupkit import container, demo, metric, oom_kills, v2_group, wait_for
 
 pytestmark = [pytest.mark.cgroup_v2, pytest.mark.real_server, pytest.mark.timeout(600)]
 

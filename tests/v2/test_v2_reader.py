@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from kits.cgroup2kit import container, give_memory, v2_group
-from kits.cgroupkit import joining
+from kits.cgroupkit import container, give_memory, joining, v2_group
 from kits.suitekit import MIB
 
 pytestmark = [pytest.mark.cgroup_v2, pytest.mark.timeout(600)]

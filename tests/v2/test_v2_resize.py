@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kits.cgroup2kit import (
+from kits.cgroupkit import (
     Demo,
     container,
     demo,

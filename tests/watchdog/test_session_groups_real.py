@@ -6,13 +6,8 @@ Needs root and a writable cgroup v1 memory hierarchy (failed, not skipped, under
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,133 +30,56 @@ from asgi_admission import (
     SessionWatchdog,
 )
 from asgi_admission._watchdog.groups import GroupsPlace, SessionGroups
-from kits.cgroupkit import joining, memory_group, oom_kills
-from kits.processkit import Server, free_port
+from kits.cgroupkit import (
+    BUDGET_MB,
+    SESSION_GROUPS,
+    Demo,
+    assert_a_grouped_sessions_peak_is_reported,
+    assert_only_the_offender_was_killed,
+    demo,
+    holding,
+    joining,
+    memory_group,
+    offender_run,
+    procs,
+    session_groups_in,
+    wait_for,
+)
 from kits.suitekit import MIB
 
 INTERNAL = "a SessionGroups placed in a test's own memory group"
 
 pytestmark = [pytest.mark.real_cgroup, pytest.mark.real_server, pytest.mark.timeout(180)]
 
-BUDGET_MB = 64
 #: The container: room for the server, three small sessions and a little more, far
 #: less than the 1 GiB the offender asks for.
 CONTAINER_MB = 768
 
 
-@contextlib.contextmanager
-def demo(group: Path, tmp_path: Path, name: str, **env: str) -> Iterator[Server]:
-    """The demo served by uvicorn inside ``group`` (its own pid the process in it)."""
-    port = free_port()
-    argv = [*joining(group), sys.executable, "-m", "asgi_admission.cli", "demo", "--port"]
-    server = Server(
-        [*argv, str(port)],
-        port,
-        {"DEMO_SESSION_MB": "0", "ADMISSION_SHARED_DIR": "off", **env},
-        tmp_path / f"{name}.log",
-    )
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
-
-
-def _wait(check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
-
-
-def _metric(client: httpx.Client, line_start: str) -> float | None:
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(line_start + " "):
-            return float(line.split()[-1])
-    return None
-
-
-def _session_groups(group: Path) -> list[str]:
-    base = group / "asgi-admission"
-    return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
-
-
-def _offender_run(group: Path, tmp_path: Path, mode: str) -> dict[str, Any]:
-    """Three 64 MiB-budget process sessions, one of which then asks for 1 GiB at once:
-    what became of each, of the server, and of the groups (also after it shut down)."""
-    with (
-        demo(group, tmp_path, mode, ADMISSION_SESSION_GROUPS=mode) as server,
-        httpx.Client(base_url=server.base_url, timeout=60) as client,
-    ):
-        opened = []
-        for burst in (False, False, True):
-            params = {"hold_mb": 16, "budget_mb": BUDGET_MB, "burst": int(burst)}
-            response = client.post("/processes", params=params)
-            assert response.status_code == 201, response.text
-            opened.append(response.json())
-        groups_while_open = _session_groups(group)
-        offender = opened[2]["id"]
-        grown = client.post(f"/processes/{offender}/grow", params={"mb": 1024})
-        ended = (
-            _wait(
-                lambda: (
-                    (b := client.get(f"/processes/{offender}").json())["halt"] is not None
-                    and not b["running"]
-                    and b
-                )
-            )
-            or client.get(f"/processes/{offender}").json()
-        )
-        time.sleep(1.5)  # three watchdog ticks: an ended session's group is gone by then
-        states = [client.get(f"/processes/{s['id']}").json() for s in opened]
-        run = {
-            "grow_status": grown.status_code,
-            "offender": ended,
-            "others_running": [s["running"] for s in states[:2]],
-            "others_halted": [s["halt"] for s in states[:2]],
-            "server_alive": server.proc.poll() is None and client.get("/health").status_code == 200,
-            "memory_limit_halts": _metric(
-                client, 'asgi_admission_sessions_halted_total{reason="memory_limit"}'
-            ),
-            "groups_enabled": _metric(client, "asgi_admission_session_groups_enabled"),
-            "groups_while_open": groups_while_open,
-            "groups_after": _session_groups(group),
-            "container_oom_kills": oom_kills(group),
-        }
-    # The server has shut down: it ended the live sessions, and their groups went too.
-    run["groups_after_shutdown"] = _session_groups(group)
-    run["log"] = server.log_path.read_text()
-    return run
+def run_in(group: Path, tmp_path: Path, mode: str) -> tuple[dict[str, Any], list[str], str]:
+    """The demo inside ``group`` (its own pid the process in it) with session groups
+    ``mode``, through an :func:`offender_run` whose offender bursts: the run, the session
+    groups left once the server has shut down, and its log."""
+    with demo(joining(group), tmp_path / f"{mode}.log", ADMISSION_SESSION_GROUPS=mode) as server:
+        run = offender_run(server, group / SESSION_GROUPS, burst=True)
+    print(run)
+    return run, session_groups_in(group / SESSION_GROUPS), server.log()
 
 
 def test_only_the_offending_session_is_killed_inside_its_own_group(tmp_path: Path) -> None:
     """With groups on, a session asking for 1 GiB at once under a 64 MiB budget is killed
     by the kernel inside its own group: the other two sessions and the server live on, the
-    halt reason is memory_limit (metrics and log), its group is gone afterwards, and the
-    others' go when the server shuts down."""
+    halt reason is memory_limit (metrics and log), its group is gone afterwards (the
+    container's group counting no OOM kill of its own), and the others' go when the
+    server shuts down."""
     with memory_group(CONTAINER_MB, "groups_on") as group:
-        run = _offender_run(group, tmp_path, "auto")
-    print({k: v for k, v in run.items() if k != "log"})
-    assert run["groups_enabled"] == 1.0
-    assert len(run["groups_while_open"]) == 3, run["groups_while_open"]
-    assert run["grow_status"] in (409, 410)
-    assert run["offender"]["halt"]["reason"] == "memory_limit", run["offender"]
-    assert run["offender"]["running"] is False
-    assert run["others_running"] == [True, True]
-    assert run["others_halted"] == [None, None]
-    assert run["server_alive"]
-    assert run["memory_limit_halts"] == 1.0
-    # The kill was the session group's own: the container's group counted none.
-    assert run["container_oom_kills"] == 0
+        run, after_shutdown, log = run_in(group, tmp_path, "auto")
+    assert_only_the_offender_was_killed(run)
+    assert after_shutdown == []
     offender_id = run["offender"]["id"]
-    assert [g for g in run["groups_after"] if g.endswith(f"-{offender_id}")] == []
-    assert len(run["groups_after"]) == 2, run["groups_after"]
-    assert run["groups_after_shutdown"] == []
-    assert "session memory groups on (cgroup v1" in run["log"]
-    assert f"Session {offender_id} (pid " in run["log"]
-    assert "reached the limit of its memory group" in run["log"]
+    assert "session memory groups on (cgroup v1" in log
+    assert f"Session {offender_id} (pid " in log
+    assert "reached the limit of its memory group" in log
 
 
 def test_with_groups_off_the_watchdog_alone_faces_the_same_burst(tmp_path: Path) -> None:
@@ -169,12 +87,11 @@ def test_with_groups_off_the_watchdog_alone_faces_the_same_burst(tmp_path: Path)
     container's limit: no session group is made and no memory_limit halt is reported
     (what the kernel and the watchdog did instead is printed, for the record)."""
     with memory_group(CONTAINER_MB, "groups_off") as group:
-        run = _offender_run(group, tmp_path, "off")
-    print({k: v for k, v in run.items() if k != "log"})
-    assert run["groups_enabled"] == 0.0
-    assert run["groups_while_open"] == []
-    assert run["memory_limit_halts"] == 0.0
-    assert "session memory groups off (ADMISSION_SESSION_GROUPS is off)" in run["log"]
+        run, _, log = run_in(group, tmp_path, "off")
+    assert run["enabled"] == 0.0
+    assert run["while_open"] == []
+    assert run["halts"] == 0.0
+    assert "session memory groups off (ADMISSION_SESSION_GROUPS is off)" in log
 
 
 def test_a_crashed_workers_empty_groups_are_removed_and_no_group_with_processes(
@@ -186,28 +103,31 @@ def test_a_crashed_workers_empty_groups_are_removed_and_no_group_with_processes(
     params = {"hold_mb": 4, "budget_mb": BUDGET_MB}
     with (
         memory_group(CONTAINER_MB, "groups_crash") as group,
-        demo(group, tmp_path, "other", ADMISSION_SESSION_GROUPS="auto") as other,
+        demo(joining(group), tmp_path / "other.log", ADMISSION_SESSION_GROUPS="auto") as other,
     ):
+        base = group / SESSION_GROUPS
         other_session = httpx.post(f"{other.base_url}/processes", params=params).json()
         sleeper: subprocess.Popen[bytes] | None = None
-        with demo(group, tmp_path, "crashed", ADMISSION_SESSION_GROUPS="auto") as crashed:
+        crashed_log = tmp_path / "crashed.log"
+        with demo(joining(group), crashed_log, ADMISSION_SESSION_GROUPS="auto") as crashed:
             children = [
                 httpx.post(f"{crashed.base_url}/processes", params=params).json()["pid"]
                 for _ in range(2)
             ]
-            before = _session_groups(group)
+            before = session_groups_in(base)
             worker = str(crashed.proc.pid)
-            os.kill(crashed.proc.pid, signal.SIGKILL)  # the worker alone, groups and all
-            crashed.proc.wait(timeout=10)
+            crashed.kill()  # the worker alone, groups and all
         try:
             # Its children exit once their pipes close; a process of its own stays in p2's.
             kept = next(g for g in before if g.startswith(f"{worker}-") and g.endswith("-p2"))
-            sleeper = subprocess.Popen([*joining(group / "asgi-admission" / kept), "sleep", "600"])
-            assert _wait(lambda: str(sleeper.pid) in _procs(group / "asgi-admission" / kept))
-            assert _wait(lambda: not any(psutil.pid_exists(pid) for pid in children))
-            with demo(group, tmp_path, "next", ADMISSION_SESSION_GROUPS="auto") as again:
-                after = _session_groups(group)
-                log = again.log_path.read_text()
+            sleeper = subprocess.Popen([*joining(base / kept), "sleep", "600"])
+            wait_for(lambda: sleeper is not None and sleeper.pid in procs(base / kept), 20)
+            wait_for(lambda: not any(psutil.pid_exists(pid) for pid in children), 20)
+            with demo(
+                joining(group), tmp_path / "next.log", ADMISSION_SESSION_GROUPS="auto"
+            ) as again:
+                after = session_groups_in(base)
+                log = again.log()
             other_alive = httpx.get(f"{other.base_url}/processes/{other_session['id']}").json()
         finally:
             if sleeper is not None:
@@ -225,10 +145,6 @@ def test_a_crashed_workers_empty_groups_are_removed_and_no_group_with_processes(
     assert "kept 1 that still have processes" in log
 
 
-def _procs(group: Path) -> list[str]:
-    return (group / "cgroup.procs").read_text().split()
-
-
 #: Runs the rest with the cgroup v1 memory hierarchy mounted read-only (a mount namespace
 #: of its own), as a container without a writable cgroup filesystem sees it.
 READ_ONLY = [
@@ -243,29 +159,20 @@ READ_ONLY = [
 ]
 
 
-def _read_only_demo(group: Path, tmp_path: Path, mode: str) -> tuple[subprocess.Popen[bytes], Path]:
-    port = free_port()
-    log = tmp_path / f"read-only-{mode}.log"
-    argv = [*joining(group), *READ_ONLY, sys.executable, "-m", "asgi_admission.cli", "demo"]
-    env = {**os.environ, "ADMISSION_SESSION_GROUPS": mode, "DEMO_SESSION_MB": "0"}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*argv, "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-    return proc, log
-
-
 def test_require_on_a_read_only_hierarchy_fails_at_startup_naming_it(tmp_path: Path) -> None:
     """ADMISSION_SESSION_GROUPS=require where the memory hierarchy is mounted read-only:
     the server does not start, and its log names the setting and the group at fault."""
     with memory_group(CONTAINER_MB, "groups_ro_require") as group:
-        proc, log = _read_only_demo(group, tmp_path, "require")
+        server = Demo(
+            [*joining(group), *READ_ONLY],
+            tmp_path / "require.log",
+            ADMISSION_SESSION_GROUPS="require",
+        )
         try:
-            code = proc.wait(timeout=60)
+            code = server.proc.wait(timeout=60)
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-        text = log.read_text()
+            server.stop()
+        text = server.log()
     assert code != 0, text
     assert "ADMISSION_SESSION_GROUPS=require" in text, text
     assert f"cgroup v1 memory group {group} is not writable by this process" in text, text
@@ -275,15 +182,15 @@ def test_auto_on_a_read_only_hierarchy_falls_back_and_says_so(tmp_path: Path) ->
     """ADMISSION_SESSION_GROUPS=auto on the same read-only hierarchy: the server starts
     and says at INFO that session groups are off and why, and the watchdog does the work."""
     with memory_group(CONTAINER_MB, "groups_ro_auto") as group:
-        proc, log = _read_only_demo(group, tmp_path, "auto")
+        server = Demo(
+            [*joining(group), *READ_ONLY], tmp_path / "auto.log", ADMISSION_SESSION_GROUPS="auto"
+        )
         try:
-            said = _wait(lambda: "session memory groups off" in log.read_text(), timeout=30)
-            alive = proc.poll() is None
+            wait_for(lambda: "session memory groups off" in server.log(), timeout=30)
+            alive = server.proc.poll() is None
         finally:
-            proc.terminate()
-            proc.wait(timeout=20)
-        text = log.read_text()
-    assert said, text
+            server.stop()
+        text = server.log()
     assert alive, text
     line = next(x for x in text.splitlines() if "session memory groups off" in x)
     assert line.startswith("INFO"), line
@@ -291,43 +198,13 @@ def test_auto_on_a_read_only_hierarchy_falls_back_and_says_so(tmp_path: Path) ->
     assert "the watchdog alone enforces session budgets" in line, line
 
 
-def test_a_real_groups_exact_peak_is_the_sessions_figure(tmp_path: Path) -> None:
+def test_a_real_groups_exact_peak_is_the_sessions_figure() -> None:
     """A session started in a real v1 group, holding 40 MiB and ending on its own, is
-    reported once with its group's own peak (source memory_group) to on_session_peak,
-    on_peak and the histogram, and its group is removed."""
+    reported once with its group's own peak (memory.max_usage_in_bytes, source
+    memory_group) to on_session_peak, on_peak and the histogram, and its group is
+    removed."""
     with memory_group(CONTAINER_MB, "groups_peak") as container:
-        groups = SessionGroups(GroupsPlace("v1", str(container), "a test's group"), mode="require")
-        registry = CollectorRegistry()
-        watchdog = SessionWatchdog(
-            config=AdmissionConfig(session_groups="off"),
-            memory_reader=FixedReader(reading(10.0)),
-            registry=registry,
-            session_groups=groups,
-        )
-        peaks: list[SessionPeak] = []
-        learned: list[tuple[str, int, bool]] = []
-        watchdog.on_session_peak = peaks.append
-        watchdog.learn_peaks_with(
-            lambda route, peak, exact=False: learned.append((route, peak, exact))
-        )
-        group = watchdog.session_group(session_id="p1", budget_bytes=BUDGET_MB * MIB)
-        assert group is not None
-        code = "import time; b = bytearray(40 << 20); b[::4096] = b'1' * (10 << 10); time.sleep(1)"
-        child = subprocess.Popen(group.command([sys.executable, "-c", code]))
-        try:
-            watchdog.register(child.pid, session_id="p1", route="POST /processes", group=group)
-            assert str(child.pid) in _wait(lambda: _procs(Path(group.path)))
-            assert child.wait(timeout=30) == 0
-        finally:
-            child.kill()
-            child.wait()
-        watchdog.sample_once()  # sees the process gone: the session ends
-        assert not Path(group.path).exists()
-    (peak,) = peaks
-    assert (peak.source, peak.route, peak.halted) == ("memory_group", "POST /processes", None)
-    assert 40 * MIB <= peak.peak_bytes <= BUDGET_MB * MIB, peak
-    assert learned == [("POST /processes", peak.peak_bytes, True)]
-    assert registry.get_sample_value("asgi_admission_session_memory_bytes_sum") == (peak.peak_bytes)
+        assert_a_grouped_sessions_peak_is_reported(container, "v1")
 
 
 def test_what_is_learned_of_grouped_sessions_is_their_groups_peaks(
@@ -342,7 +219,6 @@ def test_what_is_learned_of_grouped_sessions_is_their_groups_peaks(
     def working_set() -> MemoryReading:
         return MemoryReading(used_bytes=used[0], limit_bytes=4096 * MIB, available=True)
 
-    code = "import time; b = bytearray(40 << 20); b[::4096] = b'1' * (10 << 10); time.sleep(1)"
     children: list[subprocess.Popen[bytes]] = []
     with memory_group(CONTAINER_MB, "groups_learn") as container:
         groups = SessionGroups(GroupsPlace("v1", str(container), "a test's group"), mode="require")
@@ -359,7 +235,7 @@ def test_what_is_learned_of_grouped_sessions_is_their_groups_peaks(
             n = len(children)
             group = watchdog.session_group(session_id=f"p{n}", budget_bytes=BUDGET_MB * MIB)
             assert group is not None
-            children.append(subprocess.Popen(group.command([sys.executable, "-c", code])))
+            children.append(subprocess.Popen(group.command(holding(40))))
             watchdog.register(
                 children[-1].pid, session_id=f"p{n}", route="POST /processes", group=group
             )

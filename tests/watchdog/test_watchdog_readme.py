@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import sys
+from collections.abc import Iterator
 
 import pytest
 from prometheus_client import REGISTRY
@@ -10,12 +12,18 @@ from watchdogkit import TestClient, record_children
 
 
 @pytest.fixture
-def example(monkeypatch: pytest.MonkeyPatch) -> object:
+def example(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """The example imported afresh, and forgotten after the test: as in the docs, its
+    guard is on the default REGISTRY, and a module kept in ``sys.modules`` would keep it
+    there for the rest of the run, counted in what later tests read of that registry
+    (a blind guard adds its fallback count cap to ``asgi_admission_session_limit``)."""
     for name in ("ADMISSION_WATCHDOG_INTERVAL_SECONDS", "ADMISSION_CRITICAL_WATERMARK_PERCENT"):
         monkeypatch.delenv(name, raising=False)
+    sys.modules.pop("readme_example", None)
     import readme_example
 
-    return readme_example
+    yield readme_example
+    sys.modules.pop("readme_example", None)
 
 
 def test_readme_terminal_echoes_and_is_told_why_it_was_halted(example: object) -> None:

@@ -17,7 +17,7 @@ import pytest
 from asgi_admission import AdmissionController, HostMemoryReader, MemoryReading, cli
 from asgi_admission._admission.decision.stuck import StuckDetector, StuckFile
 from asgi_admission._admission.reservations.learning import (
-    WINDOW,
+    KEPT,
     SessionLearner,
     empty_observations,
 )
@@ -648,7 +648,7 @@ def test_what_the_service_learned_is_shown_from_the_shared_dir(
     assert report["learned"]["evidence"] is False
     observed = empty_observations()
     observed["footprints"], observed["ramps"] = [100.0 * 1024**2], [2.0]
-    LearnedStore(str(shared), window=WINDOW).add({"POST /s": observed})
+    LearnedStore(str(shared), keep=KEPT).add({"POST /s": observed})
     _, report = probe_json("--root", tree, env=env)
     learned = report["learned"]
     assert learned["evidence"] is True

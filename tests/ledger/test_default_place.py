@@ -474,7 +474,7 @@ def test_probe_finds_the_place_the_workers_made(tmp_path: Path, bases: list[Path
     assert shared_place.find_place(group) == place
     observed = empty_observations()
     observed["footprints"], observed["ramps"] = [100.0 * 2**20], [2.0]
-    shared_files.LearnedStore(place, window=20).add({"POST /s": observed})
+    shared_files.LearnedStore(place, keep=20).add({"POST /s": observed})
     report = learned(config, 64 * 2**20, group)
     assert report["evidence"] is True
     assert report["reserve_bytes"] == 100 * 2**20

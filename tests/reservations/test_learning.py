@@ -12,7 +12,7 @@ import pytest
 from asgi_admission._admission.reservations.learning import (
     DRIFT_BYTES_PER_S,
     HORIZON_S,
-    WINDOW,
+    KEPT,
     RouteEstimate,
     SessionLearner,
     effective_reserve,
@@ -151,16 +151,16 @@ def test_growth_two_routes_cannot_be_told_apart_is_credited_to_each() -> None:
 
 
 def test_old_sessions_are_forgotten_as_new_ones_come() -> None:
-    """After a window of smaller sessions the old, larger footprint is gone."""
+    """After ``KEPT`` smaller sessions the old, larger footprint is gone."""
     learner = SessionLearner()
-    for _i in range(WINDOW):
+    for _i in range(KEPT):
         learner.observe(ROUTE, footprint_bytes=200 * MIB, ramp_s=1.0)
-    for _i in range(WINDOW // 2):
+    for _i in range(KEPT // 2):
         learner.observe(ROUTE, footprint_bytes=50 * MIB, ramp_s=1.0)
     half = learner.estimate(ROUTE)
     assert half is not None
     assert half.footprint_bytes == 200 * MIB
-    for _i in range(WINDOW // 2):
+    for _i in range(KEPT // 2):
         learner.observe(ROUTE, footprint_bytes=50 * MIB, ramp_s=1.0)
     estimate = learner.estimate(ROUTE)
     assert estimate is not None
@@ -168,13 +168,13 @@ def test_old_sessions_are_forgotten_as_new_ones_come() -> None:
 
 
 def test_memory_is_bounded_in_routes_and_observations() -> None:
-    """No more than WINDOW observations per route, and a bounded number of routes."""
+    """No more than ``KEPT`` observations per route, and a bounded number of routes."""
     learner = SessionLearner()
     for i in range(1000):
         learner.observe(f"POST /r{i}", footprint_bytes=i, ramp_s=0.5)
         learner.observe("POST /one", footprint_bytes=i)
     assert len(learner.estimates()) <= 64
-    assert len(learner.observations()["POST /one"]["footprints"]) == WINDOW
+    assert len(learner.observations()["POST /one"]["footprints"]) == KEPT
 
 
 @pytest.mark.parametrize(("timeout_s", "closes_at"), [(120.0, HORIZON_S), (5.0, 5.0)])

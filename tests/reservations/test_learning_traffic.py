@@ -7,7 +7,7 @@ import time
 import pytest
 from traffic import SAMPLE_S, Sample, Traffic, drive
 
-from asgi_admission._admission.reservations.learning import WINDOW, SessionLearner
+from asgi_admission._admission.reservations.learning import KEPT, SessionLearner
 from kits.suitekit import MIB
 
 #: Internal on purpose: the session learner, fed synthetic traffic with a fake clock.
@@ -130,7 +130,7 @@ def test_the_ramp_is_learned_under_overlap(seed: int) -> None:
 
 
 def test_memory_and_time_per_reading_stay_bounded() -> None:
-    """Ten minutes of traffic over 64 routes and more: at most WINDOW windows per route,
+    """Ten minutes of traffic over 64 routes and more: at most ``KEPT`` windows per route,
     at most 64 routes, and a reading costs well under a millisecond on average."""
     sizes = {f"POST /r{i}": (16 + i) * MIB for i in range(70)}
     traffic = Traffic(seed=3, sizes=sizes, capacity=20, duration_s=600.0)
@@ -140,7 +140,7 @@ def test_memory_and_time_per_reading_stay_bounded() -> None:
     per_reading = (time.process_time() - start) / readings
     observations = learner.observations()
     assert len(observations) <= 64
-    assert all(len(values["windows"]) <= WINDOW for values in observations.values())
+    assert all(len(values["windows"]) <= KEPT for values in observations.values())
     assert per_reading < 0.005  # includes the test's own driving and estimates
 
 

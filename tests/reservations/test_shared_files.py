@@ -95,7 +95,7 @@ def open_both(directory: Path) -> Opened:
     """Both shared files of ``directory``, as a worker opens them."""
     queue = SharedSettleQueue(str(directory))
     try:
-        return Opened(queue, LearnedStore(str(directory), window=4))
+        return Opened(queue, LearnedStore(str(directory), keep=4))
     except BaseException:
         queue.close()
         raise
@@ -275,8 +275,8 @@ def a_window(growth_mb: float, *, overlaps: tuple[Overlap, ...] = ()) -> Window:
 
 def test_learned_observations_are_merged_and_survive(tmp_path: Path) -> None:
     """Two stores append to one file; a new store reads everything back, windowed."""
-    first = LearnedStore(str(tmp_path), window=3)
-    second = LearnedStore(str(tmp_path), window=3)
+    first = LearnedStore(str(tmp_path), keep=3)
+    second = LearnedStore(str(tmp_path), keep=3)
     first.add(observed("POST /s", footprints=[10 * MIB], ramps=[1.0]))
     merged = second.add(
         {
@@ -289,20 +289,20 @@ def test_learned_observations_are_merged_and_survive(tmp_path: Path) -> None:
     assert merged["POST /s"]["ramps"] == [1.0]
     for i in range(5):
         first.add(observed("POST /s", footprints=[i], ramps=[float(i)]))
-    again = LearnedStore(str(tmp_path), window=3).load()
+    again = LearnedStore(str(tmp_path), keep=3).load()
     assert again["POST /s"]["footprints"] == [2.0, 3.0, 4.0]
-    assert read_learned(str(tmp_path), window=3) == again
+    assert read_learned(str(tmp_path), keep=3) == again
 
 
 def test_windows_and_ends_are_shared_and_read_back(tmp_path: Path) -> None:
     """Windows (with their overlaps), the memory freed at ends and the exact peaks of
     sessions in groups of their own go through the file as they were made, windowed like
     the rest; the file says it is version 2."""
-    store = LearnedStore(str(tmp_path), window=2)
+    store = LearnedStore(str(tmp_path), keep=2)
     overlap = (Overlap("WS /t", 0.75, 0.5, 48 * MIB, 0.5),)
     store.add(observed("POST /s", ends=[48 * MIB], exact=[41 * MIB], windows=[a_window(48)]))
     store.add(observed("POST /s", windows=[a_window(100, overlaps=overlap), a_window(50)]))
-    again = LearnedStore(str(tmp_path), window=2).load()
+    again = LearnedStore(str(tmp_path), keep=2).load()
     assert again["POST /s"]["windows"] == [a_window(100, overlaps=overlap), a_window(50)]
     assert again["POST /s"]["ends"] == [48.0 * MIB]
     assert again["POST /s"]["exact"] == [41.0 * MIB]
@@ -320,7 +320,7 @@ def test_a_version_1_file_is_read_as_per_session_values(tmp_path: Path) -> None:
     }
     path.write_text(json.dumps(document))
     path.chmod(0o600)
-    loaded = LearnedStore(str(tmp_path), window=4).load()
+    loaded = LearnedStore(str(tmp_path), keep=4).load()
     assert loaded == observed("POST /s", footprints=[96 * MIB], ramps=[2.0])
 
 
@@ -338,7 +338,7 @@ def test_a_malformed_window_makes_the_file_unusable_and_replaced(
     }
     path.write_text(json.dumps({"version": 2, "id": "abc", "routes": {"POST /s": route}}))
     path.chmod(0o600)
-    assert LearnedStore(str(tmp_path), window=4).load() == {}
+    assert LearnedStore(str(tmp_path), keep=4).load() == {}
     assert "not a learned-sessions file" in caplog.text
 
 
@@ -349,7 +349,7 @@ def test_a_malformed_learned_file_is_replaced(
     path = tmp_path / LEARNED_FILE
     path.write_text("{nope")
     path.chmod(0o600)
-    store = LearnedStore(str(tmp_path), window=4)
+    store = LearnedStore(str(tmp_path), keep=4)
     assert store.load() == {}
     assert "not a learned-sessions file" in caplog.text
     store.add(observed("POST /s", footprints=[1]))
@@ -358,7 +358,7 @@ def test_a_malformed_learned_file_is_replaced(
 
 def test_no_learned_file_reads_as_none(tmp_path: Path) -> None:
     """probe's reader says there is no evidence where no file exists."""
-    assert read_learned(str(tmp_path), window=4) is None
+    assert read_learned(str(tmp_path), keep=4) is None
 
 
 def test_a_shared_dir_that_cannot_be_created_names_the_setting(tmp_path: Path) -> None:
@@ -374,7 +374,7 @@ def test_the_learned_file_survives_its_directory_being_deleted(
     """The directory deleted under a running service is made again and the file refilled
     from what the worker knows (which holds the new observation), without an error."""
     shared = tmp_path / "shared"
-    store = LearnedStore(str(shared), window=8)
+    store = LearnedStore(str(shared), keep=8)
     store.add(observed("POST /s", footprints=[10 * MIB], ramps=[1.0]))
     shutil.rmtree(shared)
     known = observed(
@@ -384,7 +384,7 @@ def test_the_learned_file_survives_its_directory_being_deleted(
         observed("POST /s", footprints=[20 * MIB], windows=[a_window(20)]), known=known
     )
     assert merged == known
-    assert LearnedStore(str(shared), window=8).load() == known
+    assert LearnedStore(str(shared), keep=8).load() == known
     assert (shared / LEARNED_FILE).stat().st_mode & 0o777 == 0o600
     assert caplog.text == ""
 
@@ -395,7 +395,7 @@ def test_a_learned_file_that_cannot_be_used_is_logged_once_and_retried(
     """With a regular file where the directory was, adding and refreshing answer None with
     one warning; once the directory is back, they work again and say so."""
     shared = tmp_path / "shared"
-    store = LearnedStore(str(shared), window=8)
+    store = LearnedStore(str(shared), keep=8)
     store.add(observed("POST /s", footprints=[10 * MIB], ramps=[1.0]))
     shutil.rmtree(shared)
     shared.write_text("in the way")
@@ -502,8 +502,8 @@ def test_every_worker_adds_what_it_knows_to_a_learned_file_made_again(tmp_path: 
     first last looked, adds what the file lacks (its larger footprint is not lost);
     what both knew is not counted twice."""
     shared = tmp_path / "shared"
-    first = LearnedStore(str(shared), window=8)
-    second = LearnedStore(str(shared), window=8)
+    first = LearnedStore(str(shared), keep=8)
+    second = LearnedStore(str(shared), keep=8)
     first.add(observed("POST /s", footprints=[100 * MIB], windows=[a_window(100)]))
     second.add(observed("POST /s", footprints=[300 * MIB], windows=[a_window(300)]))
     stale = observed("POST /s", footprints=[100 * MIB], windows=[a_window(100)])
@@ -519,7 +519,7 @@ def test_every_worker_adds_what_it_knows_to_a_learned_file_made_again(tmp_path: 
     assert second.add({}, known=current) == current
     assert first.refresh() == current
     assert not first.moved  # the same file as its last write: nothing to add
-    assert LearnedStore(str(shared), window=8).load() == current
+    assert LearnedStore(str(shared), keep=8).load() == current
 
 
 def test_a_new_settling_file_that_fails_under_a_worker_leaves_it_in_the_old_one(

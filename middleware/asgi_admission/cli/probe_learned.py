@@ -10,7 +10,7 @@ from typing import Any
 
 from asgi_admission._admission.ledger import shared_place
 from asgi_admission._admission.reservations.learning import (
-    WINDOW,
+    KEPT,
     SessionLearner,
     effective_reserve,
 )
@@ -62,7 +62,7 @@ def learned(
         )
         return report
     try:
-        observations = read_learned(directory, window=WINDOW)
+        observations = read_learned(directory, keep=KEPT)
     except (OSError, ValueError) as exc:
         report["note"] = f"no evidence: {exc}"
         return report

@@ -1181,13 +1181,14 @@ def _freed(ended: list[tuple[str, float]], freed_bytes: float) -> list[Freed]:
 # routes are fitted to the recent windows together (above), the ramps to every step.
 # - Conservative: a route's footprint and its ramp time are high percentiles of what
 # was observed, the safe side for a reserve.
-# - Bounded and forgetting: the last ``WINDOW`` windows, ends and peaks per route, at
+# - Bounded and forgetting: the last ``KEPT`` windows, ends and peaks per route, at
 # most ``MAX_ROUTES`` routes. Sessions change when the app does, so an old footprint
 # fades out as new sessions are observed rather than at once.
 # - The observations are what the workers share (``shared_files.LearnedStore``), each
 # worker fitting all of them; the ramp profile is each worker's own.
 
-WINDOW: Final = 32
+#: How many of each kind of observation a route keeps: the last ones.
+KEPT: Final = 32
 MAX_ROUTES: Final = 64
 #: The ramp assumed of a route's sessions before any is learned: long, so that less of
 #: them is taken to have arrived in another session's window (the safe side).
@@ -1240,11 +1241,11 @@ class _Route:
     __slots__ = ("ends", "exact", "footprints", "live", "ramps", "windows")
 
     def __init__(self) -> None:
-        self.footprints: deque[float] = deque(maxlen=WINDOW)
-        self.ramps: deque[float] = deque(maxlen=WINDOW)
-        self.ends: deque[float] = deque(maxlen=WINDOW)
-        self.exact: deque[float] = deque(maxlen=WINDOW)
-        self.windows: deque[Window] = deque(maxlen=WINDOW)
+        self.footprints: deque[float] = deque(maxlen=KEPT)
+        self.ramps: deque[float] = deque(maxlen=KEPT)
+        self.ends: deque[float] = deque(maxlen=KEPT)
+        self.exact: deque[float] = deque(maxlen=KEPT)
+        self.windows: deque[Window] = deque(maxlen=KEPT)
         #: Sessions admitted here and not seen ended (fractions: ends of unknown route).
         self.live = 0.0
 

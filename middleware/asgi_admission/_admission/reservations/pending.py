@@ -28,7 +28,7 @@ from asgi_admission._admission.decision.latch import (
 from asgi_admission._admission.decision.observer import Kind
 from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
 from asgi_admission._admission.reservations.learning import (
-    WINDOW,
+    KEPT,
     RouteEstimate,
     SessionLearner,
     effective_reserve,
@@ -410,7 +410,7 @@ class LearnedSharing:
         self._clock = clock
         self._store: LearnedStore | None = None
         if shared_dir is not None:
-            self._store = LearnedStore(shared_dir, window=WINDOW)
+            self._store = LearnedStore(shared_dir, keep=KEPT)
             learner.merge(self._store.load())
         self._next_refresh = 0.0
         #: The learner's and the probes' versions the reserve was last set from.

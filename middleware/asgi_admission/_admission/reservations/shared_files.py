@@ -307,12 +307,13 @@ LEARNED_VERSION: Final = 2
 class LearnedStore:
     """What the workers learned, per route, in one JSON file that outlives them."""
 
-    __slots__ = ("_broken", "_directory", "_identity", "moved", "path", "window")
+    __slots__ = ("_broken", "_directory", "_identity", "keep", "moved", "path")
 
-    def __init__(self, directory: str, *, window: int) -> None:
+    def __init__(self, directory: str, *, keep: int) -> None:
         self._directory = directory
         self.path = os.path.join(directory, LEARNED_FILE)
-        self.window = window
+        #: How many of each kind of a route's observations are kept (the last ones).
+        self.keep = keep
         self._broken = False
         #: Whether the last refresh found another file than this worker last wrote or
         #: read (deleted and made again, or replaced): then it adds what it knows.
@@ -361,7 +362,7 @@ class LearnedStore:
                 self._add_missing(merged, known)
                 new = {}  # in known already
             for route, values in new.items():
-                _append(merged.setdefault(route, empty_observations()), values, self.window)
+                _append(merged.setdefault(route, empty_observations()), values, self.keep)
             # A file without an id is new (or unreadable): it gets one, which tells the
             # workers that used another file to add what they know (inode numbers are
             # reused, so they cannot tell a file made again from the one before).
@@ -394,7 +395,7 @@ class LearnedStore:
                 "exact": _missing(into["exact"], values["exact"]),
                 "windows": _missing(into["windows"], values["windows"]),
             }
-            _append(into, missing, self.window)
+            _append(into, missing, self.keep)
 
     def _open(self) -> int | None:
         try:
@@ -424,7 +425,7 @@ class LearnedStore:
             return {}
         try:
             routes = json.loads(data)["routes"]
-            return {str(route): _from_json(values, self.window) for route, values in routes.items()}
+            return {str(route): _from_json(values, self.keep) for route, values in routes.items()}
         except (ValueError, KeyError, TypeError, AttributeError):
             logger.warning(
                 "asgi-admission: %s is not a learned-sessions file this version reads; "
@@ -434,13 +435,13 @@ class LearnedStore:
             return {}
 
 
-def _append(into: RouteObservations, values: RouteObservations, window: int) -> None:
-    """Each of ``into``'s lists with ``values``' after it, kept to the last ``window``."""
-    into["footprints"] = [*into["footprints"], *values["footprints"]][-window:]
-    into["ramps"] = [*into["ramps"], *values["ramps"]][-window:]
-    into["ends"] = [*into["ends"], *values["ends"]][-window:]
-    into["exact"] = [*into["exact"], *values["exact"]][-window:]
-    into["windows"] = [*into["windows"], *values["windows"]][-window:]
+def _append(into: RouteObservations, values: RouteObservations, keep: int) -> None:
+    """Each of ``into``'s lists with ``values``' after it, kept to the last ``keep``."""
+    into["footprints"] = [*into["footprints"], *values["footprints"]][-keep:]
+    into["ramps"] = [*into["ramps"], *values["ramps"]][-keep:]
+    into["ends"] = [*into["ends"], *values["ends"]][-keep:]
+    into["exact"] = [*into["exact"], *values["exact"]][-keep:]
+    into["windows"] = [*into["windows"], *values["windows"]][-keep:]
 
 
 def _missing(held: list[_T], values: list[_T]) -> list[_T]:
@@ -474,10 +475,10 @@ def _to_json(values: RouteObservations) -> dict[str, list[Any]]:
     }
 
 
-def _from_json(values: Any, window: int) -> RouteObservations:
+def _from_json(values: Any, keep: int) -> RouteObservations:
     """One route of the file; ``ValueError`` (or ``TypeError``) for anything malformed."""
     windows = []
-    for growth, seconds, ramp_s, overlaps, exact in values.get("windows", [])[-window:]:
+    for growth, seconds, ramp_s, overlaps, exact in values.get("windows", [])[-keep:]:
         if not isinstance(exact, bool):
             raise ValueError("a window's exactness is not a boolean")
         windows.append(
@@ -493,10 +494,10 @@ def _from_json(values: Any, window: int) -> RouteObservations:
             )
         )
     return {
-        "footprints": [float(v) for v in values["footprints"]][-window:],
-        "ramps": [float(v) for v in values["ramps"]][-window:],
-        "ends": [float(v) for v in values.get("ends", [])][-window:],
-        "exact": [float(v) for v in values.get("exact", [])][-window:],
+        "footprints": [float(v) for v in values["footprints"]][-keep:],
+        "ramps": [float(v) for v in values["ramps"]][-keep:],
+        "ends": [float(v) for v in values.get("ends", [])][-keep:],
+        "exact": [float(v) for v in values.get("exact", [])][-keep:],
         "windows": windows,
     }
 
@@ -523,12 +524,12 @@ def _read_all(fd: int) -> bytes:
     return os.pread(fd, os.fstat(fd).st_size, 0)
 
 
-def read_learned(directory: str, *, window: int) -> Observations | None:
+def read_learned(directory: str, *, keep: int) -> Observations | None:
     """The learned file in ``directory`` for ``probe``; ``None`` when there is none."""
     path = os.path.join(directory, LEARNED_FILE)
     if not os.path.isfile(path):
         return None
-    return LearnedStore(directory, window=window).load()
+    return LearnedStore(directory, keep=keep).load()
 
 
 # --------------------------------------------------------------------------------------

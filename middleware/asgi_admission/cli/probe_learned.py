@@ -115,21 +115,21 @@ def probing(
         )
         return report
     try:
-        windows = read_probing(directory)
+        trials = read_probing(directory)
     except (OSError, ValueError) as exc:
         report["note"] = f"no evidence: {exc}"
         return report
-    if windows is None:
+    if trials is None:
         report["note"] = f"no evidence: nothing probed yet in {config.shared_dir}"
         return report
     now = time.monotonic()
     report["evidence"] = True
     report["note"] = f"probed by the service's workers, from {config.shared_dir}"
-    for window in windows.values():
-        if window.open:
-            report["routes"].append(dataclasses.asdict(describe(window, now, -1, 0)))
-        elif window.footprint_bytes is not None:
+    for trial in trials.values():
+        if trial.open:
+            report["routes"].append(dataclasses.asdict(describe(trial, now, -1, 0)))
+        elif trial.footprint_bytes is not None:
             report["concluded"].append(
-                {"route": window.route, "footprint_bytes": window.footprint_bytes}
+                {"route": trial.route, "footprint_bytes": trial.footprint_bytes}
             )
     return report

@@ -51,8 +51,8 @@ def detector(
     return StuckDetector(controller=latch(reserve), after_s=after_s, liveness_delay_s=delay_s)
 
 
-def test_a_latch_held_with_no_session_open_becomes_stuck_after_the_window() -> None:
-    """Latched at 85 % with no session at all: watched at once, stuck exactly at the window."""
+def test_a_latch_held_with_no_session_open_becomes_stuck_at_after_s() -> None:
+    """Latched at 85 % with no session at all: watched at once, stuck exactly at after_s."""
     watch = detector()
     assert watch.observe(0.0, latched=True, memory=reading(850), active=0, pending=0) == "holding"
     assert watch.observe(299.0, latched=True, memory=reading(850), active=0, pending=0) is None
@@ -68,7 +68,8 @@ def test_a_latch_held_with_no_session_open_becomes_stuck_after_the_window() -> N
 
 
 def test_a_latch_set_by_sessions_that_are_ending_is_never_stuck() -> None:
-    """Sessions ending one by one, each well within the window: never stuck over 20 windows."""
+    """Sessions ending one by one, each well within after_s: never stuck in 6000 s
+    (twenty times after_s)."""
     watch = detector()
     changes = []
     for step in range(200):
@@ -130,8 +131,8 @@ def test_it_clears_when_the_latch_clears() -> None:
     assert watch.observe(320.0, latched=False, memory=reading(650), active=0, pending=0) is None
 
 
-def test_a_session_that_ends_while_stuck_starts_the_window_again() -> None:
-    """Sessions moving while stuck: cleared, and stuck again only a whole window later."""
+def test_a_session_that_ends_while_stuck_starts_the_wait_again() -> None:
+    """Sessions moving while stuck: cleared, and stuck again only a whole after_s later."""
     watch = detector()
     watch.observe(0.0, latched=True, memory=reading(950), active=1, pending=0)
     assert watch.observe(300.0, latched=True, memory=reading(950), active=1, pending=0) == "stuck"
@@ -140,7 +141,7 @@ def test_a_session_that_ends_while_stuck_starts_the_window_again() -> None:
     assert watch.observe(610.0, latched=True, memory=reading(950), active=0, pending=0) == "stuck"
 
 
-def test_blind_readings_and_a_window_of_zero_are_never_stuck() -> None:
+def test_blind_readings_and_an_after_s_of_zero_are_never_stuck() -> None:
     """No limit to compare with, or detection off (0): nothing is ever called stuck."""
     blind = detector()
     unlimited = MemoryReading(used_bytes=900, limit_bytes=None, available=True)
@@ -152,7 +153,7 @@ def test_blind_readings_and_a_window_of_zero_are_never_stuck() -> None:
     assert not off.status().stuck
 
 
-def test_liveness_fails_only_after_its_delay_past_the_window() -> None:
+def test_liveness_fails_only_after_its_delay_past_after_s() -> None:
     """Stuck at 300 s; the liveness answer fails from 300 s plus its delay (40 s here)."""
     watch = detector(delay_s=40.0)
     watch.observe(0.0, latched=True, memory=reading(850), active=0, pending=0)
@@ -163,8 +164,8 @@ def test_liveness_fails_only_after_its_delay_past_the_window() -> None:
 
 
 @pytest.mark.parametrize("after_s", [2.0, 300.0])
-def test_liveness_delays_lie_within_half_the_window_and_spread_over_it(after_s: float) -> None:
-    """Over 2000 pod names: every delay in [0, window/2), the same name always the same,
+def test_liveness_delays_lie_within_half_of_after_s_and_spread_over_it(after_s: float) -> None:
+    """Over 2000 pod names: every delay in [0, after_s/2), the same name always the same,
     and the delays spread over the whole range (replicas do not fail at once)."""
     names = [f"terminals-7d9f-{n:05d}" for n in range(2000)]
     delays = [liveness_delay_s(after_s, name) for name in names]
@@ -191,8 +192,8 @@ def test_attribution_counts_one_reserve_per_session_at_most_the_working_set() ->
     )
 
 
-def test_a_negative_window_is_an_error_naming_it() -> None:
-    """A window below 0 is refused with a sentence naming after_s."""
+def test_a_negative_after_s_is_an_error_naming_it() -> None:
+    """An after_s below 0 is refused with a sentence naming it."""
     with pytest.raises(ValueError, match="after_s must be 0"):
         detector(after_s=-1)
 

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
 from kits.suitekit import MIB
 
-WINDOW_S = 0.4
+AFTER_S = 0.4
 LIVE = "/admission/alive"
 
 
@@ -32,7 +32,7 @@ def app() -> Starlette:
 
 
 def stuck_guard(reader: SettableReader, registry: CollectorRegistry) -> AdmissionMiddleware:
-    with environment({"ADMISSION_STUCK_AFTER_SECONDS": str(WINDOW_S)}):
+    with environment({"ADMISSION_STUCK_AFTER_SECONDS": str(AFTER_S)}):
         return guard(app(), reader, liveness_path=LIVE, registry=registry)
 
 
@@ -48,7 +48,7 @@ def wait_for(check: Callable[[], bool], timeout: float = 5.0) -> float:
 def test_a_latch_held_with_no_session_is_stuck_then_clears_by_itself(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """900 of 1000 MiB, no session: liveness fails after the window, the gauges say so, one
+    """900 of 1000 MiB, no session: liveness fails after AFTER_S, the gauges say so, one
     WARNING; memory falls and, with no request for a session, all of it clears."""
     reader = SettableReader(used_mb=900)
     registry = CollectorRegistry()
@@ -57,8 +57,8 @@ def test_a_latch_held_with_no_session_is_stuck_then_clears_by_itself(
         assert client.get(LIVE).status_code == 200
         assert client.post("/sessions").status_code == 503  # sets the latch
         took = wait_for(lambda: client.get(LIVE).status_code == 503)
-        # Stuck at the window (looked at every tenth of it), failing within half more.
-        assert WINDOW_S * 0.9 <= took <= WINDOW_S * 1.5 + 0.5, took
+        # Stuck at AFTER_S (looked at every tenth of it), failing within half more.
+        assert AFTER_S * 0.9 <= took <= AFTER_S * 1.5 + 0.5, took
         assert client.get(LIVE).json()["stuck"] is True
         assert registry.get_sample_value("asgi_admission_pressure_stuck") == 1
         assert registry.get_sample_value("asgi_admission_unattributed_bytes") == 900 * MIB
@@ -79,10 +79,10 @@ def test_a_latch_held_with_no_session_is_stuck_then_clears_by_itself(
 
 def test_a_latch_open_sessions_could_clear_is_never_stuck() -> None:
     """Three sessions open (the app's count), 85 % with reserves of 100 MiB: their end would
-    clear the latch, so after several windows liveness still passes and the gauge is 0."""
+    clear the latch, so after several times AFTER_S liveness still passes and the gauge is 0."""
     reader = SettableReader(used_mb=850)
     registry = CollectorRegistry()
-    with environment({"ADMISSION_STUCK_AFTER_SECONDS": str(WINDOW_S)}):
+    with environment({"ADMISSION_STUCK_AFTER_SECONDS": str(AFTER_S)}):
         guarded = guard(
             app(),
             reader,
@@ -94,7 +94,7 @@ def test_a_latch_open_sessions_could_clear_is_never_stuck() -> None:
     with TestClient(guarded) as client:
         assert client.post("/sessions").status_code == 503
         assert guarded.session_counts() == (3, 0)
-        time.sleep(WINDOW_S * 4)
+        time.sleep(AFTER_S * 4)
         assert client.get(LIVE).status_code == 200
         assert registry.get_sample_value("asgi_admission_pressure_stuck") == 0
         assert registry.get_sample_value("asgi_admission_unattributed_bytes") == 550 * MIB
@@ -110,7 +110,7 @@ def test_without_a_lifespan_the_liveness_path_takes_the_looks() -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             assert (await client.post("/sessions")).status_code == 503
             statuses = []
-            for _ in range(int(WINDOW_S * 2 / 0.05)):
+            for _ in range(int(AFTER_S * 2 / 0.05)):
                 statuses.append((await client.get(LIVE)).status_code)
                 await asyncio.sleep(0.05)
             reader.set_mb(500)

@@ -1,5 +1,5 @@
 """Stuck pressure in a real memory group under real uvicorn: the server itself leaks, with
-no session open, until the latch sets; stuck after the window, liveness fails, and both
+no session open, until the latch sets; stuck after ``AFTER_S``, liveness fails, and both
 clear once the leak is freed.
 
 Needs root and a writable cgroup v1 memory hierarchy (this project's machines and CI,
@@ -31,7 +31,7 @@ LIMIT_MB = 256
 #: The ceiling is 80 % of 256 MiB less a derived reserve of 32 MiB: about 173 MiB. The
 #: server's own ~50 MiB and this leak pass it; the server alone is far below 70 %.
 LEAK_MB = 160
-WINDOW_S = 2.0
+AFTER_S = 2.0
 ALIVE = "/admission/alive"
 
 
@@ -82,7 +82,7 @@ def test_a_server_side_leak_with_no_session_is_stuck_then_clears(tmp_path: Path)
     leak clears it all with no session request."""
     shared = tmp_path / "shared"
     env = {
-        "ADMISSION_STUCK_AFTER_SECONDS": str(WINDOW_S),
+        "ADMISSION_STUCK_AFTER_SECONDS": str(AFTER_S),
         "ADMISSION_LIVENESS_PATH": ALIVE,
         "ADMISSION_SHARED_DIR": str(shared),
     }
@@ -100,8 +100,8 @@ def test_a_server_side_leak_with_no_session_is_stuck_then_clears(tmp_path: Path)
                 # The readiness probe's check sets the latch: no session request at all.
                 assert client.get("/admission/ready").status_code == 503
                 took = wait_for(lambda: client.get(ALIVE).status_code == 503, timeout=15)
-                # Stuck at the window; the liveness delay adds up to half of it more.
-                assert WINDOW_S <= took <= WINDOW_S * 1.5 + 1.5, took
+                # Stuck at AFTER_S; the liveness delay adds up to half of it more.
+                assert AFTER_S <= took <= AFTER_S * 1.5 + 1.5, took
                 assert client.get(ALIVE).json()["stuck"] is True
                 figures = gauges(client)
                 assert figures["asgi_admission_pressure_stuck"] == 1
@@ -136,10 +136,10 @@ def test_a_server_side_leak_with_no_session_is_stuck_then_clears(tmp_path: Path)
 
 def test_a_latch_set_by_sessions_that_end_is_never_called_stuck(tmp_path: Path) -> None:
     """Sessions of 40 MiB fill 256 MiB until one is refused (the latch set by them), then
-    end one every 1.2 s, longer in all than the 2 s window: the pressure is never called
+    end one every 1.2 s, longer in all than the 2 s wait: the pressure is never called
     stuck and the liveness path never fails; once they are gone the latch clears."""
     env = {
-        "ADMISSION_STUCK_AFTER_SECONDS": str(WINDOW_S),
+        "ADMISSION_STUCK_AFTER_SECONDS": str(AFTER_S),
         "ADMISSION_LIVENESS_PATH": ALIVE,
         "ADMISSION_SHARED_DIR": str(tmp_path / "shared"),
         "ADMISSION_PROBE_SESSIONS": "0",
@@ -171,7 +171,7 @@ def test_a_latch_set_by_sessions_that_end_is_never_called_stuck(tmp_path: Path) 
                         )
                         time.sleep(0.1)
                     assert client.delete(f"/sessions/{number}").status_code == 200
-                assert len(opened) * 1.2 > WINDOW_S
+                assert len(opened) * 1.2 > AFTER_S
                 assert {status for status, _ in seen} == {200}, seen
                 assert {stuck for _, stuck in seen} == {0}, seen
                 wait_for(lambda: client.get("/admission/ready").status_code == 200, timeout=10)

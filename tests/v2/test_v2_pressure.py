@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.cgroup_v2, pytest.mark.real_server, pytest.mark.timeou
 #: server's own memory and this leak pass it; the server alone is far below 70 %.
 LEAK_MB = 160
 #: ADMISSION_STUCK_AFTER_SECONDS, short; the VM's emulated clock runs as the host's.
-WINDOW_S = 4.0
+AFTER_S = 4.0
 ALIVE = "/admission/alive"
 LEAK_APP = [
     sys.executable,
@@ -39,9 +39,9 @@ LEAK_APP = [
 
 def test_psi_is_exported_and_a_leak_is_stuck_then_clears(tmp_path: Path) -> None:
     """The server leaks 160 MiB with no session open: the latch sets, the pressure is
-    called stuck after the window (WARNING once, the gauge, liveness 503), PSI's
+    called stuck after ``AFTER_S`` (WARNING once, the gauge, liveness 503), PSI's
     stall ratio is exported throughout, and freeing the leak clears it all."""
-    settings = {"ADMISSION_STUCK_AFTER_SECONDS": str(WINDOW_S), "ADMISSION_LIVENESS_PATH": ALIVE}
+    settings = {"ADMISSION_STUCK_AFTER_SECONDS": str(AFTER_S), "ADMISSION_LIVENESS_PATH": ALIVE}
     with (
         v2_group(256, "stuck") as group,
         demo(container(group), tmp_path / "leak.log", command=LEAK_APP, env=settings) as server,

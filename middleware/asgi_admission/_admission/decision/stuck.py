@@ -12,8 +12,8 @@ Notes:
   early: a restart drops every session the pod holds.
 - Any change in the counts starts the stretch again: memory a session held may still
   be on its way out.
-- :func:`liveness_delay_s` adds up to half the window, fixed per pod from its host
-  name, so every worker of a pod answers alike and replicas that leak alike are not
+- :func:`liveness_delay_s` adds up to half of ``stuck_after_s``, fixed per pod from its
+  host name, so every worker of a pod answers alike and replicas that leak alike are not
   restarted at once.
 """
 
@@ -37,7 +37,7 @@ from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open
 from asgi_admission._config import MIB, AdmissionConfig
 from asgi_admission._memory.reading import MemoryReading
 
-#: The liveness answer fails up to this share of the window after the pressure is stuck.
+#: The liveness answer fails up to this share of ``after_s`` after the pressure is stuck.
 LIVENESS_JITTER_SHARE: Final = 0.5
 
 Change = Literal["holding", "stuck", "cleared"]
@@ -107,9 +107,10 @@ NOT_STUCK: Final = StuckStatus(False, 0.0, False, None, (0, 0))
 class StuckDetector:
     """Watches a set latch for the server's own memory holding it (module notes).
 
-    ``after_s`` is the window (0: never stuck); ``liveness_delay_s`` how much longer
-    the liveness answer waits to fail (:func:`liveness_delay_s`). Not thread-safe:
-    one caller (the guard's watch) feeds it.
+    ``after_s`` is how long the server's own memory holds the latch before the pressure
+    is stuck (0: never); ``liveness_delay_s`` how much longer the liveness answer waits
+    to fail (:func:`liveness_delay_s`). Not thread-safe: one caller (the guard's watch)
+    feeds it.
     """
 
     __slots__ = (
@@ -215,7 +216,7 @@ class StuckDetector:
 logger = logging.getLogger("asgi_admission")
 
 STUCK_FILE: Final = "asgi-admission.stuck"
-#: The longest between two looks while the latch is set (a tenth of a shorter window).
+#: The longest between two looks while the latch is set (a tenth of a shorter ``after_s``).
 LOOK_INTERVAL_S: Final = 1.0
 
 #: One look: the readiness check's decision and the counts it was decided with.
@@ -249,7 +250,7 @@ class StuckWatch:
 
     @property
     def on(self) -> bool:
-        """Whether stuck pressure is watched for at all (a window above 0)."""
+        """Whether stuck pressure is watched for at all (``after_s`` above 0)."""
         return self.detector.after_s > 0
 
     @property

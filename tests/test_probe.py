@@ -756,6 +756,7 @@ def test_stuck_pressure_is_shown_from_the_shared_dir(fixture_copy: Any, tmp_path
     assert (stuck["attributed_bytes"], stuck["unattributed_bytes"]) == (100 * 2**20, 800 * 2**20)
     text = run_probe("--root", tree, env=env).stdout
     assert "stuck pressure:  STUCK: latch held by the server's own memory for 3" in text
+    assert "s (stuck after 300 s); a liveness path fails in" in text
     assert "1 session(s) (0 pending) account for 100.0 MiB, 800.0 MiB is the server's own" in text
     data = json.loads((shared / "asgi-admission.stuck").read_text())
     (shared / "asgi-admission.stuck").write_text(json.dumps({**data, "pid": dead_pid()}))

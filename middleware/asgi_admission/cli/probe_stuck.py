@@ -65,13 +65,13 @@ def stuck_lines(stuck: dict[str, Any]) -> list[str]:
     """The human lines for :func:`stuck_report`."""
     if not stuck["evidence"] or stuck["held_s"] is None:
         state = "not held by the server's own memory" if stuck["evidence"] else stuck["note"]
-        return [f"stuck pressure:  {state} (window {stuck['after_s']:g} s)"]
+        return [f"stuck pressure:  {state} (stuck after {stuck['after_s']:g} s)"]
     verdict = "STUCK" if stuck["stuck"] else "not yet stuck"
     active, pending = stuck["sessions"]
     liveness = stuck["liveness_fails_in_s"]
     return [
         f"stuck pressure:  {verdict}: latch held by the server's own memory for "
-        f"{stuck['held_s']:.0f} s (window {stuck['after_s']:g} s); a liveness path "
+        f"{stuck['held_s']:.0f} s (stuck after {stuck['after_s']:g} s); a liveness path "
         + ("fails now" if liveness == 0 else f"fails in {liveness:.0f} s"),
         f"  working set {stuck['working_set_bytes'] / MIB:.1f} MiB: {active} session(s) "
         f"({pending} pending) account for {stuck['attributed_bytes'] / MIB:.1f} MiB, "

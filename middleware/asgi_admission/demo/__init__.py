@@ -2,7 +2,7 @@
 
 Each session holds real memory: ``session_mb`` MiB, touched page by page so the
 kernel charges it to the cgroup. ``POST /sessions`` opens one (``?hold_s=`` keeps
-the request open first, the window in which it is pending), ``DELETE
+the request open first, the time in which it is pending), ``DELETE
 /sessions/{id}`` frees it, ``WS /terminal/{id}`` is an echo session holding the
 same memory while connected, and ``/health`` always answers 200. ``/processes``
 sessions each run a real child process, watched by the session watchdog, whose

@@ -433,8 +433,12 @@ RETIRED_CLASS_PARTS = frozenset({"hold"})
 RETIRED_PACKAGE_WORDS = re.compile(r"\b(gates?|gated)\b", re.IGNORECASE)
 #: Names with a retired part in its plain sense: learning's noise floor.
 PLAIN_NAMES = frozenset({"NOISE_FLOOR_BYTES"})
-#: Whole names retired: probing's window is a trial ("window" is learning's alone).
-RETIRED_WHOLE_NAMES = frozenset({"ProbeWindow", "MAX_WINDOWS"})
+#: Whole names retired: probing's window is a trial, and the count of each route's
+#: observations kept is ``KEPT`` ("window" is learning's growth window alone).
+RETIRED_WHOLE_NAMES = frozenset({"ProbeWindow", "MAX_WINDOWS", "WINDOW"})
+#: Keywords retired, as arguments and keyword-only parameters: how many observations
+#: are kept is ``keep=``. A ``window`` holding a learning window stays a plain name.
+RETIRED_KEYWORDS = frozenset({"window"})
 
 
 def name_parts(name: str) -> set[str]:
@@ -461,13 +465,26 @@ def retired_names(source: str) -> set[str]:
     }
 
 
+def retired_keywords(source: str) -> set[str]:
+    """The retired keywords ``source`` passes or takes (keyword-only) by name."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.keyword) and node.arg in RETIRED_KEYWORDS:
+            found.add(node.arg)
+        elif isinstance(node, ast.arguments):
+            found |= {arg.arg for arg in node.kwonlyargs} & RETIRED_KEYWORDS
+    return found
+
+
 def test_the_retired_words_are_gone() -> None:
     """Neither the package nor the docs use a word the glossary retired (the keeper is
     the reservations, the probe board the probes, settling's placeholder a record left
     early and its credit memory seen freed), nor does the package name anything by a
     retired name part (a hold is a waiter, the probe gate what the probes answer, a
-    probe window a trial)."""
-    docs = Path(__file__).parents[1] / "docs"
+    probe window a trial, the learned observations kept ``KEPT``); nor does any code,
+    tests and benchmarks too, pass or take ``window=`` (it is ``keep=``)."""
+    root = Path(__file__).parents[1]
+    docs = root / "docs"
     found = {
         str(path): RETIRED_WORDS.findall(path.read_text())
         for path in [*PACKAGE.rglob("*.py"), *docs.rglob("*.md")]
@@ -486,6 +503,32 @@ def test_the_retired_words_are_gone() -> None:
         if (words := RETIRED_PACKAGE_WORDS.findall(path.read_text()))
     }
     assert worded == {}
+    keywords = {
+        str(path): used
+        for path in [
+            *PACKAGE.rglob("*.py"),
+            *root.joinpath("tests").rglob("*.py"),
+            *root.joinpath("bench").rglob("*.py"),
+        ]
+        if (used := retired_keywords(path.read_text()))
+    }
+    assert keywords == {}
+
+
+@pytest.mark.parametrize(
+    ("source", "keywords"),
+    [
+        ("store = LearnedStore(directory, window=32)", {"window"}),
+        ("def read_learned(directory: str, *, window: int) -> None: ...", {"window"}),
+        ("store = LearnedStore(directory, keep=KEPT)", set()),
+        ("for window in self._open:\n    window.alone = False", set()),
+        ("def others_added(recent: list[int], window: OpenWindow) -> None: ...", set()),
+    ],
+)
+def test_a_retired_keyword_is_seen(source: str, keywords: set[str]) -> None:
+    """``window=`` passed or taken keyword-only is found; a positional ``window``, one
+    of learning's windows, is not."""
+    assert retired_keywords(source) == keywords
 
 
 @pytest.mark.parametrize(
@@ -499,6 +542,8 @@ def test_the_retired_words_are_gone() -> None:
         ("if isinstance(outcome, Hold): ticket.hold()", {"Hold"}),
         ("registry = HoldRegistry()", {"HoldRegistry"}),
         ("windows: dict[str, ProbeWindow] = {}", {"ProbeWindow"}),
+        ("self.ramps: deque[float] = deque(maxlen=WINDOW)", {"WINDOW"}),
+        ("self.windows: deque[Window] = deque(maxlen=KEPT)", set()),
         ("# the floor of a reserve\nx = 'a floor'", set()),
         ("accounted = marked + NOISE_FLOOR_BYTES", set()),
     ],

@@ -11,7 +11,7 @@ import pytest
 from asgi_admission._admission.ledger import shared_place
 from asgi_admission._watchdog import groups
 from kits.cgroup_trees import FIXTURES, copy_files
-from kits.requirekit import mark_units, require_markers
+from kits.requirekit import add_suite_markers, require_markers
 
 #: Internal on purpose: the suite keeps the guard's default shared place out of the
 #: machine's /dev/shm and /tmp (see the fixture below).
@@ -47,7 +47,7 @@ def no_default_shared_place(tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests taking helm, promtool or prometheus are ``tool`` tests; tests needing no
     part of the machine beyond Python are ``unit`` tests (``pytest -m unit``)."""
-    mark_units(items)
+    add_suite_markers(items)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

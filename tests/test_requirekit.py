@@ -10,9 +10,9 @@ from kits import requirekit
 from kits.cgroupkit import memory_group
 from kits.processkit import Server
 from kits.requirekit import (
+    add_suite_markers,
     cgroup_v1_problem,
     cgroup_v2_problem,
-    mark_units,
     require,
     require_cgroup_v1,
     require_marker,
@@ -151,12 +151,12 @@ def test_tests_needing_nothing_but_python_are_marked_unit(
     """A test taking helm, promtool or prometheus is marked tool; a test with no marker
     of a machine part (slow alone is none) is marked unit, and no other."""
     item = _Item(*markers, fixtures=fixtures)
-    mark_units([item])  # type: ignore[list-item]
+    add_suite_markers([item])  # type: ignore[list-item]
     assert item.markers == expected
 
 
-def test_the_suite_marks_its_tests(request: pytest.FixtureRequest) -> None:
-    """The suite's collection hook runs mark_units: this test is a unit test."""
+def test_the_suite_adds_its_markers(request: pytest.FixtureRequest) -> None:
+    """The suite's collection hook runs add_suite_markers: this test is a unit test."""
     assert request.node.get_closest_marker("unit") is not None
     assert request.node.get_closest_marker("tool") is None
 

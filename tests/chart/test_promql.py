@@ -13,7 +13,7 @@ import pytest
 import yaml
 from chartlib import HERE, Manifest, of_kind
 
-from kits.adapterkit import KNOWN_PLACEHOLDERS, readme_rules
+from kits.adapterkit import KNOWN_FIELDS, readme_rules
 from kits.suitekit import CHART
 
 ALERTS = CHART / "files" / "alerts.yaml"
@@ -206,7 +206,7 @@ def adapter_exprs() -> dict[str, str]:
 
 def test_adapter_rules_serve_every_hpa_metric(rendered: dict[str, list[Manifest]]) -> None:
     """The chart README has a prometheus-adapter rule for each pods metric the HPA can use,
-    filled only from the placeholders the adapter knows."""
+    filled only from the template fields the adapter knows."""
     rules = readme_rules()
     hpa_values = yaml.safe_load((CHART / "values.yaml").read_text())["autoscaling"]["hpa"]
     metrics = {hpa_values[mode]["metricName"] for mode in ("memory", "admissible")}
@@ -219,7 +219,7 @@ def test_adapter_rules_serve_every_hpa_metric(rendered: dict[str, list[Manifest]
     assert metrics == {"asgi_admission_memory_usage_ratio", "asgi_admission_session_fullness"}
     assert metrics <= set(rules)
     for rule in rules.values():
-        assert rule.placeholders() <= KNOWN_PLACEHOLDERS, rule
+        assert rule.fields() <= KNOWN_FIELDS, rule
         assert "<<" not in rule.query(namespace="shop", pods=["p"]), rule
 
 

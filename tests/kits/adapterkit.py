@@ -24,8 +24,8 @@ from kits.suitekit import CHART
 README = CHART / "README.md"
 # The fenced YAML block of the README's "Autoscaling" section that starts with `rules:`.
 RULES_BLOCK = re.compile(r"```yaml\n(\s*rules:\n.*?)\s*```", re.S)
-PLACEHOLDER = re.compile(r"<<\s*\.(\w+)\s*>>")
-KNOWN_PLACEHOLDERS = {"Series", "LabelMatchers", "GroupBy"}
+TEMPLATE_FIELD = re.compile(r"<<\s*\.(\w+)\s*>>")
+KNOWN_FIELDS = {"Series", "LabelMatchers", "GroupBy"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +36,8 @@ class AdapterRule:
     metric: str
     metrics_query: str
 
-    def placeholders(self) -> set[str]:
-        return set(PLACEHOLDER.findall(self.metrics_query))
+    def fields(self) -> set[str]:
+        return set(TEMPLATE_FIELD.findall(self.metrics_query))
 
     def query(self, *, namespace: str, pods: Sequence[str]) -> str:
         """The PromQL the adapter sends for this metric of ``pods`` in ``namespace``."""
@@ -48,7 +48,7 @@ class AdapterRule:
             "LabelMatchers": f'namespace="{namespace}",{pod}',
             "GroupBy": "pod",
         }
-        return PLACEHOLDER.sub(lambda match: values[match.group(1)], self.metrics_query)
+        return TEMPLATE_FIELD.sub(lambda match: values[match.group(1)], self.metrics_query)
 
 
 def readme_rules(readme: Path = README) -> dict[str, AdapterRule]:

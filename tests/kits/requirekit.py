@@ -107,7 +107,7 @@ def require_marker(name: str, why: str) -> None:
         )
 
 
-def mark_units(items: Iterable[pytest.Item]) -> None:
+def add_suite_markers(items: Iterable[pytest.Item]) -> None:
     """Mark ``tool`` each test that takes a :data:`TOOL_FIXTURES` fixture (directly or
     through another fixture), then ``unit`` each test with no :data:`MACHINE_MARKERS`."""
     for item in items:

@@ -103,10 +103,10 @@ def test_release_survives_the_directory_replaced_by_a_file(
     flight, their releases raise nothing and are not lost: once the directory is back,
     sessions are admitted again and the ledger counts none."""
     monkeypatch.setattr(shared_ledger, "LINK_CHECK_INTERVAL_S", 0.0)
-    gate = asyncio.Event()
+    proceed = asyncio.Event()
 
     async def slow_app(scope: Any, receive: Any, send: Any) -> None:
-        await gate.wait()
+        await proceed.wait()
         await ok_app(scope, receive, send)
 
     middleware = guard(tmp_path, ledger_dir, slow_app, max_sessions=3)
@@ -116,7 +116,7 @@ def test_release_survives_the_directory_replaced_by_a_file(
         await asyncio.sleep(0.05)
         assert middleware.session_counts() == (0, 3)
         replace_with_a_file(ledger_dir)
-        gate.set()
+        proceed.set()
         statuses = [status for status, _, _ in await asyncio.gather(*in_flight)]
         restore(ledger_dir)
         statuses.append((await post(middleware))[0])
@@ -299,10 +299,10 @@ def test_the_heartbeat_restores_a_garbled_file_without_a_decision(
     """After the ledger file is filled with garbage, each worker's heartbeat rebuilds it
     and writes its sessions back within a few heartbeats, with no decision in between,
     so the workers are missing from each other's counts only that long."""
-    gate = asyncio.Event()
+    proceed = asyncio.Event()
 
     async def slow_app(scope: Any, receive: Any, send: Any) -> None:
-        await gate.wait()
+        await proceed.wait()
         await ok_app(scope, receive, send)
 
     first = guard(tmp_path, ledger_dir, slow_app)
@@ -314,7 +314,7 @@ def test_the_heartbeat_restores_a_garbled_file_without_a_decision(
         garble(ledger_dir)
         await asyncio.sleep(4 * shared_ledger.HEARTBEAT_S)
         rows = [(e.pending, e.active) for e in read_entries(ledger_dir)]
-        gate.set()
+        proceed.set()
         await asyncio.gather(*held)
         return rows
 
@@ -327,10 +327,10 @@ def test_after_a_rebuild_decisions_wait_for_the_others_to_re_register(
     """A worker that finds the ledger file garbled rebuilds it and then waits (two
     heartbeats, with awaits) before admitting, so it counts the other workers' sessions
     again instead of admitting past max_sessions on a file that had lost them."""
-    gate = asyncio.Event()
+    proceed = asyncio.Event()
 
     async def slow_app(scope: Any, receive: Any, send: Any) -> None:
-        await gate.wait()
+        await proceed.wait()
         await ok_app(scope, receive, send)
 
     first = guard(tmp_path, ledger_dir, slow_app, max_sessions=2)
@@ -342,7 +342,7 @@ def test_after_a_rebuild_decisions_wait_for_the_others_to_re_register(
         garble(ledger_dir)
         third = asyncio.ensure_future(post(first))  # decided right after the garbage
         await asyncio.wait([third], timeout=3)
-        gate.set()  # an admitted third (the bug) would wait for this
+        proceed.set()  # an admitted third (the bug) would wait for this
         await asyncio.gather(*held, third)
         return third.result()[0]
 

@@ -84,11 +84,11 @@ def test_events_caught_up_by_a_sample_that_then_finds_the_file_replaced_are_kept
     the session counting as pending in the new file for good."""
     shared = tmp_path / "shared"
     cgroup = write_v2_tree(tmp_path / "cgroup", used_mb=100, limit_mb=4096)
-    gates = {"first": asyncio.Event(), "second": asyncio.Event()}
+    go_ahead = {"first": asyncio.Event(), "second": asyncio.Event()}
 
     def answering_when(name: str) -> Any:
         async def app(scope: Any, receive: Any, send: Any) -> None:
-            await gates[name].wait()
+            await go_ahead[name].wait()
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"ok"})
 
@@ -107,7 +107,7 @@ def test_events_caught_up_by_a_sample_that_then_finds_the_file_replaced_are_kept
         fd = os.open(shared / FILE_NAME, os.O_RDWR)
         fcntl.flock(fd, fcntl.LOCK_EX)  # another worker inside its critical section
         try:
-            gates["first"].set()
+            go_ahead["first"].set()
             await sessions[0]  # first's response: its release waits
         finally:
             os.close(fd)
@@ -116,7 +116,7 @@ def test_events_caught_up_by_a_sample_that_then_finds_the_file_replaced_are_kept
         second.service.ledger._next_link_check = 0.0  # type: ignore[attr-defined]
         second.session_counts()  # second moves to the new file, its old row left behind
         first.reservations.sample()  # catches up, then finds second's row unlocked: replaced
-        gates["second"].set()
+        go_ahead["second"].set()
         await sessions[1]
 
     asyncio.run(scenario())

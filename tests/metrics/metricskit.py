@@ -67,10 +67,10 @@ def controller(
 
 
 async def _session(request: Request) -> Response:
-    gate = request.app.state.gate
-    if gate is not None:
+    proceed = request.app.state.proceed
+    if proceed is not None:
         request.app.state.entered.set()
-        await gate.wait()
+        await proceed.wait()
     return PlainTextResponse("opened", status_code=201)
 
 
@@ -94,7 +94,7 @@ def guarded_app(
             metrics_route(registry=registry or CollectorRegistry()),
         ]
     )
-    app.state.gate = None
+    app.state.proceed = None
     app.add_middleware(
         AdmissionMiddleware,
         session_routes=["POST /sessions", "WS /terminal/*"],

@@ -60,7 +60,7 @@ def test_counters_and_live_sessions_come_from_the_files(
     app = guarded_app(SettableReader(), registry)
 
     async def scenario() -> None:
-        app.state.gate, app.state.entered = anyio.Event(), anyio.Event()
+        app.state.proceed, app.state.entered = anyio.Event(), anyio.Event()
         transport = httpx.ASGITransport(app=app)
         async with (
             httpx.AsyncClient(transport=transport, base_url="http://test") as client,
@@ -71,7 +71,7 @@ def test_counters_and_live_sessions_come_from_the_files(
                 await app.state.entered.wait()
             during = await client.get("/metrics")
             assert 'asgi_admission_sessions{state="pending"} 1.0' in during.text
-            app.state.gate.set()
+            app.state.proceed.set()
 
     anyio.run(scenario)
     assert (multiproc / "counter_4242.db").exists()
@@ -82,7 +82,7 @@ def test_counters_and_live_sessions_come_from_the_files(
     assert samples[("asgi_admission_memory_working_set_bytes", ())] == 100 * MIB
     assert [k for k in samples if k[0] == "asgi_admission_build_info"]
 
-    app.state.gate = None
+    app.state.proceed = None
     assert websocket(app, "/terminal/x")[0]["type"] == "websocket.accept"
     samples = scrape(app)
     assert decisions(samples, "websocket") == 1

@@ -203,7 +203,7 @@ def test_current_sessions_and_pending_follow_the_guard(registry: CollectorRegist
 
     async def scenario() -> None:
         app = guarded_app(SettableReader(), registry, current_sessions=lambda: 3)
-        app.state.gate, app.state.entered = anyio.Event(), anyio.Event()
+        app.state.proceed, app.state.entered = anyio.Event(), anyio.Event()
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             async with anyio.create_task_group() as tg:
@@ -213,7 +213,7 @@ def test_current_sessions_and_pending_follow_the_guard(registry: CollectorRegist
                 assert value(registry, "sessions", state="pending") == 1
                 assert value(registry, "sessions", state="active") == 3
                 assert value(registry, "admission_ceiling_ratio") == pytest.approx(0.78)
-                app.state.gate.set()
+                app.state.proceed.set()
             assert value(registry, "sessions", state="pending") == 0
 
     anyio.run(scenario)

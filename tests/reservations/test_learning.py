@@ -59,7 +59,7 @@ def session(
 
 
 def allowance(seconds: float) -> int:
-    """What a single window is credited with for memory that may have drifted down."""
+    """What is counted to a single window for memory that may have drifted down."""
     return int(DRIFT_BYTES_PER_S * seconds)
 
 
@@ -135,9 +135,9 @@ def test_sessions_that_free_memory_learn_zero_not_a_negative() -> None:
     assert estimate.footprint_bytes == 0
 
 
-def test_growth_two_routes_cannot_be_told_apart_is_credited_to_each() -> None:
+def test_growth_two_routes_cannot_be_told_apart_is_counted_for_each() -> None:
     """Two routes admitted together and 100 MiB of growth: neither is guessed to be the
-    smaller, each is credited with all of it (until other windows tell them apart)."""
+    smaller, all of it is counted for each (until other windows tell them apart)."""
     learner = SessionLearner()
     learner.on_admit(ROUTE, 300 * MIB, 0.0)
     learner.on_admit("WS /t/*", 300 * MIB, 0.1)

@@ -189,7 +189,7 @@ def probe_trial(route: str = "POST /s", *, pid: int | None = None) -> ProbeTrial
     )
 
 
-def test_the_probing_file_loads_the_windows_stored_and_what_others_stored(
+def test_the_probing_file_loads_the_trials_stored_and_what_others_stored(
     tmp_path: Path,
 ) -> None:
     """Trials stored by one worker are what another loads; unchanged, a load hands back

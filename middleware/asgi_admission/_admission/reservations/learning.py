@@ -137,7 +137,7 @@ def attributed(
     route: str,
     equation: Window,
     fits: Mapping[str, Fit],
-    floors: Mapping[str, float],
+    freed_at_end: Mapping[str, float],
 ) -> float:
     """What ``equation``'s session of ``route`` added, at most: its window's growth less
     the least the others can have added (their fits' 95 % lower bounds, the memory their
@@ -149,7 +149,7 @@ def attributed(
     own = 0.0
     for overlap in equation.overlaps:
         known = fits.get(overlap.route)
-        least = floors.get(overlap.route, 0.0)
+        least = freed_at_end.get(overlap.route, 0.0)
         if known is not None:
             least = max(least, known.footprint - _Z95 * known.error)
         if overlap.route == route and least <= 0:
@@ -316,7 +316,7 @@ def percentile(values: Iterable[float], share: float = PERCENTILE) -> float:
     return ordered[rank - 1]
 
 
-def end_floors(routes: Mapping[str, _Route]) -> dict[str, float]:
+def least_freed_at_end(routes: Mapping[str, _Route]) -> dict[str, float]:
     """The least one session of each route frees at its end (the median of its ends):
     no more than that, or its fit's lower bound, is ever taken from another session's
     window for it."""
@@ -324,10 +324,10 @@ def end_floors(routes: Mapping[str, _Route]) -> dict[str, float]:
 
 
 def footprint(
-    route: str, state: _Route, fits: Mapping[str, Fit], floors: Mapping[str, float]
+    route: str, state: _Route, fits: Mapping[str, Fit], freed_at_end: Mapping[str, float]
 ) -> Footprint | None:
     """``route``'s footprint from what ``state`` holds of it, the fits of all routes
-    and their ``end_floors``; ``None`` before its first observation."""
+    and their ``least_freed_at_end``; ``None`` before its first observation."""
     per_session = [*state.footprints, *state.ends]
     if not state.windows and not per_session and not state.exact:
         return None
@@ -342,7 +342,7 @@ def footprint(
         # the bound comes from those alone.
         exact = [w for w in state.windows if w.exact]
         windows = exact if len(exact) >= MIN_EXACT_WINDOWS else state.windows
-        bounds = [attributed(route, w, fits, floors) for w in windows]
+        bounds = [attributed(route, w, fits, freed_at_end) for w in windows]
         size = percentile(bounds)
         known = fits.get(route)
         if known is not None and known.determined:
@@ -1517,11 +1517,11 @@ class SessionLearner:
     def _changed(self) -> None:
         self.version += 1
         self._fits = fit({route: state.windows for route, state in self._routes.items()})
-        floors = end_floors(self._routes)
+        freed_at_end = least_freed_at_end(self._routes)
         self._estimates = {}
         self._ramps = {}
         for route, state in self._routes.items():
-            found = footprint(route, state, self._fits, floors)
+            found = footprint(route, state, self._fits, freed_at_end)
             if found is None:
                 continue
             ramps = [w.ramp_s for w in state.windows if w.ramp_s is not None] + list(state.ramps)

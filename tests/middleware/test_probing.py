@@ -1,7 +1,7 @@
 """Probing a route not learned yet, through the middleware: who waits, who is woken, who is refused.
 
 The app's sessions are fake (a settable reading), the requests raw ASGI calls on one
-event loop, with no lifespan: the first request held for a probe starts the sample.
+event loop, with no lifespan: the first waiter for a probe starts the sample.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def answered(status: int = 201) -> Handler:
 
 def test_waiters_are_decided_on_the_probes_memory_once_it_stops_growing() -> None:
     """A 10 MiB reserve for 200 MiB sessions: the probe's memory arrives after its
-    response, and the four held back are decided on the 200 MiB it showed (two fit),
+    response, and the four waiters are decided on the 200 MiB it showed (two fit),
     once it has stopped growing, without a lifespan."""
     reader = SettableReader(used_mb=100, limit_mb=1000)
     registry = CollectorRegistry()
@@ -155,7 +155,7 @@ def test_waiters_are_decided_on_the_probes_memory_once_it_stops_growing() -> Non
     decided = registry.get_sample_value(
         "asgi_admission_decisions_total", {"kind": "http", "outcome": "admitted", "reason": "none"}
     )
-    assert decided == 3  # a held request counts once, when it is decided
+    assert decided == 3  # a waiter counts once, when it is decided
     assert registry.get_sample_value("asgi_admission_probing_routes") == 0
     assert mw.reservations.probe_waiters.total() == 0
 
@@ -180,13 +180,13 @@ def test_a_wait_that_runs_out_is_refused_with_probing() -> None:
         waiting = [asyncio.create_task(post(mw)) for _ in range(3)]
         await asyncio.sleep(0.5)
         routes = registry.get_sample_value("asgi_admission_probing_routes")
-        held = registry.get_sample_value("asgi_admission_probe_waiting_requests")
+        waiters = registry.get_sample_value("asgi_admission_probe_waiting_requests")
         answers = await asyncio.gather(*waiting)
         done.set()
-        return answers, routes, held, await probe
+        return answers, routes, waiters, await probe
 
-    answers, routes, held, probe = asyncio.run(scenario())
-    assert (routes, held) == (1, 3)
+    answers, routes, waiters, probe = asyncio.run(scenario())
+    assert (routes, waiters) == (1, 3)
     assert probe.status == 201
     for answer in answers:
         assert answer.status == 503

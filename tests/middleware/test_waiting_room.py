@@ -28,7 +28,7 @@ from asgi_admission._admission.decision.observer import Kind
 from asgi_admission._admission.scheduling.queue import WaitQueue
 
 INTERNAL = (
-    "the guard's wait queue (how many wait, who wakes it), the requests held for a probe "
+    "the guard's wait queue (how many wait, who wakes it), the waiters for a probe "
     "and the observer's request kinds"
 )
 
@@ -317,7 +317,7 @@ def test_without_a_wait_a_refusal_is_at_once() -> None:
 
 
 def test_a_first_burst_waits_for_its_probe_in_the_queue() -> None:
-    """A request held for a probe's evidence past ``ADMISSION_PROBE_WAIT_SECONDS`` waits on
+    """A waiter for a probe's evidence past ``ADMISSION_PROBE_WAIT_SECONDS`` waits on
     in the queue instead of being refused with ``probing``, and is admitted once the
     probe's session ends (its ticket released from a worker thread)."""
 
@@ -363,10 +363,10 @@ def test_a_first_burst_waits_for_its_probe_in_the_queue() -> None:
     assert latency < 0.2
 
 
-def test_the_requests_held_for_a_probe_wake_the_queue_when_woken(
+def test_the_waiters_for_a_probe_wake_the_queue_when_woken(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The guard wires its wait queue to the requests held for a probe's evidence: a wake
+    """The guard wires its wait queue to the waiters for a probe's evidence: a wake
     of those (a probe's evidence, a probe's slot free) wakes the queue too, whose waiters
     past their probe's wait may go on as well."""
     wakes: list[WaitQueue[Any]] = []

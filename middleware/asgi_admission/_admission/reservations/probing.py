@@ -1,7 +1,7 @@
 """Probing: a route whose footprint is unknown is admitted a few sessions at a time.
 
-The others are held back, reserving nothing, until the probes' memory has stopped
-growing. (docs/reservations.md)
+The others wait, reserving nothing, until the probes' memory has stopped growing.
+(docs/reservations.md)
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ class ProbeWaiters:
     def tell_wakes(self, on_wake: Callable[[], None]) -> None:
         """Call ``on_wake`` whenever a route's requests may go on, from any thread: for a
         registry built before what it wakes (the wait queue, whose requests past their
-        probe's wait may go on too, is built after the reservations these holds are part of)."""
+        probe's wait may go on too, is built after the reservations these waiters are
+        part of)."""
         self._on_wake = on_wake
 
     def __bool__(self) -> bool:

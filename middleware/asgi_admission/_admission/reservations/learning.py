@@ -408,8 +408,9 @@ Lengths = Callable[[str], float | None]
 
 @dataclass(frozen=True, slots=True)
 class ClosedWindow:
-    """One admitted session's window, as :class:`Window` records it, with its route;
-    ``ramp_s`` is ``None`` where another session ramped in it before its own had."""
+    """One admitted session's window with its route, before the learner records it as a
+    :class:`Window`; ``ramp_s`` is ``None`` where another session ramped in it before
+    its own had."""
 
     route: str
     growth: float

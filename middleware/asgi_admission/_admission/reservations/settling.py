@@ -143,8 +143,7 @@ def apply(actions: Iterable[Action]) -> None:
 # The attribution queue settling works on (``settling.py``): in one process, or
 # shared by the workers in a file (``shared_files.SharedSettleQueue``), and the changes
 # a settler makes to one record: find it, move it to the front when its session leaves
-# early, drop it
-# (the module notes of ``settling.py`` say why).
+# early, drop it (the module notes of ``settling.py`` say why).
 
 #: The share of its expected bytes a session's growth must show to settle.
 VISIBLE_FRACTION: Final = 0.9
@@ -476,10 +475,9 @@ class Growth:
 # While sessions settle (``settling.py``) the working set must rise by what each is
 # expected to add above what is already accounted for. Under churn, sessions end while
 # others ramp: the memory they free makes the working set fall by as much as the others
-# grow, and without this
-# the sessions still ramping would look as if nothing of theirs had come, their
-# reservations held until their ramp time or the timeout (docs/reservations.md,
-# "Settling under churn").
+# grow, and without this the sessions still ramping would look as if nothing of theirs
+# had come, their reservations held until their ramp time or the timeout
+# (docs/reservations.md, "Settling under churn").
 #
 # Notes:
 #
@@ -609,11 +607,11 @@ def without_freed(
 # Notes:
 #
 # - The settler (``settling.py``) decides when a session leaves; this says what its
-# leaving does: settled (its reservation released or made active by its kind),
-# given back (released, its memory still expected of its record, left early),
-# activated (a started session) or dropped (it failed or ended: released, its record taken off
-# the attribution queue). Each returns the reservation changes to make once the
-# ledger's critical section is left, as the settler's own methods do.
+# leaving does: settled (its reservation released or made active by its kind), given
+# back (released, its memory still expected of its record, left early), activated (a
+# started session) or dropped (it failed or ended: released, its record taken off the
+# attribution queue). Each returns the reservation changes to make once the ledger's
+# critical section is left, as the settler's own methods do.
 # - The counts of sessions waiting past their response, and of those and the held
 # tickets, follow every change of phase: reading them costs no pass over the entries.
 # - A session that leaves without showing its memory *leaves early*: its record moves

@@ -426,8 +426,8 @@ RETIRED_WORDS = re.compile(
 #: keep their plain sense (a reserve's floor), so only names are checked for them.
 RETIRED_NAME_PARTS = frozenset({"floor", "mark", "credit", "credited", "placeholder", "gate"})
 #: Parts of class names retired: a ``Hold`` is a waiter (``ProbeWaiter``); the verb
-#: stays (``ticket.hold()``, ``hold_s``), so in other names only the plural ``holds``
-#: (the reservations' old waiters) is.
+#: stays (``ticket.hold()``, ``hold_s``, ``..._holds_nothing``), so other names are
+#: checked only for a ``holds`` at their end (the reservations' old waiters).
 RETIRED_CLASS_PARTS = frozenset({"hold"})
 #: Words the package's comments and docstrings no longer use (the docs' "quality gate"
 #: is the test suite's, a plain sense).

@@ -9,6 +9,7 @@ import pytest
 
 from kits.cgroupkit import (
     container,
+    event,
     events,
     give_memory,
     oom_kills,
@@ -70,12 +71,15 @@ def test_each_version_is_read_from_its_own_files(v1: Path, v2: Path) -> None:
     assert (oom_kills(v2), oom_kills(v2, local=True)) == (1, 0)
     assert (procs(v1), procs(v2)) == ([12, 34], [])
     assert events(v2)["oom_group_kill"] == 1
+    assert (event(v2, "oom_group_kill"), event(v2, "oom", local=True)) == (1, 0)
 
 
 def test_what_v1_has_not_fails_naming_the_file(v1: Path) -> None:
     """memory.events, cgroup.subtree_control and a cgroup2 container's view are v2's."""
     with pytest.raises(AssertionError, match=rf"{v1}/memory.events.local: a cgroup v1"):
         events(v1, local=True)
+    with pytest.raises(AssertionError, match=rf"{v1}/memory.events: a cgroup v1"):
+        event(v1, "oom_kill")
     with pytest.raises(AssertionError, match=rf"{v1}/cgroup.subtree_control: a cgroup v1"):
         give_memory(v1)
     with pytest.raises(AssertionError, match="mounts cgroup2, not this v1 group"):
@@ -83,8 +87,8 @@ def test_what_v1_has_not_fails_naming_the_file(v1: Path) -> None:
 
 
 def test_a_missing_or_odd_file_fails_naming_it(v1: Path, v2: Path, tmp_path: Path) -> None:
-    """A directory that is no memory group, a file missing, a line or a number that is
-    not one: each error names the file at fault."""
+    """A directory that is no memory group, a file missing, a key missing, a line or a
+    number that is not one: each error names the file at fault."""
     with pytest.raises(AssertionError, match=rf"{tmp_path} is no memory group: neither"):
         version(tmp_path)
     (v2 / "memory.peak").unlink()
@@ -93,9 +97,15 @@ def test_a_missing_or_odd_file_fails_naming_it(v1: Path, v2: Path, tmp_path: Pat
     (v1 / "memory.oom_control").write_text("oom_kill_disable 0\n")
     with pytest.raises(AssertionError, match=rf"{v1}/memory.oom_control has no oom_kill line"):
         oom_kills(v1)
+    (v1 / "memory.stat").write_text(f"total_inactive_file {MIB}\n")
+    with pytest.raises(AssertionError, match=rf"{v1}/memory.stat has no total_active_file line"):
+        working_set_bytes(v1)
     (v1 / "memory.usage_in_bytes").write_text("lots\n")
     with pytest.raises(AssertionError, match=rf"{v1}/memory.usage_in_bytes holds 'lots'"):
         working_set_bytes(v1)
+    (v2 / "memory.events").write_text("oom 0\noom_kill 0\n")
+    with pytest.raises(AssertionError, match=rf"{v2}/memory.events has no oom_group_kill line"):
+        event(v2, "oom_group_kill")
     (v2 / "memory.stat").write_text("inactive_file\n")
     with pytest.raises(AssertionError, match=rf"{v2}/memory.stat: the line 'inactive_file'"):
         working_set_bytes(v2)

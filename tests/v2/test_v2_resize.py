@@ -19,9 +19,9 @@ from kits.cgroupkit import (
     Demo,
     container,
     demo,
+    key_of,
     metric,
     oom_kills,
-    stats,
     v2_group,
     wait_for,
     working_set_bytes,
@@ -129,7 +129,7 @@ def test_a_limit_lowered_to_just_above_the_working_set_admits_nothing_and_kills_
     for _ in range(3):
         assert client.post("/sessions").status_code == 201
     wait_for(lambda: metric(client, ACTIVE) == 3 and metric(client, PENDING) == 0, timeout=60)
-    cache_before = stats(group)["file"]
+    cache_before = key_of(group / "memory.stat", "file")
     usage_before = int((group / "memory.current").read_text())
     lowered = working_set_bytes(group) + 16 * MIB
     (group / "memory.max").write_text(str(lowered))

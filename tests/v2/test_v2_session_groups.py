@@ -23,7 +23,7 @@ from kits.cgroupkit import (
     assert_only_the_offender_was_killed,
     container,
     demo,
-    events,
+    event,
     give_memory,
     joining,
     metric,
@@ -41,11 +41,13 @@ CONTAINER_MB = 768
 
 
 def run_with_events(server: Demo, base: Path) -> dict[str, Any]:
-    """An :func:`offender_run`, and the ``memory.events`` of the group above the session
-    groups (the container's): its own, and counting theirs too."""
+    """An :func:`offender_run`, and the OOM events of the group above the session groups
+    (the container's): its own (``memory.events.local``), and counting theirs too
+    (``memory.events``)."""
     run = offender_run(server, base)
-    run["events_local"] = events(base.parent, local=True)
-    run["events"] = events(base.parent)
+    above = base.parent
+    run["events_local"] = {key: event(above, key, local=True) for key in ("oom", "oom_kill")}
+    run["events"] = {key: event(above, key) for key in ("oom_kill", "oom_group_kill")}
     print(run)
     return run
 
@@ -152,4 +154,4 @@ def test_a_v2_groups_memory_peak_is_the_sessions_figure() -> None:
     and the histogram, learned as exact, and its group is removed."""
     with v2_group(CONTAINER_MB, "groups_peak") as container_group:
         give_memory(container_group)
-        assert_a_grouped_sessions_peak_is_reported(container_group, "v2")
+        assert_a_grouped_sessions_peak_is_reported(container_group)

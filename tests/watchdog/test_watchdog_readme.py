@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -22,8 +24,13 @@ def example(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     sys.modules.pop("readme_example", None)
     import readme_example
 
-    yield readme_example
+    gone = weakref.ref(readme_example)
+    # A proxy: pytest keeps a fixture's value until its teardown has run.
+    yield weakref.proxy(readme_example)
     sys.modules.pop("readme_example", None)
+    del readme_example
+    gc.collect()  # the module's functions and its dict hold one another
+    assert gone() is None, "the README example is still referenced: its guard lives on"
 
 
 def test_readme_terminal_echoes_and_is_told_why_it_was_halted(example: object) -> None:

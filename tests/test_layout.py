@@ -457,12 +457,12 @@ def retired_parts(parts: set[str], retired: frozenset[str]) -> set[str]:
     return {part for part in parts if part in retired or part.removesuffix("s") in retired}
 
 
-def defined_names(source: str) -> set[str]:
+def defined_names(tree: ast.AST) -> set[str]:
     """The names ``source`` defines: its functions, classes and arguments, the names it
     assigns and the attributes it assigns (``self.x = ...``); not the names it reads or
     calls (``math.floor(x)``)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             found.add(node.name)
         elif isinstance(node, ast.arg):
@@ -479,11 +479,11 @@ def is_class_name(name: str) -> bool:
     return name[:1].isupper() and not name.isupper()
 
 
-def retired_names(source: str) -> set[str]:
+def retired_names(tree: ast.AST) -> set[str]:
     """The names ``source`` defines made of a retired part."""
     return {
         name
-        for name in defined_names(source) - PLAIN_NAMES
+        for name in defined_names(tree) - PLAIN_NAMES
         if name in RETIRED_WHOLE_NAMES
         or retired_parts(name_parts(name), RETIRED_NAME_PARTS)
         or re.search(r"(?:^|_)holds$", name)
@@ -491,7 +491,7 @@ def retired_names(source: str) -> set[str]:
     }
 
 
-def prose_of(source: str) -> str:
+def prose_of(source: str, tree: ast.AST) -> str:
     """The comments and docstrings of ``source``, one a line: its prose, not its code."""
     comments = [
         token.string
@@ -500,7 +500,7 @@ def prose_of(source: str) -> str:
     ]
     docstrings = [
         node.value.value
-        for node in ast.walk(ast.parse(source))
+        for node in ast.walk(tree)
         if isinstance(node, ast.Expr)
         and isinstance(node.value, ast.Constant)
         and isinstance(node.value.value, str)
@@ -508,10 +508,10 @@ def prose_of(source: str) -> str:
     return "\n".join([*comments, *docstrings])
 
 
-def retired_keywords(source: str) -> set[str]:
+def retired_keywords(tree: ast.AST) -> set[str]:
     """The retired keywords ``source`` passes or takes (keyword-only) by name."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.keyword) and node.arg in RETIRED_KEYWORDS:
             found.add(node.arg)
         elif isinstance(node, ast.arguments):
@@ -533,26 +533,26 @@ def test_the_retired_words_are_gone() -> None:
         *sorted(root.joinpath("tests").rglob("*.py")),
         *sorted(root.joinpath("bench").rglob("*.py")),
     ]
-    found = {
-        str(path): words
-        for path in package
-        if (words := RETIRED_WORDS.findall(prose_of(path.read_text())))
-    }
+    # Each file read and parsed once, for every check below.
+    sources = {path: path.read_text() for path in code}
+    trees = {path: ast.parse(source) for path, source in sources.items()}
+    prose = {path: prose_of(sources[path], trees[path]) for path in package}
+    found = {str(path): words for path in package if (words := RETIRED_WORDS.findall(prose[path]))}
     found |= {
         str(path): words
         for path in sorted(root.joinpath("docs").rglob("*.md"))
         if (words := RETIRED_WORDS.findall(path.read_text()))
     }
     assert found == {}
-    named = {str(path): names for path in code if (names := retired_names(path.read_text()))}
+    named = {str(path): names for path in code if (names := retired_names(trees[path]))}
     assert named == {}
     worded = {
         str(path): words
         for path in package
-        if (words := RETIRED_PACKAGE_WORDS.findall(prose_of(path.read_text())))
+        if (words := RETIRED_PACKAGE_WORDS.findall(prose[path]))
     }
     assert worded == {}
-    keywords = {str(path): used for path in code if (used := retired_keywords(path.read_text()))}
+    keywords = {str(path): used for path in code if (used := retired_keywords(trees[path]))}
     assert keywords == {}
 
 
@@ -569,7 +569,7 @@ def test_the_retired_words_are_gone() -> None:
 def test_a_retired_keyword_is_seen(source: str, keywords: set[str]) -> None:
     """``window=`` passed or taken keyword-only is found; a positional ``window``, one
     of learning's windows, is not."""
-    assert retired_keywords(source) == keywords
+    assert retired_keywords(ast.parse(source)) == keywords
 
 
 @pytest.mark.parametrize(
@@ -604,7 +604,7 @@ def test_a_retired_name_is_seen(source: str, names: set[str]) -> None:
     """A name defined with a retired part, singular or plural, is found; the word in a
     comment or a string, inside a longer word, or in a name only read or called (a
     library's ``floor``), is not."""
-    assert retired_names(source) == names
+    assert retired_names(ast.parse(source)) == names
 
 
 @pytest.mark.parametrize(
@@ -619,7 +619,7 @@ def test_a_retired_name_is_seen(source: str, names: set[str]) -> None:
 def test_a_retired_word_is_seen_in_prose_only(source: str, words: list[str]) -> None:
     """The package's words are read from its comments and docstrings, not its strings
     or names (those the name check reads)."""
-    assert RETIRED_WORDS.findall(prose_of(source)) == words
+    assert RETIRED_WORDS.findall(prose_of(source, ast.parse(source))) == words
 
 
 def test_the_glossary_holds_at_most_twelve_words() -> None:

@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,7 @@ import pytest
 from chartlib import one, render, require_tool
 
 from kits.adapterkit import hpa_wanted, quantity, readme_rules
+from kits.pollkit import wait_for
 from kits.processkit import free_port, stop_process_group
 from kits.suitekit import MIB
 
@@ -32,6 +33,8 @@ pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 LIMIT_MB = 1000
 MAX_SESSIONS = 4
 NAMESPACE = "shop"
+#: What a server still starting answers with while the test waits for it.
+REFUSED = (httpx.HTTPError,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,21 +61,6 @@ class Pod:
             elif line.startswith("asgi_admission_sessions{"):
                 found["in_use"] += float(line.split()[-1])
         return found
-
-
-def wait_until(check: Callable[[], object], what: str, *, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except httpx.HTTPError as exc:
-            last = exc
-        else:
-            if last:
-                return
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 @contextlib.contextmanager
@@ -117,7 +105,7 @@ def demo_pods(root: Path, names: list[str]) -> Iterator[list[Pod]]:
             def started(pod: Pod = pod) -> bool:
                 return httpx.get(f"{pod.url}/health").status_code == 200
 
-            wait_until(started, f"the demo {pod.name} to start")
+            wait_for(started, 30, f"the demo {pod.name} to start", step=0.2, tolerate=REFUSED)
         yield pods
 
 
@@ -149,7 +137,13 @@ def prometheus(binary: str, root: Path, pods: list[Pod]) -> Iterator[str]:
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: httpx.get(f"{url}/-/ready").status_code == 200, "Prometheus")
+        wait_for(
+            lambda: httpx.get(f"{url}/-/ready").status_code == 200,
+            30,
+            "Prometheus",
+            step=0.2,
+            tolerate=REFUSED,
+        )
         yield url
     finally:
         stop_process_group(process)
@@ -207,7 +201,13 @@ def test_fullness_rule_on_scraped_demos_drives_the_hpa(helm: str, tmp_path: Path
             return served if served == pytest.approx(expected) else None
 
         wait_for_values(prom, promql, dict.fromkeys(names, 0.0))
-        wait_until(served_as_exported, "the served fullness to match the pods' own figures")
+        wait_for(
+            served_as_exported,
+            30,
+            "the served fullness to match the pods' own figures",
+            step=0.2,
+            tolerate=REFUSED,
+        )
         idle = per_pod(prom, promql)
         assert hpa_wanted(list(idle.values()), target=target) < 3
 
@@ -218,6 +218,12 @@ def test_fullness_rule_on_scraped_demos_drives_the_hpa(helm: str, tmp_path: Path
         assert pods[2].open_session() == 503
         wait_for_values(prom, promql, {names[0]: 1.0, names[1]: 0.5, names[2]: 1.0})
         assert pods[2].exported() == {"admissible": 0.0, "in_use": 0.0}
-        wait_until(served_as_exported, "the served fullness to match the pods' own figures")
+        wait_for(
+            served_as_exported,
+            30,
+            "the served fullness to match the pods' own figures",
+            step=0.2,
+            tolerate=REFUSED,
+        )
         busy = per_pod(prom, promql)
         assert hpa_wanted(list(busy.values()), target=target) > 3

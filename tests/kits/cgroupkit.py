@@ -37,6 +37,7 @@ from asgi_admission import (
 )
 from asgi_admission._admission.ledger import shared_place
 from asgi_admission._watchdog.groups import GroupsPlace, SessionGroups
+from kits.pollkit import wait_for
 from kits.processkit import free_port, stop_process_group
 from kits.requirekit import require_marker
 from kits.suitekit import MIB, V1_MEMORY, V2_ROOT
@@ -318,17 +319,6 @@ def default_places(group: Path) -> list[Path]:
 # -- waiting, and a server started in a group ---------------------------------------------
 
 
-def wait_for(check: Callable[[], Any], timeout: float, step: float = 0.2) -> Any:
-    """Poll ``check`` until it returns something true (returned), or fail at ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"not reached in {timeout} s"
-        time.sleep(step)
-
-
 def metric(client: httpx.Client, name: str) -> float | None:
     """The value of the sample ``name`` (with its labels, as exposed) at ``/metrics``."""
     for line in client.get("/metrics").text.splitlines():
@@ -468,10 +458,10 @@ def offender_run(
             return None if state["running"] else state
 
         if halted_by_guard:
-            ended = wait_for(halted, timeout=120)
+            ended = wait_for(halted, timeout=120, step=0.2)
         else:
             with contextlib.suppress(AssertionError):  # still running at 20 s: for the record
-                wait_for(stopped, timeout=20)
+                wait_for(stopped, timeout=20, step=0.2)
             ended = client.get(f"/processes/{offender}").json()
         time.sleep(3)  # several watchdog ticks: an ended session's group is gone by then
         others = [client.get(f"/processes/{s['id']}").json() for s in opened[:2]]
@@ -530,7 +520,7 @@ def assert_a_grouped_sessions_peak_is_reported(container: Path) -> None:
     child = subprocess.Popen(group.command(holding(40)))
     try:
         watchdog.register(child.pid, session_id="p1", route="POST /processes", group=group)
-        wait_for(lambda: child.pid in procs(path), timeout=60)
+        wait_for(lambda: child.pid in procs(path), timeout=60, step=0.2)
         assert child.wait(timeout=120) == 0
         kernel_peak = peak_bytes(path)
     finally:

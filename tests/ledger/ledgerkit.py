@@ -10,7 +10,6 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from multiprocessing.synchronize import Barrier, Event
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,6 @@ __all__ = [
     "oom_kills",
     "random_worker",
     "release_on_a_stuck_loop",
-    "wait_for",
     "write_v2_tree",
 ]
 
@@ -210,14 +208,6 @@ async def burst(
             return response.status_code
 
         return list(await asyncio.gather(*(one(i) for i in range(n))))
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def memory_group(limit_mb: int) -> contextlib.AbstractContextManager[Path]:

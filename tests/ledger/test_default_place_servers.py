@@ -10,9 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ledgerkit import Workers, burst, wait_for
+from ledgerkit import Workers, burst
 
 from kits.cgroupkit import default_place_paths, memory_group
+from kits.pollkit import wait_for
 from kits.processkit import open_files
 
 pytestmark = [pytest.mark.real_cgroup, pytest.mark.real_server, pytest.mark.slow]
@@ -84,7 +85,11 @@ def test_workers_that_cannot_share_say_so(tmp_path: Path, monkeypatch: pytest.Mo
             server.wait_ready()
             workers = server.worker_pids()
             assert all(open_files(pid, LEDGER) == set() for pid in workers)
-            wait_for(lambda: log.read_text().count("more workers of this server") >= 2, 10, "")
+            wait_for(
+                lambda: log.read_text().count("more workers of this server") >= 2,
+                10,
+                "the warning from both workers",
+            )
         finally:
             server.stop()
         assert all(not (path / LEDGER).exists() for path in taken)

@@ -11,9 +11,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from ledgerkit import Workers, burst, wait_for, write_v2_tree
+from ledgerkit import Workers, burst, write_v2_tree
 
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger, read_entries
+from kits.pollkit import wait_for
 
 #: Internal on purpose: the shared ledger's file, read to check what the workers counted.
 INTERNAL = "the shared ledger's file, read to check what the workers counted"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -23,6 +22,9 @@ from starlette.websockets import WebSocket
 from asgi_admission import AdmissionController, AdmissionMiddleware, MemoryReading, metrics_route
 from kits.processkit import free_port as free_port
 from kits.suitekit import MIB
+
+#: What a server still starting may answer with (ValueError: a body not yet JSON).
+STARTING = (httpx.HTTPError, OSError, ValueError)
 
 
 class SettableReader:
@@ -122,23 +124,6 @@ def promtool_check(promtool: str, exposition: bytes) -> subprocess.CompletedProc
         timeout=30,
         check=False,
     )
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (httpx.HTTPError, OSError, ValueError) as exc:
-            # ValueError: a server still starting may answer with something not JSON.
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.1)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 def request(

@@ -9,13 +9,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from metricskit import free_port, wait_until
+from metricskit import STARTING, free_port
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
+from kits.pollkit import wait_for
 from kits.processkit import stop_process_group
 from kits.suitekit import MIB
 
@@ -115,11 +117,21 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
         start_new_session=True,
     )
     try:
-        wait_until(
-            lambda: httpx.get(f"{server.url}/health").status_code == 200, 30, "the demo to start"
+        wait_for(
+            lambda: httpx.get(f"{server.url}/health").status_code == 200,
+            30,
+            "the demo to start",
+            step=0.1,
+            tolerate=STARTING,
         )
         # Both workers have built their guard once each holds a counter file.
-        wait_until(lambda: len(glob.glob(str(multiproc / "counter_*.db"))) == 2, 30, "2 workers")
+        wait_for(
+            lambda: len(glob.glob(str(multiproc / "counter_*.db"))) == 2,
+            30,
+            "2 workers",
+            step=0.1,
+            tolerate=STARTING,
+        )
         yield server
     finally:
         stop_process_group(process)
@@ -134,7 +146,9 @@ def test_two_workers_add_up_in_one_scrape(demo: Demo) -> None:
         by_worker = demo.admitted_by_worker()
         return len(by_worker) == 2 and all(by_worker.values())
 
-    wait_until(both_workers_admitted, 30, "each worker to admit a session")
+    wait_for(
+        both_workers_admitted, 30, "each worker to admit a session", step=0.1, tolerate=STARTING
+    )
     demo.set_used(900 * MIB)
     for _ in range(6):
         assert demo.open_session() == 503
@@ -146,8 +160,12 @@ def test_two_workers_add_up_in_one_scrape(demo: Demo) -> None:
         active = samples.get(("asgi_admission_sessions", (("state", "active"),)))
         return samples if active == demo.admitted else None
 
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = wait_until(
-        settled, 10, "both workers' live session counts to be published"
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = wait_for(
+        settled,
+        10,
+        "both workers' live session counts to be published",
+        step=0.1,
+        tolerate=STARTING,
     )
 
     def value(name: str, **labels: str) -> float | None:
@@ -206,29 +224,35 @@ def test_real_prometheus_scrapes_the_demo(demo: Demo, prometheus: str, tmp_path:
     )
     api = f"http://127.0.0.1:{port}/api/v1/query"
 
-    def query(expr: str) -> list[dict[str, object]]:
+    def query(expr: str) -> list[dict[str, Any]]:
         body = httpx.get(api, params={"query": expr}).json()
-        result: list[dict[str, object]] = body["data"]["result"]
+        result: list[dict[str, Any]] = body["data"]["result"]
         return result
 
     try:
-        ratio = wait_until(
-            lambda: query('asgi_admission_memory_usage_ratio{job="demo"}'), 30, "the ratio"
+        ratio = wait_for(
+            lambda: query('asgi_admission_memory_usage_ratio{job="demo"}'),
+            30,
+            "the ratio",
+            step=0.1,
+            tolerate=STARTING,
         )
         assert float(ratio[0]["value"][1]) == pytest.approx(0.95)
-        refused = wait_until(
+        refused = wait_for(
             lambda: query(
                 'asgi_admission_decisions_total{job="demo",kind="http",'
                 'outcome="rejected",reason="memory_pressure"} > 0'
             ),
             30,
             "refused decisions",
+            step=0.1,
+            tolerate=STARTING,
         )
         assert refused[0]["metric"]["instance"] == target
         admitted = query(
             'asgi_admission_decisions_total{kind="http",outcome="admitted",reason="none"}'
         )
-        assert float(admitted[0]["value"][1]) == demo.admitted  # type: ignore[index]
+        assert float(admitted[0]["value"][1]) == demo.admitted
         series = query("count by (kind, outcome, reason) (asgi_admission_decisions_total)")
         assert len(series) == 20  # every reachable combination (2 kinds x 10), pre-initialised
     finally:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 
 import httpx
 import pytest
@@ -18,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware
+from kits.pollkit import wait_for
 from kits.suitekit import MIB
 
 AFTER_S = 0.4
@@ -36,15 +36,6 @@ def stuck_guard(reader: SettableReader, registry: CollectorRegistry) -> Admissio
         return guard(app(), reader, liveness_path=LIVE, registry=registry)
 
 
-def wait_for(check: Callable[[], bool], timeout: float = 5.0) -> float:
-    """Poll ``check`` every 20 ms; the seconds it took to hold (fails after ``timeout``)."""
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout, "condition not reached in time"
-        time.sleep(0.02)
-    return time.monotonic() - started
-
-
 def test_a_latch_held_with_no_session_is_stuck_then_clears_by_itself(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -56,7 +47,9 @@ def test_a_latch_held_with_no_session_is_stuck_then_clears_by_itself(
     with caplog.at_level(logging.INFO, logger="asgi_admission"), TestClient(guarded) as client:
         assert client.get(LIVE).status_code == 200
         assert client.post("/sessions").status_code == 503  # sets the latch
-        took = wait_for(lambda: client.get(LIVE).status_code == 503)
+        started = time.monotonic()
+        wait_for(lambda: client.get(LIVE).status_code == 503, 5, "stuck")
+        took = time.monotonic() - started
         # Stuck at AFTER_S (looked at every tenth of it), failing within half more.
         assert AFTER_S * 0.9 <= took <= AFTER_S * 1.5 + 0.5, took
         assert client.get(LIVE).json()["stuck"] is True
@@ -64,7 +57,7 @@ def test_a_latch_held_with_no_session_is_stuck_then_clears_by_itself(
         assert registry.get_sample_value("asgi_admission_unattributed_bytes") == 900 * MIB
         # The readiness path still answers as before: latched.
         reader.set_mb(500)
-        wait_for(lambda: client.get(LIVE).status_code == 200)
+        wait_for(lambda: client.get(LIVE).status_code == 200, 5, "cleared")
         assert guarded.controller.pressure_state == "normal"
         assert registry.get_sample_value("asgi_admission_pressure_stuck") == 0
         assert client.post("/sessions").status_code == 201

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kits.cgroupkit import joining, memory_group, oom_kills, working_set_bytes
+from kits.pollkit import wait_for
 from kits.processkit import Server, free_port
 from kits.suitekit import MIB
 
@@ -33,15 +33,6 @@ LIMIT_MB = 256
 LEAK_MB = 160
 AFTER_S = 2.0
 ALIVE = "/admission/alive"
-
-
-def wait_for(check: Callable[[], bool], timeout: float) -> float:
-    """Poll ``check`` every 50 ms; the seconds it took to hold (fails after ``timeout``)."""
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout, "condition not reached in time"
-        time.sleep(0.05)
-    return time.monotonic() - started
 
 
 def gauges(client: httpx.Client) -> dict[str, float]:
@@ -99,7 +90,9 @@ def test_a_server_side_leak_with_no_session_is_stuck_then_clears(tmp_path: Path)
                 assert working_set_bytes(group) >= base + (LEAK_MB - 8) * MIB
                 # The readiness probe's check sets the latch: no session request at all.
                 assert client.get("/admission/ready").status_code == 503
-                took = wait_for(lambda: client.get(ALIVE).status_code == 503, timeout=15)
+                started = time.monotonic()
+                wait_for(lambda: client.get(ALIVE).status_code == 503, 15, "stuck", step=0.05)
+                took = time.monotonic() - started
                 # Stuck at AFTER_S; the liveness delay adds up to half of it more.
                 assert AFTER_S <= took <= AFTER_S * 1.5 + 1.5, took
                 assert client.get(ALIVE).json()["stuck"] is True
@@ -116,7 +109,7 @@ def test_a_server_side_leak_with_no_session_is_stuck_then_clears(tmp_path: Path)
 
                 assert client.delete("/leak").status_code == 200
                 # The watch's own look clears the latch: liveness first, no other request.
-                wait_for(lambda: client.get(ALIVE).status_code == 200, timeout=10)
+                wait_for(lambda: client.get(ALIVE).status_code == 200, 10, "cleared")
                 assert gauges(client)["asgi_admission_pressure_stuck"] == 0
                 assert client.get("/admission/ready").status_code == 200
                 assert client.post("/sessions").status_code == 201
@@ -174,7 +167,7 @@ def test_a_latch_set_by_sessions_that_end_is_never_called_stuck(tmp_path: Path) 
                 assert len(opened) * 1.2 > AFTER_S
                 assert {status for status, _ in seen} == {200}, seen
                 assert {stuck for _, stuck in seen} == {0}, seen
-                wait_for(lambda: client.get("/admission/ready").status_code == 200, timeout=10)
+                wait_for(lambda: client.get("/admission/ready").status_code == 200, 10, "ready")
         finally:
             server.stop()
         assert oom_kills(group) == 0

@@ -20,8 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kits.cgroupkit import container, demo, metric, oom_kills, v2_group, wait_for
+from kits.cgroupkit import container, demo, metric, oom_kills, v2_group
 from kits.cgroupkit import working_set_bytes as working_set
+from kits.pollkit import wait_for
 from kits.suitekit import MIB
 
 pytestmark = [pytest.mark.cgroup_v2, pytest.mark.real_server, pytest.mark.timeout(900)]
@@ -57,7 +58,7 @@ def one_session(client: httpx.Client, group: Path) -> tuple[int, bool]:
     with contextlib.suppress(AssertionError):  # not yet: the next session teaches more
         wait_for(lambda: learned_within(client, footprint), timeout=60, step=1)
     assert client.delete(path).status_code == 204
-    wait_for(lambda: working_set(group) < before + footprint // 2, timeout=60)
+    wait_for(lambda: working_set(group) < before + footprint // 2, timeout=60, step=0.2)
     return footprint, learned_within(client, footprint)
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kits.cgroupkit import container, demo, metric, oom_kills, v2_group, wait_for
+from kits.cgroupkit import container, demo, metric, oom_kills, v2_group
+from kits.pollkit import wait_for
 
 pytestmark = [pytest.mark.cgroup_v2, pytest.mark.real_server, pytest.mark.timeout(600)]
 
@@ -54,14 +55,14 @@ def test_psi_is_exported_and_a_leak_is_stuck_then_clears(tmp_path: Path) -> None
         assert client.post(f"/leak?mb={LEAK_MB}").status_code == 200
         # The readiness probe's check sets the latch: no session request at all.
         assert client.get("/admission/ready").status_code == 503
-        wait_for(lambda: client.get(ALIVE).status_code == 503, timeout=60)
+        wait_for(lambda: client.get(ALIVE).status_code == 503, timeout=60, step=0.2)
         assert metric(client, "asgi_admission_pressure_stuck") == 1
         unattributed = metric(client, "asgi_admission_unattributed_bytes")
         assert unattributed is not None
         assert unattributed >= LEAK_MB * 2**20
         assert metric(client, "asgi_admission_memory_pressure_stall_ratio") is not None
         assert client.delete("/leak").status_code == 200
-        wait_for(lambda: client.get(ALIVE).status_code == 200, timeout=60)
+        wait_for(lambda: client.get(ALIVE).status_code == 200, timeout=60, step=0.2)
         assert metric(client, "asgi_admission_pressure_stuck") == 0
         assert client.get("/admission/ready").status_code == 200
         assert client.post("/sessions").status_code == 201

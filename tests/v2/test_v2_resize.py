@@ -23,9 +23,9 @@ from kits.cgroupkit import (
     metric,
     oom_kills,
     v2_group,
-    wait_for,
     working_set_bytes,
 )
+from kits.pollkit import wait_for
 from kits.suitekit import MIB
 
 pytestmark = [pytest.mark.cgroup_v2, pytest.mark.real_server, pytest.mark.timeout(600)]
@@ -99,7 +99,7 @@ def test_a_limit_lowered_below_what_pending_sessions_need_refuses_the_next_at_on
     for holder in holders:
         holder.start()
     try:
-        wait_for(lambda: metric(client, PENDING) == 2, timeout=60)
+        wait_for(lambda: metric(client, PENDING) == 2, timeout=60, step=0.2)
         working_set = working_set_bytes(group)
         reserve = (SESSION_MB + 4) * MIB
         # The ceiling (80 %) just under the working set and the two reserves pending.
@@ -128,7 +128,9 @@ def test_a_limit_lowered_to_just_above_the_working_set_admits_nothing_and_kills_
     group, _, client = served
     for _ in range(3):
         assert client.post("/sessions").status_code == 201
-    wait_for(lambda: metric(client, ACTIVE) == 3 and metric(client, PENDING) == 0, timeout=60)
+    wait_for(
+        lambda: metric(client, ACTIVE) == 3 and metric(client, PENDING) == 0, timeout=60, step=0.2
+    )
     cache_before = key_of(group / "memory.stat", "file")
     usage_before = int((group / "memory.current").read_text())
     lowered = working_set_bytes(group) + 16 * MIB

@@ -31,8 +31,8 @@ from kits.cgroupkit import (
     procs,
     session_groups_in,
     v2_group,
-    wait_for,
 )
+from kits.pollkit import wait_for
 from kits.suitekit import MIB, ROOT
 
 pytestmark = [pytest.mark.cgroup_v2, pytest.mark.real_server, pytest.mark.timeout(600)]
@@ -80,7 +80,11 @@ def test_in_a_delegated_subtree_only_the_offender_is_killed_and_a_dead_workers_g
             run = run_with_events(server, base)
             server.kill()  # the worker alone: its session groups stay behind
             # Its children exit once their pipes close; their groups are then empty.
-            wait_for(lambda: all(not procs(base / g) for g in session_groups_in(base)), timeout=60)
+            wait_for(
+                lambda: all(not procs(base / g) for g in session_groups_in(base)),
+                timeout=60,
+                step=0.2,
+            )
             left = session_groups_in(base)
         finally:
             server.stop()

@@ -43,8 +43,8 @@ from kits.cgroupkit import (
     offender_run,
     procs,
     session_groups_in,
-    wait_for,
 )
+from kits.pollkit import wait_for
 from kits.suitekit import MIB
 
 INTERNAL = "a SessionGroups placed in a test's own memory group"
@@ -123,8 +123,10 @@ def test_a_crashed_workers_empty_groups_are_removed_and_no_group_with_processes(
             # Its children exit once their pipes close; a process of its own stays in p2's.
             kept = next(g for g in before if g.startswith(f"{worker}-") and g.endswith("-p2"))
             sleeper = subprocess.Popen([*joining(base / kept), "sleep", "600"])
-            wait_for(lambda: sleeper is not None and sleeper.pid in procs(base / kept), 20)
-            wait_for(lambda: not any(psutil.pid_exists(pid) for pid in children), 20)
+            wait_for(
+                lambda: sleeper is not None and sleeper.pid in procs(base / kept), 20, step=0.2
+            )
+            wait_for(lambda: not any(psutil.pid_exists(pid) for pid in children), 20, step=0.2)
             with demo(
                 joining(group), tmp_path / "next.log", ADMISSION_SESSION_GROUPS="auto"
             ) as again:
@@ -188,7 +190,7 @@ def test_auto_on_a_read_only_hierarchy_falls_back_and_says_so(tmp_path: Path) ->
             [*joining(group), *READ_ONLY], tmp_path / "auto.log", ADMISSION_SESSION_GROUPS="auto"
         )
         try:
-            wait_for(lambda: "session memory groups off" in server.log(), timeout=30)
+            wait_for(lambda: "session memory groups off" in server.log(), timeout=30, step=0.2)
             alive = server.proc.poll() is None
         finally:
             server.stop()

@@ -23,9 +23,9 @@ from asgi_admission._admission.ledger.ledger import Reservation
 # --------------------------------------------------------------------------------------
 # A settlement: one admitted session's state while its reservation waits to settle.
 #
-# The settler (``settling.py``) makes one at admission and moves it through its phases
-# (the request, waiting past the response or held by a ticket, started, done); the reservations
-# and the session requests hold on to it to report the session's events.
+# The settler makes one at admission and moves it through its phases (the request,
+# waiting past the response or held by a ticket, started, done); the reservations and
+# the session requests hold on to it to report the session's events.
 
 #: Every settlement's number, for the whole process: two guards of one process that
 #: share a settling queue (the default place is per memory group, not per guard) key
@@ -60,8 +60,7 @@ class Learned:
 class Settlement:
     """One admitted session's state, from admission until its reservation settles.
 
-    Owned by the ``settling.Settler`` that made it and changed only under the
-    ledger's lock.
+    Owned by the ``Settler`` that made it and changed only under the ledger's lock.
     """
 
     __slots__ = (
@@ -156,10 +155,10 @@ def apply(actions: Iterable[Action]) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# The attribution queue settling works on (``settling.py``): in one process, or
-# shared by the workers in a file (``shared_files.SharedSettleQueue``), and the changes
-# a settler makes to one record: find it, move it to the front when its session leaves
-# early, drop it (the module notes of ``settling.py`` say why).
+# The attribution queue settling works on: in one process, or shared by the workers in
+# a file (``shared_files.SharedSettleQueue``), and the changes a settler makes to one
+# record: find it, move it to the front when its session leaves early, drop it (the
+# settler's notes, below, say why).
 
 #: The share of its expected bytes a session's growth must show to settle.
 VISIBLE_FRACTION: Final = 0.9
@@ -267,22 +266,19 @@ def shown_in_request(
     pid: int,
     seqs: set[int],
     used_bytes: int,
-    share: float = VISIBLE_FRACTION,
 ) -> tuple[int | None, list[QueueRecord]]:
     """Of worker ``pid``'s sessions ``seqs``, of routes that build their memory inside the
     request, at the first reading after their response: those the working set has grown
-    by ``share`` of what they are expected to add since their admission have their memory
-    there. Each leaves the queue wherever it stands, and what is accounted for rises by
-    what it was expected to add (above the head's starting point), so that none of it
-    counts as an older session's growth. What is accounted for, and the records taken off
-    (``records`` is changed)."""
+    by ``VISIBLE_FRACTION`` of what they are expected to add since their admission have
+    their memory there, and leave the queue wherever they stand (``take_shown``). What is
+    accounted for, and the records taken off (``records`` is changed)."""
     taken: list[QueueRecord] = []
     if not seqs:
         return accounted, taken
     for record in list(records):
         if record.pid != pid or record.seq not in seqs:
             continue
-        if used_bytes - record.base_bytes < share * record.expected_bytes:
+        if used_bytes - record.base_bytes < VISIBLE_FRACTION * record.expected_bytes:
             continue
         accounted = take_shown(accounted, records, record)
         taken.append(record)
@@ -397,10 +393,10 @@ def _not_left_early(record: QueueRecord) -> bool:
 #
 # Sessions ramp slower when many start at once on a busy machine than the ramp learned
 # from calmer ones; releasing them by time while their memory is visibly still coming
-# would admit a burst past capacity. So the settler (``settling.py``) settles no session
-# by its ramp time while the working set grows at least ``GROWING_BYTES_PER_S`` faster
-# than what can be explained (over readings at least ``GROWTH_SPAN_S`` apart), nor
-# until it has been quiet for ``GROWTH_QUIET_S``.
+# would admit a burst past capacity. So the settler settles no session by its ramp time
+# while the working set grows at least ``GROWING_BYTES_PER_S`` faster than what can be
+# explained (over readings at least ``GROWTH_SPAN_S`` apart), nor until it has been
+# quiet for ``GROWTH_QUIET_S``.
 #
 # What can be explained: the memory of sessions built inside their request, at their
 # response (:meth:`Growth.explain`), and the sessions still within their ramp, as fast as
@@ -475,12 +471,12 @@ class Growth:
 # --------------------------------------------------------------------------------------
 # Memory freed by sessions that end, so that it does not hide the growth of others.
 #
-# While sessions settle (``settling.py``) the working set must rise by what each is
-# expected to add above what is already accounted for. Under churn, sessions end while
-# others ramp: the memory they free makes the working set fall by as much as the others
-# grow, and without this the sessions still ramping would look as if nothing of theirs
-# had come, their reservations held until their ramp time or the timeout
-# (docs/reservations.md, "Settling under churn").
+# While sessions settle the working set must rise by what each is expected to add above
+# what is already accounted for. Under churn, sessions end while others ramp: the memory
+# they free makes the working set fall by as much as the others grow, and without this
+# the sessions still ramping would look as if nothing of theirs had come, their
+# reservations held until their ramp time or the timeout (docs/reservations.md,
+# "Settling under churn").
 #
 # Notes:
 #
@@ -584,15 +580,8 @@ class FreedMemory:
             self._since = since
 
 
-class AdmittedBase(Protocol):
-    """A session in the attribution queue (``settling.QueueRecord``)."""
-
-    admitted_at: float
-    base_bytes: int
-
-
 def without_freed(
-    accounted: int | None, records: Sequence[AdmittedBase], freed: Freed
+    accounted: int | None, records: Sequence[QueueRecord], freed: Freed
 ) -> int | None:
     """Memory freed since ``freed.since`` leaves the bases of the sessions admitted by
     then, and what is accounted for where it has not moved since; what is accounted for."""
@@ -609,17 +598,17 @@ def without_freed(
 #
 # Notes:
 #
-# - The settler (``settling.py``) decides when a session leaves; this says what its
-# leaving does: settled (its reservation released or made active by its kind), given
-# back (released, its memory still expected of its record, left early), activated (a
-# started session) or dropped (it failed or ended: released, its record taken off the
-# attribution queue). Each returns the reservation changes to make once the ledger's
-# critical section is left, as the settler's own methods do.
+# - The settler decides when a session leaves; this says what its leaving does: settled
+# (its reservation released or made active by its kind), given back (released, its
+# memory still expected of its record, left early), activated (a started session) or
+# dropped (it failed or ended: released, its record taken off the attribution queue).
+# Each returns the reservation changes to make once the ledger's critical section is
+# left, as the settler's own methods do.
 # - The counts of sessions waiting past their response, and of those and the held
 # tickets, follow every change of phase: reading them costs no pass over the entries.
 # - A session that leaves without showing its memory *leaves early*: its record moves
-# to the front of the queue (``move_to_front``; the settler's module notes say
-# why). Entries are kept in admission order, the order ``due`` reads them in.
+# to the front of the queue (``move_to_front``; the settler's notes say why). Entries
+# are kept in admission order, the order ``due`` reads them in.
 
 
 class PendingSessions:
@@ -928,7 +917,7 @@ class Settler:
 
     def started(self, entry: Settlement, learned: Learned) -> list[Action]:
         """The app says the session's memory is up: pending becomes active (once it
-        covers no older session's memory: see the module notes)."""
+        covers no older session's memory: see the settler's notes)."""
         if entry.phase in ("request", "waiting", "held"):
             accounted, records = self._queue.load()
             own = own_record(records, self._pid, entry.seq) if entry.queued else None
@@ -936,7 +925,7 @@ class Settler:
             self._pending.phase(entry, "started")
             if self._pending.leave_early(entry, learned) and covers_older:
                 # It stays among the entries, its reserve held, until growth has paid
-                # for every record left early (see the module notes).
+                # for every record left early (see the settler's notes).
                 return []
             return self._pending.activate(entry)
         return []
@@ -958,8 +947,7 @@ class Settler:
             return []
         self._queue.store(take_shown(accounted, records, record), records)
         self._routes.pop(entry.seq, None)
-        entry.visible = True
-        return self._pending.settle(entry) if entry.phase == "waiting" else []
+        return self._shown(entry)
 
     def release(self, entry: Settlement) -> list[Action]:
         """The app ended or gave up the session."""
@@ -1008,9 +996,7 @@ class Settler:
             for record in taken:
                 self._growth.explain(record.expected_bytes)
                 if (entry := self._pending.get(record.seq)) is not None:
-                    entry.visible = True
-                    if entry.phase == "waiting":
-                        actions += self._pending.settle(entry)
+                    actions += self._shown(entry)
             young = young_bytes_per_s(self._pending, learned, now)
             self._growth.note(used_bytes, now, young)
         if self._routes:
@@ -1028,7 +1014,7 @@ class Settler:
         if self._pending:
             if not records or not records[0].left_early:
                 # Growth has paid for every record left early: the started sessions kept
-                # pending cover no one any longer (see the module notes).
+                # pending cover no one any longer (see the settler's notes).
                 actions += self._pending.activate_started()
             if self._queue.shared:
                 actions += self._taken_by_others()
@@ -1051,12 +1037,16 @@ class Settler:
             if entry.queued and not entry.visible and entry.seq not in known:
                 if entry.phase == "started":
                     continue  # its record left early leaving alone frees it of nothing
-                entry.visible = True
-                if entry.phase == "waiting":
-                    actions += self._pending.settle(entry)
+                actions += self._shown(entry)
         return actions
 
     # -- internals ---------------------------------------------------------------------
+
+    def _shown(self, entry: Settlement) -> list[Action]:
+        # Its memory showed: it settles now if it waits past its response; in its request,
+        # at its response; held or started, by its ticket.
+        entry.visible = True
+        return self._pending.settle(entry) if entry.phase == "waiting" else []
 
     def _attribute(
         self,
@@ -1077,11 +1067,8 @@ class Settler:
             pid=self._pid,
         )
         for seq in shown:
-            entry = self._pending.get(seq)
-            if entry is not None:
-                entry.visible = True
-                if entry.phase == "waiting":
-                    actions += self._pending.settle(entry)
+            if (entry := self._pending.get(seq)) is not None:
+                actions += self._shown(entry)
         if head is not None and (own := self._pending.get(head[0])) is not None:
             left = own.measured_left
             own.remaining = head[1] if left is None else min(head[1], left)

@@ -729,13 +729,13 @@ class PendingSessions:
 # - Readings used here are exact working sets (never the fast path's usage bound,
 # which includes cache). Admission records the working set it decided with, or the
 # bound where that was all it read: a higher start only holds the reservation longer.
-# - A session that leaves the queue without showing its memory (its ramp time or
-# the timeout passed, or its app said ``started()``) *leaves early*: its record
-# stays in the queue, still counting its expected bytes, and moves to the front: its
-# memory may all be there already, ahead of older sessions still ramping, so
-# growth pays for it first. It leaves once its memory shows, the timeout has passed
-# since its admission, or it protects no one (``drop_lapsed``). A
-# session that failed or ended leaves outright: no memory is expected of it.
+# - A session that leaves the queue without showing its memory (its ramp time or the
+# timeout passed, or its app said ``started()``) *leaves early*: its record stays in
+# the queue, still counting its expected bytes, and moves to the front: its memory may
+# all be there already, ahead of older sessions still ramping, so growth pays for it
+# first. It leaves once its memory shows, the timeout has passed since its admission,
+# or it protects no one (``drop_lapsed``). A session that failed or ended leaves
+# outright: no memory is expected of it.
 # - A session of a route built inside the request settles at the first reading after
 # its response that shows its memory, wherever it stands in the queue, and its memory
 # counts as no older session's growth (``shown_in_request``).
@@ -744,13 +744,14 @@ class PendingSessions:
 # growing since then: its memory is up, theirs perhaps not yet, and its reserve is
 # all that still covers theirs. It stays pending (its ticket started) until growth
 # has paid for every record left early in the queue (a later one's memory may be
-# what paid for its own) or the timeout has passed since its admission, then
-# becomes active.
-# Otherwise ``started()`` makes it active at once.
-# - Everything here runs inside the ledger's critical section, which also guards
-# the queue when it is shared by the workers (``SharedSettleQueue``); what to do
-# with the reservations (release, activate: below) is returned, to
-# be done after the lock is left, because the reservations take the same lock.
+# what paid for its own) or the timeout has passed since its admission, then becomes
+# active. Otherwise ``started()`` makes it active at once.
+# - Everything here runs inside the ledger's critical section, which also guards the
+# queue when it is shared by the workers (``SharedSettleQueue``); what to do with the
+# reservations (release, activate) is returned, to be done after the lock is left,
+# because the reservations take the same lock. What was learned of the routes is
+# handed in (``Learned``) by the calls that may settle by time: settling asks nothing
+# of the reservations or of learning.
 
 logger = logging.getLogger("asgi_admission")
 

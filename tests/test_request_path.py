@@ -34,8 +34,9 @@ def test_one_session_request_enters_few_modules_and_nothing_calls_back_up(
     """A ``POST /sessions`` at the defaults, counted by a profile hook in this process
     (bench/request_path.py), enters at most 16 of the package's modules to its answer and
     through 3 s of settling, and crosses between them at most 100 times to its answer;
-    the latch calls into nothing of the reservations, nothing below the service calls
-    the service, and admission calls nothing of the ASGI side."""
+    the latch calls into nothing of the reservations, settling into nothing of the pending
+    reservations or learning, nothing below the service calls the service, and admission
+    calls nothing of the ASGI side."""
     # At its defaults the guard shares its ledger, settling queue, probes and what it
     # learned in a default place (docs/operations.md), which the suite turns off
     # (tests/conftest.py): here one is made under tmp_path, as under /dev/shm.
@@ -54,6 +55,7 @@ def test_one_session_request_enters_few_modules_and_nothing_calls_back_up(
         (caller, callee)
         for caller, callee in report.settled.edges
         if (caller.startswith("_admission/decision/") and callee.startswith("_admission/res"))
+        or (caller.endswith("/settling.py") and callee.endswith(("/pending.py", "/learning.py")))
         or (caller.startswith("_admission/") and not callee.startswith(ADMISSION_ASKS))
         or (caller.startswith("_admission/") and callee == "_admission/service.py")
     }

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from asgi_admission._admission.reservations.settling import (
     FREED_WITHIN_S,
     ExactReading,
     FreedMemory,
+    QueueRecord,
     without_freed,
 )
 from kits.suitekit import MIB
 
 INTERNAL = "the freed memory of settling, on synthetic readings"
-
-
-@dataclass
-class Row:
-    admitted_at: float
-    base_bytes: int
 
 
 def readings(freed: FreedMemory, values_mb: list[int], *, start: float, step: float) -> list[int]:
@@ -79,7 +72,10 @@ def test_freed_memory_lowers_the_bases_admitted_by_then_and_what_was_accounted_f
     """Sessions admitted after the reading were admitted without the freed memory: their
     bases stay; what is accounted for, if it moved since the reading, stays too."""
     since = ExactReading(300 * MIB, 1.0, 250 * MIB)
-    rows = [Row(0.5, 200 * MIB), Row(1.0, 280 * MIB), Row(1.2, 210 * MIB)]
+    rows = [
+        QueueRecord(1, seq, at, base * MIB, 100 * MIB)
+        for seq, (at, base) in enumerate([(0.5, 200), (1.0, 280), (1.2, 210)])
+    ]
     freed = FreedMemory()
     freed.ended(50 * MIB, since, 1.1)
     found = freed.step(250 * MIB, 1.25)

@@ -24,6 +24,7 @@ from asgi_admission._admission.ledger.ledger import InProcessLedger, Reservation
 from asgi_admission._admission.reservations.settling import (
     VISIBLE_FRACTION,
     Action,
+    Learned,
     Settlement,
     Settler,
 )
@@ -38,6 +39,8 @@ EXAMPLES = 40
 TIMEOUT = 30.0
 STEP = 0.1
 BASE = 200 * MIB
+#: No route learned: every session settles by its memory, its ticket or the timeout.
+NOTHING_LEARNED = Learned()
 
 BEHAVIOURS = (
     "in_request",
@@ -181,7 +184,7 @@ def test_random_sessions_release_once_never_early_and_return_to_zero(
                         events += settler.abandon(sim.entry)
                     else:
                         sim.responded = True
-                        events += settler.respond(sim.entry, now)
+                        events += settler.respond(sim.entry, now, NOTHING_LEARNED)
                 if (
                     sim.behaviour in ("ticket", "ticket_released")
                     and sim.responded
@@ -189,7 +192,7 @@ def test_random_sessions_release_once_never_early_and_return_to_zero(
                     and sim.arrived(now) == sim.footprint
                 ):
                     sim.started = True
-                    events += settler.started(sim.entry)
+                    events += settler.started(sim.entry, NOTHING_LEARNED)
                 if now >= sim.end_at and (sim.responded or sim.failed):
                     sim.ended = True
                     if sim.behaviour == "websocket":
@@ -198,7 +201,7 @@ def test_random_sessions_release_once_never_early_and_return_to_zero(
                         events += settler.release(sim.entry)
                         events += settler.release(sim.entry)
             with ledger.locked():
-                events += settler.settle(working_set(), now)
+                events += settler.settle(working_set(), now, NOTHING_LEARNED)
             apply(events)
             check()
     # Every request completes and every session ends; the timeout passes.
@@ -209,7 +212,7 @@ def test_random_sessions_release_once_never_early_and_return_to_zero(
                 apply(settler.abandon(sim.entry))
             else:
                 sim.responded = True
-                apply(settler.respond(sim.entry, now))
+                apply(settler.respond(sim.entry, now, NOTHING_LEARNED))
         if not sim.ended:
             sim.ended = True
             if sim.behaviour == "websocket" or sim.behaviour.startswith("ticket"):
@@ -217,7 +220,7 @@ def test_random_sessions_release_once_never_early_and_return_to_zero(
     for _ in range(int(TIMEOUT / STEP) + 5):
         now += STEP
         with ledger.locked():
-            events = settler.settle(working_set(), now)
+            events = settler.settle(working_set(), now, NOTHING_LEARNED)
         apply(events)
     assert counts(ledger) == (0, 0)
     assert settler.unsettled == 0

@@ -41,9 +41,9 @@ from asgi_admission._admission.reservations.probing import (
     ProbeWaiters,
 )
 from asgi_admission._admission.reservations.settling import (
-    RAMP_MARGIN,
     Action,
     ExactReading,
+    Learned,
     LocalSettleQueue,
     Settlement,
     SettleQueue,
@@ -251,6 +251,7 @@ class LearnedView:
         "_estimates",
         "_expected",
         "_known",
+        "_learned",
         "_learner",
         "_learner_version",
         "_probes",
@@ -279,6 +280,7 @@ class LearnedView:
         #: Routes decided on an estimate (learned, or a probe's provisional footprint).
         self._known: dict[str, RouteEstimate | None] = {}
         self._expected: dict[tuple[str, int | None], int] = {}
+        self._learned: Learned | None = None
 
     def expected_bytes(self, route: str, limit_bytes: int | None) -> int:
         """The route's own reserve under the limit ``limit_bytes``: the one configured or
@@ -307,19 +309,16 @@ class LearnedView:
             return "adapt"
         return self.learning
 
-    def ramp_s(self, route: str) -> float | None:
-        """How long settling waits by time for a session of ``route``; ``None`` unknown."""
-        # Only a concluded estimate has a ramp: an open probe's is still growing.
-        estimate = self.known().get(route)
-        return None if estimate is None else estimate.ramp_s * RAMP_MARGIN
-
-    def footprint_bytes(self, route: str) -> int | None:
-        estimate = self.estimates().get(route)
-        return None if estimate is None else estimate.footprint_bytes
-
-    def min_ramp_s(self) -> float | None:
-        ramps = (e.ramp_s * RAMP_MARGIN for e in self.known().values() if e is not None)
-        return min(ramps, default=None)
+    def learned(self) -> Learned:
+        """What settling is handed: every route's footprint, and the ramps of the routes
+        decided on an estimate (an open probe's is still growing)."""
+        estimates = self.estimates()
+        if self._learned is None:
+            self._learned = Learned(
+                footprint_bytes={route: e.footprint_bytes for route, e in estimates.items()},
+                ramp_s={route: e.ramp_s for route, e in self._known.items() if e is not None},
+            )
+        return self._learned
 
     def estimates(self) -> dict[str, RouteEstimate]:
         """Every route's estimate: learned, else a probe's provisional one."""
@@ -336,6 +335,7 @@ class LearnedView:
             self._estimates = {**learned, **provisional}
             self._known = {**probes.concluded(), **learned}
             self._expected = {}
+            self._learned = None
         return self._estimates
 
     def known(self) -> dict[str, RouteEstimate | None]:
@@ -469,22 +469,10 @@ class LearnedSharing:
 #
 # - The order is the direction of their dependencies: the settling queue (this
 # process's, or the workers' shared file), the probes (whose store is shared
-# too), the learned view over the learner and the probes, the settler that asks the
-# view what a route's sessions are expected to add, and the sharing of what was
-# learned, which reads all of them.
+# too), the learned view over the learner and the probes, the settler over the queue
+# (handed the view's ``learned()`` at each call that may settle by time), and the
+# sharing of what was learned, which reads all of them.
 # - With ``ADMISSION_SHARED_DIR`` unset nothing here opens a file.
-
-
-class Tally:
-    """A count told one at a time: the held tickets the pending timeout released."""
-
-    __slots__ = ("total",)
-
-    def __init__(self) -> None:
-        self.total = 0
-
-    def __call__(self) -> None:
-        self.total += 1
 
 
 @dataclass(frozen=True)
@@ -504,8 +492,6 @@ class ReservationParts:
     view: LearnedView
     settler: Settler
     sharing: LearnedSharing
-    #: Held tickets never started that the timeout released, in this process.
-    expired: Tally
 
 
 def reserve_logger(learning: Learning) -> Callable[[int, int | None], None]:
@@ -552,7 +538,6 @@ def build_parts(
     default, a debug log line);
     ``learner`` is what learns the sessions' cost (a new one by default).
     """
-    expired = Tally()
     if learner is None:
         learner = SessionLearner(timeout_s=timeout_s)
     queue: SettleQueue = LocalSettleQueue()
@@ -577,15 +562,7 @@ def build_parts(
         learning=learning,
         min_reserve_bytes=min_reserve_bytes,
     )
-    settler = Settler(
-        queue=queue,
-        timeout_s=timeout_s,
-        request_timeout_s=request_timeout_s,
-        ramp_s=view.ramp_s,
-        min_ramp_s=view.min_ramp_s,
-        footprint_bytes=view.footprint_bytes,
-        on_expired=expired,
-    )
+    settler = Settler(queue=queue, timeout_s=timeout_s, request_timeout_s=request_timeout_s)
     sharing = LearnedSharing(
         learner=learner,
         probes=probes,
@@ -607,7 +584,6 @@ def build_parts(
         view=view,
         settler=settler,
         sharing=sharing,
-        expired=expired,
     )
 
 
@@ -688,7 +664,7 @@ class Samples:
             return ()
         memory = self._read()
         if not memory.available or memory.used_bytes is None:
-            return settler.settle(None, now)
+            return settler.settle(None, now, self._parts.view.learned())
         return self.take(memory.used_bytes, now)
 
     def settle_with(self, memory: MemoryReading) -> Sequence[Action]:
@@ -716,7 +692,7 @@ class Samples:
         if not settler.unsettled or now < self._next_look:
             return ()
         self._next_look = now + SAMPLE_INTERVAL_S
-        return settler.settle(None, now)
+        return settler.settle(None, now, self._parts.view.learned())
 
     def take(self, used_bytes: int, now: float) -> list[Action]:
         """The working set ``used_bytes`` read at ``now``: teach it, settle by it."""
@@ -728,7 +704,7 @@ class Samples:
             if busy:
                 parts.probes.on_reading(used_bytes, now, parts.learner)
             parts.sharing.publish()
-        return parts.settler.settle(used_bytes, now)
+        return parts.settler.settle(used_bytes, now, parts.view.learned())
 
     def sample(self, own: int | None, now: float) -> list[Action]:
         """The periodic sample's step, given the app's own count ``own``."""
@@ -768,7 +744,7 @@ class Samples:
             if memory.available and memory.used_bytes is not None:
                 actions += self.take(memory.used_bytes, now)
             else:
-                actions += settler.settle(None, now)
+                actions += settler.settle(None, now, parts.view.learned())
         self._sample_reading = settler.last_reading
         # While requests wait for another worker's probe, what it learned is looked
         # for at every sample.
@@ -864,7 +840,6 @@ class Reservations:
         self.route = RouteNames(route_of)
         self.learning: Learning = parts.view.learning
         self._clock = parts.clock
-        self._expired = parts.expired
         #: Session requests that opened nothing, by kind and cause, in this process.
         self.failed: dict[tuple[Kind, FailureCause], int] = {}
         self.ends = SessionEnds()
@@ -883,7 +858,7 @@ class Reservations:
     @property
     def expired_total(self) -> int:
         """Held tickets never started that the timeout released, in this process."""
-        return self._expired.total
+        return self.settler.expired
 
     # -- what settling expects ------------------------------------------------------
 
@@ -911,7 +886,7 @@ class Reservations:
         settler = self.settler
         if count is not None and settler.waiting and count < settler.past_response:
             with self._attempt:  # the app counts fewer sessions than wait to settle
-                ended = settler.counted(count)
+                ended = settler.counted(count, self.view.learned())
             apply(ended)
         self._kept.catch_up(self._attempt)
         return None if count is None else self.own_count(count)
@@ -1041,7 +1016,7 @@ class Reservations:
 
     def _responded(self, entry: Settlement) -> Sequence[Action]:
         now = self._clock()
-        actions = self.settler.respond(entry, now)
+        actions = self.settler.respond(entry, now, self.view.learned())
         if self.learning != "off":
             self.learner.on_response(entry.admitted_at, now)
         probe = entry.seq in self.probes.own
@@ -1056,7 +1031,7 @@ class Reservations:
                 actions += self._samples.take(used, now)
             else:
                 # No reading to show it by: it settles by time, as any blind session.
-                actions += self.settler.settle(None, now)
+                actions += self.settler.settle(None, now, self.view.learned())
         return actions
 
     def _probe_left(self, entry: Settlement, opened: bool) -> None:
@@ -1108,7 +1083,9 @@ class Reservations:
             self._kept.now_or_later(hold, self._attempt)
             return held[0] if held else True
         if operation == "started":
-            self._kept.now_or_later(lambda: self.settler.started(entry), self._attempt)
+            self._kept.now_or_later(
+                lambda: self.settler.started(entry, self.view.learned()), self._attempt
+            )
         else:
 
             def release() -> Sequence[Action]:

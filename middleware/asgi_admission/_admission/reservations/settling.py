@@ -14,7 +14,7 @@ import math
 import os
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
 from asgi_admission._admission.decision.observer import Kind
@@ -23,9 +23,9 @@ from asgi_admission._admission.ledger.ledger import Reservation
 # --------------------------------------------------------------------------------------
 # A settlement: one admitted session's state while its reservation waits to settle.
 #
-# The settler (``settling.py``) makes one at admission and moves it through its phases
-# (the request, waiting past the response or held by a ticket, started, done); the reservations
-# and the session requests hold on to it to report the session's events.
+# The settler makes one at admission and moves it through its phases (the request,
+# waiting past the response or held by a ticket, started, done); the reservations and
+# the session requests hold on to it to report the session's events.
 
 #: Every settlement's number, for the whole process: two guards of one process that
 #: share a settling queue (the default place is per memory group, not per guard) key
@@ -41,11 +41,26 @@ Action = tuple[Reservation, SettleOutcome]
 PAST_RESPONSE: Final = ("waiting", "held")
 
 
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """What was learned of the routes, handed to each call of the settler that needs it:
+    a route's footprint (a probe's provisional one until the learner has one) and its
+    ramp (of a concluded estimate only: an open probe's is still growing)."""
+
+    footprint_bytes: Mapping[str, int] = field(default_factory=dict)
+    ramp_s: Mapping[str, float] = field(default_factory=dict)
+
+    def settle_after_s(self, route: str) -> float | None:
+        """How long after its admission a session of ``route`` settles by time: its
+        learned ramp, stretched by ``RAMP_MARGIN``; ``None`` unknown."""
+        ramp = self.ramp_s.get(route)
+        return None if ramp is None else ramp * RAMP_MARGIN
+
+
 class Settlement:
     """One admitted session's state, from admission until its reservation settles.
 
-    Owned by the ``settling.Settler`` that made it and changed only under the
-    ledger's lock.
+    Owned by the ``Settler`` that made it and changed only under the ledger's lock.
     """
 
     __slots__ = (
@@ -140,10 +155,10 @@ def apply(actions: Iterable[Action]) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# The attribution queue settling works on (``settling.py``): in one process, or
-# shared by the workers in a file (``shared_files.SharedSettleQueue``), and the changes
-# a settler makes to one record: find it, move it to the front when its session leaves
-# early, drop it (the module notes of ``settling.py`` say why).
+# The attribution queue settling works on: in one process, or shared by the workers in
+# a file (``shared_files.SharedSettleQueue``), and the changes a settler makes to one
+# record: find it, move it to the front when its session leaves early, drop it (the
+# settler's notes, below, say why).
 
 #: The share of its expected bytes a session's growth must show to settle.
 VISIBLE_FRACTION: Final = 0.9
@@ -225,24 +240,16 @@ def own_record(records: list[QueueRecord], pid: int, seq: int) -> QueueRecord | 
     return None
 
 
-def move_to_front(
-    queue: SettleQueue,
-    pid: int,
-    seq: int,
-    *,
-    route: str,
-    footprint_bytes: Callable[[str], int | None],
-) -> bool:
+def move_to_front(queue: SettleQueue, pid: int, seq: int, footprint: int | None) -> bool:
     """Its session left early: move the record of session ``seq`` of worker ``pid`` to
-    the front of the queue (behind the others that left early), claiming what a session
-    of its ``route`` was learned to add if less than its reserve; a claim of nothing
+    the front of the queue (behind the others that left early), claiming the
+    ``footprint`` learned of its route if less than its reserve; a claim of nothing
     leaves the queue at once. Whether it stays."""
     accounted, records = queue.load()
     record = own_record(records, pid, seq)
     if record is None:
         return False
     records.remove(record)
-    footprint = footprint_bytes(route)
     if footprint is not None:
         record.expected_bytes = min(record.expected_bytes, footprint)
     if record.expected_bytes > 0:
@@ -259,22 +266,19 @@ def shown_in_request(
     pid: int,
     seqs: set[int],
     used_bytes: int,
-    share: float = VISIBLE_FRACTION,
 ) -> tuple[int | None, list[QueueRecord]]:
     """Of worker ``pid``'s sessions ``seqs``, of routes that build their memory inside the
     request, at the first reading after their response: those the working set has grown
-    by ``share`` of what they are expected to add since their admission have their memory
-    there. Each leaves the queue wherever it stands, and what is accounted for rises by
-    what it was expected to add (above the head's starting point), so that none of it
-    counts as an older session's growth. What is accounted for, and the records taken off
-    (``records`` is changed)."""
+    by ``VISIBLE_FRACTION`` of what they are expected to add since their admission have
+    their memory there, and leave the queue wherever they stand (``take_shown``). What is
+    accounted for, and the records taken off (``records`` is changed)."""
     taken: list[QueueRecord] = []
     if not seqs:
         return accounted, taken
     for record in list(records):
         if record.pid != pid or record.seq not in seqs:
             continue
-        if used_bytes - record.base_bytes < share * record.expected_bytes:
+        if used_bytes - record.base_bytes < VISIBLE_FRACTION * record.expected_bytes:
             continue
         accounted = take_shown(accounted, records, record)
         taken.append(record)
@@ -301,17 +305,17 @@ def drop_lapsed(
     now: float,
     routes: Mapping[int, str],
     seen: Iterable[str],
-    ramp_s: Callable[[str], float | None],
+    learned: Learned,
 ) -> list[QueueRecord]:
     """``records`` less worker ``pid``'s records left early (their ``routes`` by number) whose
-    claim protects no one any longer: the longest ramp (``ramp_s``) of the routes ``seen``
+    claim protects no one any longer: the longest ramp (``learned``) of the routes ``seen``
     (all of them known) has passed since its admission, so every older session's memory
     has come, and the sessions still queued were admitted after its own ramp, so theirs
     is counted from a working set that held its memory. Each leaves without raising what
     is accounted for: what it claimed is in their starting points."""
     if not records or not records[0].left_early:
         return records
-    ramps = [ramp_s(route) for route in seen]
+    ramps = [learned.settle_after_s(route) for route in seen]
     if not ramps or None in ramps:
         return records
     longest = max(r for r in ramps if r is not None)
@@ -319,7 +323,7 @@ def drop_lapsed(
     kept = []
     for record in records:
         route = routes.get(record.seq) if record.pid == pid and record.left_early else None
-        ramp = None if route is None else ramp_s(route)
+        ramp = None if route is None else learned.settle_after_s(route)
         lapsed = ramp is not None and first >= record.admitted_at + ramp
         if not (lapsed and now - record.admitted_at >= longest):
             kept.append(record)
@@ -389,10 +393,10 @@ def _not_left_early(record: QueueRecord) -> bool:
 #
 # Sessions ramp slower when many start at once on a busy machine than the ramp learned
 # from calmer ones; releasing them by time while their memory is visibly still coming
-# would admit a burst past capacity. So the settler (``settling.py``) settles no session
-# by its ramp time while the working set grows at least ``GROWING_BYTES_PER_S`` faster
-# than what can be explained (over readings at least ``GROWTH_SPAN_S`` apart), nor
-# until it has been quiet for ``GROWTH_QUIET_S``.
+# would admit a burst past capacity. So the settler settles no session by its ramp time
+# while the working set grows at least ``GROWING_BYTES_PER_S`` faster than what can be
+# explained (over readings at least ``GROWTH_SPAN_S`` apart), nor until it has been
+# quiet for ``GROWTH_QUIET_S``.
 #
 # What can be explained: the memory of sessions built inside their request, at their
 # response (:meth:`Growth.explain`), and the sessions still within their ramp, as fast as
@@ -419,20 +423,15 @@ def quick(ramp_s: float | None) -> bool:
     return ramp_s is not None and ramp_s <= QUICK_RAMP_S
 
 
-def young_bytes_per_s(
-    entries: Iterable[Settlement], ramp_s: Callable[[str], float | None], now: float
-) -> float:
-    """How fast the unsettled ``entries`` still within their learned ramp (``ramp_s`` of
-    their route is stretched by ``RAMP_MARGIN``) may add memory: what each still adds,
-    over that ramp. One past it has nothing left to explain: its memory is as late as
-    that of the sessions waiting for their ramp time."""
+def young_bytes_per_s(entries: Iterable[Settlement], learned: Learned, now: float) -> float:
+    """How fast the unsettled ``entries`` still within their route's learned ramp may add
+    memory: what each still adds, over that ramp. One past it has nothing left to
+    explain: its memory is as late as that of the sessions waiting for their ramp time."""
     total = 0.0
     for entry in entries:
-        ramp = ramp_s(entry.route)
-        if ramp is not None and not quick(ramp):
-            learned = ramp / RAMP_MARGIN
-            if now - entry.admitted_at < learned:
-                total += entry.remaining / learned
+        ramp = learned.ramp_s.get(entry.route)
+        if ramp is not None and not quick(ramp * RAMP_MARGIN) and now - entry.admitted_at < ramp:
+            total += entry.remaining / ramp
     return total
 
 
@@ -472,12 +471,12 @@ class Growth:
 # --------------------------------------------------------------------------------------
 # Memory freed by sessions that end, so that it does not hide the growth of others.
 #
-# While sessions settle (``settling.py``) the working set must rise by what each is
-# expected to add above what is already accounted for. Under churn, sessions end while
-# others ramp: the memory they free makes the working set fall by as much as the others
-# grow, and without this the sessions still ramping would look as if nothing of theirs
-# had come, their reservations held until their ramp time or the timeout
-# (docs/reservations.md, "Settling under churn").
+# While sessions settle the working set must rise by what each is expected to add above
+# what is already accounted for. Under churn, sessions end while others ramp: the memory
+# they free makes the working set fall by as much as the others grow, and without this
+# the sessions still ramping would look as if nothing of theirs had come, their
+# reservations held until their ramp time or the timeout (docs/reservations.md,
+# "Settling under churn").
 #
 # Notes:
 #
@@ -581,15 +580,8 @@ class FreedMemory:
             self._since = since
 
 
-class AdmittedBase(Protocol):
-    """A session in the attribution queue (``settling.QueueRecord``)."""
-
-    admitted_at: float
-    base_bytes: int
-
-
 def without_freed(
-    accounted: int | None, records: Sequence[AdmittedBase], freed: Freed
+    accounted: int | None, records: Sequence[QueueRecord], freed: Freed
 ) -> int | None:
     """Memory freed since ``freed.since`` leaves the bases of the sessions admitted by
     then, and what is accounted for where it has not moved since; what is accounted for."""
@@ -606,34 +598,30 @@ def without_freed(
 #
 # Notes:
 #
-# - The settler (``settling.py``) decides when a session leaves; this says what its
-# leaving does: settled (its reservation released or made active by its kind), given
-# back (released, its memory still expected of its record, left early), activated (a
-# started session) or dropped (it failed or ended: released, its record taken off the
-# attribution queue). Each returns the reservation changes to make once the ledger's
-# critical section is left, as the settler's own methods do.
+# - The settler decides when a session leaves; this says what its leaving does: settled
+# (its reservation released or made active by its kind), given back (released, its
+# memory still expected of its record, left early), activated (a started session) or
+# dropped (it failed or ended: released, its record taken off the attribution queue).
+# Each returns the reservation changes to make once the ledger's critical section is
+# left, as the settler's own methods do.
 # - The counts of sessions waiting past their response, and of those and the held
 # tickets, follow every change of phase: reading them costs no pass over the entries.
 # - A session that leaves without showing its memory *leaves early*: its record moves
-# to the front of the queue (``move_to_front``; the settler's module notes say
-# why). Entries are kept in admission order, the order ``due`` reads them in.
+# to the front of the queue (``move_to_front``; the settler's notes say why). Entries
+# are kept in admission order, the order ``due`` reads them in.
 
 
 class PendingSessions:
     """The settlements of one process not yet settled, by number in admission order.
 
-    ``queue`` is the attribution queue their records are in, ``pid`` the process's,
-    ``footprint_bytes(route)`` a route's learned footprint or ``None``. Changed only
-    inside the ledger's critical section."""
+    ``queue`` is the attribution queue their records are in, ``pid`` the process's.
+    Changed only inside the ledger's critical section."""
 
-    __slots__ = ("_entries", "_footprint_bytes", "_pid", "_queue", "past_response", "waiting")
+    __slots__ = ("_entries", "_pid", "_queue", "past_response", "waiting")
 
-    def __init__(
-        self, queue: SettleQueue, pid: int, footprint_bytes: Callable[[str], int | None]
-    ) -> None:
+    def __init__(self, queue: SettleQueue, pid: int) -> None:
         self._queue = queue
         self._pid = pid
-        self._footprint_bytes = footprint_bytes
         self._entries: dict[int, Settlement] = {}
         #: Sessions past their response, not held, not yet settled.
         self.waiting = 0
@@ -679,8 +667,8 @@ class PendingSessions:
         entry.released = outcome == "release"
         return [(entry.reservation, outcome)]
 
-    def give_back(self, entry: Settlement) -> list[Action]:
-        self.leave_early(entry)
+    def give_back(self, entry: Settlement, learned: Learned) -> list[Action]:
+        self.leave_early(entry, learned)
         self.phase(entry, "done")
         entry.released = True
         self._entries.pop(entry.seq, None)
@@ -707,20 +695,15 @@ class PendingSessions:
                 drop_record(self._queue, self._pid, entry.seq)
         return [(entry.reservation, "release")]
 
-    def leave_early(self, entry: Settlement) -> bool:
-        """The session leaves early: its record moves to the front of the queue; whether
-        it stays there (``move_to_front``)."""
+    def leave_early(self, entry: Settlement, learned: Learned) -> bool:
+        """The session leaves early: its record moves to the front of the queue, claiming
+        its route's ``learned`` footprint; whether it stays there (``move_to_front``)."""
         # It may have all its memory by now, ahead of older sessions still ramping: at
         # the front, growth pays for it before counting as anyone else's.
         if not entry.queued:
             return False
-        return move_to_front(
-            self._queue,
-            self._pid,
-            entry.seq,
-            route=entry.route,
-            footprint_bytes=self._footprint_bytes,
-        )
+        footprint = learned.footprint_bytes.get(entry.route)
+        return move_to_front(self._queue, self._pid, entry.seq, footprint)
 
 
 # --------------------------------------------------------------------------------------
@@ -746,13 +729,13 @@ class PendingSessions:
 # - Readings used here are exact working sets (never the fast path's usage bound,
 # which includes cache). Admission records the working set it decided with, or the
 # bound where that was all it read: a higher start only holds the reservation longer.
-# - A session that leaves the queue without showing its memory (its ramp time or
-# the timeout passed, or its app said ``started()``) *leaves early*: its record
-# stays in the queue, still counting its expected bytes, and moves to the front: its
-# memory may all be there already, ahead of older sessions still ramping, so
-# growth pays for it first. It leaves once its memory shows, the timeout has passed
-# since its admission, or it protects no one (``drop_lapsed``). A
-# session that failed or ended leaves outright: no memory is expected of it.
+# - A session that leaves the queue without showing its memory (its ramp time or the
+# timeout passed, or its app said ``started()``) *leaves early*: its record stays in
+# the queue, still counting its expected bytes, and moves to the front: its memory may
+# all be there already, ahead of older sessions still ramping, so growth pays for it
+# first. It leaves once its memory shows, the timeout has passed since its admission,
+# or it protects no one (``drop_lapsed``). A session that failed or ended leaves
+# outright: no memory is expected of it.
 # - A session of a route built inside the request settles at the first reading after
 # its response that shows its memory, wherever it stands in the queue, and its memory
 # counts as no older session's growth (``shown_in_request``).
@@ -761,13 +744,14 @@ class PendingSessions:
 # growing since then: its memory is up, theirs perhaps not yet, and its reserve is
 # all that still covers theirs. It stays pending (its ticket started) until growth
 # has paid for every record left early in the queue (a later one's memory may be
-# what paid for its own) or the timeout has passed since its admission, then
-# becomes active.
-# Otherwise ``started()`` makes it active at once.
-# - Everything here runs inside the ledger's critical section, which also guards
-# the queue when it is shared by the workers (``SharedSettleQueue``); what to do
-# with the reservations (release, activate: below) is returned, to
-# be done after the lock is left, because the reservations take the same lock.
+# what paid for its own) or the timeout has passed since its admission, then becomes
+# active. Otherwise ``started()`` makes it active at once.
+# - Everything here runs inside the ledger's critical section, which also guards the
+# queue when it is shared by the workers (``SharedSettleQueue``); what to do with the
+# reservations (release, activate) is returned, to be done after the lock is left,
+# because the reservations take the same lock. What was learned of the routes is
+# handed in (``Learned``) by the calls that may settle by time: settling asks nothing
+# of the reservations or of learning.
 
 logger = logging.getLogger("asgi_admission")
 
@@ -782,25 +766,21 @@ class Settler:
 
     ``timeout_s`` bounds a reservation past its response and a held ticket;
     ``request_timeout_s`` (default the same) one whose request is still in progress.
-    ``ramp_s(route)`` is a route's learned ramp time or ``None``. ``on_expired()`` is
-    told of each held ticket the timeout released. Every method runs inside the
-    ledger's critical section and returns the reservation changes to make once it is
-    left."""
+    The methods that may settle by time are handed what was ``learned`` of the routes.
+    Every method runs inside the ledger's critical section and returns the reservation
+    changes to make once it is left."""
 
     __slots__ = (
-        "_footprint_bytes",
         "_freed",
         "_fresh",
         "_growth",
         "_last_reading",
-        "_on_expired",
         "_pending",
         "_pid",
         "_queue",
-        "_ramp_s",
         "_routes",
         "_seen",
-        "_shortest_ramp_s",
+        "expired",
         "request_timeout_s",
         "timeout_s",
     )
@@ -811,10 +791,6 @@ class Settler:
         queue: SettleQueue | None = None,
         timeout_s: float = DEFAULT_PENDING_TIMEOUT_S,
         request_timeout_s: float | None = None,
-        ramp_s: Callable[[str], float | None] = lambda route: None,
-        min_ramp_s: Callable[[], float | None] = lambda: None,
-        footprint_bytes: Callable[[str], int | None] = lambda route: None,
-        on_expired: Callable[[], None] = lambda: None,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(
@@ -824,16 +800,14 @@ class Settler:
         #: The longest a request still in progress holds its reservation (from admission).
         self.request_timeout_s = self.timeout_s if request_timeout_s is None else request_timeout_s
         self._queue = queue if queue is not None else LocalSettleQueue()
-        self._ramp_s = ramp_s
-        self._shortest_ramp_s = min_ramp_s
-        self._footprint_bytes = footprint_bytes
-        self._on_expired = on_expired
+        #: Held tickets never started that the timeout released, in this process.
+        self.expired = 0
         #: The route of each of this process's sessions in the queue, left early too.
         self._routes: dict[int, str] = {}
         #: Every route this process admitted a session of.
         self._seen: set[str] = set()
         self._pid = os.getpid()
-        self._pending = PendingSessions(self._queue, self._pid, footprint_bytes)
+        self._pending = PendingSessions(self._queue, self._pid)
         self._growth = Growth()
         #: The last exact reading, and memory ended sessions may free.
         self._last_reading: ExactReading | None = None
@@ -863,7 +837,7 @@ class Settler:
         self._pid = os.getpid()
         if isinstance(self._queue, LocalSettleQueue):
             self._queue = LocalSettleQueue()
-        self._pending = PendingSessions(self._queue, self._pid, self._footprint_bytes)
+        self._pending = PendingSessions(self._queue, self._pid)
 
     # -- the session's events ------------------------------------------------------
 
@@ -901,7 +875,7 @@ class Settler:
             self._routes[seq] = route
         return entry
 
-    def respond(self, entry: Settlement, now: float) -> list[Action]:
+    def respond(self, entry: Settlement, now: float, learned: Learned) -> list[Action]:
         """The response ended (HTTP) or the app accepted (WebSocket)."""
         if entry.phase != "request":
             return []
@@ -912,16 +886,16 @@ class Settler:
             return self._pending.settle(entry)
         if entry.held:
             self._pending.phase(entry, "held")
-            return self._time_out(entry, now)
+            return self._time_out(entry, now, learned)
         self._pending.phase(entry, "waiting")
         if entry.visible:
             return self._pending.settle(entry)
-        if entry.queued and quick(self._ramp_s(entry.route)):
+        if entry.queued and quick(learned.settle_after_s(entry.route)):
             # Its memory is there now: the reading taken at its response shows it.
             self._fresh.add(entry.seq)
             return []
         # Not queued (no reading to start from): it settles by time alone.
-        return self._time_out(entry, now)
+        return self._time_out(entry, now, learned)
 
     def abandon(self, entry: Settlement, *, session_over: bool = False) -> list[Action]:
         """The session failed before its response, or (``session_over``) it ended.
@@ -942,17 +916,17 @@ class Settler:
             return True
         return entry.held and entry.phase != "done"
 
-    def started(self, entry: Settlement) -> list[Action]:
+    def started(self, entry: Settlement, learned: Learned) -> list[Action]:
         """The app says the session's memory is up: pending becomes active (once it
-        covers no older session's memory: see the module notes)."""
+        covers no older session's memory: see the settler's notes)."""
         if entry.phase in ("request", "waiting", "held"):
             accounted, records = self._queue.load()
             own = own_record(records, self._pid, entry.seq) if entry.queued else None
             covers_older = own is not None and accounted is not None and accounted > own.base_bytes
             self._pending.phase(entry, "started")
-            if self._pending.leave_early(entry) and covers_older:
+            if self._pending.leave_early(entry, learned) and covers_older:
                 # It stays among the entries, its reserve held, until growth has paid
-                # for every record left early (see the module notes).
+                # for every record left early (see the settler's notes).
                 return []
             return self._pending.activate(entry)
         return []
@@ -974,8 +948,7 @@ class Settler:
             return []
         self._queue.store(take_shown(accounted, records, record), records)
         self._routes.pop(entry.seq, None)
-        entry.visible = True
-        return self._pending.settle(entry) if entry.phase == "waiting" else []
+        return self._shown(entry)
 
     def release(self, entry: Settlement) -> list[Action]:
         """The app ended or gave up the session."""
@@ -997,19 +970,19 @@ class Settler:
         if since is not None:
             self._freed.ended(freed_bytes, since, now)
 
-    def counted(self, app_count: int) -> list[Action]:
+    def counted(self, app_count: int, learned: Learned) -> list[Action]:
         """The app counts ``app_count`` sessions, fewer than are waiting past their response:
         the oldest waiting ones ended before their memory showed, and settle now (left
         early: their memory is still expected, in case it comes after all)."""
         actions: list[Action] = []
         for entry in self._pending.oldest_waiting(self.past_response - max(0, app_count)):
-            self._pending.leave_early(entry)
+            self._pending.leave_early(entry, learned)
             actions += self._pending.settle(entry)
         return actions
 
     # -- the readings ----------------------------------------------------------------
 
-    def settle(self, used_bytes: int | None, now: float) -> list[Action]:
+    def settle(self, used_bytes: int | None, now: float, learned: Learned) -> list[Action]:
         """Attribute the working set ``used_bytes`` (exact) and settle what it shows."""
         accounted, records = self._queue.load()
         queued = bool(records)
@@ -1024,17 +997,15 @@ class Settler:
             for record in taken:
                 self._growth.explain(record.expected_bytes)
                 if (entry := self._pending.get(record.seq)) is not None:
-                    entry.visible = True
-                    if entry.phase == "waiting":
-                        actions += self._pending.settle(entry)
-            young = young_bytes_per_s(self._pending, self._ramp_s, now)
+                    actions += self._shown(entry)
+            young = young_bytes_per_s(self._pending, learned, now)
             self._growth.note(used_bytes, now, young)
         if self._routes:
             # The routes of this worker's sessions still queued, for ``drop_lapsed``.
             own = {record.seq for record in records if record.pid == self._pid}
             self._routes = {seq: route for seq, route in self._routes.items() if seq in own}
         if queued and self._growth.quiet(now):
-            records = drop_lapsed(records, self._pid, now, self._routes, self._seen, self._ramp_s)
+            records = drop_lapsed(records, self._pid, now, self._routes, self._seen, learned)
         if queued:
             accounted, records = self._attribute(accounted, records, used_bytes, now, actions)
             self._queue.store(accounted, records)
@@ -1044,18 +1015,19 @@ class Settler:
         if self._pending:
             if not records or not records[0].left_early:
                 # Growth has paid for every record left early: the started sessions kept
-                # pending cover no one any longer (see the module notes).
+                # pending cover no one any longer (see the settler's notes).
                 actions += self._pending.activate_started()
             if self._queue.shared:
                 actions += self._taken_by_others()
+            ramps = (ramp * RAMP_MARGIN for ramp in learned.ramp_s.values())
             for entry in due(
                 self._pending,
                 now,
-                shortest_s=min(self.timeout_s, self._min_ramp_s()),
+                shortest_s=min([self.timeout_s, *ramps]),
                 timeout_s=self.timeout_s,
                 request_timeout_s=self.request_timeout_s,
             ):
-                actions += self._time_out(entry, now)
+                actions += self._time_out(entry, now, learned)
         return actions
 
     def _taken_by_others(self) -> list[Action]:
@@ -1066,16 +1038,16 @@ class Settler:
             if entry.queued and not entry.visible and entry.seq not in known:
                 if entry.phase == "started":
                     continue  # its record left early leaving alone frees it of nothing
-                entry.visible = True
-                if entry.phase == "waiting":
-                    actions += self._pending.settle(entry)
+                actions += self._shown(entry)
         return actions
 
     # -- internals ---------------------------------------------------------------------
 
-    def _min_ramp_s(self) -> float:
-        shortest = self._shortest_ramp_s()
-        return self.timeout_s if shortest is None else shortest
+    def _shown(self, entry: Settlement) -> list[Action]:
+        # Its memory showed: it settles now if it waits past its response; in its request,
+        # at its response; held or started, by its ticket.
+        entry.visible = True
+        return self._pending.settle(entry) if entry.phase == "waiting" else []
 
     def _attribute(
         self,
@@ -1096,17 +1068,14 @@ class Settler:
             pid=self._pid,
         )
         for seq in shown:
-            entry = self._pending.get(seq)
-            if entry is not None:
-                entry.visible = True
-                if entry.phase == "waiting":
-                    actions += self._pending.settle(entry)
+            if (entry := self._pending.get(seq)) is not None:
+                actions += self._shown(entry)
         if head is not None and (own := self._pending.get(head[0])) is not None:
             left = own.measured_left
             own.remaining = head[1] if left is None else min(head[1], left)
         return accounted, kept
 
-    def _time_out(self, entry: Settlement, now: float) -> list[Action]:
+    def _time_out(self, entry: Settlement, now: float, learned: Learned) -> list[Action]:
         age = now - entry.admitted_at
         if entry.phase == "started":
             # Called past the timeout only: a record left early behind others may not
@@ -1116,7 +1085,7 @@ class Settler:
             # A request still in progress past the timeout (a response the client
             # does not read, an app that never answers) holds nothing any longer:
             # whatever memory it built is still expected of its record, left early.
-            return self._pending.give_back(entry)
+            return self._pending.give_back(entry, learned)
         if entry.phase == "held":
             if age < self.timeout_s:
                 return []
@@ -1128,13 +1097,13 @@ class Settler:
                 age,
                 self.timeout_s,
             )
-            self._on_expired()
-            return self._pending.give_back(entry)
+            self.expired += 1
+            return self._pending.give_back(entry, learned)
         if age >= self.timeout_s:
-            self._pending.leave_early(entry)
+            self._pending.leave_early(entry, learned)
             return self._pending.settle(entry)
-        ramp = self._ramp_s(entry.route)
+        ramp = learned.settle_after_s(entry.route)
         if ramp is not None and age >= ramp and self._growth.quiet(now):
-            self._pending.leave_early(entry)
+            self._pending.leave_early(entry, learned)
             return self._pending.settle(entry)
         return []

@@ -19,6 +19,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from asgi_admission import AdmissionMiddleware, AdmissionTicket, admission_ticket
+from kits.pollkit import wait_for
 from kits.suitekit import MIB
 
 RESERVE_MB = 96
@@ -77,15 +78,6 @@ def build(
         )
 
 
-def wait_until(condition: object, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 @contextlib.contextmanager
 def second_pending(
     sessions: Sessions | None = None,
@@ -97,7 +89,7 @@ def second_pending(
     with TestClient(mw) as client:
         assert client.post("/sessions").status_code == 201
         reader.set_mb(100 + RESERVE_MB)
-        assert wait_until(lambda: mw.session_counts() == (1, 0), 5)  # the app counts it
+        wait_for(lambda: mw.session_counts() == (1, 0), 5, "the app to count it")
         assert client.post("/sessions").status_code == 201
         yield reader, mw, client
 
@@ -118,7 +110,7 @@ def test_a_session_ending_while_another_ramps_does_not_hold_the_ramping_one() ->
             reader.set_mb(used)
             time.sleep(0.125)
         assert used == 100 + RESERVE_MB  # the second's 96 MiB, the first's gone
-        assert wait_until(lambda: mw.session_counts() == (1, 0), 3)
+        wait_for(lambda: mw.session_counts() == (1, 0), 3, "the app to count it")
 
 
 def test_memory_not_freed_at_an_end_frees_nothing() -> None:
@@ -143,7 +135,7 @@ def test_a_fall_at_an_end_is_not_taken_for_growth_that_never_came() -> None:
         time.sleep(1.0)
         assert mw.session_counts() == (0, 1)
         reader.set_mb(100 + RESERVE_MB)
-        assert wait_until(lambda: mw.session_counts() == (1, 0), 3)
+        wait_for(lambda: mw.session_counts() == (1, 0), 3, "the app to count it")
 
 
 def test_a_pending_session_holds_back_only_what_it_has_still_to_add() -> None:
@@ -178,7 +170,7 @@ def test_a_ticket_told_its_sessions_own_memory_settles_it_while_an_end_hides_its
         time.sleep(0.6)
         assert mw.session_counts() == (0, 1)  # half of it: still pending
         second.measured(RESERVE_MB * MIB)
-        assert wait_until(lambda: mw.session_counts() == (1, 0), 1)
+        wait_for(lambda: mw.session_counts() == (1, 0), 1, "the app to count it")
 
 
 def test_a_pending_session_holds_back_only_what_its_own_memory_has_still_to_add() -> None:

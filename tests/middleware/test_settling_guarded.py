@@ -17,6 +17,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from asgi_admission import AdmissionConfig, AdmissionController, AdmissionMiddleware
+from kits.pollkit import wait_for
 from kits.suitekit import MIB
 
 
@@ -51,13 +52,6 @@ def build(
         )
 
 
-def wait_for(condition: object, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def test_the_lifespan_sample_settles_without_traffic() -> None:
     """After the response the reservation is pending; once memory shows, the sample settles it."""
     reader = SettableReader(used_mb=100)
@@ -66,7 +60,7 @@ def test_the_lifespan_sample_settles_without_traffic() -> None:
         assert client.post("/sessions").status_code == 200
         assert mw.session_counts() == (0, 1)
         reader.set_mb(110)
-        wait_for(lambda: mw.session_counts() == (0, 0))
+        wait_for(lambda: mw.session_counts() == (0, 0), 10, "the sample to settle it")
 
 
 def test_without_lifespan_the_next_decision_settles() -> None:
@@ -114,7 +108,7 @@ def test_learning_raises_the_reserve_and_shows_it() -> None:
         # The probe's growth raises the reserve at once; the footprint is learned once
         # its memory has stopped growing: 50 MiB, and what drift may have hidden over
         # its window (256 KiB a second).
-        wait_for(lambda: mw.reservations.estimates())
+        wait_for(lambda: mw.reservations.estimates(), 10, "a route learned")
         assert 50 * MIB <= mw.controller.reserve_for(reader.limit) <= 52 * MIB
         footprint = registry.get_sample_value(
             "asgi_admission_session_footprint_bytes", {"route": "POST /sessions"}
@@ -244,5 +238,5 @@ def test_with_no_reserve_set_what_was_learned_replaces_the_derived_guess() -> No
     with TestClient(mw) as client:
         assert client.post("/sessions").status_code == 200
         reader.set_mb(140)
-        wait_for(lambda: mw.reservations.estimates())
+        wait_for(lambda: mw.reservations.estimates(), 10, "a route learned")
     assert 40 * MIB <= mw.controller.reserve_for(reader.limit) <= 44 * MIB

@@ -35,7 +35,7 @@ from asgi_admission._admission.reservations.settling import QueueRecord
 from asgi_admission._admission.reservations.tickets import settlement_of
 from asgi_admission._factory import build_sharing
 from asgi_admission._memory.reading import CgroupMemoryReader
-from asgi_admission.cli.probe_learned import learned
+from asgi_admission.cli.probe import learned, service_directory
 
 #: Internal on purpose: the bases the default place is made under are injected (the
 #: suite never uses the machine's /dev/shm), and so is the /proc the look reads.
@@ -466,7 +466,8 @@ def test_probe_finds_the_place_the_workers_made(tmp_path: Path, bases: list[Path
     group = shared_place.group_of(CgroupMemoryReader(tree(tmp_path, "app")))
     assert group is not None
     config = AdmissionConfig()
-    assert "no directory shared" in learned(config, 64 * 2**20, group)["note"]
+    report = learned(config, 64 * 2**20, *service_directory(config, group))
+    assert "no directory shared" in report["note"]
     assert shared_place.find_place(group) is None
     assert list(bases[0].iterdir()) == []
     place = shared_place.choose_place(group).directory
@@ -475,7 +476,7 @@ def test_probe_finds_the_place_the_workers_made(tmp_path: Path, bases: list[Path
     observed = empty_observations()
     observed["footprints"], observed["ramps"] = [100.0 * 2**20], [2.0]
     shared_files.LearnedStore(place, keep=20).add({"POST /s": observed})
-    report = learned(config, 64 * 2**20, group)
+    report = learned(config, 64 * 2**20, *service_directory(config, group))
     assert report["evidence"] is True
     assert report["reserve_bytes"] == 100 * 2**20
 

@@ -1,4 +1,4 @@
-"""A session as the watchdog keeps it: what its tick and halter record, and what the
+"""A session as the watchdog keeps it: what its tick and halts record, and what the
 handle then shows."""
 
 from __future__ import annotations

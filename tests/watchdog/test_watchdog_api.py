@@ -28,7 +28,7 @@ from asgi_admission._watchdog.metrics import SESSION_MEMORY_BUCKETS, watchdog_me
 from kits.suitekit import MIB
 
 #: Internal on purpose: the watchdog's per-registry metrics cache.
-INTERNAL = "the watchdog's per-registry metrics cache"
+INTERNAL = "the watchdog's per-registry metrics cache and its halt tasks"
 
 
 @pytest.mark.parametrize(
@@ -354,10 +354,10 @@ async def test_async_callbacks_run_as_tasks(spawn: Spawn, calm: FixedReader) -> 
     watchdog.sample_once()
     for _ in range(20):
         await asyncio.sleep(0.01)
-        if not watchdog._halter.pending():
+        if not watchdog._halt_tasks:
             break
     assert sorted(seen) == ["halt s1", "told budget_exceeded"]
-    assert not watchdog._halter.pending()
+    assert not watchdog._halt_tasks
 
 
 class _Clock:

@@ -22,8 +22,8 @@ from asgi_admission import (
 )
 from kits.suitekit import MIB
 
-#: Internal on purpose: the halter's escalations still waiting out their grace period.
-INTERNAL = "the watchdog's halter, for the escalations still pending"
+#: Internal on purpose: the escalations still waiting out their grace period.
+INTERNAL = "the watchdog's halt tasks, for the escalations still pending"
 
 
 def _watchdog(
@@ -142,9 +142,9 @@ async def test_escalation_ends_early_when_the_process_leaves(
     assert child.popen.wait(timeout=10) == -signal.SIGTERM
     for _ in range(50):
         await asyncio.sleep(0.1)
-        if not watchdog._halter.pending():
+        if not watchdog._halt_tasks:
             break
-    assert not watchdog._halter.pending()
+    assert not watchdog._halt_tasks
 
 
 @pytest.mark.anyio
@@ -158,7 +158,7 @@ async def test_stop_kills_a_pending_escalation(spawn: Spawn, calm: FixedReader) 
     assert child.popen.poll() is None
     await watchdog.stop()
     assert child.popen.wait(timeout=10) == -signal.SIGKILL
-    assert not watchdog._halter.pending()
+    assert not watchdog._halt_tasks
 
 
 def test_container_breach_halts_the_largest_first(

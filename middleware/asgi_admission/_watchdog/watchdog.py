@@ -23,6 +23,7 @@ Notes:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import os
@@ -38,10 +39,9 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from asgi_admission import _env
 from asgi_admission._config import MIB, AdmissionConfig
 from asgi_admission._config_env import seconds_from
-from asgi_admission._memory.reading import MemoryReader
+from asgi_admission._memory.reading import MemoryReader, MemoryReading
 from asgi_admission._watchdog.groups import SessionGroup, SessionGroups
-from asgi_admission._watchdog.halt import HaltAction, ProcessGroupHalt, SessionHalt
-from asgi_admission._watchdog.halter import Halter
+from asgi_admission._watchdog.halt import HaltAction, HaltReason, ProcessGroupHalt, SessionHalt
 from asgi_admission._watchdog.metrics import watchdog_metrics
 from asgi_admission._watchdog.sampler import (
     ProcessSample,
@@ -153,12 +153,10 @@ class SessionWatchdog:
         #: Told each session's peak once, when it ends, with where the figure came from.
         self.on_session_peak: Callable[[SessionPeak], None] | None = None
         self._metrics = watchdog_metrics(registry)
-        self._halter = Halter(
-            action=ProcessGroupHalt() if halt is None else halt,
-            on_halt=on_halt,
-            metrics=self._metrics,
-            observe_peak=self._observe_peak,
-        )
+        self._action = ProcessGroupHalt() if halt is None else halt
+        self._on_halt = on_halt
+        # The halt actions still running (a SIGKILL waiting out its grace period).
+        self._halt_tasks: set[asyncio.Task[Any]] = set()
         if session_groups is None:
             session_groups = SessionGroups.find(config.session_groups)
         self.session_groups = session_groups
@@ -328,7 +326,7 @@ class SessionWatchdog:
         session.end()
         group = session.group
         if group is not None and session.halt is None and group.oom_kills():
-            self._halter.memory_limit(session, self.critical_watermark_percent)
+            self._memory_limit(session)
         self._observe_peak(session)
         if group is not None:
             self.session_groups.remove(group)
@@ -383,14 +381,169 @@ class SessionWatchdog:
     def _apply(
         self, sessions: Sequence[SessionWatch], measured: list[Measured]
     ) -> tuple[SessionHalt, ...]:
-        return decide(
-            sessions,
-            measured,
-            halter=self._halter,
-            memory_reader=self.memory_reader,
-            critical_percent=self.critical_watermark_percent,
-            drop=self._drop,
+        """The decisions of a tick, on the loop: record samples, end sessions, halt."""
+        halts: list[SessionHalt] = []
+        for session, was_halted, sample, ooms in measured:
+            if session.ended:  # unregistered meanwhile (a callback, another thread)
+                continue
+            if ooms and not was_halted:
+                if isinstance(sample, ProcessSample):
+                    session.record(sample, peak=False)
+                halts.append(self._memory_limit(session))
+                was_halted = True
+            if was_halted or sample is None:
+                if sample is None:
+                    self._drop(session)
+                continue
+            assert isinstance(sample, ProcessSample)
+            session.record(sample)
+            ticket = session.ticket
+            if ticket is not None and ticket.awaiting_memory and sample.unique_bytes is not None:
+                ticket.measured(sample.unique_bytes)
+            budget = session.budget_bytes
+            if budget is not None and session.group is None and sample.rss_bytes > budget:
+                halts.append(
+                    self._halt(
+                        session,
+                        "budget_exceeded",
+                        None,
+                        f"The session was halted because it used {sample.rss_bytes / MIB:.0f} "
+                        f"MiB of memory, over its budget of {budget / MIB:.0f} MiB.",
+                    )
+                )
+        live = [s for s in sessions if not s.ended]
+        if live:
+            halts.extend(self._container_halts(live, self.memory_reader()))
+        return tuple(halts)
+
+    def _container_halts(
+        self, sessions: list[SessionWatch], reading: MemoryReading
+    ) -> list[SessionHalt]:
+        """While the working set in ``reading`` is at or above the critical watermark:
+        halt the largest of ``sessions`` until what they free brings it under."""
+        critical_percent = self.critical_watermark_percent
+        percent, used, limit = reading.percent, reading.used_bytes, reading.limit_bytes
+        if percent is None or used is None or limit is None or percent < critical_percent:
+            return []
+        critical_bytes = limit * critical_percent / 100
+        freeing = sum(s.last_sample.rss_bytes for s in sessions if s.halt and s.last_sample)
+        candidates = sorted(
+            (s for s in sessions if s.halt is None and s.last_sample is not None),
+            key=lambda s: s.last_sample.rss_bytes if s.last_sample else 0,
+            reverse=True,
         )
+        halts: list[SessionHalt] = []
+        for session in candidates:
+            if used - freeing < critical_bytes:
+                break
+            last = session.last_sample
+            assert last is not None
+            freeing += last.rss_bytes
+            halts.append(
+                self._halt(
+                    session,
+                    "container_headroom",
+                    reading,
+                    "The session was halted because the service ran short of memory "
+                    f"({percent:.1f}% of its limit in use) and it was the largest session.",
+                )
+            )
+        return halts
+
+    def _memory_limit(self, session: SessionWatch) -> SessionHalt:
+        """The kernel killed in the session's group: report it as a halt."""
+        group = session.group
+        assert group is not None
+        peak = group.peak_bytes()
+        budget = group.budget_bytes
+        event = self._halt(
+            session,
+            "memory_limit",
+            None,
+            "The session was stopped because it reached its memory limit of "
+            f"{budget / MIB:.0f} MiB.",
+            group_peak_bytes=peak,
+        )
+        logger.warning(
+            "Session %s (pid %d) reached the limit of its memory group %s: the kernel killed "
+            "%d of its processes (budget %d bytes, group peak %s bytes, last RSS %d bytes).",
+            session.session_id,
+            session.pid,
+            group.path,
+            group.oom_kills(),
+            budget,
+            peak,
+            event.rss_bytes,
+        )
+        return event
+
+    def _halt(
+        self,
+        session: SessionWatch,
+        reason: HaltReason,
+        reading: MemoryReading | None,
+        message: str,
+        *,
+        group_peak_bytes: int | None = None,
+    ) -> SessionHalt:
+        """Halt ``session`` for ``reason``: the event, its peak (before its process is
+        signalled), its count and log line, then the halt action and ``on_halt``."""
+        last = session.last_sample
+        event = SessionHalt(
+            session=session,
+            reason=reason,
+            rss_bytes=last.rss_bytes if last is not None else group_peak_bytes or 0,
+            budget_bytes=session.budget_bytes,
+            memory=reading,
+            critical_watermark_percent=self.critical_watermark_percent,
+            message=message,
+            group_peak_bytes=group_peak_bytes,
+        )
+        session.halted(event)
+        self._observe_peak(session)
+        self._metrics.halted.labels(reason=reason).inc()
+        if reason != "memory_limit":  # that one has a line of its own, with the group's figures
+            logger.warning(
+                "Halting session %s (pid %d, RSS %d bytes, budget %s): %s",
+                session.session_id,
+                session.pid,
+                event.rss_bytes,
+                session.budget_bytes,
+                reason,
+            )
+        self._dispatch(self._action, event)
+        if self._on_halt is not None:
+            self._dispatch(self._on_halt, event)
+        return event
+
+    def _dispatch(self, callback: HaltAction, event: SessionHalt) -> None:
+        """Call ``callback``; an awaitable it returns runs as a task of its own."""
+        try:
+            result = callback(event)
+        except Exception:
+            logger.exception("A halt callback failed for session %s.", event.session_id)
+            return
+        if result is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if inspect.iscoroutine(result):
+                result.close()
+            logger.error(
+                "A halt callback for session %s returned an awaitable, but no event loop "
+                "is running to await it.",
+                event.session_id,
+            )
+            return
+        task = loop.create_task(_await(result))
+        self._halt_tasks.add(task)
+        task.add_done_callback(self._halt_done)
+
+    def _halt_done(self, task: asyncio.Task[Any]) -> None:
+        self._halt_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("A halt callback failed.", exc_info=task.exception())
 
     def _drop(self, session: WatchedSession) -> None:
         with self._lock:
@@ -440,7 +593,7 @@ class SessionWatchdog:
         Registered sessions stay registered; their processes are the application's.
         """
         task, self._task = self._task, None
-        pending = [*self._halter.pending(), *([task] if task is not None else [])]
+        pending = [*self._halt_tasks, *([task] if task is not None else [])]
         for item in pending:
             item.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -495,47 +648,5 @@ def measure(
     return measured
 
 
-def decide(
-    sessions: Sequence[SessionWatch],
-    measured: list[Measured],
-    *,
-    halter: Halter,
-    memory_reader: MemoryReader,
-    critical_percent: float,
-    drop: Callable[[SessionWatch], None],
-) -> tuple[SessionHalt, ...]:
-    """The decisions of a tick, on the loop: record samples, end sessions, halt."""
-    halts: list[SessionHalt] = []
-    for session, was_halted, sample, ooms in measured:
-        if session.ended:  # unregistered meanwhile (a callback, another thread)
-            continue
-        if ooms and not was_halted:
-            if isinstance(sample, ProcessSample):
-                session.record(sample, peak=False)
-            halts.append(halter.memory_limit(session, critical_percent))
-            was_halted = True
-        if was_halted or sample is None:
-            if sample is None:
-                drop(session)
-            continue
-        assert isinstance(sample, ProcessSample)
-        session.record(sample)
-        ticket = session.ticket
-        if ticket is not None and ticket.awaiting_memory and sample.unique_bytes is not None:
-            ticket.measured(sample.unique_bytes)
-        budget = session.budget_bytes
-        if budget is not None and session.group is None and sample.rss_bytes > budget:
-            halts.append(
-                halter.halt(
-                    session,
-                    "budget_exceeded",
-                    None,
-                    f"The session was halted because it used {sample.rss_bytes / MIB:.0f} MiB "
-                    f"of memory, over its budget of {budget / MIB:.0f} MiB.",
-                    critical_percent=critical_percent,
-                )
-            )
-    live = [s for s in sessions if not s.ended]
-    if live:
-        halts.extend(halter.container_halts(live, memory_reader(), critical_percent))
-    return tuple(halts)
+async def _await(awaitable: Awaitable[None]) -> None:
+    await awaitable

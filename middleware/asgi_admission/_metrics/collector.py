@@ -1,4 +1,4 @@
-"""Prometheus metrics: a scrape-time collector and the decision-path counters.
+"""The scrape-time collector: what the guards on a registry see, read at each scrape.
 
 Notes:
 
@@ -6,27 +6,20 @@ Notes:
   without traffic. The scrape never moves the latch, and a reader or view that fails
   gives fewer samples, never a failed scrape (as prometheus_client's
   ``process_collector`` does on ``OSError``).
-- "Duplicated timeseries": metrics belong to a registry, not to a guard. The
-  counters are created once per registry and shared by every guard built on it, and
-  the registry's one collector describes every guard on it still alive (held
-  weakly). So building an app twice in one process never raises.
+- A registry's one collector describes every guard on it still alive (held weakly).
 - Multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``): the memory gauges describe the
   container, so they come from one fresh reading in the scraping worker, not a sum.
-  Without a shared ledger session counts are per worker, exported by a ``livesum``
-  gauge (:meth:`DecisionMetrics.on_sessions`), from which a dead worker drops out.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from functools import cache
 from typing import Final, get_args
 
-from prometheus_client import CollectorRegistry, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from asgi_admission._admission.decision.latch import (
@@ -38,8 +31,7 @@ from asgi_admission._admission.decision.observer import AdmissionView
 from asgi_admission._admission.decision.stuck import StuckWatch, attribute_working_set
 from asgi_admission._admission.reservations.pending import FailureCause
 from asgi_admission._memory.reading import MemoryReading
-from asgi_admission._metrics.decisions import KINDS, PREFIX, DecisionMetrics
-from asgi_admission._metrics.queue import QueueMetrics
+from asgi_admission._metrics.decisions import KINDS, PREFIX
 
 logger = logging.getLogger("asgi_admission")
 
@@ -55,16 +47,6 @@ def _version() -> str:
         return version("asgi-admission")
     except PackageNotFoundError:  # pragma: no cover - source tree without install
         return "0.0.0"
-
-
-def multiprocess_dir() -> str | None:
-    """``PROMETHEUS_MULTIPROC_DIR`` when set (prometheus_client's multiprocess switch)."""
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
-
-
-def _values_are_multiprocess() -> bool:
-    cls = values.ValueClass
-    return bool(getattr(cls, "_multiprocess", cls.__name__ == "MmapedValue"))
 
 
 def _read(controller: AdmissionController) -> MemoryReading | None:
@@ -385,51 +367,3 @@ def admissible_sessions(
     if by_memory is None or (by_count is not None and by_count < by_memory):
         return by_count
     return by_memory
-
-
-class _Binding:
-    """A registry's scrape-time collector, decision counters and wait queue metrics."""
-
-    __slots__ = ("collector", "metrics", "queue")
-
-    def __init__(
-        self, collector: AdmissionCollector, metrics: DecisionMetrics, queue: QueueMetrics
-    ) -> None:
-        self.collector = collector
-        self.metrics = metrics
-        self.queue = queue
-
-
-_bindings: weakref.WeakKeyDictionary[CollectorRegistry, _Binding] = weakref.WeakKeyDictionary()
-_bindings_lock = threading.Lock()
-
-
-def registry_binding(registry: CollectorRegistry, *, shared: bool) -> _Binding:
-    """The registry's collector and counters, registered there at the first call."""
-    with _bindings_lock:
-        binding = _bindings.get(registry)
-        if binding is not None:
-            return binding
-        multiprocess = multiprocess_dir() is not None
-        if multiprocess and not _values_are_multiprocess():
-            logger.warning(
-                "asgi-admission: PROMETHEUS_MULTIPROC_DIR was set after prometheus_client "
-                "was imported, so this worker's counters stay in memory and a multiprocess "
-                "scrape will not see them; set it in the environment the server starts with."
-            )
-        # A shared ledger's counts are container-wide already: the scraping worker's
-        # collector exports them once, where a livesum would add them once per worker.
-        live_sessions = multiprocess and not shared
-        metrics = DecisionMetrics(registry=registry, live_sessions=live_sessions)
-        collector = AdmissionCollector(include_sessions=not live_sessions)
-        registry.register(collector)
-        queue = QueueMetrics(registry=registry)
-        binding = _bindings[registry] = _Binding(collector, metrics, queue)
-        return binding
-
-
-def bound_collector(registry: CollectorRegistry) -> AdmissionCollector | None:
-    """The scrape-time collector registered on ``registry``, if any."""
-    with _bindings_lock:
-        binding = _bindings.get(registry)
-    return binding.collector if binding is not None else None

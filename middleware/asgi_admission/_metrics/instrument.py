@@ -1,22 +1,92 @@
-"""How a guard's admission is instrumented: the observer of its decisions, its view.
+"""How a guard is instrumented on a registry: the observer of its decisions, its view.
 
 A guard is told which observer to tell of its decisions (:func:`instrument`), and
 once its service exists the registry's collector describes it (:func:`expose`).
+
+Notes:
+
+- "Duplicated timeseries": metrics belong to a registry, not to a guard. The
+  collector and the counters are made once per registry (:func:`registry_binding`)
+  and shared by every guard built on it, so building an app twice never raises.
+- Multiprocess mode without a shared ledger: session counts are per worker, exported
+  by a ``livesum`` gauge (:meth:`DecisionMetrics.on_sessions`), from which a dead
+  worker drops out.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import REGISTRY, CollectorRegistry, values
 
 from asgi_admission._admission.decision.latch import CapacityDecision
 from asgi_admission._admission.decision.observer import AdmissionView, DecisionObserver, Kind
 from asgi_admission._admission.ledger.ledger import SessionLedger
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
-from asgi_admission._metrics.collector import registry_binding
+from asgi_admission._metrics.collector import AdmissionCollector
 from asgi_admission._metrics.decisions import DecisionMetrics
 from asgi_admission._metrics.queue import QueueMetrics
+
+logger = logging.getLogger("asgi_admission")
+
+
+def multiprocess_dir() -> str | None:
+    """``PROMETHEUS_MULTIPROC_DIR`` when set (prometheus_client's multiprocess switch)."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def _values_are_multiprocess() -> bool:
+    cls = values.ValueClass
+    return bool(getattr(cls, "_multiprocess", cls.__name__ == "MmapedValue"))
+
+
+@dataclass(frozen=True, slots=True)
+class _Binding:
+    """A registry's scrape-time collector, decision counters and wait queue metrics."""
+
+    collector: AdmissionCollector
+    metrics: DecisionMetrics
+    queue: QueueMetrics
+
+
+_bindings: weakref.WeakKeyDictionary[CollectorRegistry, _Binding] = weakref.WeakKeyDictionary()
+_bindings_lock = threading.Lock()
+
+
+def registry_binding(registry: CollectorRegistry, *, shared: bool) -> _Binding:
+    """The registry's collector and counters, registered there at the first call."""
+    with _bindings_lock:
+        binding = _bindings.get(registry)
+        if binding is not None:
+            return binding
+        multiprocess = multiprocess_dir() is not None
+        if multiprocess and not _values_are_multiprocess():
+            logger.warning(
+                "asgi-admission: PROMETHEUS_MULTIPROC_DIR was set after prometheus_client "
+                "was imported, so this worker's counters stay in memory and a multiprocess "
+                "scrape will not see them; set it in the environment the server starts with."
+            )
+        # A shared ledger's counts are container-wide already: the scraping worker's
+        # collector exports them once, where a livesum would add them once per worker.
+        live_sessions = multiprocess and not shared
+        metrics = DecisionMetrics(registry=registry, live_sessions=live_sessions)
+        collector = AdmissionCollector(include_sessions=not live_sessions)
+        registry.register(collector)
+        queue = QueueMetrics(registry=registry)
+        binding = _bindings[registry] = _Binding(collector, metrics, queue)
+        return binding
+
+
+def bound_collector(registry: CollectorRegistry) -> AdmissionCollector | None:
+    """The scrape-time collector registered on ``registry``, if any."""
+    with _bindings_lock:
+        binding = _bindings.get(registry)
+    return binding.collector if binding is not None else None
 
 
 class _Both:

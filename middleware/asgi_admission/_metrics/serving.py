@@ -34,8 +34,8 @@ from prometheus_client.registry import Collector
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from asgi_admission._metrics.collector import bound_collector
-from asgi_admission._metrics.collector import multiprocess_dir as _env_multiprocess_dir
+from asgi_admission._metrics.instrument import bound_collector
+from asgi_admission._metrics.instrument import multiprocess_dir as _env_multiprocess_dir
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer

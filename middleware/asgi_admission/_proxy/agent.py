@@ -18,8 +18,6 @@ import contextlib
 import logging
 from typing import Final, cast
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
 from asgi_admission._proxy.room import RoomView, agent_line
 
 logger = logging.getLogger("asgi_admission")
@@ -147,26 +145,3 @@ class AgentListener:
         waiting, self.waiting = self.waiting, []
         for answer in waiting:
             answer.answer(line)
-
-
-async def serve_with_agent(
-    agent: AgentListener | None, app: ASGIApp, scope: Scope, receive: Receive, send: Send
-) -> None:
-    """Run ``app``'s lifespan with ``agent`` (if any) listening from just before the server
-    hears that startup completed until the app's shutdown has completed."""
-    if agent is None:
-        await app(scope, receive, send)
-        return
-
-    async def send_and_track(message: Message) -> None:
-        kind = message["type"]
-        if kind == "lifespan.startup.complete":
-            await agent.start()
-        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-            await agent.stop()
-        await send(message)
-
-    try:
-        await app(scope, receive, send_and_track)
-    finally:
-        await agent.stop()

@@ -7,12 +7,12 @@ set, and the view session responses are reported from where the header is on.
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.decision.latch import CapacityDecision
 from asgi_admission._admission.service import AdmissionService
 from asgi_admission._metrics.collector import admissible_sessions, held_by
-from asgi_admission._proxy.agent import AgentListener, serve_with_agent
+from asgi_admission._proxy.agent import AgentListener
 from asgi_admission._proxy.room import RoomView
 
 
@@ -42,9 +42,25 @@ class RoomReports:
         return decision, fits
 
     def lifespan(self, app: ASGIApp) -> ASGIApp:
-        """``app``'s lifespan with the agent-check listener, where there is one."""
+        """``app``'s lifespan with the agent-check listener, where there is one, listening
+        from just before the server hears that startup completed until the app's
+        shutdown has completed."""
+        agent = self.agent
+        if agent is None:
+            return app
 
         async def with_agent(scope: Scope, receive: Receive, send: Send) -> None:
-            await serve_with_agent(self.agent, app, scope, receive, send)
+            async def send_and_track(message: Message) -> None:
+                kind = message["type"]
+                if kind == "lifespan.startup.complete":
+                    await agent.start()
+                elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                    await agent.stop()
+                await send(message)
 
-        return app if self.agent is None else with_agent
+            try:
+                await app(scope, receive, send_and_track)
+            finally:
+                await agent.stop()
+
+        return with_agent

@@ -90,7 +90,6 @@ def test_admission_imports_nothing_of_the_asgi_side() -> None:
     allowed = (
         "asgi_admission._admission",
         "asgi_admission._config",
-        "asgi_admission._env",
         "asgi_admission._memory",
     )
     outside = {

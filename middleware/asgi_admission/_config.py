@@ -7,18 +7,9 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import Final, Literal, TypeGuard, get_args
 
-from asgi_admission import _env
-from asgi_admission._admission.scheduling.priority import (
-    DEFAULT_QUEUE_LIMIT,
-    ENV_QUEUE_LIMIT,
-    PriorityClass,
-    check_scheduling,
-    priority_classes_from,
-    queue_timeout_from,
-    tenant_max_share_from,
-)
+from asgi_admission._admission.scheduling.priority import PriorityClass, check_priority_classes
 from asgi_admission._config_env import (
     ENV_BODY_BUFFER_KB,
     ENV_BODY_TIMEOUT,
@@ -30,6 +21,7 @@ from asgi_admission._config_env import (
     ENV_PENDING_TIMEOUT,
     ENV_PROBE_SESSIONS,
     ENV_PROBE_WAIT,
+    ENV_QUEUE_LIMIT,
     ENV_RECLAIMABLE,
     ENV_RESERVE_MB,
     ENV_RESERVE_MIN_MB,
@@ -40,11 +32,19 @@ from asgi_admission._config_env import (
     ENV_WEBSOCKET_REFUSAL,
     SHARED_DIR_AUTO,
     agent_port_from,
+    choice,
+    flag,
     liveness_path_from,
     max_sessions_from,
+    number,
+    priority_classes_from,
+    queue_timeout_from,
     reserve_mb_from,
     seconds_from,
+    setting_name,
     shared_dir_from,
+    tenant_max_share_from,
+    text,
 )
 from asgi_admission._memory.reading import Reclaimable
 
@@ -69,6 +69,9 @@ DEFAULT_BODY_BUFFER_KB: Final = 64
 DEFAULT_PROBE_SESSIONS: Final = 1
 DEFAULT_PROBE_WAIT_S: Final = 5.0
 DEFAULT_STUCK_AFTER_S: Final = 300.0
+#: How many session requests may wait at once: a waiter costs a few KiB, and more than
+#: this many waiting means capacity is not coming back within one wait.
+DEFAULT_QUEUE_LIMIT: Final = 256
 
 
 def watermarks_consistent(high: float, resume: float) -> bool:
@@ -92,6 +95,10 @@ def _at_least_0(value: int, setting: str) -> None:
 def _seconds_above_0(value: float, setting: str) -> None:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{setting} must be a number of seconds above 0; got {value!r}.")
+
+
+def _is_number(value: object) -> TypeGuard[float]:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def check_watermarks(high: float, resume: float, reserve_bytes: int | None) -> None:
@@ -254,14 +261,26 @@ class AdmissionConfig:
                 "load_metrics_header (ADMISSION_LOAD_METRICS_HEADER) must be True or False; "
                 f"got {self.load_metrics_header!r}."
             )
-        check_scheduling(
-            queue_timeout_s=self.queue_timeout_s,
-            queue_limit=self.queue_limit,
-            priority_classes=self.priority_classes,
-            tenant_max_share=self.tenant_max_share,
+        if not (_is_number(self.queue_timeout_s) and self.queue_timeout_s >= 0):
+            raise ValueError(
+                "queue_timeout_s (ADMISSION_QUEUE_TIMEOUT_SECONDS) must be a number of "
+                f"seconds, 0 (refuse at once) or more; got {self.queue_timeout_s!r}."
+            )
+        if type(self.queue_limit) is not int or self.queue_limit < 0:
+            raise ValueError(
+                "queue_limit (ADMISSION_QUEUE_LIMIT) must be a whole number of waiting "
+                f"requests, 0 or more; got {self.queue_limit!r}."
+            )
+        check_priority_classes(
+            self.priority_classes,
             high_watermark_percent=self.high_watermark_percent,
             resume_threshold_percent=self.resume_threshold_percent,
         )
+        if not (_is_number(self.tenant_max_share) and 0 < self.tenant_max_share <= 1):
+            raise ValueError(
+                "tenant_max_share (ADMISSION_TENANT_MAX_SHARE) must be a share above 0 and "
+                f"at most 1 (1 sets none); got {self.tenant_max_share!r}."
+            )
         check_one_of(self.reclaimable, Reclaimable, "reclaimable")
         check_one_of(self.websocket_refusal, WebSocketRefusal, "websocket_refusal")
 
@@ -275,13 +294,13 @@ class AdmissionConfig:
         logs one warning naming the variable.
         """
         env = os.environ if environ is None else environ
-        high = _env.number(env, ENV_HIGH, DEFAULT_HIGH_WATERMARK_PERCENT, float)
-        resume = _env.number(env, ENV_RESUME, DEFAULT_RESUME_THRESHOLD_PERCENT, float)
+        high = number(env, ENV_HIGH, DEFAULT_HIGH_WATERMARK_PERCENT, float)
+        resume = number(env, ENV_RESUME, DEFAULT_RESUME_THRESHOLD_PERCENT, float)
         reserve_mb = reserve_mb_from(env)
         if reserve_mb is not None and reserve_mb < 0:
             logger.warning(
                 "%s=%d is negative; using a reserve of 0 MB.",
-                _env.setting_name(env, ENV_RESERVE_MB),
+                setting_name(env, ENV_RESERVE_MB),
                 reserve_mb,
             )
             reserve_mb = 0
@@ -289,9 +308,9 @@ class AdmissionConfig:
             logger.warning(
                 "%s=%s and %s=%s are inconsistent (need 0 < resume <= high <= 100); "
                 "using the default watermarks %s/%s and a reserve derived from the limit.",
-                _env.setting_name(env, ENV_HIGH),
+                setting_name(env, ENV_HIGH),
                 high,
-                _env.setting_name(env, ENV_RESUME),
+                setting_name(env, ENV_RESUME),
                 resume,
                 DEFAULT_HIGH_WATERMARK_PERCENT,
                 DEFAULT_RESUME_THRESHOLD_PERCENT,
@@ -299,14 +318,14 @@ class AdmissionConfig:
             high, resume = DEFAULT_HIGH_WATERMARK_PERCENT, DEFAULT_RESUME_THRESHOLD_PERCENT
             reserve_mb = None
         max_sessions = max_sessions_from(env)
-        retry_after = _env.number(env, ENV_RETRY_AFTER, DEFAULT_RETRY_AFTER_S, int, minimum=1)
-        min_mb = _env.number(env, ENV_RESERVE_MIN_MB, DEFAULT_RESERVE_MIN_MB, int, minimum=0)
+        retry_after = number(env, ENV_RETRY_AFTER, DEFAULT_RETRY_AFTER_S, int, minimum=1)
+        min_mb = number(env, ENV_RESERVE_MIN_MB, DEFAULT_RESERVE_MIN_MB, int, minimum=0)
         timeout = seconds_from(env, ENV_PENDING_TIMEOUT, DEFAULT_PENDING_TIMEOUT_S)
         body_timeout = seconds_from(env, ENV_BODY_TIMEOUT, DEFAULT_BODY_TIMEOUT_S)
-        buffer_kb = _env.number(env, ENV_BODY_BUFFER_KB, DEFAULT_BODY_BUFFER_KB, int, minimum=0)
-        probes = _env.number(env, ENV_PROBE_SESSIONS, DEFAULT_PROBE_SESSIONS, int, minimum=0)
+        buffer_kb = number(env, ENV_BODY_BUFFER_KB, DEFAULT_BODY_BUFFER_KB, int, minimum=0)
+        probes = number(env, ENV_PROBE_SESSIONS, DEFAULT_PROBE_SESSIONS, int, minimum=0)
         probe_wait = seconds_from(env, ENV_PROBE_WAIT, DEFAULT_PROBE_WAIT_S)
-        stuck_after = _env.number(env, ENV_STUCK_AFTER, DEFAULT_STUCK_AFTER_S, float, minimum=0.0)
+        stuck_after = number(env, ENV_STUCK_AFTER, DEFAULT_STUCK_AFTER_S, float, minimum=0.0)
         if not math.isfinite(stuck_after):
             logger.warning(
                 "%s=%r is not a number of seconds; using the default %s.",
@@ -321,29 +340,27 @@ class AdmissionConfig:
             reserve_bytes=None if reserve_mb is None else reserve_mb * MIB,
             max_sessions=max_sessions,
             retry_after_s=retry_after,
-            cgroup_root=_env.text(env, ENV_CGROUP_ROOT),
-            memory_source=_env.choice(env, ENV_MEMORY_SOURCE, get_args(MemorySource), "cgroup"),
-            reclaimable=_env.choice(env, ENV_RECLAIMABLE, get_args(Reclaimable), "file"),
+            cgroup_root=text(env, ENV_CGROUP_ROOT),
+            memory_source=choice(env, ENV_MEMORY_SOURCE, get_args(MemorySource), "cgroup"),
+            reclaimable=choice(env, ENV_RECLAIMABLE, get_args(Reclaimable), "file"),
             shared_dir=shared_dir_from(env),
-            websocket_refusal=_env.choice(
+            websocket_refusal=choice(
                 env, ENV_WEBSOCKET_REFUSAL, get_args(WebSocketRefusal), "auto"
             ),
-            reserve_learning=_env.choice(env, ENV_LEARNING, get_args(Learning), "raise"),
+            reserve_learning=choice(env, ENV_LEARNING, get_args(Learning), "raise"),
             reserve_min_bytes=min_mb * MIB,
             pending_timeout_s=timeout,
             body_timeout_s=body_timeout,
             body_buffer_bytes=buffer_kb * 1024,
             probe_sessions=probes,
             probe_wait_s=probe_wait,
-            session_groups=_env.choice(
-                env, ENV_SESSION_GROUPS, get_args(SessionGroupsMode), "auto"
-            ),
+            session_groups=choice(env, ENV_SESSION_GROUPS, get_args(SessionGroupsMode), "auto"),
             stuck_after_s=stuck_after,
             liveness_path=liveness_path_from(env),
             agent_port=agent_port_from(env),
-            load_metrics_header=_env.flag(env, ENV_LOAD_METRICS, default=False),
+            load_metrics_header=flag(env, ENV_LOAD_METRICS, default=False),
             queue_timeout_s=queue_timeout_from(env),
-            queue_limit=_env.number(env, ENV_QUEUE_LIMIT, DEFAULT_QUEUE_LIMIT, int, minimum=0),
+            queue_limit=number(env, ENV_QUEUE_LIMIT, DEFAULT_QUEUE_LIMIT, int, minimum=0),
             priority_classes=priority_classes_from(env, high=high, resume=resume),
             tenant_max_share=tenant_max_share_from(env),
         )

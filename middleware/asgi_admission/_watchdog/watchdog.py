@@ -36,9 +36,8 @@ from typing import Any, Final
 import psutil
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from asgi_admission import _env
 from asgi_admission._config import MIB, AdmissionConfig
-from asgi_admission._config_env import seconds_from
+from asgi_admission._config_env import number, seconds_from
 from asgi_admission._memory.reading import MemoryReader, MemoryReading
 from asgi_admission._watchdog.groups import SessionGroup, SessionGroups
 from asgi_admission._watchdog.halt import HaltAction, HaltReason, ProcessGroupHalt, SessionHalt
@@ -85,7 +84,7 @@ def settings_from_env(env: Mapping[str, str], *, high: float) -> tuple[float, fl
     """The critical watermark and the interval from ``env``, given the high watermark
     ``high``; a bad value falls back with one warning naming the variable (see
     ``SessionWatchdog.from_env``)."""
-    critical = _env.number(env, ENV_CRITICAL_WATERMARK, DEFAULT_CRITICAL_WATERMARK_PERCENT, float)
+    critical = number(env, ENV_CRITICAL_WATERMARK, DEFAULT_CRITICAL_WATERMARK_PERCENT, float)
     if not (math.isfinite(critical) and high < critical <= 100):
         fallback = (
             DEFAULT_CRITICAL_WATERMARK_PERCENT

@@ -67,42 +67,6 @@ ENV_CRITICAL_WATERMARK: Final = ("ADMISSION_CRITICAL_WATERMARK_PERCENT", None)
 ENV_INTERVAL: Final = ("ADMISSION_WATCHDOG_INTERVAL_SECONDS", None)
 
 
-def check_settings(*, critical_watermark_percent: float, interval_s: float, high: float) -> None:
-    """Raise ``ValueError`` unless the critical watermark lies above the high one ``high``
-    and at most 100, and the interval is a number of seconds above 0."""
-    if not (math.isfinite(critical_watermark_percent) and high < critical_watermark_percent <= 100):
-        raise ValueError(
-            "critical_watermark_percent must lie above the high watermark and at most 100 "
-            f"(high < critical <= 100); got critical={critical_watermark_percent!r}, "
-            f"high={high!r}."
-        )
-    if not (math.isfinite(interval_s) and interval_s > 0):
-        raise ValueError(f"interval_s must be a number of seconds above 0; got {interval_s!r}.")
-
-
-def settings_from_env(env: Mapping[str, str], *, high: float) -> tuple[float, float]:
-    """The critical watermark and the interval from ``env``, given the high watermark
-    ``high``; a bad value falls back with one warning naming the variable (see
-    ``SessionWatchdog.from_env``)."""
-    critical = number(env, ENV_CRITICAL_WATERMARK, DEFAULT_CRITICAL_WATERMARK_PERCENT, float)
-    if not (math.isfinite(critical) and high < critical <= 100):
-        fallback = (
-            DEFAULT_CRITICAL_WATERMARK_PERCENT
-            if high < DEFAULT_CRITICAL_WATERMARK_PERCENT
-            else (high + 100) / 2
-        )
-        logger.warning(
-            "%s=%s must lie above the high watermark %s and at most 100; using %s.",
-            ENV_CRITICAL_WATERMARK[0],
-            critical,
-            high,
-            fallback,
-        )
-        critical = fallback
-    interval = seconds_from(env, ENV_INTERVAL, DEFAULT_INTERVAL_S)
-    return critical, interval
-
-
 class SessionWatchdog:
     """Samples registered session processes and halts them when memory runs out.
 
@@ -135,11 +99,17 @@ class SessionWatchdog:
     ) -> None:
         if config is None:
             config = AdmissionConfig.from_env()
-        check_settings(
-            critical_watermark_percent=critical_watermark_percent,
-            interval_s=interval_s,
-            high=config.high_watermark_percent,
-        )
+        high = config.high_watermark_percent
+        if not (
+            math.isfinite(critical_watermark_percent) and high < critical_watermark_percent <= 100
+        ):
+            raise ValueError(
+                "critical_watermark_percent must lie above the high watermark and at most 100 "
+                f"(high < critical <= 100); got critical={critical_watermark_percent!r}, "
+                f"high={high!r}."
+            )
+        if not (math.isfinite(interval_s) and interval_s > 0):
+            raise ValueError(f"interval_s must be a number of seconds above 0; got {interval_s!r}.")
         if memory_reader is None:
             from asgi_admission._factory import build_reader
 
@@ -206,12 +176,27 @@ class SessionWatchdog:
         env = os.environ if environ is None else environ
         if config is None:
             config = AdmissionConfig.from_env(env)
-        critical, interval = settings_from_env(env, high=config.high_watermark_percent)
+        high = config.high_watermark_percent
+        critical = number(env, ENV_CRITICAL_WATERMARK, DEFAULT_CRITICAL_WATERMARK_PERCENT, float)
+        if not (math.isfinite(critical) and high < critical <= 100):
+            fallback = (
+                DEFAULT_CRITICAL_WATERMARK_PERCENT
+                if high < DEFAULT_CRITICAL_WATERMARK_PERCENT
+                else (high + 100) / 2
+            )
+            logger.warning(
+                "%s=%s must lie above the high watermark %s and at most 100; using %s.",
+                ENV_CRITICAL_WATERMARK[0],
+                critical,
+                high,
+                fallback,
+            )
+            critical = fallback
         return cls(
             config=config,
             memory_reader=memory_reader,
             critical_watermark_percent=critical,
-            interval_s=interval,
+            interval_s=seconds_from(env, ENV_INTERVAL, DEFAULT_INTERVAL_S),
             halt=halt,
             on_halt=on_halt,
             registry=registry,

@@ -5,7 +5,7 @@ Notes:
 - ``run()`` is a task on the application's event loop, started and stopped with
   the lifespan (``lifespan.py``). Each tick measures in a thread of its own
   (``measure``: a ``/proc`` scan and a read per session process) and decides on the
-  loop (``decide``); ``sample_once()`` does both, for tests.
+  loop (``_decide``); ``sample_once()`` does both, for tests.
 - Two reasons to halt: a session over its own budget (``budget_exceeded``), and,
   while the container is at or above the critical watermark, the largest sessions
   first (``container_headroom``). A session being halted counts as freeing its last
@@ -349,7 +349,7 @@ class SessionWatchdog:
         sessions = self._watched()
         if not sessions:
             return ()
-        return self._apply(sessions, self._measure(sessions))
+        return self._decide(sessions, self._measure(sessions))
 
     def _measure(
         self, sessions: Sequence[SessionWatch], pause: Callable[[], None] | None = None
@@ -362,7 +362,7 @@ class SessionWatchdog:
             pause=pause,
         )
 
-    def _apply(
+    def _decide(
         self, sessions: Sequence[SessionWatch], measured: list[Measured]
     ) -> tuple[SessionHalt, ...]:
         """The decisions of a tick, on the loop: record samples, end sessions, halt."""
@@ -556,7 +556,7 @@ class SessionWatchdog:
                         measured = await loop.run_in_executor(
                             executor, self._measure, sessions, let_the_loop_run
                         )
-                        self._apply(sessions, measured)
+                        self._decide(sessions, measured)
                 except Exception:
                     logger.exception("The session watchdog's tick failed; it will try again.")
                 await self._sleep(max(0.0, self.interval_s - (self._clock() - started)))
@@ -586,7 +586,7 @@ class SessionWatchdog:
 
 
 # --------------------------------------------------------------------------------------
-# One tick: what it measures of each session, and what it decides from that.
+# One tick's measuring, safe in a thread (its deciding is ``SessionWatchdog._decide``).
 
 #: A halted session that still runs, in a tick's measurements.
 STILL: Final = "still running"

@@ -16,7 +16,6 @@ from starlette.types import Scope
 
 from asgi_admission._admission.decision.latch import AdmissionController
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy, coerce_policy
-from asgi_admission._admission.decision.stuck import liveness_path_of
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal, check_one_of
 from asgi_admission._factory import build_controller
 from asgi_admission._watchdog.watchdog import SessionWatchdog
@@ -103,7 +102,17 @@ def check_arguments(
     config = config if config is not None else AdmissionConfig.from_env()
     if agent_port is not None:
         config = dataclasses.replace(config, agent_port=agent_port)
-    liveness_path = liveness_path_of(config, liveness_path, readiness_path)
+    if liveness_path is None:
+        liveness_path = config.liveness_path
+    elif not (isinstance(liveness_path, str) and liveness_path.startswith("/")):
+        raise ValueError(f"liveness_path must start with '/'; got {liveness_path!r}.")
+    if liveness_path is not None and liveness_path == readiness_path:
+        raise ValueError(
+            f"liveness_path and readiness_path are both {liveness_path!r}; give them "
+            "different paths (liveness_path comes from ADMISSION_LIVENESS_PATH when not "
+            "given): the readiness path fails whenever the latch is set, and a liveness "
+            "probe on it would restart the pod each time."
+        )
     if controller is None:
         controller = build_controller(config)
     # None: no count cap while memory is readable, the fallback one while blind.

@@ -344,24 +344,6 @@ class StuckWatch:
         )
 
 
-def liveness_path_of(
-    config: AdmissionConfig, liveness_path: str | None, readiness_path: str | None
-) -> str | None:
-    """The liveness path a guard serves: ``liveness_path`` when given, else the config's."""
-    if liveness_path is None:
-        liveness_path = config.liveness_path
-    elif not (isinstance(liveness_path, str) and liveness_path.startswith("/")):
-        raise ValueError(f"liveness_path must start with '/'; got {liveness_path!r}.")
-    if liveness_path is not None and liveness_path == readiness_path:
-        raise ValueError(
-            f"liveness_path and readiness_path are both {liveness_path!r}; give them "
-            "different paths (liveness_path comes from ADMISSION_LIVENESS_PATH when not "
-            "given): the readiness path fails whenever the latch is set, and a liveness "
-            "probe on it would restart the pod each time."
-        )
-    return liveness_path
-
-
 def build_watch(
     config: AdmissionConfig,
     controller: AdmissionController,

@@ -1,25 +1,18 @@
 """One waiting order for the workers of a container: who is first, whichever worker holds it.
 
-Each worker's :class:`~asgi_admission._admission.scheduling.queue.WaitQueue` serves its
-own waiters by class, then arrival. With several workers sharing a ledger, a freed slot
-must go to the oldest waiter of the highest class in the container, not to whichever
-worker looks first: each worker publishes its first waiter here, and before each attempt
-asks whether another live worker's waiter comes first (then it answers ``Verdict.FULL``
-and leaves the capacity to that one).
+docs/configuration.md ("Across the workers of one container") says what it does: each
+worker publishes its first waiter in ``<shared_dir>/asgi-admission.waiting``, before each
+attempt asks whether another live worker's comes first (then it answers
+``Verdict.FULL``), and after each pass rings the worker whose waiter is first now.
 
 Notes:
 
-- One small file beside the session ledger, ``<shared_dir>/asgi-admission.waiting``,
-  held by each worker through ``OrderFile``. A dead worker's waiters vanish with its
-  slot's lock.
 - Only the first waiter matters: another worker's waiter comes first exactly when that
   worker's first does. Arrivals are ``time.monotonic()``, one clock for every process
   of a machine.
 - Where the file cannot be written or read, this worker serves its own waiters in its
-  own order (logged once) until it can.
-- After each pass (:meth:`SharedOrder.passed`) the worker holding the container's first
-  waiter is rung (``OrderBell``); :meth:`SharedOrder.first`, asked by each worker's
-  periodic look, is the fallback (docs/configuration.md, the wait queue).
+  own order (logged once) until it can; :meth:`SharedOrder.first`, asked by each
+  worker's periodic look, is the fallback where a ring was lost.
 """
 
 from __future__ import annotations
@@ -53,19 +46,11 @@ from asgi_admission._admission.ledger.shared_ledger import (
 from asgi_admission._admission.ledger.shared_ledger import SLOT as LEDGER_SLOT
 
 # --------------------------------------------------------------------------------------
-# Waking another worker at once: a Unix datagram socket per slot of the waiting order.
-#
-# When capacity frees, the worker that sees it rings the worker holding the container's
-# first waiter rather than leave it to its periodic look (``queue.FreedWatch``). The
-# socket's name, mode and why a ring is harmless: docs/trust.md.
-#
-# Notes:
-#
-# - Rings are drained at once on the event loop, one pass however many came; one sent
-# to a full, gone or unbound socket is dropped (``MSG_DONTWAIT``), never waited for.
-# - A ring must not come before what it tells of: ``flush`` writes this worker's pending
-# ledger changes first; where the ledger is held elsewhere the ring is retried a few
-# milliseconds later, a few times at most.
+# Waking another worker at once: a Unix datagram socket per slot of the waiting order
+# (its name, its mode, and why a ring is harmless: docs/trust.md). Rings are drained at
+# once on the event loop, one pass however many came. A ring must not come before what
+# it tells of: ``flush`` writes this worker's pending ledger changes first; where the
+# ledger is held elsewhere the ring is retried a few milliseconds later, a few times.
 
 logger = logging.getLogger("asgi_admission")
 

@@ -36,7 +36,6 @@ from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS, classes
 from asgi_admission._admission.scheduling.queue import (
     FreedWatch,
     WaitQueue,
-    WaitRecord,
     counted_and_used,
 )
 from asgi_admission._admission.scheduling.shared_order import OrderBell, SharedOrder
@@ -197,15 +196,25 @@ def build_service(
     if metrics is not None:
         metrics.declare(names)
     order = build_order(config, sharing.directory, ledger)
-    queue = build_queue(
-        config, names, on_wait_end=None if metrics is None else metrics.on_wait_end, order=order
-    )
+    queue: WaitQueue[AdmissionTicket] | None = None
+    if config.queue_timeout_s > 0:  # 0: a request that does not fit is refused at once
+        queue = WaitQueue(
+            classes=names,
+            limit=config.queue_limit,
+            timeout_s=config.queue_timeout_s,
+            on_wait_end=None if metrics is None else metrics.on_wait_end,
+            order=order,
+        )
     if order is not None and queue is not None:
         order.tell_rings(queue.wake)  # another worker rang: this one's pass runs now
     tenants = None
     if tenant is not None and config.tenant_max_share < 1.0:
         tenants = Tenants(tenant=tenant, shares=TenantShares(max_share=config.tenant_max_share))
-    _warn_unused(config, tenant)
+    elif config.tenant_max_share < 1.0:
+        logger.warning(
+            "asgi-admission: ADMISSION_TENANT_MAX_SHARE (tenant_max_share) is set, but the "
+            "middleware has no tenant callable to tell tenants apart: no share is kept."
+        )
     service = AdmissionService(
         config=config,
         controller=controller,
@@ -252,26 +261,6 @@ def build_service(
     return service
 
 
-def build_queue(
-    config: AdmissionConfig,
-    classes: tuple[str, ...] = (DEFAULT_CLASS,),
-    *,
-    on_wait_end: Callable[[WaitRecord], None] | None = None,
-    order: SharedOrder | None = None,
-) -> WaitQueue[AdmissionTicket] | None:
-    """The wait queue ``config`` describes; ``None`` where requests that do not fit are
-    refused at once (``ADMISSION_QUEUE_TIMEOUT_SECONDS`` 0)."""
-    if config.queue_timeout_s <= 0:
-        return None
-    return WaitQueue(
-        classes=classes,
-        limit=config.queue_limit,
-        timeout_s=config.queue_timeout_s,
-        on_wait_end=on_wait_end,
-        order=order,
-    )
-
-
 def build_order(
     config: AdmissionConfig, directory: str | None, ledger: SessionLedger
 ) -> SharedOrder | None:
@@ -305,12 +294,3 @@ def build_order(
             exc,
         )
         return None
-
-
-def _warn_unused(config: AdmissionConfig, tenant: Callable[[Scope], str | None] | None) -> None:
-    """Warn that a tenant share without a tenant callable does nothing."""
-    if config.tenant_max_share < 1.0 and tenant is None:
-        logger.warning(
-            "asgi-admission: ADMISSION_TENANT_MAX_SHARE (tenant_max_share) is set, but the "
-            "middleware has no tenant callable to tell tenants apart: no share is kept."
-        )

@@ -306,6 +306,12 @@ class SessionWatchdog:
             )
             return None
 
+    def _drop(self, session: WatchedSession) -> None:
+        with self._lock:
+            watch = self._sessions.pop(session, None)
+        if watch is not None:
+            self._end(watch)
+
     def _end(self, session: SessionWatch) -> None:
         session.end()
         group = session.group
@@ -528,12 +534,6 @@ class SessionWatchdog:
         self._halt_tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("A halt callback failed.", exc_info=task.exception())
-
-    def _drop(self, session: WatchedSession) -> None:
-        with self._lock:
-            watch = self._sessions.pop(session, None)
-        if watch is not None:
-            self._end(watch)
 
     @property
     def running(self) -> bool:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from asgi_admission._admission.decision.latch import CapacityDecision
 from asgi_admission._admission.service import AdmissionService
-from asgi_admission._metrics.collector import admissible_sessions, held_by
 from asgi_admission._proxy.agent import AgentListener
 from asgi_admission._proxy.room import RoomView
 
@@ -20,26 +18,12 @@ class RoomReports:
     """The room ``service``'s guard reports, and where it reports it."""
 
     def __init__(self, service: AdmissionService) -> None:
-        self._service = service
-        self.view = RoomView(self.look)
+        self.view = RoomView(service)
         config = service.config
         port = config.agent_port
         self.agent = None if port is None else AgentListener(self.view, port=port)
         #: The view session responses report from; ``None``: no header.
         self.load_report = self.view if config.load_metrics_header else None
-
-    def look(self) -> tuple[CapacityDecision, int | None]:
-        """The readiness probe's look and the admissible sessions, on an exact reading:
-        the fast path's bound would understate the room."""
-
-        service = self._service
-        decision, counts = service.checks.look()
-        memory = decision.memory if decision.memory.exact else service.read()
-        held = held_by(service, counts[1], memory)
-        fits = admissible_sessions(
-            service.controller, memory, counts, service.session_limit, held_bytes=held
-        )
-        return decision, fits
 
     def lifespan(self, app: ASGIApp) -> ASGIApp:
         """``app``'s lifespan with the agent-check listener, where there is one, listening

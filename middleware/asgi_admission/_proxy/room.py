@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -25,6 +24,8 @@ from starlette.types import Message, Send
 
 from asgi_admission._admission.decision.latch import CapacityDecision
 from asgi_admission._admission.ledger.ledger import LedgerBusy, when_free
+from asgi_admission._admission.service import AdmissionService
+from asgi_admission._metrics.collector import admissible_sessions, held_by
 
 logger = logging.getLogger("asgi_admission")
 
@@ -35,9 +36,6 @@ MAX_PERCENT: Final = 256
 #: The percentage said where nothing bounds the sessions (no count cap, a reserve of 0):
 #: the server's configured weight.
 UNBOUNDED_PERCENT: Final = 100
-
-#: What a look is: the latch's decision for one more session and the admissible sessions.
-Look = Callable[[], tuple[CapacityDecision, "int | None"]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,16 +88,28 @@ def load_metrics(room: Room) -> bytes | None:
 
 
 class RoomView:
-    """The guard's room, looked at no more often than every ``max_age_s``."""
+    """The room of ``service``'s guard, looked at no more often than every ``max_age_s``."""
 
-    def __init__(self, look: Look, *, max_age_s: float = MAX_AGE_S) -> None:
-        self._look = look
+    def __init__(self, service: AdmissionService, *, max_age_s: float = MAX_AGE_S) -> None:
+        self._service = service
         self._max_age_s = max_age_s
         self._room: Room | None = None
         self._at = 0.0
         # The look in flight, shared by every caller that came while it ran.
         self._pending: asyncio.Task[Room] | None = None
         self._failed = False
+
+    def _look(self) -> tuple[CapacityDecision, int | None]:
+        """The readiness probe's look and the admissible sessions, on an exact reading:
+        the fast path's bound would understate the room."""
+        service = self._service
+        decision, counts = service.checks.look()
+        memory = decision.memory if decision.memory.exact else service.read()
+        held = held_by(service, counts[1], memory)
+        fits = admissible_sessions(
+            service.controller, memory, counts, service.session_limit, held_bytes=held
+        )
+        return decision, fits
 
     def fresh(self) -> Room | None:
         """The last look's room if it is recent enough, else ``None``."""

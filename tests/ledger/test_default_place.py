@@ -35,7 +35,7 @@ from asgi_admission._admission.reservations.settling import QueueRecord
 from asgi_admission._admission.reservations.tickets import settlement_of
 from asgi_admission._factory import build_sharing
 from asgi_admission._memory.reading import CgroupMemoryReader
-from asgi_admission.cli.probe import learned, service_directory
+from asgi_admission.cli.probe import learned, probing, service_directory
 
 #: Internal on purpose: the bases the default place is made under are injected (the
 #: suite never uses the machine's /dev/shm), and so is the /proc the look reads.
@@ -479,6 +479,11 @@ def test_probe_finds_the_place_the_workers_made(tmp_path: Path, bases: list[Path
     report = learned(config, 64 * 2**20, *service_directory(config, group))
     assert report["evidence"] is True
     assert report["reserve_bytes"] == 100 * 2**20
+    # With ADMISSION_SHARED_DIR unset, the notes name the place found, not the setting.
+    assert report["note"] == f"learned by the service's workers, from {place}"
+    assert probing(config, *service_directory(config, group))["note"] == (
+        f"no evidence: nothing probed yet in {place}"
+    )
 
 
 def test_a_reader_whose_group_is_gone_has_none(tmp_path: Path) -> None:

@@ -357,11 +357,11 @@ def probing(config: AdmissionConfig, directory: str | None, why: str) -> dict[st
         report["note"] = f"no evidence: {exc}"
         return report
     if trials is None:
-        report["note"] = f"no evidence: nothing probed yet in {config.shared_dir}"
+        report["note"] = f"no evidence: nothing probed yet in {directory}"
         return report
     now = time.monotonic()
     report["evidence"] = True
-    report["note"] = f"probed by the service's workers, from {config.shared_dir}"
+    report["note"] = f"probed by the service's workers, from {directory}"
     for trial in trials.values():
         if trial.open:
             report["routes"].append(dataclasses.asdict(describe(trial, now, -1, 0)))

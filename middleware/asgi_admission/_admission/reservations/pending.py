@@ -248,6 +248,7 @@ class LearnedView:
 
     __slots__ = (
         "_controller",
+        "_estimated",
         "_estimates",
         "_expected",
         "_known",
@@ -279,6 +280,7 @@ class LearnedView:
         #: Routes decided on an estimate (learned, or a probe's provisional footprint).
         self._known: dict[str, RouteEstimate | None] = {}
         self._expected: dict[tuple[str, int | None], int] = {}
+        self._estimated: dict[tuple[str, int | None], int | None] = {}
 
     def expected_bytes(self, route: str, limit_bytes: int | None) -> int:
         """The route's own reserve under the limit ``limit_bytes``: the one configured or
@@ -297,6 +299,19 @@ class LearnedView:
                 min_bytes=self.min_reserve_bytes,
             )
         return expected
+
+    def estimated_bytes(self, route: str, limit_bytes: int | None) -> int | None:
+        """:meth:`expected_bytes` of a route with an estimate (learned, or a probe's
+        provisional one); ``None`` for one without. Asked on every decision."""
+        self.estimates()
+        key = (route, limit_bytes)
+        try:
+            return self._estimated[key]
+        except KeyError:
+            pass
+        found = self.expected_bytes(route, limit_bytes) if route in self._estimates else None
+        self._estimated[key] = found
+        return found
 
     @property
     def mode(self) -> Learning:
@@ -336,6 +351,7 @@ class LearnedView:
             self._estimates = {**learned, **provisional}
             self._known = {**probes.concluded(), **learned}
             self._expected = {}
+            self._estimated = {}
         return self._estimates
 
     def known(self) -> dict[str, RouteEstimate | None]:
@@ -356,6 +372,7 @@ class LearnedView:
     def forget(self) -> None:
         """The configured or learned reserve changed: recompute each route's."""
         self._expected = {}
+        self._estimated = {}
 
 
 # --------------------------------------------------------------------------------------
@@ -968,8 +985,10 @@ class Reservations:
         reserve = self._controller.reserve_for(limit_bytes)
         own, counted = self.settler.held()
         new = reserve
-        if route is not None and route in self.view.estimates():
-            new = min(reserve, self.view.expected_bytes(route, limit_bytes))
+        if route is not None:
+            expected = self.view.estimated_bytes(route, limit_bytes)
+            if expected is not None and expected < reserve:
+                new = expected
         return own + max(0, pending - counted) * reserve + new
 
     def probe_answer(self, route: str, used_bytes: int | None = None) -> ProbeAnswer:

@@ -741,7 +741,7 @@ class AdmissionService:
         # this one now would let it jump the line.
         if queue is not None and not waiting and queue.ahead(klass):
             return Queued(behind_others(self._controller.pressure_state), klass, tenant)
-        probing = reservations.probing and route not in reservations.known()
+        probing = reservations.probing and route not in reservations.view.known()
         ceilings = self.ceilings
         with self._attempt:
             answer: ProbeAnswer = "known"

@@ -842,6 +842,12 @@ class Samples:
 # readings, and wakes the waiters for the probes' evidence (``probing.py``).
 
 
+def settles_alone(entry: Settlement, probes: dict[int, str]) -> bool:
+    """Whether ``entry`` settles at its response from this process's own state: its
+    memory showed, or none is expected; no ticket holds it; it is none of the ``probes``."""
+    return entry.phase == "request" and entry.visible and not entry.held and entry.seq not in probes
+
+
 #: Why a session request opened nothing: the app answered with an error status, or
 #: its body had not arrived by ``ADMISSION_BODY_TIMEOUT_SECONDS``.
 FailureCause = Literal["error_status", "body_timeout"]
@@ -886,6 +892,9 @@ class Reservations:
         self.failed: dict[tuple[Kind, FailureCause], int] = {}
         self.ends = SessionEnds()
         self._samples = Samples(parts=parts, read=read, active_count=active_count, ends=self.ends)
+        #: Settle from a fresh reading when the last look is a sample interval old
+        #: (``Samples.due``), for a decision that read no exact working set.
+        self.due = self._samples.due
         self._queue = parts.queue
         self.learner = parts.learner
         self.probing = parts.probing
@@ -1012,11 +1021,6 @@ class Reservations:
                 pass  # as this worker last saw them
         return self.probes.status(self._clock())
 
-    def due(self) -> Sequence[Action]:
-        """Settle from a fresh reading when the last look is a sample interval old
-        (``Samples.due``)."""
-        return self._samples.due()
-
     def settle_with(self, memory: MemoryReading) -> Sequence[Action]:
         """A decision's own reading settles what it shows (``Samples.settle_with``)."""
         return self._samples.settle_with(memory)
@@ -1025,38 +1029,28 @@ class Reservations:
 
     def respond(self, entry: Settlement) -> None:
         """The response ended or the WebSocket was accepted."""
-        # Once a session request: now_or_later's steps, without a closure.
+        # Once a session request: now_or_later's steps, without a closure. A request that
+        # settles at its response from this process's own state reads and writes no
+        # shared file: this process's lock is its whole section, without the shared
+        # ledger's flock (bench/README.md, "The fourteenth session: the session path's
+        # cost at the defaults"). Asked again under the lock: a ticket's hold() from
+        # another thread may have come between.
         if not self._kept:
+            actions: Sequence[Action] | None = None
             try:
-                actions = self._respond_now(entry)
+                if settles_alone(entry, self.probes.own):
+                    with self._attempt_own:
+                        if settles_alone(entry, self.probes.own):
+                            actions = self._responded(entry)
+                if actions is None:
+                    with self._attempt:
+                        actions = self._responded(entry)
             except LedgerBusy:
                 pass
             else:
                 apply(actions)
                 return
         self._kept.keep(functools.partial(self._responded, entry))
-
-    def _respond_now(self, entry: Settlement) -> Sequence[Action]:
-        # A request that settles at its response from this process's own state (its
-        # memory showed, or none is expected; no ticket holds it; no probe) reads and
-        # writes no shared file: this process's lock is its whole section, without the
-        # shared ledger's flock (bench/README.md, "The fourteenth session: the session
-        # path's cost at the defaults"). Asked again under the lock: a ticket's hold()
-        # from another thread may have come between.
-        if self._settles_alone(entry):
-            with self._attempt_own:
-                if self._settles_alone(entry):
-                    return self._responded(entry)
-        with self._attempt:
-            return self._responded(entry)
-
-    def _settles_alone(self, entry: Settlement) -> bool:
-        return (
-            entry.phase == "request"
-            and entry.visible
-            and not entry.held
-            and entry.seq not in self.probes.own
-        )
 
     def _responded(self, entry: Settlement) -> Sequence[Action]:
         now = self._clock()

@@ -21,7 +21,10 @@ Notes (the whole story, with the faults each part answers: ``docs/trust.md``):
   gone knows the others' are too: its ``reserve`` raises ``LedgerBusy`` until every
   worker that held a slot lock has a row again (at most ``SETTLE_MAX_S``).
 - A slot with counts whose OFD lock is free belongs to a dead worker, ``SIGKILL``
-  included: the next decision zeroes it. Negative counts in other slots count as 0.
+  included: the next exact count zeroes it (the periodic sample's, the metrics', a
+  decision's). A decision first counts high, every other slot in without asking
+  (``counts(high=True)``), and counts exactly only where that would not admit: a dead
+  worker's sessions can only refuse. Negative counts in other slots count as 0.
 - Files are opened through ``safe_files``.
 """
 

@@ -174,20 +174,15 @@ class SessionEnds:
 Step = Callable[[], Sequence[Action]]
 
 
-class KeptEvents:
-    """The session events kept while another worker held the shared ledger, oldest first."""
+class KeptEvents(collections.deque[Step]):
+    """The session events kept while another worker held the shared ledger, oldest
+    first (a deque: whether any are kept is asked at every session event)."""
 
-    __slots__ = ("_kept",)
-
-    def __init__(self) -> None:
-        self._kept: collections.deque[Step] = collections.deque()
-
-    def __len__(self) -> int:
-        return len(self._kept)
+    __slots__ = ()
 
     def keep(self, step: Step) -> None:
         """Keep ``step`` for the next critical section, after those kept before it."""
-        self._kept.append(step)
+        self.append(step)
 
     def now_or_later(
         self,
@@ -204,7 +199,7 @@ class KeptEvents:
         waits and never raises, and nothing that comes later may count that session
         again (an activation after it is a no-op). Only the settler's bookkeeping waits.
         """
-        if not self._kept:
+        if not self:
             try:
                 with attempt:
                     actions = step()
@@ -213,7 +208,7 @@ class KeptEvents:
             else:
                 apply(actions)
                 return
-        self._kept.append(step)
+        self.append(step)
         if releases is not None:
             releases.release()
 
@@ -221,12 +216,12 @@ class KeptEvents:
         """The events kept, in order, in a critical section of their own (``attempt``):
         what they decided is done even if what follows fails. ``LedgerBusy`` while
         another worker holds the shared ledger (they stay kept)."""
-        if not self._kept:
+        if not self:
             return
         actions: list[Action] = []
         with attempt:
-            while self._kept:
-                actions += self._kept.popleft()()
+            while self:
+                actions += self.popleft()()
         apply(actions)
 
 
@@ -683,10 +678,6 @@ class Samples:
         #: The memory limit of the last admission.
         self.limit: int | None = None
 
-    def note_limit(self, limit_bytes: int) -> None:
-        """An admission was decided under the memory limit ``limit_bytes``."""
-        self.limit = limit_bytes
-
     def named_end(self) -> None:
         """An active session ended and was told by its route."""
         self._named_ends += 1
@@ -939,7 +930,8 @@ class Reservations:
             with self._attempt:  # the app counts fewer sessions than wait to settle
                 ended = settler.counted(count)
             apply(ended)
-        self._kept.catch_up(self._attempt)
+        if self._kept:
+            self._kept.catch_up(self._attempt)
         return None if count is None else self.own_count(count)
 
     def expected_wait_s(self, now: float, probed: str | None = None) -> float | None:
@@ -971,7 +963,7 @@ class Reservations:
         if self.learning != "off":
             self.learner.on_admit(route, used_bytes, now, responded=False)
         if limit_bytes is not None:
-            self._samples.note_limit(limit_bytes)
+            self._samples.limit = limit_bytes
         # Blind since this process started (nothing admitted under a limit: there is none,
         # or memory was never read), the latch measures no session's memory: there is
         # none to wait for, and the session settles at its response (or accept), by its

@@ -235,12 +235,14 @@ def test_a_decision_asks_whether_the_workers_live_only_where_they_could_refuse_i
     """A decision the bound admits with a dead worker's session counted leaves that session
     for a count that asks (counting it could only refuse); one it would refuse asks, and
     admits as the exact counts do."""
-    [guard] = guards_over(tmp_path, shared[0], 3, {})
-    tickets = [guard.service.admit("http")]  # the first decision reads memory in full
+    [guard] = guards_over(tmp_path, shared[0], 4, {})
+    # The first decision reads memory in full, the second reads the bound: from the
+    # third on, the bound is in use.
+    tickets = [guard.service.admit("http"), guard.service.admit("http")]
     dead_worker_in_slot_1(shared, 1, 0)
-    tickets.append(guard.service.admit("http"))  # 2 pending with the dead one's: under 3
+    tickets.append(guard.service.admit("http"))  # 3 pending with the dead one's: under 4
     assert [(e.pid, e.alive) for e in read_entries(shared[0]) if e.slot == 1] == [(999_999, False)]
-    tickets.append(guard.service.admit("http"))  # 3 with it: the exact count recovers it
+    tickets.append(guard.service.admit("http"))  # 4 with it: the exact count recovers it
     assert all(isinstance(ticket, AdmissionTicket) for ticket in tickets)
     assert 999_999 not in {e.pid for e in read_entries(shared[0])}
     for ticket in tickets:

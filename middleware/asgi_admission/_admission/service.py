@@ -148,12 +148,17 @@ def decide_counting(
     """:func:`decide` with the counts it takes from ``ledger`` (given the app's count
     ``own``), and those counts.
 
-    The fast path is tried first on the ledger's high counts, which leave out the look
-    at whether the other workers live: a dead worker's sessions can only make the
-    latch refuse, so where the bound admits with them in, it admits without them too.
-    Where it does not, the exact counts (which recover a dead worker's sessions)
-    decide, as :func:`decide` does.
+    While the bound is in use (``bound_in_use``), the fast path is tried first on the
+    ledger's high counts, which leave out the look at whether the other workers live: a
+    dead worker's sessions can only make the latch refuse, so where the bound admits
+    with them in, it admits without them too. Where it does not, and while no bound is
+    in use (none offered, or the latch set), the exact counts (which recover a dead
+    worker's sessions) decide, as :func:`decide` does.
     """
+    if not controller.bound_in_use():
+        current, pending = ledger.counts(own)
+        decision = decide(controller, read, held_bytes, session_limit, current, pending, route)
+        return decision, current, pending
     current, pending = ledger.counts(own, high=True)
     if controller.bound_may_admit(current, session_limit, pending):
         bound = controller.read_bound()

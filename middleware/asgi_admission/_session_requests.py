@@ -94,9 +94,9 @@ class BodyReader:
         return task
 
     def stop(self, task: asyncio.Task[Any]) -> float:
-        """The request has its body (or left, or timed out): the seconds its deadline
-        had left."""
-        return self._reading.pop(task) - monotonic()
+        """The request has its body (or left, or timed out): its deadline
+        (``time.monotonic``)."""
+        return self._reading.pop(task)
 
     def timed_out(self, task: asyncio.Task[Any]) -> None:
         """Inside ``except CancelledError`` around the read: returns where the timer
@@ -459,7 +459,7 @@ class HttpSessionResponder:
         except asyncio.CancelledError:
             bodies.timed_out(task)
         finally:
-            time_left = bodies.stop(task)
+            deadline = bodies.stop(task)
         if arrival == "disconnected":
             return
         service = guarded.service
@@ -471,7 +471,7 @@ class HttpSessionResponder:
             outcome: Outcome | None = service.admit("http", scope)
         except LedgerBusy as exc:
             outcome = await service.admit_later("http", scope, exc)
-        rest_due_in_s = time_left if arrival == "partial" else None
+        rest_due_in_s = deadline - monotonic() if arrival == "partial" else None
         if type(outcome) is AdmissionTicket:
             # The common case, admitted at once: it waited for nothing, listens to nothing.
             await self._run(scope, receive, send, outcome, body, rest_due_in_s)

@@ -196,6 +196,60 @@ def test_a_killed_workers_sessions_stop_counting_against_the_cap(
     admitted.release()
 
 
+def dead_worker_in_slot_1(
+    shared: tuple[str, list[SharedLedger]], pending: int, active: int
+) -> None:
+    """A worker (pid 999999) that died holding sessions in slot 1: its slot's lock is free."""
+    gone = open_ledger(shared)
+    with gone.locked():  # claims slot 1 (slot 0 is taken): the header counts two in use
+        gone.counts()
+    gone.close()
+    poke(
+        shared[0],
+        LEDGER_HEADER.size + LEDGER_SLOT.size,
+        LEDGER_SLOT.pack(999_999, 1, pending, active),
+    )
+
+
+def test_high_counts_take_a_dead_workers_sessions_in_until_a_count_that_asks(
+    shared: tuple[str, list[SharedLedger]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``counts(high=True)`` adds the other slots' sessions without asking whether their
+    workers live, never below the exact counts; an exact count recovers the dead one's."""
+    ledger = open_ledger(shared)
+    with ledger.locked():
+        ledger.reserve()
+    dead_worker_in_slot_1(shared, 4, 1)
+    with ledger.locked():
+        assert ledger.counts(high=True) == (1, 5)
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        assert counts(ledger) == (0, 1)
+    assert "worker pid 999999 exited holding 4 pending and 1 active" in caplog.text
+    with ledger.locked():
+        assert ledger.counts(high=True) == (0, 1)
+
+
+def test_a_decision_asks_whether_the_workers_live_only_where_they_could_refuse_it(
+    shared: tuple[str, list[SharedLedger]], tmp_path: Path
+) -> None:
+    """A decision the bound admits with a dead worker's session counted leaves that session
+    for a count that asks (counting it could only refuse); one it would refuse asks, and
+    admits as the exact counts do."""
+    [guard] = guards_over(tmp_path, shared[0], 4, {})
+    # The first decision reads memory in full, the second reads the bound: from the
+    # third on, the bound is in use.
+    tickets = [guard.service.admit("http"), guard.service.admit("http")]
+    dead_worker_in_slot_1(shared, 1, 0)
+    tickets.append(guard.service.admit("http"))  # 3 pending with the dead one's: under 4
+    assert [(e.pid, e.alive) for e in read_entries(shared[0]) if e.slot == 1] == [(999_999, False)]
+    tickets.append(guard.service.admit("http"))  # 4 with it: the exact count recovers it
+    assert all(isinstance(ticket, AdmissionTicket) for ticket in tickets)
+    assert 999_999 not in {e.pid for e in read_entries(shared[0])}
+    for ticket in tickets:
+        assert isinstance(ticket, AdmissionTicket)
+        ticket.release()
+
+
 def test_dead_slot_is_recovered_when_claimed(
     shared: tuple[str, list[SharedLedger]], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -143,6 +143,11 @@ def test_random_sessions_release_once_never_early_and_return_to_zero(
             owed = sim.footprint - sim.arrived(now)
             missing += max(0, owed - int((1 - VISIBLE_FRACTION) * R) - 1)
         assert missing <= pending * R
+        # What the pending sessions still hold is kept as a running total: it is the sum.
+        assert settler.held() == (
+            sum(entry.remaining for entry in settler._pending),
+            settler.unsettled,
+        )
 
     for _index in range(SESSIONS):
         behaviour = rng.choice(BEHAVIOURS)

@@ -117,10 +117,66 @@ def decide(
             assert limit is not None
             if controller.bound_admits(used, limit, held_bytes(route, pending, limit)):
                 return controller.admitted_on(bound)
+    return decide_exactly(controller, read, held_bytes, session_limit, current, pending, route)
+
+
+def decide_exactly(
+    controller: AdmissionController,
+    read: SafeReader,
+    held_bytes: Callable[[str | None, int, int], int],
+    session_limit: int | None,
+    current: int,
+    pending: int,
+    route: str | None,
+) -> CapacityDecision:
+    """:func:`decide` on an exact reading, where the upper bound did not admit."""
     memory = read()
     limit = memory.limit_bytes
     held = held_bytes(route, pending, limit) if limit else None
     return controller.decide(memory, current, session_limit, pending, held_bytes=held)
+
+
+def decide_counting(
+    controller: AdmissionController,
+    read: SafeReader,
+    held_bytes: Callable[[str | None, int, int], int],
+    session_limit: int | None,
+    ledger: SessionLedger,
+    own: int | None,
+    route: str | None,
+) -> tuple[CapacityDecision, int, int]:
+    """:func:`decide` with the counts it takes from ``ledger`` (given the app's count
+    ``own``), and those counts.
+
+    While the bound is in use (``bound_in_use``), the fast path is tried first on the
+    ledger's high counts, which leave out the look at whether the other workers live: a
+    dead worker's sessions can only make the latch refuse, so where the bound admits
+    with them in, it admits without them too. Where it does not, and while no bound is
+    in use (none offered, or the latch set), the exact counts (which recover a dead
+    worker's sessions) decide, as :func:`decide` does.
+    """
+    if not controller.bound_in_use():
+        current, pending = ledger.counts(own)
+        decision = decide(controller, read, held_bytes, session_limit, current, pending, route)
+        return decision, current, pending
+    current, pending = ledger.counts(own, high=True)
+    if controller.bound_may_admit(current, session_limit, pending):
+        bound = controller.read_bound()
+        if bound is not None:
+            used, limit = bound.used_bytes, bound.limit_bytes
+            assert used is not None  # read_bound() returns usable bounds only
+            assert limit is not None
+            if controller.bound_admits(used, limit, held_bytes(route, pending, limit)):
+                return controller.admitted_on(bound), current, pending
+    exact = ledger.counts(own)
+    if exact == (current, pending):  # nothing recovered: the fast path answered already
+        decision = decide_exactly(
+            controller, read, held_bytes, session_limit, current, pending, route
+        )
+        return decision, current, pending
+    current, pending = exact
+    decision = decide(controller, read, held_bytes, session_limit, current, pending, route)
+    return decision, current, pending
 
 
 # --------------------------------------------------------------------------------------
@@ -690,33 +746,44 @@ class AdmissionService:
         # this one now would let it jump the line.
         if queue is not None and not waiting and queue.ahead(klass):
             return Queued(behind_others(self._controller.pressure_state), klass, tenant)
-        probing = reservations.probing and route not in reservations.known()
+        probing = reservations.probing and route not in reservations.view.known()
         ceilings = self.ceilings
         with self._attempt:
-            current, pending = ledger.counts(own)
             answer: ProbeAnswer = "known"
-            if (
-                tenant is not None
-                and tenants is not None
-                and tenants.beyond(tenant, current + pending, queue, waiting)
-            ):
-                decision = CapacityDecision(
-                    False, self._controller.pressure_state, UNAVAILABLE, "tenant_share"
-                )
-            elif probing:
-                decision, answer = self._decide.probed(route, current, pending, expired, klass)
-            elif ceilings is None:
-                decision = decide(
+            if tenant is None and not probing and ceilings is None:
+                decision, current, pending = decide_counting(
                     self._controller,
                     self.read,
                     reservations.held_bytes,
                     self._session_limit,
-                    current,
-                    pending,
+                    ledger,
+                    own,
                     route,
                 )
             else:
-                decision = self._decide.by_class(klass, self.read(), route, current, pending)
+                current, pending = ledger.counts(own)
+                if (
+                    tenant is not None
+                    and tenants is not None
+                    and tenants.beyond(tenant, current + pending, queue, waiting)
+                ):
+                    decision = CapacityDecision(
+                        False, self._controller.pressure_state, UNAVAILABLE, "tenant_share"
+                    )
+                elif probing:
+                    decision, answer = self._decide.probed(route, current, pending, expired, klass)
+                elif ceilings is None:
+                    decision = decide(
+                        self._controller,
+                        self.read,
+                        reservations.held_bytes,
+                        self._session_limit,
+                        current,
+                        pending,
+                        route,
+                    )
+                else:
+                    decision = self._decide.by_class(klass, self.read(), route, current, pending)
             memory = decision.memory
             entry = waiter = None
             retry_after_s = 0

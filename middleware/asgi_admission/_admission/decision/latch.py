@@ -208,6 +208,7 @@ class AdmissionController:
 
     __slots__ = (
         "_bound_of",
+        "_bound_read",
         "_last_state",
         "_lock",
         "_pressured",
@@ -243,6 +244,8 @@ class AdmissionController:
         # memory_reader's read_bound (None: it has none), looked up once per reader.
         self._bound_of: object = None
         self._read_bound: Callable[[], MemoryReading | None] | None = None
+        # Whether the last read_bound() gave a usable bound.
+        self._bound_read = False
         self._lock = threading.Lock()
 
     def learned(self, reserve_bytes: int | None, *, replaces: bool) -> bool:
@@ -364,6 +367,12 @@ class AdmissionController:
             session_limit is None or current_sessions + pending_sessions < session_limit
         )
 
+    def bound_in_use(self) -> bool:
+        """Whether the last decision was normal and the last upper bound read was usable:
+        the next decision is likely made on a bound. A hint for what to count first, never
+        a decision."""
+        return self._bound_read and self._last_state == "normal"
+
     def admitted_on(self, bound: MemoryReading) -> CapacityDecision:
         """The decision where :meth:`bound_admits` admitted on ``bound``."""
         return _decision(True, "normal", bound, None, None)
@@ -377,15 +386,18 @@ class AdmissionController:
             self._bound_of = reader
             self._read_bound = getattr(reader, "read_bound", None)
         read_bound = self._read_bound
-        if read_bound is None:
-            return None
-        try:
-            bound = read_bound()
-        except Exception:
-            return None
-        if bound is None or bound.used_bytes is None or bound.limit_bytes is None:
-            return None
-        return bound if bound.available else None
+        bound = None
+        if read_bound is not None:
+            try:
+                bound = read_bound()
+            except Exception:
+                bound = None
+            if bound is not None and (
+                bound.used_bytes is None or bound.limit_bytes is None or not bound.available
+            ):
+                bound = None
+        self._bound_read = bound is not None
+        return bound
 
     def bound_admits(self, used: int, limit: int, held_bytes: int) -> bool:
         """Whether the latch stays clear even at an upper bound ``used`` of the working set,

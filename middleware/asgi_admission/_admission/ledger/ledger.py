@@ -74,11 +74,14 @@ class SessionLedger(Protocol):
         reserving; the same reusable context manager every time."""
         ...
 
-    def counts(self, own_active: int | None = None) -> tuple[int, int]:
+    def counts(self, own_active: int | None = None, *, high: bool = False) -> tuple[int, int]:
         """``(active, pending)``; call inside the critical section for a consistent
         pair. ``own_active``, the app's count when it reports one (``current_sessions``),
         replaces this process's own count of accepted WebSockets; a shared ledger
-        publishes it, so that every worker's decision sees the container-wide total."""
+        publishes it, so that every worker's decision sees the container-wide total.
+        ``high``: a shared ledger does not ask whether the other workers live, and
+        counts a dead worker's sessions until a count that asks recovers them; the
+        counts are then never below the exact ones."""
         ...
 
     def active(self, own_active: int | None = None) -> int:
@@ -162,7 +165,7 @@ class InProcessLedger:
     def attempt_own(self) -> threading.Lock:
         return self._lock
 
-    def counts(self, own_active: int | None = None) -> tuple[int, int]:
+    def counts(self, own_active: int | None = None, *, high: bool = False) -> tuple[int, int]:
         return self._active if own_active is None else own_active, self._pending
 
     def active(self, own_active: int | None = None) -> int:

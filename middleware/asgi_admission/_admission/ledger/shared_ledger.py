@@ -21,7 +21,10 @@ Notes (the whole story, with the faults each part answers: ``docs/trust.md``):
   gone knows the others' are too: its ``reserve`` raises ``LedgerBusy`` until every
   worker that held a slot lock has a row again (at most ``SETTLE_MAX_S``).
 - A slot with counts whose OFD lock is free belongs to a dead worker, ``SIGKILL``
-  included: the next decision zeroes it. Negative counts in other slots count as 0.
+  included: the next exact count zeroes it (the periodic sample's, the metrics', a
+  decision's). A decision first counts high, every other slot in without asking
+  (``counts(high=True)``), and counts exactly only where that would not admit: a dead
+  worker's sessions can only refuse. Negative counts in other slots count as 0.
 - Files are opened through ``safe_files``.
 """
 
@@ -910,13 +913,15 @@ class SharedLedger(LockedLedgerFile):
     def active(self, own_active: int | None = None) -> int:
         return self.counts(own_active)[0]
 
-    def counts(self, own_active: int | None = None) -> tuple[int, int]:
+    def counts(self, own_active: int | None = None, *, high: bool = False) -> tuple[int, int]:
         """``(active, pending)`` of every live worker; call inside the critical
         section (``attempt()`` or ``locked()``).
 
         With ``own_active`` (the app's count, ``current_sessions``) this worker
         publishes it as its active sessions instead of its own WebSocket count;
-        others see it as of this worker's latest decision (erring high).
+        others see it as of this worker's latest decision (erring high). ``high``:
+        without asking whether the other workers live, so a dead worker's sessions
+        count until a count that asks recovers them (never below the exact counts).
         """
         own = self._own
         if own_active != own[2]:
@@ -943,14 +948,21 @@ class SharedLedger(LockedLedgerFile):
         fields = self._layout.unpack_from(data, HEADER.size)
         slot = self._slot
         if slot < 0:  # no slot of its own (all taken): every slot is another's
-            return self._add_others(fields, len(fields), active, pending)
-        mine = 2 * slot
-        if not data.startswith(self._row, self._offset):
+            mine = len(fields)
+        elif not data.startswith(self._row, self._offset):
+            mine = 2 * slot
             self._own_row_changed()
-        elif not (any(fields[:mine]) or any(fields[mine + 2 :])):
-            # Alone in the file, or the others idle: nothing to add, and nothing while
-            # the file reads the same.
-            self._quiet = data
+        else:
+            mine = 2 * slot
+            if not (any(fields[:mine]) or any(fields[mine + 2 :])):
+                # Alone in the file, or the others idle: nothing to add, and nothing
+                # while the file reads the same.
+                self._quiet = data
+                return active, pending
+        if high and min(fields) >= 0:
+            # Every other slot's counts, live or not: one probe per busy slot saved.
+            pending += sum(fields[0::2]) - sum(fields[mine : mine + 1])
+            active += sum(fields[1::2]) - sum(fields[mine + 1 : mine + 2])
             return active, pending
         return self._add_others(fields, mine, active, pending)
 

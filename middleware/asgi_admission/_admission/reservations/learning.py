@@ -916,11 +916,11 @@ class GrowthWindows:
             # above the working set only shows as a drop at the next exact reading.
             self._restart(used_bytes, now)
             last = self._last
-        admission = Admission(route, now, now if responded else None)
         if len(self._recent) >= MAX_RECENT:
             # Too many to follow: its growth is unknown to every window it may ramp in.
             self._foreign_until = max(self._foreign_until, now + self.horizon_s + QUIET_S)
             return
+        admission = Admission(route, now, now if responded else None)
         self._recent.append(admission)
         if last is None or len(self._open) >= MAX_OPEN or now - last[1] > MAX_STEP_S:
             return

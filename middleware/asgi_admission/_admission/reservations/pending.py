@@ -174,20 +174,15 @@ class SessionEnds:
 Step = Callable[[], Sequence[Action]]
 
 
-class KeptEvents:
-    """The session events kept while another worker held the shared ledger, oldest first."""
+class KeptEvents(collections.deque[Step]):
+    """The session events kept while another worker held the shared ledger, oldest
+    first (a deque: whether any are kept is asked at every session event)."""
 
-    __slots__ = ("_kept",)
-
-    def __init__(self) -> None:
-        self._kept: collections.deque[Step] = collections.deque()
-
-    def __len__(self) -> int:
-        return len(self._kept)
+    __slots__ = ()
 
     def keep(self, step: Step) -> None:
         """Keep ``step`` for the next critical section, after those kept before it."""
-        self._kept.append(step)
+        self.append(step)
 
     def now_or_later(
         self,
@@ -204,7 +199,7 @@ class KeptEvents:
         waits and never raises, and nothing that comes later may count that session
         again (an activation after it is a no-op). Only the settler's bookkeeping waits.
         """
-        if not self._kept:
+        if not self:
             try:
                 with attempt:
                     actions = step()
@@ -213,7 +208,7 @@ class KeptEvents:
             else:
                 apply(actions)
                 return
-        self._kept.append(step)
+        self.append(step)
         if releases is not None:
             releases.release()
 
@@ -221,12 +216,12 @@ class KeptEvents:
         """The events kept, in order, in a critical section of their own (``attempt``):
         what they decided is done even if what follows fails. ``LedgerBusy`` while
         another worker holds the shared ledger (they stay kept)."""
-        if not self._kept:
+        if not self:
             return
         actions: list[Action] = []
         with attempt:
-            while self._kept:
-                actions += self._kept.popleft()()
+            while self:
+                actions += self.popleft()()
         apply(actions)
 
 
@@ -248,6 +243,7 @@ class LearnedView:
 
     __slots__ = (
         "_controller",
+        "_estimated",
         "_estimates",
         "_expected",
         "_known",
@@ -281,6 +277,7 @@ class LearnedView:
         self._known: dict[str, RouteEstimate | None] = {}
         self._expected: dict[tuple[str, int | None], int] = {}
         self._learned: Learned | None = None
+        self._estimated: dict[tuple[str, int | None], int | None] = {}
 
     def expected_bytes(self, route: str, limit_bytes: int | None) -> int:
         """The route's own reserve under the limit ``limit_bytes``: the one configured or
@@ -299,6 +296,19 @@ class LearnedView:
                 min_bytes=self.min_reserve_bytes,
             )
         return expected
+
+    def estimated_bytes(self, route: str, limit_bytes: int | None) -> int | None:
+        """:meth:`expected_bytes` of a route with an estimate (learned, or a probe's
+        provisional one); ``None`` for one without. Asked on every decision."""
+        self.estimates()
+        key = (route, limit_bytes)
+        try:
+            return self._estimated[key]
+        except KeyError:
+            pass
+        found = self.expected_bytes(route, limit_bytes) if route in self._estimates else None
+        self._estimated[key] = found
+        return found
 
     @property
     def mode(self) -> Learning:
@@ -336,6 +346,7 @@ class LearnedView:
             self._known = {**probes.concluded(), **learned}
             self._expected = {}
             self._learned = None
+            self._estimated = {}
         return self._estimates
 
     def known(self) -> dict[str, RouteEstimate | None]:
@@ -356,6 +367,7 @@ class LearnedView:
     def forget(self) -> None:
         """The configured or learned reserve changed: recompute each route's."""
         self._expected = {}
+        self._estimated = {}
 
 
 # --------------------------------------------------------------------------------------
@@ -642,10 +654,6 @@ class Samples:
         #: The memory limit of the last admission.
         self.limit: int | None = None
 
-    def note_limit(self, limit_bytes: int) -> None:
-        """An admission was decided under the memory limit ``limit_bytes``."""
-        self.limit = limit_bytes
-
     def named_end(self) -> None:
         """An active session ended and was told by its route."""
         self._named_ends += 1
@@ -801,6 +809,12 @@ class Samples:
 # readings, and wakes the waiters for the probes' evidence (``probing.py``).
 
 
+def settles_alone(entry: Settlement, probes: dict[int, str]) -> bool:
+    """Whether ``entry`` settles at its response from this process's own state: its
+    memory showed, or none is expected; no ticket holds it; it is none of the ``probes``."""
+    return entry.phase == "request" and entry.visible and not entry.held and entry.seq not in probes
+
+
 #: Why a session request opened nothing: the app answered with an error status, or
 #: its body had not arrived by ``ADMISSION_BODY_TIMEOUT_SECONDS``.
 FailureCause = Literal["error_status", "body_timeout"]
@@ -844,6 +858,9 @@ class Reservations:
         self.failed: dict[tuple[Kind, FailureCause], int] = {}
         self.ends = SessionEnds()
         self._samples = Samples(parts=parts, read=read, active_count=active_count, ends=self.ends)
+        #: Settle from a fresh reading when the last look is a sample interval old
+        #: (``Samples.due``), for a decision that read no exact working set.
+        self.due = self._samples.due
         self._queue = parts.queue
         self.learner = parts.learner
         self.probing = parts.probing
@@ -888,7 +905,8 @@ class Reservations:
             with self._attempt:  # the app counts fewer sessions than wait to settle
                 ended = settler.counted(count, self.view.learned())
             apply(ended)
-        self._kept.catch_up(self._attempt)
+        if self._kept:
+            self._kept.catch_up(self._attempt)
         return None if count is None else self.own_count(count)
 
     def expected_wait_s(self, now: float, probed: str | None = None) -> float | None:
@@ -920,7 +938,7 @@ class Reservations:
         if self.learning != "off":
             self.learner.on_admit(route, used_bytes, now, responded=False)
         if limit_bytes is not None:
-            self._samples.note_limit(limit_bytes)
+            self._samples.limit = limit_bytes
         # Blind since this process started (nothing admitted under a limit: there is none,
         # or memory was never read), the latch measures no session's memory: there is
         # none to wait for, and the session settles at its response (or accept), by its
@@ -943,8 +961,10 @@ class Reservations:
         reserve = self._controller.reserve_for(limit_bytes)
         own, counted = self.settler.held()
         new = reserve
-        if route is not None and route in self.view.estimates():
-            new = min(reserve, self.view.expected_bytes(route, limit_bytes))
+        if route is not None:
+            expected = self.view.estimated_bytes(route, limit_bytes)
+            if expected is not None and expected < reserve:
+                new = expected
         return own + max(0, pending - counted) * reserve + new
 
     def probe_answer(self, route: str, used_bytes: int | None = None) -> ProbeAnswer:
@@ -968,11 +988,6 @@ class Reservations:
                 pass  # as this worker last saw them
         return self.probes.status(self._clock())
 
-    def due(self) -> Sequence[Action]:
-        """Settle from a fresh reading when the last look is a sample interval old
-        (``Samples.due``)."""
-        return self._samples.due()
-
     def settle_with(self, memory: MemoryReading) -> Sequence[Action]:
         """A decision's own reading settles what it shows (``Samples.settle_with``)."""
         return self._samples.settle_with(memory)
@@ -981,38 +996,28 @@ class Reservations:
 
     def respond(self, entry: Settlement) -> None:
         """The response ended or the WebSocket was accepted."""
-        # Once a session request: now_or_later's steps, without a closure.
+        # Once a session request: now_or_later's steps, without a closure. A request that
+        # settles at its response from this process's own state reads and writes no
+        # shared file: this process's lock is its whole section, without the shared
+        # ledger's flock (bench/README.md, "The fourteenth session: the session path's
+        # cost at the defaults"). Asked again under the lock: a ticket's hold() from
+        # another thread may have come between.
         if not self._kept:
+            actions: Sequence[Action] | None = None
             try:
-                actions = self._respond_now(entry)
+                if settles_alone(entry, self.probes.own):
+                    with self._attempt_own:
+                        if settles_alone(entry, self.probes.own):
+                            actions = self._responded(entry)
+                if actions is None:
+                    with self._attempt:
+                        actions = self._responded(entry)
             except LedgerBusy:
                 pass
             else:
                 apply(actions)
                 return
         self._kept.keep(functools.partial(self._responded, entry))
-
-    def _respond_now(self, entry: Settlement) -> Sequence[Action]:
-        # A request that settles at its response from this process's own state (its
-        # memory showed, or none is expected; no ticket holds it; no probe) reads and
-        # writes no shared file: this process's lock is its whole section, without the
-        # shared ledger's flock (bench/README.md, "The fourteenth session: the session
-        # path's cost at the defaults"). Asked again under the lock: a ticket's hold()
-        # from another thread may have come between.
-        if self._settles_alone(entry):
-            with self._attempt_own:
-                if self._settles_alone(entry):
-                    return self._responded(entry)
-        with self._attempt:
-            return self._responded(entry)
-
-    def _settles_alone(self, entry: Settlement) -> bool:
-        return (
-            entry.phase == "request"
-            and entry.visible
-            and not entry.held
-            and entry.seq not in self.probes.own
-        )
 
     def _responded(self, entry: Settlement) -> Sequence[Action]:
         now = self._clock()

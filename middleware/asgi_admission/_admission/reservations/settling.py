@@ -617,7 +617,7 @@ class PendingSessions:
     ``queue`` is the attribution queue their records are in, ``pid`` the process's.
     Changed only inside the ledger's critical section."""
 
-    __slots__ = ("_entries", "_pid", "_queue", "past_response", "waiting")
+    __slots__ = ("_entries", "_pid", "_queue", "past_response", "remaining", "waiting")
 
     def __init__(self, queue: SettleQueue, pid: int) -> None:
         self._queue = queue
@@ -627,6 +627,8 @@ class PendingSessions:
         self.waiting = 0
         #: Those and the held tickets past their response, not yet started.
         self.past_response = 0
+        #: What the sessions are still expected to add, together (``held``).
+        self.remaining = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -634,16 +636,29 @@ class PendingSessions:
     def __iter__(self) -> Iterator[Settlement]:
         return iter(self._entries.values())
 
-    def add(self, entry: Settlement) -> None:
+    def add(self, entry: Settlement, remaining: int) -> None:
+        """A new session, still expected to add ``remaining``."""
         self._entries[entry.seq] = entry
+        entry.remaining = remaining
+        self.remaining += remaining
 
     def get(self, seq: int) -> Settlement | None:
         return self._entries.get(seq)
 
+    def expect(self, entry: Settlement, remaining: int) -> None:
+        """``entry`` is still expected to add ``remaining``."""
+        if self._entries.get(entry.seq) is entry:
+            self.remaining += remaining - entry.remaining
+        entry.remaining = remaining
+
     def held(self) -> tuple[int, int]:
-        """What the sessions are still expected to add, and how many there are."""
-        entries = self._entries.values()
-        return sum(entry.remaining for entry in entries), len(entries)
+        """What the sessions are still expected to add, and how many there are; kept as
+        they change, not summed at each decision."""
+        return self.remaining, len(self._entries)
+
+    def _remove(self, entry: Settlement) -> None:
+        if self._entries.pop(entry.seq, None) is not None:
+            self.remaining -= entry.remaining
 
     def oldest_waiting(self, count: int) -> list[Settlement]:
         """The oldest ``count`` sessions waiting past their response (fewer if fewer wait)."""
@@ -662,7 +677,7 @@ class PendingSessions:
 
     def settle(self, entry: Settlement) -> list[Action]:
         self.phase(entry, "done")
-        self._entries.pop(entry.seq, None)
+        self._remove(entry)
         outcome = entry.settle_outcome
         entry.released = outcome == "release"
         return [(entry.reservation, outcome)]
@@ -671,12 +686,12 @@ class PendingSessions:
         self.leave_early(entry, learned)
         self.phase(entry, "done")
         entry.released = True
-        self._entries.pop(entry.seq, None)
+        self._remove(entry)
         return [(entry.reservation, "release")]
 
     def activate(self, entry: Settlement) -> list[Action]:
         # A started session: active from now on, until its app releases it.
-        self._entries.pop(entry.seq, None)
+        self._remove(entry)
         return [(entry.reservation, "activate")]
 
     def activate_started(self) -> list[Action]:
@@ -690,7 +705,7 @@ class PendingSessions:
         entry.released = True
         if entry.phase != "done":
             self.phase(entry, "done")
-            self._entries.pop(entry.seq, None)
+            self._remove(entry)
             if entry.queued:
                 drop_record(self._queue, self._pid, entry.seq)
         return [(entry.reservation, "release")]
@@ -855,11 +870,11 @@ class Settler:
         seq = next(NUMBERS)
         self._seen.add(route)
         entry = Settlement(seq, reservation, kind, route, now)
-        self._pending.add(entry)
         # Less than the working set's own noise can never be told apart from it: waiting
         # for it would keep the session pending until its ramp or timeout, and a pile of
         # such sessions would cost every decision a pass over the settling queue.
-        expected = entry.remaining = expected_bytes if expected_bytes >= NOISE_BYTES else 0
+        expected = expected_bytes if expected_bytes >= NOISE_BYTES else 0
+        self._pending.add(entry, expected)
         if not expected:
             # Nothing to wait for (no reserve, or sessions of this route add nothing).
             entry.visible = True
@@ -943,7 +958,8 @@ class Settler:
         if record is None or record.left_early:
             return []
         # The latest measurement alone (memory that went may come back); see _attribute.
-        entry.remaining = entry.measured_left = max(0, record.expected_bytes - own_bytes)
+        entry.measured_left = max(0, record.expected_bytes - own_bytes)
+        self._pending.expect(entry, entry.measured_left)
         if own_bytes < VISIBLE_FRACTION * record.expected_bytes:
             return []
         self._queue.store(take_shown(accounted, records, record), records)
@@ -1072,7 +1088,7 @@ class Settler:
                 actions += self._shown(entry)
         if head is not None and (own := self._pending.get(head[0])) is not None:
             left = own.measured_left
-            own.remaining = head[1] if left is None else min(head[1], left)
+            self._pending.expect(own, head[1] if left is None else min(head[1], left))
         return accounted, kept
 
     def _time_out(self, entry: Settlement, now: float, learned: Learned) -> list[Action]:

@@ -8,7 +8,7 @@ slot, a second waits before its accept; the first's client disconnects and the t
 to the second's ``websocket.accept`` is taken, one waiter at a time. What it replaces
 is the refused client's retry: a ``Retry-After`` of at least 1 s, plus a round trip.
 A second figure has the slot freed in another worker (two guards over one shared
-ledger): the waiter's look every sample interval finds it.
+ledger): the waiter's freed watch, reading every sample interval, finds it.
 """
 
 from __future__ import annotations

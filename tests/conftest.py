@@ -32,7 +32,7 @@ os.environ["ADMISSION_SESSION_GROUPS"] = "off"
 @pytest.fixture(autouse=True)
 def no_default_shared_place(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Guards built in this process find no base for a default place and no /proc to
-    look for other workers in (an empty directory stands for it), and watchdogs find no
+    search for other workers in (an empty directory stands for it), and watchdogs find no
     memory group of their own to make session groups below."""
     # A MonkeyPatch of its own: the test's ``monkeypatch`` is then made after the test's
     # other fixtures, and undone before their teardown, as without this fixture.

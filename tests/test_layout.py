@@ -422,8 +422,13 @@ RETIRED_WORDS = re.compile(
 #: floor (what is accounted for), mark (its last exact reading), credit (memory seen
 #: freed) and placeholder (a record left early), and probing's gate (what the probes
 #: answer for a route); each is retired as a plural too. As words, "floor" and "mark"
-#: keep their plain sense (a reserve's floor), so only names are checked for them.
-RETIRED_NAME_PARTS = frozenset({"floor", "mark", "credit", "credited", "placeholder", "gate"})
+#: keep their plain sense (a reserve's floor), so only names are checked for them. A
+#: "look" was a check of the latch (``LatchChecks.check_with_counts``, the stuck-pressure
+#: watch's, the proxy's), a reading (the periodic sample's, the freed watch's) or the
+#: search for other workers; ``lookup`` is a word of its own and stays.
+RETIRED_NAME_PARTS = frozenset(
+    {"floor", "mark", "credit", "credited", "placeholder", "gate", "look", "looked", "looking"}
+)
 #: Parts of class names retired: a ``Hold`` is a waiter (``ProbeWaiter``); the verb
 #: stays (``ticket.hold()``, ``hold_s``, ``..._holds_nothing``), so other names are
 #: checked only for a ``holds`` at their end (the reservations' old waiters).
@@ -431,6 +436,12 @@ RETIRED_CLASS_PARTS = frozenset({"hold"})
 #: Words the package's comments and docstrings no longer use (the docs' "quality gate"
 #: is the test suite's, a plain sense).
 RETIRED_PACKAGE_WORDS = re.compile(r"\b(gates?|gated)\b", re.IGNORECASE)
+#: "A look" as a noun, in the package's comments and docstrings and in the docs (the
+#: verb stays: "the reader looks", "looked up", "sessions that look larger").
+RETIRED_NOUN = re.compile(
+    r"\b(?:(?:a|an|one|the|its|each|next|last|two|periodic|own)\s+|'s\s+)looks?\b",
+    re.IGNORECASE,
+)
 #: Names with a retired part in its plain sense: learning's noise floor, and the
 #: benchmark's "floor" reference, the least any guard must do (bench/README.md).
 PLAIN_NAMES = frozenset({"NOISE_FLOOR_BYTES", "Floor", "floor_app", "floor_added"})
@@ -524,7 +535,9 @@ def test_the_retired_words_are_gone() -> None:
     placeholder a record left early and its credit memory seen freed), nor does any code,
     tests and benchmarks too, define a name made of a retired part (a hold is a waiter,
     the probe gate what the probes answer, a probe window a trial, the learned
-    observations kept ``KEPT``), nor pass or take ``window=`` (it is ``keep=``)."""
+    observations kept ``KEPT``, a look a check, a reading or a search), nor pass or take
+    ``window=`` (it is ``keep=``); and "a look" is no noun in the package's prose or the
+    docs."""
     root = Path(__file__).parents[1]
     package = sorted(PACKAGE.rglob("*.py"))
     code = [
@@ -551,6 +564,15 @@ def test_the_retired_words_are_gone() -> None:
         if (words := RETIRED_PACKAGE_WORDS.findall(prose[path]))
     }
     assert worded == {}
+    nouns = {
+        str(path): words
+        for path, text in [
+            *((path, prose[path]) for path in package),
+            *((path, path.read_text()) for path in sorted(root.joinpath("docs").rglob("*.md"))),
+        ]
+        if (words := RETIRED_NOUN.findall(text))
+    }
+    assert nouns == {}
     keywords = {str(path): used for path in code if (used := retired_keywords(trees[path]))}
     assert keywords == {}
 
@@ -590,6 +612,14 @@ def test_a_retired_keyword_is_seen(source: str, keywords: set[str]) -> None:
         ("class ProbeWindow: ...", {"ProbeWindow"}),
         ("WINDOW = 32", {"WINDOW"}),
         ("self._probe_holds = {}", {"_probe_holds"}),
+        ("def look(self) -> tuple[CapacityDecision, tuple[int, int]]: ...", {"look"}),
+        ("LatchLook = Callable[[], int]\nLOOK_LIMIT = 4096", {"LatchLook", "LOOK_LIMIT"}),
+        (
+            "self._next_look = 0.0\nlooked = 1\nself._looking = None",
+            {"_next_look", "looked", "_looking"},
+        ),
+        ("def test_a_look_that_fails(): ...\nlooks = 0", {"test_a_look_that_fails", "looks"}),
+        ("def look_soon(self) -> None: ...", {"look_soon"}),
         ("if isinstance(outcome, Hold): ticket.hold()", set()),
         ("def hold(self, hold_s: float) -> None: ...", set()),
         ("HOLD_MB = 64\ndef test_a_ticket_holds_nothing(): ...", set()),
@@ -597,6 +627,8 @@ def test_a_retired_keyword_is_seen(source: str, keywords: set[str]) -> None:
         ("# the floor of a reserve\nx = 'a floor'", set()),
         ("accounted = marked + NOISE_FLOOR_BYTES", set()),
         ("rounded = math.floor(x)", set()),
+        ("try:\n    pass\nexcept ProcessLookupError:\n    lookup = {}", set()),
+        ("def lookups(): ...\nclass Lookup: ...", set()),
     ],
 )
 def test_a_retired_name_is_seen(source: str, names: set[str]) -> None:
@@ -619,6 +651,23 @@ def test_a_retired_word_is_seen_in_prose_only(source: str, words: list[str]) -> 
     """The package's words are read from its comments and docstrings, not its strings
     or names (those the name check reads)."""
     assert RETIRED_WORDS.findall(prose_of(source, ast.parse(source))) == words
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("One look at the memory the guard protects.", ["One look"]),
+        ("the waiter's look every 0.25 s finds it", ["'s look"]),
+        ("at its next look; the periodic looks find it", ["next look", "periodic looks"]),
+        ("the reader looks each request up, looked up once", []),
+        ("sessions that look far larger; this looks like one", []),
+        ("a lookup on the method", []),
+    ],
+)
+def test_a_retired_noun_is_seen(text: str, words: list[str]) -> None:
+    """ "A look" after an article, a possessive or "next"/"last"/"periodic" is found; the
+    verb ("looks up", "sessions that look larger") and "lookup" are not."""
+    assert [match.group(0) for match in RETIRED_NOUN.finditer(text)] == words
 
 
 def test_the_glossary_holds_at_most_twelve_words() -> None:

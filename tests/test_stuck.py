@@ -1,4 +1,4 @@
-"""The stuck-pressure detector over tables of looks, its attribution, its liveness delay
+"""The stuck-pressure detector over tables of checks, its attribution, its liveness delay
 and its status file."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_a_latch_held_with_no_session_open_becomes_stuck_at_after_s() -> None:
     assert status.held_s == 300.0
     assert status.attribution is not None
     assert (status.attribution.attributed_bytes, status.attribution.unattributed_bytes) == (0, 850)
-    # Said once: later looks change nothing.
+    # Said once: later checks change nothing.
     assert watch.observe(400.0, latched=True, memory=reading(850), active=0, pending=0) is None
 
 

@@ -79,7 +79,7 @@ class Sharing:
     ledger: SessionLedger
     #: Where the workers share their counts; ``None`` where this process counts alone.
     directory: str | None
-    #: The look for other workers, where this guard counts alone by default.
+    #: The search for other workers, where this guard counts alone by default.
     alone: AloneCheck | None = None
 
 

@@ -10,8 +10,8 @@ Notes:
 - The middleware holds no decision state: it checks its arguments
   (``_arguments.py``), has ``build_service`` (``_factory.py``) build the
   service, and dispatches.
-- The readiness and liveness paths are answered from the service's look
-  (``_responses.py``).
+- The readiness and liveness paths are answered from the service's checks of the
+  latch (``_responses.py``).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class AdmissionMiddleware:
         )
         self._predicate = session_predicate
         # __call__ runs on every request: most are a miss on one dict lookup, and only
-        # a predicate or a readiness path makes it look further.
+        # a predicate or a readiness path makes it match beyond the routes.
         self._http_routes = self._matcher.http_routes()
         self._ws_routes = self._matcher.websocket_routes()
         args = check_arguments(
@@ -120,7 +120,7 @@ class AdmissionMiddleware:
         self._readiness_path = readiness_path
         self._liveness_path = args.liveness_path
         paths = (readiness_path, args.liveness_path)
-        self._look_further = session_predicate is not None or paths != (None, None)
+        self._match_beyond_routes = session_predicate is not None or paths != (None, None)
         # Whether the patterns were checked for a root_path prefix (at the first one seen).
         self._prefix_checked = False
         self._service = service = build_service(
@@ -196,7 +196,7 @@ class AdmissionMiddleware:
         scope_type = scope["type"]
         if scope_type == "http":
             routes = self._http_routes.get(scope["method"])
-            if routes is None and not self._look_further:
+            if routes is None and not self._match_beyond_routes:
                 await self.app(scope, receive, send)
                 return
             # Patterns name the route the app routes: the path less a root_path prefix,
@@ -204,7 +204,7 @@ class AdmissionMiddleware:
             path = self._route_path(scope) if scope.get("root_path") else scope["path"]
             if routes is not None and routes.matches(path):
                 await HttpSessionResponder(self.app, self._guarded)(scope, receive, send)
-            elif not self._look_further:
+            elif not self._match_beyond_routes:
                 await self.app(scope, receive, send)
             elif self._predicate is not None and self._predicate(scope):
                 await HttpSessionResponder(self.app, self._guarded)(scope, receive, send)

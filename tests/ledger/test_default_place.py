@@ -38,8 +38,8 @@ from asgi_admission._memory.reading import CgroupMemoryReader
 from asgi_admission.cli.probe import learned, probing, service_directory
 
 #: Internal on purpose: the bases the default place is made under are injected (the
-#: suite never uses the machine's /dev/shm), and so is the /proc the look reads.
-INTERNAL = "the default shared place's bases, its name and the look for other workers"
+#: suite never uses the machine's /dev/shm), and so is the /proc the search reads.
+INTERNAL = "the default shared place's bases, its name and the search for other workers"
 
 
 @pytest.fixture
@@ -227,7 +227,7 @@ def test_a_missing_base_is_passed_over_quietly(
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         alone = guard(group)
         assert alone.service.alone is not None
-        assert alone.service.alone.look() == []
+        assert alone.service.alone.search() == []
     assert alone.shared_dir is None
     assert caplog.records == []
 
@@ -235,7 +235,7 @@ def test_a_missing_base_is_passed_over_quietly(
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only tmpfs needs root")
 def test_a_read_only_base_is_passed_over(tmp_path: Path) -> None:
     """A base that is read-only (its own mount, in a mount namespace of the child's) is
-    passed over for the next; the reason goes with the look's warning, not a warning
+    passed over for the next; the reason goes with the search's warning, not a warning
     of its own."""
     read_only, writable = tmp_path / "ro", tmp_path / "rw"
     read_only.mkdir()
@@ -379,7 +379,7 @@ def test_a_guard_that_counts_alone_warns_once_of_sibling_workers(
     assert isinstance(check, AloneCheck)
     assert middleware.shared_dir is None
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
-        assert check.look() == [101]
+        assert check.search() == [101]
     assert caplog.text.count("runs more workers of this server (1 besides this one)") == 1
     assert str(group) in caplog.text
     assert "no private directory could be made" in caplog.text
@@ -391,7 +391,7 @@ def test_a_guard_that_counts_alone_warns_once_of_sibling_workers(
 def test_host_mode_and_custom_readers(tmp_path: Path, bases: list[Path]) -> None:
     """With memory_source="host" the group is the whole machine (every guarded service
     of this user on it shares one place); a reader the guard does not know has no group
-    it can tell, so its guard counts alone, looking at its own cgroup for workers."""
+    it can tell, so its guard counts alone, searching its own cgroup for workers."""
     host = shared_place.group_of(HostMemoryReader())
     assert host is not None
     assert (host.label, host.procs) == ("host", None)
@@ -411,8 +411,8 @@ def test_host_mode_and_custom_readers(tmp_path: Path, bases: list[Path]) -> None
     assert "memory reader is not one whose memory group" in alone.alone.reason
 
 
-def test_host_mode_looks_at_every_process_and_unreadable_lists_find_none(tmp_path: Path) -> None:
-    """With the host as the memory group the look reads every process in /proc; a
+def test_host_mode_searches_every_process_and_unreadable_lists_find_none(tmp_path: Path) -> None:
+    """With the host as the memory group the search reads every process in /proc; a
     group whose process list cannot be read, or a /proc without this process, finds no
     other worker (and raises nothing)."""
     proc = proc_tree(
@@ -425,10 +425,10 @@ def test_host_mode_looks_at_every_process_and_unreadable_lists_find_none(tmp_pat
     assert shared_place.other_workers(None, proc=str(tmp_path / "no-proc")) == []
 
 
-def test_a_look_that_fails_is_logged_not_raised(
+def test_a_search_that_fails_is_logged_not_raised(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The look is a diagnostic: an error inside it is logged and it finds no worker."""
+    """The search is a diagnostic: an error inside it is logged and it finds no worker."""
 
     def broken(procs: object, *, proc: str) -> list[int]:
         raise RuntimeError("an unexpected /proc")
@@ -436,7 +436,7 @@ def test_a_look_that_fails_is_logged_not_raised(
     monkeypatch.setattr(shared_place, "other_workers", broken)
     check = AloneCheck(reason="testing", label="group", procs=())
     with caplog.at_level(logging.ERROR, logger="asgi_admission"):
-        assert check.look() == []
+        assert check.search() == []
     assert "looking for other workers failed" in caplog.text
 
 

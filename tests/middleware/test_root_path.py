@@ -210,13 +210,13 @@ def test_a_pattern_with_the_prefix_in_it_is_warned_of_once(
 
 
 def test_no_warning_for_patterns_without_the_prefix(caplog: pytest.LogCaptureFixture) -> None:
-    """Patterns that name routes log nothing under a root_path, and a pattern that looks
+    """Patterns that name routes log nothing under a root_path, and a pattern that seems
     prefixed logs nothing while requests come without one."""
     right = guard(Inner(), SettableReader(), routes=["POST /sessions"])
-    looks_prefixed = guard(Inner(), SettableReader(), routes=["POST /api/sessions"])
+    seems_prefixed = guard(Inner(), SettableReader(), routes=["POST /api/sessions"])
     with caplog.at_level(logging.WARNING, logger="asgi_admission"):
         call(right, http("POST", "/api/other", "/api"))
         call(right, http("POST", "/api/sessions", "/api"))
-        call(looks_prefixed, http("POST", "/api/sessions", None))
-        call(looks_prefixed, http("POST", "/api/sessions", ""))
+        call(seems_prefixed, http("POST", "/api/sessions", None))
+        call(seems_prefixed, http("POST", "/api/sessions", ""))
     assert [r for r in caplog.records if "prefix" in r.getMessage()] == []

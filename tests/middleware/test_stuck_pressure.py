@@ -50,7 +50,7 @@ def test_a_latch_held_with_no_session_is_stuck_then_clears_by_itself(
         started = time.monotonic()
         wait_for(lambda: client.get(LIVE).status_code == 503, 5, "stuck")
         took = time.monotonic() - started
-        # Stuck at AFTER_S (looked at every tenth of it), failing within half more.
+        # Stuck at AFTER_S (checked every tenth of it), failing within half more.
         assert AFTER_S * 0.9 <= took <= AFTER_S * 1.5 + 0.5, took
         assert client.get(LIVE).json()["stuck"] is True
         assert registry.get_sample_value("asgi_admission_pressure_stuck") == 1
@@ -93,8 +93,8 @@ def test_a_latch_open_sessions_could_clear_is_never_stuck() -> None:
         assert registry.get_sample_value("asgi_admission_unattributed_bytes") == 550 * MIB
 
 
-def test_without_a_lifespan_the_liveness_path_takes_the_looks() -> None:
-    """No lifespan (so no watch task): the liveness requests look for themselves."""
+def test_without_a_lifespan_the_liveness_path_takes_the_checks() -> None:
+    """No lifespan (so no watch task): the liveness requests check for themselves."""
     reader = SettableReader(used_mb=900)
     guarded = stuck_guard(reader, CollectorRegistry())
     transport = httpx.ASGITransport(app=guarded)

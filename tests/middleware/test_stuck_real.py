@@ -108,7 +108,7 @@ def test_a_server_side_leak_with_no_session_is_stuck_then_clears(tmp_path: Path)
                 assert report["stuck"]["unattributed_bytes"] >= LEAK_MB * MIB
 
                 assert client.delete("/leak").status_code == 200
-                # The watch's own look clears the latch: liveness first, no other request.
+                # The watch's own check clears the latch: liveness first, no other request.
                 wait_for(lambda: client.get(ALIVE).status_code == 200, 10, "cleared")
                 assert gauges(client)["asgi_admission_pressure_stuck"] == 0
                 assert client.get("/admission/ready").status_code == 200

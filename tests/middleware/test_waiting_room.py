@@ -38,8 +38,8 @@ pytestmark = pytest.mark.timeout(30)
 
 @pytest.fixture
 def no_polling(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The freed watch looks every half minute instead of every quarter second: a waiter
-    admitted within a second was woken by what freed the capacity, not by a look."""
+    """The freed watch reads every half minute instead of every quarter second: a waiter
+    admitted within a second was woken by what freed the capacity, not by the watch."""
     monkeypatch.setattr(asgi_admission._factory, "SAMPLE_INTERVAL_S", 30.0)
 
 
@@ -281,7 +281,7 @@ def test_a_new_request_goes_behind_those_waiting() -> None:
         early = Socket(mw)
         await asyncio.sleep(0.05)
         assert waiting(mw) == 1
-        reader.set_mb(700)  # room again, and before the freed watch looks, a new one
+        reader.set_mb(700)  # room again, and before the freed watch reads, a new one
         late = Socket(mw)
 
         async def note(name: str, socket: Socket) -> None:
@@ -428,7 +428,7 @@ def test_the_metrics_show_who_waits_and_how_each_wait_ended() -> None:
 
 def test_a_session_ending_in_another_worker_admits_the_waiter(tmp_path: Path) -> None:
     """Two guards sharing their ledger (two workers), one slot: a waiter of the second is
-    admitted once the first's session ends, seen by its look every sample interval."""
+    admitted once the first's session ends, seen by its freed watch every sample interval."""
     shared = str(tmp_path / "shared")
 
     async def scenario() -> tuple[int, float]:
@@ -448,14 +448,14 @@ def test_a_session_ending_in_another_worker_admits_the_waiter(tmp_path: Path) ->
 
     queued, latency = asyncio.run(scenario())
     assert queued == 1
-    assert latency < 0.6  # within two looks of a quarter of a second
+    assert latency < 0.6  # within two reads of a quarter of a second
 
 
 @pytest.mark.usefixtures("no_polling")
 def test_a_session_ending_in_another_worker_wakes_that_waiter_at_once(tmp_path: Path) -> None:
     """Two guards sharing their ledger (two workers), one slot: as the first's session
-    ends, the second's waiter is rung and admitted at once, not at its next look at
-    the ledger; at the guards' shutdown their wake sockets go."""
+    ends, the second's waiter is rung and admitted at once, not at its freed watch's next
+    read of the ledger; at the guards' shutdown their wake sockets go."""
     shared = tmp_path / "shared"
 
     async def scenario() -> tuple[list[float], list[str]]:

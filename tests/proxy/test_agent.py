@@ -143,7 +143,7 @@ def open_fds() -> int:
 def test_hostile_clients_cannot_stall_the_loop_or_leak() -> None:
     """Clients that never read, send garbage or come 1,000 at once: the loop's worst
     stall stays under the project's bound of 1 s, every connection is closed
-    within the answer timeout, the room is looked at once per interval, and once they
+    within the answer timeout, the room is checked once per interval, and once they
     are gone no descriptor is left and an agent check is answered as before."""
     reader = SettableReader(used_mb=100, limit_mb=1000)
     port = free_port()
@@ -201,7 +201,7 @@ def test_hostile_clients_cannot_stall_the_loop_or_leak() -> None:
             answered, refused, took = await asyncio.to_thread(hostile)
             ticking = False
             await ticker
-            looks = reader.calls - calls
+            checks = reader.calls - calls
             # Held to the bound, not to what a quiet machine shows (tens of ms): the
             # gate runs the unit tests on three Pythons at once on two cores, where a
             # thousand connections made the worst tick 0.29 s. A blocking read or
@@ -209,7 +209,7 @@ def test_hostile_clients_cannot_stall_the_loop_or_leak() -> None:
             assert worst < 1.0, worst
             assert answered + refused == 1000
             assert answered >= 1000 - MAX_CONNECTIONS  # the rest were turned away at once
-            assert looks <= took / MAX_AGE_S + 2, (looks, took)
+            assert checks <= took / MAX_AGE_S + 2, (checks, took)
             await asyncio.sleep(0.2)  # the last closes reach the loop
             assert open_fds() <= baseline
             agent = app._reports.agent

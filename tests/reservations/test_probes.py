@@ -188,7 +188,7 @@ def test_a_probe_whose_session_ended_concludes_never_below_the_guess() -> None:
     assert b.learner.estimates() == []
 
 
-def test_a_session_ending_elsewhere_makes_the_probe_look_larger_not_smaller() -> None:
+def test_a_session_ending_elsewhere_makes_the_probe_larger_not_smaller() -> None:
     """Memory freed meanwhile could hide a probe's growth: the step with the end is taken
     to have grown as the faster of the two before it did, so what is learned is more
     than was seen."""

@@ -155,7 +155,7 @@ def test_a_bound_socket_is_private_replaces_a_dead_workers_and_goes_at_close(
     asyncio.run(main())
 
 
-def test_binding_off_a_loop_or_at_a_path_too_long_leaves_the_worker_to_the_looks(
+def test_binding_off_a_loop_or_at_a_path_too_long_leaves_the_worker_to_its_freed_watch(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No loop: nothing bound (nothing could read it); a path too long for a socket: a
@@ -195,8 +195,8 @@ def test_a_slot_freed_in_another_worker_rings_the_first_waiters_worker(
     directory: Path, orders: list[SharedOrder]
 ) -> None:
     """Capacity freed where a later waiter waits, then where nobody ever waited: each
-    time the worker holding the container's first waiter is rung and admits it, with no
-    look of its own."""
+    time the worker holding the container's first waiter is rung and admits it, before
+    its own freed watch asks."""
 
     async def main() -> list[str]:
         capacity = Capacity(free=0)
@@ -255,8 +255,9 @@ def test_the_waiter_ahead_admitted_elsewhere_rings_the_next_ones_worker(
 def test_a_dead_workers_socket_is_removed_by_whoever_finds_it_dead(
     directory: Path, orders: list[SharedOrder]
 ) -> None:
-    """A slot with waiters and no lock (its worker was killed) is cleared by the first look
-    that meets it, and its wake socket file goes with it; a closed worker removes its own."""
+    """A slot with waiters and no lock (its worker was killed) is cleared by the first read
+    of the order that meets it, and its wake socket file goes with it; a closed worker
+    removes its own."""
     a = open_order(directory, orders)
     a.publish((0, 1.0), 1)
     path = directory / ORDER_FILE_NAME
@@ -268,7 +269,7 @@ def test_a_dead_workers_socket_is_removed_by_whoever_finds_it_dead(
     finally:
         os.close(fd)
     (directory / f"{WAKE_PREFIX}2").write_bytes(b"")  # what the dead worker left
-    a.passed()  # nobody behind a: the look goes over every slot with waiters
+    a.passed()  # nobody behind a: the read goes over every slot with waiters
     assert [e.slot for e in read_waiting(directory)] == [0]
     assert sockets(directory) == []  # a claimed off a loop: it binds none
     a.close()
@@ -315,7 +316,7 @@ def test_a_socket_of_that_name_made_by_another_worker_since_is_not_removed(
         for _ in range(50):
             await asyncio.sleep(0.001)
         finder = OrderBell(directory)
-        finder.unlink(0)  # a look that took slot 0 for dead in a stale file
+        finder.unlink(0)  # a read that took slot 0 for dead in a stale file
         kept = sockets(directory) == [f"{WAKE_PREFIX}0"]
         live.close(unlink=False)  # as a SIGKILL leaves it: the file, nobody reading it
         finder.unlink(0)

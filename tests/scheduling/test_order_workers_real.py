@@ -184,7 +184,7 @@ async def scenario(base: str, shared: Path, events: Path) -> Run:
     freed_by: list[tuple[str, str]] = []  # (session ended, waiter admitted)
 
     async def admissions(count: int) -> list[Session]:
-        """The next ``count`` waiters admitted (within 5 s), then a look that nobody
+        """The next ``count`` waiters admitted (within 5 s), then a check that nobody
         else is (capacity is back to none)."""
         sessions: list[Session] = []
         deadline = time.monotonic() + 5
@@ -289,6 +289,6 @@ def test_four_workers_admit_in_container_order_and_a_killed_workers_waiters_vani
     assert wrong == 0, (run.admitted, expected)
     assert run.admitted == expected
     assert len(cross) >= 3, run.wakes
-    # The periodic look alone (before the ring) took a quarter of a second at most, about
+    # The freed watch alone (before the ring) took a quarter of a second at most, about
     # an eighth in the median.
     assert statistics.median(cross) < 0.05, cross

@@ -106,7 +106,7 @@ def test_a_dead_workers_waiters_are_ignored_and_cleared(
     shared: tuple[Path, list[SharedOrder]],
 ) -> None:
     """A slot with waiters whose lock no one holds (its worker was killed) blocks nobody,
-    and the first look clears it."""
+    and the first read of the order clears it."""
     a, b = open_order(shared), open_order(shared)
     a.publish((0, 1.0), 1)
     b.publish((0, 2.0), 1)
@@ -127,8 +127,8 @@ def test_a_dead_workers_waiters_are_ignored_and_cleared(
 def test_a_truncated_file_is_rebuilt_with_a_warning_and_each_worker_writes_itself_back(
     shared: tuple[Path, list[SharedOrder]], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A file cut short is rebuilt by the next look, which says so naming it; the worker
-    whose row was cut off writes it back at its own next look, so its waiter is first
+    """A file cut short is rebuilt by the next read, which says so naming it; the worker
+    whose row was cut off writes it back at its own next read, so its waiter is first
     again."""
     a, b = open_order(shared), open_order(shared)
     a.publish((0, 1.0), 1)
@@ -142,7 +142,7 @@ def test_a_truncated_file_is_rebuilt_with_a_warning_and_each_worker_writes_itsel
     os.truncate(path, HEADER.size)  # now both rows gone
     assert not a.ahead(0, 1.0)  # rebuilt by a, with its own row
     assert [e.slot for e in read_waiting(shared[0])] == [0]
-    assert not b.first()  # the sample's look: b writes its row back, behind a's
+    assert not b.first()  # the freed watch's question: b writes its row back, behind a's
     assert [e.slot for e in read_waiting(shared[0])] == [0, 1]
 
 
@@ -170,7 +170,7 @@ def test_a_torn_or_garbage_row_is_ignored_and_written_back_by_its_worker(
     shared: tuple[Path, list[SharedOrder]],
 ) -> None:
     """A row whose check does not match (torn by a write, or scribbled on) is not taken
-    for a waiter; its worker's next look writes it back."""
+    for a waiter; its worker's next read of the order writes it back."""
     a, b = open_order(shared), open_order(shared)
     a.publish((0, 1.0), 1)
     path = shared[0] / ORDER_FILE_NAME

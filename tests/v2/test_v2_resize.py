@@ -140,7 +140,7 @@ def test_a_limit_lowered_to_just_above_the_working_set_admits_nothing_and_kills_
     refusals = [client.post("/sessions") for _ in range(3)]
     assert [r.status_code for r in refusals] == [503, 503, 503]
     assert {r.json()["reason"] for r in refusals} == {"memory_pressure"}
-    time.sleep(2)  # a few of the guard's looks at the reclaimed figures
+    time.sleep(2)  # a few of the guard's samples of the reclaimed figures
     assert metric(client, ACTIVE) == 3
     assert metric(client, PENDING) == 0
     assert client.post("/sessions").status_code == 503

@@ -149,7 +149,7 @@ def decide_counting(
     ``own``), and those counts.
 
     While the bound is in use (``bound_in_use``), the fast path is tried first on the
-    ledger's high counts, which leave out the look at whether the other workers live: a
+    ledger's high counts, which leave out the check of whether the other workers live: a
     dead worker's sessions can only make the latch refuse, so where the bound admits
     with them in, it admits without them too. Where it does not, and while no bound is
     in use (none offered, or the latch set), the exact counts (which recover a dead
@@ -374,10 +374,10 @@ class TenantReservation:
 # as a decision would be, the log's note of the last blind reading kept under the lock
 # for both.
 # - The readiness probe waits for a shared ledger held by another worker (``when_free``)
-# for at most a retry's wait, then answers ``ledger_busy``; :meth:`LatchChecks.look`
+# for at most a retry's wait, then answers ``ledger_busy``; :meth:`LatchChecks.check_with_counts`
 # only tries it (``LedgerBusy``), for the stuck-pressure watch and the proxy's reports.
 # - The liveness probe's status is the stuck-pressure watch's (``decision/stuck_watch.py``,
-# docs/operations.md), which this class builds around its own look.
+# docs/operations.md), which this class builds around its own checks.
 
 
 class LatchChecks:
@@ -424,13 +424,13 @@ class LatchChecks:
         self._log = log
         self._observer = observer
         #: The watch for stuck pressure (``docs/operations.md``).
-        self.stuck: StuckWatch = build_watch(config, controller, self.look, shared_dir)
+        self.stuck: StuckWatch = build_watch(config, controller, self.check_with_counts, shared_dir)
 
     def check(self) -> CapacityDecision:
         """The readiness probe's latch evaluation: a decision that reserves nothing."""
-        return self.look()[0]
+        return self.check_with_counts()[0]
 
-    def look(self) -> tuple[CapacityDecision, tuple[int, int]]:
+    def check_with_counts(self) -> tuple[CapacityDecision, tuple[int, int]]:
         """:meth:`check`, with the counts it decided with (for the stuck-pressure watch)."""
         own = self._own_count()
         with self._attempt:
@@ -462,8 +462,8 @@ class LatchChecks:
 
     def liveness(self) -> StuckStatus:
         """The stuck-pressure watch's status for the liveness probe. Without a lifespan
-        nothing else looks at the latch: the probe's own request does (tried, never waited
-        for: a ledger held by another worker skips the look)."""
+        nothing else checks the latch: the probe's own request does (tried, never waited
+        for: a ledger held by another worker skips the check)."""
         watch = self.stuck
         if not watch.running:
             watch.step()
@@ -619,15 +619,15 @@ class AdmissionService:
         self._session_limit = session_limit
         self._retry_after = retry_after
         self._observer = observer
-        #: Where this guard shares its counts (``None``: alone), and the look for other
-        #: workers where it counts alone by default (started with the lifespan).
+        #: Where this guard shares its counts (``None``: alone), and the search for
+        #: other workers where it counts alone by default (started with the lifespan).
         self.shared_dir = shared_dir
         self.alone = alone
         # Asked once for the decision path: the ledger's critical section (the same
         # reusable context manager every time), only tried.
         self._attempt = ledger.attempt()
         self._log = DecisionLog(controller, session_limit)
-        #: The latch run with no session at stake: readiness, liveness, the proxy's look.
+        #: The latch run with no session at stake: readiness, liveness, the proxy's check.
         self.checks = LatchChecks(
             config=config,
             controller=controller,
@@ -810,7 +810,7 @@ class AdmissionService:
                     tenants.refusing(self._retry_after.base_s)
                 retry_after_s = self._decide.retry_delay(decision, route)
             # A fast-path decision reads a bound (usage with its cache), never
-            # used for settling: a look at the exact working set is due instead.
+            # used for settling: an exact reading of the working set is due instead.
             settled = reservations.settle_with(memory) if memory.exact else reservations.due()
             blind_changed = self._log.note_blind(decision)
         if settled:
@@ -925,7 +925,7 @@ class AdmissionService:
         self, app: ASGIApp, scope: Scope, receive: Receive, send: Send
     ) -> None:
         """``app``'s lifespan with what admission runs alongside: the reservations' periodic
-        sample, the stuck-pressure watch and the look for other workers."""
+        sample, the stuck-pressure watch and the search for other workers."""
         if self.alone is not None:
             self.alone.start()
         try:

@@ -33,7 +33,7 @@ Reclaimable = Literal["file", "inactive"]
 
 @dataclass(frozen=True, slots=True)
 class MemoryReading:
-    """One look at the memory the guard protects.
+    """One reading of the memory the guard protects.
 
     ``used_bytes`` is the working set (usage minus reclaimable file cache) at the
     level whose limit binds, ``limit_bytes`` that level's limit (``None`` when

@@ -57,10 +57,10 @@ class _Answer(asyncio.Protocol):
             self.answer(agent_line(room))
         else:
             agent.waiting.append(self)
-            agent.look_soon()
+            agent.check_soon()
 
     def answer(self, line: bytes | None) -> None:
-        """Say ``line`` (``None``: nothing, the look failed) and close once it is sent."""
+        """Say ``line`` (``None``: nothing, the check failed) and close once it is sent."""
         transport = self._transport
         if transport is None or transport.is_closing():
             return
@@ -97,7 +97,7 @@ class AgentListener:
         self._server: asyncio.Server | None = None
         self.open: set[_Answer] = set()
         self.waiting: list[_Answer] = []
-        self._looking: asyncio.Task[None] | None = None
+        self._checking: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Listen; a port that cannot be had is logged at ERROR and the service runs on."""
@@ -124,18 +124,18 @@ class AgentListener:
         for answer in list(self.open):
             answer.abort()
         self.waiting.clear()
-        looking, self._looking = self._looking, None
-        if looking is not None and not looking.done():
-            looking.cancel()
+        checking, self._checking = self._checking, None
+        if checking is not None and not checking.done():
+            checking.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await looking
+                await checking
         if server is not None:
             await server.wait_closed()
 
-    def look_soon(self) -> None:
-        """Answer the waiting connections once the room is looked at (one look for all)."""
-        if self._looking is None or self._looking.done():
-            self._looking = asyncio.get_running_loop().create_task(self._answer_waiting())
+    def check_soon(self) -> None:
+        """Answer the waiting connections once the room is checked (one check for all)."""
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.get_running_loop().create_task(self._answer_waiting())
 
     async def _answer_waiting(self) -> None:
         try:

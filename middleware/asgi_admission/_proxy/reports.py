@@ -1,7 +1,7 @@
 """The guard's reports to the proxy in front of it: the agent check and the load report.
 
 ``RoomReports`` is what ``AdmissionMiddleware`` holds of them (``docs/containers.md``):
-the room it looks at, the agent-check listener run with the lifespan where a port is
+the room it checks, the agent-check listener run with the lifespan where a port is
 set, and the view session responses are reported from where the header is on.
 """
 

@@ -2,7 +2,7 @@
 
 Notes:
 
-- One look is the readiness probe's latch on an exact reading and the admissible
+- One check is the readiness probe's latch on an exact reading and the admissible
   sessions the metrics report; it is taken at most every ``MAX_AGE_S``, however many
   agent checks or session responses ask.
 - HAProxy's agent check reads ``ready N%``: N percent of the server's configured
@@ -29,7 +29,7 @@ from asgi_admission._metrics.collector import admissible_sessions, held_by
 
 logger = logging.getLogger("asgi_admission")
 
-#: The oldest look an answer is given from.
+#: The oldest check an answer is given from.
 MAX_AGE_S: Final = 0.1
 #: HAProxy's cap on a server's weight; ``ready N%`` says at most this much.
 MAX_PERCENT: Final = 256
@@ -40,7 +40,7 @@ UNBOUNDED_PERCENT: Final = 100
 
 @dataclass(frozen=True, slots=True)
 class Room:
-    """The replica's room at one look."""
+    """The replica's room at one check."""
 
     #: More sessions that would be admitted now, one after another; ``None``: nothing
     #: bounds them (no count cap and a reserve of 0).
@@ -56,7 +56,7 @@ BUSY: Final = Room(admissible=0, full=True, utilization=None)
 
 
 def room_of(decision: CapacityDecision, admissible: int | None) -> Room:
-    """The :class:`Room` a look found."""
+    """The :class:`Room` a check found."""
     memory = decision.memory
     utilization = None
     if memory.available and memory.used_bytes is not None and memory.limit_bytes:
@@ -88,22 +88,22 @@ def load_metrics(room: Room) -> bytes | None:
 
 
 class RoomView:
-    """The room of ``service``'s guard, looked at no more often than every ``max_age_s``."""
+    """The room of ``service``'s guard, checked no more often than every ``max_age_s``."""
 
     def __init__(self, service: AdmissionService, *, max_age_s: float = MAX_AGE_S) -> None:
         self._service = service
         self._max_age_s = max_age_s
         self._room: Room | None = None
         self._at = 0.0
-        # The look in flight, shared by every caller that came while it ran.
+        # The check in flight, shared by every caller that came while it ran.
         self._pending: asyncio.Task[Room] | None = None
         self._failed = False
 
-    def _look(self) -> tuple[CapacityDecision, int | None]:
-        """The readiness probe's look and the admissible sessions, on an exact reading:
+    def _check(self) -> tuple[CapacityDecision, int | None]:
+        """The readiness probe's check and the admissible sessions, on an exact reading:
         the fast path's bound would understate the room."""
         service = self._service
-        decision, counts = service.checks.look()
+        decision, counts = service.checks.check_with_counts()
         memory = decision.memory if decision.memory.exact else service.read()
         held = held_by(service, counts[1], memory)
         fits = admissible_sessions(
@@ -112,13 +112,13 @@ class RoomView:
         return decision, fits
 
     def fresh(self) -> Room | None:
-        """The last look's room if it is recent enough, else ``None``."""
+        """The last check's room if it is recent enough, else ``None``."""
         if self._room is not None and time.monotonic() - self._at < self._max_age_s:
             return self._room
         return None
 
     async def now(self) -> Room:
-        """A recent room: the last look's, or one new look shared by concurrent callers
+        """A recent room: the last check's, or one new check shared by concurrent callers
         (:data:`BUSY` while the shared ledger stays busy)."""
 
         room = self.fresh()
@@ -131,13 +131,13 @@ class RoomView:
         return await asyncio.shield(task)
 
     def now_or_last(self) -> Room | None:
-        """For a response on its way: a recent room, one look if the ledger is free now,
+        """For a response on its way: a recent room, one check if the ledger is free now,
         else the last one (``None``: none yet). Never waits."""
         room = self.fresh()
         if room is not None:
             return room
         try:
-            return self._store(room_of(*self._look()))
+            return self._store(room_of(*self._check()))
         except LedgerBusy:
             return self._room
         except Exception:
@@ -146,13 +146,13 @@ class RoomView:
 
     async def _take(self) -> Room:
         try:
-            looked = await when_free(self._look)
+            checked = await when_free(self._check)
         except LedgerBusy:
             return self._store(BUSY)
         except Exception:
             self._log_failure()
             raise
-        return self._store(room_of(*looked))
+        return self._store(room_of(*checked))
 
     def _store(self, room: Room) -> Room:
         self._room, self._at = room, time.monotonic()

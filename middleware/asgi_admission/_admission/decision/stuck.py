@@ -95,9 +95,9 @@ class StuckStatus:
     held_s: float
     #: Whether the liveness answer fails (stuck for its jittered delay too).
     liveness_failing: bool
-    #: The split at the last look where the latch was held; ``None``: not held.
+    #: The split at the last check where the latch was held; ``None``: not held.
     attribution: Attribution | None
-    #: Sessions counted at that look, ``(active, pending)``.
+    #: Sessions counted at that check, ``(active, pending)``.
     sessions: tuple[int, int]
 
 
@@ -159,7 +159,7 @@ class StuckDetector:
         active: int,
         pending: int,
     ) -> Change | None:
-        """One look at ``now``: whether the latch is set, the reading it was decided on,
+        """One check at ``now``: whether the latch is set, the reading it was decided on,
         the session counts. What changed: a stretch began (``"holding"``), the pressure
         became stuck, or a stuck pressure (or a stretch) ended (``"cleared"``)."""
         self._last = now
@@ -190,7 +190,7 @@ class StuckDetector:
         return None
 
     def status(self, now: float | None = None) -> StuckStatus:
-        """What the last look found, with the times reckoned at ``now`` (default: then)."""
+        """What the last check found, with the times reckoned at ``now`` (default: then)."""
         if self._since is None:
             return NOT_STUCK
         at = self._last if now is None else now
@@ -205,10 +205,10 @@ class StuckDetector:
 
 
 # --------------------------------------------------------------------------------------
-# The watch: its looks, its log lines and its shared file.
+# The watch: its checks, its log lines and its shared file.
 #
 # While the latch is set the lifespan runs the readiness check about once a second
-# (without a lifespan, the liveness path's requests take the looks). A look only
+# (without a lifespan, the liveness path's requests take the checks). A check only
 # tries the shared ledger (``LedgerBusy``: skipped), so it never stalls the event
 # loop. With a shared directory the status goes to ``asgi-admission.stuck`` for
 # ``asgi-admission probe``; a file that cannot be used is logged once.
@@ -216,17 +216,17 @@ class StuckDetector:
 logger = logging.getLogger("asgi_admission")
 
 STUCK_FILE: Final = "asgi-admission.stuck"
-#: The longest between two looks while the latch is set (a tenth of a shorter ``after_s``).
-LOOK_INTERVAL_S: Final = 1.0
+#: The longest between two checks while the latch is set (a tenth of a shorter ``after_s``).
+CHECK_INTERVAL_S: Final = 1.0
 
-#: One look: the readiness check's decision and the counts it was decided with.
-LatchLook = Callable[[], tuple[CapacityDecision, tuple[int, int]]]
+#: One check: the readiness check's decision and the counts it was decided with.
+LatchCheck = Callable[[], tuple[CapacityDecision, tuple[int, int]]]
 
 
 class StuckWatch:
     """Samples at a set latch for the detector; logs and publishes what changes.
 
-    ``look`` is the guard's readiness check with its counts (it may raise
+    ``check`` is the guard's readiness check with its counts (it may raise
     ``LedgerBusy``); ``shared_dir`` where the status file goes (``None``: none).
     """
 
@@ -235,16 +235,16 @@ class StuckWatch:
         *,
         detector: StuckDetector,
         controller: AdmissionController,
-        look: LatchLook,
+        check: LatchCheck,
         shared_dir: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.detector = detector
         self._controller = controller
-        self._look = look
+        self._check = check
         self._clock = clock
         self._store = None if shared_dir is None else StuckFile(shared_dir)
-        #: How many lifespan watches run (:meth:`run`); none: the liveness path looks.
+        #: How many lifespan watches run (:meth:`run`); none: the liveness path checks.
         self.running = 0
         self._was_logged = False
 
@@ -255,14 +255,14 @@ class StuckWatch:
 
     @property
     def interval_s(self) -> float:
-        return max(0.05, min(LOOK_INTERVAL_S, self.detector.after_s / 10))
+        return max(0.05, min(CHECK_INTERVAL_S, self.detector.after_s / 10))
 
     def status(self) -> StuckStatus:
-        """What the last look found, reckoned now."""
+        """What the last check found, reckoned now."""
         return self.detector.status(self._clock())
 
     def step(self) -> None:
-        """One look where there is something to watch; never raises ``LedgerBusy``."""
+        """One check where there is something to watch; never raises ``LedgerBusy``."""
         if not self.on:
             return
         if self._store is not None:
@@ -276,7 +276,7 @@ class StuckWatch:
                 )
             return
         try:
-            decision, (active, pending) = self._look()
+            decision, (active, pending) = self._check()
         except LedgerBusy:
             return
         change = detector.observe(
@@ -289,7 +289,7 @@ class StuckWatch:
         self._changed(change)
 
     async def run(self) -> None:
-        """Look every :attr:`interval_s` until cancelled (the lifespan runs this)."""
+        """Check every :attr:`interval_s` until cancelled (the lifespan runs this)."""
         self.running += 1
         try:
             while True:
@@ -347,7 +347,7 @@ class StuckWatch:
 def build_watch(
     config: AdmissionConfig,
     controller: AdmissionController,
-    look: LatchLook,
+    check: LatchCheck,
     shared_dir: str | None,
     *,
     host: str | None = None,
@@ -358,7 +358,7 @@ def build_watch(
     detector = StuckDetector(
         controller=controller, after_s=after_s, liveness_delay_s=liveness_delay_s(after_s, key)
     )
-    return StuckWatch(detector=detector, controller=controller, look=look, shared_dir=shared_dir)
+    return StuckWatch(detector=detector, controller=controller, check=check, shared_dir=shared_dir)
 
 
 def encode_stuck(after_s: float, delay_s: float, status: StuckStatus, *, now: float) -> bytes:
@@ -384,7 +384,7 @@ def encode_stuck(after_s: float, delay_s: float, status: StuckStatus, *, now: fl
 class StuckFile:
     """``asgi-admission.stuck`` in the shared directory, written at each change.
 
-    Its ``flock`` is only tried, so a look never waits for another process.
+    Its ``flock`` is only tried, so a check never waits for another process.
     """
 
     __slots__ = ("_broken", "_directory", "_pending", "path")
@@ -414,7 +414,7 @@ class StuckFile:
             os.ftruncate(fd, 0)
             os.pwrite(fd, data, 0)
         except BlockingIOError:
-            return  # held by another process for a moment: at the next look
+            return  # held by another process for a moment: at the next check
         except OSError as exc:
             self._unusable(exc)
             return

@@ -342,9 +342,9 @@ class LedgerFile:
         self._offset = 0
         self._start = 0
         self._row = b""
-        #: The file as a look found it with no other slot holding sessions and this
+        #: The file's bytes when a read found no other slot holding sessions and this
         #: worker's row intact, with this worker's writes since: while the file reads
-        #: the same, there is nothing to add up (b"": no such look to go by).
+        #: the same, there is nothing to add up (b"": no such read to go by).
         self._quiet = b""
         self._set_used(1)
         self._warned: set[str] = set()

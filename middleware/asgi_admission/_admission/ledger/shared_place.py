@@ -12,7 +12,7 @@ the checks: ``docs/trust.md``):
 - A base is passed over where ``safe_files`` refuses the name or any of the three
   files opened there first (a read-only base, a file someone else put in the
   directory): a default place never stops the service.
-- A guard that counts alone looks once, in a thread started with the lifespan, for
+- A guard that counts alone searches once, in a thread started with the lifespan, for
   other workers of its server in its memory group, and warns if there are any.
 """
 
@@ -41,14 +41,14 @@ from asgi_admission._memory.reading import CgroupMemoryReader
 
 logger = logging.getLogger("asgi_admission")
 
-#: Where the look for other workers reads processes (a fixture tree in the tests).
+#: Where the search for other workers reads processes (a fixture tree in the tests).
 PROC = "/proc"
 BOOT_ID: Final = "/proc/sys/kernel/random/boot_id"
-#: How long after the lifespan starts the look for other workers waits: a pre-forking
+#: How long after the lifespan starts the search for other workers waits: a pre-forking
 #: server starts its workers one after the other.
-LOOK_DELAY_S: Final = 1.0
-#: The most processes of the group the look examines.
-LOOK_LIMIT: Final = 4096
+SEARCH_DELAY_S: Final = 1.0
+#: The most processes of the group the search examines.
+SEARCH_LIMIT: Final = 4096
 _UNSAFE_NAME: Final = re.compile(r"[^A-Za-z0-9._-]+")
 _NUMBERS: Final = re.compile(rb"[0-9]+")
 
@@ -214,13 +214,13 @@ def _command(proc: str, pid: str) -> bytes | None:
 def _group_pids(procs: tuple[str, ...] | None, proc: str) -> list[str]:
     if procs is None:
         try:
-            return [name for name in os.listdir(proc) if name.isdigit()][:LOOK_LIMIT]
+            return [name for name in os.listdir(proc) if name.isdigit()][:SEARCH_LIMIT]
         except OSError:
             return []
     for path in procs:
         try:
             with open(path, encoding="ascii", errors="replace") as f:
-                return f.read().split()[:LOOK_LIMIT]
+                return f.read().split()[:SEARCH_LIMIT]
         except OSError:
             continue
     return []
@@ -263,21 +263,21 @@ class AloneCheck:
         self.reason = reason
         self._label = label
         self._procs = procs
-        # Taken now: the look runs later, in a thread.
+        # Taken now: the search runs later, in a thread.
         self._proc = PROC if proc is None else proc
         self._pid = 0
         self._warned = False
 
     def start(self) -> None:
-        """Look in a thread of its own, once per process, after ``LOOK_DELAY_S``."""
+        """Search in a thread of its own, once per process, after ``SEARCH_DELAY_S``."""
         if self._pid == os.getpid():
             return
         self._pid = os.getpid()
-        timer = threading.Timer(LOOK_DELAY_S, self.look)
+        timer = threading.Timer(SEARCH_DELAY_S, self.search)
         timer.daemon = True
         timer.start()
 
-    def look(self) -> list[int]:
+    def search(self) -> list[int]:
         """The other workers found, and the warning the first time there are any."""
         try:
             found = other_workers(self._procs, proc=self._proc)

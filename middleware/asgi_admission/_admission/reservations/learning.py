@@ -928,7 +928,7 @@ class GrowthWindows:
 
     def others(self, admitted: tuple[float, ...], now: float, ramp_s: float) -> None:
         """Other workers' sessions admitted at ``admitted`` were still settling at the last
-        look: each may grow until ``ramp_s`` after its admission, and for a quiet spell
+        reading: each may grow until ``ramp_s`` after its admission, and for a quiet spell
         after it was last seen settling."""
         if admitted:
             until = max(now, max(admitted) + ramp_s) + QUIET_S

@@ -1,5 +1,5 @@
 """The pending reservations of one guard: what the service, a session's events and the
-periodic look at memory ask of them.
+periodic sample of memory ask of them.
 """
 
 from __future__ import annotations
@@ -600,7 +600,7 @@ def build_parts(
 
 
 # --------------------------------------------------------------------------------------
-# The reservations' looks at memory: when one is due, what a reading settles and teaches.
+# The reservations' samples of memory: when one is due, what a reading settles and teaches.
 #
 # A :class:`Samples` holds what the reservations needs between two readings (when the last
 # was taken, the settler's last exact reading at the last sample, the session ends already
@@ -621,8 +621,8 @@ def build_parts(
 # counted here, so that the active count falling for it at the next sample is not
 # taken for a second, anonymous end.
 
-#: How often the periodic sample looks, and the least time between two looks that
-#: a stream of decisions takes for learning.
+#: How often the periodic sample reads memory, and the least time between two readings
+#: that a stream of decisions takes for learning.
 SAMPLE_INTERVAL_S: Final = 0.25
 
 
@@ -647,7 +647,7 @@ class Samples:
         self._active_count = active_count
         self._ends = ends
         self._learning = parts.view.learning != "off"
-        self._next_look = 0.0
+        self._next_sample = 0.0
         self._sample_reading: ExactReading | None = None
         #: Active sessions seen ending by their route since the last sample.
         self._named_ends = 0
@@ -659,7 +659,7 @@ class Samples:
         self._named_ends += 1
 
     def due(self) -> Sequence[Action]:
-        """Settle from a fresh reading when the last look is a sample interval old.
+        """Settle from a fresh reading when the last reading is a sample interval old.
 
         For decisions that read no exact working set themselves: where the app
         runs without lifespan (no periodic sample), traffic still settles.
@@ -668,7 +668,7 @@ class Samples:
         if not settler.past_response:
             return ()
         now = self._parts.clock()
-        if now < self._next_look:
+        if now < self._next_sample:
             return ()
         memory = self._read()
         if not memory.available or memory.used_bytes is None:
@@ -688,7 +688,7 @@ class Samples:
         if not memory.exact:
             return ()
         now = self._parts.clock()
-        if not self._parts.settler.past_response and now < self._next_look:
+        if not self._parts.settler.past_response and now < self._next_sample:
             return ()
         return self.take(memory.used_bytes, now)
 
@@ -697,15 +697,15 @@ class Samples:
         # request past its timeout) still ends where no periodic sample runs.
         settler = self._parts.settler
         now = self._parts.clock()
-        if not settler.unsettled or now < self._next_look:
+        if not settler.unsettled or now < self._next_sample:
             return ()
-        self._next_look = now + SAMPLE_INTERVAL_S
+        self._next_sample = now + SAMPLE_INTERVAL_S
         return settler.settle(None, now, self._parts.view.learned())
 
     def take(self, used_bytes: int, now: float) -> list[Action]:
         """The working set ``used_bytes`` read at ``now``: teach it, settle by it."""
         parts = self._parts
-        self._next_look = now + SAMPLE_INTERVAL_S
+        self._next_sample = now + SAMPLE_INTERVAL_S
         if self._learning:
             busy = parts.probing and parts.probes.busy
             parts.learner.on_reading(used_bytes, now, others=parts.queue.others)
@@ -754,8 +754,8 @@ class Samples:
             else:
                 actions += settler.settle(None, now, parts.view.learned())
         self._sample_reading = settler.last_reading
-        # While requests wait for another worker's probe, what it learned is looked
-        # for at every sample.
+        # While requests wait for another worker's probe, what it learned is read
+        # again at every sample.
         parts.sharing.refresh(now, urgent=probing and bool(probe_waiters))
         if waiting:
             # Requests that may go on now: their route is known, or (another worker's
@@ -796,7 +796,7 @@ class Samples:
 # response waits for another process and nothing is lost (docs/trust.md). A
 # release (a ticket's, a WebSocket's end) still gives its reservation back at
 # once; the sample catches up in a critical section of its own, so what the kept
-# events decided is done even if the sample's look then fails. The app's own
+# events decided is done even if the sample's reading then fails. The app's own
 # count is asked before the critical section, never inside it.
 # - The readings (a decision's own, one due after a sample interval, the periodic
 # sample's) are taken by the reservations' :class:`Samples`, inside the
@@ -858,7 +858,7 @@ class Reservations:
         self.failed: dict[tuple[Kind, FailureCause], int] = {}
         self.ends = SessionEnds()
         self._samples = Samples(parts=parts, read=read, active_count=active_count, ends=self.ends)
-        #: Settle from a fresh reading when the last look is a sample interval old
+        #: Settle from a fresh reading when the last reading is a sample interval old
         #: (``Samples.due``), for a decision that read no exact working set.
         self.due = self._samples.due
         self._queue = parts.queue
@@ -1154,13 +1154,13 @@ class Reservations:
     # -- the periodic sample ------------------------------------------------------------
 
     def sample(self) -> None:
-        """One look: settle and learn from a fresh reading, note session ends.
+        """One sample: settle and learn from a fresh reading, note session ends.
 
         Skipped (until the next) while another worker holds the shared ledger.
         """
         now = self._clock()
         try:
-            # Their own critical section: done even if the look then fails (a file replaced).
+            # Their own critical section: done even if the reading then fails (a file replaced).
             self._kept.catch_up(self._attempt)
             # The app's count after them: an end kept for later is not also a count falling.
             own = self.own_count()

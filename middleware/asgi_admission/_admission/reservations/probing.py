@@ -349,7 +349,7 @@ class LocalProbeStore:
 # working set then (its *base*), through its peak. It concludes once every probe
 # has answered and the working set has made no new peak for a quiet spell (as
 # long as the learner's, ``learning.QUIET_S`` or half the ramp so far), or, for
-# memory built inside the request, once a look a sample interval after the
+# memory built inside the request, once a reading a sample interval after the
 # probes' responses finds it all there (their growth reached 90 % of the guessed
 # reserve at the response) and still no new peak.
 # - The evidence: the trial's growth per probe. A clean trial (no other session

@@ -567,7 +567,7 @@ class FreedMemory:
                 self._bytes -= taken
                 freed = Freed(taken, since)
             if now >= self._until:
-                self._bytes = 0  # lapsed, after this last look
+                self._bytes = 0  # lapsed, after this last reading
         if last is None or now - last[1] >= RATE_STEP_S or freed is not None:
             self._last = (used_bytes, now)
             if freed is None and last is not None and used_bytes >= last[0]:

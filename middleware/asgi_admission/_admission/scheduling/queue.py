@@ -484,22 +484,22 @@ def ran_out(outcome: str, last: Refused) -> tuple[CapacityDecision, tuple[int, i
 
 
 class FreedWatch:
-    """While anyone waits: every ``interval_s``, wake the queue where ``look()`` (sessions
+    """While anyone waits: every ``interval_s``, wake the queue where ``read_usage()`` (sessions
     counted, memory used) fell, or where ``first()`` (``SharedOrder.first``) just became
     true."""
 
-    __slots__ = ("_first", "_interval_s", "_look", "_queue", "_task")
+    __slots__ = ("_first", "_interval_s", "_queue", "_read_usage", "_task")
 
     def __init__(
         self,
         queue: WaitQueue[AdmissionTicket],
-        look: Callable[[], tuple[int, int]],
+        read_usage: Callable[[], tuple[int, int]],
         interval_s: float,
         *,
         first: Callable[[], bool] | None = None,
     ) -> None:
         self._queue = queue
-        self._look = look
+        self._read_usage = read_usage
         self._interval_s = interval_s
         self._first = first
         self._task: asyncio.Task[None] | None = None
@@ -511,7 +511,7 @@ class FreedWatch:
 
     async def _watch(self) -> None:
         queue = self._queue
-        before = self._try_look()
+        before = self._try_read()
         was_first = False
         while queue.total():
             await asyncio.sleep(self._interval_s)
@@ -519,16 +519,16 @@ class FreedWatch:
             if first and not was_first:
                 queue.wake()  # in case the ring was lost
             was_first = first
-            now = self._try_look()
+            now = self._try_read()
             if now is None:
                 continue
             if before is not None and (now[0] < before[0] or now[1] < before[1]):
                 queue.wake()
             before = now
 
-    def _try_look(self) -> tuple[int, int] | None:
+    def _try_read(self) -> tuple[int, int] | None:
         try:
-            return self._look()
+            return self._read_usage()
         except LedgerBusy:
             return None
 
@@ -545,9 +545,9 @@ def counted_and_used(
     counts: Callable[[int | None], tuple[int, int]],
     read: Callable[[], MemoryReading],
 ) -> Callable[[], tuple[int, int]]:
-    """The freed watch's look: the sessions counted and the memory used (0: unread)."""
+    """The freed watch's reading: the sessions counted and the memory used (0: unread)."""
 
-    def look() -> tuple[int, int]:
+    def read_usage() -> tuple[int, int]:
         mine = own()
         with attempt:
             active, pending = counts(mine)
@@ -555,4 +555,4 @@ def counted_and_used(
         used = memory.used_bytes if memory.available else None
         return active + pending, used or 0
 
-    return look
+    return read_usage

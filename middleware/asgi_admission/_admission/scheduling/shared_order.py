@@ -12,7 +12,7 @@ Notes:
   of a machine.
 - Where the file cannot be written or read, this worker serves its own waiters in its
   own order (logged once) until it can; :meth:`SharedOrder.first`, asked by each
-  worker's periodic look, is the fallback where a ring was lost.
+  worker's freed watch, is the fallback where a ring was lost.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class OrderBell:
     def bind(self, slot: int) -> None:
         """Listen on the socket of ``slot``, just claimed, on the running loop.
 
-        Where it cannot, it is logged once and the others' periodic looks find this worker.
+        Where it cannot, it is logged once and the others' freed watches find this worker.
         """
         self.close(unlink=False)
         loop = asyncio._get_running_loop()
@@ -163,7 +163,7 @@ class OrderBell:
             if loop is not None and tries < _RETRIES:
                 loop.call_later(RETRY_S, self.ring, slot, tries + 1)
                 return
-        with contextlib.suppress(OSError):  # the periodic look serves
+        with contextlib.suppress(OSError):  # the freed watch serves
             sender = self._sender
             if sender is None or self._pid != os.getpid():
                 self._pid = os.getpid()
@@ -427,7 +427,7 @@ class OrderFile:
             if self._bell is not None:
                 self._bell.unlink(slot)
         except OSError:
-            pass  # ignored while dead; the next look tries again
+            pass  # ignored while dead; the next attempt tries again
         finally:
             slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_UNLCK)
 
@@ -550,7 +550,7 @@ class OrderFile:
             self._rebuild(problem)
 
     def _rebuild_now(self) -> None:
-        """Rebuild if the flock is free at once; else the next look tries again."""
+        """Rebuild if the flock is free at once; else the next attempt tries again."""
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -729,7 +729,7 @@ class SharedOrder:
         return found
 
     def first(self) -> bool:
-        """Whether this worker's first waiter is the container's first (the periodic look).
+        """Whether this worker's first waiter is the container's first (the freed watch asks).
 
         It also claims a slot a busy file lock put off, and follows a replaced file (an
         ``fstat``, too dear for every attempt).

@@ -712,3 +712,45 @@ def test_a_module_naming_two_concepts_is_seen(first_line: str, one: bool, tmp_pa
     module.write_text(f'"""{first_line}"""\n')
     concept = concept_of(module)
     assert (" and " not in concept and ";" not in concept) is one
+
+
+def named_files(text: str) -> list[str]:
+    """The Python files a module's text names (``settling.py``, ``bench/churn.py``)."""
+    return re.findall(r"(?<![\w./-])((?:[\w-]+/)*\w+\.py)\b", text)
+
+
+def missing_files(text: str, root: Path) -> list[str]:
+    """The files ``text`` names that are neither under ``root`` (the checkout) nor a
+    module of the package, named by its file or its path below a subpackage."""
+    package = [path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")]
+    return [
+        name
+        for name in named_files(text)
+        if not (root / name).exists()
+        and not any(module == name or module.endswith("/" + name) for module in package)
+    ]
+
+
+def test_the_package_names_only_files_that_exist() -> None:
+    """A note that names a module names one that is there: a file renamed or merged
+    leaves no stale pointer behind (``_watching.run_http`` once named nothing)."""
+    root = PACKAGE.parents[1]
+    stale = {
+        module_name(path): missing
+        for path in PACKAGE.rglob("*.py")
+        if (missing := missing_files(path.read_text(), root))
+    }
+    assert stale == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "missing"),
+    [
+        ("see settling.py and decision/stuck.py", []),
+        ("as bench/churn.py and tests/test_layout.py show", []),
+        ("as the ledger beside it is (ledger_section.py)", ["ledger_section.py"]),
+        ("the watch (``decision/stuck_watch.py``)", ["decision/stuck_watch.py"]),
+    ],
+)
+def test_a_file_that_is_not_there_is_seen(text: str, missing: list[str]) -> None:
+    assert missing_files(text, PACKAGE.parents[1]) == missing

@@ -28,7 +28,7 @@ Notes:
   worker, where the waiting order is shared: ``scheduling/shared_order.py``), a new
   one goes behind them. The decisions of a waiting request that do not admit are
   checks, not refusals, for the metrics. With priority classes each request is decided
-  against its class's ceiling and latch (``decision/classes.py``; one class at the
+  against its class's ceiling and latch (``RequestDecisions.by_class`` below; one class at the
   high watermark: the controller).
 """
 
@@ -376,7 +376,7 @@ class TenantReservation:
 # - The readiness probe waits for a shared ledger held by another worker (``when_free``)
 # for at most a retry's wait, then answers ``ledger_busy``; :meth:`LatchChecks.check_with_counts`
 # only tries it (``LedgerBusy``), for the stuck-pressure watch and the proxy's reports.
-# - The liveness probe's status is the stuck-pressure watch's (``decision/stuck_watch.py``,
+# - The liveness probe's status is the stuck-pressure watch's (``decision/stuck.py``,
 # docs/operations.md), which this class builds around its own checks.
 
 

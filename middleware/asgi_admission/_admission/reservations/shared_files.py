@@ -149,7 +149,7 @@ class SharedSettleQueue:
         now = time.monotonic()
         if now >= self._next_check:
             # An fstat per decision would show in its cost: asked at most every
-            # LINK_CHECK_INTERVAL_S, as the ledger beside it is (ledger_section.py).
+            # LINK_CHECK_INTERVAL_S, as the shared ledger beside it is (ledger/shared_ledger.py).
             self._next_check = now + LINK_CHECK_INTERVAL_S
             if os.fstat(self._fd).st_nlink == 0:
                 if self._following_allowed():

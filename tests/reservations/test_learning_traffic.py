@@ -18,10 +18,10 @@ SEEDS = range(40)
 SETTLED_AFTER = 8
 TOLERANCE = 0.15
 #: The share of routes' runs whose estimate is within ``TOLERANCE`` above the truth after
-#: ``SETTLED_AFTER`` sessions, on the traffic of the tests below (measured: 67 of 80 and
-#: 12 of 20); the others stay too large, the safe side, from windows other sessions'
-#: growth inflates (docs/reservations.md, Limits).
-MOSTLY = 0.8
+#: ``SETTLED_AFTER`` sessions, on the Poisson traffic below (measured: 72 of 80); the
+#: others stay too large, the safe side, from windows other sessions' growth inflates
+#: (docs/reservations.md, Limits).
+MOSTLY = 0.85
 
 
 def by_route(samples: list[Sample], route: str) -> list[Sample]:
@@ -76,7 +76,7 @@ def test_sessions_that_free_their_memory_late_do_not_drive_the_estimate_down(
 def test_ends_of_unknown_route_still_learn() -> None:
     """Ends reported only as a count falling (the app's ``current_sessions``) still
     learn both routes, never far below the truth, over 10 seeds; more of them stay too
-    large for a while than with named ends (12 of 20 routes' runs within 15 % above
+    large for a while than with named ends (15 of 20 routes' runs within 15 % above
     after 8 sessions, the largest 3.8 times the truth)."""
     highs = []
     for seed in range(10):
@@ -87,7 +87,7 @@ def test_ends_of_unknown_route_still_learn() -> None:
             low, _high = worst(rows, size)
             assert low >= 1 - TOLERANCE, (seed, route, low)
             highs.append(worst(after_sessions(rows, SETTLED_AFTER), size)[1])
-    assert sum(high <= 1 + TOLERANCE for high in highs) >= 0.5 * len(highs), highs
+    assert sum(high <= 1 + TOLERANCE for high in highs) >= 0.7 * len(highs), highs
 
 
 def test_steady_traffic_without_a_quiet_moment_still_learns() -> None:

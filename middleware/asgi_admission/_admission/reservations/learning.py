@@ -96,7 +96,7 @@ def attributed(route: str, equation: Window, typical: Mapping[str, float]) -> fl
 #
 # - A high percentile (``PERCENTILE``) of its windows' ``attributed`` bounds, capped by
 # the same percentile of its clean values (windows in which nothing else ramped, memory
-# freed at its sessions' ends) once there are ``MIN_OWN`` of them; memory freed at ends
+# freed at its sessions' ends) from the first of them; memory freed at ends
 # and the watchdog's peaks raise it where most of them say more; exact peaks (memory
 # groups of their own) replace all else. Sessions that free memory later only give
 # smaller values, which cannot lower it; memory growing for other reasons only raises it.
@@ -129,7 +129,8 @@ def percentile(values: Iterable[float], share: float = PERCENTILE) -> float:
 
 def _clean(state: _Route) -> list[float]:
     """What the route's sessions were seen to add or free with nothing else ramping."""
-    return [*state.ends, *(w.growth for w in state.windows if w.exact and not w.overlaps)]
+    alone = (w.growth for w in state.windows if w.exact and not w.overlaps)
+    return [*state.ends, *(max(0.0, growth) for growth in alone)]
 
 
 def typical(routes: Mapping[str, _Route]) -> dict[str, float]:
@@ -163,9 +164,9 @@ def footprint(route: str, state: _Route, typical: Mapping[str, float]) -> Footpr
         windows = exact if len(exact) >= MIN_EXACT_WINDOWS else state.windows
         size = percentile(attributed(route, w, typical) for w in windows)
         clean = _clean(state)
-        if len(clean) >= MIN_OWN:
+        if clean:
             # Other sessions' growth inflates the bounds: what its sessions showed with
-            # nothing else ramping caps them.
+            # nothing else ramping caps them (one such session is already a measure).
             size = min(size, percentile(clean))
     if per_session and (not state.windows or len(per_session) >= MIN_PER_SESSION):
         # Alone, the per-session values' high percentile; beside windows, they

@@ -8,66 +8,29 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, TypedDict, TypeVar
 
 from asgi_admission._config import Learning
 
 # --------------------------------------------------------------------------------------
-# Footprints from overlapping windows: a least-squares fit, and what each session added.
+# What one session's window says of its footprint.
 #
 # Notes:
 #
-# - Every closed window is one equation: the growth over it is the session's own
-# footprint plus, per route, the share of other sessions' footprints expected to have
-# arrived in it (by their learned ramps). The recent exact windows of all routes are
-# solved together by weighted least squares (larger windows are noisier), a few
-# rounds of Huber's weights keeping one odd window from pulling the fit, separately
-# for each group of routes whose windows overlapped. A route with fewer than
-# ``MIN_OWN`` windows of its own is no unknown yet: the windows it overlaps wait.
-# - A route's fit is *determined* once its one-sided 95 % bound, from the residuals
-# (never below the noise expected of each window), is within ``DETERMINED_SHARE`` of it.
-# - Each window also says, at most, what its session added (``attributed``): a route's
-# footprint is taken from these bounds until its own fit is determined (below).
+# - A window in which nothing else ramped measures its session (drift aside). One that
+# other sessions' ramps overlapped says, at most, what its session added
+# (``attributed``): its growth less the least the others can have added.
+# - What a route's session typically adds (``typical``) is the median of the memory its
+# sessions freed at their ends and of its windows in which nothing else ramped; it is
+# what is taken from other sessions' windows for it (a median, not a model fitted to
+# overlapping windows: measured in bench/README.md, "The sixteenth session").
 
-#: The smallest noise assumed of one equation: a share of its growth (readings drift
-#: and sessions vary) and a few readings' worth.
-NOISE_FLOOR_BYTES: Final = 1024 * 1024
-NOISE_SHARE: Final = 0.03
-#: How fast memory is taken to drift down for other reasons, at most, when a single
-#: window is all there is to go by (a fit averages drift out).
+#: How fast memory is taken to drift down for other reasons, at most, over a window.
 DRIFT_BYTES_PER_S: Final = 256 * 1024
-#: A fit whose one-sided 95 % bound is within this share of it is taken as known.
-DETERMINED_SHARE: Final = 0.2
-#: Windows of its own a route needs before its fit can be taken as known, and windows
-#: beyond one per route its group needs, per route.
+#: Values a route needs before what its session typically adds is taken as known.
 MIN_OWN: Final = 2
-MIN_SPARE: Final = 1
-_Z95: Final = 1.645
-#: Huber's threshold, in expected noises, and the rounds of reweighting.
-_HUBER: Final = 2.0
-_ROUNDS: Final = 3
-#: An overlap this small of a route not solved for is left in the growth as noise.
-_NEGLIGIBLE: Final = 0.05
-#: Standard errors above the fit a route's footprint is taken at (one-sided 84 %).
-UPPER_Z: Final = 1.0
-#: The most routes solved together; beyond, further routes in a group stay undetermined.
-MAX_JOINT: Final = 16
-
-
-@dataclass(frozen=True, slots=True)
-class Fit:
-    """A route's fitted footprint and its standard error (bytes)."""
-
-    footprint: float
-    error: float
-    #: Known well enough to be taken from other sessions' windows.
-    determined: bool
-
-    def upper(self, z: float = UPPER_Z) -> float:
-        """The fit plus ``z`` standard errors."""
-        return self.footprint + z * self.error
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +50,8 @@ class Overlap:
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """One session's window, an equation: ``growth`` = own footprint + the sum of
-    ``share x footprint`` over ``overlaps``."""
+    """One session's window: its ``growth`` is its own footprint plus what the sessions
+    in ``overlaps`` added in it."""
 
     #: What the growth series rose by over the window (bytes).
     growth: float
@@ -100,58 +63,20 @@ class Window:
     #: The other sessions in the window, per route.
     overlaps: tuple[Overlap, ...]
     #: Every route in ``overlaps`` had a learned ramp (else the shares are lower
-    #: bounds, and the window is not fitted).
+    #: bounds).
     exact: bool
 
 
-def fit(windows: Mapping[str, Sequence[Window]]) -> dict[str, Fit]:
-    """The fits of the routes in ``windows`` that have one (enough exact windows)."""
-    usable = _usable({route: [w for w in rows if w.exact] for route, rows in windows.items()})
-    fits: dict[str, Fit] = {}
-    for group in _groups(usable):
-        fits.update(_solve(group, usable))
-    return fits
-
-
-def _usable(equations: Mapping[str, list[Window]]) -> dict[str, list[Window]]:
-    """The equations that can be solved: every route whose sessions overlapped them has
-    ``MIN_OWN`` such equations of its own (a route seen too little is no unknown yet,
-    and the windows it overlapped wait)."""
-    solvable = {route for route, rows in equations.items() if len(rows) >= MIN_OWN}
-    while True:
-        usable = {
-            route: [
-                row
-                for row in equations[route]
-                if all(o.route in solvable or o.share < _NEGLIGIBLE for o in row.overlaps)
-            ]
-            for route in solvable
-        }
-        kept = {route for route, rows in usable.items() if len(rows) >= MIN_OWN}
-        if kept == solvable:
-            return usable
-        solvable = kept
-
-
-def attributed(
-    route: str,
-    equation: Window,
-    fits: Mapping[str, Fit],
-    freed_at_end: Mapping[str, float],
-) -> float:
+def attributed(route: str, equation: Window, typical: Mapping[str, float]) -> float:
     """What ``equation``'s session of ``route`` added, at most: its window's growth less
-    the least the others can have added (their fits' 95 % lower bounds, the memory their
-    sessions free at their ends, or what they were seen to add ramping alone, whichever
-    says most; nothing where unknown), and more for memory that may have drifted down.
-    Where ``route`` itself is not known yet, the window's other sessions of ``route``
-    share what is left with it equally instead."""
+    the least the others can have added (``typical`` of their routes, or what they were
+    seen to add ramping alone, whichever says more; nothing where unknown), and more for
+    memory that may have drifted down. Where ``route`` itself is not known yet, the
+    window's other sessions of ``route`` share what is left with it equally instead."""
     others = 0.0
     own = 0.0
     for overlap in equation.overlaps:
-        known = fits.get(overlap.route)
-        least = freed_at_end.get(overlap.route, 0.0)
-        if known is not None:
-            least = max(least, known.footprint - _Z95 * known.error)
+        least = typical.get(overlap.route, 0.0)
         if overlap.route == route and least <= 0:
             # Its own route's other sessions, not known yet: those seen alone are taken
             # at what they were seen to add, the others share what is left equally.
@@ -164,132 +89,18 @@ def attributed(
     return max(0.0, equation.growth + allowance - others) / (1.0 + own)
 
 
-def _groups(equations: Mapping[str, Sequence[Window]]) -> list[list[str]]:
-    """Routes linked by overlapping windows, each group sorted, at most MAX_JOINT routes."""
-    parent = {route: route for route in equations}
-
-    def root(route: str) -> str:
-        while parent[route] != route:
-            parent[route] = parent[parent[route]]
-            route = parent[route]
-        return route
-
-    for route, rows in equations.items():
-        for row in rows:
-            for overlap in row.overlaps:
-                if overlap.route in parent:
-                    parent[root(overlap.route)] = root(route)
-    groups: dict[str, list[str]] = {}
-    for route in sorted(equations):
-        groups.setdefault(root(route), []).append(route)
-    return [members[:MAX_JOINT] for members in groups.values()]
-
-
-def _solve(routes: list[str], equations: Mapping[str, Sequence[Window]]) -> dict[str, Fit]:
-    index = {route: i for i, route in enumerate(routes)}
-    n = len(routes)
-    rows: list[tuple[list[tuple[int, float]], float, float]] = []
-    for route in routes:
-        for equation in equations[route]:
-            terms: dict[int, float] = {index[route]: 1.0}  # own footprint
-            for overlap in equation.overlaps:
-                i = index.get(overlap.route)
-                if i is not None:
-                    terms[i] = terms.get(i, 0.0) + overlap.share
-            # Larger windows are noisier (drift over them, sessions that vary): each
-            # equation is weighed by the noise expected of it.
-            noise = NOISE_FLOOR_BYTES + NOISE_SHARE * abs(equation.growth)
-            rows.append((list(terms.items()), equation.growth, noise))
-    dof = len(rows) - n
-    if dof < MIN_SPARE * n:
-        # Routes whose windows overlap can trade their footprints against each other
-        # while only a few windows are there: a fit needs some to spare per route.
-        return {}
-    # Huber's weights, a few rounds: one window far off the others (a session cut
-    # short, memory from elsewhere) counts as a few noises off, not as its square.
-    robust = [1.0] * len(rows)
-    solved = None
-    for _round in range(_ROUNDS):
-        solved = _weighted(rows, robust, n)
-        if solved is None:
-            return {}
-        theta = solved[0]
-        for k, (row, growth, noise) in enumerate(rows):
-            off = abs(growth - sum(a * theta[i] for i, a in row)) / noise
-            robust[k] = 1.0 if off <= _HUBER else _HUBER / off
-    assert solved is not None
-    theta, inverse = solved
-    squares = 0.0
-    for (row, growth, noise), weight in zip(rows, robust, strict=True):
-        residual = (growth - sum(a * theta[i] for i, a in row)) / noise
-        squares += weight * residual * residual
-    # The noise is never taken as smaller than expected of each equation.
-    scale = max(1.0, squares / dof)
-    fits: dict[str, Fit] = {}
-    for route, i in index.items():
-        error = math.sqrt(max(0.0, scale * inverse[i][i]))
-        determined = theta[i] > 0 and _Z95 * error <= max(
-            DETERMINED_SHARE * theta[i], _Z95 * NOISE_FLOOR_BYTES
-        )
-        fits[route] = Fit(theta[i], error, determined)
-    return fits
-
-
-def _weighted(
-    rows: list[tuple[list[tuple[int, float]], float, float]], robust: list[float], n: int
-) -> tuple[list[float], list[list[float]]] | None:
-    """Weighted least squares: the fit and the inverse of its normal matrix."""
-    normal = [[0.0] * n for _ in range(n)]
-    rhs = [0.0] * n
-    for (row, growth, noise), extra in zip(rows, robust, strict=True):
-        weight = extra / (noise * noise)
-        for i, a in row:
-            rhs[i] += weight * a * growth
-            for j, b in row:
-                normal[i][j] += weight * a * b
-    inverse = _inverse(normal)
-    if inverse is None:
-        return None
-    return [sum(inverse[i][j] * rhs[j] for j in range(n)) for i in range(n)], inverse
-
-
-def _inverse(matrix: list[list[float]]) -> list[list[float]] | None:
-    """Gauss-Jordan with partial pivoting; ``None`` for a singular matrix."""
-    n = len(matrix)
-    scale = max((abs(v) for row in matrix for v in row), default=0.0)
-    if scale == 0:
-        return None
-    work = [[*row, *(1.0 if i == j else 0.0 for j in range(n))] for i, row in enumerate(matrix)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(work[r][col]))
-        if abs(work[pivot][col]) <= 1e-9 * scale:
-            return None
-        work[col], work[pivot] = work[pivot], work[col]
-        head = work[col]
-        inv = 1.0 / head[col]
-        for k in range(2 * n):
-            head[k] *= inv
-        for r in range(n):
-            if r != col:
-                factor = work[r][col]
-                if factor:
-                    row = work[r]
-                    for k in range(col, 2 * n):
-                        row[k] -= factor * head[k]
-    return [row[n:] for row in work]
-
-
 # --------------------------------------------------------------------------------------
 # A route's footprint: the conservative bound everything observed of it allows.
 #
 # Notes:
 #
 # - A high percentile (``PERCENTILE``) of its windows' ``attributed`` bounds, capped by
-# its own fit once that is determined; memory freed at its sessions' ends and the
-# watchdog's peaks raise it where most of them say more; exact peaks (memory groups of
-# their own) replace all else. Sessions that free memory later only give smaller
-# values, which cannot lower it; memory growing for other reasons only raises it.
-# - Pure: the learner hands in what it holds of each route and the fits of all routes.
+# the same percentile of its clean values (windows in which nothing else ramped, memory
+# freed at its sessions' ends) from the first of them; memory freed at ends
+# and the watchdog's peaks raise it where most of them say more; exact peaks (memory
+# groups of their own) replace all else. Sessions that free memory later only give
+# smaller values, which cannot lower it; memory growing for other reasons only raises it.
+# - Pure: the learner hands in what it holds of each route and ``typical`` of all routes.
 
 PERCENTILE: Final = 0.9
 #: Windows that knew every other session's ramp a route needs before its bound comes
@@ -316,18 +127,27 @@ def percentile(values: Iterable[float], share: float = PERCENTILE) -> float:
     return ordered[rank - 1]
 
 
-def least_freed_at_end(routes: Mapping[str, _Route]) -> dict[str, float]:
-    """The least one session of each route frees at its end (the median of its ends):
-    no more than that, or its fit's lower bound, is ever taken from another session's
+def _clean(state: _Route) -> list[float]:
+    """What the route's sessions were seen to add or free with nothing else ramping."""
+    alone = (w.growth for w in state.windows if w.exact and not w.overlaps)
+    return [*state.ends, *(max(0.0, growth) for growth in alone)]
+
+
+def typical(routes: Mapping[str, _Route]) -> dict[str, float]:
+    """What one session of each route typically adds (the median of its clean values),
+    where it has ``MIN_OWN`` of them: no more than that is taken from another session's
     window for it."""
-    return {route: percentile(state.ends, 0.5) for route, state in routes.items() if state.ends}
+    found: dict[str, float] = {}
+    for route, state in routes.items():
+        clean = _clean(state)
+        if len(clean) >= MIN_OWN:
+            found[route] = percentile(clean, 0.5)
+    return found
 
 
-def footprint(
-    route: str, state: _Route, fits: Mapping[str, Fit], freed_at_end: Mapping[str, float]
-) -> Footprint | None:
-    """``route``'s footprint from what ``state`` holds of it, the fits of all routes
-    and their ``least_freed_at_end``; ``None`` before its first observation."""
+def footprint(route: str, state: _Route, typical: Mapping[str, float]) -> Footprint | None:
+    """``route``'s footprint from what ``state`` holds of it and what the sessions of
+    every route typically add; ``None`` before its first observation."""
     per_session = [*state.footprints, *state.ends]
     if not state.windows and not per_session and not state.exact:
         return None
@@ -342,19 +162,12 @@ def footprint(
         # the bound comes from those alone.
         exact = [w for w in state.windows if w.exact]
         windows = exact if len(exact) >= MIN_EXACT_WINDOWS else state.windows
-        bounds = [attributed(route, w, fits, freed_at_end) for w in windows]
-        size = percentile(bounds)
-        known = fits.get(route)
-        if known is not None and known.determined:
-            # The fit tightens the bounds that other sessions' growth inflates,
-            # but it is a model: never below what sessions typically showed with
-            # nothing else ramping in their window (the median: drift aside,
-            # those measure their session).
-            alone = [w.growth for w in windows if not w.overlaps]
-            cap = known.upper()
-            if alone:
-                cap = max(cap, percentile(alone, 0.5))
-            size = min(size, cap)
+        size = percentile(attributed(route, w, typical) for w in windows)
+        clean = _clean(state)
+        if clean:
+            # Other sessions' growth inflates the bounds: what its sessions showed with
+            # nothing else ramping caps them (one such session is already a measure).
+            size = min(size, percentile(clean))
     if per_session and (not state.windows or len(per_session) >= MIN_PER_SESSION):
         # Alone, the per-session values' high percentile; beside windows, they
         # raise the estimate where most of them say more.
@@ -773,7 +586,7 @@ class RampProfiles:
     ) -> None:
         """One step of the growth series from ``start`` to ``end``: ``sessions`` are the
         recent ones as ``(route, admitted_at, ended_at)``; ``expected`` the known
-        ``(footprint, ramp_s)`` of routes whose footprint is determined. A step whose
+        ``(footprint, ramp_s)`` of routes whose footprint is known (``typical``). A step whose
         growth was not ``seen`` (carried over memory freed: a guess, which says nothing
         of when memory came) only ages the sessions in it."""
         by_route: dict[str, list[tuple[float, float | None]]] = {}
@@ -1178,15 +991,15 @@ def _freed(ended: list[tuple[str, float]], freed_bytes: float) -> list[Freed]:
 #
 # Notes:
 #
-# - Evidence comes from all traffic, not only from quiet spells: the footprints of all
-# routes are fitted to the recent windows together (above), the ramps to every step.
+# - Evidence comes from all traffic, not only from quiet spells: every window bounds its
+# session's footprint (above), and the ramps are fitted to every step.
 # - Conservative: a route's footprint and its ramp time are high percentiles of what
 # was observed, the safe side for a reserve.
 # - Bounded and forgetting: the last ``KEPT`` windows, ends and peaks per route, at
 # most ``MAX_ROUTES`` routes. Sessions change when the app does, so an old footprint
 # fades out as new sessions are observed rather than at once.
 # - The observations are what the workers share (``shared_files.LearnedStore``), each
-# worker fitting all of them; the ramp profile is each worker's own.
+# worker reading all of them; the ramp profile is each worker's own.
 
 #: How many of each kind of observation a route keeps: the last ones.
 KEPT: Final = 32
@@ -1268,11 +1081,11 @@ class SessionLearner:
 
     __slots__ = (
         "_estimates",
-        "_fits",
         "_new",
         "_profiles",
         "_ramps",
         "_routes",
+        "_typical",
         "_windows",
         "version",
     )
@@ -1286,7 +1099,8 @@ class SessionLearner:
         #: Bumped by every change of the observations, so callers can tell.
         self.version = 0
         self._estimates: dict[str, RouteEstimate] = {}
-        self._fits: dict[str, Fit] = {}
+        #: What one session of each route typically adds, where known (``typical``).
+        self._typical: dict[str, float] = {}
         #: Ramp times recorded in the observations (the shared file's included).
         self._ramps: dict[str, float] = {}
 
@@ -1366,7 +1180,7 @@ class SessionLearner:
             self._windows.others(others, now, max(ramps, default=_UNKNOWN_RAMP_S))
         closed, freed, step = self._windows.reading(used_bytes, now, self._expected, self._length)
         if step is not None:
-            known = {route: self._expected(route) for route in self._fits}
+            known = {route: self._expected(route) for route in self._typical}
             sessions = self._windows.sessions()
             self._profiles.step(step.growth, step.start, step.end, sessions, known, seen=step.seen)
         for window in closed:
@@ -1482,8 +1296,7 @@ class SessionLearner:
     def _expected(self, route: str) -> tuple[float, float]:
         """A session's known footprint (0 while not known) and its ramp's length."""
         ramp_s = self._ramp_s(route)
-        known = self._fits.get(route)
-        footprint = known.footprint if known is not None and known.determined else 0.0
+        footprint = self._typical.get(route, 0.0)
         return footprint, _UNKNOWN_RAMP_S if ramp_s is None else ramp_s / _RAMP_POINT
 
     def _length(self, route: str) -> float | None:
@@ -1517,12 +1330,11 @@ class SessionLearner:
 
     def _changed(self) -> None:
         self.version += 1
-        self._fits = fit({route: state.windows for route, state in self._routes.items()})
-        freed_at_end = least_freed_at_end(self._routes)
+        self._typical = typical(self._routes)
         self._estimates = {}
         self._ramps = {}
         for route, state in self._routes.items():
-            found = footprint(route, state, self._fits, freed_at_end)
+            found = footprint(route, state, self._typical)
             if found is None:
                 continue
             ramps = [w.ramp_s for w in state.windows if w.ramp_s is not None] + list(state.ramps)

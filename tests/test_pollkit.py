@@ -34,5 +34,7 @@ def test_any_other_error_propagates() -> None:
 
 
 def test_it_fails_after_the_timeout_naming_what_and_the_last_answer() -> None:
-    with pytest.raises(pytest.fail.Exception, match=r"waiting for the answer; last: \[\]"):
+    # An AssertionError: tests/v2/test_v2_bursts.py and the kit's offender wait for what
+    # need not come under contextlib.suppress(AssertionError).
+    with pytest.raises(AssertionError, match=r"waiting for the answer; last: \[\]"):
         wait_for(list, 0.05, "the answer", step=0.01)

@@ -6,8 +6,6 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-import pytest
-
 T = TypeVar("T")
 
 
@@ -20,7 +18,8 @@ def wait_for(
     tolerate: tuple[type[Exception], ...] = (),
 ) -> T:
     """Call ``check`` every ``step`` seconds until it returns something true, and return
-    that; fail the test after ``timeout`` seconds, naming ``what`` and the last value.
+    that; after ``timeout`` seconds raise ``AssertionError`` naming ``what`` and the last
+    value (an assertion, so that a caller may wait for what need not come, and go on).
 
     An exception of a type in ``tolerate`` (a server still starting, say) counts as a
     false answer; any other propagates.
@@ -37,5 +36,5 @@ def wait_for(
                 return value
             last = value
         if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
         time.sleep(step)

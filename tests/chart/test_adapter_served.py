@@ -200,14 +200,17 @@ def test_fullness_rule_on_scraped_demos_drives_the_hpa(helm: str, tmp_path: Path
             expected = {pod.name: fullness(pod.exported()) for pod in pods}
             return served if served == pytest.approx(expected) else None
 
+        def until_served_as_exported() -> None:
+            wait_for(
+                served_as_exported,
+                30,
+                "the served fullness to match the pods' own figures",
+                step=0.2,
+                tolerate=REFUSED,
+            )
+
         wait_for_values(prom, promql, dict.fromkeys(names, 0.0))
-        wait_for(
-            served_as_exported,
-            30,
-            "the served fullness to match the pods' own figures",
-            step=0.2,
-            tolerate=REFUSED,
-        )
+        until_served_as_exported()
         idle = per_pod(prom, promql)
         assert hpa_wanted(list(idle.values()), target=target) < 3
 
@@ -218,12 +221,6 @@ def test_fullness_rule_on_scraped_demos_drives_the_hpa(helm: str, tmp_path: Path
         assert pods[2].open_session() == 503
         wait_for_values(prom, promql, {names[0]: 1.0, names[1]: 0.5, names[2]: 1.0})
         assert pods[2].exported() == {"admissible": 0.0, "in_use": 0.0}
-        wait_for(
-            served_as_exported,
-            30,
-            "the served fullness to match the pods' own figures",
-            step=0.2,
-            tolerate=REFUSED,
-        )
+        until_served_as_exported()
         busy = per_pod(prom, promql)
         assert hpa_wanted(list(busy.values()), target=target) > 3

@@ -109,6 +109,22 @@ def decide(
     section: on an upper bound of the working set where it admits (two small reads, while
     the latch is clear), else on an exact reading; what the pending sessions and one more
     hold is the reservations' ``held_bytes(route, pending, limit)``, handed to the latch."""
+    admitted = admitted_on_bound(controller, held_bytes, session_limit, current, pending, route)
+    if admitted is not None:
+        return admitted
+    return decide_exactly(controller, read, held_bytes, session_limit, current, pending, route)
+
+
+def admitted_on_bound(
+    controller: AdmissionController,
+    held_bytes: Callable[[str | None, int, int], int],
+    session_limit: int | None,
+    current: int,
+    pending: int,
+    route: str | None,
+) -> CapacityDecision | None:
+    """The decision on an upper bound of the working set where that admits (two small
+    reads, while the latch is clear); ``None`` where an exact reading must decide."""
     if controller.bound_may_admit(current, session_limit, pending):
         bound = controller.read_bound()
         if bound is not None:
@@ -117,7 +133,7 @@ def decide(
             assert limit is not None
             if controller.bound_admits(used, limit, held_bytes(route, pending, limit)):
                 return controller.admitted_on(bound)
-    return decide_exactly(controller, read, held_bytes, session_limit, current, pending, route)
+    return None
 
 
 def decide_exactly(
@@ -160,14 +176,9 @@ def decide_counting(
         decision = decide(controller, read, held_bytes, session_limit, current, pending, route)
         return decision, current, pending
     current, pending = ledger.counts(own, high=True)
-    if controller.bound_may_admit(current, session_limit, pending):
-        bound = controller.read_bound()
-        if bound is not None:
-            used, limit = bound.used_bytes, bound.limit_bytes
-            assert used is not None  # read_bound() returns usable bounds only
-            assert limit is not None
-            if controller.bound_admits(used, limit, held_bytes(route, pending, limit)):
-                return controller.admitted_on(bound), current, pending
+    admitted = admitted_on_bound(controller, held_bytes, session_limit, current, pending, route)
+    if admitted is not None:
+        return admitted, current, pending
     exact = ledger.counts(own)
     if exact == (current, pending):  # nothing recovered: the fast path answered already
         decision = decide_exactly(

@@ -538,10 +538,6 @@ class FreedMemory:
         #: The working set's rate of change over the last two steps that fell nothing.
         self._rates = (0.0, 0.0)
 
-    @property
-    def owed(self) -> bool:
-        return self._bytes > 0
-
     def ended(self, freed_bytes: int, since: ExactReading, now: float) -> None:
         """Sessions ended after the reading ``since``, freeing at most ``freed_bytes``."""
         if freed_bytes <= 0:

@@ -57,53 +57,34 @@ class Learned:
         return None if ramp is None else ramp * RAMP_MARGIN
 
 
+@dataclass(slots=True, eq=False)
 class Settlement:
     """One admitted session's state, from admission until its reservation settles.
 
     Owned by the ``Settler`` that made it and changed only under the ledger's lock.
     """
 
-    __slots__ = (
-        "admitted_at",
-        "end_told",
-        "expired",
-        "held",
-        "kind",
-        "measured_left",
-        "phase",
-        "queued",
-        "released",
-        "remaining",
-        "reservation",
-        "route",
-        "seq",
-        "visible",
-    )
-
-    def __init__(
-        self, seq: int, reservation: Reservation, kind: Kind, route: str, admitted_at: float
-    ) -> None:
-        self.seq = seq
-        self.reservation = reservation
-        self.kind = kind
-        self.route = route
-        self.admitted_at = admitted_at
-        self.phase: Phase = "request"
-        #: Its memory showed (it left the queue's head that way).
-        self.visible = False
-        #: An app's ticket holds it until ``started()`` or ``release()``.
-        self.held = False
-        self.expired = False
-        #: In the attribution queue (not when admitted with no reading to start from).
-        self.queued = False
-        #: Its reservation was given back (settled over HTTP, expired, released).
-        self.released = False
-        #: What its memory is still expected to add (its reserve, less what showed).
-        self.remaining = 0
-        #: What its own memory, measured (``Settler.measured``), still has to add.
-        self.measured_left: int | None = None
-        #: Its end was told to settling and learning (``Reservations``): once only.
-        self.end_told = False
+    seq: int
+    reservation: Reservation
+    kind: Kind
+    route: str
+    admitted_at: float
+    phase: Phase = "request"
+    #: Its memory showed (it left the queue's head that way).
+    visible: bool = False
+    #: An app's ticket holds it until ``started()`` or ``release()``.
+    held: bool = False
+    expired: bool = False
+    #: In the attribution queue (not when admitted with no reading to start from).
+    queued: bool = False
+    #: Its reservation was given back (settled over HTTP, expired, released).
+    released: bool = False
+    #: What its memory is still expected to add (its reserve, less what showed).
+    remaining: int = 0
+    #: What its own memory, measured (``Settler.measured``), still has to add.
+    measured_left: int | None = None
+    #: Its end was told to settling and learning (``Reservations``): once only.
+    end_told: bool = False
 
     @property
     def awaiting_memory(self) -> bool:

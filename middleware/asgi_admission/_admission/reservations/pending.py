@@ -62,9 +62,7 @@ from asgi_admission._routes import RouteNames
 logger = logging.getLogger("asgi_admission")
 
 # --------------------------------------------------------------------------------------
-# The app's own count of its sessions (``current_sessions``) is the app's code: a count
-# that fails is left out (the ledger counts the sessions the guard admitted itself) until
-# it answers again, never a 500.
+# The app's own count of its sessions (``current_sessions``), which is the app's code.
 
 
 class AppCount:
@@ -103,13 +101,8 @@ class AppCount:
 
 
 # --------------------------------------------------------------------------------------
-# How often sessions end: the evidence for a ``Retry-After`` that means something.
-#
-# When memory is short, the next session fits once one session's worth of memory
-# is freed. The guard sees sessions end (its count of active sessions falling, or
-# the app's ``current_sessions``), so the mean interval between recent ends says
-# how long that is likely to take. Without enough recent ends there is no
-# evidence, and the configured base delay is used.
+# How often sessions end: the evidence for a ``Retry-After`` that means something
+# (docs/reservations.md, "Retry-After from evidence").
 
 #: Ends older than this are no evidence of the current rate.
 RECENT_ENDS_S: Final = 600.0
@@ -162,13 +155,9 @@ class SessionEnds:
 
 
 # --------------------------------------------------------------------------------------
-# Session events done at once or, while the shared ledger is held, kept for later.
-#
-# A session's events (its response, its end, a ticket) change the settler's
-# bookkeeping inside the ledger's critical section, which is only ever tried: where
-# another worker holds it, :class:`KeptEvents` keeps the event, in order, for the
-# next sample, so neither the event loop nor a response waits for another process
-# and nothing is lost (``docs/trust.md``).
+# Session events done at once or, while another worker holds the shared ledger, kept in
+# order for the next sample: neither the event loop nor a response waits for another
+# process, and nothing is lost (``docs/trust.md``).
 
 #: One session event's bookkeeping, inside the critical section: what it decided.
 Step = Callable[[], Sequence[Action]]
@@ -226,16 +215,9 @@ class KeptEvents(collections.deque[Step]):
 
 
 # --------------------------------------------------------------------------------------
-# What the decisions and settling expect of each route, from what was learned.
-#
-# ``LearnedView`` puts together the learner's estimates and the probes'
-# provisional footprints (a concluded probe's, or an open probe's growth past its
-# guess: ``probing.py``) into the figures the reservations hand on: each route's reserve
-# (``effective_reserve`` of the configured or derived one), its footprint and ramp for
-# settling, and the routes decided on an estimate rather than probed first (with
-# ``raise``, what was learned floors a configured reserve and replaces a derived one). They are
-# computed once per change of what was learned (the learner's and the probes'
-# versions), not on every decision.
+# What the decisions and settling expect of each route, from the learner's estimates and
+# the probes' provisional footprints (``probing.py``). Computed once per change of what
+# was learned (the learner's and the probes' versions), not on every decision.
 
 
 class LearnedView:
@@ -373,11 +355,8 @@ class LearnedView:
 # --------------------------------------------------------------------------------------
 # What the reservations learned, handed on: to the controller's reserve, and to the workers.
 #
-# Whenever the learner or the probes have something new, the reserve the latch uses is
-# set again (below: the configured reserve raised or replaced by what was
-# learned), the probes of routes learned meanwhile are over, and, with a shared
-# directory, the new observations go into the learned file that every worker reads
-# (``shared_files.LearnedStore``). What the other workers learned is taken in every
+# With a shared directory the new observations go into the learned file every worker
+# reads (``shared_files.LearnedStore``), and what the others learned is taken in every
 # ``SHARED_REFRESH_S``, or at every sample while requests wait for another worker's probe.
 # Everything here runs inside the ledger's critical section.
 
@@ -386,7 +365,7 @@ SHARED_REFRESH_S: Final = 2.0
 
 
 class LearnedSharing:
-    """Hands on what ``learner`` and ``probes`` learned (see the module notes)."""
+    """Hands on what ``learner`` and ``probes`` learned (see the notes above)."""
 
     __slots__ = (
         "_clock",
@@ -474,22 +453,15 @@ class LearnedSharing:
 
 
 # --------------------------------------------------------------------------------------
-# The parts a :class:`~asgi_admission._admission.reservations.pending.Reservations`
-# is made of, built together: they depend on one another in one direction only.
-#
-# Notes:
-#
-# - The order is the direction of their dependencies: the settling queue (this
-# process's, or the workers' shared file), the probes (whose store is shared
-# too), the learned view over the learner and the probes, the settler over the queue
-# (handed the view's ``learned()`` at each call that may settle by time), and the
-# sharing of what was learned, which reads all of them.
-# - With ``ADMISSION_SHARED_DIR`` unset nothing here opens a file.
+# The parts a :class:`Reservations` is made of, built together in the direction of their
+# dependencies: the settling queue, the probes, the learned view over the learner and the
+# probes, the settler over the queue, and the sharing, which reads all of them. With
+# ``ADMISSION_SHARED_DIR`` unset nothing here opens a file.
 
 
 @dataclass(frozen=True)
 class ReservationParts:
-    """The reservations' collaborators (see the module notes for how they depend on one another)."""
+    """The reservations' collaborators (see the notes above for how they depend on one another)."""
 
     #: The latch the reserve is set on, and the clock every part is told the time by.
     controller: AdmissionController
@@ -602,12 +574,6 @@ def build_parts(
 # --------------------------------------------------------------------------------------
 # The reservations' samples of memory: when one is due, what a reading settles and teaches.
 #
-# A :class:`Samples` holds what the reservations needs between two readings (when the last
-# was taken, the settler's last exact reading at the last sample, the session ends already
-# told by their route, the memory limit of the last admission) and takes the
-# readings: a decision's own, one due after a sample interval, and the periodic
-# sample's step inside the ledger's critical section.
-#
 # Notes:
 #
 # - Every method runs inside the ledger's critical section (the reservations enters it):
@@ -627,7 +593,7 @@ SAMPLE_INTERVAL_S: Final = 0.25
 
 
 class Samples:
-    """The readings behind one reservations' settling and learning (see the module notes).
+    """The readings behind one reservations' settling and learning (see the notes above).
 
     ``read`` takes an exact reading and never raises; ``active_count(own)`` is the
     container's active sessions, given the app's own count ``own``; ``ends`` records
@@ -773,14 +739,10 @@ class Samples:
 # --------------------------------------------------------------------------------------
 # The reservations of one guard: settling, tickets, learning and the sample behind them.
 #
-# ``Reservations`` ties together the :class:`Settler` (how long a reservation
-# lasts), the :class:`SessionLearner` (what a session costs), the record of
-# session ends (for ``Retry-After``) and, with ``ADMISSION_SHARED_DIR``, the files
-# the workers share. The admission service calls it on the decision path (inside
-# the ledger's lock: cheap), the watched request when a response ends or a
-# WebSocket is accepted or closed, and the lifespan (a periodic
-# sample so that settling and learning never wait for traffic). Tickets call it
-# from any thread.
+# The admission service calls it on the decision path (inside the ledger's lock: cheap),
+# the watched request when a response ends or a WebSocket is accepted or closed, and the
+# lifespan (a periodic sample, so that settling and learning never wait for traffic).
+# Tickets call it from any thread.
 #
 # Notes:
 #
@@ -790,23 +752,11 @@ class Samples:
 # settles from this process's own state alone (nothing shared to read or write: no
 # reserve waits to show, no ticket holds it, no probe) takes the lock alone
 # (``attempt_own``): a session request then takes the shared ledger's ``flock`` once.
-# - The critical section is only ever tried (``attempt``): where another worker
-# holds the shared ledger, a session's event (its response, its end, a ticket)
-# is kept, in order, for the next sample, so neither the event loop nor a
-# response waits for another process and nothing is lost (docs/trust.md). A
-# release (a ticket's, a WebSocket's end) still gives its reservation back at
-# once; the sample catches up in a critical section of its own, so what the kept
-# events decided is done even if the sample's reading then fails. The app's own
-# count is asked before the critical section, never inside it.
-# - The readings (a decision's own, one due after a sample interval, the periodic
-# sample's) are taken by the reservations' :class:`Samples`, inside the
-# critical section the reservations enters for them.
-# - The reserve the latch uses is set from the configured reserve and what was
-# learned whenever an observation arrives, and what was
-# learned is shared with the other workers.
-# - While a route has no learned footprint its sessions are probed
-# (``probing.py``): the reservations tell the probes of their events and
-# readings, and wakes the waiters for the probes' evidence (``probing.py``).
+# - The critical section is only ever tried (``attempt``); events are kept while another
+# worker holds it (:class:`KeptEvents`). A release (a ticket's, a WebSocket's end) still
+# gives its reservation back at once; the sample catches up in a critical section of its
+# own, so what the kept events decided is done even if the sample's reading then fails.
+# The app's own count is asked before the critical section, never inside it.
 
 
 def settles_alone(entry: Settlement, probes: dict[int, str]) -> bool:
@@ -821,7 +771,7 @@ FailureCause = Literal["error_status", "body_timeout"]
 
 
 class Reservations:
-    """Settling, tickets and learning for one guard (see the module notes).
+    """Settling, tickets and learning for one guard (see the notes above).
 
     ``attempt`` is the ledger's critical section, tried without waiting (it
     raises ``LedgerBusy`` while another worker holds it), and ``attempt_own``
@@ -996,8 +946,8 @@ class Reservations:
 
     def respond(self, entry: Settlement) -> None:
         """The response ended or the WebSocket was accepted."""
-        # Once a session request: now_or_later's steps, without a closure. A request that
-        # settles at its response from this process's own state reads and writes no
+        # now_or_later's steps, without a closure (once per session request). A request
+        # that settles at its response from this process's own state reads and writes no
         # shared file: this process's lock is its whole section, without the shared
         # ledger's flock (bench/README.md, "The fourteenth session: the session path's
         # cost at the defaults"). Asked again under the lock: a ticket's hold() from

@@ -624,7 +624,7 @@ class SharedProbeStore:
         #: The file's contents at the last load or store, and the trials made of them.
         self._known: tuple[bytes, dict[str, ProbeTrial]] = (b"", {})
         # At startup a file that cannot be used is an error naming the setting.
-        self._fd = open_private_file(directory, PROBING_FILE, setting=SHARED_DIR_SETTING)
+        self._fd = open_shared(directory, PROBING_FILE)
         self._pid = os.getpid()
 
     def load(self) -> dict[str, ProbeTrial] | None:
@@ -634,7 +634,7 @@ class SharedProbeStore:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
             try:
-                data = os.pread(fd, os.fstat(fd).st_size, 0)
+                data = _read_all(fd)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         except OSError as exc:
@@ -684,7 +684,7 @@ class SharedProbeStore:
         try:
             pid = os.getpid()
             if pid != self._pid or os.fstat(self._fd).st_nlink == 0:
-                fd = open_private_file(self._directory, PROBING_FILE, setting=SHARED_DIR_SETTING)
+                fd = open_shared(self._directory, PROBING_FILE)
                 os.close(self._fd)
                 self._fd, self._pid = fd, pid
         except (OSError, ValueError) as exc:
@@ -711,13 +711,6 @@ def read_probing(directory: str) -> dict[str, ProbeTrial] | None:
 
     ``OSError`` or ``ValueError`` when it cannot be read.
     """
-    path = os.path.join(directory, PROBING_FILE)
-    if not os.path.isfile(path):
+    if not os.path.isfile(os.path.join(directory, PROBING_FILE)):
         return None
-    fd = open_private_file(directory, PROBING_FILE, setting=SHARED_DIR_SETTING)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        data = os.pread(fd, os.fstat(fd).st_size, 0)
-    finally:
-        os.close(fd)
-    return decode(data)
+    return decode(_read_shared(open_shared(directory, PROBING_FILE)))

@@ -16,7 +16,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Final, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -220,46 +220,23 @@ class KeptEvents(collections.deque[Step]):
 # was learned (the learner's and the probes' versions), not on every decision.
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class LearnedView:
     """Per-route estimates for one reservations (called inside the ledger's lock)."""
 
-    __slots__ = (
-        "_controller",
-        "_estimated",
-        "_estimates",
-        "_expected",
-        "_known",
-        "_learned",
-        "_learner",
-        "_learner_version",
-        "_probes",
-        "_probes_version",
-        "learning",
-        "min_reserve_bytes",
-    )
-
-    def __init__(
-        self,
-        *,
-        learner: SessionLearner,
-        probes: Probes,
-        controller: AdmissionController,
-        learning: Learning,
-        min_reserve_bytes: int,
-    ) -> None:
-        self._learner = learner
-        self._probes = probes
-        self._controller = controller
-        self.learning: Learning = learning
-        self.min_reserve_bytes = min_reserve_bytes
-        self._learner_version = -1
-        self._probes_version = -1
-        self._estimates: dict[str, RouteEstimate] = {}
-        #: Routes decided on an estimate (learned, or a probe's provisional footprint).
-        self._known: dict[str, RouteEstimate | None] = {}
-        self._expected: dict[tuple[str, int | None], int] = {}
-        self._learned: Learned | None = None
-        self._estimated: dict[tuple[str, int | None], int | None] = {}
+    learner: SessionLearner
+    probes: Probes
+    controller: AdmissionController
+    learning: Learning
+    min_reserve_bytes: int
+    _learner_version: int = field(default=-1, init=False)
+    _probes_version: int = field(default=-1, init=False)
+    _estimates: dict[str, RouteEstimate] = field(default_factory=dict, init=False)
+    #: Routes decided on an estimate (learned, or a probe's provisional footprint).
+    _known: dict[str, RouteEstimate | None] = field(default_factory=dict, init=False)
+    _expected: dict[tuple[str, int | None], int] = field(default_factory=dict, init=False)
+    _learned: Learned | None = field(default=None, init=False)
+    _estimated: dict[tuple[str, int | None], int | None] = field(default_factory=dict, init=False)
 
     def expected_bytes(self, route: str, limit_bytes: int | None) -> int:
         """The route's own reserve under the limit ``limit_bytes``: the one configured or
@@ -270,7 +247,7 @@ class LearnedView:
         expected = self._expected.get(key)
         if expected is None:
             estimate = self._estimates.get(route)
-            base = self._controller.reserve_bytes
+            base = self.controller.reserve_bytes
             expected = self._expected[key] = effective_reserve(
                 derived_reserve_bytes(limit_bytes) if base is None else base,
                 () if estimate is None else (estimate,),
@@ -297,7 +274,7 @@ class LearnedView:
         """How what was learned acts on the reserve: ``raise`` floors only a configured
         reserve; a reserve derived from the limit is a guess, which what was learned
         replaces (never below the minimum), as with ``adapt``."""
-        if self.learning == "raise" and self._controller.reserve_bytes is None:
+        if self.learning == "raise" and self.controller.reserve_bytes is None:
             return "adapt"
         return self.learning
 
@@ -314,7 +291,7 @@ class LearnedView:
 
     def estimates(self) -> dict[str, RouteEstimate]:
         """Every route's estimate: learned, else a probe's provisional one."""
-        learner, probes = self._learner, self._probes
+        learner, probes = self.learner, self.probes
         if self._learner_version != learner.version or self._probes_version != probes.version:
             self._learner_version = learner.version
             self._probes_version = probes.version
@@ -364,59 +341,38 @@ class LearnedView:
 SHARED_REFRESH_S: Final = 2.0
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class LearnedSharing:
     """Hands on what ``learner`` and ``probes`` learned (see the notes above)."""
 
-    __slots__ = (
-        "_clock",
-        "_controller",
-        "_learner",
-        "_next_refresh",
-        "_on_reserve",
-        "_probes",
-        "_probing",
-        "_seen",
-        "_store",
-        "_view",
-    )
+    learner: SessionLearner
+    probes: Probes
+    view: LearnedView
+    controller: AdmissionController
+    shared_dir: InitVar[str | None]
+    probing: bool
+    on_reserve: Callable[[int, int | None], None]
+    clock: Callable[[], float]
+    _store: LearnedStore | None = field(default=None, init=False)
+    _next_refresh: float = field(default=0.0, init=False)
+    #: The learner's and the probes' versions the reserve was last set from.
+    _seen: tuple[int, int] = field(default=(-1, -1), init=False)
 
-    def __init__(
-        self,
-        *,
-        learner: SessionLearner,
-        probes: Probes,
-        view: LearnedView,
-        controller: AdmissionController,
-        shared_dir: str | None,
-        probing: bool,
-        on_reserve: Callable[[int, int | None], None],
-        clock: Callable[[], float],
-    ) -> None:
-        self._learner = learner
-        self._probes = probes
-        self._view = view
-        self._controller = controller
-        self._probing = probing
-        self._on_reserve = on_reserve
-        self._clock = clock
-        self._store: LearnedStore | None = None
+    def __post_init__(self, shared_dir: str | None) -> None:
         if shared_dir is not None:
             self._store = LearnedStore(shared_dir, keep=KEPT)
-            learner.merge(self._store.load())
-        self._next_refresh = 0.0
-        #: The learner's and the probes' versions the reserve was last set from.
-        self._seen = (-1, -1)
+            self.learner.merge(self._store.load())
         self.update()
 
     def publish(self) -> None:
         """After new observations: share them (with a shared directory), update the reserve."""
         if self._versions() == self._seen:
             return
-        new = self._learner.take_new()
+        new = self.learner.take_new()
         if self._store is not None and new:
-            merged = self._store.add(new, known=self._learner.observations())
+            merged = self._store.add(new, known=self.learner.observations())
             if merged is not None:  # None: the file is unusable for now (logged once)
-                self._learner.merge(merged)
+                self.learner.merge(merged)
         self.update()
 
     def refresh(self, now: float, *, urgent: bool = False) -> None:
@@ -429,27 +385,27 @@ class LearnedSharing:
         if loaded is not None and store.moved:
             # Another file than last time (deleted and made again, or replaced): this
             # worker adds what it knows that the file lacks, before taking it in.
-            loaded = store.add({}, known=self._learner.observations())
+            loaded = store.add({}, known=self.learner.observations())
         if loaded is None:
             return  # unusable for now (logged once): this worker keeps what it learned
-        self._learner.merge(loaded)
+        self.learner.merge(loaded)
         if self._versions() != self._seen:
             self.update()
 
     def update(self) -> None:
         """Hand the controller what was learned: it raises or replaces the reserve; the
         probes of routes learned now are over."""
-        probes = self._probes
-        if self._probing:
-            probes.learned(probes.watched() & self._learner.routes(), self._clock())
+        probes = self.probes
+        if self.probing:
+            probes.learned(probes.watched() & self.learner.routes(), self.clock())
         self._seen = self._versions()
-        self._view.forget()
-        learned, controller = self._view.reserve_bytes(), self._controller
-        if controller.learned(learned, replaces=self._view.mode == "adapt") and learned is not None:
-            self._on_reserve(learned, controller.reserve_bytes)
+        self.view.forget()
+        learned, controller = self.view.reserve_bytes(), self.controller
+        if controller.learned(learned, replaces=self.view.mode == "adapt") and learned is not None:
+            self.on_reserve(learned, controller.reserve_bytes)
 
     def _versions(self) -> tuple[int, int]:
-        return self._learner.version, self._probes.version
+        return self.learner.version, self.probes.version
 
 
 # --------------------------------------------------------------------------------------

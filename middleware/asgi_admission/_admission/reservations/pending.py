@@ -169,10 +169,6 @@ class KeptEvents(collections.deque[Step]):
 
     __slots__ = ()
 
-    def keep(self, step: Step) -> None:
-        """Keep ``step`` for the next critical section, after those kept before it."""
-        self.append(step)
-
     def now_or_later(
         self,
         step: Step,
@@ -923,7 +919,7 @@ class Reservations:
             else:
                 apply(actions)
                 return
-        self._kept.keep(functools.partial(self._responded, entry))
+        self._kept.append(functools.partial(self._responded, entry))
 
     def _responded(self, entry: Settlement) -> Sequence[Action]:
         now = self._clock()

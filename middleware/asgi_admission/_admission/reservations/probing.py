@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Container, Iterable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Final, Literal, Protocol, TypeVar
 
 from asgi_admission._admission.reservations.learning import (
@@ -349,6 +349,7 @@ CONCLUDED_KEEP_S: Final = 60.0
 ProbeAnswer = Literal["known", "probe", "wait"]
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class Probes:
     """The probes of every route not learned yet, and what they showed.
 
@@ -358,44 +359,26 @@ class Probes:
     ledger's lock. ``version`` changes whenever :meth:`estimates` does.
     """
 
-    __slots__ = (
-        "_concluded",
-        "_on_wake",
-        "_pid",
-        "_raised",
-        "_store",
-        "_trials",
-        "_waiting",
-        "own",
-        "probe_sessions",
-        "timeout_s",
-        "version",
-    )
+    probe_sessions: int
+    timeout_s: float
+    store: InitVar[ProbeStore | None] = None
+    on_wake: Callable[[str], None] = lambda route: None
+    waiting: Callable[[str], int] = lambda route: 0
+    _store: ProbeStore = field(init=False)
+    _trials: dict[str, ProbeTrial] = field(init=False)
+    #: This process's probes in open trials: their sequence number and route.
+    own: dict[int, str] = field(default_factory=dict, init=False)
+    #: Concluded trials' provisional footprints, until the learner has one (``None``:
+    #: nothing beyond the guess was seen, and the route is decided on its reserve).
+    _concluded: dict[str, RouteEstimate | None] = field(default_factory=dict, init=False)
+    #: Open trials whose growth per probe passed the guessed reserve.
+    _raised: dict[str, RouteEstimate] = field(default_factory=dict, init=False)
+    _pid: int = field(default_factory=os.getpid, init=False)
+    version: int = field(default=0, init=False)
 
-    def __init__(
-        self,
-        *,
-        probe_sessions: int,
-        timeout_s: float,
-        store: ProbeStore | None = None,
-        on_wake: Callable[[str], None] = lambda route: None,
-        waiting: Callable[[str], int] = lambda route: 0,
-    ) -> None:
-        self.probe_sessions = probe_sessions
-        self.timeout_s = timeout_s
-        self._store: ProbeStore = store if store is not None else LocalProbeStore()
-        self._on_wake = on_wake
-        self._waiting = waiting
-        self._trials: dict[str, ProbeTrial] = self._store.load() or {}
-        #: This process's probes in open trials: their sequence number and route.
-        self.own: dict[int, str] = {}
-        #: Concluded trials' provisional footprints, until the learner has one (``None``:
-        #: nothing beyond the guess was seen, and the route is decided on its reserve).
-        self._concluded: dict[str, RouteEstimate | None] = {}
-        #: Open trials whose growth per probe passed the guessed reserve.
-        self._raised: dict[str, RouteEstimate] = {}
-        self._pid = os.getpid()
-        self.version = 0
+    def __post_init__(self, store: ProbeStore | None) -> None:
+        self._store = store if store is not None else LocalProbeStore()
+        self._trials = self._store.load() or {}
 
     @property
     def shared(self) -> bool:
@@ -513,7 +496,7 @@ class Probes:
                 # Nothing to learn from: the next waiter becomes a probe.
                 del self._trials[trial.route]
                 self._drop_raised(trial.route)
-            self._on_wake(trial.route)  # a probe's slot is free
+            self.on_wake(trial.route)  # a probe's slot is free
         else:
             self._conclude(trial, now)  # wakes the waiters too
         self._save()
@@ -550,7 +533,7 @@ class Probes:
                 trial.concluded_at = now
                 self._finish(trial)
                 self._save()
-                self._on_wake(route)
+                self.on_wake(route)
 
     def estimates(self) -> dict[str, RouteEstimate]:
         """Provisional footprints: concluded trials, and open ones raised past their guess."""
@@ -583,7 +566,7 @@ class Probes:
         if load:
             self._load(now)
         return [
-            describe(trial, now, self._pid, self._waiting(route))
+            describe(trial, now, self._pid, self.waiting(route))
             for route, trial in self._trials.items()
             if trial.open
         ]
@@ -647,7 +630,7 @@ class Probes:
         trial.concluded_at = now
         self._drop_raised(trial.route)
         self._finish(trial)
-        self._on_wake(trial.route)
+        self.on_wake(trial.route)
 
     def _finish(self, trial: ProbeTrial) -> None:
         for probe in trial.probes:
@@ -697,7 +680,7 @@ class Probes:
 
     def _save(self) -> None:
         for route, trial in self._trials.items():
-            here = self._waiting(route)
+            here = self.waiting(route)
             if here:
                 trial.waiting[self._pid] = here
             else:

@@ -544,6 +544,7 @@ def build_parts(
 SAMPLE_INTERVAL_S: Final = 0.25
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class Samples:
     """The readings behind one reservations' settling and learning (see the notes above).
 
@@ -552,25 +553,20 @@ class Samples:
     how often sessions end.
     """
 
-    def __init__(
-        self,
-        *,
-        parts: ReservationParts,
-        read: Callable[[], MemoryReading],
-        active_count: Callable[[int | None], int],
-        ends: SessionEnds,
-    ) -> None:
-        self._parts = parts
-        self._read = read
-        self._active_count = active_count
-        self._ends = ends
-        self._learning = parts.view.learning != "off"
-        self._next_sample = 0.0
-        self._sample_reading: ExactReading | None = None
-        #: Active sessions seen ending by their route since the last sample.
-        self._named_ends = 0
-        #: The memory limit of the last admission.
-        self.limit: int | None = None
+    parts: ReservationParts
+    read: Callable[[], MemoryReading]
+    active_count: Callable[[int | None], int]
+    ends: SessionEnds
+    _learning: bool = field(init=False)
+    _next_sample: float = field(default=0.0, init=False)
+    _sample_reading: ExactReading | None = field(default=None, init=False)
+    #: Active sessions seen ending by their route since the last sample.
+    _named_ends: int = field(default=0, init=False)
+    #: The memory limit of the last admission.
+    limit: int | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self._learning = self.parts.view.learning != "off"
 
     def named_end(self) -> None:
         """An active session ended and was told by its route."""
@@ -582,15 +578,15 @@ class Samples:
         For decisions that read no exact working set themselves: where the app
         runs without lifespan (no periodic sample), traffic still settles.
         """
-        settler = self._parts.settler
+        settler = self.parts.settler
         if not settler.past_response:
             return ()
-        now = self._parts.clock()
+        now = self.parts.clock()
         if now < self._next_sample:
             return ()
-        memory = self._read()
+        memory = self.read()
         if not memory.available or memory.used_bytes is None:
-            return settler.settle(None, now, self._parts.view.learned())
+            return settler.settle(None, now, self.parts.view.learned())
         return self.take(memory.used_bytes, now)
 
     def settle_with(self, memory: MemoryReading) -> Sequence[Action]:
@@ -605,24 +601,24 @@ class Samples:
             return self._timed_out()
         if not memory.exact:
             return ()
-        now = self._parts.clock()
-        if not self._parts.settler.past_response and now < self._next_sample:
+        now = self.parts.clock()
+        if not self.parts.settler.past_response and now < self._next_sample:
             return ()
         return self.take(memory.used_bytes, now)
 
     def _timed_out(self) -> Sequence[Action]:
         # Memory unreadable: nothing shows, but what is due by time (a held ticket, a
         # request past its timeout) still ends where no periodic sample runs.
-        settler = self._parts.settler
-        now = self._parts.clock()
+        settler = self.parts.settler
+        now = self.parts.clock()
         if not settler.unsettled or now < self._next_sample:
             return ()
         self._next_sample = now + SAMPLE_INTERVAL_S
-        return settler.settle(None, now, self._parts.view.learned())
+        return settler.settle(None, now, self.parts.view.learned())
 
     def take(self, used_bytes: int, now: float) -> list[Action]:
         """The working set ``used_bytes`` read at ``now``: teach it, settle by it."""
-        parts = self._parts
+        parts = self.parts
         self._next_sample = now + SAMPLE_INTERVAL_S
         if self._learning:
             busy = parts.probing and parts.probes.busy
@@ -634,7 +630,7 @@ class Samples:
 
     def sample(self, own: int | None, now: float) -> list[Action]:
         """The periodic sample's step, given the app's own count ``own``."""
-        parts = self._parts
+        parts = self.parts
         settler, learner, probes, probe_waiters = (
             parts.settler,
             parts.learner,
@@ -646,14 +642,14 @@ class Samples:
         # (decisions take the same critical section), though some may be woken.
         waiting = bool(probe_waiters)
         probing = parts.probing and (probes.busy or waiting)
-        ended = self._ends.on_active(self._active_count(own), now)
+        ended = self.ends.on_active(self.active_count(own), now)
         # Ends whose route is known were told already; the others are the app's count
         # falling (or other workers' sessions), of a route the learner shares out.
         named, self._named_ends = self._named_ends, 0
         anonymous = max(0, ended - named)
         # The container's count has the other workers' ends in it too.
         shared = parts.queue.shared
-        mine = self._ends.own_share(anonymous, named, own) if shared else anonymous
+        mine = self.ends.own_share(anonymous, named, own) if shared else anonymous
         if anonymous:
             # Found by a count: they ended since the last sample's reading.
             freed = anonymous * parts.controller.reserve_for(self.limit)
@@ -666,7 +662,7 @@ class Samples:
         if ended and probing:
             probes.session_ended(now)
         if settler.unsettled or learner.observing or self._queue_busy() or probing:
-            memory = self._read()
+            memory = self.read()
             if memory.available and memory.used_bytes is not None:
                 actions += self.take(memory.used_bytes, now)
             else:
@@ -684,7 +680,7 @@ class Samples:
 
     def _queue_busy(self) -> bool:
         # Other workers' sessions in a shared queue need this worker's samples too.
-        queue = self._parts.queue
+        queue = self.parts.queue
         return isinstance(queue, SharedSettleQueue) and bool(queue.load()[1])
 
 

@@ -373,7 +373,7 @@ def _not_left_early(record: QueueRecord) -> bool:
 # ``GROWING_BYTES_PER_S`` faster than what can be explained (over readings at least
 # ``GROWTH_SPAN_S`` apart), nor until it has been quiet for ``GROWTH_QUIET_S``: a burst
 # ramps slower than the sessions its ramp was learned from. What can be explained, and
-# why churn needs it: docs/reservations.md, "Settling", item 2.
+# why churn needs it: docs/reservations.md, "Settling: with no help from the app", 2.
 
 GROWING_BYTES_PER_S: Final = 16 * 1024 * 1024
 GROWTH_SPAN_S: Final = 0.25
@@ -661,8 +661,9 @@ class PendingSessions:
 # --------------------------------------------------------------------------------------
 # Settling: a session's reservation lasts until its memory shows in the working set.
 #
-# When a session settles and how attribution works across concurrent sessions, first
-# in, first out, erring on the side of holding: docs/reservations.md, "Settling". Here:
+# When a session settles and how attribution works across concurrent sessions, first in,
+# first out, erring on the side of holding: docs/reservations.md, "Settling: with no help
+# from the app". Here:
 #
 # - Readings used here are exact working sets (never the fast path's usage bound,
 # which includes cache). Admission records the working set it decided with, or the

@@ -33,7 +33,8 @@ def test_only_a_fall_counts_as_freed_never_the_footprint_alone() -> None:
     readings(freed, [200, 200], start=0.0, step=0.25)
     freed.ended(96 * MIB, ExactReading(200 * MIB, 0.25, None), 0.3)
     assert readings(freed, [200, 200, 160], start=0.5, step=0.25) == [40]
-    assert freed.owed  # 56 MiB still owed, for a while
+    # The other 56 MiB are still owed, for a while: the next fall frees them.
+    assert readings(freed, [100], start=1.25, step=0.25) == [56]
 
 
 def test_growth_hidden_by_the_fall_counts_as_freed_at_the_slower_recent_rate() -> None:
@@ -43,7 +44,7 @@ def test_growth_hidden_by_the_fall_counts_as_freed_at_the_slower_recent_rate() -
     readings(freed, [100, 132, 164, 196], start=0.0, step=0.25)
     freed.ended(96 * MIB, ExactReading(196 * MIB, 0.75, None), 0.8)
     assert readings(freed, [132], start=1.0, step=0.25) == [96]
-    assert not freed.owed
+    assert readings(freed, [100], start=1.25, step=0.25) == []  # nothing more owed
 
 
 def test_freed_memory_owed_lapses_when_no_fall_comes() -> None:
@@ -54,7 +55,6 @@ def test_freed_memory_owed_lapses_when_no_fall_comes() -> None:
     freed.ended(96 * MIB, ExactReading(200 * MIB, 0.0, None), 0.1)
     steps = int(FREED_WITHIN_S / 0.25) + 2
     assert readings(freed, [200] * steps, start=0.25, step=0.25) == []
-    assert not freed.owed
     assert readings(freed, [100], start=0.25 * (steps + 1), step=0.25) == []
 
 

@@ -16,7 +16,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Final, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -62,9 +62,7 @@ from asgi_admission._routes import RouteNames
 logger = logging.getLogger("asgi_admission")
 
 # --------------------------------------------------------------------------------------
-# The app's own count of its sessions (``current_sessions``) is the app's code: a count
-# that fails is left out (the ledger counts the sessions the guard admitted itself) until
-# it answers again, never a 500.
+# The app's own count of its sessions (``current_sessions``), which is the app's code.
 
 
 class AppCount:
@@ -103,13 +101,8 @@ class AppCount:
 
 
 # --------------------------------------------------------------------------------------
-# How often sessions end: the evidence for a ``Retry-After`` that means something.
-#
-# When memory is short, the next session fits once one session's worth of memory
-# is freed. The guard sees sessions end (its count of active sessions falling, or
-# the app's ``current_sessions``), so the mean interval between recent ends says
-# how long that is likely to take. Without enough recent ends there is no
-# evidence, and the configured base delay is used.
+# How often sessions end: the evidence for a ``Retry-After`` that means something
+# (docs/reservations.md, "Retry-After from evidence").
 
 #: Ends older than this are no evidence of the current rate.
 RECENT_ENDS_S: Final = 600.0
@@ -162,13 +155,9 @@ class SessionEnds:
 
 
 # --------------------------------------------------------------------------------------
-# Session events done at once or, while the shared ledger is held, kept for later.
-#
-# A session's events (its response, its end, a ticket) change the settler's
-# bookkeeping inside the ledger's critical section, which is only ever tried: where
-# another worker holds it, :class:`KeptEvents` keeps the event, in order, for the
-# next sample, so neither the event loop nor a response waits for another process
-# and nothing is lost (``docs/trust.md``).
+# Session events done at once or, while another worker holds the shared ledger, kept in
+# order for the next sample: neither the event loop nor a response waits for another
+# process, and nothing is lost (``docs/trust.md``).
 
 #: One session event's bookkeeping, inside the critical section: what it decided.
 Step = Callable[[], Sequence[Action]]
@@ -179,10 +168,6 @@ class KeptEvents(collections.deque[Step]):
     first (a deque: whether any are kept is asked at every session event)."""
 
     __slots__ = ()
-
-    def keep(self, step: Step) -> None:
-        """Keep ``step`` for the next critical section, after those kept before it."""
-        self.append(step)
 
     def now_or_later(
         self,
@@ -226,58 +211,28 @@ class KeptEvents(collections.deque[Step]):
 
 
 # --------------------------------------------------------------------------------------
-# What the decisions and settling expect of each route, from what was learned.
-#
-# ``LearnedView`` puts together the learner's estimates and the probes'
-# provisional footprints (a concluded probe's, or an open probe's growth past its
-# guess: ``probing.py``) into the figures the reservations hand on: each route's reserve
-# (``effective_reserve`` of the configured or derived one), its footprint and ramp for
-# settling, and the routes decided on an estimate rather than probed first (with
-# ``raise``, what was learned floors a configured reserve and replaces a derived one). They are
-# computed once per change of what was learned (the learner's and the probes'
-# versions), not on every decision.
+# What the decisions and settling expect of each route, from the learner's estimates and
+# the probes' provisional footprints (``probing.py``). Computed once per change of what
+# was learned (the learner's and the probes' versions), not on every decision.
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class LearnedView:
     """Per-route estimates for one reservations (called inside the ledger's lock)."""
 
-    __slots__ = (
-        "_controller",
-        "_estimated",
-        "_estimates",
-        "_expected",
-        "_known",
-        "_learned",
-        "_learner",
-        "_learner_version",
-        "_probes",
-        "_probes_version",
-        "learning",
-        "min_reserve_bytes",
-    )
-
-    def __init__(
-        self,
-        *,
-        learner: SessionLearner,
-        probes: Probes,
-        controller: AdmissionController,
-        learning: Learning,
-        min_reserve_bytes: int,
-    ) -> None:
-        self._learner = learner
-        self._probes = probes
-        self._controller = controller
-        self.learning: Learning = learning
-        self.min_reserve_bytes = min_reserve_bytes
-        self._learner_version = -1
-        self._probes_version = -1
-        self._estimates: dict[str, RouteEstimate] = {}
-        #: Routes decided on an estimate (learned, or a probe's provisional footprint).
-        self._known: dict[str, RouteEstimate | None] = {}
-        self._expected: dict[tuple[str, int | None], int] = {}
-        self._learned: Learned | None = None
-        self._estimated: dict[tuple[str, int | None], int | None] = {}
+    learner: SessionLearner
+    probes: Probes
+    controller: AdmissionController
+    learning: Learning
+    min_reserve_bytes: int
+    _learner_version: int = field(default=-1, init=False)
+    _probes_version: int = field(default=-1, init=False)
+    _estimates: dict[str, RouteEstimate] = field(default_factory=dict, init=False)
+    #: Routes decided on an estimate (learned, or a probe's provisional footprint).
+    _known: dict[str, RouteEstimate | None] = field(default_factory=dict, init=False)
+    _expected: dict[tuple[str, int | None], int] = field(default_factory=dict, init=False)
+    _learned: Learned | None = field(default=None, init=False)
+    _estimated: dict[tuple[str, int | None], int | None] = field(default_factory=dict, init=False)
 
     def expected_bytes(self, route: str, limit_bytes: int | None) -> int:
         """The route's own reserve under the limit ``limit_bytes``: the one configured or
@@ -288,7 +243,7 @@ class LearnedView:
         expected = self._expected.get(key)
         if expected is None:
             estimate = self._estimates.get(route)
-            base = self._controller.reserve_bytes
+            base = self.controller.reserve_bytes
             expected = self._expected[key] = effective_reserve(
                 derived_reserve_bytes(limit_bytes) if base is None else base,
                 () if estimate is None else (estimate,),
@@ -315,7 +270,7 @@ class LearnedView:
         """How what was learned acts on the reserve: ``raise`` floors only a configured
         reserve; a reserve derived from the limit is a guess, which what was learned
         replaces (never below the minimum), as with ``adapt``."""
-        if self.learning == "raise" and self._controller.reserve_bytes is None:
+        if self.learning == "raise" and self.controller.reserve_bytes is None:
             return "adapt"
         return self.learning
 
@@ -332,7 +287,7 @@ class LearnedView:
 
     def estimates(self) -> dict[str, RouteEstimate]:
         """Every route's estimate: learned, else a probe's provisional one."""
-        learner, probes = self._learner, self._probes
+        learner, probes = self.learner, self.probes
         if self._learner_version != learner.version or self._probes_version != probes.version:
             self._learner_version = learner.version
             self._probes_version = probes.version
@@ -373,11 +328,8 @@ class LearnedView:
 # --------------------------------------------------------------------------------------
 # What the reservations learned, handed on: to the controller's reserve, and to the workers.
 #
-# Whenever the learner or the probes have something new, the reserve the latch uses is
-# set again (below: the configured reserve raised or replaced by what was
-# learned), the probes of routes learned meanwhile are over, and, with a shared
-# directory, the new observations go into the learned file that every worker reads
-# (``shared_files.LearnedStore``). What the other workers learned is taken in every
+# With a shared directory the new observations go into the learned file every worker
+# reads (``shared_files.LearnedStore``), and what the others learned is taken in every
 # ``SHARED_REFRESH_S``, or at every sample while requests wait for another worker's probe.
 # Everything here runs inside the ledger's critical section.
 
@@ -385,59 +337,38 @@ class LearnedView:
 SHARED_REFRESH_S: Final = 2.0
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class LearnedSharing:
-    """Hands on what ``learner`` and ``probes`` learned (see the module notes)."""
+    """Hands on what ``learner`` and ``probes`` learned (see the notes above)."""
 
-    __slots__ = (
-        "_clock",
-        "_controller",
-        "_learner",
-        "_next_refresh",
-        "_on_reserve",
-        "_probes",
-        "_probing",
-        "_seen",
-        "_store",
-        "_view",
-    )
+    learner: SessionLearner
+    probes: Probes
+    view: LearnedView
+    controller: AdmissionController
+    shared_dir: InitVar[str | None]
+    probing: bool
+    on_reserve: Callable[[int, int | None], None]
+    clock: Callable[[], float]
+    _store: LearnedStore | None = field(default=None, init=False)
+    _next_refresh: float = field(default=0.0, init=False)
+    #: The learner's and the probes' versions the reserve was last set from.
+    _seen: tuple[int, int] = field(default=(-1, -1), init=False)
 
-    def __init__(
-        self,
-        *,
-        learner: SessionLearner,
-        probes: Probes,
-        view: LearnedView,
-        controller: AdmissionController,
-        shared_dir: str | None,
-        probing: bool,
-        on_reserve: Callable[[int, int | None], None],
-        clock: Callable[[], float],
-    ) -> None:
-        self._learner = learner
-        self._probes = probes
-        self._view = view
-        self._controller = controller
-        self._probing = probing
-        self._on_reserve = on_reserve
-        self._clock = clock
-        self._store: LearnedStore | None = None
+    def __post_init__(self, shared_dir: str | None) -> None:
         if shared_dir is not None:
             self._store = LearnedStore(shared_dir, keep=KEPT)
-            learner.merge(self._store.load())
-        self._next_refresh = 0.0
-        #: The learner's and the probes' versions the reserve was last set from.
-        self._seen = (-1, -1)
+            self.learner.merge(self._store.load())
         self.update()
 
     def publish(self) -> None:
         """After new observations: share them (with a shared directory), update the reserve."""
         if self._versions() == self._seen:
             return
-        new = self._learner.take_new()
+        new = self.learner.take_new()
         if self._store is not None and new:
-            merged = self._store.add(new, known=self._learner.observations())
+            merged = self._store.add(new, known=self.learner.observations())
             if merged is not None:  # None: the file is unusable for now (logged once)
-                self._learner.merge(merged)
+                self.learner.merge(merged)
         self.update()
 
     def refresh(self, now: float, *, urgent: bool = False) -> None:
@@ -450,46 +381,39 @@ class LearnedSharing:
         if loaded is not None and store.moved:
             # Another file than last time (deleted and made again, or replaced): this
             # worker adds what it knows that the file lacks, before taking it in.
-            loaded = store.add({}, known=self._learner.observations())
+            loaded = store.add({}, known=self.learner.observations())
         if loaded is None:
             return  # unusable for now (logged once): this worker keeps what it learned
-        self._learner.merge(loaded)
+        self.learner.merge(loaded)
         if self._versions() != self._seen:
             self.update()
 
     def update(self) -> None:
         """Hand the controller what was learned: it raises or replaces the reserve; the
         probes of routes learned now are over."""
-        probes = self._probes
-        if self._probing:
-            probes.learned(probes.watched() & self._learner.routes(), self._clock())
+        probes = self.probes
+        if self.probing:
+            probes.learned(probes.watched() & self.learner.routes(), self.clock())
         self._seen = self._versions()
-        self._view.forget()
-        learned, controller = self._view.reserve_bytes(), self._controller
-        if controller.learned(learned, replaces=self._view.mode == "adapt") and learned is not None:
-            self._on_reserve(learned, controller.reserve_bytes)
+        self.view.forget()
+        learned, controller = self.view.reserve_bytes(), self.controller
+        if controller.learned(learned, replaces=self.view.mode == "adapt") and learned is not None:
+            self.on_reserve(learned, controller.reserve_bytes)
 
     def _versions(self) -> tuple[int, int]:
-        return self._learner.version, self._probes.version
+        return self.learner.version, self.probes.version
 
 
 # --------------------------------------------------------------------------------------
-# The parts a :class:`~asgi_admission._admission.reservations.pending.Reservations`
-# is made of, built together: they depend on one another in one direction only.
-#
-# Notes:
-#
-# - The order is the direction of their dependencies: the settling queue (this
-# process's, or the workers' shared file), the probes (whose store is shared
-# too), the learned view over the learner and the probes, the settler over the queue
-# (handed the view's ``learned()`` at each call that may settle by time), and the
-# sharing of what was learned, which reads all of them.
-# - With ``ADMISSION_SHARED_DIR`` unset nothing here opens a file.
+# The parts a :class:`Reservations` is made of, built together in the direction of their
+# dependencies: the settling queue, the probes, the learned view over the learner and the
+# probes, the settler over the queue, and the sharing, which reads all of them. With
+# ``ADMISSION_SHARED_DIR`` unset nothing here opens a file.
 
 
 @dataclass(frozen=True)
 class ReservationParts:
-    """The reservations' collaborators (see the module notes for how they depend on one another)."""
+    """The reservations' collaborators (see the notes above for how they depend on one another)."""
 
     #: The latch the reserve is set on, and the clock every part is told the time by.
     controller: AdmissionController
@@ -602,12 +526,6 @@ def build_parts(
 # --------------------------------------------------------------------------------------
 # The reservations' samples of memory: when one is due, what a reading settles and teaches.
 #
-# A :class:`Samples` holds what the reservations needs between two readings (when the last
-# was taken, the settler's last exact reading at the last sample, the session ends already
-# told by their route, the memory limit of the last admission) and takes the
-# readings: a decision's own, one due after a sample interval, and the periodic
-# sample's step inside the ledger's critical section.
-#
 # Notes:
 #
 # - Every method runs inside the ledger's critical section (the reservations enters it):
@@ -626,33 +544,29 @@ def build_parts(
 SAMPLE_INTERVAL_S: Final = 0.25
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class Samples:
-    """The readings behind one reservations' settling and learning (see the module notes).
+    """The readings behind one reservations' settling and learning (see the notes above).
 
     ``read`` takes an exact reading and never raises; ``active_count(own)`` is the
     container's active sessions, given the app's own count ``own``; ``ends`` records
     how often sessions end.
     """
 
-    def __init__(
-        self,
-        *,
-        parts: ReservationParts,
-        read: Callable[[], MemoryReading],
-        active_count: Callable[[int | None], int],
-        ends: SessionEnds,
-    ) -> None:
-        self._parts = parts
-        self._read = read
-        self._active_count = active_count
-        self._ends = ends
-        self._learning = parts.view.learning != "off"
-        self._next_sample = 0.0
-        self._sample_reading: ExactReading | None = None
-        #: Active sessions seen ending by their route since the last sample.
-        self._named_ends = 0
-        #: The memory limit of the last admission.
-        self.limit: int | None = None
+    parts: ReservationParts
+    read: Callable[[], MemoryReading]
+    active_count: Callable[[int | None], int]
+    ends: SessionEnds
+    _learning: bool = field(init=False)
+    _next_sample: float = field(default=0.0, init=False)
+    _sample_reading: ExactReading | None = field(default=None, init=False)
+    #: Active sessions seen ending by their route since the last sample.
+    _named_ends: int = field(default=0, init=False)
+    #: The memory limit of the last admission.
+    limit: int | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self._learning = self.parts.view.learning != "off"
 
     def named_end(self) -> None:
         """An active session ended and was told by its route."""
@@ -664,15 +578,15 @@ class Samples:
         For decisions that read no exact working set themselves: where the app
         runs without lifespan (no periodic sample), traffic still settles.
         """
-        settler = self._parts.settler
+        settler = self.parts.settler
         if not settler.past_response:
             return ()
-        now = self._parts.clock()
+        now = self.parts.clock()
         if now < self._next_sample:
             return ()
-        memory = self._read()
+        memory = self.read()
         if not memory.available or memory.used_bytes is None:
-            return settler.settle(None, now, self._parts.view.learned())
+            return settler.settle(None, now, self.parts.view.learned())
         return self.take(memory.used_bytes, now)
 
     def settle_with(self, memory: MemoryReading) -> Sequence[Action]:
@@ -687,24 +601,24 @@ class Samples:
             return self._timed_out()
         if not memory.exact:
             return ()
-        now = self._parts.clock()
-        if not self._parts.settler.past_response and now < self._next_sample:
+        now = self.parts.clock()
+        if not self.parts.settler.past_response and now < self._next_sample:
             return ()
         return self.take(memory.used_bytes, now)
 
     def _timed_out(self) -> Sequence[Action]:
         # Memory unreadable: nothing shows, but what is due by time (a held ticket, a
         # request past its timeout) still ends where no periodic sample runs.
-        settler = self._parts.settler
-        now = self._parts.clock()
+        settler = self.parts.settler
+        now = self.parts.clock()
         if not settler.unsettled or now < self._next_sample:
             return ()
         self._next_sample = now + SAMPLE_INTERVAL_S
-        return settler.settle(None, now, self._parts.view.learned())
+        return settler.settle(None, now, self.parts.view.learned())
 
     def take(self, used_bytes: int, now: float) -> list[Action]:
         """The working set ``used_bytes`` read at ``now``: teach it, settle by it."""
-        parts = self._parts
+        parts = self.parts
         self._next_sample = now + SAMPLE_INTERVAL_S
         if self._learning:
             busy = parts.probing and parts.probes.busy
@@ -716,7 +630,7 @@ class Samples:
 
     def sample(self, own: int | None, now: float) -> list[Action]:
         """The periodic sample's step, given the app's own count ``own``."""
-        parts = self._parts
+        parts = self.parts
         settler, learner, probes, probe_waiters = (
             parts.settler,
             parts.learner,
@@ -728,14 +642,14 @@ class Samples:
         # (decisions take the same critical section), though some may be woken.
         waiting = bool(probe_waiters)
         probing = parts.probing and (probes.busy or waiting)
-        ended = self._ends.on_active(self._active_count(own), now)
+        ended = self.ends.on_active(self.active_count(own), now)
         # Ends whose route is known were told already; the others are the app's count
         # falling (or other workers' sessions), of a route the learner shares out.
         named, self._named_ends = self._named_ends, 0
         anonymous = max(0, ended - named)
         # The container's count has the other workers' ends in it too.
         shared = parts.queue.shared
-        mine = self._ends.own_share(anonymous, named, own) if shared else anonymous
+        mine = self.ends.own_share(anonymous, named, own) if shared else anonymous
         if anonymous:
             # Found by a count: they ended since the last sample's reading.
             freed = anonymous * parts.controller.reserve_for(self.limit)
@@ -748,7 +662,7 @@ class Samples:
         if ended and probing:
             probes.session_ended(now)
         if settler.unsettled or learner.observing or self._queue_busy() or probing:
-            memory = self._read()
+            memory = self.read()
             if memory.available and memory.used_bytes is not None:
                 actions += self.take(memory.used_bytes, now)
             else:
@@ -766,21 +680,17 @@ class Samples:
 
     def _queue_busy(self) -> bool:
         # Other workers' sessions in a shared queue need this worker's samples too.
-        queue = self._parts.queue
+        queue = self.parts.queue
         return isinstance(queue, SharedSettleQueue) and bool(queue.load()[1])
 
 
 # --------------------------------------------------------------------------------------
 # The reservations of one guard: settling, tickets, learning and the sample behind them.
 #
-# ``Reservations`` ties together the :class:`Settler` (how long a reservation
-# lasts), the :class:`SessionLearner` (what a session costs), the record of
-# session ends (for ``Retry-After``) and, with ``ADMISSION_SHARED_DIR``, the files
-# the workers share. The admission service calls it on the decision path (inside
-# the ledger's lock: cheap), the watched request when a response ends or a
-# WebSocket is accepted or closed, and the lifespan (a periodic
-# sample so that settling and learning never wait for traffic). Tickets call it
-# from any thread.
+# The admission service calls it on the decision path (inside the ledger's lock: cheap),
+# the watched request when a response ends or a WebSocket is accepted or closed, and the
+# lifespan (a periodic sample, so that settling and learning never wait for traffic).
+# Tickets call it from any thread.
 #
 # Notes:
 #
@@ -790,23 +700,11 @@ class Samples:
 # settles from this process's own state alone (nothing shared to read or write: no
 # reserve waits to show, no ticket holds it, no probe) takes the lock alone
 # (``attempt_own``): a session request then takes the shared ledger's ``flock`` once.
-# - The critical section is only ever tried (``attempt``): where another worker
-# holds the shared ledger, a session's event (its response, its end, a ticket)
-# is kept, in order, for the next sample, so neither the event loop nor a
-# response waits for another process and nothing is lost (docs/trust.md). A
-# release (a ticket's, a WebSocket's end) still gives its reservation back at
-# once; the sample catches up in a critical section of its own, so what the kept
-# events decided is done even if the sample's reading then fails. The app's own
-# count is asked before the critical section, never inside it.
-# - The readings (a decision's own, one due after a sample interval, the periodic
-# sample's) are taken by the reservations' :class:`Samples`, inside the
-# critical section the reservations enters for them.
-# - The reserve the latch uses is set from the configured reserve and what was
-# learned whenever an observation arrives, and what was
-# learned is shared with the other workers.
-# - While a route has no learned footprint its sessions are probed
-# (``probing.py``): the reservations tell the probes of their events and
-# readings, and wakes the waiters for the probes' evidence (``probing.py``).
+# - The critical section is only ever tried (``attempt``); events are kept while another
+# worker holds it (:class:`KeptEvents`). A release (a ticket's, a WebSocket's end) still
+# gives its reservation back at once; the sample catches up in a critical section of its
+# own, so what the kept events decided is done even if the sample's reading then fails.
+# The app's own count is asked before the critical section, never inside it.
 
 
 def settles_alone(entry: Settlement, probes: dict[int, str]) -> bool:
@@ -821,7 +719,7 @@ FailureCause = Literal["error_status", "body_timeout"]
 
 
 class Reservations:
-    """Settling, tickets and learning for one guard (see the module notes).
+    """Settling, tickets and learning for one guard (see the notes above).
 
     ``attempt`` is the ledger's critical section, tried without waiting (it
     raises ``LedgerBusy`` while another worker holds it), and ``attempt_own``
@@ -996,8 +894,8 @@ class Reservations:
 
     def respond(self, entry: Settlement) -> None:
         """The response ended or the WebSocket was accepted."""
-        # Once a session request: now_or_later's steps, without a closure. A request that
-        # settles at its response from this process's own state reads and writes no
+        # now_or_later's steps, without a closure (once per session request). A request
+        # that settles at its response from this process's own state reads and writes no
         # shared file: this process's lock is its whole section, without the shared
         # ledger's flock (bench/README.md, "The fourteenth session: the session path's
         # cost at the defaults"). Asked again under the lock: a ticket's hold() from
@@ -1017,7 +915,7 @@ class Reservations:
             else:
                 apply(actions)
                 return
-        self._kept.keep(functools.partial(self._responded, entry))
+        self._kept.append(functools.partial(self._responded, entry))
 
     def _responded(self, entry: Settlement) -> Sequence[Action]:
         now = self._clock()

@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Container, Iterable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Final, Literal, Protocol, TypeVar
 
 from asgi_admission._admission.reservations.learning import (
@@ -25,11 +25,10 @@ from asgi_admission._admission.reservations.settling import VISIBLE_FRACTION
 # --------------------------------------------------------------------------------------
 # Waiters for a probe's evidence, and what wakes them.
 #
-# A session request of a route being probed (``probing.py``) is not refused: it is a
-# *waiter* (a :class:`ProbeWaiter`) until the probes' evidence is in, a probe's slot is
-# free, or its own deadline (``ADMISSION_PROBE_WAIT_SECONDS``) passes, and then
-# decided again. This is the one seam between the decision and the waiting: a
-# scheduler queue that orders waiters would take the place of :class:`ProbeWaiters`.
+# A session request of a route being probed waits until the probes' evidence is in, a
+# probe's slot is free, or its own deadline (``ADMISSION_PROBE_WAIT_SECONDS``) passes,
+# and is then decided again. This is the one seam between the decision and the waiting:
+# a scheduler queue that orders waiters would take the place of :class:`ProbeWaiters`.
 #
 # Notes:
 #
@@ -39,8 +38,6 @@ from asgi_admission._admission.reservations.settling import VISIBLE_FRACTION
 # timer for its deadline fires.
 # - A waiter that is woken leaves the registry; decided again, it either goes on or is
 # registered anew, so the count of waiters is of requests actually waiting.
-# - A waiter holds nothing: no count slot, no reserve. A client that leaves while
-# waiting is simply forgotten.
 
 
 class ProbeWaiter:
@@ -168,10 +165,6 @@ class ProbeWaiters:
 # --------------------------------------------------------------------------------------
 # A probe trial: one route's probes from the first one's admission until their evidence
 # is in, and how an open one is reported.
-#
-# The probes (``probing.py``) opens, feeds and concludes trials; they are kept in this
-# process or in the workers' shared file (``shared_files.py``), and
-# ``describe`` reports an open one for the metrics, ``probe`` and the refusal details.
 
 #: How long after the probes' responses memory already visible must stay without a
 #: new peak before it counts as all there: one periodic sample.
@@ -336,40 +329,12 @@ class LocalProbeStore:
 # --------------------------------------------------------------------------------------
 # Probing: a session route whose footprint is unknown is admitted a few sessions at a time.
 #
-# Before anything is learned of a route, its reserve is a guess (an eighth of the
-# limit, or a configured figure that may be many times too small), and a burst
-# admitted on it can be killed by the kernel. So while a route has no learned
-# footprint the guard admits ``probe_sessions`` of its sessions (the *probes*) and
-# holds the others back until the probes' memory has stopped growing;
-# then they are decided by what the probes showed (``docs/reservations.md``).
-#
-# Notes:
-#
-# - A *trial* follows a route's probes from the first one's admission, at the exact
-# working set then (its *base*), through its peak. It concludes once every probe
-# has answered and the working set has made no new peak for a quiet spell (as
-# long as the learner's, ``learning.QUIET_S`` or half the ramp so far), or, for
-# memory built inside the request, once a reading a sample interval after the
-# probes' responses finds it all there (their growth reached 90 % of the guessed
-# reserve at the response) and still no new peak.
-# - The evidence: the trial's growth per probe. A clean trial (no other session
-# admitted, none ended) closes the learner's episode at once, so the route is
-# learned; otherwise the growth per probe is a *provisional* footprint, used until
-# the learner has one. Memory freed meanwhile could hide part of a probe's memory,
-# so a trial in which a session ended never concludes below the guessed reserve;
-# other sessions' growth only makes the footprint larger, the safe side.
-# - While a trial is open, growth per probe beyond the guessed reserve raises the
-# route's estimate at once (the reserve the latch uses with it).
-# - One route is probed at a time: a route not probed yet waits while another route's
-# probes ramp (for at most ``SOLO_S``), so that neither's growth is taken for the
-# other's; sessions of routes already known are admitted meanwhile.
-# - A probe that opened nothing (an error answer, a failure before its response)
-# frees its slot, and the next waiter becomes a probe; a probe whose session ended
-# concludes its trial with what it showed.
-# - The trials are in this process or, with
-# ``ADMISSION_SHARED_DIR``, in a file the workers share (``shared_files.py``), so
-# the number of probes is counted container-wide. Everything here runs inside the
-# ledger's critical section.
+# When a trial concludes, what its evidence is worth, why one route is probed at a time,
+# and what a probe that gives no clean evidence leaves: docs/reservations.md, "Probing a
+# route nothing is known of". The trials are in this process or, with
+# ``ADMISSION_SHARED_DIR``, in a file the workers share (``shared_files.py``), so the
+# number of probes is counted container-wide. Everything here runs inside the ledger's
+# critical section.
 
 #: At most this many routes are probed at once; others are decided on their reserve.
 MAX_TRIALS: Final = 64
@@ -384,6 +349,7 @@ CONCLUDED_KEEP_S: Final = 60.0
 ProbeAnswer = Literal["known", "probe", "wait"]
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class Probes:
     """The probes of every route not learned yet, and what they showed.
 
@@ -393,44 +359,26 @@ class Probes:
     ledger's lock. ``version`` changes whenever :meth:`estimates` does.
     """
 
-    __slots__ = (
-        "_concluded",
-        "_on_wake",
-        "_pid",
-        "_raised",
-        "_store",
-        "_trials",
-        "_waiting",
-        "own",
-        "probe_sessions",
-        "timeout_s",
-        "version",
-    )
+    probe_sessions: int
+    timeout_s: float
+    store: InitVar[ProbeStore | None] = None
+    on_wake: Callable[[str], None] = lambda route: None
+    waiting: Callable[[str], int] = lambda route: 0
+    _store: ProbeStore = field(init=False)
+    _trials: dict[str, ProbeTrial] = field(init=False)
+    #: This process's probes in open trials: their sequence number and route.
+    own: dict[int, str] = field(default_factory=dict, init=False)
+    #: Concluded trials' provisional footprints, until the learner has one (``None``:
+    #: nothing beyond the guess was seen, and the route is decided on its reserve).
+    _concluded: dict[str, RouteEstimate | None] = field(default_factory=dict, init=False)
+    #: Open trials whose growth per probe passed the guessed reserve.
+    _raised: dict[str, RouteEstimate] = field(default_factory=dict, init=False)
+    _pid: int = field(default_factory=os.getpid, init=False)
+    version: int = field(default=0, init=False)
 
-    def __init__(
-        self,
-        *,
-        probe_sessions: int,
-        timeout_s: float,
-        store: ProbeStore | None = None,
-        on_wake: Callable[[str], None] = lambda route: None,
-        waiting: Callable[[str], int] = lambda route: 0,
-    ) -> None:
-        self.probe_sessions = probe_sessions
-        self.timeout_s = timeout_s
-        self._store: ProbeStore = store if store is not None else LocalProbeStore()
-        self._on_wake = on_wake
-        self._waiting = waiting
-        self._trials: dict[str, ProbeTrial] = self._store.load() or {}
-        #: This process's probes in open trials: their sequence number and route.
-        self.own: dict[int, str] = {}
-        #: Concluded trials' provisional footprints, until the learner has one (``None``:
-        #: nothing beyond the guess was seen, and the route is decided on its reserve).
-        self._concluded: dict[str, RouteEstimate | None] = {}
-        #: Open trials whose growth per probe passed the guessed reserve.
-        self._raised: dict[str, RouteEstimate] = {}
-        self._pid = os.getpid()
-        self.version = 0
+    def __post_init__(self, store: ProbeStore | None) -> None:
+        self._store = store if store is not None else LocalProbeStore()
+        self._trials = self._store.load() or {}
 
     @property
     def shared(self) -> bool:
@@ -548,7 +496,7 @@ class Probes:
                 # Nothing to learn from: the next waiter becomes a probe.
                 del self._trials[trial.route]
                 self._drop_raised(trial.route)
-            self._on_wake(trial.route)  # a probe's slot is free
+            self.on_wake(trial.route)  # a probe's slot is free
         else:
             self._conclude(trial, now)  # wakes the waiters too
         self._save()
@@ -585,7 +533,7 @@ class Probes:
                 trial.concluded_at = now
                 self._finish(trial)
                 self._save()
-                self._on_wake(route)
+                self.on_wake(route)
 
     def estimates(self) -> dict[str, RouteEstimate]:
         """Provisional footprints: concluded trials, and open ones raised past their guess."""
@@ -618,7 +566,7 @@ class Probes:
         if load:
             self._load(now)
         return [
-            describe(trial, now, self._pid, self._waiting(route))
+            describe(trial, now, self._pid, self.waiting(route))
             for route, trial in self._trials.items()
             if trial.open
         ]
@@ -682,7 +630,7 @@ class Probes:
         trial.concluded_at = now
         self._drop_raised(trial.route)
         self._finish(trial)
-        self._on_wake(trial.route)
+        self.on_wake(trial.route)
 
     def _finish(self, trial: ProbeTrial) -> None:
         for probe in trial.probes:
@@ -732,7 +680,7 @@ class Probes:
 
     def _save(self) -> None:
         for route, trial in self._trials.items():
-            here = self._waiting(route)
+            here = self.waiting(route)
             if here:
                 trial.waiting[self._pid] = here
             else:
@@ -750,15 +698,10 @@ def _provisional(trial: ProbeTrial, footprint: int, ramp_s: float) -> RouteEstim
 # --------------------------------------------------------------------------------------
 # A waiter for a probe's evidence: until woken, its deadline, or its client left.
 #
-# The service may answer a request of a route being probed with a :class:`ProbeWaiter`
-# (``reservations/probing.py``) instead of a ticket or a refusal. The request then
-# waits here, holding nothing, and is decided again once woken or once its deadline
-# passes (``ADMISSION_PROBE_WAIT_SECONDS``), which the decision turns into a refusal
-# (``probing``) if the probe's evidence is still not in.
-#
 # The wait is one ``asyncio.wait`` on the waiter's future and, where the client can be
 # heard (a :class:`Listener`, ``_session_requests.py``), on its next message: no polling, no
-# timer but the deadline's.
+# timer but the deadline's. At the deadline the decision refuses (``probing``) if the
+# probe's evidence is still not in.
 
 _T = TypeVar("_T")
 

@@ -21,10 +21,8 @@ from asgi_admission._admission.decision.observer import Kind
 from asgi_admission._admission.ledger.ledger import Reservation
 
 # --------------------------------------------------------------------------------------
-# A settlement: one admitted session's state while its reservation waits to settle.
-#
-# The settler makes one at admission and moves it through its phases (the request,
-# waiting past the response or held by a ticket, started, done); the reservations and
+# A settlement: one admitted session's state while its reservation waits to settle. The
+# settler makes one at admission and moves it through its phases; the reservations and
 # the session requests hold on to it to report the session's events.
 
 #: Every settlement's number, for the whole process: two guards of one process that
@@ -57,53 +55,34 @@ class Learned:
         return None if ramp is None else ramp * RAMP_MARGIN
 
 
+@dataclass(slots=True, eq=False)
 class Settlement:
     """One admitted session's state, from admission until its reservation settles.
 
     Owned by the ``Settler`` that made it and changed only under the ledger's lock.
     """
 
-    __slots__ = (
-        "admitted_at",
-        "end_told",
-        "expired",
-        "held",
-        "kind",
-        "measured_left",
-        "phase",
-        "queued",
-        "released",
-        "remaining",
-        "reservation",
-        "route",
-        "seq",
-        "visible",
-    )
-
-    def __init__(
-        self, seq: int, reservation: Reservation, kind: Kind, route: str, admitted_at: float
-    ) -> None:
-        self.seq = seq
-        self.reservation = reservation
-        self.kind = kind
-        self.route = route
-        self.admitted_at = admitted_at
-        self.phase: Phase = "request"
-        #: Its memory showed (it left the queue's head that way).
-        self.visible = False
-        #: An app's ticket holds it until ``started()`` or ``release()``.
-        self.held = False
-        self.expired = False
-        #: In the attribution queue (not when admitted with no reading to start from).
-        self.queued = False
-        #: Its reservation was given back (settled over HTTP, expired, released).
-        self.released = False
-        #: What its memory is still expected to add (its reserve, less what showed).
-        self.remaining = 0
-        #: What its own memory, measured (``Settler.measured``), still has to add.
-        self.measured_left: int | None = None
-        #: Its end was told to settling and learning (``Reservations``): once only.
-        self.end_told = False
+    seq: int
+    reservation: Reservation
+    kind: Kind
+    route: str
+    admitted_at: float
+    phase: Phase = "request"
+    #: Its memory showed (it left the queue's head that way).
+    visible: bool = False
+    #: An app's ticket holds it until ``started()`` or ``release()``.
+    held: bool = False
+    expired: bool = False
+    #: In the attribution queue (not when admitted with no reading to start from).
+    queued: bool = False
+    #: Its reservation was given back (settled over HTTP, expired, released).
+    released: bool = False
+    #: What its memory is still expected to add (its reserve, less what showed).
+    remaining: int = 0
+    #: What its own memory, measured (``Settler.measured``), still has to add.
+    measured_left: int | None = None
+    #: Its end was told to settling and learning (``Reservations``): once only.
+    end_told: bool = False
 
     @property
     def awaiting_memory(self) -> bool:
@@ -157,8 +136,7 @@ def apply(actions: Iterable[Action]) -> None:
 # --------------------------------------------------------------------------------------
 # The attribution queue settling works on: in one process, or shared by the workers in
 # a file (``shared_files.SharedSettleQueue``), and the changes a settler makes to one
-# record: find it, move it to the front when its session leaves early, drop it (the
-# settler's notes, below, say why).
+# record (docs/reservations.md, "Attribution across concurrent sessions", says why).
 
 #: The share of its expected bytes a session's growth must show to settle.
 VISIBLE_FRACTION: Final = 0.9
@@ -391,19 +369,11 @@ def _not_left_early(record: QueueRecord) -> bool:
 # --------------------------------------------------------------------------------------
 # Whether memory is still arriving: a working set growing fast holds settling by time.
 #
-# Sessions ramp slower when many start at once on a busy machine than the ramp learned
-# from calmer ones; releasing them by time while their memory is visibly still coming
-# would admit a burst past capacity. So the settler settles no session by its ramp time
-# while the working set grows at least ``GROWING_BYTES_PER_S`` faster than what can be
-# explained (over readings at least ``GROWTH_SPAN_S`` apart), nor until it has been
-# quiet for ``GROWTH_QUIET_S``.
-#
-# What can be explained: the memory of sessions built inside their request, at their
-# response (:meth:`Growth.explain`), and the sessions still within their ramp, as fast as
-# their learned ramp brings their memory (the ``young_bytes_per_s`` of each reading).
-# Under churn some session is nearly always ramping: without this, no older session
-# would ever settle by its ramp time. In a burst the sessions are of one age, none is
-# within its ramp once the first is past it, and the growth holds them all.
+# No session settles by its ramp time while the working set grows at least
+# ``GROWING_BYTES_PER_S`` faster than what can be explained (over readings at least
+# ``GROWTH_SPAN_S`` apart), nor until it has been quiet for ``GROWTH_QUIET_S``: a burst
+# ramps slower than the sessions its ramp was learned from. What can be explained, and
+# why churn needs it: docs/reservations.md, "Settling: with no help from the app", 2.
 
 GROWING_BYTES_PER_S: Final = 16 * 1024 * 1024
 GROWTH_SPAN_S: Final = 0.25
@@ -469,34 +439,12 @@ class Growth:
 
 
 # --------------------------------------------------------------------------------------
-# Memory freed by sessions that end, so that it does not hide the growth of others.
+# Memory freed by sessions that end, so that it does not hide the growth of others
+# (docs/reservations.md, "Settling under churn", says what counts as freed, and why).
 #
-# While sessions settle the working set must rise by what each is expected to add above
-# what is already accounted for. Under churn, sessions end while others ramp: the memory
-# they free makes the working set fall by as much as the others grow, and without this
-# the sessions still ramping would look as if nothing of theirs had come, their
-# reservations held until their ramp time or the timeout (docs/reservations.md,
-# "Settling under churn").
-#
-# Notes:
-#
-# - Each end the settler is told of *owes* freed memory: at most what a session of its
-# route is expected to free (its learned footprint, else its reserve), looked for
-# since an exact reading before which it cannot have ended (the last one for an end
-# told as it happens; the previous sample's for one found by the app's count falling
-# at a sample).
-# - At each exact reading, a fall of the working set since that reading counts as
-# freed, up to what is owed, with the growth it hid: the sessions still ramping are
-# taken to have gone on growing as slowly as in the slower of the last two steps that
-# fell nothing. The bases of the sessions admitted no later than that reading, and
-# what is accounted for if it has not moved since, fall by what was freed; what is
-# still owed is looked for since this reading. The memory left; it counts against no
-# one.
-# - Only a fall actually seen counts as freed, never an end's footprint on its own:
-# memory a server keeps after a session ends (a kernel kept for reconnection, a cache)
-# frees nothing. An ended session's memory that had counted as another's growth
-# stays counted (a reservation settles no earlier than it could have before the
-# end). Freed memory owed and not seen within ``FREED_WITHIN_S`` lapses.
+# Each end the settler is told of owes freed memory, looked for since an exact reading
+# before which it cannot have ended: the last one for an end told as it happens, the
+# previous sample's for one found by the app's count falling at a sample.
 
 #: How long after its end a session's freed memory is looked for.
 FREED_WITHIN_S: Final = 3.0
@@ -537,10 +485,6 @@ class FreedMemory:
         self._last: tuple[int, float] | None = None
         #: The working set's rate of change over the last two steps that fell nothing.
         self._rates = (0.0, 0.0)
-
-    @property
-    def owed(self) -> bool:
-        return self._bytes > 0
 
     def ended(self, freed_bytes: int, since: ExactReading, now: float) -> None:
         """Sessions ended after the reading ``since``, freeing at most ``freed_bytes``."""
@@ -596,19 +540,12 @@ def without_freed(
 # --------------------------------------------------------------------------------------
 # This process's unsettled sessions, their phases counted, and each way one leaves.
 #
-# Notes:
-#
-# - The settler decides when a session leaves; this says what its leaving does: settled
-# (its reservation released or made active by its kind), given back (released, its
-# memory still expected of its record, left early), activated (a started session) or
-# dropped (it failed or ended: released, its record taken off the attribution queue).
+# The settler decides when a session leaves; this says what its leaving does: settled
+# (released or made active by its kind), given back (released, its record left early),
+# activated (a started session) or dropped (it failed or ended: its record taken off).
 # Each returns the reservation changes to make once the ledger's critical section is
-# left, as the settler's own methods do.
-# - The counts of sessions waiting past their response, and of those and the held
-# tickets, follow every change of phase: reading them costs no pass over the entries.
-# - A session that leaves without showing its memory *leaves early*: its record moves
-# to the front of the queue (``move_to_front``; the settler's notes say why). Entries
-# are kept in admission order, the order ``due`` reads them in.
+# left. The phase counts follow every change of phase, so reading them costs no pass
+# over the entries, which are kept in admission order, the order ``due`` reads them in.
 
 
 class PendingSessions:
@@ -724,43 +661,17 @@ class PendingSessions:
 # --------------------------------------------------------------------------------------
 # Settling: a session's reservation lasts until its memory shows in the working set.
 #
-# A session-opening request usually answers long before its session has built its
-# memory (``201``, then the browser or kernel boots). The reservation made at
-# admission therefore stays counted as pending past the response (HTTP) or the
-# accept (WebSocket) until the session *settles*: its memory is visible, its
-# learned ramp time has passed, or the pending timeout has.
+# When a session settles and how attribution works across concurrent sessions, first in,
+# first out, erring on the side of holding: docs/reservations.md, "Settling: with no help
+# from the app". Here:
 #
-# Notes:
-#
-# - Attribution is aggregate and first in, first out. Unsettled sessions wait in
-# admission order behind the working set already accounted for (``accounted``). The
-# head's memory is visible once the working set reaches ``accounted + 0.9 x its
-# expected bytes``; it then leaves and what is accounted for rises by its *whole*
-# expected bytes, so the next one must show its own memory on top. What a session
-# counts from is never below the working set at its own admission: growth from before
-# it existed is never its own. Other memory growing can only make a session look
-# settled when it really is growing too, and memory freed (sessions ending) holds
-# the queue longer: a reservation may be held a little long, never released early.
 # - Readings used here are exact working sets (never the fast path's usage bound,
 # which includes cache). Admission records the working set it decided with, or the
 # bound where that was all it read: a higher start only holds the reservation longer.
-# - A session that leaves the queue without showing its memory (its ramp time or the
-# timeout passed, or its app said ``started()``) *leaves early*: its record stays in
-# the queue, still counting its expected bytes, and moves to the front: its memory may
-# all be there already, ahead of older sessions still ramping, so growth pays for it
-# first. It leaves once its memory shows, the timeout has passed since its admission,
-# or it protects no one (``drop_lapsed``). A session that failed or ended leaves
-# outright: no memory is expected of it.
-# - A session of a route built inside the request settles at the first reading after
-# its response that shows its memory, wherever it stands in the queue, and its memory
-# counts as no older session's growth (``shown_in_request``).
-# - A session whose app says ``started()`` while what is accounted for stands above
-# the working set it was admitted at may be what older sessions were counted as
-# growing since then: its memory is up, theirs perhaps not yet, and its reserve is
-# all that still covers theirs. It stays pending (its ticket started) until growth
-# has paid for every record left early in the queue (a later one's memory may be
-# what paid for its own) or the timeout has passed since its admission, then becomes
-# active. Otherwise ``started()`` makes it active at once.
+# - A started session may be what older sessions were counted as growing (its memory
+# is up, theirs perhaps not yet), and its reserve all that still covers theirs: it
+# stays pending until growth has paid for every record left early (a later one's
+# memory may be what paid for its own) or its timeout has passed.
 # - Everything here runs inside the ledger's critical section, which also guards the
 # queue when it is shared by the workers (``SharedSettleQueue``); what to do with the
 # reservations (release, activate) is returned, to be done after the lock is left,

@@ -35,25 +35,13 @@ from asgi_admission._admission.reservations.settling import QueueRecord
 # --------------------------------------------------------------------------------------
 # The reservation state the workers of a container share in ``ADMISSION_SHARED_DIR``.
 #
-# Two small files beside the session ledger: the settling queue
-# (``asgi-admission.settling``, fixed binary rows) and what was learned of each
-# route (``asgi-admission.learned``, JSON). Both are read and written inside the
-# ledger's critical section (its ``flock`` serialises the workers), or, for the
-# learned file, under its own ``flock``.
-#
-# Notes:
-#
-# - They are opened as the ledger is (``safe_files.open_private_file``): relative to
-# the checked directory, no symlink followed, a new file ``0600``, an existing one a
-# regular file of this user that no one else may write to, else the error names
-# ``ADMISSION_SHARED_DIR``.
-# - A malformed settling file is rebuilt empty (reservations in it then settle by
-# time); a malformed learned file is replaced (what it held is learned again).
-# - Once the service runs, a fault never raises out of them: the directory deleted (a
-# tmp cleaner, an operator's ``rm``) is recreated, as the ledger does; a settling file
-# deleted or replaced is followed, its rows carried over; a learned file that cannot be
-# used is logged once and retried, each worker keeping what it learned meanwhile.
-# Startup still fails with the error naming ``ADMISSION_SHARED_DIR``.
+# Files beside the session ledger, read and written inside the ledger's critical section
+# (its ``flock`` serialises the workers), or, for the learned file, under its own
+# ``flock``. They are opened as the ledger is (``safe_files.open_private_file``), and once
+# the service runs a fault never raises out of them (docs/trust.md, "The shared directory
+# and its files"); startup still fails with the error naming ``ADMISSION_SHARED_DIR``. A
+# malformed settling file is rebuilt empty (reservations in it then settle by time); a
+# malformed learned file is replaced (what it held is learned again).
 
 logger = logging.getLogger("asgi_admission")
 
@@ -289,14 +277,11 @@ def _queue_order(record: QueueRecord) -> tuple[bool, float]:
 
 
 # --------------------------------------------------------------------------------------
-# What the workers of a container learned of each route, shared in ``ADMISSION_SHARED_DIR``:
-# ``asgi-admission.learned``, JSON, beside the session ledger (the module notes of
-# ``shared_files.py`` say how the shared files are opened and what a fault does).
+# What the workers of a container learned of each route: ``asgi-admission.learned``, JSON.
 #
-# Written under its own ``flock``: each worker adds what it observed to what the file
-# holds (a window, an end, a peak is added once), and the file's id says when it was
-# replaced, so that a worker then adds all it knows again. A file that cannot be used is
-# logged once and retried, each worker keeping what it learned meanwhile.
+# Each worker adds what it observed to what the file holds (a window, an end, a peak is
+# added once), and the file's id says when it was replaced, so that a worker then adds
+# all it knows again.
 
 
 #: Version 2 added each route's windows and ends; a version 1 file (footprints and
@@ -546,11 +531,7 @@ def read_learned(directory: str, *, keep: int) -> Observations | None:
 # and read and written only inside the ledger's critical section, so the workers
 # never race on it; its own ``flock`` (exclusive to write, shared to read) keeps
 # ``asgi-admission probe`` from reading half a write.
-# - It is opened as the ledger's other files are (``safe_files.open_private_file``):
-# a new file ``0600``, an existing one a regular file of this user, else the error
-# names ``ADMISSION_SHARED_DIR``; its descriptor stays open, opened again when the
-# file is deleted or replaced. Once the service runs, a fault never raises: a
-# file that cannot be used is logged once (each worker then goes on with the
+# - A file that cannot be used is logged once (each worker then goes on with the
 # trials it last saw, probing on its own), and a malformed one is replaced.
 # - Only touched while something is being probed: a decision for a route not learned
 # yet, and the samples of a worker with probes or waiters of its own.
@@ -643,7 +624,7 @@ class SharedProbeStore:
         #: The file's contents at the last load or store, and the trials made of them.
         self._known: tuple[bytes, dict[str, ProbeTrial]] = (b"", {})
         # At startup a file that cannot be used is an error naming the setting.
-        self._fd = open_private_file(directory, PROBING_FILE, setting=SHARED_DIR_SETTING)
+        self._fd = open_shared(directory, PROBING_FILE)
         self._pid = os.getpid()
 
     def load(self) -> dict[str, ProbeTrial] | None:
@@ -653,7 +634,7 @@ class SharedProbeStore:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
             try:
-                data = os.pread(fd, os.fstat(fd).st_size, 0)
+                data = _read_all(fd)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         except OSError as exc:
@@ -703,7 +684,7 @@ class SharedProbeStore:
         try:
             pid = os.getpid()
             if pid != self._pid or os.fstat(self._fd).st_nlink == 0:
-                fd = open_private_file(self._directory, PROBING_FILE, setting=SHARED_DIR_SETTING)
+                fd = open_shared(self._directory, PROBING_FILE)
                 os.close(self._fd)
                 self._fd, self._pid = fd, pid
         except (OSError, ValueError) as exc:
@@ -730,13 +711,6 @@ def read_probing(directory: str) -> dict[str, ProbeTrial] | None:
 
     ``OSError`` or ``ValueError`` when it cannot be read.
     """
-    path = os.path.join(directory, PROBING_FILE)
-    if not os.path.isfile(path):
+    if not os.path.isfile(os.path.join(directory, PROBING_FILE)):
         return None
-    fd = open_private_file(directory, PROBING_FILE, setting=SHARED_DIR_SETTING)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        data = os.pread(fd, os.fstat(fd).st_size, 0)
-    finally:
-        os.close(fd)
-    return decode(data)
+    return decode(_read_shared(open_shared(directory, PROBING_FILE)))

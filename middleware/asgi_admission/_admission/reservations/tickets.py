@@ -11,24 +11,19 @@ tells the guard the session's own memory, so that its reservation settles exactl
 
 from __future__ import annotations
 
-from typing import Final, Literal, Protocol
+from typing import TYPE_CHECKING, Final, Literal
 
 from starlette.requests import HTTPConnection
 
 from asgi_admission._admission.reservations.settling import Settlement
 
+if TYPE_CHECKING:
+    from asgi_admission._admission.reservations.pending import Reservations
+
 #: Where the middleware puts a guarded request's ticket in its ASGI scope.
 SCOPE_KEY: Final = "asgi_admission.ticket"
 
 TicketState = Literal["pending", "active", "released"]
-
-
-class _Reservations(Protocol):
-    """What a ticket calls: the guard's ``Reservations``."""
-
-    def ticket(self, operation: str, entry: Settlement) -> bool: ...
-
-    def measured(self, entry: Settlement, own_bytes: int) -> None: ...
 
 
 class AdmissionTicket:
@@ -42,7 +37,7 @@ class AdmissionTicket:
 
     __slots__ = ("_entry", "_reservations")
 
-    def __init__(self, reservations: _Reservations, entry: Settlement) -> None:
+    def __init__(self, reservations: Reservations, entry: Settlement) -> None:
         self._reservations = reservations
         self._entry = entry
 

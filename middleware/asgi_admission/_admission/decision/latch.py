@@ -511,10 +511,6 @@ class ClassCeilings:
         }
         self._pressured = dict.fromkeys(self.names, False)
 
-    def ceiling_percent(self, name: str) -> float:
-        """The class's ceiling: its latch sets at this percentage of the limit."""
-        return self._ceiling[name]
-
     def resume_percent(self, name: str) -> float:
         """Where the class's latch clears (with one more reserve fitting)."""
         return self._resume[name]

@@ -1,35 +1,17 @@
 """``AdmissionService``: read, decide and reserve; what the ASGI side asks of admission.
 
-Notes:
+See docs/design.md, "One session request", for the path through it. Notes:
 
-- One session request flows one way: (ledger lock) reader → latch → ledger
-  reserve → a ticket, a refusal, or a waiter for a probe's evidence. The middleware
-  asks :meth:`AdmissionService.admit` and answers the client; it holds no
-  decision state of its own.
 - Read, decide and reserve happen inside the ledger's critical section with no
   ``await`` in between, so a burst of concurrent requests cannot all pass one
-  reading. The latch and the counts are the one deliberate shared state; the lock
-  also serialises the controller, whose ``decide`` expects its caller to hold one.
-- Most admissions are decided by an upper bound of the working set (raw usage
-  and the exact limit, two small reads) while the latch is clear and far from
-  the ceiling: the latch's fast path (``AdmissionController.assess``).
+  reading. The lock also serialises the controller, whose ``decide`` expects its
+  caller to hold one.
 - The critical section is only tried: where another worker holds the shared
   ledger, :meth:`~AdmissionService.admit` raises ``LedgerBusy`` and
   :meth:`~AdmissionService.admit_later` retries without blocking the loop, then
   refuses with ``ledger_busy``.
-- A route whose footprint is not learned yet is probed: its first sessions are
-  decided on an exact reading and admitted a few at a time, and the others are
-  waiters, reserving nothing, until the probes' evidence is in (:meth:`wait`,
-  ``probing.py``, ``reservations/probing.py``). Learned routes cost one dict
-  lookup more.
-- With ``ADMISSION_QUEUE_TIMEOUT_SECONDS`` above 0, a request that does not fit is
-  answered :class:`Queued` and waits for capacity, holding nothing
-  (``queue.py``); while others of its class or a higher one wait (in any
-  worker, where the waiting order is shared: ``scheduling/shared_order.py``), a new
-  one goes behind them. The decisions of a waiting request that do not admit are
-  checks, not refusals, for the metrics. With priority classes each request is decided
-  against its class's ceiling and latch (``RequestDecisions.by_class`` below; one class at the
-  high watermark: the controller).
+- The decisions of a waiting request that do not admit are checks, not refusals,
+  for the metrics (docs/configuration.md, "Waiting and priority").
 """
 
 from __future__ import annotations
@@ -216,21 +198,9 @@ class SessionCounts:
 
 
 # --------------------------------------------------------------------------------------
-# Which priority class a session request is of (the ``priority`` callable, its route's
-# class, or the default one) and which tenant (``tenant``), docs/configuration.md,
-# "Waiting and priority".
-#
-# Notes:
-#
-# - ``session_routes`` may map each pattern to a class name (a plain list: every route
-# of the default class); ``priority(scope)``, where given, picks the class of each
-# request and wins over its route's. A ``priority`` that raises or names no
-# configured class gives the request its route's class, and is logged once.
-# - The default class is the one named ``default`` where one is configured (and with no
-# classes configured, the only one), else the last, the lowest served: a request
-# nobody classified never takes the headroom kept for higher ones.
-# - Class names come from the configuration only, so the metrics' ``class`` label is a
-# bounded set however requests are classified.
+# Which priority class a session request is of and which tenant: docs/configuration.md,
+# "Waiting and priority". Class names come from the configuration only, so the metrics'
+# ``class`` label is a bounded set however requests are classified.
 
 
 def default_class(names: tuple[str, ...]) -> str:
@@ -374,28 +344,17 @@ class TenantReservation:
 # --------------------------------------------------------------------------------------
 # The latch run with no session at stake: readiness, the counts beside it, and liveness.
 #
-# Notes:
-#
-# - A check is the latch's own evaluation (``AdmissionController.assess``, the exact
-# limit and the counts) in the ledger's critical section, as a session request's
-# decision is, but it reserves nothing and settles nothing. The observer is told of it
-# as a check (``on_check``), never as a decision.
-# - The service hands :class:`LatchChecks` its own critical section and decision log: a
-# check may set or clear the latch, or find telemetry missing or back, and is logged
-# as a decision would be, the log's note of the last blind reading kept under the lock
-# for both.
-# - The readiness probe waits for a shared ledger held by another worker (``when_free``)
-# for at most a retry's wait, then answers ``ledger_busy``; :meth:`LatchChecks.check_with_counts`
-# only tries it (``LedgerBusy``), for the stuck-pressure watch and the proxy's reports.
-# - The liveness probe's status is the stuck-pressure watch's (``decision/stuck.py``,
-# docs/operations.md), which this class builds around its own checks.
+# A check is a session request's decision in the ledger's critical section that
+# reserves and settles nothing; the observer is told of it as a check (``on_check``).
+# It shares the service's critical section and decision log: a check may move the latch
+# or find telemetry missing or back, and is logged as a decision would be.
 
 
 class LatchChecks:
-    """The checks of one guard's latch (see the module notes), built by its service:
-    ``attempt`` is the service's critical section of ``ledger``, ``log`` its decision
-    log, ``own_count`` the reservations' count of this process's sessions, and ``observer``
-    is told of every check (``None``: nobody)."""
+    """The checks of one guard's latch, built by its service: ``attempt`` is the
+    service's critical section of ``ledger``, ``log`` its decision log, ``own_count``
+    the reservations' count of this process's sessions, and ``observer`` is told of
+    every check (``None``: nobody)."""
 
     __slots__ = (
         "_attempt",
@@ -482,10 +441,8 @@ class LatchChecks:
 
 
 # --------------------------------------------------------------------------------------
-# How one session request is decided beyond the latch alone: by its priority class's
-# ceiling, on an exact reading while its route is probed, and the ``Retry-After`` of a
-# refusal. The admission service (``service.py``) asks these inside the ledger's critical
-# section; nothing here takes a lock or awaits.
+# How one session request is decided beyond the latch alone. The service asks these
+# inside the ledger's critical section; nothing here takes a lock or awaits.
 
 
 class RequestDecisions:

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -445,52 +446,34 @@ class LatchChecks:
 # inside the ledger's critical section; nothing here takes a lock or awaits.
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestDecisions:
     """The parts of a decision that the controller's ``assess`` does not make: a class's
     ceiling (``ceilings``; ``None``: one class, the controller's), what the probes answer
     for a probed route (``reservations``) and a refusal's delay (``retry_after``)."""
 
-    __slots__ = (
-        "_ceilings",
-        "_controller",
-        "_read",
-        "_reservations",
-        "_retry_after",
-        "_session_limit",
-    )
-
-    def __init__(
-        self,
-        *,
-        controller: AdmissionController,
-        reservations: Reservations,
-        read: SafeReader,
-        session_limit: int | None,
-        retry_after: RetryAfterPolicy,
-        ceilings: ClassCeilings | None,
-    ) -> None:
-        self._controller = controller
-        self._reservations = reservations
-        self._read = read
-        self._session_limit = session_limit
-        self._retry_after = retry_after
-        self._ceilings = ceilings
+    controller: AdmissionController
+    reservations: Reservations
+    read: SafeReader
+    session_limit: int | None
+    retry_after: RetryAfterPolicy
+    ceilings: ClassCeilings | None
 
     def by_class(
         self, klass: str, memory: MemoryReading, route: str, current: int, pending: int
     ) -> CapacityDecision:
         """The decision for a request of priority class ``klass``: its class's ceiling
         and latch on ``memory``, the reserves as the controller counts them."""
-        ceilings = self._ceilings
+        ceilings = self.ceilings
         assert ceilings is not None
         limit = memory.limit_bytes
         return ceilings.decide(
             klass,
             memory,
             current_sessions=current,
-            session_limit=self._session_limit,
+            session_limit=self.session_limit,
             pending_sessions=pending,
-            held_bytes=self._reservations.held_bytes(route, pending, limit) if limit else 0,
+            held_bytes=self.reservations.held_bytes(route, pending, limit) if limit else 0,
         )
 
     def probed(
@@ -498,16 +481,16 @@ class RequestDecisions:
     ) -> tuple[CapacityDecision, ProbeAnswer]:
         """A route not learned yet: the latch on an exact reading (a probe's growth counts
         from it), then whether the session is a probe, waits, or is decided as it is."""
-        memory = self._read()
+        memory = self.read()
         blind = not memory.exact or is_blind(memory)
         # The probes first: this reading may conclude them, and raise the reserve.
         answer: ProbeAnswer = (
-            "known" if blind else self._reservations.probe_answer(route, memory.used_bytes)
+            "known" if blind else self.reservations.probe_answer(route, memory.used_bytes)
         )
-        if self._ceilings is None:
-            held = self._reservations.held_bytes(route, pending, memory.limit_bytes or 0)
-            decision = self._controller.decide(
-                memory, current, self._session_limit, pending, held_bytes=held
+        if self.ceilings is None:
+            held = self.reservations.held_bytes(route, pending, memory.limit_bytes or 0)
+            decision = self.controller.decide(
+                memory, current, self.session_limit, pending, held_bytes=held
             )
         else:
             decision = self.by_class(klass, memory, route, current, pending)
@@ -524,14 +507,14 @@ class RequestDecisions:
         """Retry-After for a refusal: from the rate of session ends when memory is short,
         about the probes' ramp so far while probing."""
         if decision.reason in ("memory_pressure", "queue_timeout", "queue_full"):
-            wait = self._reservations.expected_wait_s(time.monotonic())
+            wait = self.reservations.expected_wait_s(time.monotonic())
             if wait is not None:
-                return self._retry_after.delay_for(wait)
+                return self.retry_after.delay_for(wait)
         elif decision.reason == "probing":
-            ramp = self._reservations.expected_wait_s(time.monotonic(), probed=route)
+            ramp = self.reservations.expected_wait_s(time.monotonic(), probed=route)
             assert ramp is not None  # a probed route's ramp is always known
-            return self._retry_after.delay_for(ramp)
-        return self._retry_after.next_delay()
+            return self.retry_after.delay_for(ramp)
+        return self.retry_after.next_delay()
 
 
 #: What a decision comes to: a ticket, a refusal, a waiter for a probe's evidence, or a

@@ -1,17 +1,8 @@
 """``AdmissionMiddleware``: match a session request, hand it to its responder.
 
-Notes:
-
-- One session request flows one way: scope → route matcher → a responder of its
-  own (``_session_requests.py``) → the admission service's decision
-  (``_admission/service.py``) → the app, watched until its reservation is
-  released. Everything else (lifespan, requests that open no session) goes
-  straight to the app without a reading.
-- The middleware holds no decision state: it checks its arguments
-  (``_arguments.py``), has ``build_service`` (``_factory.py``) build the
-  service, and dispatches.
-- The readiness and liveness paths are answered from the service's checks of the
-  latch (``_responses.py``).
+It holds no decision state: it checks its arguments, has ``build_service`` build the
+service, and dispatches (docs/design.md, "One session request", step 1). A request
+that opens no session goes straight to the app without a reading.
 """
 
 from __future__ import annotations

@@ -557,18 +557,20 @@ class AdmissionService:
         order: SharedOrder | None = None,
         on_class_decision: Callable[[str, CapacityDecision], None] | None = None,
     ) -> None:
-        self._config = config
-        self._controller = controller
-        self._ledger = ledger
-        self._reservations = reservations
+        self.config = config
+        self.controller = controller
+        #: Where the sessions are counted: this process's, or the workers' shared one.
+        self.ledger = ledger
+        #: Settling, tickets and what was learned of the sessions.
+        self.reservations = reservations
         self._probe_waiters = probe_waiters
         self._app_count = app_count
         self._counts_app = app_count.current_sessions is not None
         self.read = read
         #: ``(active, pending)``, waiting for the lock (the metrics' and the scrape's).
         self.session_counts = counts
-        self._session_limit = session_limit
-        self._retry_after = retry_after
+        self.session_limit = session_limit
+        self.retry_after = retry_after
         self._observer = observer
         #: Where this guard shares its counts (``None``: alone), and the search for
         #: other workers where it counts alone by default (started with the lifespan).
@@ -616,33 +618,6 @@ class AdmissionService:
     # -- what the guard shows -------------------------------------------------------
 
     @property
-    def config(self) -> AdmissionConfig:
-        return self._config
-
-    @property
-    def controller(self) -> AdmissionController:
-        return self._controller
-
-    @property
-    def ledger(self) -> SessionLedger:
-        """Where the sessions are counted: this process's, or the workers' shared one."""
-        return self._ledger
-
-    @property
-    def session_limit(self) -> int | None:
-        """The configured count cap; ``None``: none while memory is readable."""
-        return self._session_limit
-
-    @property
-    def retry_after(self) -> RetryAfterPolicy:
-        return self._retry_after
-
-    @property
-    def reservations(self) -> Reservations:
-        """Settling, tickets and what was learned of the sessions."""
-        return self._reservations
-
-    @property
     def stuck(self) -> StuckWatch:
         """The watch for stuck pressure (``docs/operations.md``), which the metrics read."""
         return self.checks.stuck
@@ -650,7 +625,7 @@ class AdmissionService:
     def observe_peak(self, route: str, peak_bytes: int, *, exact: bool = False) -> None:
         """A session of ``route`` peaked at ``peak_bytes``, as a session watchdog measured
         it (its RSS at most, or ``exact``: its own memory group's peak): learned from."""
-        self._reservations.observe_peak(route, peak_bytes, exact=exact)
+        self.reservations.observe_peak(route, peak_bytes, exact=exact)
 
     # -- the decision ---------------------------------------------------------------
 
@@ -681,8 +656,8 @@ class AdmissionService:
         queue = self.wait_queue
         observer = self._observer
         start = time.perf_counter() if observer is not None else 0.0
-        ledger = self._ledger
-        reservations = self._reservations
+        ledger = self.ledger
+        reservations = self.reservations
         # The app's own count (current_sessions) replaces the ledger's count of
         # accepted WebSockets; a shared ledger adds the other workers' counts. App
         # code, so it is asked once, before the critical section, never inside it.
@@ -696,17 +671,17 @@ class AdmissionService:
         # Others wait for capacity (here, or in another worker: the order's): deciding
         # this one now would let it jump the line.
         if queue is not None and not waiting and queue.ahead(klass):
-            return Queued(behind_others(self._controller.pressure_state), klass, tenant)
+            return Queued(behind_others(self.controller.pressure_state), klass, tenant)
         probing = reservations.probing and route not in reservations.view.known()
         ceilings = self.ceilings
         with self._attempt:
             answer: ProbeAnswer = "known"
             if tenant is None and not probing and ceilings is None:
                 decision, current, pending = decide_counting(
-                    self._controller,
+                    self.controller,
                     self.read,
                     reservations.held_bytes,
-                    self._session_limit,
+                    self.session_limit,
                     ledger,
                     own,
                     route,
@@ -719,16 +694,16 @@ class AdmissionService:
                     and tenants.beyond(tenant, current + pending, queue, waiting)
                 ):
                     decision = CapacityDecision(
-                        False, self._controller.pressure_state, UNAVAILABLE, "tenant_share"
+                        False, self.controller.pressure_state, UNAVAILABLE, "tenant_share"
                     )
                 elif probing:
                     decision, answer = self._decide.probed(route, current, pending, expired, klass)
                 elif ceilings is None:
                     decision = decide(
-                        self._controller,
+                        self.controller,
                         self.read,
                         reservations.held_bytes,
-                        self._session_limit,
+                        self.session_limit,
                         current,
                         pending,
                         route,
@@ -740,7 +715,7 @@ class AdmissionService:
             retry_after_s = 0
             if answer == "wait":
                 # Waits for its probes' evidence (a waiter that waited keeps its deadline).
-                deadline = time.monotonic() + self._config.probe_wait_s
+                deadline = time.monotonic() + self.config.probe_wait_s
                 waiter = self._probe_waiters.add(route, deadline, waited)
             elif decision.allowed:
                 reservation = ledger.reserve()
@@ -758,7 +733,7 @@ class AdmissionService:
             elif queue is None or decision.reason not in WAITABLE:
                 # Refused, not waiting: for the fair share, requests are being refused.
                 if tenants is not None and decision.reason != "tenant_share":
-                    tenants.refusing(self._retry_after.base_s)
+                    tenants.refusing(self.retry_after.base_s)
                 retry_after_s = self._decide.retry_delay(decision, route)
             # A fast-path decision reads a bound (usage with its cache), never
             # used for settling: an exact reading of the working set is due instead.
@@ -802,7 +777,7 @@ class AdmissionService:
             self._log.busy(exc)
             decision = CapacityDecision(
                 allowed=False,
-                state=self._controller.pressure_state,
+                state=self.controller.pressure_state,
                 memory=UNAVAILABLE,
                 reason="ledger_busy",
             )
@@ -811,9 +786,9 @@ class AdmissionService:
             if self._class_decided is not None:
                 klass = DEFAULT_CLASS
                 if self._priorities is not None and scope is not None:
-                    klass = self._priorities.of(scope, self._reservations.route(scope))
+                    klass = self._priorities.of(scope, self.reservations.route(scope))
                 self._class_decided(klass, decision)
-            return decision, self._retry_after.next_delay(), (0, 0)
+            return decision, self.retry_after.next_delay(), (0, 0)
 
     async def wait(
         self, kind: Kind, scope: Scope, waiter: ProbeWaiter, listening: Listener | None
@@ -828,7 +803,7 @@ class AdmissionService:
             except LedgerBusy as exc:
                 return await self.admit_later(kind, scope, exc, waiter, expired)
 
-        sample_while_waiting(self._reservations)
+        sample_while_waiting(self.reservations)
         return await wait_then_decide(waiter, self._probe_waiters, decide, listening)
 
     async def wait_for_room(
@@ -849,7 +824,7 @@ class AdmissionService:
             queue,
             decide=decide,
             # A waiter left in the instant it was admitted: its session never opens.
-            give_back=lambda ticket: self._reservations.abandon(settlement_of(ticket)),
+            give_back=lambda ticket: self.reservations.abandon(settlement_of(ticket)),
             queued=queued,
             listening=listening,
             watcher=self._queue_watcher,
@@ -859,7 +834,7 @@ class AdmissionService:
             return waited.admission  # ``None``: the client left, and it holds nothing
         refused, counts = ran_out(waited.outcome, last)
         if self.tenants is not None and refused.reason != "tenant_share":
-            self.tenants.refusing(self._retry_after.base_s)
+            self.tenants.refusing(self.retry_after.base_s)
         if self._observer is not None:
             self._observer.on_decision(kind, refused, waited.waited_s)
         if self._class_decided is not None:
@@ -881,7 +856,7 @@ class AdmissionService:
             self.alone.start()
         try:
             await serve_with_reservations(
-                self._reservations, app, scope, receive, send, also=self.stuck.run
+                self.reservations, app, scope, receive, send, also=self.stuck.run
             )
         finally:
             if self._order is not None:

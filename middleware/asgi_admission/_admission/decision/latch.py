@@ -7,11 +7,9 @@ Notes:
 
 - The set and clear conditions are exact complements, so one evaluation can never
   clear the latch and re-arm it.
-- The fast path (``assess``): every condition of the latch is monotone in the
-  working set, so where the last decision was "normal" and an upper bound of the
-  working set (raw usage, without the costly ``memory.stat``) already admits, the
-  exact working set would have decided the same. Only ``decision.memory`` differs:
-  the bound, with ``exact=False``.
+- The fast path (``assess``, docs/how-it-decides.md, "The fast path"): where an upper
+  bound of the working set admits, so would the exact one; only ``decision.memory``
+  differs (the bound, ``exact=False``).
 """
 
 from __future__ import annotations

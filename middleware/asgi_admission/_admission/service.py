@@ -79,98 +79,142 @@ from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading, SafeReade
 logger = logging.getLogger("asgi_admission")
 
 
-def decide(
-    controller: AdmissionController,
-    read: SafeReader,
-    held_bytes: Callable[[str | None, int, int], int],
-    session_limit: int | None,
-    current: int,
-    pending: int,
-    route: str | None,
-) -> CapacityDecision:
-    """The latch's decision for one more session of ``route``, inside the ledger's critical
-    section: on an upper bound of the working set where it admits (two small reads, while
-    the latch is clear), else on an exact reading; what the pending sessions and one more
-    hold is the reservations' ``held_bytes(route, pending, limit)``, handed to the latch."""
-    admitted = admitted_on_bound(controller, held_bytes, session_limit, current, pending, route)
-    if admitted is not None:
-        return admitted
-    return decide_exactly(controller, read, held_bytes, session_limit, current, pending, route)
+# --------------------------------------------------------------------------------------
+# How one session request is decided: the latch on an upper bound or an exact reading,
+# by its priority class's ceiling, while its route is probed, and a refusal's delay. The
+# service asks these inside the ledger's critical section; nothing here takes a lock or
+# awaits.
 
 
-def admitted_on_bound(
-    controller: AdmissionController,
-    held_bytes: Callable[[str | None, int, int], int],
-    session_limit: int | None,
-    current: int,
-    pending: int,
-    route: str | None,
-) -> CapacityDecision | None:
-    """The decision on an upper bound of the working set where that admits (two small
-    reads, while the latch is clear); ``None`` where an exact reading must decide."""
-    if controller.bound_may_admit(current, session_limit, pending):
-        bound = controller.read_bound()
-        if bound is not None:
-            used, limit = bound.used_bytes, bound.limit_bytes
-            assert used is not None  # read_bound() returns usable bounds only
-            assert limit is not None
-            if controller.bound_admits(used, limit, held_bytes(route, pending, limit)):
-                return controller.admitted_on(bound)
-    return None
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestDecisions:
+    """The decisions of one guard's session requests: the latch's (``controller``) with
+    what the pending sessions and one more hold (``reservations.held_bytes``), a class's
+    ceiling (``ceilings``; ``None``: one class, the controller's), what the probes answer
+    for a probed route and a refusal's delay (``retry_after``)."""
 
+    controller: AdmissionController
+    reservations: Reservations
+    read: SafeReader
+    session_limit: int | None
+    retry_after: RetryAfterPolicy
+    ceilings: ClassCeilings | None
 
-def decide_exactly(
-    controller: AdmissionController,
-    read: SafeReader,
-    held_bytes: Callable[[str | None, int, int], int],
-    session_limit: int | None,
-    current: int,
-    pending: int,
-    route: str | None,
-) -> CapacityDecision:
-    """:func:`decide` on an exact reading, where the upper bound did not admit."""
-    memory = read()
-    limit = memory.limit_bytes
-    held = held_bytes(route, pending, limit) if limit else None
-    return controller.decide(memory, current, session_limit, pending, held_bytes=held)
+    def decide(self, current: int, pending: int, route: str | None) -> CapacityDecision:
+        """The latch's decision for one more session of ``route``: on an upper bound of
+        the working set where it admits (two small reads, while the latch is clear), else
+        on an exact reading."""
+        admitted = self.admitted_on_bound(current, pending, route)
+        if admitted is not None:
+            return admitted
+        return self.decide_exactly(current, pending, route)
 
+    def admitted_on_bound(
+        self, current: int, pending: int, route: str | None
+    ) -> CapacityDecision | None:
+        """The decision on an upper bound of the working set where that admits; ``None``
+        where an exact reading must decide."""
+        controller = self.controller
+        if controller.bound_may_admit(current, self.session_limit, pending):
+            bound = controller.read_bound()
+            if bound is not None:
+                used, limit = bound.used_bytes, bound.limit_bytes
+                assert used is not None  # read_bound() returns usable bounds only
+                assert limit is not None
+                held = self.reservations.held_bytes(route, pending, limit)
+                if controller.bound_admits(used, limit, held):
+                    return controller.admitted_on(bound)
+        return None
 
-def decide_counting(
-    controller: AdmissionController,
-    read: SafeReader,
-    held_bytes: Callable[[str | None, int, int], int],
-    session_limit: int | None,
-    ledger: SessionLedger,
-    own: int | None,
-    route: str | None,
-) -> tuple[CapacityDecision, int, int]:
-    """:func:`decide` with the counts it takes from ``ledger`` (given the app's count
-    ``own``), and those counts.
+    def decide_exactly(self, current: int, pending: int, route: str | None) -> CapacityDecision:
+        """:meth:`decide` on an exact reading, where the upper bound did not admit."""
+        memory = self.read()
+        limit = memory.limit_bytes
+        held = self.reservations.held_bytes(route, pending, limit) if limit else None
+        return self.controller.decide(memory, current, self.session_limit, pending, held_bytes=held)
 
-    While the bound is in use (``bound_in_use``), the fast path is tried first on the
-    ledger's high counts, which leave out the check of whether the other workers live: a
-    dead worker's sessions can only make the latch refuse, so where the bound admits
-    with them in, it admits without them too. Where it does not, and while no bound is
-    in use (none offered, or the latch set), the exact counts (which recover a dead
-    worker's sessions) decide, as :func:`decide` does.
-    """
-    if not controller.bound_in_use():
-        current, pending = ledger.counts(own)
-        decision = decide(controller, read, held_bytes, session_limit, current, pending, route)
-        return decision, current, pending
-    current, pending = ledger.counts(own, high=True)
-    admitted = admitted_on_bound(controller, held_bytes, session_limit, current, pending, route)
-    if admitted is not None:
-        return admitted, current, pending
-    exact = ledger.counts(own)
-    if exact == (current, pending):  # nothing recovered: the fast path answered already
-        decision = decide_exactly(
-            controller, read, held_bytes, session_limit, current, pending, route
+    def counting(
+        self, ledger: SessionLedger, own: int | None, route: str | None
+    ) -> tuple[CapacityDecision, int, int]:
+        """:meth:`decide` with the counts it takes from ``ledger`` (given the app's count
+        ``own``), and those counts.
+
+        While the bound is in use (``bound_in_use``), the fast path is tried first on the
+        ledger's high counts, which leave out the check of whether the other workers live: a
+        dead worker's sessions can only make the latch refuse, so where the bound admits
+        with them in, it admits without them too. Where it does not, and while no bound is
+        in use (none offered, or the latch set), the exact counts (which recover a dead
+        worker's sessions) decide, as :meth:`decide` does.
+        """
+        if not self.controller.bound_in_use():
+            current, pending = ledger.counts(own)
+            return self.decide(current, pending, route), current, pending
+        current, pending = ledger.counts(own, high=True)
+        admitted = self.admitted_on_bound(current, pending, route)
+        if admitted is not None:
+            return admitted, current, pending
+        exact = ledger.counts(own)
+        if exact == (current, pending):  # nothing recovered: the fast path answered already
+            return self.decide_exactly(current, pending, route), current, pending
+        current, pending = exact
+        return self.decide(current, pending, route), current, pending
+
+    def by_class(
+        self, klass: str, memory: MemoryReading, route: str, current: int, pending: int
+    ) -> CapacityDecision:
+        """The decision for a request of priority class ``klass``: its class's ceiling
+        and latch on ``memory``, the reserves as the controller counts them."""
+        ceilings = self.ceilings
+        assert ceilings is not None
+        limit = memory.limit_bytes
+        return ceilings.decide(
+            klass,
+            memory,
+            current_sessions=current,
+            session_limit=self.session_limit,
+            pending_sessions=pending,
+            held_bytes=self.reservations.held_bytes(route, pending, limit) if limit else 0,
         )
-        return decision, current, pending
-    current, pending = exact
-    decision = decide(controller, read, held_bytes, session_limit, current, pending, route)
-    return decision, current, pending
+
+    def probed(
+        self, route: str, current: int, pending: int, expired: bool, klass: str
+    ) -> tuple[CapacityDecision, ProbeAnswer]:
+        """A route not learned yet: the latch on an exact reading (a probe's growth counts
+        from it), then whether the session is a probe, waits, or is decided as it is."""
+        memory = self.read()
+        blind = not memory.exact or is_blind(memory)
+        # The probes first: this reading may conclude them, and raise the reserve.
+        answer: ProbeAnswer = (
+            "known" if blind else self.reservations.probe_answer(route, memory.used_bytes)
+        )
+        if self.ceilings is None:
+            held = self.reservations.held_bytes(route, pending, memory.limit_bytes or 0)
+            decision = self.controller.decide(
+                memory, current, self.session_limit, pending, held_bytes=held
+            )
+        else:
+            decision = self.by_class(klass, memory, route, current, pending)
+        if not decision.allowed or blind:
+            return decision, "known"  # refused anyway, or blind: nothing to probe with
+        if answer == "wait" and expired:
+            refused = CapacityDecision(
+                False, decision.state, memory, "probing", decision.transition
+            )
+            return refused, "known"
+        return decision, answer
+
+    def retry_delay(self, decision: CapacityDecision, route: str) -> int:
+        """Retry-After for a refusal: from the rate of session ends when memory is short,
+        about the probes' ramp so far while probing."""
+        if decision.reason in ("memory_pressure", "queue_timeout", "queue_full"):
+            wait = self.reservations.expected_wait_s(time.monotonic())
+            if wait is not None:
+                return self.retry_after.delay_for(wait)
+        elif decision.reason == "probing":
+            ramp = self.reservations.expected_wait_s(time.monotonic(), probed=route)
+            assert ramp is not None  # a probed route's ramp is always known
+            return self.retry_after.delay_for(ramp)
+        return self.retry_after.next_delay()
 
 
 # --------------------------------------------------------------------------------------
@@ -352,50 +396,32 @@ class TenantReservation:
 
 
 class LatchChecks:
-    """The checks of one guard's latch, built by its service: ``attempt`` is the
-    service's critical section of ``ledger``, ``log`` its decision log, ``own_count``
-    the reservations' count of this process's sessions, and ``observer`` is told of
-    every check (``None``: nobody)."""
+    """The checks of one guard's latch, built by its service: ``decisions`` are its
+    decisions, ``attempt`` its critical section of ``ledger``, ``log`` its decision log,
+    and ``observer`` is told of every check (``None``: nobody)."""
 
-    __slots__ = (
-        "_attempt",
-        "_controller",
-        "_held_bytes",
-        "_ledger",
-        "_log",
-        "_observer",
-        "_own_count",
-        "_read",
-        "_session_limit",
-        "stuck",
-    )
+    __slots__ = ("_attempt", "_decisions", "_ledger", "_log", "_observer", "stuck")
 
     def __init__(
         self,
         *,
         config: AdmissionConfig,
-        controller: AdmissionController,
+        decisions: RequestDecisions,
         ledger: SessionLedger,
         attempt: AbstractContextManager[object],
-        own_count: Callable[[], int | None],
-        held_bytes: Callable[[str | None, int, int], int],
-        read: SafeReader,
-        session_limit: int | None,
         log: DecisionLog,
         observer: DecisionObserver | None,
         shared_dir: str | None,
     ) -> None:
-        self._controller = controller
+        self._decisions = decisions
         self._ledger = ledger
         self._attempt = attempt
-        self._own_count = own_count
-        self._held_bytes = held_bytes
-        self._read = read
-        self._session_limit = session_limit
         self._log = log
         self._observer = observer
         #: The watch for stuck pressure (``docs/operations.md``).
-        self.stuck: StuckWatch = build_watch(config, controller, self.check_with_counts, shared_dir)
+        self.stuck: StuckWatch = build_watch(
+            config, decisions.controller, self.check_with_counts, shared_dir
+        )
 
     def check(self) -> CapacityDecision:
         """The readiness probe's latch evaluation: a decision that reserves nothing."""
@@ -403,18 +429,10 @@ class LatchChecks:
 
     def check_with_counts(self) -> tuple[CapacityDecision, tuple[int, int]]:
         """:meth:`check`, with the counts it decided with (for the stuck-pressure watch)."""
-        own = self._own_count()
+        own = self._decisions.reservations.own_count()
         with self._attempt:
             current, pending = self._ledger.counts(own)
-            decision = decide(
-                self._controller,
-                self._read,
-                self._held_bytes,
-                self._session_limit,
-                current,
-                pending,
-                None,
-            )
+            decision = self._decisions.decide(current, pending, None)
             blind_changed = self._log.note_blind(decision)
         if self._observer is not None:
             self._observer.on_check(decision)
@@ -439,82 +457,6 @@ class LatchChecks:
         if not watch.running:
             watch.step()
         return watch.status()
-
-
-# --------------------------------------------------------------------------------------
-# How one session request is decided beyond the latch alone. The service asks these
-# inside the ledger's critical section; nothing here takes a lock or awaits.
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RequestDecisions:
-    """The parts of a decision that the controller's ``assess`` does not make: a class's
-    ceiling (``ceilings``; ``None``: one class, the controller's), what the probes answer
-    for a probed route (``reservations``) and a refusal's delay (``retry_after``)."""
-
-    controller: AdmissionController
-    reservations: Reservations
-    read: SafeReader
-    session_limit: int | None
-    retry_after: RetryAfterPolicy
-    ceilings: ClassCeilings | None
-
-    def by_class(
-        self, klass: str, memory: MemoryReading, route: str, current: int, pending: int
-    ) -> CapacityDecision:
-        """The decision for a request of priority class ``klass``: its class's ceiling
-        and latch on ``memory``, the reserves as the controller counts them."""
-        ceilings = self.ceilings
-        assert ceilings is not None
-        limit = memory.limit_bytes
-        return ceilings.decide(
-            klass,
-            memory,
-            current_sessions=current,
-            session_limit=self.session_limit,
-            pending_sessions=pending,
-            held_bytes=self.reservations.held_bytes(route, pending, limit) if limit else 0,
-        )
-
-    def probed(
-        self, route: str, current: int, pending: int, expired: bool, klass: str
-    ) -> tuple[CapacityDecision, ProbeAnswer]:
-        """A route not learned yet: the latch on an exact reading (a probe's growth counts
-        from it), then whether the session is a probe, waits, or is decided as it is."""
-        memory = self.read()
-        blind = not memory.exact or is_blind(memory)
-        # The probes first: this reading may conclude them, and raise the reserve.
-        answer: ProbeAnswer = (
-            "known" if blind else self.reservations.probe_answer(route, memory.used_bytes)
-        )
-        if self.ceilings is None:
-            held = self.reservations.held_bytes(route, pending, memory.limit_bytes or 0)
-            decision = self.controller.decide(
-                memory, current, self.session_limit, pending, held_bytes=held
-            )
-        else:
-            decision = self.by_class(klass, memory, route, current, pending)
-        if not decision.allowed or blind:
-            return decision, "known"  # refused anyway, or blind: nothing to probe with
-        if answer == "wait" and expired:
-            refused = CapacityDecision(
-                False, decision.state, memory, "probing", decision.transition
-            )
-            return refused, "known"
-        return decision, answer
-
-    def retry_delay(self, decision: CapacityDecision, route: str) -> int:
-        """Retry-After for a refusal: from the rate of session ends when memory is short,
-        about the probes' ramp so far while probing."""
-        if decision.reason in ("memory_pressure", "queue_timeout", "queue_full"):
-            wait = self.reservations.expected_wait_s(time.monotonic())
-            if wait is not None:
-                return self.retry_after.delay_for(wait)
-        elif decision.reason == "probing":
-            ramp = self.reservations.expected_wait_s(time.monotonic(), probed=route)
-            assert ramp is not None  # a probed route's ramp is always known
-            return self.retry_after.delay_for(ramp)
-        return self.retry_after.next_delay()
 
 
 #: What a decision comes to: a ticket, a refusal, a waiter for a probe's evidence, or a
@@ -580,16 +522,20 @@ class AdmissionService:
         # reusable context manager every time), only tried.
         self._attempt = ledger.attempt()
         self._log = DecisionLog(controller, session_limit)
+        self._decide = RequestDecisions(
+            controller=controller,
+            reservations=reservations,
+            read=read,
+            session_limit=session_limit,
+            retry_after=retry_after,
+            ceilings=ceilings,
+        )
         #: The latch run with no session at stake: readiness, liveness, the proxy's check.
         self.checks = LatchChecks(
             config=config,
-            controller=controller,
+            decisions=self._decide,
             ledger=ledger,
             attempt=self._attempt,
-            own_count=reservations.own_count,
-            held_bytes=reservations.held_bytes,
-            read=read,
-            session_limit=session_limit,
             log=self._log,
             observer=observer,
             shared_dir=shared_dir,
@@ -606,14 +552,6 @@ class AdmissionService:
         self._freed = freed
         self._order = order  # the workers' waiting order, closed with the lifespan
         self._class_decided = on_class_decision  # each decision, with its request's class
-        self._decide = RequestDecisions(
-            controller=controller,
-            reservations=reservations,
-            read=read,
-            session_limit=session_limit,
-            retry_after=retry_after,
-            ceilings=ceilings,
-        )
 
     # -- what the guard shows -------------------------------------------------------
 
@@ -677,15 +615,7 @@ class AdmissionService:
         with self._attempt:
             answer: ProbeAnswer = "known"
             if tenant is None and not probing and ceilings is None:
-                decision, current, pending = decide_counting(
-                    self.controller,
-                    self.read,
-                    reservations.held_bytes,
-                    self.session_limit,
-                    ledger,
-                    own,
-                    route,
-                )
+                decision, current, pending = self._decide.counting(ledger, own, route)
             else:
                 current, pending = ledger.counts(own)
                 if (
@@ -699,15 +629,7 @@ class AdmissionService:
                 elif probing:
                     decision, answer = self._decide.probed(route, current, pending, expired, klass)
                 elif ceilings is None:
-                    decision = decide(
-                        self.controller,
-                        self.read,
-                        reservations.held_bytes,
-                        self.session_limit,
-                        current,
-                        pending,
-                        route,
-                    )
+                    decision = self._decide.decide(current, pending, route)
                 else:
                     decision = self._decide.by_class(klass, self.read(), route, current, pending)
             memory = decision.memory

@@ -224,9 +224,8 @@ class SessionGroup:
 
     def oom_kills(self) -> int:
         """How many of its processes the kernel's OOM killer has killed."""
-        if self.version == "v1":
-            return _numbers(_read(os.path.join(self.path, "memory.oom_control"))).get("oom_kill", 0)
-        return _numbers(_read(os.path.join(self.path, "memory.events"))).get("oom_kill", 0)
+        name = "memory.oom_control" if self.version == "v1" else "memory.events"
+        return _numbers(_read(os.path.join(self.path, name))).get("oom_kill", 0)
 
     def peak_bytes(self) -> int | None:
         """The group's highest usage since it was made (v1 ``memory.max_usage_in_bytes``,

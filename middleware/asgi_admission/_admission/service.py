@@ -74,8 +74,6 @@ from asgi_admission._admission.scheduling.tenants import TenantShares, TenantSlo
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading, SafeReader
 
-# --------------------------------------------------------------------------------------
-
 logger = logging.getLogger("asgi_admission")
 
 

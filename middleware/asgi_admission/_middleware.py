@@ -1,17 +1,8 @@
 """``AdmissionMiddleware``: match a session request, hand it to its responder.
 
-Notes:
-
-- One session request flows one way: scope → route matcher → a responder of its
-  own (``_session_requests.py``) → the admission service's decision
-  (``_admission/service.py``) → the app, watched until its reservation is
-  released. Everything else (lifespan, requests that open no session) goes
-  straight to the app without a reading.
-- The middleware holds no decision state: it checks its arguments
-  (``_arguments.py``), has ``build_service`` (``_factory.py``) build the
-  service, and dispatches.
-- The readiness and liveness paths are answered from the service's checks of the
-  latch (``_responses.py``).
+It holds no decision state: it checks its arguments, has ``build_service`` build the
+service, and dispatches (docs/design.md, "One session request", step 1). A request
+that opens no session goes straight to the app without a reading.
 """
 
 from __future__ import annotations
@@ -20,7 +11,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import REGISTRY, CollectorRegistry
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.decision.latch import AdmissionController
 from asgi_admission._admission.decision.observer import DecisionObserver
@@ -40,7 +31,7 @@ from asgi_admission._session_requests import (
     HttpSessionResponder,
     WebSocketSessionResponder,
 )
-from asgi_admission._watchdog.lifespan import serve_lifespan
+from asgi_admission._watchdog.lifespan import put_in_state
 from asgi_admission._watchdog.watchdog import SessionWatchdog
 
 logger = logging.getLogger("asgi_admission")
@@ -240,14 +231,32 @@ class AdmissionMiddleware:
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The one place startup/shutdown hooks go (the sample, the watchdog, the agent).
-        app = self._reports.lifespan(self._lifespan_app)
-        await self._service.serve_lifespan(app, scope, receive, send)
+        await self._service.serve_lifespan(self._lifespan_app, scope, receive, send)
 
     async def _lifespan_app(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self._watchdog is None:
-            await self.app(scope, receive, send)
-        else:
-            await serve_lifespan(self._watchdog, self.app, scope, receive, send)
+        """The app's lifespan with the watchdog and the agent-check listener, where there
+        are: started just before the server hears that startup completed, stopped once
+        the app's own shutdown has completed (its hooks may still end sessions), and
+        stopped in any case when the lifespan ends."""
+        if self._watchdog is not None:
+            put_in_state(scope, self._watchdog)
+        parts = [part for part in (self._watchdog, self._reports.agent) if part is not None]
+
+        async def send_and_track(message: Message) -> None:
+            kind = message["type"]
+            if kind == "lifespan.startup.complete":
+                for part in parts:
+                    await part.start()
+            elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                for part in parts:
+                    await part.stop()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_track)
+        finally:
+            for part in parts:
+                await part.stop()
 
 
 def _route_classes(session_routes: Iterable[str] | Mapping[str, str]) -> dict[str, str]:

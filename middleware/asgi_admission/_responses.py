@@ -1,17 +1,9 @@
 """What the guard answers itself: a refused client's answer, readiness and liveness.
 
-Notes:
-
-- HTTP: ``503`` with ``Retry-After`` in whole seconds (RFC 9110 §10.2.3),
-  ``Cache-Control: no-store`` so no proxy replays a refusal, and an RFC 9457
-  ``application/problem+json`` body. Memory figures are internals, so they go in
-  the body only when the operator opts in (``expose_details=True``).
-- WebSocket (docs/clients.md): a browser hides a failed handshake from JavaScript, so
-  it is answered by accepting and closing at once with 1013 (Try Again Later, RFC 6455
-  §7.4) and the delay in the reason; closing before accepting turns into a bare 403.
-  The accept names the first subprotocol asked for, or a browser fails the handshake.
-  Programs get the 503 denial response (``websocket.http.response``);
-  ``websocket_refusal="auto"`` picks by the ``Origin`` header, which browsers send.
+What each kind of client receives, and why: docs/clients.md. Memory figures are
+internals, so they go in the problem body only when the operator opts in
+(``expose_details=True``); ``Cache-Control: no-store`` keeps a proxy from replaying a
+refusal.
 """
 
 from __future__ import annotations
@@ -310,6 +302,7 @@ async def send_websocket_refusal(
         )
         await send({"type": "websocket.http.response.body", "body": body})
         return
+    # A browser that asked for subprotocols fails an accept that names none (1006).
     subprotocols = scope.get("subprotocols") or ()
     await send(
         {"type": "websocket.accept", "subprotocol": subprotocols[0] if subprotocols else None}

@@ -1,17 +1,11 @@
 """Which requests open a session: ``"METHOD /path/glob"`` patterns, compiled once.
 
-Notes:
-
-- A pattern is a method and a path separated by one space. The method is an HTTP
-  method (``POST``) or ``WS`` for a WebSocket handshake. In the path, ``*`` matches
-  any characters within one segment (no ``/``) and ``**`` matches anything,
-  slashes included; everything else matches literally.
-- Matching runs on every request, so it is laid out for the common miss: one dict
-  lookup on the method (WebSocket scopes have no ``method`` and look up ``WS``),
-  then a set lookup for literal paths and one combined regex for globs.
-- A pattern names the route as the app routes it: the request path less the
-  ``root_path`` prefix a server (``uvicorn --root-path``) or a ``Mount`` put in front
-  of it (:func:`route_path`), as Starlette's router strips it.
+A pattern is a method (or ``WS``) and a path glob separated by one space: ``*`` matches
+within one segment, ``**`` anything, the rest literally. The route is the app's, behind
+any path prefix: docs/configuration.md, "Behind a path prefix". Matching runs on every
+request, so it is laid out for the common miss: one dict lookup on the method
+(WebSocket scopes have no ``method`` and look up ``WS``), then a set lookup for literal
+paths and one combined regex for globs.
 """
 
 from __future__ import annotations

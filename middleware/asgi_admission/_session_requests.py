@@ -38,26 +38,15 @@ from asgi_admission._responses import (
 )
 
 # --------------------------------------------------------------------------------------
-# A session request's body, read before the decision so that a slow client holds nothing.
+# A session request's body, read before the decision so that a slow client holds nothing
+# (docs/reservations.md, "Slow clients"): a reservation made before the body has arrived
+# could be held by a client that sends its headers and then nothing, and ASGI servers set
+# no body timeout of their own.
 #
-# Notes:
-#
-# - A reservation made before the body has arrived could be held by a client that
-# sends its headers and then nothing: as many such connections as sessions fit
-# would lock the service (ASGI servers set no body timeout of their own). So the
-# guard reads the body first, up to ``buffer_bytes``, and decides only once it
-# is complete; the app then reads the same messages, replayed.
-# - The wait is bounded by ``timeout_s`` from the request's start: past it the
-# client gets a ``408`` and the app is never called. The bound is one timer for
-# all the requests still reading (``BodyReader``), which cancels a late
-# request's own task while it waits on ``receive``; only a cancellation the
-# timer made is taken as the timeout, any other one goes on.
-# - A body larger than ``buffer_bytes`` is decided on its first part and streams
-# to the app; if the rest has not arrived by the same deadline, the reservation
-# is given back (``WatchedHttp``'s timer, below) and the app reads on
-# holding nothing.
-# Buffering is bounded so that the guard itself never holds more than
-# ``buffer_bytes`` per request.
+# The bound is one timer for all the requests still reading (``BodyReader``), which
+# cancels a late request's own task while it waits on ``receive``; only a cancellation
+# the timer made is taken as the timeout, any other one goes on. Buffering is bounded so
+# that the guard itself never holds more than ``buffer_bytes`` per request.
 
 Arrival = Literal["complete", "partial", "disconnected", "timed_out"]
 
@@ -225,19 +214,11 @@ class Listening:
 # --------------------------------------------------------------------------------------
 # An admitted session request on its way through the app: when does it end, and how.
 #
-# The middleware has decided and reserved; these run the app with a ``receive``
-# and ``send`` that tell the :class:`Reservations` how the request ends
-# (``docs/reservations.md``):
-#
-# - HTTP: the response ends (``respond``: settling begins), the app answers with
-# a status of 400 or more (``fail``: it opened nothing), the client disconnects
-# or the app returns or raises without a complete response (``abandon``). The
-# reservations are told before the message is sent, so a client that does not read its
-# response cannot hold a reservation by being slow. A body the guard could not
-# read whole before deciding gives its reservation back if the rest comes late.
-# - WebSocket: the accept (``respond``); a close before or at the accept with an
-# error, or a denial of 400 or more (``fail``); either side closing or the app
-# returning (``abandon``, the session is over).
+# These run the app with a ``receive`` and ``send`` that tell the :class:`Reservations`
+# how the request ends (docs/reservations.md, "Requests that open nothing"): ``respond``
+# (the response ends or the WebSocket is accepted: settling begins), ``fail`` (it opened
+# nothing) or ``abandon``. The reservations are told before the message is sent, so a
+# client that does not read its response cannot hold a reservation by being slow.
 #
 # Telling the reservations is idempotent: every path calls it and the first one counts;
 # the ``finally`` around the app call also covers ``CancelledError``.
@@ -392,18 +373,10 @@ def opened_nothing(stage: Stage, message: Message) -> bool:
 
 
 # --------------------------------------------------------------------------------------
-# One guarded session request over ASGI: its responder asks the service, then answers.
-#
-# ``AdmissionMiddleware`` hands each session request to a responder of its own (as
-# Starlette's ``GZipMiddleware`` does to its ``IdentityResponder``), which holds
-# that request's state: the HTTP body is read before the decision (a client still
-# sending it holds nothing, and one slower than ``ADMISSION_BODY_TIMEOUT_SECONDS``
-# gets a ``408``),
-# the decision is the service's (``_admission/service.py``), a waiter for a
-# probe's evidence or for capacity waits with its client heard, a
-# refusal is sent
-# (``_responses.py``), and an admitted one runs the app watched.
-# Nothing here holds the ledger's lock across an ``await``.
+# One guarded session request over ASGI: its responder asks the service, then answers
+# (docs/design.md, "One session request", step 2). Like Starlette's ``GZipMiddleware``
+# with its ``IdentityResponder``, each request gets a responder of its own, which holds
+# that request's state. Nothing here holds the ledger's lock across an ``await``.
 
 
 class Guarded:

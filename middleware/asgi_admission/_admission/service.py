@@ -1,35 +1,17 @@
 """``AdmissionService``: read, decide and reserve; what the ASGI side asks of admission.
 
-Notes:
+See docs/design.md, "One session request", for the path through it. Notes:
 
-- One session request flows one way: (ledger lock) reader → latch → ledger
-  reserve → a ticket, a refusal, or a waiter for a probe's evidence. The middleware
-  asks :meth:`AdmissionService.admit` and answers the client; it holds no
-  decision state of its own.
 - Read, decide and reserve happen inside the ledger's critical section with no
   ``await`` in between, so a burst of concurrent requests cannot all pass one
-  reading. The latch and the counts are the one deliberate shared state; the lock
-  also serialises the controller, whose ``decide`` expects its caller to hold one.
-- Most admissions are decided by an upper bound of the working set (raw usage
-  and the exact limit, two small reads) while the latch is clear and far from
-  the ceiling: the latch's fast path (``AdmissionController.assess``).
+  reading. The lock also serialises the controller, whose ``decide`` expects its
+  caller to hold one.
 - The critical section is only tried: where another worker holds the shared
   ledger, :meth:`~AdmissionService.admit` raises ``LedgerBusy`` and
   :meth:`~AdmissionService.admit_later` retries without blocking the loop, then
   refuses with ``ledger_busy``.
-- A route whose footprint is not learned yet is probed: its first sessions are
-  decided on an exact reading and admitted a few at a time, and the others are
-  waiters, reserving nothing, until the probes' evidence is in (:meth:`wait`,
-  ``probing.py``, ``reservations/probing.py``). Learned routes cost one dict
-  lookup more.
-- With ``ADMISSION_QUEUE_TIMEOUT_SECONDS`` above 0, a request that does not fit is
-  answered :class:`Queued` and waits for capacity, holding nothing
-  (``queue.py``); while others of its class or a higher one wait (in any
-  worker, where the waiting order is shared: ``scheduling/shared_order.py``), a new
-  one goes behind them. The decisions of a waiting request that do not admit are
-  checks, not refusals, for the metrics. With priority classes each request is decided
-  against its class's ceiling and latch (``RequestDecisions.by_class`` below; one class at the
-  high watermark: the controller).
+- The decisions of a waiting request that do not admit are checks, not refusals,
+  for the metrics (docs/configuration.md, "Waiting and priority").
 """
 
 from __future__ import annotations
@@ -38,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -91,103 +74,145 @@ from asgi_admission._admission.scheduling.tenants import TenantShares, TenantSlo
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading, SafeReader
 
-# --------------------------------------------------------------------------------------
-
 logger = logging.getLogger("asgi_admission")
 
 
-def decide(
-    controller: AdmissionController,
-    read: SafeReader,
-    held_bytes: Callable[[str | None, int, int], int],
-    session_limit: int | None,
-    current: int,
-    pending: int,
-    route: str | None,
-) -> CapacityDecision:
-    """The latch's decision for one more session of ``route``, inside the ledger's critical
-    section: on an upper bound of the working set where it admits (two small reads, while
-    the latch is clear), else on an exact reading; what the pending sessions and one more
-    hold is the reservations' ``held_bytes(route, pending, limit)``, handed to the latch."""
-    admitted = admitted_on_bound(controller, held_bytes, session_limit, current, pending, route)
-    if admitted is not None:
-        return admitted
-    return decide_exactly(controller, read, held_bytes, session_limit, current, pending, route)
+# --------------------------------------------------------------------------------------
+# How one session request is decided: the latch on an upper bound or an exact reading,
+# by its priority class's ceiling, while its route is probed, and a refusal's delay. The
+# service asks these inside the ledger's critical section; nothing here takes a lock or
+# awaits.
 
 
-def admitted_on_bound(
-    controller: AdmissionController,
-    held_bytes: Callable[[str | None, int, int], int],
-    session_limit: int | None,
-    current: int,
-    pending: int,
-    route: str | None,
-) -> CapacityDecision | None:
-    """The decision on an upper bound of the working set where that admits (two small
-    reads, while the latch is clear); ``None`` where an exact reading must decide."""
-    if controller.bound_may_admit(current, session_limit, pending):
-        bound = controller.read_bound()
-        if bound is not None:
-            used, limit = bound.used_bytes, bound.limit_bytes
-            assert used is not None  # read_bound() returns usable bounds only
-            assert limit is not None
-            if controller.bound_admits(used, limit, held_bytes(route, pending, limit)):
-                return controller.admitted_on(bound)
-    return None
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestDecisions:
+    """The decisions of one guard's session requests: the latch's (``controller``) with
+    what the pending sessions and one more hold (``reservations.held_bytes``), a class's
+    ceiling (``ceilings``; ``None``: one class, the controller's), what the probes answer
+    for a probed route and a refusal's delay (``retry_after``)."""
 
+    controller: AdmissionController
+    reservations: Reservations
+    read: SafeReader
+    session_limit: int | None
+    retry_after: RetryAfterPolicy
+    ceilings: ClassCeilings | None
 
-def decide_exactly(
-    controller: AdmissionController,
-    read: SafeReader,
-    held_bytes: Callable[[str | None, int, int], int],
-    session_limit: int | None,
-    current: int,
-    pending: int,
-    route: str | None,
-) -> CapacityDecision:
-    """:func:`decide` on an exact reading, where the upper bound did not admit."""
-    memory = read()
-    limit = memory.limit_bytes
-    held = held_bytes(route, pending, limit) if limit else None
-    return controller.decide(memory, current, session_limit, pending, held_bytes=held)
+    def decide(self, current: int, pending: int, route: str | None) -> CapacityDecision:
+        """The latch's decision for one more session of ``route``: on an upper bound of
+        the working set where it admits (two small reads, while the latch is clear), else
+        on an exact reading."""
+        admitted = self.admitted_on_bound(current, pending, route)
+        if admitted is not None:
+            return admitted
+        return self.decide_exactly(current, pending, route)
 
+    def admitted_on_bound(
+        self, current: int, pending: int, route: str | None
+    ) -> CapacityDecision | None:
+        """The decision on an upper bound of the working set where that admits; ``None``
+        where an exact reading must decide."""
+        controller = self.controller
+        if controller.bound_may_admit(current, self.session_limit, pending):
+            bound = controller.read_bound()
+            if bound is not None:
+                used, limit = bound.used_bytes, bound.limit_bytes
+                assert used is not None  # read_bound() returns usable bounds only
+                assert limit is not None
+                held = self.reservations.held_bytes(route, pending, limit)
+                if controller.bound_admits(used, limit, held):
+                    return controller.admitted_on(bound)
+        return None
 
-def decide_counting(
-    controller: AdmissionController,
-    read: SafeReader,
-    held_bytes: Callable[[str | None, int, int], int],
-    session_limit: int | None,
-    ledger: SessionLedger,
-    own: int | None,
-    route: str | None,
-) -> tuple[CapacityDecision, int, int]:
-    """:func:`decide` with the counts it takes from ``ledger`` (given the app's count
-    ``own``), and those counts.
+    def decide_exactly(self, current: int, pending: int, route: str | None) -> CapacityDecision:
+        """:meth:`decide` on an exact reading, where the upper bound did not admit."""
+        memory = self.read()
+        limit = memory.limit_bytes
+        held = self.reservations.held_bytes(route, pending, limit) if limit else None
+        return self.controller.decide(memory, current, self.session_limit, pending, held_bytes=held)
 
-    While the bound is in use (``bound_in_use``), the fast path is tried first on the
-    ledger's high counts, which leave out the check of whether the other workers live: a
-    dead worker's sessions can only make the latch refuse, so where the bound admits
-    with them in, it admits without them too. Where it does not, and while no bound is
-    in use (none offered, or the latch set), the exact counts (which recover a dead
-    worker's sessions) decide, as :func:`decide` does.
-    """
-    if not controller.bound_in_use():
-        current, pending = ledger.counts(own)
-        decision = decide(controller, read, held_bytes, session_limit, current, pending, route)
-        return decision, current, pending
-    current, pending = ledger.counts(own, high=True)
-    admitted = admitted_on_bound(controller, held_bytes, session_limit, current, pending, route)
-    if admitted is not None:
-        return admitted, current, pending
-    exact = ledger.counts(own)
-    if exact == (current, pending):  # nothing recovered: the fast path answered already
-        decision = decide_exactly(
-            controller, read, held_bytes, session_limit, current, pending, route
+    def counting(
+        self, ledger: SessionLedger, own: int | None, route: str | None
+    ) -> tuple[CapacityDecision, int, int]:
+        """:meth:`decide` with the counts it takes from ``ledger`` (given the app's count
+        ``own``), and those counts.
+
+        While the bound is in use (``bound_in_use``), the fast path is tried first on the
+        ledger's high counts, which leave out the check of whether the other workers live: a
+        dead worker's sessions can only make the latch refuse, so where the bound admits
+        with them in, it admits without them too. Where it does not, and while no bound is
+        in use (none offered, or the latch set), the exact counts (which recover a dead
+        worker's sessions) decide, as :meth:`decide` does.
+        """
+        if not self.controller.bound_in_use():
+            current, pending = ledger.counts(own)
+            return self.decide(current, pending, route), current, pending
+        current, pending = ledger.counts(own, high=True)
+        admitted = self.admitted_on_bound(current, pending, route)
+        if admitted is not None:
+            return admitted, current, pending
+        exact = ledger.counts(own)
+        if exact == (current, pending):  # nothing recovered: the fast path answered already
+            return self.decide_exactly(current, pending, route), current, pending
+        current, pending = exact
+        return self.decide(current, pending, route), current, pending
+
+    def by_class(
+        self, klass: str, memory: MemoryReading, route: str, current: int, pending: int
+    ) -> CapacityDecision:
+        """The decision for a request of priority class ``klass``: its class's ceiling
+        and latch on ``memory``, the reserves as the controller counts them."""
+        ceilings = self.ceilings
+        assert ceilings is not None
+        limit = memory.limit_bytes
+        return ceilings.decide(
+            klass,
+            memory,
+            current_sessions=current,
+            session_limit=self.session_limit,
+            pending_sessions=pending,
+            held_bytes=self.reservations.held_bytes(route, pending, limit) if limit else 0,
         )
-        return decision, current, pending
-    current, pending = exact
-    decision = decide(controller, read, held_bytes, session_limit, current, pending, route)
-    return decision, current, pending
+
+    def probed(
+        self, route: str, current: int, pending: int, expired: bool, klass: str
+    ) -> tuple[CapacityDecision, ProbeAnswer]:
+        """A route not learned yet: the latch on an exact reading (a probe's growth counts
+        from it), then whether the session is a probe, waits, or is decided as it is."""
+        memory = self.read()
+        blind = not memory.exact or is_blind(memory)
+        # The probes first: this reading may conclude them, and raise the reserve.
+        answer: ProbeAnswer = (
+            "known" if blind else self.reservations.probe_answer(route, memory.used_bytes)
+        )
+        if self.ceilings is None:
+            held = self.reservations.held_bytes(route, pending, memory.limit_bytes or 0)
+            decision = self.controller.decide(
+                memory, current, self.session_limit, pending, held_bytes=held
+            )
+        else:
+            decision = self.by_class(klass, memory, route, current, pending)
+        if not decision.allowed or blind:
+            return decision, "known"  # refused anyway, or blind: nothing to probe with
+        if answer == "wait" and expired:
+            refused = CapacityDecision(
+                False, decision.state, memory, "probing", decision.transition
+            )
+            return refused, "known"
+        return decision, answer
+
+    def retry_delay(self, decision: CapacityDecision, route: str) -> int:
+        """Retry-After for a refusal: from the rate of session ends when memory is short,
+        about the probes' ramp so far while probing."""
+        if decision.reason in ("memory_pressure", "queue_timeout", "queue_full"):
+            wait = self.reservations.expected_wait_s(time.monotonic())
+            if wait is not None:
+                return self.retry_after.delay_for(wait)
+        elif decision.reason == "probing":
+            ramp = self.reservations.expected_wait_s(time.monotonic(), probed=route)
+            assert ramp is not None  # a probed route's ramp is always known
+            return self.retry_after.delay_for(ramp)
+        return self.retry_after.next_delay()
 
 
 # --------------------------------------------------------------------------------------
@@ -216,21 +241,9 @@ class SessionCounts:
 
 
 # --------------------------------------------------------------------------------------
-# Which priority class a session request is of (the ``priority`` callable, its route's
-# class, or the default one) and which tenant (``tenant``), docs/configuration.md,
-# "Waiting and priority".
-#
-# Notes:
-#
-# - ``session_routes`` may map each pattern to a class name (a plain list: every route
-# of the default class); ``priority(scope)``, where given, picks the class of each
-# request and wins over its route's. A ``priority`` that raises or names no
-# configured class gives the request its route's class, and is logged once.
-# - The default class is the one named ``default`` where one is configured (and with no
-# classes configured, the only one), else the last, the lowest served: a request
-# nobody classified never takes the headroom kept for higher ones.
-# - Class names come from the configuration only, so the metrics' ``class`` label is a
-# bounded set however requests are classified.
+# Which priority class a session request is of and which tenant: docs/configuration.md,
+# "Waiting and priority". Class names come from the configuration only, so the metrics'
+# ``class`` label is a bounded set however requests are classified.
 
 
 def default_class(names: tuple[str, ...]) -> str:
@@ -374,68 +387,39 @@ class TenantReservation:
 # --------------------------------------------------------------------------------------
 # The latch run with no session at stake: readiness, the counts beside it, and liveness.
 #
-# Notes:
-#
-# - A check is the latch's own evaluation (``AdmissionController.assess``, the exact
-# limit and the counts) in the ledger's critical section, as a session request's
-# decision is, but it reserves nothing and settles nothing. The observer is told of it
-# as a check (``on_check``), never as a decision.
-# - The service hands :class:`LatchChecks` its own critical section and decision log: a
-# check may set or clear the latch, or find telemetry missing or back, and is logged
-# as a decision would be, the log's note of the last blind reading kept under the lock
-# for both.
-# - The readiness probe waits for a shared ledger held by another worker (``when_free``)
-# for at most a retry's wait, then answers ``ledger_busy``; :meth:`LatchChecks.check_with_counts`
-# only tries it (``LedgerBusy``), for the stuck-pressure watch and the proxy's reports.
-# - The liveness probe's status is the stuck-pressure watch's (``decision/stuck.py``,
-# docs/operations.md), which this class builds around its own checks.
+# A check is a session request's decision in the ledger's critical section that
+# reserves and settles nothing; the observer is told of it as a check (``on_check``).
+# It shares the service's critical section and decision log: a check may move the latch
+# or find telemetry missing or back, and is logged as a decision would be.
 
 
 class LatchChecks:
-    """The checks of one guard's latch (see the module notes), built by its service:
-    ``attempt`` is the service's critical section of ``ledger``, ``log`` its decision
-    log, ``own_count`` the reservations' count of this process's sessions, and ``observer``
-    is told of every check (``None``: nobody)."""
+    """The checks of one guard's latch, built by its service: ``decisions`` are its
+    decisions, ``attempt`` its critical section of ``ledger``, ``log`` its decision log,
+    and ``observer`` is told of every check (``None``: nobody)."""
 
-    __slots__ = (
-        "_attempt",
-        "_controller",
-        "_held_bytes",
-        "_ledger",
-        "_log",
-        "_observer",
-        "_own_count",
-        "_read",
-        "_session_limit",
-        "stuck",
-    )
+    __slots__ = ("_attempt", "_decisions", "_ledger", "_log", "_observer", "stuck")
 
     def __init__(
         self,
         *,
         config: AdmissionConfig,
-        controller: AdmissionController,
+        decisions: RequestDecisions,
         ledger: SessionLedger,
         attempt: AbstractContextManager[object],
-        own_count: Callable[[], int | None],
-        held_bytes: Callable[[str | None, int, int], int],
-        read: SafeReader,
-        session_limit: int | None,
         log: DecisionLog,
         observer: DecisionObserver | None,
         shared_dir: str | None,
     ) -> None:
-        self._controller = controller
+        self._decisions = decisions
         self._ledger = ledger
         self._attempt = attempt
-        self._own_count = own_count
-        self._held_bytes = held_bytes
-        self._read = read
-        self._session_limit = session_limit
         self._log = log
         self._observer = observer
         #: The watch for stuck pressure (``docs/operations.md``).
-        self.stuck: StuckWatch = build_watch(config, controller, self.check_with_counts, shared_dir)
+        self.stuck: StuckWatch = build_watch(
+            config, decisions.controller, self.check_with_counts, shared_dir
+        )
 
     def check(self) -> CapacityDecision:
         """The readiness probe's latch evaluation: a decision that reserves nothing."""
@@ -443,18 +427,10 @@ class LatchChecks:
 
     def check_with_counts(self) -> tuple[CapacityDecision, tuple[int, int]]:
         """:meth:`check`, with the counts it decided with (for the stuck-pressure watch)."""
-        own = self._own_count()
+        own = self._decisions.reservations.own_count()
         with self._attempt:
             current, pending = self._ledger.counts(own)
-            decision = decide(
-                self._controller,
-                self._read,
-                self._held_bytes,
-                self._session_limit,
-                current,
-                pending,
-                None,
-            )
+            decision = self._decisions.decide(current, pending, None)
             blind_changed = self._log.note_blind(decision)
         if self._observer is not None:
             self._observer.on_check(decision)
@@ -479,102 +455,6 @@ class LatchChecks:
         if not watch.running:
             watch.step()
         return watch.status()
-
-
-# --------------------------------------------------------------------------------------
-# How one session request is decided beyond the latch alone: by its priority class's
-# ceiling, on an exact reading while its route is probed, and the ``Retry-After`` of a
-# refusal. The admission service (``service.py``) asks these inside the ledger's critical
-# section; nothing here takes a lock or awaits.
-
-
-class RequestDecisions:
-    """The parts of a decision that the controller's ``assess`` does not make: a class's
-    ceiling (``ceilings``; ``None``: one class, the controller's), what the probes answer
-    for a probed route (``reservations``) and a refusal's delay (``retry_after``)."""
-
-    __slots__ = (
-        "_ceilings",
-        "_controller",
-        "_read",
-        "_reservations",
-        "_retry_after",
-        "_session_limit",
-    )
-
-    def __init__(
-        self,
-        *,
-        controller: AdmissionController,
-        reservations: Reservations,
-        read: SafeReader,
-        session_limit: int | None,
-        retry_after: RetryAfterPolicy,
-        ceilings: ClassCeilings | None,
-    ) -> None:
-        self._controller = controller
-        self._reservations = reservations
-        self._read = read
-        self._session_limit = session_limit
-        self._retry_after = retry_after
-        self._ceilings = ceilings
-
-    def by_class(
-        self, klass: str, memory: MemoryReading, route: str, current: int, pending: int
-    ) -> CapacityDecision:
-        """The decision for a request of priority class ``klass``: its class's ceiling
-        and latch on ``memory``, the reserves as the controller counts them."""
-        ceilings = self._ceilings
-        assert ceilings is not None
-        limit = memory.limit_bytes
-        return ceilings.decide(
-            klass,
-            memory,
-            current_sessions=current,
-            session_limit=self._session_limit,
-            pending_sessions=pending,
-            held_bytes=self._reservations.held_bytes(route, pending, limit) if limit else 0,
-        )
-
-    def probed(
-        self, route: str, current: int, pending: int, expired: bool, klass: str
-    ) -> tuple[CapacityDecision, ProbeAnswer]:
-        """A route not learned yet: the latch on an exact reading (a probe's growth counts
-        from it), then whether the session is a probe, waits, or is decided as it is."""
-        memory = self._read()
-        blind = not memory.exact or is_blind(memory)
-        # The probes first: this reading may conclude them, and raise the reserve.
-        answer: ProbeAnswer = (
-            "known" if blind else self._reservations.probe_answer(route, memory.used_bytes)
-        )
-        if self._ceilings is None:
-            held = self._reservations.held_bytes(route, pending, memory.limit_bytes or 0)
-            decision = self._controller.decide(
-                memory, current, self._session_limit, pending, held_bytes=held
-            )
-        else:
-            decision = self.by_class(klass, memory, route, current, pending)
-        if not decision.allowed or blind:
-            return decision, "known"  # refused anyway, or blind: nothing to probe with
-        if answer == "wait" and expired:
-            refused = CapacityDecision(
-                False, decision.state, memory, "probing", decision.transition
-            )
-            return refused, "known"
-        return decision, answer
-
-    def retry_delay(self, decision: CapacityDecision, route: str) -> int:
-        """Retry-After for a refusal: from the rate of session ends when memory is short,
-        about the probes' ramp so far while probing."""
-        if decision.reason in ("memory_pressure", "queue_timeout", "queue_full"):
-            wait = self._reservations.expected_wait_s(time.monotonic())
-            if wait is not None:
-                return self._retry_after.delay_for(wait)
-        elif decision.reason == "probing":
-            ramp = self._reservations.expected_wait_s(time.monotonic(), probed=route)
-            assert ramp is not None  # a probed route's ramp is always known
-            return self._retry_after.delay_for(ramp)
-        return self._retry_after.next_delay()
 
 
 #: What a decision comes to: a ticket, a refusal, a waiter for a probe's evidence, or a
@@ -617,18 +497,20 @@ class AdmissionService:
         order: SharedOrder | None = None,
         on_class_decision: Callable[[str, CapacityDecision], None] | None = None,
     ) -> None:
-        self._config = config
-        self._controller = controller
-        self._ledger = ledger
-        self._reservations = reservations
+        self.config = config
+        self.controller = controller
+        #: Where the sessions are counted: this process's, or the workers' shared one.
+        self.ledger = ledger
+        #: Settling, tickets and what was learned of the sessions.
+        self.reservations = reservations
         self._probe_waiters = probe_waiters
         self._app_count = app_count
         self._counts_app = app_count.current_sessions is not None
         self.read = read
         #: ``(active, pending)``, waiting for the lock (the metrics' and the scrape's).
         self.session_counts = counts
-        self._session_limit = session_limit
-        self._retry_after = retry_after
+        self.session_limit = session_limit
+        self.retry_after = retry_after
         self._observer = observer
         #: Where this guard shares its counts (``None``: alone), and the search for
         #: other workers where it counts alone by default (started with the lifespan).
@@ -638,16 +520,20 @@ class AdmissionService:
         # reusable context manager every time), only tried.
         self._attempt = ledger.attempt()
         self._log = DecisionLog(controller, session_limit)
+        self._decide = RequestDecisions(
+            controller=controller,
+            reservations=reservations,
+            read=read,
+            session_limit=session_limit,
+            retry_after=retry_after,
+            ceilings=ceilings,
+        )
         #: The latch run with no session at stake: readiness, liveness, the proxy's check.
         self.checks = LatchChecks(
             config=config,
-            controller=controller,
+            decisions=self._decide,
             ledger=ledger,
             attempt=self._attempt,
-            own_count=reservations.own_count,
-            held_bytes=reservations.held_bytes,
-            read=read,
-            session_limit=session_limit,
             log=self._log,
             observer=observer,
             shared_dir=shared_dir,
@@ -664,43 +550,8 @@ class AdmissionService:
         self._freed = freed
         self._order = order  # the workers' waiting order, closed with the lifespan
         self._class_decided = on_class_decision  # each decision, with its request's class
-        self._decide = RequestDecisions(
-            controller=controller,
-            reservations=reservations,
-            read=read,
-            session_limit=session_limit,
-            retry_after=retry_after,
-            ceilings=ceilings,
-        )
 
     # -- what the guard shows -------------------------------------------------------
-
-    @property
-    def config(self) -> AdmissionConfig:
-        return self._config
-
-    @property
-    def controller(self) -> AdmissionController:
-        return self._controller
-
-    @property
-    def ledger(self) -> SessionLedger:
-        """Where the sessions are counted: this process's, or the workers' shared one."""
-        return self._ledger
-
-    @property
-    def session_limit(self) -> int | None:
-        """The configured count cap; ``None``: none while memory is readable."""
-        return self._session_limit
-
-    @property
-    def retry_after(self) -> RetryAfterPolicy:
-        return self._retry_after
-
-    @property
-    def reservations(self) -> Reservations:
-        """Settling, tickets and what was learned of the sessions."""
-        return self._reservations
 
     @property
     def stuck(self) -> StuckWatch:
@@ -710,7 +561,7 @@ class AdmissionService:
     def observe_peak(self, route: str, peak_bytes: int, *, exact: bool = False) -> None:
         """A session of ``route`` peaked at ``peak_bytes``, as a session watchdog measured
         it (its RSS at most, or ``exact``: its own memory group's peak): learned from."""
-        self._reservations.observe_peak(route, peak_bytes, exact=exact)
+        self.reservations.observe_peak(route, peak_bytes, exact=exact)
 
     # -- the decision ---------------------------------------------------------------
 
@@ -741,8 +592,8 @@ class AdmissionService:
         queue = self.wait_queue
         observer = self._observer
         start = time.perf_counter() if observer is not None else 0.0
-        ledger = self._ledger
-        reservations = self._reservations
+        ledger = self.ledger
+        reservations = self.reservations
         # The app's own count (current_sessions) replaces the ledger's count of
         # accepted WebSockets; a shared ledger adds the other workers' counts. App
         # code, so it is asked once, before the critical section, never inside it.
@@ -756,21 +607,13 @@ class AdmissionService:
         # Others wait for capacity (here, or in another worker: the order's): deciding
         # this one now would let it jump the line.
         if queue is not None and not waiting and queue.ahead(klass):
-            return Queued(behind_others(self._controller.pressure_state), klass, tenant)
+            return Queued(behind_others(self.controller.pressure_state), klass, tenant)
         probing = reservations.probing and route not in reservations.view.known()
         ceilings = self.ceilings
         with self._attempt:
             answer: ProbeAnswer = "known"
             if tenant is None and not probing and ceilings is None:
-                decision, current, pending = decide_counting(
-                    self._controller,
-                    self.read,
-                    reservations.held_bytes,
-                    self._session_limit,
-                    ledger,
-                    own,
-                    route,
-                )
+                decision, current, pending = self._decide.counting(ledger, own, route)
             else:
                 current, pending = ledger.counts(own)
                 if (
@@ -779,20 +622,12 @@ class AdmissionService:
                     and tenants.beyond(tenant, current + pending, queue, waiting)
                 ):
                     decision = CapacityDecision(
-                        False, self._controller.pressure_state, UNAVAILABLE, "tenant_share"
+                        False, self.controller.pressure_state, UNAVAILABLE, "tenant_share"
                     )
                 elif probing:
                     decision, answer = self._decide.probed(route, current, pending, expired, klass)
                 elif ceilings is None:
-                    decision = decide(
-                        self._controller,
-                        self.read,
-                        reservations.held_bytes,
-                        self._session_limit,
-                        current,
-                        pending,
-                        route,
-                    )
+                    decision = self._decide.decide(current, pending, route)
                 else:
                     decision = self._decide.by_class(klass, self.read(), route, current, pending)
             memory = decision.memory
@@ -800,7 +635,7 @@ class AdmissionService:
             retry_after_s = 0
             if answer == "wait":
                 # Waits for its probes' evidence (a waiter that waited keeps its deadline).
-                deadline = time.monotonic() + self._config.probe_wait_s
+                deadline = time.monotonic() + self.config.probe_wait_s
                 waiter = self._probe_waiters.add(route, deadline, waited)
             elif decision.allowed:
                 reservation = ledger.reserve()
@@ -818,7 +653,7 @@ class AdmissionService:
             elif queue is None or decision.reason not in WAITABLE:
                 # Refused, not waiting: for the fair share, requests are being refused.
                 if tenants is not None and decision.reason != "tenant_share":
-                    tenants.refusing(self._retry_after.base_s)
+                    tenants.refusing(self.retry_after.base_s)
                 retry_after_s = self._decide.retry_delay(decision, route)
             # A fast-path decision reads a bound (usage with its cache), never
             # used for settling: an exact reading of the working set is due instead.
@@ -862,7 +697,7 @@ class AdmissionService:
             self._log.busy(exc)
             decision = CapacityDecision(
                 allowed=False,
-                state=self._controller.pressure_state,
+                state=self.controller.pressure_state,
                 memory=UNAVAILABLE,
                 reason="ledger_busy",
             )
@@ -871,9 +706,9 @@ class AdmissionService:
             if self._class_decided is not None:
                 klass = DEFAULT_CLASS
                 if self._priorities is not None and scope is not None:
-                    klass = self._priorities.of(scope, self._reservations.route(scope))
+                    klass = self._priorities.of(scope, self.reservations.route(scope))
                 self._class_decided(klass, decision)
-            return decision, self._retry_after.next_delay(), (0, 0)
+            return decision, self.retry_after.next_delay(), (0, 0)
 
     async def wait(
         self, kind: Kind, scope: Scope, waiter: ProbeWaiter, listening: Listener | None
@@ -888,7 +723,7 @@ class AdmissionService:
             except LedgerBusy as exc:
                 return await self.admit_later(kind, scope, exc, waiter, expired)
 
-        sample_while_waiting(self._reservations)
+        sample_while_waiting(self.reservations)
         return await wait_then_decide(waiter, self._probe_waiters, decide, listening)
 
     async def wait_for_room(
@@ -909,7 +744,7 @@ class AdmissionService:
             queue,
             decide=decide,
             # A waiter left in the instant it was admitted: its session never opens.
-            give_back=lambda ticket: self._reservations.abandon(settlement_of(ticket)),
+            give_back=lambda ticket: self.reservations.abandon(settlement_of(ticket)),
             queued=queued,
             listening=listening,
             watcher=self._queue_watcher,
@@ -919,7 +754,7 @@ class AdmissionService:
             return waited.admission  # ``None``: the client left, and it holds nothing
         refused, counts = ran_out(waited.outcome, last)
         if self.tenants is not None and refused.reason != "tenant_share":
-            self.tenants.refusing(self._retry_after.base_s)
+            self.tenants.refusing(self.retry_after.base_s)
         if self._observer is not None:
             self._observer.on_decision(kind, refused, waited.waited_s)
         if self._class_decided is not None:
@@ -941,7 +776,7 @@ class AdmissionService:
             self.alone.start()
         try:
             await serve_with_reservations(
-                self._reservations, app, scope, receive, send, also=self.stuck.run
+                self.reservations, app, scope, receive, send, also=self.stuck.run
             )
         finally:
             if self._order is not None:

@@ -8,11 +8,11 @@ reachable label combinations start at 0, so ``rate()`` works from the first scra
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Final, get_args
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from asgi_admission._admission.decision.latch import CapacityDecision, has_no_limit
+from asgi_admission._admission.decision.latch import CapacityDecision, Reason, has_no_limit
 from asgi_admission._admission.decision.observer import Kind
 
 PREFIX: Final = "asgi_admission_"
@@ -36,17 +36,9 @@ DURATION_BUCKETS: Final = (
 
 KINDS: Final[tuple[Kind, ...]] = ("http", "websocket")
 #: ``(allowed, reason)`` pairs a decision can carry, with their label values.
-OUTCOMES: Final = (
+OUTCOMES: Final[tuple[tuple[bool, Reason | None, str, str], ...]] = (
     (True, None, "admitted", "none"),
-    (False, "memory_pressure", "rejected", "memory_pressure"),
-    (False, "session_limit", "rejected", "session_limit"),
-    (False, "telemetry_unavailable", "rejected", "telemetry_unavailable"),
-    (False, "no_memory_limit", "rejected", "no_memory_limit"),
-    (False, "ledger_busy", "rejected", "ledger_busy"),
-    (False, "probing", "rejected", "probing"),
-    (False, "queue_timeout", "rejected", "queue_timeout"),
-    (False, "queue_full", "rejected", "queue_full"),
-    (False, "tenant_share", "rejected", "tenant_share"),
+    *((False, reason, "rejected", reason) for reason in get_args(Reason)),
 )
 
 

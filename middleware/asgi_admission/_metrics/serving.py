@@ -1,18 +1,11 @@
 """Serving the metrics: an ASGI app, a Starlette/FastAPI route, a separate port.
 
-Notes:
-
-- ``Mount("/metrics", app)`` answers a bare ``/metrics`` with a 307 to ``/metrics/``
-  (Starlette's ``redirect_slashes``), which some scrapers do not follow. A
-  ``Route`` whose endpoint is an ASGI app matches the exact path instead, so
-  :func:`metrics_route` (or FastAPI's ``app.add_route("/metrics", metrics_app())``)
-  answers ``/metrics`` directly.
-- Content negotiation is prometheus_client's: OpenMetrics when asked, the text
-  format otherwise, gzip when accepted.
-- With ``PROMETHEUS_MULTIPROC_DIR`` set (read when the app is built) each scrape
-  builds a fresh registry holding ``MultiProcessCollector`` (every worker's counters,
-  summed) and this worker's scrape-time collector, which reads the container's
-  memory once (summing it per worker would be wrong). Any worker can answer.
+What each serves and how: docs/metrics.md, "Serving them". ``Mount("/metrics", app)``
+answers a bare ``/metrics`` with a 307 (Starlette's ``redirect_slashes``), which some
+scrapers do not follow; a ``Route`` whose endpoint is an ASGI app matches the exact path.
+With ``PROMETHEUS_MULTIPROC_DIR`` set (read when the app is built) each scrape builds a
+fresh registry: every worker's counters summed, and this worker's collector, which reads
+the container's memory once (summing it per worker would be wrong).
 """
 
 from __future__ import annotations

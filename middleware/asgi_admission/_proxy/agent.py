@@ -1,14 +1,8 @@
 """The agent-check listener: one line of room per connection, for HAProxy's ``agent-check``.
 
-Notes:
-
-- Started and stopped with the app's lifespan, on every interface with
-  ``SO_REUSEPORT``, so every worker of a container listens on the same port; their
-  answers agree, the memory being the container's and the counts the shared
-  ledger's (``docs/containers.md``).
-- A connection is answered as soon as the room is known, then closed. What the client
-  sends is dropped; one that sends more than ``MAX_RECEIVED_BYTES`` or stays past
-  ``ANSWER_TIMEOUT_S`` is cut off, and beyond ``MAX_CONNECTIONS`` one is closed at once.
+Started and stopped with the app's lifespan, on every interface with ``SO_REUSEPORT``,
+so every worker of a container listens on the same port and answers alike; its bounds
+on what a client may send or hold: docs/containers.md, "Bounded".
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """The guard's reports to the proxy in front of it: the agent check and the load report.
 
 ``RoomReports`` is what ``AdmissionMiddleware`` holds of them (``docs/containers.md``):
-the room it checks, the agent-check listener run with the lifespan where a port is
+the room it checks, the agent-check listener (run with the lifespan) where a port is
 set, and the view session responses are reported from where the header is on.
 """
 
 from __future__ import annotations
-
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asgi_admission._admission.service import AdmissionService
 from asgi_admission._proxy.agent import AgentListener
@@ -24,27 +22,3 @@ class RoomReports:
         self.agent = None if port is None else AgentListener(self.view, port=port)
         #: The view session responses report from; ``None``: no header.
         self.load_report = self.view if config.load_metrics_header else None
-
-    def lifespan(self, app: ASGIApp) -> ASGIApp:
-        """``app``'s lifespan with the agent-check listener, where there is one, listening
-        from just before the server hears that startup completed until the app's
-        shutdown has completed."""
-        agent = self.agent
-        if agent is None:
-            return app
-
-        async def with_agent(scope: Scope, receive: Receive, send: Send) -> None:
-            async def send_and_track(message: Message) -> None:
-                kind = message["type"]
-                if kind == "lifespan.startup.complete":
-                    await agent.start()
-                elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-                    await agent.stop()
-                await send(message)
-
-            try:
-                await app(scope, receive, send_and_track)
-            finally:
-                await agent.stop()
-
-        return with_agent

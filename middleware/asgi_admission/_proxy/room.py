@@ -1,15 +1,9 @@
 """A replica's room for more sessions, in the forms proxies read (docs/containers.md).
 
-Notes:
-
-- One check is the readiness probe's latch on an exact reading and the admissible
-  sessions the metrics report; it is taken at most every ``MAX_AGE_S``, however many
-  agent checks or session responses ask.
-- HAProxy's agent check reads ``ready N%``: N percent of the server's configured
-  weight, at most 256 in all. With ``weight 100`` on each server (the documented
-  configuration), N is the admissible sessions, capped at 256. ``drain`` where no
-  session would be admitted now. ``down`` is never said: a replica that refuses
-  sessions still serves its open ones and every other request.
+What each form says, and why never ``down``: docs/containers.md. One check is the
+readiness probe's latch on an exact reading and the admissible sessions the metrics
+report, taken at most every ``MAX_AGE_S`` however many agent checks or session
+responses ask.
 """
 
 from __future__ import annotations

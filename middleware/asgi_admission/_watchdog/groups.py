@@ -1,18 +1,9 @@
 """Per-session memory groups: the kernel itself holds each process session to its budget.
 
-Notes (where the groups go, their limits and why the wrapper: docs/session-groups.md):
-
-- v1: below this process's own memory group, ``<own>/asgi-admission/<group>``, where
-  ``memory.use_hierarchy`` makes their memory count against the container's limit.
-  v2: below the group *above* the server's, and only where that one already gives
-  ``memory`` to its children and lets this process move processes into them. The
-  guard never moves the server's own processes.
-- :meth:`SessionGroup.command` prefixes the command with a tiny wrapper that writes
-  ``0`` (itself) to the group's ``cgroup.procs`` and then ``exec``\\ s the command: its
-  first instruction already runs in the group, and if joining fails it never runs.
-- Names: ``<worker pid>-<number>-<session id>``, so a worker can tell a crashed
-  worker's leftovers; it removes one only when its worker is gone and it is empty.
-  Its own are removed once empty: by the next watchdog tick, or the watchdog's stop.
+Where the groups go, their limits, the wrapper and the leftovers of a worker that was
+killed: docs/session-groups.md. The guard never moves the server's own processes. A
+group's name, ``<worker pid>-<number>-<session id>``, tells a crashed worker's
+leftovers; one is removed only when its worker is gone and it is empty.
 """
 
 from __future__ import annotations
@@ -90,7 +81,8 @@ def find_place(
     hostfs: str = "/",
     cgroup_namespace: str = "/proc/self/ns/cgroup",
 ) -> GroupsPlace:
-    """Where this process may make session groups (see the module notes)."""
+    """Where this process may make session groups (docs/session-groups.md, "Where the
+    groups go")."""
     location = discover_cgroup(
         proc_self_cgroup=PROC_SELF_CGROUP if proc_self_cgroup is None else proc_self_cgroup,
         mountinfo=MOUNTINFO if mountinfo is None else mountinfo,
@@ -210,8 +202,9 @@ class SessionGroup:
         return os.path.join(self.path, "cgroup.procs")
 
     def command(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` run inside this group from its first instruction (see the notes);
-        for ``subprocess.Popen``, ``asyncio.create_subprocess_exec`` and the like."""
+        """``argv`` run inside this group from its first instruction: a tiny wrapper joins
+        the group, then execs it, so if joining fails it never runs. For
+        ``subprocess.Popen``, ``asyncio.create_subprocess_exec`` and the like."""
         if not argv:
             raise ValueError("command() needs the command to run; got an empty argv.")
         return [*self._wrapper, self.procs_file, *argv]
@@ -231,9 +224,8 @@ class SessionGroup:
 
     def oom_kills(self) -> int:
         """How many of its processes the kernel's OOM killer has killed."""
-        if self.version == "v1":
-            return _numbers(_read(os.path.join(self.path, "memory.oom_control"))).get("oom_kill", 0)
-        return _numbers(_read(os.path.join(self.path, "memory.events"))).get("oom_kill", 0)
+        name = "memory.oom_control" if self.version == "v1" else "memory.events"
+        return _numbers(_read(os.path.join(self.path, name))).get("oom_kill", 0)
 
     def peak_bytes(self) -> int | None:
         """The group's highest usage since it was made (v1 ``memory.max_usage_in_bytes``,

@@ -1,11 +1,11 @@
-"""The session watchdog's lifespan: started and stopped with the app's, and found from a
-request through the lifespan state."""
+"""The session watchdog's place in the lifespan state: put there at startup, found from a
+request."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from asgi_admission._watchdog.watchdog import SessionWatchdog
 
@@ -16,32 +16,12 @@ if TYPE_CHECKING:
 STATE_KEY: Final = "asgi_admission.watchdog"
 
 
-async def serve_lifespan(
-    watchdog: SessionWatchdog, app: ASGIApp, scope: Scope, receive: Receive, send: Send
-) -> None:
-    """Run ``app``'s lifespan with the watchdog: started just before the server hears
-    that startup completed, stopped once the app's own shutdown has completed (its
-    hooks may still end sessions), and stopped in any case when the lifespan ends.
-
-    The watchdog also goes into the lifespan state, which servers copy into every
-    request's scope, so ``session_watchdog(request)`` finds it at no per-request cost.
-    """
+def put_in_state(scope: Scope, watchdog: SessionWatchdog) -> None:
+    """Put ``watchdog`` in the lifespan state, which servers copy into every request's
+    scope, so ``session_watchdog(request)`` finds it at no per-request cost."""
     state = scope.get("state")
     if isinstance(state, dict):
         state[STATE_KEY] = watchdog
-
-    async def send_and_track(message: Message) -> None:
-        kind = message["type"]
-        if kind == "lifespan.startup.complete":
-            await watchdog.start()
-        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-            await watchdog.stop()
-        await send(message)
-
-    try:
-        await app(scope, receive, send_and_track)
-    finally:
-        await watchdog.stop()
 
 
 def session_watchdog(connection: HTTPConnection) -> SessionWatchdog:

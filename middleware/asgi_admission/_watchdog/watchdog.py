@@ -1,16 +1,12 @@
 """The session watchdog: samples the processes sessions start and halts them when needed.
 
-Notes:
+See docs/operations.md, "The session watchdog". Notes:
 
 - ``run()`` is a task on the application's event loop, started and stopped with
-  the lifespan (``lifespan.py``). Each tick measures in a thread of its own
-  (``measure``: a ``/proc`` scan and a read per session process) and decides on the
-  loop (``_decide``); ``sample_once()`` does both, for tests.
-- Two reasons to halt: a session over its own budget (``budget_exceeded``), and,
-  while the container is at or above the critical watermark, the largest sessions
-  first (``container_headroom``). A session being halted counts as freeing its last
-  RSS until its process is gone, so one breach does not halt a second session while
-  the first is still exiting.
+  the lifespan. Each tick measures in a thread of its own (``measure``) and decides
+  on the loop (``_decide``); ``sample_once()`` does both, for tests.
+- A session being halted counts as freeing its last RSS until its process is gone,
+  so one breach does not halt a second session while the first is still exiting.
 - Only memory halts. CPU is measured and reported, never acted on: a busy half
   second is the container runtime's to throttle, and a CPU-bound session is not
   a danger to its neighbours the way an out-of-memory kill is.

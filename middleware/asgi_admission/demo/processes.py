@@ -13,11 +13,10 @@ inside one limited to its budget: the kernel then stops it at the budget, and th
 watchdog reports that as the halt ``memory_limit``. ``&burst=1`` allocates the memory
 as fast as it can instead of in steps, faster than any sampling watchdog can act.
 
-A child grows in steps of 4 MiB at most 80 MiB a second, so that the watchdog,
-sampling every 0.5 s by default, sees it cross the line (40 MiB between samples;
-a 512 MiB container keeps 51 MiB above the 90% critical watermark) before the
-kernel's OOM killer has to act. Growing a session that was halted answers 409,
-one whose process has ended 410.
+A child grows in steps of 4 MiB at most 80 MiB a second, so that the watchdog sees
+it cross the line before the kernel's OOM killer has to act (docs/operations.md,
+"The session watchdog"). Growing a session that was halted answers 409, one whose
+process has ended 410.
 """
 
 from __future__ import annotations

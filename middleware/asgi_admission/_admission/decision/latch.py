@@ -7,11 +7,9 @@ Notes:
 
 - The set and clear conditions are exact complements, so one evaluation can never
   clear the latch and re-arm it.
-- The fast path (``assess``): every condition of the latch is monotone in the
-  working set, so where the last decision was "normal" and an upper bound of the
-  working set (raw usage, without the costly ``memory.stat``) already admits, the
-  exact working set would have decided the same. Only ``decision.memory`` differs:
-  the bound, with ``exact=False``.
+- The fast path (``assess``, docs/how-it-decides.md, "The fast path"): where an upper
+  bound of the working set admits, so would the exact one; only ``decision.memory``
+  differs (the bound, ``exact=False``).
 """
 
 from __future__ import annotations
@@ -510,10 +508,6 @@ class ClassCeilings:
             for name, ceiling in self._ceiling.items()
         }
         self._pressured = dict.fromkeys(self.names, False)
-
-    def ceiling_percent(self, name: str) -> float:
-        """The class's ceiling: its latch sets at this percentage of the limit."""
-        return self._ceiling[name]
 
     def resume_percent(self, name: str) -> float:
         """Where the class's latch clears (with one more reserve fitting)."""

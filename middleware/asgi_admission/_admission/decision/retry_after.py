@@ -67,11 +67,6 @@ class RetryAfterPolicy:
         self._first_refusal: float | None = None
         self._last_refusal: float | None = None
 
-    @property
-    def level_s(self) -> float:
-        """The current delay before jitter."""
-        return self._level
-
     def next_delay(self) -> int:
         """Record one refusal and return the whole seconds to send with it."""
         if self.adaptive:

@@ -170,12 +170,10 @@ class StuckDetector:
             attribution = attribute_working_set(self._controller, memory, active + pending)
             held = attribution is not None and holds_latch(self._controller, attribution)
         if not held:
-            was = self._since is not None
+            was = self._since is not None  # set whenever the pressure is stuck
             self._since = None
             self._attribution = None
-            if self._stuck:
-                self._stuck = False
-                return "cleared"
+            self._stuck = False
             return "cleared" if was else None
         self._attribution = attribution
         if self._since is None or counts != self._counts:

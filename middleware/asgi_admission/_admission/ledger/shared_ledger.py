@@ -1,31 +1,22 @@
 """A session ledger shared by the worker processes of one container.
 
-Notes (the whole story, with the faults each part answers: ``docs/trust.md``):
+The faults each part answers, and how: docs/trust.md ("A worker stuck in the critical
+section", "Releases are never lost", "A deleted, replaced, truncated or garbled file").
+Notes:
 
-- One small file; a worker claims its slot at its first critical section, so a
-  ledger built before a fork claims nothing.
+- A worker claims its slot at its first critical section, so a ledger built before a
+  fork claims nothing (a fork child reopens the file).
 - The critical section is this process's ``threading.Lock`` then an exclusive
-  ``flock`` on its own open file description (a fork child reopens the file), so
-  read-decide-reserve is atomic across threads and workers. No wait is unbounded:
-  ``attempt()`` raises :class:`LedgerBusy` unless both are free now, ``locked()``
-  waits at most ``LOCK_WAIT_S``; ``attempt_own()`` is the thread lock alone, for
-  bookkeeping that touches no shared file.
-- Activations and releases never raise and are never lost: counts change in memory
-  first, and the slot is written (only if its row changed) by the next critical
-  section, the loop's next turn (one write for all of a turn's releases), or the
-  heartbeat. Meanwhile the others count this worker's released sessions a little
-  longer: high, never low. While the file cannot be opened, decisions raise
-  :class:`LedgerUnavailable` (logged once).
-- The heartbeat (every ``HEARTBEAT_S`` on the worker's loop) also follows a deleted or
-  replaced file and rewrites its row in a rebuilt one. A worker that finds its row
-  gone knows the others' are too: its ``reserve`` raises ``LedgerBusy`` until every
-  worker that held a slot lock has a row again (at most ``SETTLE_MAX_S``).
-- A slot with counts whose OFD lock is free belongs to a dead worker, ``SIGKILL``
-  included: the next exact count zeroes it (the periodic sample's, the metrics', a
-  decision's). A decision first counts high, every other slot in without asking
-  (``counts(high=True)``), and counts exactly only where that would not admit: a dead
-  worker's sessions can only refuse. Negative counts in other slots count as 0.
-- Files are opened through ``safe_files``.
+  ``flock`` on its own open file description: ``attempt()`` raises
+  :class:`LedgerBusy` unless both are free now, ``locked()`` waits at most
+  ``LOCK_WAIT_S``; ``attempt_own()`` is the thread lock alone, for bookkeeping that
+  touches no shared file.
+- Counts change in memory first; the slot is written (only if its row changed) by the
+  next critical section, the loop's next turn or the heartbeat, so the others count
+  high meanwhile, never low.
+- A slot with counts whose OFD lock is free belongs to a dead worker. A decision first
+  counts every other slot in without asking (``counts(high=True)``), and counts
+  exactly only where that would not admit. Negative counts in other slots count as 0.
 """
 
 from __future__ import annotations
@@ -548,7 +539,7 @@ class LedgerFile:
 
 # --------------------------------------------------------------------------------------
 # The shared ledger's critical section, and keeping this worker's slot written
-# (the module notes tell the whole story); ``SharedLedger`` counts on top of it.
+# (the module notes, and docs/trust.md); ``SharedLedger`` counts on top of it.
 
 #: How often (at most) a worker checks that its ledger file is still the one at the path.
 LINK_CHECK_INTERVAL_S: Final = 0.25

@@ -1,19 +1,13 @@
 """Where the workers of one memory group share their session ledger, found without being told.
 
-Notes (the operator's side, with the bases tried in order: ``docs/operations.md``;
-the checks: ``docs/trust.md``):
+Where, and what happens where no place will do: docs/operations.md, "Several workers
+in one container"; the checks on each place: docs/trust.md. Notes:
 
-- The directory is named after the memory group the reader measures
+- The name comes from the memory group the reader measures
   (``CgroupMemoryReader.group_directory``, or with ``memory_source="host"`` the
-  machine): its device and inode, this user's id and the boot's id, so the workers of
-  one server share one name, and another group, even one that sees itself as ``/``
-  in a cgroup namespace of its own, or an earlier boot's leftover, never does. The
-  group of any other reader cannot be told, so its guard counts alone.
+  machine); the group of any other reader cannot be told, so its guard counts alone.
 - A base is passed over where ``safe_files`` refuses the name or any of the three
-  files opened there first (a read-only base, a file someone else put in the
-  directory): a default place never stops the service.
-- A guard that counts alone searches once, in a thread started with the lifespan, for
-  other workers of its server in its memory group, and warns if there are any.
+  files opened there first: a default place never stops the service.
 """
 
 from __future__ import annotations

@@ -105,25 +105,15 @@ class WaitOrder(Protocol):
         waiter goes first now, if it is another's."""
 
 
+@dataclass(eq=False, slots=True)
 class _Waiter(Generic[T]):
-    __slots__ = ("arrived", "attempt", "class_name", "deferred", "future", "give_back", "rank")
-
-    def __init__(
-        self,
-        class_name: str,
-        attempt: Callable[[], T | Verdict],
-        give_back: Callable[[T], None],
-        future: asyncio.Future[T],
-        rank: int,
-        arrived: float,
-    ) -> None:
-        self.class_name = class_name
-        self.attempt = attempt
-        self.give_back = give_back
-        self.future = future
-        self.rank = rank
-        self.arrived = arrived
-        self.deferred = False  # its last attempt: not published as first meanwhile
+    class_name: str
+    attempt: Callable[[], T | Verdict]
+    give_back: Callable[[T], None]
+    future: asyncio.Future[T]
+    rank: int
+    arrived: float
+    deferred: bool = False  # its last attempt: not published as first meanwhile
 
 
 class WaitQueue(Generic[T]):

@@ -19,8 +19,9 @@ from asgi_admission._config import Learning
 #
 # Notes:
 #
-# - A window in which nothing else ramped measures its session (drift aside), where its
-# growth was seen in every step (not carried over memory freed: a guess). One that
+# - A window in which nothing else ramped measures its session (drift aside), where
+# nothing else may have (within its ramp or a quiet spell after it) and its growth was
+# seen in every step (not carried over memory freed: a guess). One that
 # other sessions' ramps overlapped says, at most, what its session added
 # (``attributed``): its growth less the least the others can have added.
 # - What a route's session typically adds (``typical``) is the median of the memory its
@@ -64,7 +65,8 @@ class Window:
     #: The other sessions in the window, per route.
     overlaps: tuple[Overlap, ...]
     #: Every route in ``overlaps`` had a learned ramp (else the shares are lower
-    #: bounds), and, where ``overlaps`` is empty, its growth was seen in every step.
+    #: bounds), and, where ``overlaps`` is empty, nothing else may have ramped in it and
+    #: its growth was seen in every step.
     exact: bool
 
 
@@ -129,8 +131,8 @@ def percentile(values: Iterable[float], share: float = PERCENTILE) -> float:
 
 
 def _clean(state: _Route) -> list[float]:
-    """What the route's sessions were seen to add or free with nothing else ramping (and
-    no step's growth a guess)."""
+    """What the route's sessions were seen to add or free with nothing else ramping (no
+    other session that may have, no step's growth a guess)."""
     alone = (w.growth for w in state.windows if w.exact and not w.overlaps)
     return [*state.ends, *(max(0.0, growth) for growth in alone)]
 
@@ -960,9 +962,10 @@ class GrowthWindows:
         if window.alone:
             own.seen, own.seen_until = window.peak, now
         company, exact = overlaps(self._recent, window, now, self.horizon_s, expected, lengths)
-        if window.guessed and not company:
-            # Nothing else in it, it would measure its session: not where its growth
-            # is in part a guess, carried over memory freed.
+        if not company and (window.guessed or not window.alone):
+            # Nothing else in it by the learned ramps, it would measure its session:
+            # not where another session may have been growing in it all the same, nor
+            # where its growth is in part a guess, carried over memory freed.
             exact = False
         return ClosedWindow(
             route=own.route,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asgi_admission._admission.reservations.learning import GrowthWindows
+from asgi_admission._admission.reservations.learning import GrowthWindows, SessionLearner
 from kits.suitekit import MIB
 
 #: Internal on purpose: the learner's growth series, fed readings with a fake clock.
@@ -46,3 +46,88 @@ def test_growth_of_a_session_still_ramping_is_carried_over_memory_freed() -> Non
     _closed, _freed, step = windows.reading(BASE - 36 * MIB, 0.5, expected, lengths)
     assert step is not None
     assert step.growth >= 12 * MIB
+
+
+def test_a_window_whose_growth_was_carried_over_memory_freed_measures_nothing() -> None:
+    """An in-request session's window spans a step in which another route's process
+    ended (its 96 MiB freed, the end told by the count alone): that step's growth is a
+    guess, the rise before it carried on (the session's own 48 MiB jump, while its
+    route's typical size is not known yet). With nothing else in it, the window would be
+    taken as a measure of 96 MiB for the in-request route, the ramping route's size, and
+    its bound capped there (seen in ``bench/churn.py --modes unmeasured``, bench/README.md,
+    "The seventeenth session"): a window whose growth was guessed measures nothing."""
+    learner = SessionLearner()
+    t = 0.0
+    used = BASE
+
+    def read(until: float, grow: float = 0.0) -> None:
+        nonlocal t, used
+        while t < until - 1e-9:
+            t = round(t + 0.25, 3)
+            used += int(grow)
+            learner.on_reading(used, t)
+
+    learner.on_reading(used, t)
+    # A process session whose 96 MiB arrive over 2 s after its response.
+    learner.on_admit("POST /ramp", used, 0.05)
+    read(2.0, 12 * MIB)
+    read(5.0)
+    # An in-request session alone: 48 MiB, built before its response.
+    learner.on_admit("POST /build", used, 5.05, responded=False)
+    used += 48 * MIB
+    learner.on_response(5.05, 5.08)
+    read(7.0)
+    # Another: its 48 MiB, then the process ends (told by the count, its route unknown)
+    # and frees its 96 MiB in the next step, in which nothing grew.
+    learner.on_admit("POST /build", used, 7.05, responded=False)
+    used += 48 * MIB
+    learner.on_response(7.05, 7.08)
+    read(7.25)
+    learner.on_session_end(7.3, count=1)
+    used -= 96 * MIB
+    read(9.0)
+    estimate = learner.estimate("POST /build")
+    assert estimate is not None
+    assert estimate.footprint_bytes < 60 * MIB
+
+
+def test_a_window_another_session_may_have_ramped_in_measures_nothing() -> None:
+    """The ramping route's ramp was learned short (its first session's memory came in
+    0.5 s, the next one's takes 2 s): an in-request session admitted just after the
+    second is past that learned ramp has, by it, nothing else in its window, though the
+    other session may still be growing (within its ramp and a quiet spell after it),
+    and it is. Its window would be taken as a measure of the in-request session's 48 MiB
+    and most of the other's memory (bench/README.md, "The seventeenth session"): it
+    measures nothing."""
+    learner = SessionLearner()
+    t = 0.0
+    used = BASE
+
+    def read(until: float, grow: float = 0.0) -> None:
+        nonlocal t, used
+        while t < until - 1e-9:
+            t = round(t + 0.25, 3)
+            used += int(grow)
+            learner.on_reading(used, t)
+
+    learner.on_reading(used, t)
+    # An in-request session alone: 48 MiB, built before its response.
+    learner.on_admit("POST /build", used, 0.05, responded=False)
+    used += 48 * MIB
+    learner.on_response(0.05, 0.08)
+    read(2.0)
+    # A process session whose 96 MiB come in 0.5 s: its route's ramp is learned short.
+    learner.on_admit("POST /ramp", used, 2.05)
+    read(2.5, 48 * MIB)
+    read(6.0)
+    # The next one's come over 2 s; an in-request session comes 0.9 s into it.
+    learner.on_admit("POST /ramp", used, 6.05)
+    read(6.75, 12 * MIB)
+    learner.on_admit("POST /build", used, 6.95, responded=False)
+    used += 48 * MIB
+    learner.on_response(6.95, 6.98)
+    read(8.0, 12 * MIB)
+    read(16.0)
+    estimate = learner.estimate("POST /build")
+    assert estimate is not None
+    assert estimate.footprint_bytes < 60 * MIB

@@ -19,7 +19,9 @@ from asgi_admission._config import Learning
 #
 # Notes:
 #
-# - A window in which nothing else ramped measures its session (drift aside). One that
+# - A window in which nothing else ramped measures its session (drift aside), where
+# nothing else may have (within its ramp or a quiet spell after it) and its growth was
+# seen in every step (not carried over memory freed: a guess). One that
 # other sessions' ramps overlapped says, at most, what its session added
 # (``attributed``): its growth less the least the others can have added.
 # - What a route's session typically adds (``typical``) is the median of the memory its
@@ -63,7 +65,8 @@ class Window:
     #: The other sessions in the window, per route.
     overlaps: tuple[Overlap, ...]
     #: Every route in ``overlaps`` had a learned ramp (else the shares are lower
-    #: bounds).
+    #: bounds), and, where ``overlaps`` is empty, nothing else may have ramped in it and
+    #: its growth was seen in every step.
     exact: bool
 
 
@@ -128,7 +131,8 @@ def percentile(values: Iterable[float], share: float = PERCENTILE) -> float:
 
 
 def _clean(state: _Route) -> list[float]:
-    """What the route's sessions were seen to add or free with nothing else ramping."""
+    """What the route's sessions were seen to add or free with nothing else ramping (no
+    other session that may have, no step's growth a guess)."""
     alone = (w.growth for w in state.windows if w.exact and not w.overlaps)
     return [*state.ends, *(max(0.0, growth) for growth in alone)]
 
@@ -287,6 +291,7 @@ class OpenWindow:
         "base",
         "clean",
         "crowded",
+        "guessed",
         "own_ramp",
         "pauses",
         "peak",
@@ -303,6 +308,8 @@ class OpenWindow:
         self.clean = True
         #: Another worker's session may have ramped in it (see the module notes).
         self.crowded = False
+        #: A step in it freed memory: its growth there is a guess (carried over).
+        self.guessed = False
         #: No other session has ramped in it (yet), and its ramp if it had ended before.
         self.alone = True
         self.own_ramp: float | None = None
@@ -837,6 +844,8 @@ class GrowthWindows:
                 # Growth in the same step would hide part of what was freed.
                 freed = _freed(ended, carried - rise)
             rise = carried
+            for window in self._open:
+                window.guessed = True
         else:
             self._last_rises = (self._last_rises[1], rise)
         self._growth += rise
@@ -953,6 +962,11 @@ class GrowthWindows:
         if window.alone:
             own.seen, own.seen_until = window.peak, now
         company, exact = overlaps(self._recent, window, now, self.horizon_s, expected, lengths)
+        if not company and (window.guessed or not window.alone):
+            # Nothing else in it by the learned ramps, it would measure its session:
+            # not where another session may have been growing in it all the same, nor
+            # where its growth is in part a guess, carried over memory freed.
+            exact = False
         return ClosedWindow(
             route=own.route,
             growth=self._growth - window.base,

@@ -1124,11 +1124,6 @@ class SessionLearner:
         (its end frees memory worth seeing)."""
         return self._windows.open > 0 or any(r.live > 0 for r in self._routes.values())
 
-    @property
-    def open_windows(self) -> int:
-        """How many admitted sessions are still being watched."""
-        return self._windows.open
-
     # -- events --------------------------------------------------------------------------
 
     def on_admit(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal, TypedDict, TypeVar
 
 from asgi_admission._config import Learning
@@ -265,60 +265,45 @@ def ramp_share(ramp_s: float, age_s: float) -> float:
     return age_s / ramp_s
 
 
+# eq=False: ``failed`` removes this admission from the recent ones, not an equal one.
+@dataclass(slots=True, eq=False)
 class Admission:
-    __slots__ = ("at", "ended", "responded", "route", "seen", "seen_until")
-
-    def __init__(self, route: str, at: float, responded: float | None) -> None:
-        self.route = route
-        self.at = at
-        #: When its response ended or its WebSocket was accepted (``None``: not yet).
-        self.responded = responded
-        #: When it was reported ended (its ramp stops there), or ``None``.
-        self.ended: float | None = None
-        #: What its window saw it add while no other session ramped, and until when.
-        self.seen = 0.0
-        self.seen_until: float | None = None
+    route: str
+    at: float
+    #: When its response ended or its WebSocket was accepted (``None``: not yet).
+    responded: float | None
+    #: When it was reported ended (its ramp stops there), or ``None``.
+    ended: float | None = None
+    #: What its window saw it add while no other session ramped, and until when.
+    seen: float = 0.0
+    seen_until: float | None = None
 
     def share(self, ramp_s: float, when: float) -> float:
         until = when if self.ended is None else min(when, self.ended)
         return ramp_share(ramp_s, until - self.at)
 
 
+@dataclass(slots=True, eq=False)
 class OpenWindow:
-    __slots__ = (
-        "admission",
-        "alone",
-        "base",
-        "clean",
-        "crowded",
-        "guessed",
-        "own_ramp",
-        "pauses",
-        "peak",
-        "peak_at",
-        "peaks",
-        "quiet",
-        "start",
-    )
-
-    def __init__(self, admission: Admission, start: float, base: float) -> None:
-        self.admission = admission
-        self.start = start
-        self.base = base
-        self.clean = True
-        #: Another worker's session may have ramped in it (see the module notes).
-        self.crowded = False
-        #: A step in it freed memory: its growth there is a guess (carried over).
-        self.guessed = False
-        #: No other session has ramped in it (yet), and its ramp if it had ended before.
-        self.alone = True
-        self.own_ramp: float | None = None
-        #: Readings since its last new peak, and the most there were between two.
-        self.quiet = 0
-        self.pauses = 0
-        self.peak = 0.0
-        self.peak_at = admission.at
-        self.peaks: list[tuple[float, float]] = []
+    admission: Admission
+    start: float
+    base: float
+    #: When its own growth last made a new peak (at first, its admission).
+    peak_at: float
+    #: No session of unknown footprint ramped in it: it may close once quiet.
+    clean: bool = True
+    #: Another worker's session may have ramped in it (see the module notes).
+    crowded: bool = False
+    #: A step in it freed memory: its growth there is a guess (carried over).
+    guessed: bool = False
+    #: No other session has ramped in it (yet), and its ramp if it had ended before.
+    alone: bool = True
+    own_ramp: float | None = None
+    #: Readings since its last new peak, and the most there were between two.
+    quiet: int = 0
+    pauses: int = 0
+    peak: float = 0.0
+    peaks: list[tuple[float, float]] = field(default_factory=list)
 
     def ramp_s(self) -> float:
         """Seconds from admission until the growth first reached 90 % of its peak."""
@@ -481,17 +466,16 @@ MIN_SESSIONS: Final = 2
 DECISIVE: Final = 0.75
 
 
+@dataclass(slots=True, eq=False)
 class _Profile:
-    __slots__ = ("matured", "scale", "sums")
-
-    def __init__(self) -> None:
-        #: Per candidate, sums over the steps of x*x, x*u, u*u, x*y, u*y and y*y: x the
-        #: route's own ramps, u the unknown routes' ramps, y the growth; each divided by
-        #: ``scale``, so that fading (on every admission) touches one number. Only ratios
-        #: of the sums are ever used.
-        self.sums = [[0.0] * 6 for _ in CANDIDATES]
-        self.scale = 1.0
-        self.matured = 0.0
+    #: Per candidate, sums over the steps of x*x, x*u, u*u, x*y, u*y and y*y: x the
+    #: route's own ramps, u the unknown routes' ramps, y the growth; each divided by
+    #: ``scale``, so that fading (on every admission) touches one number. Only ratios
+    #: of the sums are ever used.
+    sums: list[list[float]] = field(default_factory=lambda: [[0.0] * 6 for _ in CANDIDATES])
+    scale: float = 1.0
+    #: Sessions of the route past the longest candidate (faded as the evidence is).
+    matured: float = 0.0
 
     def fade(self) -> None:
         self.scale *= FADE
@@ -744,7 +728,7 @@ class GrowthWindows:
         self._recent.append(admission)
         if last is None or len(self._open) >= MAX_OPEN or now - last[1] > MAX_STEP_S:
             return
-        self._open.append(OpenWindow(admission, last[1], self._growth))
+        self._open.append(OpenWindow(admission, last[1], self._growth, peak_at=now))
 
     def others(self, admitted: tuple[float, ...], now: float, ramp_s: float) -> None:
         """Other workers' sessions admitted at ``admitted`` were still settling at the last
@@ -1065,17 +1049,15 @@ def empty_observations() -> RouteObservations:
     return {"footprints": [], "ramps": [], "ends": [], "exact": [], "windows": []}
 
 
+@dataclass(slots=True, eq=False)
 class _Route:
-    __slots__ = ("ends", "exact", "footprints", "live", "ramps", "windows")
-
-    def __init__(self) -> None:
-        self.footprints: deque[float] = deque(maxlen=KEPT)
-        self.ramps: deque[float] = deque(maxlen=KEPT)
-        self.ends: deque[float] = deque(maxlen=KEPT)
-        self.exact: deque[float] = deque(maxlen=KEPT)
-        self.windows: deque[Window] = deque(maxlen=KEPT)
-        #: Sessions admitted here and not seen ended (fractions: ends of unknown route).
-        self.live = 0.0
+    footprints: deque[float] = field(default_factory=lambda: deque(maxlen=KEPT))
+    ramps: deque[float] = field(default_factory=lambda: deque(maxlen=KEPT))
+    ends: deque[float] = field(default_factory=lambda: deque(maxlen=KEPT))
+    exact: deque[float] = field(default_factory=lambda: deque(maxlen=KEPT))
+    windows: deque[Window] = field(default_factory=lambda: deque(maxlen=KEPT))
+    #: Sessions admitted here and not seen ended (fractions: ends of unknown route).
+    live: float = 0.0
 
     def load(self, values: RouteObservations) -> None:
         self.footprints.extend(values["footprints"])

@@ -15,19 +15,10 @@ from typing import Final, Literal, TypedDict, TypeVar
 from asgi_admission._config import Learning
 
 # --------------------------------------------------------------------------------------
-# What one session's window says of its footprint.
-#
-# Notes:
-#
-# - A window in which nothing else ramped measures its session (drift aside), where
-# nothing else may have (within its ramp or a quiet spell after it) and its growth was
-# seen in every step (not carried over memory freed: a guess). One that
-# other sessions' ramps overlapped says, at most, what its session added
-# (``attributed``): its growth less the least the others can have added.
-# - What a route's session typically adds (``typical``) is the median of the memory its
-# sessions freed at their ends and of its windows in which nothing else ramped; it is
-# what is taken from other sessions' windows for it (a median, not a model fitted to
-# overlapping windows: measured in bench/README.md, "The sixteenth session").
+# What one session's window says of its footprint: when it measures its session, and
+# the bound it sets otherwise (``attributed``), are told in docs/reservations.md,
+# "Learning what a session costs" (why ``typical`` is a median, not a model fitted to
+# overlapping windows: bench/README.md, "The sixteenth session").
 
 #: How fast memory is taken to drift down for other reasons, at most, over a window.
 DRIFT_BYTES_PER_S: Final = 256 * 1024
@@ -93,17 +84,10 @@ def attributed(route: str, equation: Window, typical: Mapping[str, float]) -> fl
 
 
 # --------------------------------------------------------------------------------------
-# A route's footprint: the conservative bound everything observed of it allows.
-#
-# Notes:
-#
-# - A high percentile (``PERCENTILE``) of its windows' ``attributed`` bounds, capped by
-# the same percentile of its clean values (windows in which nothing else ramped, memory
-# freed at its sessions' ends) from the first of them; memory freed at ends
-# and the watchdog's peaks raise it where most of them say more; exact peaks (memory
-# groups of their own) replace all else. Sessions that free memory later only give
-# smaller values, which cannot lower it; memory growing for other reasons only raises it.
-# - Pure: the learner hands in what it holds of each route and ``typical`` of all routes.
+# A route's footprint: the conservative bound everything observed of it allows (how, in
+# docs/reservations.md, "Learning what a session costs"; exact peaks, of memory groups
+# of their own, replace all else). Pure: the learner hands in what it holds of each
+# route and ``typical`` of all routes.
 
 PERCENTILE: Final = 0.9
 #: Windows that knew every other session's ramp a route needs before its bound comes
@@ -644,26 +628,16 @@ def _rise(length: float, start: float, end: float, at: float, ended: float | Non
 #
 # Notes:
 #
-# - Readings become a *growth series*, and each admitted session gets a *window* on it
-# (both told in docs/reservations.md, "Learning what a session costs"). A step that
-# freed memory (by more than ``FREE_STEP_BYTES``, or with an end reported) carries on
-# the larger rise of the two before it. A window lasts ``window_length`` of a learned
-# ramp; before, until its own growth is quiet (only if no session of unknown footprint
-# ramped in it); at most ``HORIZON_S``. A closed window is one equation (``Overlap``).
+# - The growth series, the windows, and what other workers' sessions (a shared ledger)
+# drop of them are told in docs/reservations.md, "Learning what a session costs". A
+# step that freed memory (by more than ``FREE_STEP_BYTES``, or with an end reported)
+# carries on the larger rise of the two before it. Ramps, which say when memory comes
+# rather than how much, still come from every step, crowded or not.
 # - A session whose own growth had stopped (for more readings than it ever paused)
 # when another session came keeps that ramp as its own, and what it added alone is the
 # least it adds to any later window it lies in.
 # - A step in which sessions of one route were reported ended and nothing else was
 # ramping says how much memory one of them freed: evidence of its footprint too.
-# - Other workers' sessions (a shared ledger) are in the working set but not in this
-# worker's admissions: while one may still be ramping (on the shared settling queue,
-# or within the longest known ramp of its admission), the windows open are dropped
-# (unless the working set did not grow over them), and those steps, or one in which
-# another worker's session ended, teach no freed memory. Ramps, which say when memory
-# comes rather than how much, still come from every step.
-# - Bounded: at most ``MAX_OPEN`` open windows and ``MAX_RECENT`` admissions of the
-# last ``2 x HORIZON_S``; a reading costs a pass over them per open window. An
-# admission beyond ``MAX_RECENT`` crowds every open window as another worker's would.
 
 T = TypeVar("T")
 
@@ -985,19 +959,10 @@ def _freed(ended: list[tuple[str, float]], freed_bytes: float) -> list[Freed]:
 
 
 # --------------------------------------------------------------------------------------
-# Learning what one session costs: its footprint and its ramp time, per route.
-#
-# Notes:
-#
-# - Evidence comes from all traffic, not only from quiet spells: every window bounds its
-# session's footprint (above), and the ramps are fitted to every step.
-# - Conservative: a route's footprint and its ramp time are high percentiles of what
-# was observed, the safe side for a reserve.
-# - Bounded and forgetting: the last ``KEPT`` windows, ends and peaks per route, at
-# most ``MAX_ROUTES`` routes. Sessions change when the app does, so an old footprint
-# fades out as new sessions are observed rather than at once.
-# - The observations are what the workers share (``shared_files.LearnedStore``), each
-# worker reading all of them; the ramp profile is each worker's own.
+# Learning what one session costs: its footprint and its ramp time, per route, from all
+# traffic, bounded and forgetting (docs/reservations.md, "Learning what a session
+# costs"). The observations are what the workers share (``shared_files.LearnedStore``),
+# each worker reading all of them; the ramp profile is each worker's own.
 
 #: How many of each kind of observation a route keeps: the last ones.
 KEPT: Final = 32

@@ -554,22 +554,23 @@ class RampProfiles:
         growth: float,
         start: float,
         end: float,
-        sessions: Iterable[tuple[str, float, float | None]],
+        sessions: Iterable[Admission],
         expected: dict[str, tuple[float, float]],
         *,
         seen: bool = True,
     ) -> None:
         """One step of the growth series from ``start`` to ``end``: ``sessions`` are the
-        recent ones as ``(route, admitted_at, ended_at)``; ``expected`` the known
-        ``(footprint, ramp_s)`` of routes whose footprint is known (``typical``). A step whose
-        growth was not ``seen`` (carried over memory freed: a guess, which says nothing
-        of when memory came) only ages the sessions in it."""
-        by_route: dict[str, list[tuple[float, float | None]]] = {}
+        recent admissions; ``expected`` the known ``(footprint, ramp_s)`` of routes whose
+        footprint is known (``typical``). A step whose growth was not ``seen`` (carried
+        over memory freed: a guess, which says nothing of when memory came) only ages the
+        sessions in it."""
+        by_route: dict[str, list[Admission]] = {}
         longest = CANDIDATES[-1]
-        for route, admitted_at, ended_at in sessions:
+        for admission in sessions:
             # The same steps for every candidate: those within the longest ramp.
-            if route in self._profiles and admitted_at < end and admitted_at + longest >= start:
-                by_route.setdefault(route, []).append((admitted_at, ended_at))
+            at = admission.at
+            if admission.route in self._profiles and at < end and at + longest >= start:
+                by_route.setdefault(admission.route, []).append(admission)
         if not by_route:
             return
         if not seen:
@@ -582,13 +583,13 @@ class RampProfiles:
             footprint, ramp_s = expected.get(route, (0.0, 0.0))
             if footprint:
                 predicted[route] = footprint * sum(
-                    _rise(ramp_s, start, end, at, ended) for at, ended in rows
+                    share_between(a, ramp_s, start, end) for a in rows
                 )
             else:
                 length = self._profiles[route].best()
                 unknown[route] = sum(
-                    _rise(CANDIDATES[-1] / 2 if length is None else length, start, end, at, e)
-                    for at, e in rows
+                    share_between(a, longest / 2 if length is None else length, start, end)
+                    for a in rows
                 )
         total = sum(predicted.values())
         others_unknown = sum(unknown.values())
@@ -598,7 +599,7 @@ class RampProfiles:
             u = others_unknown - unknown.get(route, 0.0)
             weight = 1.0 / profile.scale
             for length, sums in zip(CANDIDATES, profile.sums, strict=True):
-                x = sum(_rise(length, start, end, at, ended) for at, ended in rows)
+                x = sum(share_between(a, length, start, end) for a in rows)
                 sums[0] += weight * x * x
                 sums[1] += weight * x * u
                 sums[2] += weight * u * u
@@ -610,17 +611,9 @@ class RampProfiles:
             profile.matured += _passed(rows, start, end)
 
 
-def _passed(rows: list[tuple[float, float | None]], start: float, end: float) -> int:
+def _passed(rows: list[Admission], start: float, end: float) -> int:
     """How many of the sessions ``rows`` passed the longest candidate in the step."""
-    return sum(1 for at, _e in rows if start < at + CANDIDATES[-1] <= end)
-
-
-def _rise(length: float, start: float, end: float, at: float, ended: float | None) -> float:
-    """The share of one session's memory a ramp of ``length`` adds between the two times."""
-    stop = end if ended is None else min(end, ended)
-    if stop <= start:
-        return 0.0
-    return ramp_share(length, stop - at) - ramp_share(length, start - at)
+    return sum(1 for a in rows if start < a.at + CANDIDATES[-1] <= end)
 
 
 # --------------------------------------------------------------------------------------
@@ -767,9 +760,9 @@ class GrowthWindows:
         closed = [self._closed(window, now, expected, lengths) for window in closing]
         return [w for w in closed if w is not None]
 
-    def sessions(self) -> list[tuple[str, float, float | None]]:
-        """The recent admissions: ``(route, admitted_at, ended_at)``."""
-        return [(a.route, a.at, a.ended) for a in self._recent]
+    def sessions(self) -> list[Admission]:
+        """The recent admissions."""
+        return list(self._recent)
 
     def reading(
         self, used_bytes: int, now: float, expected: Expected, lengths: Lengths

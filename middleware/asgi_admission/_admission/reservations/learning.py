@@ -440,8 +440,10 @@ def overlaps(
 # - Bounded: a few numbers per candidate per route, one pass over the recent sessions
 # per step.
 
-#: Ramp lengths tried, in seconds (the 90 % point of a linear ramp is 0.9 of its length).
+#: Ramp lengths tried, in seconds.
 CANDIDATES: Final = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
+#: A linear ramp reaches 90 % of its memory (a ramp time) at this share of its length.
+_RAMP_POINT: Final = 0.9
 #: The weight left to earlier evidence at each new session of the route.
 FADE: Final = 1.0 - 1.0 / 16
 #: Sessions of the route past the longest candidate before its ramp is trusted.
@@ -537,7 +539,7 @@ class RampProfiles:
         if profile is None or profile.matured < MIN_SESSIONS:
             return None
         length = profile.decisive()
-        return None if length is None else 0.9 * length
+        return None if length is None else _RAMP_POINT * length
 
     def bound_s(self, route: str) -> float | None:
         """Before its ramp is trusted (:meth:`ramp_s`), the longest the route's sessions
@@ -547,7 +549,7 @@ class RampProfiles:
         if profile is None or profile.matured < MIN_SESSIONS:
             return None
         length = profile.bound()
-        return None if length is None else 0.9 * length
+        return None if length is None else _RAMP_POINT * length
 
     def step(
         self,
@@ -963,8 +965,6 @@ MAX_ROUTES: Final = 64
 #: The ramp assumed of a route's sessions before any is learned: long, so that less of
 #: them is taken to have arrived in another session's window (the safe side).
 _UNKNOWN_RAMP_S: Final = HORIZON_S / 2
-#: A linear ramp reaches 90 % of its memory at this share of its length.
-_RAMP_POINT: Final = 0.9
 
 
 class RouteObservations(TypedDict):

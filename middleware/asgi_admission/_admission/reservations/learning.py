@@ -1305,13 +1305,9 @@ class SessionLearner:
 def effective_reserve(
     configured_bytes: int, learned: Iterable[RouteEstimate], *, mode: Learning, min_bytes: int
 ) -> int:
-    """The reserve the latch uses: the configured one, raised or replaced by what was learned.
-
-    ``raise``: the greater of the configured reserve and the largest learned
-    footprint (a reserve too small is the dangerous mistake). ``adapt``: the
-    largest learned footprint, never below ``min_bytes``. ``off`` (or nothing
-    learned yet): the configured reserve.
-    """
+    """The reserve the latch uses: the configured one, raised or replaced by the largest
+    learned footprint as ``mode`` says (docs/reservations.md, "Learning what a session
+    costs", its table of modes); the configured one while nothing is learned."""
     if mode == "off":
         return configured_bytes
     largest = max((estimate.footprint_bytes for estimate in learned), default=None)

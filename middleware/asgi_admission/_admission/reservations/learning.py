@@ -56,8 +56,7 @@ class Window:
     #: The other sessions in the window, per route.
     overlaps: tuple[Overlap, ...]
     #: Every route in ``overlaps`` had a learned ramp (else the shares are lower
-    #: bounds), and, where ``overlaps`` is empty, nothing else may have ramped in it and
-    #: its growth was seen in every step.
+    #: bounds); with no ``overlaps``, it was alone and its growth seen in every step.
     exact: bool
 
 
@@ -115,8 +114,8 @@ def percentile(values: Iterable[float], share: float = PERCENTILE) -> float:
 
 
 def _clean(state: _Route) -> list[float]:
-    """What the route's sessions were seen to add or free with nothing else ramping (no
-    other session that may have, no step's growth a guess)."""
+    """The route's clean values: memory freed at its sessions' ends, and the growth of
+    its exact windows with nothing else in them (``Window.exact``)."""
     alone = (w.growth for w in state.windows if w.exact and not w.overlaps)
     return [*state.ends, *(max(0.0, growth) for growth in alone)]
 
@@ -916,9 +915,8 @@ class GrowthWindows:
             own.seen, own.seen_until = window.peak, now
         company, exact = overlaps(self._recent, window, now, self.horizon_s, expected, lengths)
         if not company and (window.guessed or not window.alone):
-            # Nothing else in it by the learned ramps, it would measure its session:
-            # not where another session may have been growing in it all the same, nor
-            # where its growth is in part a guess, carried over memory freed.
+            # Nothing else in it by the learned ramps, yet no measure where another session
+            # may have grown in it all the same, or its growth was carried over a free.
             exact = False
         return ClosedWindow(
             route=own.route,

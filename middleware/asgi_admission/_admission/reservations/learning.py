@@ -623,10 +623,9 @@ def _passed(rows: list[Admission], start: float, end: float) -> int:
 # Notes:
 #
 # - The growth series, the windows, and what other workers' sessions (a shared ledger)
-# drop of them are told in docs/reservations.md, "Learning what a session costs". A
-# step that freed memory (by more than ``FREE_STEP_BYTES``, or with an end reported)
-# carries on the larger rise of the two before it. Ramps, which say when memory comes
-# rather than how much, still come from every step, crowded or not.
+# drop of them are told in docs/reservations.md, "Learning what a session costs".
+# Ramps, which say when memory comes rather than how much, still come from every step,
+# crowded or not.
 # - A session whose own growth had stopped (for more readings than it ever paused)
 # when another session came keeps that ramp as its own, and what it added alone is the
 # least it adds to any later window it lies in.

@@ -749,10 +749,8 @@ class GrowthWindows:
     def close_route(self, route: str, expected: Expected, lengths: Lengths) -> list[ClosedWindow]:
         """A probe saw the memory of ``route``'s sessions stop growing: their windows
         close at the last reading, without waiting for a quiet spell of their own."""
-        if self._last is None:
-            return []
         closing = [w for w in self._open if w.admission.route == route]
-        if not closing:
+        if not closing or self._last is None:
             return []
         self._open = [w for w in self._open if w.admission.route != route]
         now = self._last[1]

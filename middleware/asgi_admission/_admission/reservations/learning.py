@@ -62,10 +62,8 @@ class Window:
 
 def attributed(route: str, equation: Window, typical: Mapping[str, float]) -> float:
     """What ``equation``'s session of ``route`` added, at most: its window's growth less
-    the least the others can have added (``typical`` of their routes, or what they were
-    seen to add ramping alone, whichever says more; nothing where unknown), and more for
-    memory that may have drifted down. Where ``route`` itself is not known yet, the
-    window's other sessions of ``route`` share what is left with it equally instead."""
+    the least the others can have added, and more for memory that may have drifted down
+    (docs/reservations.md, "Learning what a session costs")."""
     others = 0.0
     own = 0.0
     for overlap in equation.overlaps:

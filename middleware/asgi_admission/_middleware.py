@@ -23,6 +23,7 @@ from asgi_admission._arguments import check_arguments, check_callables, check_wa
 from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
 from asgi_admission._factory import build_service
+from asgi_admission._proxy.agent import AgentListener
 from asgi_admission._proxy.reports import RoomReports
 from asgi_admission._responses import answer_liveness, answer_readiness, refusal_for
 from asgi_admission._routes import RouteMatcher, route_path
@@ -248,15 +249,23 @@ class AdmissionMiddleware:
                 for part in parts:
                     await part.start()
             elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-                for part in parts:
-                    await part.stop()
+                await _stop_all(parts)
             await send(message)
 
         try:
             await self.app(scope, receive, send_and_track)
         finally:
-            for part in parts:
-                await part.stop()
+            await _stop_all(parts)
+
+
+async def _stop_all(parts: list[SessionWatchdog | AgentListener]) -> None:
+    """Stops each part in turn, the later ones even where an earlier one's stop raises
+    (a watchdog cancelled in a forced shutdown must not leave the agent's port open)."""
+    if parts:
+        try:
+            await parts[0].stop()
+        finally:
+            await _stop_all(parts[1:])
 
 
 def _route_classes(session_routes: Iterable[str] | Mapping[str, str]) -> dict[str, str]:

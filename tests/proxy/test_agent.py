@@ -15,8 +15,9 @@ from typing import Any
 import httpx
 import pytest
 from agentkit import SettableReader, TestClient, agent_guard, ask, serving
+from starlette.types import Message, Scope
 
-from asgi_admission import AdmissionConfig, AdmissionMiddleware
+from asgi_admission import AdmissionConfig, AdmissionMiddleware, SessionWatchdog
 from asgi_admission._admission.decision.latch import CapacityDecision
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._proxy.agent import ANSWER_TIMEOUT_S, MAX_CONNECTIONS
@@ -105,6 +106,41 @@ def test_the_listener_starts_and_stops_with_the_lifespan() -> None:
             await asyncio.to_thread(ask, port)
         async with serving(app):
             assert (await asyncio.to_thread(ask, port)).startswith(b"ready ")
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.to_thread(ask, port)
+
+    run(test)
+
+
+class StopRaising(SessionWatchdog):
+    """A watchdog whose stop is cancelled, as in a server's forced shutdown."""
+
+    async def stop(self) -> None:
+        await super().stop()
+        raise asyncio.CancelledError
+
+
+def test_the_listener_stops_even_where_the_watchdog_stop_raises() -> None:
+    """The parts started with the lifespan are each stopped: a watchdog whose stop
+    raises does not leave the agent's port listening."""
+    port = free_port()
+    app = agent_guard(
+        SettableReader(),
+        agent_port=port,
+        watchdog=StopRaising(config=AdmissionConfig(), registry=None),
+    )
+
+    async def test() -> None:
+        inbox: asyncio.Queue[Message] = asyncio.Queue()
+        outbox: asyncio.Queue[Message] = asyncio.Queue()
+        scope: Scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
+        task = asyncio.get_running_loop().create_task(app(scope, inbox.get, outbox.put))
+        await inbox.put({"type": "lifespan.startup"})
+        assert (await outbox.get())["type"] == "lifespan.startup.complete"
+        assert (await asyncio.to_thread(ask, port)).startswith(b"ready ")
+        await inbox.put({"type": "lifespan.shutdown"})
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
         with pytest.raises(ConnectionRefusedError):
             await asyncio.to_thread(ask, port)
 

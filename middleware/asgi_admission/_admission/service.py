@@ -509,6 +509,7 @@ class AdmissionService:
         self.read = read
         #: ``(active, pending)``, waiting for the lock (the metrics' and the scrape's).
         self.session_counts = counts
+        #: The configured count cap; ``None``: none while memory is readable.
         self.session_limit = session_limit
         self.retry_after = retry_after
         self._observer = observer

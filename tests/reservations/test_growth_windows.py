@@ -48,6 +48,29 @@ def test_growth_of_a_session_still_ramping_is_carried_over_memory_freed() -> Non
     assert step.growth >= 12 * MIB
 
 
+class Replay:
+    """A learner fed readings every 0.25 s of a fake clock, ``used`` the memory read."""
+
+    def __init__(self) -> None:
+        self.learner = SessionLearner()
+        self.t = 0.0
+        self.used = BASE
+        self.learner.on_reading(self.used, self.t)
+
+    def read(self, until: float, grow: float = 0.0) -> None:
+        """Readings up to ``until``, memory growing by ``grow`` at each."""
+        while self.t < until - 1e-9:
+            self.t = round(self.t + 0.25, 3)
+            self.used += int(grow)
+            self.learner.on_reading(self.used, self.t)
+
+    def build(self, at: float) -> None:
+        """An in-request session admitted at ``at``: 48 MiB built before its response."""
+        self.learner.on_admit("POST /build", self.used, at, responded=False)
+        self.used += 48 * MIB
+        self.learner.on_response(at, round(at + 0.03, 3))
+
+
 def test_a_window_whose_growth_was_carried_over_memory_freed_measures_nothing() -> None:
     """An in-request session's window spans a step in which another route's process
     ended (its 96 MiB freed, the end told by the count alone): that step's growth is a
@@ -56,37 +79,22 @@ def test_a_window_whose_growth_was_carried_over_memory_freed_measures_nothing() 
     taken as a measure of 96 MiB for the in-request route, the ramping route's size, and
     its bound capped there (seen in ``bench/churn.py --modes unmeasured``, bench/README.md,
     "The seventeenth session"): a window whose growth was guessed measures nothing."""
-    learner = SessionLearner()
-    t = 0.0
-    used = BASE
-
-    def read(until: float, grow: float = 0.0) -> None:
-        nonlocal t, used
-        while t < until - 1e-9:
-            t = round(t + 0.25, 3)
-            used += int(grow)
-            learner.on_reading(used, t)
-
-    learner.on_reading(used, t)
+    replay = Replay()
     # A process session whose 96 MiB arrive over 2 s after its response.
-    learner.on_admit("POST /ramp", used, 0.05)
-    read(2.0, 12 * MIB)
-    read(5.0)
+    replay.learner.on_admit("POST /ramp", replay.used, 0.05)
+    replay.read(2.0, 12 * MIB)
+    replay.read(5.0)
     # An in-request session alone: 48 MiB, built before its response.
-    learner.on_admit("POST /build", used, 5.05, responded=False)
-    used += 48 * MIB
-    learner.on_response(5.05, 5.08)
-    read(7.0)
+    replay.build(5.05)
+    replay.read(7.0)
     # Another: its 48 MiB, then the process ends (told by the count, its route unknown)
     # and frees its 96 MiB in the next step, in which nothing grew.
-    learner.on_admit("POST /build", used, 7.05, responded=False)
-    used += 48 * MIB
-    learner.on_response(7.05, 7.08)
-    read(7.25)
-    learner.on_session_end(7.3, count=1)
-    used -= 96 * MIB
-    read(9.0)
-    estimate = learner.estimate("POST /build")
+    replay.build(7.05)
+    replay.read(7.25)
+    replay.learner.on_session_end(7.3, count=1)
+    replay.used -= 96 * MIB
+    replay.read(9.0)
+    estimate = replay.learner.estimate("POST /build")
     assert estimate is not None
     assert estimate.footprint_bytes < 60 * MIB
 
@@ -99,35 +107,20 @@ def test_a_window_another_session_may_have_ramped_in_measures_nothing() -> None:
     and it is. Its window would be taken as a measure of the in-request session's 48 MiB
     and most of the other's memory (bench/README.md, "The seventeenth session"): it
     measures nothing."""
-    learner = SessionLearner()
-    t = 0.0
-    used = BASE
-
-    def read(until: float, grow: float = 0.0) -> None:
-        nonlocal t, used
-        while t < until - 1e-9:
-            t = round(t + 0.25, 3)
-            used += int(grow)
-            learner.on_reading(used, t)
-
-    learner.on_reading(used, t)
+    replay = Replay()
     # An in-request session alone: 48 MiB, built before its response.
-    learner.on_admit("POST /build", used, 0.05, responded=False)
-    used += 48 * MIB
-    learner.on_response(0.05, 0.08)
-    read(2.0)
+    replay.build(0.05)
+    replay.read(2.0)
     # A process session whose 96 MiB come in 0.5 s: its route's ramp is learned short.
-    learner.on_admit("POST /ramp", used, 2.05)
-    read(2.5, 48 * MIB)
-    read(6.0)
+    replay.learner.on_admit("POST /ramp", replay.used, 2.05)
+    replay.read(2.5, 48 * MIB)
+    replay.read(6.0)
     # The next one's come over 2 s; an in-request session comes 0.9 s into it.
-    learner.on_admit("POST /ramp", used, 6.05)
-    read(6.75, 12 * MIB)
-    learner.on_admit("POST /build", used, 6.95, responded=False)
-    used += 48 * MIB
-    learner.on_response(6.95, 6.98)
-    read(8.0, 12 * MIB)
-    read(16.0)
-    estimate = learner.estimate("POST /build")
+    replay.learner.on_admit("POST /ramp", replay.used, 6.05)
+    replay.read(6.75, 12 * MIB)
+    replay.build(6.95)
+    replay.read(8.0, 12 * MIB)
+    replay.read(16.0)
+    estimate = replay.learner.estimate("POST /build")
     assert estimate is not None
     assert estimate.footprint_bytes < 60 * MIB

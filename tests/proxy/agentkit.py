@@ -21,7 +21,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient as TestClient
 
-__all__ = ["SettableReader", "agent_guard", "ask", "serving", "session_app"]
+__all__ = ["SettableReader", "agent_guard", "ask", "serving", "session_app", "start_lifespan"]
 
 
 class SettableReader:
@@ -93,15 +93,24 @@ def agent_guard(
                 os.environ[name] = value
 
 
-@contextlib.asynccontextmanager
-async def serving(app: AdmissionMiddleware) -> AsyncIterator[None]:
-    """``app``'s lifespan on the running loop: started on entry, shut down on exit."""
+async def start_lifespan(
+    app: AdmissionMiddleware,
+) -> tuple[asyncio.Task[None], asyncio.Queue[Message], asyncio.Queue[Message]]:
+    """``app``'s lifespan started on the running loop: its task, and the queues it
+    receives from and sends to."""
     inbox: asyncio.Queue[Message] = asyncio.Queue()
     outbox: asyncio.Queue[Message] = asyncio.Queue()
     scope: Scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
     task = asyncio.get_running_loop().create_task(app(scope, inbox.get, outbox.put))
     await inbox.put({"type": "lifespan.startup"})
     assert (await outbox.get())["type"] == "lifespan.startup.complete"
+    return task, inbox, outbox
+
+
+@contextlib.asynccontextmanager
+async def serving(app: AdmissionMiddleware) -> AsyncIterator[None]:
+    """``app``'s lifespan on the running loop: started on entry, shut down on exit."""
+    task, inbox, outbox = await start_lifespan(app)
     try:
         yield
     finally:

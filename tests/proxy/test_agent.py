@@ -14,8 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from agentkit import SettableReader, TestClient, agent_guard, ask, serving
-from starlette.types import Message, Scope
+from agentkit import SettableReader, TestClient, agent_guard, ask, serving, start_lifespan
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, SessionWatchdog
 from asgi_admission._admission.decision.latch import CapacityDecision
@@ -131,12 +130,7 @@ def test_the_listener_stops_even_where_the_watchdog_stop_raises() -> None:
     )
 
     async def test() -> None:
-        inbox: asyncio.Queue[Message] = asyncio.Queue()
-        outbox: asyncio.Queue[Message] = asyncio.Queue()
-        scope: Scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
-        task = asyncio.get_running_loop().create_task(app(scope, inbox.get, outbox.put))
-        await inbox.put({"type": "lifespan.startup"})
-        assert (await outbox.get())["type"] == "lifespan.startup.complete"
+        task, inbox, _outbox = await start_lifespan(app)
         assert (await asyncio.to_thread(ask, port)).startswith(b"ready ")
         await inbox.put({"type": "lifespan.shutdown"})
         with pytest.raises(asyncio.CancelledError):

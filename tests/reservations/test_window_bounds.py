@@ -10,7 +10,7 @@ from asgi_admission._admission.reservations.learning import (
     MAX_RECENT,
     Expected,
     GrowthWindows,
-    Lengths,
+    Ramps,
 )
 from kits.suitekit import MIB
 
@@ -21,16 +21,16 @@ BASE = 300 * MIB
 ROUTES = ("POST /a", "WS /b")
 
 
-def flood(windows: GrowthWindows, expected: Expected, lengths: Lengths) -> float:
+def flood(windows: GrowthWindows, expected: Expected, ramps: Ramps) -> float:
     """MAX_RECENT + 1 admissions 10 ms apart on a flat working set, read every 0.2 s
     (windows open across a longer gap would be dropped); the time of the last."""
     now = 0.0
-    windows.reading(BASE, now, expected, lengths)
+    windows.reading(BASE, now, expected, ramps)
     for n in range(1, MAX_RECENT + 2):
         now += 0.01
         windows.admit("POST /a", BASE, now, expected, responded=True)
         if n % 20 == 0:
-            windows.reading(BASE, now, expected, lengths)
+            windows.reading(BASE, now, expected, ramps)
     return now
 
 
@@ -44,20 +44,20 @@ def test_a_reading_asks_what_is_known_of_each_route_once() -> None:
         asked["expected", route] += 1  # type: ignore[index]
         return (0.0, 4.0)
 
-    def lengths(route: str) -> float | None:
-        asked["lengths", route] += 1  # type: ignore[index]
+    def ramps(route: str) -> float | None:
+        asked["ramps", route] += 1  # type: ignore[index]
         return None
 
     windows = GrowthWindows()
     now = 0.0
-    windows.reading(BASE, now, expected, lengths)
+    windows.reading(BASE, now, expected, ramps)
     for n in range(60):
         now += 0.05
         windows.admit(ROUTES[n % 2], BASE, now, expected, responded=True)
         if n % 5 == 4:
-            windows.reading(BASE, now + 0.01, expected, lengths)
+            windows.reading(BASE, now + 0.01, expected, ramps)
     asked.clear()
-    windows.reading(BASE, now + 0.2, expected, lengths)
+    windows.reading(BASE, now + 0.2, expected, ramps)
     assert windows.open > 10
     assert max(asked.values()) == 1
     assert len(asked) <= 2 * len(ROUTES)
@@ -71,11 +71,11 @@ def test_admissions_beyond_what_is_remembered_crowd_the_open_windows() -> None:
     def expected(route: str) -> tuple[float, float]:
         return (0.0, 2.0)
 
-    def lengths(route: str) -> float | None:
+    def ramps(route: str) -> float | None:
         return None
 
     windows = GrowthWindows()
-    now = flood(windows, expected, lengths)
+    now = flood(windows, expected, ramps)
     used = BASE
     assert windows.open == MAX_OPEN
     assert len(windows.sessions()) == MAX_RECENT
@@ -84,7 +84,7 @@ def test_admissions_beyond_what_is_remembered_crowd_the_open_windows() -> None:
     closed = []
     for step in range(1, 60):
         used = BASE + min(step, 4) * 16 * MIB
-        found, _freed, _step = windows.reading(used, now + 0.2 * step, expected, lengths)
+        found, _freed, _step = windows.reading(used, now + 0.2 * step, expected, ramps)
         closed += found
     assert windows.open == 0
     assert closed == []
@@ -97,14 +97,14 @@ def test_a_flat_window_still_bounds_its_session_when_crowded() -> None:
     def expected(route: str) -> tuple[float, float]:
         return (0.0, 2.0)
 
-    def lengths(route: str) -> float | None:
+    def ramps(route: str) -> float | None:
         return None
 
     windows = GrowthWindows()
-    now = flood(windows, expected, lengths)
+    now = flood(windows, expected, ramps)
     closed = []
     for step in range(1, 60):
-        found, _freed, _step = windows.reading(BASE, now + 0.2 * step, expected, lengths)
+        found, _freed, _step = windows.reading(BASE, now + 0.2 * step, expected, ramps)
         closed += found
     assert closed
     assert all(window.growth == 0 for window in closed)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypedDict, TypeVar
 
+from asgi_admission._admission.reservations.settling import builds_in_request
 from asgi_admission._config import Learning
 
 # --------------------------------------------------------------------------------------
@@ -179,9 +180,9 @@ QUIET_S: Final = 1.0
 #: A route with a learned ramp is watched for this many ramps, and ``RAMP_PAD_S`` more.
 RAMP_WINDOWS: Final = 1.5
 RAMP_PAD_S: Final = 0.5
-#: The shortest window of a route with a learned ramp: sessions that build their memory
-#: inside the request are watched only a little past their response, so that what other
-#: sessions add meanwhile is not taken for theirs.
+#: The window of a route that builds its sessions inside the request
+#: (``settling.builds_in_request``): watched only a little past its response, so that what
+#: other sessions add meanwhile is not taken for its session's.
 MIN_WINDOW_S: Final = 0.3
 #: How much shorter and longer than learned other sessions' ramps are taken to be at
 #: most, for what is taken away from a session's growth.
@@ -200,8 +201,8 @@ PEAK_SHARE: Final = 0.05
 #: What a route's session is expected to add and over how long: ``(bytes, ramp length
 #: in seconds)``, bytes 0 while its footprint is not known.
 Expected = Callable[[str], tuple[float, float]]
-#: How long a route's sessions are watched, ``None`` while its ramp is not learned.
-Lengths = Callable[[str], float | None]
+#: A route's learned ramp in seconds, ``None`` while it is not learned.
+Ramps = Callable[[str], float | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,11 +294,6 @@ class OpenWindow:
         return max(0.0, at - self.admission.at)
 
 
-def quick(length: float | None) -> bool:
-    """Whether a route watched for ``length`` builds its memory inside the request."""
-    return length is not None and length <= MIN_WINDOW_S
-
-
 def share_between(admission: Admission, ramp_s: float, start: float, end: float) -> float:
     return admission.share(ramp_s, end) - admission.share(ramp_s, start)
 
@@ -307,7 +303,7 @@ def window_length(ramp_s: float | None) -> float | None:
     nothing learned yet, watched until quiet)."""
     if ramp_s is None:
         return None
-    if ramp_s <= MIN_WINDOW_S / RAMP_WINDOWS:
+    if builds_in_request(ramp_s):
         return MIN_WINDOW_S
     return max(QUIET_S, RAMP_WINDOWS * ramp_s + RAMP_PAD_S)
 
@@ -318,7 +314,7 @@ def window_length(ramp_s: float | None) -> float | None:
 # Notes:
 #
 # - Asked of the remembered admissions by what is known of each route now
-# (``Expected``, ``Lengths``). A session's memory arrives linearly over its ramp, and
+# (``Expected``, ``Ramps``). A session's memory arrives linearly over its ramp, and
 # ramps vary by ``RAMP_SPREAD``: what is taken away from one session's growth is the
 # least of the others' that may have arrived, what may still grow after a free the most.
 
@@ -375,7 +371,7 @@ def overlaps(
     now: float,
     horizon_s: float,
     expected: Expected,
-    lengths: Lengths,
+    ramps: Ramps,
 ) -> tuple[tuple[Overlap, ...], bool]:
     """The other sessions in ``window`` closing at ``now``, per route (by route name), and
     whether every one of their routes had a learned ramp (else a share is a lower bound)."""
@@ -385,7 +381,7 @@ def overlaps(
     for admission in recent:
         if admission is own or admission.at > now:
             continue
-        if lengths(admission.route) is None:
+        if ramps(admission.route) is None:
             # Its ramp is not learned: the least of it that can have arrived in the
             # window (none from before the window, the longest ramp from inside).
             share = 0.0
@@ -744,7 +740,7 @@ class GrowthWindows:
         self._open = [w for w in self._open if w.admission is not admission]
         return admission.route
 
-    def close_route(self, route: str, expected: Expected, lengths: Lengths) -> list[ClosedWindow]:
+    def close_route(self, route: str, expected: Expected, ramps: Ramps) -> list[ClosedWindow]:
         """A probe saw the memory of ``route``'s sessions stop growing: their windows
         close at the last reading, without waiting for a quiet spell of their own."""
         closing = [w for w in self._open if w.admission.route == route]
@@ -752,8 +748,8 @@ class GrowthWindows:
             return []
         self._open = [w for w in self._open if w.admission.route != route]
         now = self._last[1]
-        expected, lengths = _once_per_route(expected), _once_per_route(lengths)
-        closed = [self._closed(window, now, expected, lengths) for window in closing]
+        expected, ramps = _once_per_route(expected), _once_per_route(ramps)
+        closed = [self._closed(window, now, expected, ramps) for window in closing]
         return [w for w in closed if w is not None]
 
     def sessions(self) -> list[Admission]:
@@ -761,7 +757,7 @@ class GrowthWindows:
         return list(self._recent)
 
     def reading(
-        self, used_bytes: int, now: float, expected: Expected, lengths: Lengths
+        self, used_bytes: int, now: float, expected: Expected, ramps: Ramps
     ) -> tuple[list[ClosedWindow], list[Freed], Step | None]:
         """An exact working set: the windows it closes, the memory freed at reported ends,
         and the step it made (``None`` after a gap)."""
@@ -769,7 +765,7 @@ class GrowthWindows:
         ended, self._ended = self._ended, []
         foreign_ended, self._foreign_ended = self._foreign_ended, False
         # What is known of a route does not change during a reading: asked once each.
-        expected, lengths = _once_per_route(expected), _once_per_route(lengths)
+        expected, ramps = _once_per_route(expected), _once_per_route(ramps)
         if last is None or not 0 < now - last[1] <= MAX_STEP_S:
             self._restart(used_bytes, now)
             return [], [], None
@@ -802,7 +798,7 @@ class GrowthWindows:
         if self._open and self.crowded(self._open[0].start):
             for window in self._open:
                 window.crowded = window.crowded or self.crowded(window.start)
-        closed = self._close_due(last[1], now, expected, lengths)
+        closed = self._close_due(last[1], now, expected, ramps)
         return (
             [w for w in closed if w is not None],
             freed,
@@ -827,7 +823,7 @@ class GrowthWindows:
         self._open = []
 
     def _close_due(
-        self, start: float, now: float, expected: Expected, lengths: Lengths
+        self, start: float, now: float, expected: Expected, ramps: Ramps
     ) -> list[ClosedWindow | None]:
         """Windows due to close at the reading at ``now`` (the step began at ``start``)."""
         if not self._open:
@@ -853,7 +849,7 @@ class GrowthWindows:
             rising = mine > last_peak + max(PEAK_STEP, PEAK_SHARE * last_peak)
             for other, until, known in ramping:
                 if other is not admission and other.at < now and until > window.start:
-                    if known and quick(lengths(other.route)):
+                    if known and builds_in_request(ramps(other.route)):
                         # Its memory came inside its request, where its known share is
                         # taken away: it hides neither this session's growth nor its ramp.
                         continue
@@ -876,7 +872,7 @@ class GrowthWindows:
                 window.quiet += 1
             window.peak = max(window.peak, mine)
             age = now - admission.at
-            length = lengths(admission.route)
+            length = window_length(ramps(admission.route))
             if admission.responded is None:
                 # Still in its request: what it builds after its response is to come.
                 due = False
@@ -892,14 +888,14 @@ class GrowthWindows:
             if due or (
                 admission.responded is not None and now - admission.responded >= self.horizon_s
             ):
-                closed.append(self._closed(window, now, expected, lengths))
+                closed.append(self._closed(window, now, expected, ramps))
             else:
                 still.append(window)
         self._open = still
         return closed
 
     def _closed(
-        self, window: OpenWindow, now: float, expected: Expected, lengths: Lengths
+        self, window: OpenWindow, now: float, expected: Expected, ramps: Ramps
     ) -> ClosedWindow | None:
         """What ``window`` says; ``None`` when another worker's growth may be in it (all
         but a window in which nothing grew: that one bounds its session all the same)."""
@@ -908,7 +904,7 @@ class GrowthWindows:
             return None
         if window.alone:
             own.seen, own.seen_until = window.peak, now
-        company, exact = overlaps(self._recent, window, now, self.horizon_s, expected, lengths)
+        company, exact = overlaps(self._recent, window, now, self.horizon_s, expected, ramps)
         if not company and (window.guessed or not window.alone):
             # Nothing else in it by the learned ramps, yet no measure where another session
             # may have grown in it all the same, or its growth was carried over a free.
@@ -1120,7 +1116,7 @@ class SessionLearner:
             # Their routes are not known here: each may ramp as long as the longest.
             ramps = (self._expected(route)[1] for route in self._routes)
             self._windows.others(others, now, max(ramps, default=_UNKNOWN_RAMP_S))
-        closed, freed, step = self._windows.reading(used_bytes, now, self._expected, self._length)
+        closed, freed, step = self._windows.reading(used_bytes, now, self._expected, self._ramp_s)
         if step is not None:
             known = {route: self._expected(route) for route in self._typical}
             sessions = self._windows.sessions()
@@ -1139,7 +1135,7 @@ class SessionLearner:
     def close_episode(self, route: str) -> bool:
         """A probe of ``route`` saw its memory stop growing (``probing.py``): the route's
         open windows close now; whether the route has a footprint learned."""
-        closed = self._windows.close_route(route, self._expected, self._length)
+        closed = self._windows.close_route(route, self._expected, self._ramp_s)
         for window in closed:
             self._add_window(window)
         if closed:
@@ -1240,9 +1236,6 @@ class SessionLearner:
         ramp_s = self._ramp_s(route)
         footprint = self._typical.get(route, 0.0)
         return footprint, _UNKNOWN_RAMP_S if ramp_s is None else ramp_s / _RAMP_POINT
-
-    def _length(self, route: str) -> float | None:
-        return window_length(self._ramp_s(route))
 
     def _add_window(self, closed: ClosedWindow) -> None:
         state = self._routes.get(closed.route)

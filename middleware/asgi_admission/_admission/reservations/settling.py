@@ -378,19 +378,19 @@ def _not_left_early(record: QueueRecord) -> bool:
 GROWING_BYTES_PER_S: Final = 16 * 1024 * 1024
 GROWTH_SPAN_S: Final = 0.25
 GROWTH_QUIET_S: Final = 1.0
-#: A route settling waits for this little (its learned ramp, stretched) builds its memory
-#: inside the request (``learning.quick``): it is there at its response.
-QUICK_RAMP_S: Final = 0.4
 #: A learned ramp time is stretched this much before it settles a reservation: under
 #: CPU contention a burst ramps slower than the sessions it was learned from, and a
 #: reservation held a little long costs less than one released before its memory.
 #: Within the stretched ramp, a session's memory arrives at the pace of the one learned.
 RAMP_MARGIN: Final = 2.0
+#: A route whose learned ramp is at most this builds its sessions inside the request:
+#: their memory is there at the response, which settles them (``builds_in_request``).
+IN_REQUEST_RAMP_S: Final = 0.2
 
 
-def quick(ramp_s: float | None) -> bool:
-    """Whether a route whose sessions settle by ``ramp_s`` builds them inside the request."""
-    return ramp_s is not None and ramp_s <= QUICK_RAMP_S
+def builds_in_request(ramp_s: float | None) -> bool:
+    """Whether a route with learned ramp ``ramp_s`` builds its sessions inside the request."""
+    return ramp_s is not None and ramp_s <= IN_REQUEST_RAMP_S
 
 
 def young_bytes_per_s(entries: Iterable[Settlement], learned: Learned, now: float) -> float:
@@ -400,7 +400,7 @@ def young_bytes_per_s(entries: Iterable[Settlement], learned: Learned, now: floa
     total = 0.0
     for entry in entries:
         ramp = learned.ramp_s.get(entry.route)
-        if ramp is not None and not quick(ramp * RAMP_MARGIN) and now - entry.admitted_at < ramp:
+        if ramp is not None and not builds_in_request(ramp) and now - entry.admitted_at < ramp:
             total += entry.remaining / ramp
     return total
 
@@ -816,7 +816,7 @@ class Settler:
         self._pending.phase(entry, "waiting")
         if entry.visible:
             return self._pending.settle(entry)
-        if entry.queued and quick(learned.settle_after_s(entry.route)):
+        if entry.queued and builds_in_request(learned.ramp_s.get(entry.route)):
             # Its memory is there now: the reading taken at its response shows it.
             self._fresh.add(entry.seq)
             return []

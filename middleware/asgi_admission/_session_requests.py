@@ -130,10 +130,10 @@ class BodyReader:
 
 
 # --------------------------------------------------------------------------------------
-# The client of a waiter for a probe's evidence, heard while it waits.
+# The client of a waiter, heard while it waits (for a probe's evidence or for capacity).
 #
-# The service (``_admission/reservations/probing.py``) waits a probe waiter; this is what it
-# listens to meanwhile, so that a client that leaves ends the wait.
+# The service waits (``AdmissionService.wait`` for a probe, ``wait_for_room`` in the wait
+# queue); this is what it listens to meanwhile, so that a client that leaves ends the wait.
 #
 # Notes:
 #

@@ -27,8 +27,8 @@ from asgi_admission._admission.reservations.settling import VISIBLE_FRACTION
 #
 # A session request of a route being probed waits until the probes' evidence is in, a
 # probe's slot is free, or its own deadline (``ADMISSION_PROBE_WAIT_SECONDS``) passes,
-# and is then decided again. This is the one seam between the decision and the waiting:
-# a scheduler queue that orders waiters would take the place of :class:`ProbeWaiters`.
+# and is then decided again. Waiting for capacity is the wait queue's
+# (``scheduling/queue.py``), apart from this.
 #
 # Notes:
 #
@@ -169,8 +169,7 @@ class ProbeWaiters:
 #: How long after the probes' responses memory already visible must stay without a
 #: new peak before it counts as all there: one periodic sample.
 CONFIRM_S: Final = 0.25
-#: A new peak must beat the last by this share of the growth so far (or 256 KiB), as
-#: for the learner's episodes.
+#: A new peak must beat the last by this share of the growth so far (or 256 KiB).
 _PEAK_STEP: Final = 0.01
 _MIN_STEP: Final = 256 * 1024
 #: The peaks kept per trial for its ramp time (halved when full).

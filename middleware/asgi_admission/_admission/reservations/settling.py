@@ -92,8 +92,9 @@ class Settlement:
 
     @property
     def settle_outcome(self) -> SettleOutcome:
-        # A WebSocket (or a ticket's session) counts as active once settled; an
-        # HTTP session's slot is given back (the app's count takes over).
+        # A WebSocket counts as active once settled, until it closes; an HTTP
+        # session's count is given back (the app's count takes over; a ticket's
+        # session becomes active only by ``started()``).
         return "activate" if self.kind == "websocket" else "release"
 
 

@@ -29,7 +29,7 @@ TicketState = Literal["pending", "active", "released"]
 class AdmissionTicket:
     """One admitted session's reservation, for the app to hold, start or release.
 
-    All three methods are idempotent and thread-safe (a sync endpoint runs in a
+    Its methods are idempotent and thread-safe (a sync endpoint runs in a
     thread pool), and work across workers with the shared ledger. After
     ``started()``, call ``release()`` when the session ends (or let the app's
     ``current_sessions`` count it): the guard counts it as active until then.
@@ -48,7 +48,9 @@ class AdmissionTicket:
 
     @property
     def state(self) -> TicketState:
-        """``pending`` until started (or settled), ``active``, or ``released``."""
+        """``pending`` until started or settled; then ``active`` (started, or a settled
+        WebSocket) or ``released`` (given back, or an HTTP session settled by its memory,
+        whose count the app's own count takes over)."""
         entry = self._entry
         if entry.released:
             return "released"

@@ -19,7 +19,8 @@ from asgi_admission._config import Learning
 # What one session's window says of its footprint: when it measures its session, and
 # the bound it sets otherwise (``attributed``), are told in docs/reservations.md,
 # "Learning what a session costs" (why ``typical`` is a median, not a model fitted to
-# overlapping windows: bench/README.md, "The sixteenth session").
+# overlapping windows: bench/README.md, "The sixteenth session: which learning mechanisms
+# earn their place").
 
 #: How fast memory is taken to drift down for other reasons, at most, over a window.
 DRIFT_BYTES_PER_S: Final = 256 * 1024
@@ -61,13 +62,13 @@ class Window:
     exact: bool
 
 
-def attributed(route: str, equation: Window, typical: Mapping[str, float]) -> float:
-    """What ``equation``'s session of ``route`` added, at most: its window's growth less
+def attributed(route: str, window: Window, typical: Mapping[str, float]) -> float:
+    """What ``window``'s session of ``route`` added, at most: its window's growth less
     the least the others can have added, and more for memory that may have drifted down
     (docs/reservations.md, "Learning what a session costs")."""
     others = 0.0
     own = 0.0
-    for overlap in equation.overlaps:
+    for overlap in window.overlaps:
         least = typical.get(overlap.route, 0.0)
         if overlap.route == route and least <= 0:
             # Its own route's other sessions, not known yet: those seen alone are taken
@@ -77,8 +78,8 @@ def attributed(route: str, equation: Window, typical: Mapping[str, float]) -> fl
         else:
             others += max(overlap.least * least, overlap.seen)
     # Memory drifting down over the window may have hidden some of the session's.
-    allowance = DRIFT_BYTES_PER_S * equation.seconds
-    return max(0.0, equation.growth + allowance - others) / (1.0 + own)
+    allowance = DRIFT_BYTES_PER_S * window.seconds
+    return max(0.0, window.growth + allowance - others) / (1.0 + own)
 
 
 # --------------------------------------------------------------------------------------
@@ -238,13 +239,13 @@ class Freed:
     bytes_per_session: float
 
 
-def ramp_share(ramp_s: float, age_s: float) -> float:
+def ramp_share(ramp_length_s: float, age_s: float) -> float:
     """The share of a session's memory there ``age_s`` after its admission (linear ramp)."""
     if age_s <= 0:
         return 0.0
-    if ramp_s <= 0 or age_s >= ramp_s:
+    if ramp_length_s <= 0 or age_s >= ramp_length_s:
         return 1.0
-    return age_s / ramp_s
+    return age_s / ramp_length_s
 
 
 # eq=False: ``failed`` removes this admission from the recent ones, not an equal one.
@@ -260,9 +261,9 @@ class Admission:
     seen: float = 0.0
     seen_until: float | None = None
 
-    def share(self, ramp_s: float, when: float) -> float:
+    def share(self, ramp_length_s: float, when: float) -> float:
         until = when if self.ended is None else min(when, self.ended)
-        return ramp_share(ramp_s, until - self.at)
+        return ramp_share(ramp_length_s, until - self.at)
 
 
 @dataclass(slots=True, eq=False)
@@ -294,8 +295,8 @@ class OpenWindow:
         return max(0.0, at - self.admission.at)
 
 
-def share_between(admission: Admission, ramp_s: float, start: float, end: float) -> float:
-    return admission.share(ramp_s, end) - admission.share(ramp_s, start)
+def share_between(admission: Admission, ramp_length_s: float, start: float, end: float) -> float:
+    return admission.share(ramp_length_s, end) - admission.share(ramp_length_s, start)
 
 
 def window_length(ramp_s: float | None) -> float | None:
@@ -329,13 +330,14 @@ def most_added(
     for admission in recent:
         if admission.ended is not None and admission.ended <= start:
             continue
-        footprint, ramp_s = expected(admission.route)
-        if admission.at + RAMP_SPREAD[1] * ramp_s + QUIET_S <= start:
+        footprint, ramp_length_s = expected(admission.route)
+        if admission.at + RAMP_SPREAD[1] * ramp_length_s + QUIET_S <= start:
             continue  # its memory has all come
         if not footprint:
             return None
         total += footprint * max(
-            share_between(admission, spread * ramp_s, start, end) for spread in (*RAMP_SPREAD, 1.0)
+            share_between(admission, spread * ramp_length_s, start, end)
+            for spread in (*RAMP_SPREAD, 1.0)
         )
     return total
 
@@ -359,9 +361,9 @@ def others_added(
     for admission in recent:
         if admission is window.admission or admission.at >= now:
             continue
-        footprint, ramp_s = expected(admission.route)
-        if footprint and admission.at + ramp_s > window.start:
-            total += footprint * share_between(admission, ramp_s, window.start, now)
+        footprint, ramp_length_s = expected(admission.route)
+        if footprint and admission.at + ramp_length_s > window.start:
+            total += footprint * share_between(admission, ramp_length_s, window.start, now)
     return total
 
 
@@ -390,14 +392,14 @@ def overlaps(
             least = share
             exact = exact and admission.at <= window.start - horizon_s
         else:
-            _footprint, ramp_s = expected(admission.route)
-            share = share_between(admission, ramp_s, window.start, now)
+            _footprint, ramp_length_s = expected(admission.route)
+            share = share_between(admission, ramp_length_s, window.start, now)
             # Ramps vary: the least that may have arrived, for what is taken away
             # from this session's growth (a short ramp leaves less of a session
             # from before the window, a long one less of one from inside it).
             least = min(
-                share_between(admission, RAMP_SPREAD[0] * ramp_s, window.start, now),
-                share_between(admission, RAMP_SPREAD[1] * ramp_s, window.start, now),
+                share_between(admission, RAMP_SPREAD[0] * ramp_length_s, window.start, now),
+                share_between(admission, RAMP_SPREAD[1] * ramp_length_s, window.start, now),
             )
         if share <= 0:
             continue
@@ -555,7 +557,7 @@ class RampProfiles:
         seen: bool = True,
     ) -> None:
         """One step of the growth series from ``start`` to ``end``: ``sessions`` are the
-        recent admissions; ``expected`` the known ``(footprint, ramp_s)`` of routes whose
+        recent admissions; ``expected`` the known ``(footprint, ramp length)`` of routes whose
         footprint is known (``typical``). A step whose growth was not ``seen`` (carried
         over memory freed: a guess, which says nothing of when memory came) only ages the
         sessions in it."""
@@ -575,10 +577,10 @@ class RampProfiles:
         predicted: dict[str, float] = {}
         unknown: dict[str, float] = {}
         for route, rows in by_route.items():
-            footprint, ramp_s = expected.get(route, (0.0, 0.0))
+            footprint, ramp_length_s = expected.get(route, (0.0, 0.0))
             if footprint:
                 predicted[route] = footprint * sum(
-                    share_between(a, ramp_s, start, end) for a in rows
+                    share_between(a, ramp_length_s, start, end) for a in rows
                 )
             else:
                 length = self._profiles[route].best()
@@ -691,12 +693,12 @@ class GrowthWindows:
             return
         self._open.append(OpenWindow(admission, last[1], self._growth, peak_at=now))
 
-    def others(self, admitted: tuple[float, ...], now: float, ramp_s: float) -> None:
+    def others(self, admitted: tuple[float, ...], now: float, ramp_length_s: float) -> None:
         """Other workers' sessions admitted at ``admitted`` were still settling at the last
-        reading: each may grow until ``ramp_s`` after its admission, and for a quiet spell
-        after it was last seen settling."""
+        reading: each may grow until ``ramp_length_s`` after its admission, and for a quiet
+        spell after it was last seen settling."""
         if admitted:
-            until = max(now, max(admitted) + ramp_s) + QUIET_S
+            until = max(now, max(admitted) + ramp_length_s) + QUIET_S
             self._foreign_until = max(self._foreign_until, until)
 
     def foreign_end(self) -> None:
@@ -834,9 +836,11 @@ class GrowthWindows:
         # it (its ramp is not its own).
         ramping: list[tuple[Admission, float, bool]] = []
         for admission in self._recent:
-            footprint, ramp_s = expected(admission.route)
+            footprint, ramp_length_s = expected(admission.route)
             if admission.ended is None:
-                ramping.append((admission, admission.at + max(ramp_s, QUIET_S), bool(footprint)))
+                ramping.append(
+                    (admission, admission.at + max(ramp_length_s, QUIET_S), bool(footprint))
+                )
         closed: list[ClosedWindow | None] = []
         still: list[OpenWindow] = []
         for window in self._open:
@@ -959,9 +963,9 @@ _UNKNOWN_RAMP_S: Final = HORIZON_S / 2
 class RouteObservations(TypedDict):
     """What was observed of one route, as the shared file holds it."""
 
-    #: Per-session footprints: the watchdog's peaks (and values of earlier releases).
+    #: Per-session footprints: the watchdog's peaks (and values an earlier release wrote).
     footprints: list[float]
-    #: Ramp times observed other than by windows (earlier releases).
+    #: Ramp times observed other than by windows (values an earlier release wrote).
     ramps: list[float]
     #: Memory freed at one session's end, in a step in which nothing else ramped.
     ends: list[float]
@@ -1114,8 +1118,8 @@ class SessionLearner:
         when the other workers' sessions still settling were admitted (a shared ledger)."""
         if others:
             # Their routes are not known here: each may ramp as long as the longest.
-            ramps = (self._expected(route)[1] for route in self._routes)
-            self._windows.others(others, now, max(ramps, default=_UNKNOWN_RAMP_S))
+            lengths = (self._expected(route)[1] for route in self._routes)
+            self._windows.others(others, now, max(lengths, default=_UNKNOWN_RAMP_S))
         closed, freed, step = self._windows.reading(used_bytes, now, self._expected, self._ramp_s)
         if step is not None:
             known = {route: self._expected(route) for route in self._typical}

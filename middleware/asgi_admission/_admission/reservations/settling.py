@@ -73,7 +73,7 @@ class Settlement:
     #: An app's ticket holds it until ``started()`` or ``release()``.
     held: bool = False
     expired: bool = False
-    #: In the attribution queue (not when admitted with no reading to start from).
+    #: In the settling queue (not when admitted with no reading to start from).
     queued: bool = False
     #: Its reservation was given back (settled over HTTP, expired, released).
     released: bool = False
@@ -135,7 +135,7 @@ def apply(actions: Iterable[Action]) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# The attribution queue settling works on: in one process, or shared by the workers in
+# The settling queue: in one process, or shared by the workers in
 # a file (``shared_files.SharedSettleQueue``), and the changes a settler makes to one
 # record (docs/reservations.md, "Attribution across concurrent sessions", says why).
 
@@ -145,7 +145,7 @@ VISIBLE_FRACTION: Final = 0.9
 
 @dataclass(slots=True)
 class QueueRecord:
-    """One unsettled session in the attribution queue (the file's row when shared)."""
+    """One unsettled session in the settling queue (the file's row when shared)."""
 
     pid: int
     seq: int
@@ -157,7 +157,7 @@ class QueueRecord:
 
 
 class SettleQueue(Protocol):
-    """The attribution queue: in this process, or shared by the workers in a file.
+    """The settling queue: in this process, or shared by the workers in a file.
 
     Called only inside the ledger's critical section.
     """
@@ -552,7 +552,7 @@ def without_freed(
 class PendingSessions:
     """The settlements of one process not yet settled, by number in admission order.
 
-    ``queue`` is the attribution queue their records are in, ``pid`` the process's.
+    ``queue`` is the settling queue their records are in, ``pid`` the process's.
     Changed only inside the ledger's critical section."""
 
     __slots__ = ("_entries", "_pid", "_queue", "past_response", "remaining", "waiting")

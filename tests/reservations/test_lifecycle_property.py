@@ -229,7 +229,7 @@ def test_random_sessions_release_once_never_early_and_return_to_zero(
         apply(events)
     assert counts(ledger) == (0, 0)
     assert settler.unsettled == 0
-    assert settler.waiting == 0
+    assert settler.responded == 0
     assert settler._queue.load() == (None, [])
     assert all(
         sim.reservation.state == "released"

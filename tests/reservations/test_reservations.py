@@ -241,7 +241,7 @@ def test_other_workers_ends_are_not_taken_for_this_workers_own(tmp_path: Path) -
 def _child_sees_nothing(
     reservations: Reservations, result: multiprocessing.Queue[tuple[int, int, int]]
 ) -> None:
-    result.put((reservations.settler.unsettled, reservations.settler.waiting, os.getpid()))
+    result.put((reservations.settler.unsettled, reservations.settler.responded, os.getpid()))
 
 
 def test_a_forked_worker_starts_with_none_of_its_parents_sessions(tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ def test_a_session_expected_to_add_less_than_the_noise_settles_at_its_response()
     for entry in entries:
         apply(settler.respond(entry, 0.6, learned))
     assert counts(ledger) == (0, 0)
-    assert settler.waiting == 0
+    assert settler.responded == 0
 
 
 def test_memory_arriving_after_the_response_holds_the_reservation() -> None:
@@ -328,16 +328,16 @@ def test_a_session_admitted_blind_settles_by_time() -> None:
     assert counts(ledger) == (0, 0)
 
 
-def test_fewer_sessions_counted_by_the_app_settles_the_oldest_waiting() -> None:
+def test_fewer_sessions_counted_by_the_app_settles_the_oldest_responded() -> None:
     """The app's count below the sessions waiting means some ended: the oldest settle."""
     settler, ledger, learned = make()
     entries = [admit(settler, ledger, 500 * MIB, 0.0) for _ in range(3)]
     for entry in entries:
         apply(settler.respond(entry, 0.1, learned))
-    assert settler.waiting == 3
+    assert settler.responded == 3
     apply(settler.counted(1, learned))
     assert [e.released for e in entries] == [True, True, False]
-    assert settler.waiting == 1
+    assert settler.responded == 1
 
 
 def test_records_of_a_dead_worker_are_dropped() -> None:

@@ -799,7 +799,7 @@ class Reservations:
         and the events kept for later; :meth:`own_count` of ``count``. ``LedgerBusy``
         while another worker holds the shared ledger."""
         settler = self.settler
-        if count is not None and settler.waiting and count < settler.past_response:
+        if count is not None and settler.responded and count < settler.past_response:
             with self._attempt:  # the app counts fewer sessions than wait to settle
                 ended = settler.counted(count, self.view.learned())
             apply(ended)
@@ -923,7 +923,7 @@ class Reservations:
         if self.learning != "off":
             self.learner.on_response(entry.admitted_at, now)
         probe = entry.seq in self.probes.own
-        if (entry.phase == "waiting" and entry.queued) or probe:
+        if (entry.phase == "responded" and entry.queued) or probe:
             # Work done inside the request is in the working set by now: a fresh
             # reading lets such a session settle at once (and a probe show it).
             memory = self._read()

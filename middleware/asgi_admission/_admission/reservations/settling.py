@@ -31,12 +31,15 @@ from asgi_admission._admission.ledger.ledger import Reservation
 #: that a worker reusing a dead worker's pid never takes the rows that one left behind.
 NUMBERS: Final = itertools.count(secrets.randbits(40) + 1)
 
-Phase = Literal["request", "waiting", "held", "started", "done"]
+#: Where a pending session stands: its request in progress; past its response (or its
+#: WebSocket's accept); past it with its ticket held; its ticket started; settled or
+#: released.
+Phase = Literal["request", "responded", "held", "started", "done"]
 #: What settling does to a reservation: gives it back, or makes it an active session.
 SettleOutcome = Literal["release", "activate"]
 Action = tuple[Reservation, SettleOutcome]
 #: The phases past the response, not yet settled.
-PAST_RESPONSE: Final = ("waiting", "held")
+PAST_RESPONSE: Final = ("responded", "held")
 
 
 @dataclass(frozen=True, slots=True)
@@ -555,14 +558,14 @@ class PendingSessions:
     ``queue`` is the settling queue their records are in, ``pid`` the process's.
     Changed only inside the ledger's critical section."""
 
-    __slots__ = ("_entries", "_pid", "_queue", "past_response", "remaining", "waiting")
+    __slots__ = ("_entries", "_pid", "_queue", "past_response", "remaining", "responded")
 
     def __init__(self, queue: SettleQueue, pid: int) -> None:
         self._queue = queue
         self._pid = pid
         self._entries: dict[int, Settlement] = {}
         #: Sessions past their response, not held, not yet settled.
-        self.waiting = 0
+        self.responded = 0
         #: Those and the held tickets past their response, not yet started.
         self.past_response = 0
         #: What the sessions are still expected to add, together (``held``).
@@ -598,18 +601,18 @@ class PendingSessions:
         if self._entries.pop(entry.seq, None) is not None:
             self.remaining -= entry.remaining
 
-    def oldest_waiting(self, count: int) -> list[Settlement]:
-        """The oldest ``count`` sessions waiting past their response (fewer if fewer wait)."""
+    def oldest_responded(self, count: int) -> list[Settlement]:
+        """The oldest ``count`` sessions past their response, not held (fewer if fewer are)."""
         oldest: list[Settlement] = []
         for entry in self._entries.values():
             if len(oldest) >= count:
                 break
-            if entry.phase == "waiting":
+            if entry.phase == "responded":
                 oldest.append(entry)
         return oldest
 
     def phase(self, entry: Settlement, phase: Phase) -> None:
-        self.waiting += (phase == "waiting") - (entry.phase == "waiting")
+        self.responded += (phase == "responded") - (entry.phase == "responded")
         self.past_response += (phase in PAST_RESPONSE) - (entry.phase in PAST_RESPONSE)
         entry.phase = phase
 
@@ -748,9 +751,9 @@ class Settler:
         return len(self._pending)
 
     @property
-    def waiting(self) -> int:
+    def responded(self) -> int:
         """This process's sessions past their response, not held, not yet settled."""
-        return self._pending.waiting
+        return self._pending.responded
 
     @property
     def past_response(self) -> int:
@@ -808,13 +811,13 @@ class Settler:
             return []
         if entry.visible and not entry.held:
             # Its memory showed already, or none was expected: from the request
-            # straight to settled (as through "waiting", whose counts it would leave
+            # straight to settled (as through "responded", whose counts it would leave
             # as they were).
             return self._pending.settle(entry)
         if entry.held:
             self._pending.phase(entry, "held")
             return self._time_out(entry, now, learned)
-        self._pending.phase(entry, "waiting")
+        self._pending.phase(entry, "responded")
         if entry.visible:
             return self._pending.settle(entry)
         if entry.queued and builds_in_request(learned.ramp_s.get(entry.route)):
@@ -836,9 +839,9 @@ class Settler:
 
     def hold(self, entry: Settlement) -> bool:
         """An app's ticket takes over; ``False`` once the session has settled."""
-        if entry.phase in ("request", "waiting"):
+        if entry.phase in ("request", "responded"):
             entry.held = True
-            if entry.phase == "waiting":
+            if entry.phase == "responded":
                 self._pending.phase(entry, "held")
             return True
         return entry.held and entry.phase != "done"
@@ -846,7 +849,7 @@ class Settler:
     def started(self, entry: Settlement, learned: Learned) -> list[Action]:
         """The app says the session's memory is up: pending becomes active (once it
         covers no older session's memory: see the settler's notes)."""
-        if entry.phase in ("request", "waiting", "held"):
+        if entry.phase in ("request", "responded", "held"):
             accounted, records = self._queue.load()
             own = own_record(records, self._pid, entry.seq) if entry.queued else None
             covers_older = own is not None and accounted is not None and accounted > own.base_bytes
@@ -899,11 +902,11 @@ class Settler:
             self._freed.ended(freed_bytes, since, now)
 
     def counted(self, app_count: int, learned: Learned) -> list[Action]:
-        """The app counts ``app_count`` sessions, fewer than are waiting past their response:
-        the oldest waiting ones ended before their memory showed, and settle now (left
+        """The app counts ``app_count`` sessions, fewer than are past their response:
+        the oldest responded ones ended before their memory showed, and settle now (left
         early: their memory is still expected, in case it comes after all)."""
         actions: list[Action] = []
-        for entry in self._pending.oldest_waiting(self.past_response - max(0, app_count)):
+        for entry in self._pending.oldest_responded(self.past_response - max(0, app_count)):
             self._pending.leave_early(entry, learned)
             actions += self._pending.settle(entry)
         return actions
@@ -975,7 +978,7 @@ class Settler:
         # Its memory showed: it settles now if it waits past its response; in its request,
         # at its response; held or started, by its ticket.
         entry.visible = True
-        return self._pending.settle(entry) if entry.phase == "waiting" else []
+        return self._pending.settle(entry) if entry.phase == "responded" else []
 
     def _attribute(
         self,

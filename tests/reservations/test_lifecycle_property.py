@@ -144,7 +144,7 @@ def test_random_sessions_release_once_never_early_and_return_to_zero(
             missing += max(0, owed - int((1 - VISIBLE_FRACTION) * R) - 1)
         assert missing <= pending * R
         # What the pending sessions still hold is kept as a running total: it is the sum.
-        assert settler.held() == (
+        assert settler.still_to_add() == (
             sum(entry.remaining for entry in settler._pending),
             settler.unsettled,
         )

@@ -177,11 +177,11 @@ def test_the_head_counts_no_more_than_its_own_memory_has_still_to_add() -> None:
     head = admit(settler, ledger, RAMPING, BASE, 0.0)
     apply(settler.respond(head, 0.05, LEARNED))
     apply(settler.settle(BASE, 0.25, LEARNED))
-    assert settler.held() == (96 * MIB, 1)
+    assert settler.still_to_add() == (96 * MIB, 1)
     measure(settler, ledger, head, 60)
     for step in range(2, 6):
         apply(settler.settle(BASE, 0.25 * step, LEARNED))
-        assert settler.held() == (36 * MIB, 1)
+        assert settler.still_to_add() == (36 * MIB, 1)
     assert not head.released
 
 
@@ -192,10 +192,10 @@ def test_a_session_counts_what_its_latest_measurement_leaves_to_come() -> None:
     settler, ledger = make()
     _head, younger = two_ramping(settler, ledger)
     measure(settler, ledger, younger, 80)
-    assert settler.held() == ((96 + 16) * MIB, 2)
+    assert settler.still_to_add() == ((96 + 16) * MIB, 2)
     measure(settler, ledger, younger, 5)
     apply(settler.settle(BASE, 1.0, LEARNED))
-    assert settler.held() == ((96 + 91) * MIB, 2)
+    assert settler.still_to_add() == ((96 + 91) * MIB, 2)
 
 
 def test_a_held_session_whose_memory_is_measured_holds_back_only_the_rest() -> None:
@@ -208,4 +208,4 @@ def test_a_held_session_whose_memory_is_measured_holds_back_only_the_rest() -> N
     apply(settler.respond(held, 0.05, LEARNED))
     measure(settler, ledger, held, 95)
     assert not held.released
-    assert settler.held() == (1 * MIB, 1)
+    assert settler.still_to_add() == (1 * MIB, 1)

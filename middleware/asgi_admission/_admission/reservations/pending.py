@@ -857,7 +857,7 @@ class Reservations:
         they are still expected to add, the others (other workers') a reserve each, and one
         more its route's reserve where the route is known, else the largest."""
         reserve = self._controller.reserve_for(limit_bytes)
-        own, counted = self.settler.held()
+        own, counted = self.settler.still_to_add()
         new = reserve
         if route is not None:
             expected = self.view.estimated_bytes(route, limit_bytes)

@@ -592,7 +592,7 @@ class PendingSessions:
             self.remaining += remaining - entry.remaining
         entry.remaining = remaining
 
-    def held(self) -> tuple[int, int]:
+    def still_to_add(self) -> tuple[int, int]:
         """What the sessions are still expected to add, and how many there are; kept as
         they change, not summed at each decision."""
         return self.remaining, len(self._entries)
@@ -885,9 +885,9 @@ class Settler:
         """The app ended or gave up the session."""
         return self._pending.drop(entry)
 
-    def held(self) -> tuple[int, int]:
+    def still_to_add(self) -> tuple[int, int]:
         """What this process's pending sessions are still expected to add, and how many."""
-        return self._pending.held()
+        return self._pending.still_to_add()
 
     @property
     def last_reading(self) -> ExactReading | None:

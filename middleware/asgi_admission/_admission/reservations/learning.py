@@ -776,6 +776,8 @@ class GrowthWindows:
         freed: list[Freed] = []
         carried_over = rise < -FREE_STEP_BYTES or bool(ended) or foreign_ended
         if carried_over:
+            # The faster of the last rises: the more growth a window is given, the safe
+            # side for learning (settling takes the slower, its own: ``FreedMemory.step``).
             carried = max(0.0, *self._last_rises)
             going_on = (
                 None if self.crowded(last[1]) else most_added(self._recent, last[1], now, expected)

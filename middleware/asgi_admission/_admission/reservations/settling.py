@@ -509,7 +509,9 @@ class FreedMemory:
             fell = since.used_bytes - used_bytes
             if fell > 0:
                 # Sessions still ramping went on growing meanwhile, as slowly as in
-                # either of the last steps before: that much of the fall is hidden.
+                # either of the last steps before: that much of the fall is hidden. The
+                # slower step credits the less freed memory, the safe side here (learning
+                # carries the faster one on, its safe side: ``GrowthWindows.reading``).
                 hidden = max(0.0, min(self._rates)) * max(0.0, now - since.at)
                 taken = min(self._bytes, int(fell + hidden))
                 self._bytes -= taken

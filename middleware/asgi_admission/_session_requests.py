@@ -480,8 +480,7 @@ class HttpSessionResponder:
         body: list[Message],
         rest_due_in_s: float | None,
     ) -> Coroutine[None, None, None]:
-        """The admitted request's run of the app (a coroutine of ``WatchedHttp.run``
-        itself: no layer of its own)."""
+        """The admitted request's run of the app: the coroutine of ``WatchedHttp.run``."""
         # The app finds its ticket in the scope: admission_ticket(request).
         scope[SCOPE_KEY] = ticket
         watched = WatchedHttp(

@@ -894,7 +894,7 @@ class Reservations:
 
     def respond(self, entry: Settlement) -> None:
         """The response ended or the WebSocket was accepted."""
-        # now_or_later's steps, without a closure (once per session request). A request
+        # As ``KeptEvents.now_or_later``, written out for the session path. A request
         # that settles at its response from this process's own state reads and writes no
         # shared file: this process's lock is its whole section, without the shared
         # ledger's flock (bench/README.md, "The fourteenth session: the session path's

@@ -111,7 +111,7 @@ def test_events_caught_up_by_a_sample_that_then_finds_the_file_replaced_are_kept
             await sessions[0]  # first's response: its release waits
         finally:
             os.close(fd)
-        assert first.reservations.deferred == 1
+        assert first.reservations.kept_events == 1
         (shared / FILE_NAME).unlink()
         second.service.ledger._next_link_check = 0.0  # type: ignore[attr-defined]
         second.session_counts()  # second moves to the new file, its old row left behind

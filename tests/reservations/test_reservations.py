@@ -298,19 +298,19 @@ def test_events_wait_in_order_while_the_shared_ledger_is_held() -> None:
     lock.held = True
     assert reservations.ticket("hold", entry) is True  # taken on trust, applied first later
     reservations.respond(entry)
-    assert reservations.deferred == 2
+    assert reservations.kept_events == 2
     reservations.sample()  # still held: skipped, nothing applied
-    assert (reservations.deferred, counts(ledger)) == (2, (0, 1))
+    assert (reservations.kept_events, counts(ledger)) == (2, (0, 1))
     lock.held = False
     reservations.sample()
-    assert reservations.deferred == 0
+    assert reservations.kept_events == 0
     assert counts(ledger) == (0, 1)  # held past its response: still pending
     lock.held = True
     reservations.ticket("release", entry)
-    assert (reservations.deferred, counts(ledger)) == (1, (0, 0))
+    assert (reservations.kept_events, counts(ledger)) == (1, (0, 0))
     lock.held = False
     reservations.sample()
-    assert (reservations.deferred, counts(ledger)) == (0, (0, 0))
+    assert (reservations.kept_events, counts(ledger)) == (0, (0, 0))
     assert reservations.settler.unsettled == 0
 
 
@@ -372,9 +372,9 @@ def test_a_decision_nets_out_the_apps_count_after_the_kept_events(
     reservations = guard.reservations
     with held_by_another_worker(tmp_path):
         reservations.respond(settlement_of(first))  # kept: its memory has not shown yet
-        assert reservations.deferred == 1
+        assert reservations.kept_events == 1
     second = guard.service.admit("http", scope)
-    assert reservations.deferred == 0
+    assert reservations.kept_events == 0
     assert isinstance(second, AdmissionTicket), second
 
 

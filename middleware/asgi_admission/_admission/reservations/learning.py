@@ -1138,7 +1138,7 @@ class SessionLearner:
         if closed or freed:
             self._changed()
 
-    def close_episode(self, route: str) -> bool:
+    def close_windows(self, route: str) -> bool:
         """A probe of ``route`` saw its memory stop growing (``probing.py``): the route's
         open windows close now; whether the route has a footprint learned."""
         closed = self._windows.close_route(route, self._expected, self._ramp_s)

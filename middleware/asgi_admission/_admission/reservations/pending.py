@@ -1045,7 +1045,7 @@ class Reservations:
         return bool(self.probe_waiters) or self.probes.busy
 
     @property
-    def deferred(self) -> int:
+    def kept_events(self) -> int:
         """How many session events wait for the shared ledger."""
         return len(self._kept)
 

@@ -615,11 +615,11 @@ class Probes:
         *,
         timed_out: bool = False,
     ) -> None:
-        """The trial's evidence is in. A clean trial closes the learner's episode (the
+        """The trial's evidence is in. A clean trial closes the route's learning windows (the
         route is learned); otherwise its growth per probe is a provisional footprint,
         never below the guess where a session ended meanwhile or the trial timed out."""
         footprint = trial.per_probe()
-        if learner is None or not learner.close_episode(trial.route):
+        if learner is None or not learner.close_windows(trial.route):
             if trial.ended or timed_out:
                 footprint = max(footprint, trial.guess_bytes)
             self._concluded[trial.route] = _provisional(trial, footprint, trial.ramp())

@@ -16,11 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
-from asgi_admission._admission.ledger.safe_files import (
-    SHARED_DIR_SETTING,
-    open_private_file,
-    process_alive,
-)
+from asgi_admission._admission.ledger.safe_files import open_private_file, process_alive
 from asgi_admission._admission.ledger.shared_ledger import LINK_CHECK_INTERVAL_S
 from asgi_admission._admission.reservations.learning import (
     Observations,
@@ -59,14 +55,6 @@ _HEADER: Final = struct.Struct("=8sIIq")
 _ROW: Final = struct.Struct("=qqdqq?7x")
 
 
-def open_shared(directory: str, name: str) -> int:
-    """Open (or create, ``0600``) ``name`` in the shared directory, making the directory
-    (``0700``) if it is missing: a deleted one is made again. ``ValueError`` naming
-    ``ADMISSION_SHARED_DIR`` for what is unsafe (a symlink, not a regular file, another
-    user's, writable by others), as for the ledger itself."""
-    return open_private_file(directory, name, setting=SHARED_DIR_SETTING)
-
-
 class SharedSettleQueue:
     """The settling queue of every worker, in one file; used inside the ledger's lock."""
 
@@ -95,7 +83,7 @@ class SharedSettleQueue:
         self._may_follow = may_follow
         self._directory = directory
         self.path = os.path.join(directory, SETTLING_FILE)
-        self._fd = open_shared(directory, SETTLING_FILE)
+        self._fd = open_private_file(directory, SETTLING_FILE)
         self._next_check = time.monotonic() + LINK_CHECK_INTERVAL_S
         self._broken = False
         self._pid = os.getpid()
@@ -199,7 +187,7 @@ class SharedSettleQueue:
         worker has since dropped must not come back). If it cannot be opened, the old
         file still serves this worker; logged once."""
         try:
-            fd = open_shared(self._directory, SETTLING_FILE)
+            fd = open_private_file(self._directory, SETTLING_FILE)
         except (OSError, ValueError) as exc:
             if not self._broken:
                 self._broken = True
@@ -254,7 +242,7 @@ class SharedSettleQueue:
         self._others = self.others  # made with the pid of that load: the parent's
         self._pid = os.getpid()
         try:
-            fd = open_shared(self._directory, SETTLING_FILE)
+            fd = open_private_file(self._directory, SETTLING_FILE)
         except (OSError, ValueError):
             self._next_check = 0.0
             return
@@ -303,7 +291,7 @@ class LearnedStore:
         #: Whether the last refresh found another file than this worker last wrote or
         #: read (deleted and made again, or replaced): then it adds what it knows.
         self.moved = False
-        fd = open_shared(directory, LEARNED_FILE)
+        fd = open_private_file(directory, LEARNED_FILE)
         try:
             self._identity: str | None = _file_id(_read_all(fd))
         finally:
@@ -315,7 +303,7 @@ class LearnedStore:
         ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when the file cannot be opened
         (at startup and for ``probe``); a running service uses :meth:`refresh`.
         """
-        return self._parse(_read_shared(open_shared(self._directory, LEARNED_FILE)))
+        return self._parse(_read_shared(open_private_file(self._directory, LEARNED_FILE)))
 
     def refresh(self) -> Observations | None:
         """:meth:`load` for a running service: ``None`` when the file cannot be used now."""
@@ -384,7 +372,7 @@ class LearnedStore:
 
     def _open(self) -> int | None:
         try:
-            fd = open_shared(self._directory, LEARNED_FILE)
+            fd = open_private_file(self._directory, LEARNED_FILE)
         except (OSError, ValueError) as exc:
             self._unusable(exc)
             return None
@@ -624,7 +612,7 @@ class SharedProbeStore:
         #: The file's contents at the last load or store, and the trials made of them.
         self._known: tuple[bytes, dict[str, ProbeTrial]] = (b"", {})
         # At startup a file that cannot be used is an error naming the setting.
-        self._fd = open_shared(directory, PROBING_FILE)
+        self._fd = open_private_file(directory, PROBING_FILE)
         self._pid = os.getpid()
 
     def load(self) -> dict[str, ProbeTrial] | None:
@@ -684,7 +672,7 @@ class SharedProbeStore:
         try:
             pid = os.getpid()
             if pid != self._pid or os.fstat(self._fd).st_nlink == 0:
-                fd = open_shared(self._directory, PROBING_FILE)
+                fd = open_private_file(self._directory, PROBING_FILE)
                 os.close(self._fd)
                 self._fd, self._pid = fd, pid
         except (OSError, ValueError) as exc:
@@ -713,4 +701,4 @@ def read_probing(directory: str) -> dict[str, ProbeTrial] | None:
     """
     if not os.path.isfile(os.path.join(directory, PROBING_FILE)):
         return None
-    return decode(_read_shared(open_shared(directory, PROBING_FILE)))
+    return decode(_read_shared(open_private_file(directory, PROBING_FILE)))

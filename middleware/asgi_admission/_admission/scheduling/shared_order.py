@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from asgi_admission._admission.ledger.ledger import LOCK_WAIT_S
-from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open_private_file
+from asgi_admission._admission.ledger.safe_files import open_private_file
 from asgi_admission._admission.ledger.shared_ledger import (
     HEADER,
     claim_free_slot,
@@ -376,7 +376,7 @@ class OrderFile:
         self.row = EMPTY
         self._pid = os.getpid()
         self._set_used(1)
-        fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
+        fd = open_private_file(self.directory, ORDER_FILE_NAME)
         self.fd = fd
         if flock_by(fd, time.monotonic() + LOCK_WAIT_S):
             try:
@@ -481,7 +481,7 @@ class OrderFile:
         if old >= 0:
             os.close(old)
         try:
-            self.fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
+            self.fd = open_private_file(self.directory, ORDER_FILE_NAME)
         except (OSError, ValueError) as exc:
             self._warn_once(
                 "fork",
@@ -494,7 +494,7 @@ class OrderFile:
     # -- the file -----------------------------------------------------------------------
 
     def _follow(self) -> None:
-        fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
+        fd = open_private_file(self.directory, ORDER_FILE_NAME)
         logger.warning(
             "asgi-admission: the shared waiting order %s was deleted or replaced; moving "
             "this worker's waiters to the file now at that path.",

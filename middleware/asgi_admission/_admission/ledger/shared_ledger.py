@@ -44,7 +44,7 @@ from asgi_admission._admission.ledger.ledger import (
     LedgerBusy,
     LedgerUnavailable,
 )
-from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open_private_file
+from asgi_admission._admission.ledger.safe_files import open_private_file
 
 # --------------------------------------------------------------------------------------
 # The shared ledger file's layout and its slots' locks, and reading it from outside.
@@ -170,27 +170,20 @@ def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
 # --------------------------------------------------------------------------------------
 # The shared ledger's file as one worker holds it.
 #
-# Notes:
+# Notes (the measurements behind them: bench/README.md, "`ledger.py`: the shared
+# ledger against the in-process one"):
 #
-# - One small file, ``<shared_dir>/asgi-admission.ledger``: a 16-byte header
-# (magic, slot capacity, slots in use) and fixed 32-byte slots of four int64s,
-# ``(pid, start_time, pending, active)``. It lives in a memory-backed directory
-# (``/dev/shm``, a ``medium: Memory`` emptyDir): it never touches a disk.
-# - It is read and written with ``os.pread``/``os.pwrite``, not ``mmap``: a
-# truncated file then gives a short read (rebuilt, with a warning) instead of a
-# ``SIGBUS`` on the request path, for a little more per decision. A decision reads
-# the header and the slots in use in one ``pread`` and takes every slot's pending
-# and active counts with one ``unpack_from``; a worker writes its own slot only
-# when the row changed (a release followed by a reservation leaves it as it was).
-# - Liveness: a worker holds an exclusive OFD byte-range lock (``F_OFD_SETLK``) on
-# its own slot for as long as its descriptor is open, and the kernel drops it when
-# the process dies, ``SIGKILL`` included; a slot with counts whose lock is free
-# (``F_OFD_GETLK``) belongs to a dead worker. Pid reuse cannot fool it, and it
-# costs far less per slot with counts than reading ``/proc/<pid>/stat`` to compare
-# start times (``bench/ledger.py``, bench/README.md). The start time is still stored,
-# for people reading the file.
+# - ``<shared_dir>/asgi-admission.ledger``: a 16-byte header (magic, slot capacity,
+# slots in use) and 32-byte slots of four int64s ``(pid, start_time, pending,
+# active)``, in a memory-backed directory; the start time is for people reading it.
+# - ``os.pread``/``os.pwrite``, not ``mmap``: a truncated file gives a short read
+# (rebuilt, with a warning), never a ``SIGBUS`` on the request path.
+# - Liveness: a worker holds an exclusive OFD lock (``F_OFD_SETLK``) on its own slot
+# while its descriptor is open; the kernel drops it when the process dies (``SIGKILL``
+# included), so a slot with counts whose lock is free (``F_OFD_GETLK``) is a dead
+# worker's. Pid reuse cannot fool it.
 # - :class:`LedgerFile` opens, claims, reads, rebuilds and follows a replaced file,
-# always under the ``flock`` that the critical section (below) takes for it.
+# always under the ``flock`` of the critical section (below).
 
 logger = logging.getLogger("asgi_admission")
 
@@ -226,19 +219,6 @@ class Rejoining:
             return False
         self.until = 0.0
         return True
-
-
-def file_problem(fd: int, capacity: int) -> str | None:
-    """What is wrong with the whole file: ``""`` when it is empty (new), else as
-    :func:`header_problem`, or too short for its slots."""
-    header = os.pread(fd, HEADER.size, 0)
-    if not header:
-        return ""
-    problem = header_problem(header, capacity)
-    size = os.fstat(fd).st_size
-    if problem is None and size < slot_offset(capacity):
-        problem = f"{size} bytes, shorter than its {capacity} slots"
-    return problem
 
 
 def others_live(fd: int, capacity: int, own: int, *, with_rows: bool) -> int:
@@ -340,10 +320,6 @@ class LedgerFile:
         self._set_used(1)
         self._warned: set[str] = set()
 
-    def _check_own_row(self, data: bytes) -> None:
-        if self._slot >= 0 and not data.startswith(self._row, self._offset):
-            self._own_row_changed()
-
     def _own_row_changed(self) -> None:
         self._rejoining.start(self._fd, self._capacity, self._slot)
         # Edited, or rebuilt (perhaps with fewer slots in use than this one).
@@ -395,7 +371,7 @@ class LedgerFile:
         """Open the file (made if missing) and check or rebuild it under the ``flock``,
         taken by ``deadline`` (``time.monotonic``) or ``LedgerBusy``: never a blocking
         wait, since a worker stopped inside its section would make it endless."""
-        fd = open_private_file(self.directory, FILE_NAME, setting=SHARED_DIR_SETTING)
+        fd = open_private_file(self.directory, FILE_NAME)
         try:
             if not flock_by(fd, deadline):
                 raise LedgerBusy(f"another worker holds the shared ledger {self.path}")
@@ -411,9 +387,17 @@ class LedgerFile:
         return fd
 
     def _check_file(self) -> None:
-        problem = file_problem(self._fd, self._capacity)
+        """Build a new (empty) file; rebuild an unusable one, saying why."""
+        header = os.pread(self._fd, HEADER.size, 0)
+        if not header:
+            self._rebuild(None)
+            return
+        problem = header_problem(header, self._capacity)
+        size = os.fstat(self._fd).st_size
+        if problem is None and size < slot_offset(self._capacity):
+            problem = f"{size} bytes, shorter than its {self._capacity} slots"
         if problem is not None:
-            self._rebuild(problem or None)
+            self._rebuild(problem)
 
     def _rebuild(self, problem: str | None) -> None:
         if problem is not None:
@@ -494,8 +478,7 @@ class LedgerFile:
             # Cleared before the snapshot: a change made after it marks the slot again.
             self._dirty = False
             own = self._own
-            published = own[1] if own[2] is None else own[2]
-            row = SLOT.pack(self._pid, self._start, own[0], published)
+            row = SLOT.pack(self._pid, self._start, own[0], published(own))
             if row != self._row:
                 try:
                     os.pwrite(self._fd, row, self._offset)
@@ -753,10 +736,12 @@ class LockedLedgerFile(LedgerFile):
                 self._write_own()
 
     def _changed(self) -> None:
-        """After an activation or release (the counts changed in memory) in a thread
-        whose loop has no write scheduled: write the slot at the next critical section,
-        when this loop next turns at the latest; off a loop, now. Many releases in one
-        loop turn then cost one section, and a release followed by a decision none."""
+        """After an activation or release (the counts changed in memory): write the slot
+        at the next critical section, when this thread's loop next turns at the latest;
+        off a loop, now. Many releases in one loop turn then cost one section, and a
+        release followed by a decision none."""
+        if self._flush_thread == _thread_id():
+            return  # this loop's turn writes it
         loop = _running_loop()
         if loop is None:
             self._flush()
@@ -802,8 +787,12 @@ class LockedLedgerFile(LedgerFile):
         try:
             with self._attempt:
                 data = self._read()
-                if data is not None:
-                    self._check_own_row(data)
+                if (
+                    data is not None
+                    and self._slot >= 0
+                    and not data.startswith(self._row, self._offset)
+                ):
+                    self._own_row_changed()
         except LedgerBusy:
             pass  # held elsewhere, or unusable (logged once): the next beat tries again
         except Exception:
@@ -836,8 +825,7 @@ class _SharedReservation:
             up = None if reported is None else reported + 1
             ledger._own = (max(0, pending - 1), active + 1, up)
             ledger._dirty = True
-        if ledger._flush_thread != _thread_id():
-            ledger._changed()
+        ledger._changed()
         if ledger._on_change is not None:
             ledger._on_change()
 
@@ -862,8 +850,7 @@ class _SharedReservation:
                 down = None if reported is None else max(0, reported - 1)
                 ledger._own = (pending, max(0, active - 1), down)
             ledger._dirty = True
-        if ledger._flush_thread != _thread_id():
-            ledger._changed()
+        ledger._changed()
         if ledger._on_change is not None:
             ledger._on_change()
 
@@ -924,7 +911,7 @@ class SharedLedger(LockedLedgerFile):
             self._write_own()
         # Taken before the file or after it alike: outside the section, this worker's
         # own counts only go down (releases) or move from pending to active.
-        pending, active = own[0], own[1] if own[2] is None else own[2]
+        pending, active = own[0], published(own)
         want = self._want
         data = os.pread(self._fd, want, 0)
         if data == self._quiet:

@@ -1,5 +1,14 @@
-"""The reservation state the workers of a container share in files: the settling queue,
-what was learned of each route, and the routes being probed.
+"""The reservation state the workers of a container share in files beside the ledger:
+the settling queue, what was learned of each route, and the routes being probed.
+
+Notes (the directory and how its files are opened: docs/trust.md, "The shared
+directory and its files"):
+
+- The settling and probing files are read and written inside the ledger's critical
+  section (its ``flock`` serialises the workers); the learned file under its own.
+- Once the service runs, a fault never raises out of them; startup still fails with the
+  error naming ``ADMISSION_SHARED_DIR``. A malformed settling file is rebuilt empty (its
+  reservations then settle by time); a malformed learned or probing file is replaced.
 """
 
 from __future__ import annotations
@@ -27,17 +36,6 @@ from asgi_admission._admission.reservations.learning import (
 )
 from asgi_admission._admission.reservations.probing import Probe, ProbeTrial
 from asgi_admission._admission.reservations.settling import QueueRecord
-
-# --------------------------------------------------------------------------------------
-# The reservation state the workers of a container share in ``ADMISSION_SHARED_DIR``.
-#
-# Files beside the session ledger, read and written inside the ledger's critical section
-# (its ``flock`` serialises the workers), or, for the learned file, under its own
-# ``flock``. They are opened as the ledger is (``safe_files.open_private_file``), and once
-# the service runs a fault never raises out of them (docs/trust.md, "The shared directory
-# and its files"); startup still fails with the error naming ``ADMISSION_SHARED_DIR``. A
-# malformed settling file is rebuilt empty (reservations in it then settle by time); a
-# malformed learned file is replaced (what it held is learned again).
 
 logger = logging.getLogger("asgi_admission")
 
@@ -272,8 +270,7 @@ def _queue_order(record: QueueRecord) -> tuple[bool, float]:
 # all it knows again.
 
 
-#: Version 2 added each route's windows and ends; a version 1 file (footprints and
-#: ramps alone) is read as it is, its values kept as the per-session ones they are.
+#: A version 1 file (footprints and ramps, no windows or ends) is read as it is.
 LEARNED_VERSION: Final = 2
 
 
@@ -506,21 +503,17 @@ def read_learned(directory: str, *, keep: int) -> Observations | None:
 
 
 # --------------------------------------------------------------------------------------
-# The probes of every worker in one file of ``ADMISSION_SHARED_DIR`` (``asgi-admission.probing``).
-#
-# With the shared ledger the workers of a container probe a route not learned yet
-# together: ``probe_sessions`` counts the probes of the whole container, and a
-# worker's waiters go on once another worker's probe has shown its memory
-# (``probing.py``, ``docs/reservations.md``).
+# The probes of every worker in one file (docs/reservations.md, "Probing a route
+# nothing is known of": several workers).
 #
 # Notes:
 #
-# - The file is JSON, small (a trial per route being probed, a few numbers each),
-# and read and written only inside the ledger's critical section, so the workers
-# never race on it; its own ``flock`` (exclusive to write, shared to read) keeps
-# ``asgi-admission probe`` from reading half a write.
-# - A file that cannot be used is logged once (each worker then goes on with the
-# trials it last saw, probing on its own), and a malformed one is replaced.
+# - JSON, small (a trial per route being probed), read and written only inside the
+# ledger's critical section, so the workers never race on it; its own ``flock``
+# (exclusive to write, shared to read) keeps ``asgi-admission probe`` from reading half
+# a write.
+# - A file that cannot be used is logged once; each worker then probes on its own with
+# the trials it last saw.
 # - Only touched while something is being probed: a decision for a route not learned
 # yet, and the samples of a worker with probes or waiters of its own.
 

@@ -188,6 +188,13 @@ def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
 logger = logging.getLogger("asgi_admission")
 
 
+def warn_once(warned: set[str], key: str, message: str, *args: object) -> None:
+    """Log ``message`` at WARNING unless ``key`` is in ``warned`` already (then add it)."""
+    if key not in warned:
+        warned.add(key)
+        logger.warning(message, *args)
+
+
 class Rejoining:
     """After a fault lost the other workers' rows: whether they are all back yet.
 
@@ -323,7 +330,8 @@ class LedgerFile:
     def _own_row_changed(self) -> None:
         self._rejoining.start(self._fd, self._capacity, self._slot)
         # Edited, or rebuilt (perhaps with fewer slots in use than this one).
-        self._warn_once(
+        warn_once(
+            self._warned,
             "own",
             "asgi-admission: this worker's slot in %s was changed by someone else; "
             "rewriting it from the worker's own counts.",
@@ -464,7 +472,8 @@ class LedgerFile:
             self._start = process_start_time()
             self._restore_own()
             return
-        self._warn_once(
+        warn_once(
+            self._warned,
             "full",
             "asgi-admission: all %d slots of the shared session ledger %s are held by live "
             "workers; this worker's sessions are counted by this worker alone.",
@@ -513,11 +522,6 @@ class LedgerFile:
             active,
         )
         os.pwrite(self._fd, bytes(SLOT.size), slot_offset(slot))
-
-    def _warn_once(self, key: str, message: str, *args: object) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning(message, *args)
 
 
 # --------------------------------------------------------------------------------------
@@ -962,7 +966,8 @@ class SharedLedger(LockedLedgerFile):
                 self._recover(slot, slot_pending, slot_active)
                 continue
             if slot_pending < 0 or slot_active < 0:
-                self._warn_once(
+                warn_once(
+                    self._warned,
                     "negative",
                     "asgi-admission: %s holds negative session counts (slot %d: pending "
                     "%d, active %d); counting them as 0.",

@@ -42,6 +42,7 @@ from asgi_admission._admission.ledger.shared_ledger import (
     slot_held,
     slot_lock,
     slot_offset,
+    warn_once,
 )
 from asgi_admission._admission.ledger.shared_ledger import SLOT as LEDGER_SLOT
 
@@ -324,17 +325,14 @@ def read_waiting(directory: str | os.PathLike[str]) -> list[WaitingEntry]:
 
 
 # --------------------------------------------------------------------------------------
-# One worker's slot in the waiting order's file.
+# One worker's slot in the waiting order's file (its faults: docs/trust.md, "Releases
+# are never lost").
 #
-# Notes:
-#
-# - No blocking lock once open: a worker writes only its own slot, so a write is one
-# ``pwrite`` and a read one ``pread``. The file's ``flock`` serialises only claiming a
-# slot and rebuilding, taken with ``LOCK_NB``; only the check at opening waits, at most
-# ``LOCK_WAIT_S``.
-# - A truncated or garbage file is rebuilt with a warning, keeping the whole rows of
-# live workers; each worker writes its own row back when it finds it gone.
-# - A fork child opens the file again: the parent's descriptor carries its slot lock.
+# No blocking lock once open: a worker writes only its own slot (one ``pwrite``) and
+# reads with one ``pread``. The file's ``flock`` serialises only claiming a slot and
+# rebuilding, taken with ``LOCK_NB``; only the check at opening waits, at most
+# ``LOCK_WAIT_S``. A fork child opens the file again: the parent's descriptor carries
+# its slot lock.
 
 
 class OrderFile:
@@ -483,7 +481,8 @@ class OrderFile:
         try:
             self.fd = open_private_file(self.directory, ORDER_FILE_NAME)
         except (OSError, ValueError) as exc:
-            self._warn_once(
+            warn_once(
+                self._warned,
                 "fork",
                 "asgi-admission: the shared waiting order %s cannot be opened in this "
                 "worker (%s); it serves its waiters in its own order.",
@@ -608,7 +607,8 @@ class OrderFile:
                 return True
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
-        self._warn_once(
+        warn_once(
+            self._warned,
             "full",
             "asgi-admission: all %d slots of the shared waiting order %s are held by live "
             "workers; this worker serves its waiters in its own order.",
@@ -617,13 +617,9 @@ class OrderFile:
         )
         return False
 
-    def _warn_once(self, key: str, message: str, *args: object) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning(message, *args)
-
     def _own_order(self, key: str, problem: str, exc: BaseException) -> None:
-        self._warn_once(
+        warn_once(
+            self._warned,
             key,
             "asgi-admission: the shared waiting order %s %s (%s); this worker serves its "
             "waiters in its own order until it can.",

@@ -195,17 +195,21 @@ def warn_once(warned: set[str], key: str, message: str, *args: object) -> None:
         logger.warning(message, *args)
 
 
+#: After a fault lost the other workers' rows: the longest wait for them to come back.
+SETTLE_MAX_S: Final = 2.0
+
+
 class Rejoining:
     """After a fault lost the other workers' rows: whether they are all back yet.
 
     ``start`` counts the slots other live workers hold locks on in ``fd``; ``done`` is
-    true once as many slots here have a row and a lock again, or ``max_s`` has passed.
+    true once as many slots here have a row and a lock again, or ``SETTLE_MAX_S`` has
+    passed.
     """
 
-    __slots__ = ("_others", "max_s", "until")
+    __slots__ = ("_others", "until")
 
-    def __init__(self, max_s: float) -> None:
-        self.max_s = max_s
+    def __init__(self) -> None:
         #: When the wait ends at the latest; 0.0 when there is none (every decision asks).
         self.until = 0.0
         self._others = 0
@@ -215,7 +219,7 @@ class Rejoining:
 
     def expect(self, others: int) -> None:
         self._others = others
-        self.until = time.monotonic() + self.max_s
+        self.until = time.monotonic() + SETTLE_MAX_S
 
     def done(self, fd: int, capacity: int, own: int) -> bool:
         if not self.until:
@@ -300,9 +304,7 @@ class LedgerFile:
         "path",
     )
 
-    def __init__(
-        self, directory: str | os.PathLike[str], *, capacity: int, settle_s: float
-    ) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be 1 or more; got {capacity!r}.")
         self.directory = os.path.abspath(os.fspath(directory))
@@ -313,7 +315,7 @@ class LedgerFile:
         self._own: tuple[int, int, int | None] = (0, 0, None)
         #: Counts changed since the row was written: the next section writes them.
         self._dirty = False
-        self._rejoining = Rejoining(settle_s)
+        self._rejoining = Rejoining()
         self._fd = -1
         self._slot = -1
         self._pid = os.getpid()
@@ -625,10 +627,8 @@ class LockedLedgerFile(LedgerFile):
         "_own_section",
     )
 
-    def __init__(
-        self, directory: str | os.PathLike[str], *, capacity: int, settle_s: float
-    ) -> None:
-        super().__init__(directory, capacity=capacity, settle_s=settle_s)
+    def __init__(self, directory: str | os.PathLike[str], *, capacity: int) -> None:
+        super().__init__(directory, capacity=capacity)
         self._lock = threading.Lock()
         self._beating = False
         self._broken = False
@@ -806,8 +806,6 @@ class LockedLedgerFile(LedgerFile):
 
 #: Slots in a new file: far more worker processes than one container runs.
 DEFAULT_CAPACITY: Final = 256
-#: After a fault lost the other workers' rows: the longest wait for them to come back.
-SETTLE_MAX_S: Final = 2.0
 
 
 class _SharedReservation:
@@ -873,7 +871,7 @@ class SharedLedger(LockedLedgerFile):
     def __init__(
         self, directory: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY
     ) -> None:
-        super().__init__(directory, capacity=capacity, settle_s=SETTLE_MAX_S)
+        super().__init__(directory, capacity=capacity)
         # Guards changes to the in-memory counts alone, never held across I/O: releases
         # take it from any thread without waiting for the critical section.
         self._mem = threading.Lock()

@@ -87,11 +87,11 @@ def slot_offset(slot: int) -> int:
     return HEADER.size + slot * SLOT.size
 
 
-def slot_lock(fd: int, slot: int, command: int, lock_type: int) -> int:
-    """``fcntl`` an OFD lock over one slot; returns the lock type the kernel reports."""
+def slot_lock(fd: int, slot: int, lock_type: int) -> None:
+    """Take (``F_WRLCK``) or drop (``F_UNLCK``) an OFD lock over one slot without waiting:
+    ``OSError`` (``EAGAIN`` or ``EACCES``) where another open file description holds it."""
     request = _FLOCK.pack(lock_type, os.SEEK_SET, slot_offset(slot), SLOT.size, 0)
-    lock_type_now: int = _FLOCK.unpack(fcntl.fcntl(fd, command, request))[0]
-    return lock_type_now
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -113,7 +113,7 @@ def claim_free_slot(fd: int, capacity: int) -> int | None:
     when every slot is held. An error other than "held" is raised."""
     for slot in range(capacity):
         try:
-            slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
+            slot_lock(fd, slot, fcntl.F_WRLCK)
         except OSError as exc:
             if exc.errno in (errno.EAGAIN, errno.EACCES):
                 continue
@@ -841,11 +841,9 @@ class _SharedReservation:
                 return
             pending, active, reported = ledger._own
             if state == PENDING:
-                # The app counts its own sessions and publishes them only at this
-                # worker's decisions. Its response sent, this session is presumably
-                # one of them now: count it as reported until the next decision
-                # publishes the app's figure, so that the total other workers see
-                # errs high instead of dipping below the sessions that exist.
+                # Its response sent, the app presumably counts it: one more reported
+                # until the next decision publishes the app's figure (docs/trust.md,
+                # "The app's count between decisions": high, never low).
                 up = None if reported is None else reported + 1
                 ledger._own = (max(0, pending - 1), active, up)
             else:
@@ -894,15 +892,10 @@ class SharedLedger(LockedLedgerFile):
         return self.counts(own_active)[0]
 
     def counts(self, own_active: int | None = None, *, high: bool = False) -> tuple[int, int]:
-        """``(active, pending)`` of every live worker; call inside the critical
-        section (``attempt()`` or ``locked()``).
-
-        With ``own_active`` (the app's count, ``current_sessions``) this worker
-        publishes it as its active sessions instead of its own WebSocket count;
-        others see it as of this worker's latest decision (erring high). ``high``:
-        without asking whether the other workers live, so a dead worker's sessions
-        count until a count that asks recovers them (never below the exact counts).
-        """
+        """``(active, pending)`` of every live worker (``SessionLedger.counts``); call
+        inside the critical section (``attempt()`` or ``locked()``). ``own_active`` is
+        published as this worker's active sessions (docs/trust.md, "The app's count
+        between decisions")."""
         own = self._own
         if own_active != own[2]:
             with self._mem:

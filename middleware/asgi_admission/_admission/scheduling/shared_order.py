@@ -417,7 +417,7 @@ class OrderFile:
         """Clear a dead worker's slot, holding its lock so a new claimant is not wiped."""
         fd = self.fd
         try:
-            slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
+            slot_lock(fd, slot, fcntl.F_WRLCK)
         except OSError:
             return  # claimed this instant by a live worker
         try:
@@ -427,7 +427,7 @@ class OrderFile:
         except OSError:
             pass  # ignored while dead; the next attempt tries again
         finally:
-            slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_UNLCK)
+            slot_lock(fd, slot, fcntl.F_UNLCK)
 
     def follow(self, head: tuple[int, float] | None, waiting: int) -> None:
         """Where the file was deleted or replaced under this worker, move to the one now
@@ -453,7 +453,7 @@ class OrderFile:
         finally:
             self._reset_slot()
             with contextlib.suppress(OSError):
-                slot_lock(self.fd, slot, fcntl.F_OFD_SETLK, fcntl.F_UNLCK)
+                slot_lock(self.fd, slot, fcntl.F_UNLCK)
         return True
 
     def close(self) -> None:

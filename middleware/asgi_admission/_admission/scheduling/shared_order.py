@@ -640,7 +640,7 @@ class SharedOrder:
     each attempt and tells :meth:`passed` after each pass.
     """
 
-    __slots__ = ("__weakref__", "_file", "_head", "_waiting", "bell", "directory", "path")
+    __slots__ = ("__weakref__", "_file", "_head", "_waiting", "bell")
 
     def __init__(
         self,
@@ -649,10 +649,8 @@ class SharedOrder:
         capacity: int = ORDER_CAPACITY,
         bell: OrderBell | None = None,
     ) -> None:
-        self._file = order_file = OrderFile(directory, capacity=capacity, bell=bell)
+        self._file = OrderFile(directory, capacity=capacity, bell=bell)
         self.bell = bell
-        self.directory = order_file.directory
-        self.path = order_file.path
         # What this worker last published: its first waiter, and how many wait.
         self._head: tuple[int, float] | None = None
         self._waiting = 0

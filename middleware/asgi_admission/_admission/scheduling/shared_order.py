@@ -117,11 +117,6 @@ class OrderBell:
         """The wake socket of the worker holding ``slot`` of the waiting order."""
         return os.path.join(self.directory, f"{WAKE_PREFIX}{slot}")
 
-    @property
-    def slot(self) -> int:
-        """The slot whose socket this worker listens on (-1: none)."""
-        return self._slot
-
     def bind(self, slot: int) -> None:
         """Listen on the socket of ``slot``, just claimed, on the running loop.
 

@@ -182,8 +182,8 @@ def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
 # while its descriptor is open; the kernel drops it when the process dies (``SIGKILL``
 # included), so a slot with counts whose lock is free (``F_OFD_GETLK``) is a dead
 # worker's. Pid reuse cannot fool it.
-# - :class:`LedgerFile` opens, claims, reads, rebuilds and follows a replaced file,
-# always under the ``flock`` of the critical section (below).
+# - :class:`SharedLedger` opens, claims, reads, rebuilds and follows a replaced file
+# always under the ``flock`` of its critical section (:class:`Section`).
 
 logger = logging.getLogger("asgi_admission")
 
@@ -279,18 +279,172 @@ def published(own: tuple[int, int, int | None]) -> int:
     return own[1] if own[2] is None else own[2]
 
 
-class LedgerFile:
-    """One worker's hold on the ledger file in ``directory``: the descriptor, the slot
-    claimed in it and the row last written there (see the module notes)."""
+# --------------------------------------------------------------------------------------
+# The shared ledger's critical section, and keeping this worker's slot written
+# (the module notes, and docs/trust.md).
+
+#: How often (at most) a worker checks that its ledger file is still the one at the path.
+LINK_CHECK_INTERVAL_S: Final = 0.25
+#: How often a worker's heartbeat (on its event loop) checks the file without a decision.
+HEARTBEAT_S: Final = 0.25
+
+# Looked up once: every critical section calls them.
+_flock = fcntl.flock
+_monotonic = time.monotonic
+_running_loop = asyncio._get_running_loop  # None off a loop, where get_running_loop raises
+_thread_id = threading.get_ident
+_LOCK_NOW: Final = fcntl.LOCK_EX | fcntl.LOCK_NB
+_UNLOCK: Final = fcntl.LOCK_UN
+
+
+class Section:
+    """The critical section: this process's lock, then the file's exclusive ``flock``,
+    each waited for at most ``wait_s`` (0: taken only if free at once).
+
+    Every decision enters it, so both locks are first tried without reading the
+    clock, and the rest (the link check, a claim, the heartbeat) waits for its timer.
+    """
+
+    __slots__ = ("_ledger", "_wait_s")
+
+    def __init__(self, ledger: SharedLedger, wait_s: float) -> None:
+        self._ledger = ledger
+        self._wait_s = wait_s
+
+    def __enter__(self) -> None:
+        ledger = self._ledger
+        if not ledger._lock.acquire(False):
+            ledger._enter_slowly(self._wait_s, locked=False)
+            return
+        try:
+            _flock(ledger._fd, _LOCK_NOW)
+        except (OSError, ValueError):  # held elsewhere, or no file open (-1): the slow way
+            ledger._enter_slowly(self._wait_s, locked=True)
+            return
+        except BaseException:
+            ledger._lock.release()
+            raise
+        if (
+            ledger._slot < 0
+            or ledger._broken
+            or not ledger._beating
+            or _monotonic() >= ledger._next_link_check
+        ):
+            ledger._ready()
+
+    def __exit__(self, *exc_info: object) -> None:
+        ledger = self._ledger
+        if ledger._dirty:
+            # A change made meanwhile (a release that found this very section taken,
+            # one made on a loop that has not turned since) is ours to write.
+            ledger._write_dirty()
+        try:
+            _flock(ledger._fd, _UNLOCK)
+        except (OSError, ValueError):
+            pass  # closed by a move that failed: there is no lock left to drop
+        finally:
+            ledger._lock.release()
+
+
+class OwnSection:
+    """The section for this worker's own bookkeeping: this process's lock alone, taken
+    only if it is free at once. The shared file is neither read nor written in it, so
+    another worker's ``flock`` is not needed, and a slot changed meanwhile is written
+    by the next critical section or the loop's next turn, as after any release."""
+
+    __slots__ = ("_ledger",)
+
+    def __init__(self, ledger: SharedLedger) -> None:
+        self._ledger = ledger
+
+    def __enter__(self) -> None:
+        # Looked up each time: a fork child has a lock of its own.
+        if not self._ledger._lock.acquire(False):
+            raise LedgerBusy("another thread of this worker holds the shared ledger")
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._ledger._lock.release()
+
+
+#: Slots in a new file: far more worker processes than one container runs.
+DEFAULT_CAPACITY: Final = 256
+
+
+class _SharedReservation:
+    __slots__ = ("_ledger", "_owner", "_state")
+
+    def __init__(self, ledger: SharedLedger) -> None:
+        self._ledger = ledger
+        self._owner = ledger._pid
+        self._state = PENDING
+
+    def activate(self) -> None:
+        ledger = self._ledger
+        with ledger._mem:
+            if self._state != PENDING or self._owner != ledger._pid:
+                return
+            self._state = ACTIVE
+            pending, active, reported = ledger._own
+            # The total stays; see release for the app's reported count.
+            up = None if reported is None else reported + 1
+            ledger._own = (max(0, pending - 1), active + 1, up)
+            ledger._dirty = True
+        ledger._changed()
+        if ledger._on_change is not None:
+            ledger._on_change()
+
+    def release(self) -> None:
+        if self._state == RELEASED:
+            return  # final, so seen without the lock: the middleware's later calls are free
+        ledger = self._ledger
+        with ledger._mem:
+            state, self._state = self._state, RELEASED
+            if state == RELEASED or self._owner != ledger._pid:
+                return
+            pending, active, reported = ledger._own
+            if state == PENDING:
+                # Its response sent, the app presumably counts it: one more reported
+                # until the next decision publishes the app's figure (docs/trust.md,
+                # "The app's count between decisions": high, never low).
+                up = None if reported is None else reported + 1
+                ledger._own = (max(0, pending - 1), active, up)
+            else:
+                down = None if reported is None else max(0, reported - 1)
+                ledger._own = (pending, max(0, active - 1), down)
+            ledger._dirty = True
+        ledger._changed()
+        if ledger._on_change is not None:
+            ledger._on_change()
+
+
+class SharedLedger:
+    """Pending and active counts of every worker process that opens ``directory``.
+
+    ``counts()`` sums the live workers' slots; a worker that died holding
+    sessions is recovered by the next call. Use it as the ``SessionLedger`` of
+    every worker of one container (``AdmissionConfig(shared_dir=...)`` or
+    ``ADMISSION_SHARED_DIR``); the directory should be memory-backed and local.
+    """
 
     __slots__ = (
+        "__weakref__",
+        "_attempt",
+        "_beating",
+        "_broken",
         "_capacity",
         "_dirty",
         "_fd",
+        "_flush_thread",
         "_header",
         "_layout",
+        "_lock",
+        "_locked",
+        "_mem",
+        "_next_link_check",
         "_offset",
+        "_on_change",
         "_own",
+        "_own_section",
         "_pid",
         "_quiet",
         "_rejoining",
@@ -304,7 +458,9 @@ class LedgerFile:
         "path",
     )
 
-    def __init__(self, directory: str | os.PathLike[str], *, capacity: int) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be 1 or more; got {capacity!r}.")
         self.directory = os.path.abspath(os.fspath(directory))
@@ -328,6 +484,299 @@ class LedgerFile:
         self._quiet = b""
         self._set_used(1)
         self._warned: set[str] = set()
+        self._lock = threading.Lock()
+        self._beating = False
+        self._broken = False
+        #: The thread whose loop's next turn writes the changes made in it (0: none).
+        self._flush_thread = 0
+        self._locked = Section(self, LOCK_WAIT_S)
+        self._attempt = Section(self, 0.0)
+        self._own_section = OwnSection(self)
+        self._next_link_check = 0.0
+        # Guards changes to the in-memory counts alone, never held across I/O: releases
+        # take it from any thread without waiting for the critical section.
+        self._mem = threading.Lock()
+        #: Called after a reservation's activation or release, outside the lock.
+        self._on_change: Callable[[], None] | None = None
+        # Open (and create or check the file) now, so that a bad directory fails at
+        # startup; the slot is claimed by the first decision, in the serving process.
+        # A worker stuck in its section for the whole wait leaves it to that decision.
+        with self._lock, contextlib.suppress(LedgerBusy):
+            self._open(time.monotonic() + LOCK_WAIT_S)
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forked(ref))
+
+    # -- SessionLedger -------------------------------------------------------------
+
+    def tell_changes(self, callback: Callable[[], None]) -> None:
+        self._on_change = callback
+
+    def active(self, own_active: int | None = None) -> int:
+        return self.counts(own_active)[0]
+
+    def counts(self, own_active: int | None = None, *, high: bool = False) -> tuple[int, int]:
+        """``(active, pending)`` of every live worker (``SessionLedger.counts``); call
+        inside the critical section (``attempt()`` or ``locked()``). ``own_active`` is
+        published as this worker's active sessions (docs/trust.md, "The app's count
+        between decisions")."""
+        own = self._own
+        if own_active != own[2]:
+            with self._mem:
+                # None: no app count, or it failed; then this worker's own count
+                # stands, as with the in-process ledger, never the app's last figure.
+                reported = None if own_active is None else max(0, own_active)
+                self._own = own = (self._own[0], self._own[1], reported)
+            self._write_own()
+        # Taken before the file or after it alike: outside the section, this worker's
+        # own counts only go down (releases) or move from pending to active.
+        pending, active = own[0], published(own)
+        want = self._want
+        data = os.pread(self._fd, want, 0)
+        if data == self._quiet:
+            return active, pending  # as found with the others idle, this worker's row in
+        if len(data) != want or not data.startswith(self._header):
+            checked = self._read_again(data)
+            if checked is None:
+                return active, pending
+            data = checked
+        # The pending and active fields of every slot in use, pairs in slot order, as
+        # read (restoring this worker's row below may change the slots in use).
+        fields = self._layout.unpack_from(data, HEADER.size)
+        slot = self._slot
+        if slot < 0:  # no slot of its own (all taken): every slot is another's
+            mine = len(fields)
+        elif not data.startswith(self._row, self._offset):
+            mine = 2 * slot
+            self._own_row_changed()
+        else:
+            mine = 2 * slot
+            if not (any(fields[:mine]) or any(fields[mine + 2 :])):
+                # Alone in the file, or the others idle: nothing to add, and nothing
+                # while the file reads the same.
+                self._quiet = data
+                return active, pending
+        if high and min(fields) >= 0:
+            # Every other slot's counts, live or not: one probe per busy slot saved.
+            pending += sum(fields[0::2]) - sum(fields[mine : mine + 1])
+            active += sum(fields[1::2]) - sum(fields[mine + 1 : mine + 2])
+            return active, pending
+        return self._add_others(fields, mine, active, pending)
+
+    def _add_others(
+        self, fields: tuple[int, ...], mine: int, active: int, pending: int
+    ) -> tuple[int, int]:
+        """``active`` and ``pending`` plus the live workers' counts in ``fields``;
+        releases what dead ones left."""
+        fd = self._fd
+        for index in range(0, len(fields), 2):
+            slot_pending, slot_active = fields[index], fields[index + 1]
+            if not (slot_pending or slot_active) or index == mine:
+                continue
+            slot = index >> 1
+            if not slot_held(fd, slot):
+                if os.fstat(fd).st_nlink == 0:  # not dead: moved on to a new file
+                    self._next_link_check = 0.0  # so follow it now, and settle there
+                    raise LedgerBusy(f"the shared ledger {self.path} was replaced")
+                self._recover(slot, slot_pending, slot_active)
+                continue
+            if slot_pending < 0 or slot_active < 0:
+                warn_once(
+                    self._warned,
+                    "negative",
+                    "asgi-admission: %s holds negative session counts (slot %d: pending "
+                    "%d, active %d); counting them as 0.",
+                    self.path,
+                    slot,
+                    slot_pending,
+                    slot_active,
+                )
+                slot_pending, slot_active = max(0, slot_pending), max(0, slot_active)
+            pending += slot_pending
+            active += slot_active
+        return active, pending
+
+    def reserve(self) -> _SharedReservation:
+        """A new pending reservation in this worker's slot; call inside the critical
+        section (``attempt()`` or ``locked()``)."""
+        if self._rejoining.until and not self._rejoining.done(self._fd, self._capacity, self._slot):
+            raise LedgerBusy(f"the shared ledger {self.path} was rebuilt; workers re-register")
+        with self._mem:
+            pending, active, reported = self._own
+            self._own = (pending + 1, active, reported)
+        self._write_own()
+        return _SharedReservation(self)
+
+    def is_current(self) -> bool:
+        """Whether this worker counts in the file at the path, not in one deleted or
+        replaced that it has not left yet; inside the critical section (its fd is
+        open)."""
+        return self._fd >= 0 and os.fstat(self._fd).st_nlink > 0
+
+    # -- the critical section ------------------------------------------------------
+
+    def locked(self) -> Section:
+        """The critical section, waited for at most ``LOCK_WAIT_S`` (then ``LedgerBusy``).
+
+        For callers off the event loop; the middleware uses :meth:`attempt`.
+        """
+        return self._locked
+
+    def attempt(self) -> Section:
+        """The critical section if it is free right now; ``LedgerBusy`` if not."""
+        return self._attempt
+
+    def attempt_own(self) -> OwnSection:
+        """This worker's own bookkeeping, which touches no shared file: this process's
+        lock alone, if it is free right now; ``LedgerBusy`` if not."""
+        return self._own_section
+
+    def _enter_slowly(self, wait_s: float, *, locked: bool) -> None:
+        """The critical section when a lock was not free at once (``locked``: this
+        process's is held already) or no file is open: waits for each until
+        ``wait_s`` after the first try, then ``LedgerBusy``."""
+        lock = self._lock
+        deadline = _monotonic() + wait_s
+        if not (locked or (wait_s > 0 and lock.acquire(timeout=wait_s))):
+            raise LedgerBusy("another thread of this worker holds the shared ledger")
+        try:
+            fd = self._fd if self._fd >= 0 else self._reopen(deadline)
+            if not flock_by(fd, deadline):
+                raise LedgerBusy(
+                    f"another worker held the shared ledger {self.path} for over {wait_s:g} s"
+                )
+        except BaseException:
+            lock.release()
+            raise
+        self._ready()
+
+    def _ready(self) -> None:
+        """Both locks held: what is due before counting, releasing them if it fails."""
+        try:
+            self._repair()
+            if not self._beating:
+                self._beat()
+        except BaseException:
+            if self._fd >= 0:
+                _flock(self._fd, _UNLOCK)
+            self._lock.release()
+            raise
+
+    def _reopen(self, deadline: float) -> int:
+        try:
+            return self._open(deadline)
+        except (OSError, ValueError) as exc:
+            raise self._unavailable(exc) from exc
+
+    def _repair(self) -> None:
+        """Under the flock, when due: follow a replaced file, claim a slot, say that a
+        ledger that was unusable is usable again."""
+        now = _monotonic()
+        try:
+            if now >= self._next_link_check:
+                # Deleted or replaced under us (a tmp cleaner, an operator's rm)? The
+                # workers that open the path now would share nothing with this one.
+                # An fstat per decision would show in its cost, so it is asked at most
+                # every quarter second.
+                self._next_link_check = now + LINK_CHECK_INTERVAL_S
+                if os.fstat(self._fd).st_nlink == 0:
+                    self._move_to_new_file(self._fd)
+            if self._slot < 0:
+                self._claim()
+        except (OSError, ValueError) as exc:
+            raise self._unavailable(exc) from exc
+        if self._broken:
+            self._broken = False
+            logger.warning(
+                "asgi-admission: the shared session ledger %s is usable again; this "
+                "worker's sessions (%d pending, %d active) are counted in it.",
+                self.path,
+                self._own[0],
+                published(self._own),
+            )
+
+    def _unavailable(self, exc: BaseException) -> LedgerUnavailable:
+        if not self._broken:
+            self._broken = True
+            logger.warning(
+                "asgi-admission: the shared session ledger %s is unusable (%s); this "
+                "worker keeps its counts in memory and refuses new sessions until the "
+                "file can be opened again.",
+                self.path,
+                exc,
+            )
+        return LedgerUnavailable(f"the shared session ledger {self.path} is unusable: {exc}")
+
+    def _write_dirty(self) -> None:
+        if self._fd >= 0:
+            # If that fails, the slot stays dirty for the next section or heartbeat.
+            with contextlib.suppress(OSError):
+                self._write_own()
+
+    def _changed(self) -> None:
+        """After an activation or release (the counts changed in memory): write the slot
+        at the next critical section, when this thread's loop next turns at the latest;
+        off a loop, now. Many releases in one loop turn then cost one section, and a
+        release followed by a decision none."""
+        if self._flush_thread == _thread_id():
+            return  # this loop's turn writes it
+        loop = _running_loop()
+        if loop is None:
+            self._flush()
+        else:
+            # Marked for this thread until that turn: its loop runs no other meanwhile
+            # (one whose callbacks were dropped unrun leaves this worker's slot dirty
+            # for the next critical section or heartbeat, high, never low).
+            self._flush_thread = _thread_id()
+            loop.call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        self._flush_thread = 0
+        if self._dirty:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write this worker's slot now if the lock is free at once; else at the next
+        heartbeat or critical section. Never raises: a release must not fail."""
+        try:
+            with self._attempt:
+                pass  # leaving writes the dirty slot
+        except LedgerBusy:
+            self._beat()  # LedgerUnavailable included, logged once by _unavailable
+        except Exception:
+            logger.exception("asgi-admission: writing the shared session ledger failed")
+            self._beat()
+
+    def _beat(self) -> None:
+        """Keep the heartbeat scheduled on this thread's event loop, if it has one."""
+        if self._beating:
+            return
+        loop = _running_loop()
+        if loop is None:
+            return  # no loop here: the next critical section does the heartbeat's work
+        self._beating = True
+        loop.call_later(HEARTBEAT_S, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        """Write a dirty slot, follow a deleted or replaced file and put this worker's
+        row back into a rebuilt or edited one, without waiting for a decision: other
+        workers miss this worker's sessions for at most a heartbeat."""
+        self._beating = False
+        try:
+            with self._attempt:
+                data = self._read()
+                if (
+                    data is not None
+                    and self._slot >= 0
+                    and not data.startswith(self._row, self._offset)
+                ):
+                    self._own_row_changed()
+        except LedgerBusy:
+            pass  # held elsewhere, or unusable (logged once): the next beat tries again
+        except Exception:
+            logger.exception("asgi-admission: the shared session ledger's heartbeat failed")
+        self._beat()
+
+    # -- the file ------------------------------------------------------------------
 
     def _own_row_changed(self) -> None:
         self._rejoining.start(self._fd, self._capacity, self._slot)
@@ -524,470 +973,6 @@ class LedgerFile:
             active,
         )
         os.pwrite(self._fd, bytes(SLOT.size), slot_offset(slot))
-
-
-# --------------------------------------------------------------------------------------
-# The shared ledger's critical section, and keeping this worker's slot written
-# (the module notes, and docs/trust.md); ``SharedLedger`` counts on top of it.
-
-#: How often (at most) a worker checks that its ledger file is still the one at the path.
-LINK_CHECK_INTERVAL_S: Final = 0.25
-#: How often a worker's heartbeat (on its event loop) checks the file without a decision.
-HEARTBEAT_S: Final = 0.25
-
-# Looked up once: every critical section calls them.
-_flock = fcntl.flock
-_monotonic = time.monotonic
-_running_loop = asyncio._get_running_loop  # None off a loop, where get_running_loop raises
-_thread_id = threading.get_ident
-_LOCK_NOW: Final = fcntl.LOCK_EX | fcntl.LOCK_NB
-_UNLOCK: Final = fcntl.LOCK_UN
-
-
-class Section:
-    """The critical section: this process's lock, then the file's exclusive ``flock``,
-    each waited for at most ``wait_s`` (0: taken only if free at once).
-
-    Every decision enters it, so both locks are first tried without reading the
-    clock, and the rest (the link check, a claim, the heartbeat) waits for its timer.
-    """
-
-    __slots__ = ("_ledger", "_wait_s")
-
-    def __init__(self, ledger: LockedLedgerFile, wait_s: float) -> None:
-        self._ledger = ledger
-        self._wait_s = wait_s
-
-    def __enter__(self) -> None:
-        ledger = self._ledger
-        if not ledger._lock.acquire(False):
-            ledger._enter_slowly(self._wait_s, locked=False)
-            return
-        try:
-            _flock(ledger._fd, _LOCK_NOW)
-        except (OSError, ValueError):  # held elsewhere, or no file open (-1): the slow way
-            ledger._enter_slowly(self._wait_s, locked=True)
-            return
-        except BaseException:
-            ledger._lock.release()
-            raise
-        if (
-            ledger._slot < 0
-            or ledger._broken
-            or not ledger._beating
-            or _monotonic() >= ledger._next_link_check
-        ):
-            ledger._ready()
-
-    def __exit__(self, *exc_info: object) -> None:
-        ledger = self._ledger
-        if ledger._dirty:
-            # A change made meanwhile (a release that found this very section taken,
-            # one made on a loop that has not turned since) is ours to write.
-            ledger._write_dirty()
-        try:
-            _flock(ledger._fd, _UNLOCK)
-        except (OSError, ValueError):
-            pass  # closed by a move that failed: there is no lock left to drop
-        finally:
-            ledger._lock.release()
-
-
-class OwnSection:
-    """The section for this worker's own bookkeeping: this process's lock alone, taken
-    only if it is free at once. The shared file is neither read nor written in it, so
-    another worker's ``flock`` is not needed, and a slot changed meanwhile is written
-    by the next critical section or the loop's next turn, as after any release."""
-
-    __slots__ = ("_ledger",)
-
-    def __init__(self, ledger: LockedLedgerFile) -> None:
-        self._ledger = ledger
-
-    def __enter__(self) -> None:
-        # Looked up each time: a fork child has a lock of its own.
-        if not self._ledger._lock.acquire(False):
-            raise LedgerBusy("another thread of this worker holds the shared ledger")
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._ledger._lock.release()
-
-
-class LockedLedgerFile(LedgerFile):
-    """The ledger file in ``directory`` under its critical section (see the module notes)."""
-
-    __slots__ = (
-        "_attempt",
-        "_beating",
-        "_broken",
-        "_flush_thread",
-        "_lock",
-        "_locked",
-        "_next_link_check",
-        "_own_section",
-    )
-
-    def __init__(self, directory: str | os.PathLike[str], *, capacity: int) -> None:
-        super().__init__(directory, capacity=capacity)
-        self._lock = threading.Lock()
-        self._beating = False
-        self._broken = False
-        #: The thread whose loop's next turn writes the changes made in it (0: none).
-        self._flush_thread = 0
-        self._locked = Section(self, LOCK_WAIT_S)
-        self._attempt = Section(self, 0.0)
-        self._own_section = OwnSection(self)
-        self._next_link_check = 0.0
-
-    # -- the critical section ------------------------------------------------------
-
-    def locked(self) -> Section:
-        """The critical section, waited for at most ``LOCK_WAIT_S`` (then ``LedgerBusy``).
-
-        For callers off the event loop; the middleware uses :meth:`attempt`.
-        """
-        return self._locked
-
-    def attempt(self) -> Section:
-        """The critical section if it is free right now; ``LedgerBusy`` if not."""
-        return self._attempt
-
-    def attempt_own(self) -> OwnSection:
-        """This worker's own bookkeeping, which touches no shared file: this process's
-        lock alone, if it is free right now; ``LedgerBusy`` if not."""
-        return self._own_section
-
-    def _enter_slowly(self, wait_s: float, *, locked: bool) -> None:
-        """The critical section when a lock was not free at once (``locked``: this
-        process's is held already) or no file is open: waits for each until
-        ``wait_s`` after the first try, then ``LedgerBusy``."""
-        lock = self._lock
-        deadline = _monotonic() + wait_s
-        if not (locked or (wait_s > 0 and lock.acquire(timeout=wait_s))):
-            raise LedgerBusy("another thread of this worker holds the shared ledger")
-        try:
-            fd = self._fd if self._fd >= 0 else self._reopen(deadline)
-            if not flock_by(fd, deadline):
-                raise LedgerBusy(
-                    f"another worker held the shared ledger {self.path} for over {wait_s:g} s"
-                )
-        except BaseException:
-            lock.release()
-            raise
-        self._ready()
-
-    def _ready(self) -> None:
-        """Both locks held: what is due before counting, releasing them if it fails."""
-        try:
-            self._repair()
-            if not self._beating:
-                self._beat()
-        except BaseException:
-            if self._fd >= 0:
-                _flock(self._fd, _UNLOCK)
-            self._lock.release()
-            raise
-
-    def _reopen(self, deadline: float) -> int:
-        try:
-            return self._open(deadline)
-        except (OSError, ValueError) as exc:
-            raise self._unavailable(exc) from exc
-
-    def _repair(self) -> None:
-        """Under the flock, when due: follow a replaced file, claim a slot, say that a
-        ledger that was unusable is usable again."""
-        now = _monotonic()
-        try:
-            if now >= self._next_link_check:
-                # Deleted or replaced under us (a tmp cleaner, an operator's rm)? The
-                # workers that open the path now would share nothing with this one.
-                # An fstat per decision would show in its cost, so it is asked at most
-                # every quarter second.
-                self._next_link_check = now + LINK_CHECK_INTERVAL_S
-                if os.fstat(self._fd).st_nlink == 0:
-                    self._move_to_new_file(self._fd)
-            if self._slot < 0:
-                self._claim()
-        except (OSError, ValueError) as exc:
-            raise self._unavailable(exc) from exc
-        if self._broken:
-            self._broken = False
-            logger.warning(
-                "asgi-admission: the shared session ledger %s is usable again; this "
-                "worker's sessions (%d pending, %d active) are counted in it.",
-                self.path,
-                self._own[0],
-                published(self._own),
-            )
-
-    def _unavailable(self, exc: BaseException) -> LedgerUnavailable:
-        if not self._broken:
-            self._broken = True
-            logger.warning(
-                "asgi-admission: the shared session ledger %s is unusable (%s); this "
-                "worker keeps its counts in memory and refuses new sessions until the "
-                "file can be opened again.",
-                self.path,
-                exc,
-            )
-        return LedgerUnavailable(f"the shared session ledger {self.path} is unusable: {exc}")
-
-    def _write_dirty(self) -> None:
-        if self._fd >= 0:
-            # If that fails, the slot stays dirty for the next section or heartbeat.
-            with contextlib.suppress(OSError):
-                self._write_own()
-
-    def _changed(self) -> None:
-        """After an activation or release (the counts changed in memory): write the slot
-        at the next critical section, when this thread's loop next turns at the latest;
-        off a loop, now. Many releases in one loop turn then cost one section, and a
-        release followed by a decision none."""
-        if self._flush_thread == _thread_id():
-            return  # this loop's turn writes it
-        loop = _running_loop()
-        if loop is None:
-            self._flush()
-        else:
-            # Marked for this thread until that turn: its loop runs no other meanwhile
-            # (one whose callbacks were dropped unrun leaves this worker's slot dirty
-            # for the next critical section or heartbeat, high, never low).
-            self._flush_thread = _thread_id()
-            loop.call_soon(self._flush_soon)
-
-    def _flush_soon(self) -> None:
-        self._flush_thread = 0
-        if self._dirty:
-            self._flush()
-
-    def _flush(self) -> None:
-        """Write this worker's slot now if the lock is free at once; else at the next
-        heartbeat or critical section. Never raises: a release must not fail."""
-        try:
-            with self._attempt:
-                pass  # leaving writes the dirty slot
-        except LedgerBusy:
-            self._beat()  # LedgerUnavailable included, logged once by _unavailable
-        except Exception:
-            logger.exception("asgi-admission: writing the shared session ledger failed")
-            self._beat()
-
-    def _beat(self) -> None:
-        """Keep the heartbeat scheduled on this thread's event loop, if it has one."""
-        if self._beating:
-            return
-        loop = _running_loop()
-        if loop is None:
-            return  # no loop here: the next critical section does the heartbeat's work
-        self._beating = True
-        loop.call_later(HEARTBEAT_S, self._heartbeat)
-
-    def _heartbeat(self) -> None:
-        """Write a dirty slot, follow a deleted or replaced file and put this worker's
-        row back into a rebuilt or edited one, without waiting for a decision: other
-        workers miss this worker's sessions for at most a heartbeat."""
-        self._beating = False
-        try:
-            with self._attempt:
-                data = self._read()
-                if (
-                    data is not None
-                    and self._slot >= 0
-                    and not data.startswith(self._row, self._offset)
-                ):
-                    self._own_row_changed()
-        except LedgerBusy:
-            pass  # held elsewhere, or unusable (logged once): the next beat tries again
-        except Exception:
-            logger.exception("asgi-admission: the shared session ledger's heartbeat failed")
-        self._beat()
-
-
-#: Slots in a new file: far more worker processes than one container runs.
-DEFAULT_CAPACITY: Final = 256
-
-
-class _SharedReservation:
-    __slots__ = ("_ledger", "_owner", "_state")
-
-    def __init__(self, ledger: SharedLedger) -> None:
-        self._ledger = ledger
-        self._owner = ledger._pid
-        self._state = PENDING
-
-    def activate(self) -> None:
-        ledger = self._ledger
-        with ledger._mem:
-            if self._state != PENDING or self._owner != ledger._pid:
-                return
-            self._state = ACTIVE
-            pending, active, reported = ledger._own
-            # The total stays; see release for the app's reported count.
-            up = None if reported is None else reported + 1
-            ledger._own = (max(0, pending - 1), active + 1, up)
-            ledger._dirty = True
-        ledger._changed()
-        if ledger._on_change is not None:
-            ledger._on_change()
-
-    def release(self) -> None:
-        if self._state == RELEASED:
-            return  # final, so seen without the lock: the middleware's later calls are free
-        ledger = self._ledger
-        with ledger._mem:
-            state, self._state = self._state, RELEASED
-            if state == RELEASED or self._owner != ledger._pid:
-                return
-            pending, active, reported = ledger._own
-            if state == PENDING:
-                # Its response sent, the app presumably counts it: one more reported
-                # until the next decision publishes the app's figure (docs/trust.md,
-                # "The app's count between decisions": high, never low).
-                up = None if reported is None else reported + 1
-                ledger._own = (max(0, pending - 1), active, up)
-            else:
-                down = None if reported is None else max(0, reported - 1)
-                ledger._own = (pending, max(0, active - 1), down)
-            ledger._dirty = True
-        ledger._changed()
-        if ledger._on_change is not None:
-            ledger._on_change()
-
-
-class SharedLedger(LockedLedgerFile):
-    """Pending and active counts of every worker process that opens ``directory``.
-
-    ``counts()`` sums the live workers' slots; a worker that died holding
-    sessions is recovered by the next call. Use it as the ``SessionLedger`` of
-    every worker of one container (``AdmissionConfig(shared_dir=...)`` or
-    ``ADMISSION_SHARED_DIR``); the directory should be memory-backed and local.
-    """
-
-    __slots__ = ("__weakref__", "_mem", "_on_change")
-
-    def __init__(
-        self, directory: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY
-    ) -> None:
-        super().__init__(directory, capacity=capacity)
-        # Guards changes to the in-memory counts alone, never held across I/O: releases
-        # take it from any thread without waiting for the critical section.
-        self._mem = threading.Lock()
-        #: Called after a reservation's activation or release, outside the lock.
-        self._on_change: Callable[[], None] | None = None
-        # Open (and create or check the file) now, so that a bad directory fails at
-        # startup; the slot is claimed by the first decision, in the serving process.
-        # A worker stuck in its section for the whole wait leaves it to that decision.
-        with self._lock, contextlib.suppress(LedgerBusy):
-            self._open(time.monotonic() + LOCK_WAIT_S)
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _forked(ref))
-
-    # -- SessionLedger -------------------------------------------------------------
-
-    def tell_changes(self, callback: Callable[[], None]) -> None:
-        self._on_change = callback
-
-    def active(self, own_active: int | None = None) -> int:
-        return self.counts(own_active)[0]
-
-    def counts(self, own_active: int | None = None, *, high: bool = False) -> tuple[int, int]:
-        """``(active, pending)`` of every live worker (``SessionLedger.counts``); call
-        inside the critical section (``attempt()`` or ``locked()``). ``own_active`` is
-        published as this worker's active sessions (docs/trust.md, "The app's count
-        between decisions")."""
-        own = self._own
-        if own_active != own[2]:
-            with self._mem:
-                # None: no app count, or it failed; then this worker's own count
-                # stands, as with the in-process ledger, never the app's last figure.
-                reported = None if own_active is None else max(0, own_active)
-                self._own = own = (self._own[0], self._own[1], reported)
-            self._write_own()
-        # Taken before the file or after it alike: outside the section, this worker's
-        # own counts only go down (releases) or move from pending to active.
-        pending, active = own[0], published(own)
-        want = self._want
-        data = os.pread(self._fd, want, 0)
-        if data == self._quiet:
-            return active, pending  # as found with the others idle, this worker's row in
-        if len(data) != want or not data.startswith(self._header):
-            checked = self._read_again(data)
-            if checked is None:
-                return active, pending
-            data = checked
-        # The pending and active fields of every slot in use, pairs in slot order, as
-        # read (restoring this worker's row below may change the slots in use).
-        fields = self._layout.unpack_from(data, HEADER.size)
-        slot = self._slot
-        if slot < 0:  # no slot of its own (all taken): every slot is another's
-            mine = len(fields)
-        elif not data.startswith(self._row, self._offset):
-            mine = 2 * slot
-            self._own_row_changed()
-        else:
-            mine = 2 * slot
-            if not (any(fields[:mine]) or any(fields[mine + 2 :])):
-                # Alone in the file, or the others idle: nothing to add, and nothing
-                # while the file reads the same.
-                self._quiet = data
-                return active, pending
-        if high and min(fields) >= 0:
-            # Every other slot's counts, live or not: one probe per busy slot saved.
-            pending += sum(fields[0::2]) - sum(fields[mine : mine + 1])
-            active += sum(fields[1::2]) - sum(fields[mine + 1 : mine + 2])
-            return active, pending
-        return self._add_others(fields, mine, active, pending)
-
-    def _add_others(
-        self, fields: tuple[int, ...], mine: int, active: int, pending: int
-    ) -> tuple[int, int]:
-        """``active`` and ``pending`` plus the live workers' counts in ``fields``;
-        releases what dead ones left."""
-        fd = self._fd
-        for index in range(0, len(fields), 2):
-            slot_pending, slot_active = fields[index], fields[index + 1]
-            if not (slot_pending or slot_active) or index == mine:
-                continue
-            slot = index >> 1
-            if not slot_held(fd, slot):
-                if os.fstat(fd).st_nlink == 0:  # not dead: moved on to a new file
-                    self._next_link_check = 0.0  # so follow it now, and settle there
-                    raise LedgerBusy(f"the shared ledger {self.path} was replaced")
-                self._recover(slot, slot_pending, slot_active)
-                continue
-            if slot_pending < 0 or slot_active < 0:
-                warn_once(
-                    self._warned,
-                    "negative",
-                    "asgi-admission: %s holds negative session counts (slot %d: pending "
-                    "%d, active %d); counting them as 0.",
-                    self.path,
-                    slot,
-                    slot_pending,
-                    slot_active,
-                )
-                slot_pending, slot_active = max(0, slot_pending), max(0, slot_active)
-            pending += slot_pending
-            active += slot_active
-        return active, pending
-
-    def reserve(self) -> _SharedReservation:
-        """A new pending reservation in this worker's slot; call inside the critical
-        section (``attempt()`` or ``locked()``)."""
-        if self._rejoining.until and not self._rejoining.done(self._fd, self._capacity, self._slot):
-            raise LedgerBusy(f"the shared ledger {self.path} was rebuilt; workers re-register")
-        with self._mem:
-            pending, active, reported = self._own
-            self._own = (pending + 1, active, reported)
-        self._write_own()
-        return _SharedReservation(self)
-
-    def is_current(self) -> bool:
-        """Whether this worker counts in the file at the path, not in one deleted or
-        replaced that it has not left yet; inside the critical section (its fd is
-        open)."""
-        return self._fd >= 0 and os.fstat(self._fd).st_nlink > 0
 
     # -- lifecycle -----------------------------------------------------------------
 

@@ -43,13 +43,16 @@ def test_no_share_and_no_tenant_are_never_over() -> None:
 
 
 def test_a_tenant_is_forgotten_with_its_last_session() -> None:
-    """Releasing every session of a tenant drops its entry."""
-    shares = TenantShares(max_share=0.5)
+    """Releasing every session of a tenant drops its entry: with room for one name, the
+    next tenant is tracked by its own name again, not in the shared bucket."""
+    shares = TenantShares(max_share=0.5, max_tenants=1)
     slots = [shares.admitted("a") for _ in range(3)]
-    assert (shares.held("a"), shares.tracked()) == (3, 1)
+    assert shares.over_share("a", counted_total=3)
+    shares.released(shares.admitted("b"))
     for slot in slots:
         shares.released(slot)
-    assert (shares.held("a"), shares.tracked()) == (0, 0)
+    assert not shares.over_share("a", counted_total=0)
+    assert shares.admitted("b") == TenantSlot("b")
 
 
 def test_invented_tenant_names_grow_nothing_beyond_the_cap() -> None:
@@ -57,13 +60,15 @@ def test_invented_tenant_names_grow_nothing_beyond_the_cap() -> None:
     share one bucket that is held to one share, and releasing empties everything."""
     shares = TenantShares(max_share=0.5, max_tenants=4)
     slots = [shares.admitted(f"invented-{n}") for n in range(1000)]
-    assert shares.tracked() == 4
-    assert slots[-1] == TenantSlot(None)
-    assert shares.held("invented-999") == 996
+    assert slots[:4] == [TenantSlot(f"invented-{n}") for n in range(4)]
+    assert set(slots[4:]) == {TenantSlot(None)}
     assert shares.over_share("another-new-name", counted_total=1000)
     for slot in slots:
         shares.released(slot)
-    assert (shares.tracked(), shares.held("invented-999")) == (0, 0)
+    assert not shares.over_share("invented-999", counted_total=0)
+    assert [shares.admitted(f"new-{n}") for n in range(4)] == [
+        TenantSlot(f"new-{n}") for n in range(4)
+    ]
 
 
 @pytest.mark.parametrize("share", [0.0, -0.5, 1.01])
@@ -88,8 +93,12 @@ def test_counts_survive_threads() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    assert shares.tracked() == 0
-    assert all(shares.held(f"t{n}") == 0 for n in range(12))
+    # Nothing left tracked: eight new names each get their own count, and the shared
+    # bucket (what an untracked name counts under once eight are tracked) is empty.
+    assert [shares.admitted(f"new{n}") for n in range(8)] == [
+        TenantSlot(f"new{n}") for n in range(8)
+    ]
+    assert not any(shares.over_share(f"t{n}", counted_total=1) for n in range(12))
 
 
 @settings(max_examples=200, deadline=None)
@@ -116,4 +125,4 @@ def test_admitting_only_within_share_keeps_every_tenant_within_it(
             shares.released(slot)
     for _, slot in held:
         shares.released(slot)
-    assert shares.tracked() == 0
+    assert not any(shares.over_share(f"t{n}", counted_total=0) for n in range(4))

@@ -1,17 +1,9 @@
 """Opening the files this package keeps in a shared directory, without being tricked.
 
-Notes (every check, and the refusal's words: ``docs/trust.md``):
-
-- The shared directory often lies under one every user may write to, such as
-  ``/dev/shm``: anyone could have made it first, or planted a symlink or a file at a
-  name we use, and a guard running as root would write through the link.
-- Every check is made on the descriptor that is then used: the directory is created
-  with mode 0700, opened with ``O_NOFOLLOW`` and must be this user's and writable by
-  no one else; the file is opened relative to it (``dir_fd``), never through a
-  symlink, created exclusively with mode 0600 or checked alike. Whoever renames the
-  directory or the file away and puts their own in its place fails the same check.
-- Anything else is refused with a ``ValueError`` naming the setting, the path and
-  what is wrong: a guard that cannot trust its file must not start.
+Every check, the hazard it answers and the refusal's words: docs/trust.md, "The shared
+directory and its files". Each check is made on the descriptor that is then used, so
+whoever renames the directory or a file away and puts their own in its place fails it;
+a guard that cannot trust its file must not start (``ValueError``).
 """
 
 from __future__ import annotations
@@ -58,10 +50,10 @@ def _check_owned(setting: str, directory: str, path: str, info: os.stat_result, 
         )
 
 
-def open_private_dir(directory: str, *, setting: str) -> int:
+def open_private_dir(directory: str, *, setting: str = SHARED_DIR_SETTING) -> int:
     """Create ``directory`` (mode 0700) if missing and return a checked descriptor of it,
     for the caller to close; :class:`UnsafeFileError` naming ``setting`` otherwise (the
-    module notes; the sticky bit does not help: others could still add files to it)."""
+    sticky bit does not help: others could still add files to it)."""
     directory = os.path.abspath(directory)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -87,10 +79,10 @@ def open_private_dir(directory: str, *, setting: str) -> int:
     return fd
 
 
-def open_private_file(directory: str, name: str, *, setting: str) -> int:
+def open_private_file(directory: str, name: str, *, setting: str = SHARED_DIR_SETTING) -> int:
     """Open ``directory/name`` read-write (close-on-exec), creating it (mode 0600) only
-    if it is missing, as the module notes say; :class:`UnsafeFileError` naming
-    ``setting`` otherwise."""
+    if it is missing; :class:`UnsafeFileError` naming ``setting`` where it is unsafe
+    (a symlink, not a regular file, another user's, writable by others)."""
     directory = os.path.abspath(directory)
     path = os.path.join(directory, name)
     dir_fd = open_private_dir(directory, setting=setting)

@@ -44,7 +44,7 @@ from asgi_admission._admission.ledger.ledger import (
     LedgerBusy,
     LedgerUnavailable,
 )
-from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open_private_file
+from asgi_admission._admission.ledger.safe_files import open_private_file
 
 # --------------------------------------------------------------------------------------
 # The shared ledger file's layout and its slots' locks, and reading it from outside.
@@ -87,11 +87,11 @@ def slot_offset(slot: int) -> int:
     return HEADER.size + slot * SLOT.size
 
 
-def slot_lock(fd: int, slot: int, command: int, lock_type: int) -> int:
-    """``fcntl`` an OFD lock over one slot; returns the lock type the kernel reports."""
+def slot_lock(fd: int, slot: int, lock_type: int) -> None:
+    """Take (``F_WRLCK``) or drop (``F_UNLCK``) an OFD lock over one slot without waiting:
+    ``OSError`` (``EAGAIN`` or ``EACCES``) where another open file description holds it."""
     request = _FLOCK.pack(lock_type, os.SEEK_SET, slot_offset(slot), SLOT.size, 0)
-    lock_type_now: int = _FLOCK.unpack(fcntl.fcntl(fd, command, request))[0]
-    return lock_type_now
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -113,7 +113,7 @@ def claim_free_slot(fd: int, capacity: int) -> int | None:
     when every slot is held. An error other than "held" is raised."""
     for slot in range(capacity):
         try:
-            slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
+            slot_lock(fd, slot, fcntl.F_WRLCK)
         except OSError as exc:
             if exc.errno in (errno.EAGAIN, errno.EACCES):
                 continue
@@ -170,42 +170,46 @@ def read_entries(directory: str | os.PathLike[str]) -> list[LedgerEntry]:
 # --------------------------------------------------------------------------------------
 # The shared ledger's file as one worker holds it.
 #
-# Notes:
+# Notes (the measurements behind them: bench/README.md, "`ledger.py`: the shared
+# ledger against the in-process one"):
 #
-# - One small file, ``<shared_dir>/asgi-admission.ledger``: a 16-byte header
-# (magic, slot capacity, slots in use) and fixed 32-byte slots of four int64s,
-# ``(pid, start_time, pending, active)``. It lives in a memory-backed directory
-# (``/dev/shm``, a ``medium: Memory`` emptyDir): it never touches a disk.
-# - It is read and written with ``os.pread``/``os.pwrite``, not ``mmap``: a
-# truncated file then gives a short read (rebuilt, with a warning) instead of a
-# ``SIGBUS`` on the request path, for a little more per decision. A decision reads
-# the header and the slots in use in one ``pread`` and takes every slot's pending
-# and active counts with one ``unpack_from``; a worker writes its own slot only
-# when the row changed (a release followed by a reservation leaves it as it was).
-# - Liveness: a worker holds an exclusive OFD byte-range lock (``F_OFD_SETLK``) on
-# its own slot for as long as its descriptor is open, and the kernel drops it when
-# the process dies, ``SIGKILL`` included; a slot with counts whose lock is free
-# (``F_OFD_GETLK``) belongs to a dead worker. Pid reuse cannot fool it, and it
-# costs far less per slot with counts than reading ``/proc/<pid>/stat`` to compare
-# start times (``bench/ledger.py``, bench/README.md). The start time is still stored,
-# for people reading the file.
-# - :class:`LedgerFile` opens, claims, reads, rebuilds and follows a replaced file,
-# always under the ``flock`` that the critical section (below) takes for it.
+# - ``<shared_dir>/asgi-admission.ledger``: a 16-byte header (magic, slot capacity,
+# slots in use) and 32-byte slots of four int64s ``(pid, start_time, pending,
+# active)``, in a memory-backed directory; the start time is for people reading it.
+# - ``os.pread``/``os.pwrite``, not ``mmap``: a truncated file gives a short read
+# (rebuilt, with a warning), never a ``SIGBUS`` on the request path.
+# - Liveness: a worker holds an exclusive OFD lock (``F_OFD_SETLK``) on its own slot
+# while its descriptor is open; the kernel drops it when the process dies (``SIGKILL``
+# included), so a slot with counts whose lock is free (``F_OFD_GETLK``) is a dead
+# worker's. Pid reuse cannot fool it.
+# - :class:`SharedLedger` opens, claims, reads, rebuilds and follows a replaced file
+# always under the ``flock`` of its critical section (:class:`Section`).
 
 logger = logging.getLogger("asgi_admission")
+
+
+def warn_once(warned: set[str], key: str, message: str, *args: object) -> None:
+    """Log ``message`` at WARNING unless ``key`` is in ``warned`` already (then add it)."""
+    if key not in warned:
+        warned.add(key)
+        logger.warning(message, *args)
+
+
+#: After a fault lost the other workers' rows: the longest wait for them to come back.
+SETTLE_MAX_S: Final = 2.0
 
 
 class Rejoining:
     """After a fault lost the other workers' rows: whether they are all back yet.
 
     ``start`` counts the slots other live workers hold locks on in ``fd``; ``done`` is
-    true once as many slots here have a row and a lock again, or ``max_s`` has passed.
+    true once as many slots here have a row and a lock again, or ``SETTLE_MAX_S`` has
+    passed.
     """
 
-    __slots__ = ("_others", "max_s", "until")
+    __slots__ = ("_others", "until")
 
-    def __init__(self, max_s: float) -> None:
-        self.max_s = max_s
+    def __init__(self) -> None:
         #: When the wait ends at the latest; 0.0 when there is none (every decision asks).
         self.until = 0.0
         self._others = 0
@@ -215,7 +219,7 @@ class Rejoining:
 
     def expect(self, others: int) -> None:
         self._others = others
-        self.until = time.monotonic() + self.max_s
+        self.until = time.monotonic() + SETTLE_MAX_S
 
     def done(self, fd: int, capacity: int, own: int) -> bool:
         if not self.until:
@@ -226,19 +230,6 @@ class Rejoining:
             return False
         self.until = 0.0
         return True
-
-
-def file_problem(fd: int, capacity: int) -> str | None:
-    """What is wrong with the whole file: ``""`` when it is empty (new), else as
-    :func:`header_problem`, or too short for its slots."""
-    header = os.pread(fd, HEADER.size, 0)
-    if not header:
-        return ""
-    problem = header_problem(header, capacity)
-    size = os.fstat(fd).st_size
-    if problem is None and size < slot_offset(capacity):
-        problem = f"{size} bytes, shorter than its {capacity} slots"
-    return problem
 
 
 def others_live(fd: int, capacity: int, own: int, *, with_rows: bool) -> int:
@@ -288,258 +279,9 @@ def published(own: tuple[int, int, int | None]) -> int:
     return own[1] if own[2] is None else own[2]
 
 
-class LedgerFile:
-    """One worker's hold on the ledger file in ``directory``: the descriptor, the slot
-    claimed in it and the row last written there (see the module notes)."""
-
-    __slots__ = (
-        "_capacity",
-        "_dirty",
-        "_fd",
-        "_header",
-        "_layout",
-        "_offset",
-        "_own",
-        "_pid",
-        "_quiet",
-        "_rejoining",
-        "_row",
-        "_slot",
-        "_start",
-        "_used",
-        "_want",
-        "_warned",
-        "directory",
-        "path",
-    )
-
-    def __init__(
-        self, directory: str | os.PathLike[str], *, capacity: int, settle_s: float
-    ) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be 1 or more; got {capacity!r}.")
-        self.directory = os.path.abspath(os.fspath(directory))
-        self.path = os.path.join(self.directory, FILE_NAME)
-        self._capacity = capacity
-        #: This worker's (pending, active, the app's reported count or None): replaced
-        #: whole under the owner's lock, so read without it as one consistent snapshot.
-        self._own: tuple[int, int, int | None] = (0, 0, None)
-        #: Counts changed since the row was written: the next section writes them.
-        self._dirty = False
-        self._rejoining = Rejoining(settle_s)
-        self._fd = -1
-        self._slot = -1
-        self._pid = os.getpid()
-        self._offset = 0
-        self._start = 0
-        self._row = b""
-        #: The file's bytes when a read found no other slot holding sessions and this
-        #: worker's row intact, with this worker's writes since: while the file reads
-        #: the same, there is nothing to add up (b"": no such read to go by).
-        self._quiet = b""
-        self._set_used(1)
-        self._warned: set[str] = set()
-
-    def _check_own_row(self, data: bytes) -> None:
-        if self._slot >= 0 and not data.startswith(self._row, self._offset):
-            self._own_row_changed()
-
-    def _own_row_changed(self) -> None:
-        self._rejoining.start(self._fd, self._capacity, self._slot)
-        # Edited, or rebuilt (perhaps with fewer slots in use than this one).
-        self._warn_once(
-            "own",
-            "asgi-admission: this worker's slot in %s was changed by someone else; "
-            "rewriting it from the worker's own counts.",
-            self.path,
-        )
-        self._restore_own()
-
-    def _move_to_new_file(self, fd: int) -> None:
-        """Leave a file that was unlinked for the one at ``path``; under the flock.
-
-        This worker's counts move with it (claimed afresh, written by ``_claim``);
-        the others follow by their next heartbeat or decision, each with its counts.
-        """
-        # The workers still in the old file, plus those already in the new one.
-        others = others_live(fd, self._capacity, self._slot, with_rows=False)
-        logger.warning(
-            "asgi-admission: the shared session ledger %s was deleted or replaced; moving "
-            "this worker's sessions (%d pending, %d active) to the file now at that path; "
-            "the other workers follow within a heartbeat.",
-            self.path,
-            self._own[0],
-            published(self._own),
-        )
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        self._fd = -1
-        self._slot = -1
-        self._row = self._quiet = b""
-        os.close(fd)  # drops this worker's slot lock in the old file
-        # Expected now, so that they are waited for even where this worker gets into
-        # the new file only at a later section.
-        self._rejoining.expect(others)
-        # Made again if the directory went too. Never waited for: this is inside a
-        # section, perhaps on the event loop. An error, or the new file's lock taken,
-        # leaves _fd at -1, and the next critical section tries again.
-        new_fd = self._open(0.0)
-        self._rejoining.expect(others + others_live(new_fd, self._capacity, -1, with_rows=True))
-        try:
-            fcntl.flock(new_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            # Another worker is in the new file's critical section: ours is not
-            # exclusive there, so give up this time (the caller refuses, busy).
-            raise LedgerBusy(f"another worker holds the shared ledger {self.path}") from None
-
-    def _open(self, deadline: float) -> int:
-        """Open the file (made if missing) and check or rebuild it under the ``flock``,
-        taken by ``deadline`` (``time.monotonic``) or ``LedgerBusy``: never a blocking
-        wait, since a worker stopped inside its section would make it endless."""
-        fd = open_private_file(self.directory, FILE_NAME, setting=SHARED_DIR_SETTING)
-        try:
-            if not flock_by(fd, deadline):
-                raise LedgerBusy(f"another worker holds the shared ledger {self.path}")
-            try:
-                self._fd = fd
-                self._check_file()
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        except BaseException:
-            self._fd = -1
-            os.close(fd)
-            raise
-        return fd
-
-    def _check_file(self) -> None:
-        problem = file_problem(self._fd, self._capacity)
-        if problem is not None:
-            self._rebuild(problem or None)
-
-    def _rebuild(self, problem: str | None) -> None:
-        if problem is not None:
-            self._rejoining.start(self._fd, self._capacity, self._slot)
-            logger.warning(
-                "asgi-admission: the shared session ledger %s was unusable (%s); rebuilding "
-                "it. Each worker writes its sessions back at its next heartbeat or decision.",
-                self.path,
-                problem,
-            )
-        os.ftruncate(self._fd, slot_offset(self._capacity))
-        os.pwrite(self._fd, bytes(slot_offset(self._capacity)), 0)
-        self._write_header(max(self._slot + 1, 0))
-        if self._slot >= 0:
-            self._restore_own()
-
-    def _write_header(self, used: int) -> None:
-        self._set_used(used)
-        os.pwrite(self._fd, self._header, 0)
-
-    def _set_used(self, used: int) -> None:
-        self._quiet = b""
-        self._used = used
-        self._want = slot_offset(used)
-        self._header = HEADER.pack(MAGIC, self._capacity, used)
-        self._layout = counts_layout(used)
-
-    def _read(self) -> bytes | None:
-        """The header and the slots in use; ``None`` after rebuilding a bad file."""
-        data = os.pread(self._fd, self._want, 0)
-        if len(data) == self._want and data.startswith(self._header):
-            return data
-        return self._read_again(data)
-
-    def _read_again(self, data: bytes) -> bytes | None:
-        """After a read that found the header changed: ``data`` again with the slots in
-        use now, or ``None`` after rebuilding a bad file."""
-        fd, want = self._fd, self._want
-        problem = header_problem(data[: HEADER.size], self._capacity)
-        if problem is None:
-            used = HEADER.unpack_from(data)[2]
-            if used != self._used:
-                self._set_used(used)
-                want = slot_offset(used)
-                data = os.pread(fd, want, 0)
-            if len(data) < want:
-                problem = f"{len(data)} bytes, shorter than its {used} slots in use"
-        if problem is not None:
-            self._rebuild(problem)
-            return None
-        return data
-
-    def _claim(self) -> None:
-        """Take the first slot no live worker holds; recover what a dead one left."""
-        fd = self._fd
-        self._check_file()
-        slot = claim_free_slot(fd, self._capacity)
-        if slot is not None:
-            _, _, pending, active = SLOT.unpack(os.pread(fd, SLOT.size, slot_offset(slot)))
-            if pending or active:
-                self._recover(slot, pending, active)
-            self._slot = slot
-            self._offset = slot_offset(slot)
-            self._start = process_start_time()
-            self._restore_own()
-            return
-        self._warn_once(
-            "full",
-            "asgi-admission: all %d slots of the shared session ledger %s are held by live "
-            "workers; this worker's sessions are counted by this worker alone.",
-            self._capacity,
-            self.path,
-        )
-
-    def _write_own(self) -> None:
-        """Write this worker's slot from its counts if they changed; under the flock."""
-        if self._slot >= 0:
-            # Cleared before the snapshot: a change made after it marks the slot again.
-            self._dirty = False
-            own = self._own
-            published = own[1] if own[2] is None else own[2]
-            row = SLOT.pack(self._pid, self._start, own[0], published)
-            if row != self._row:
-                try:
-                    os.pwrite(self._fd, row, self._offset)
-                except BaseException:
-                    self._dirty = True  # for the next section or heartbeat to try again
-                    raise
-                self._row = row
-                quiet = self._quiet
-                if quiet:  # still what the file holds, with this row in it
-                    offset = self._offset
-                    self._quiet = quiet[:offset] + row + quiet[offset + SLOT.size :]
-
-    def _restore_own(self) -> None:
-        """Write this worker's slot and make sure the header counts it as in use."""
-        self._row = self._quiet = b""  # whatever the file held: write it
-        self._write_own()
-        # The file's header, not the cached one: a worker's first claim must not
-        # trust the cache's initial guess of one slot in use.
-        used = HEADER.unpack(os.pread(self._fd, HEADER.size, 0))[2]
-        if self._slot >= used:
-            self._write_header(self._slot + 1)
-        else:
-            self._set_used(used)
-
-    def _recover(self, slot: int, pending: int, active: int) -> None:
-        pid = SLOT.unpack(os.pread(self._fd, SLOT.size, slot_offset(slot)))[0]
-        logger.warning(
-            "asgi-admission: worker pid %d exited holding %d pending and %d active sessions "
-            "in the shared ledger; releasing them.",
-            pid,
-            pending,
-            active,
-        )
-        os.pwrite(self._fd, bytes(SLOT.size), slot_offset(slot))
-
-    def _warn_once(self, key: str, message: str, *args: object) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning(message, *args)
-
-
 # --------------------------------------------------------------------------------------
 # The shared ledger's critical section, and keeping this worker's slot written
-# (the module notes, and docs/trust.md); ``SharedLedger`` counts on top of it.
+# (the module notes, and docs/trust.md).
 
 #: How often (at most) a worker checks that its ledger file is still the one at the path.
 LINK_CHECK_INTERVAL_S: Final = 0.25
@@ -565,7 +307,7 @@ class Section:
 
     __slots__ = ("_ledger", "_wait_s")
 
-    def __init__(self, ledger: LockedLedgerFile, wait_s: float) -> None:
+    def __init__(self, ledger: SharedLedger, wait_s: float) -> None:
         self._ledger = ledger
         self._wait_s = wait_s
 
@@ -612,7 +354,7 @@ class OwnSection:
 
     __slots__ = ("_ledger",)
 
-    def __init__(self, ledger: LockedLedgerFile) -> None:
+    def __init__(self, ledger: SharedLedger) -> None:
         self._ledger = ledger
 
     def __enter__(self) -> None:
@@ -624,24 +366,124 @@ class OwnSection:
         self._ledger._lock.release()
 
 
-class LockedLedgerFile(LedgerFile):
-    """The ledger file in ``directory`` under its critical section (see the module notes)."""
+#: Slots in a new file: far more worker processes than one container runs.
+DEFAULT_CAPACITY: Final = 256
+
+
+class _SharedReservation:
+    __slots__ = ("_ledger", "_owner", "_state")
+
+    def __init__(self, ledger: SharedLedger) -> None:
+        self._ledger = ledger
+        self._owner = ledger._pid
+        self._state = PENDING
+
+    def activate(self) -> None:
+        ledger = self._ledger
+        with ledger._mem:
+            if self._state != PENDING or self._owner != ledger._pid:
+                return
+            self._state = ACTIVE
+            pending, active, reported = ledger._own
+            # The total stays; see release for the app's reported count.
+            up = None if reported is None else reported + 1
+            ledger._own = (max(0, pending - 1), active + 1, up)
+            ledger._dirty = True
+        ledger._changed()
+        if ledger._on_change is not None:
+            ledger._on_change()
+
+    def release(self) -> None:
+        if self._state == RELEASED:
+            return  # final, so seen without the lock: the middleware's later calls are free
+        ledger = self._ledger
+        with ledger._mem:
+            state, self._state = self._state, RELEASED
+            if state == RELEASED or self._owner != ledger._pid:
+                return
+            pending, active, reported = ledger._own
+            if state == PENDING:
+                # Its response sent, the app presumably counts it: one more reported
+                # until the next decision publishes the app's figure (docs/trust.md,
+                # "The app's count between decisions": high, never low).
+                up = None if reported is None else reported + 1
+                ledger._own = (max(0, pending - 1), active, up)
+            else:
+                down = None if reported is None else max(0, reported - 1)
+                ledger._own = (pending, max(0, active - 1), down)
+            ledger._dirty = True
+        ledger._changed()
+        if ledger._on_change is not None:
+            ledger._on_change()
+
+
+class SharedLedger:
+    """Pending and active counts of every worker process that opens ``directory``.
+
+    ``counts()`` sums the live workers' slots; a worker that died holding
+    sessions is recovered by the next call. Use it as the ``SessionLedger`` of
+    every worker of one container (``AdmissionConfig(shared_dir=...)`` or
+    ``ADMISSION_SHARED_DIR``); the directory should be memory-backed and local.
+    """
 
     __slots__ = (
+        "__weakref__",
         "_attempt",
         "_beating",
         "_broken",
+        "_capacity",
+        "_dirty",
+        "_fd",
         "_flush_thread",
+        "_header",
+        "_layout",
         "_lock",
         "_locked",
+        "_mem",
         "_next_link_check",
+        "_offset",
+        "_on_change",
+        "_own",
         "_own_section",
+        "_pid",
+        "_quiet",
+        "_rejoining",
+        "_row",
+        "_slot",
+        "_start",
+        "_used",
+        "_want",
+        "_warned",
+        "directory",
+        "path",
     )
 
     def __init__(
-        self, directory: str | os.PathLike[str], *, capacity: int, settle_s: float
+        self, directory: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY
     ) -> None:
-        super().__init__(directory, capacity=capacity, settle_s=settle_s)
+        if capacity < 1:
+            raise ValueError(f"capacity must be 1 or more; got {capacity!r}.")
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.path = os.path.join(self.directory, FILE_NAME)
+        self._capacity = capacity
+        #: This worker's (pending, active, the app's reported count or None): replaced
+        #: whole under the owner's lock, so read without it as one consistent snapshot.
+        self._own: tuple[int, int, int | None] = (0, 0, None)
+        #: Counts changed since the row was written: the next section writes them.
+        self._dirty = False
+        self._rejoining = Rejoining()
+        self._fd = -1
+        self._slot = -1
+        self._pid = os.getpid()
+        self._offset = 0
+        self._start = 0
+        self._row = b""
+        #: The file's bytes when a read found no other slot holding sessions and this
+        #: worker's row intact, with this worker's writes since: while the file reads
+        #: the same, there is nothing to add up (b"": no such read to go by).
+        self._quiet = b""
+        self._set_used(1)
+        self._warned: set[str] = set()
         self._lock = threading.Lock()
         self._beating = False
         self._broken = False
@@ -651,6 +493,124 @@ class LockedLedgerFile(LedgerFile):
         self._attempt = Section(self, 0.0)
         self._own_section = OwnSection(self)
         self._next_link_check = 0.0
+        # Guards changes to the in-memory counts alone, never held across I/O: releases
+        # take it from any thread without waiting for the critical section.
+        self._mem = threading.Lock()
+        #: Called after a reservation's activation or release, outside the lock.
+        self._on_change: Callable[[], None] | None = None
+        # Open (and create or check the file) now, so that a bad directory fails at
+        # startup; the slot is claimed by the first decision, in the serving process.
+        # A worker stuck in its section for the whole wait leaves it to that decision.
+        with self._lock, contextlib.suppress(LedgerBusy):
+            self._open(time.monotonic() + LOCK_WAIT_S)
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forked(ref))
+
+    # -- SessionLedger -------------------------------------------------------------
+
+    def tell_changes(self, callback: Callable[[], None]) -> None:
+        self._on_change = callback
+
+    def active(self, own_active: int | None = None) -> int:
+        return self.counts(own_active)[0]
+
+    def counts(self, own_active: int | None = None, *, high: bool = False) -> tuple[int, int]:
+        """``(active, pending)`` of every live worker (``SessionLedger.counts``); call
+        inside the critical section (``attempt()`` or ``locked()``). ``own_active`` is
+        published as this worker's active sessions (docs/trust.md, "The app's count
+        between decisions")."""
+        own = self._own
+        if own_active != own[2]:
+            with self._mem:
+                # None: no app count, or it failed; then this worker's own count
+                # stands, as with the in-process ledger, never the app's last figure.
+                reported = None if own_active is None else max(0, own_active)
+                self._own = own = (self._own[0], self._own[1], reported)
+            self._write_own()
+        # Taken before the file or after it alike: outside the section, this worker's
+        # own counts only go down (releases) or move from pending to active.
+        pending, active = own[0], published(own)
+        want = self._want
+        data = os.pread(self._fd, want, 0)
+        if data == self._quiet:
+            return active, pending  # as found with the others idle, this worker's row in
+        if len(data) != want or not data.startswith(self._header):
+            checked = self._read_again(data)
+            if checked is None:
+                return active, pending
+            data = checked
+        # The pending and active fields of every slot in use, pairs in slot order, as
+        # read (restoring this worker's row below may change the slots in use).
+        fields = self._layout.unpack_from(data, HEADER.size)
+        slot = self._slot
+        if slot < 0:  # no slot of its own (all taken): every slot is another's
+            mine = len(fields)
+        elif not data.startswith(self._row, self._offset):
+            mine = 2 * slot
+            self._own_row_changed()
+        else:
+            mine = 2 * slot
+            if not (any(fields[:mine]) or any(fields[mine + 2 :])):
+                # Alone in the file, or the others idle: nothing to add, and nothing
+                # while the file reads the same.
+                self._quiet = data
+                return active, pending
+        if high and min(fields) >= 0:
+            # Every other slot's counts, live or not: one probe per busy slot saved.
+            pending += sum(fields[0::2]) - sum(fields[mine : mine + 1])
+            active += sum(fields[1::2]) - sum(fields[mine + 1 : mine + 2])
+            return active, pending
+        return self._add_others(fields, mine, active, pending)
+
+    def _add_others(
+        self, fields: tuple[int, ...], mine: int, active: int, pending: int
+    ) -> tuple[int, int]:
+        """``active`` and ``pending`` plus the live workers' counts in ``fields``;
+        releases what dead ones left."""
+        fd = self._fd
+        for index in range(0, len(fields), 2):
+            slot_pending, slot_active = fields[index], fields[index + 1]
+            if not (slot_pending or slot_active) or index == mine:
+                continue
+            slot = index >> 1
+            if not slot_held(fd, slot):
+                if os.fstat(fd).st_nlink == 0:  # not dead: moved on to a new file
+                    self._next_link_check = 0.0  # so follow it now, and settle there
+                    raise LedgerBusy(f"the shared ledger {self.path} was replaced")
+                self._recover(slot, slot_pending, slot_active)
+                continue
+            if slot_pending < 0 or slot_active < 0:
+                warn_once(
+                    self._warned,
+                    "negative",
+                    "asgi-admission: %s holds negative session counts (slot %d: pending "
+                    "%d, active %d); counting them as 0.",
+                    self.path,
+                    slot,
+                    slot_pending,
+                    slot_active,
+                )
+                slot_pending, slot_active = max(0, slot_pending), max(0, slot_active)
+            pending += slot_pending
+            active += slot_active
+        return active, pending
+
+    def reserve(self) -> _SharedReservation:
+        """A new pending reservation in this worker's slot; call inside the critical
+        section (``attempt()`` or ``locked()``)."""
+        if self._rejoining.until and not self._rejoining.done(self._fd, self._capacity, self._slot):
+            raise LedgerBusy(f"the shared ledger {self.path} was rebuilt; workers re-register")
+        with self._mem:
+            pending, active, reported = self._own
+            self._own = (pending + 1, active, reported)
+        self._write_own()
+        return _SharedReservation(self)
+
+    def is_current(self) -> bool:
+        """Whether this worker counts in the file at the path, not in one deleted or
+        replaced that it has not left yet; inside the critical section (its fd is
+        open)."""
+        return self._fd >= 0 and os.fstat(self._fd).st_nlink > 0
 
     # -- the critical section ------------------------------------------------------
 
@@ -753,10 +713,12 @@ class LockedLedgerFile(LedgerFile):
                 self._write_own()
 
     def _changed(self) -> None:
-        """After an activation or release (the counts changed in memory) in a thread
-        whose loop has no write scheduled: write the slot at the next critical section,
-        when this loop next turns at the latest; off a loop, now. Many releases in one
-        loop turn then cost one section, and a release followed by a decision none."""
+        """After an activation or release (the counts changed in memory): write the slot
+        at the next critical section, when this thread's loop next turns at the latest;
+        off a loop, now. Many releases in one loop turn then cost one section, and a
+        release followed by a decision none."""
+        if self._flush_thread == _thread_id():
+            return  # this loop's turn writes it
         loop = _running_loop()
         if loop is None:
             self._flush()
@@ -802,209 +764,215 @@ class LockedLedgerFile(LedgerFile):
         try:
             with self._attempt:
                 data = self._read()
-                if data is not None:
-                    self._check_own_row(data)
+                if (
+                    data is not None
+                    and self._slot >= 0
+                    and not data.startswith(self._row, self._offset)
+                ):
+                    self._own_row_changed()
         except LedgerBusy:
             pass  # held elsewhere, or unusable (logged once): the next beat tries again
         except Exception:
             logger.exception("asgi-admission: the shared session ledger's heartbeat failed")
         self._beat()
 
+    # -- the file ------------------------------------------------------------------
 
-#: Slots in a new file: far more worker processes than one container runs.
-DEFAULT_CAPACITY: Final = 256
-#: After a fault lost the other workers' rows: the longest wait for them to come back.
-SETTLE_MAX_S: Final = 2.0
+    def _own_row_changed(self) -> None:
+        self._rejoining.start(self._fd, self._capacity, self._slot)
+        # Edited, or rebuilt (perhaps with fewer slots in use than this one).
+        warn_once(
+            self._warned,
+            "own",
+            "asgi-admission: this worker's slot in %s was changed by someone else; "
+            "rewriting it from the worker's own counts.",
+            self.path,
+        )
+        self._restore_own()
 
+    def _move_to_new_file(self, fd: int) -> None:
+        """Leave a file that was unlinked for the one at ``path``; under the flock.
 
-class _SharedReservation:
-    __slots__ = ("_ledger", "_owner", "_state")
-
-    def __init__(self, ledger: SharedLedger) -> None:
-        self._ledger = ledger
-        self._owner = ledger._pid
-        self._state = PENDING
-
-    def activate(self) -> None:
-        ledger = self._ledger
-        with ledger._mem:
-            if self._state != PENDING or self._owner != ledger._pid:
-                return
-            self._state = ACTIVE
-            pending, active, reported = ledger._own
-            # The total stays; see release for the app's reported count.
-            up = None if reported is None else reported + 1
-            ledger._own = (max(0, pending - 1), active + 1, up)
-            ledger._dirty = True
-        if ledger._flush_thread != _thread_id():
-            ledger._changed()
-        if ledger._on_change is not None:
-            ledger._on_change()
-
-    def release(self) -> None:
-        if self._state == RELEASED:
-            return  # final, so seen without the lock: the middleware's later calls are free
-        ledger = self._ledger
-        with ledger._mem:
-            state, self._state = self._state, RELEASED
-            if state == RELEASED or self._owner != ledger._pid:
-                return
-            pending, active, reported = ledger._own
-            if state == PENDING:
-                # The app counts its own sessions and publishes them only at this
-                # worker's decisions. Its response sent, this session is presumably
-                # one of them now: count it as reported until the next decision
-                # publishes the app's figure, so that the total other workers see
-                # errs high instead of dipping below the sessions that exist.
-                up = None if reported is None else reported + 1
-                ledger._own = (max(0, pending - 1), active, up)
-            else:
-                down = None if reported is None else max(0, reported - 1)
-                ledger._own = (pending, max(0, active - 1), down)
-            ledger._dirty = True
-        if ledger._flush_thread != _thread_id():
-            ledger._changed()
-        if ledger._on_change is not None:
-            ledger._on_change()
-
-
-class SharedLedger(LockedLedgerFile):
-    """Pending and active counts of every worker process that opens ``directory``.
-
-    ``counts()`` sums the live workers' slots; a worker that died holding
-    sessions is recovered by the next call. Use it as the ``SessionLedger`` of
-    every worker of one container (``AdmissionConfig(shared_dir=...)`` or
-    ``ADMISSION_SHARED_DIR``); the directory should be memory-backed and local.
-    """
-
-    __slots__ = ("__weakref__", "_mem", "_on_change")
-
-    def __init__(
-        self, directory: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY
-    ) -> None:
-        super().__init__(directory, capacity=capacity, settle_s=SETTLE_MAX_S)
-        # Guards changes to the in-memory counts alone, never held across I/O: releases
-        # take it from any thread without waiting for the critical section.
-        self._mem = threading.Lock()
-        #: Called after a reservation's activation or release, outside the lock.
-        self._on_change: Callable[[], None] | None = None
-        # Open (and create or check the file) now, so that a bad directory fails at
-        # startup; the slot is claimed by the first decision, in the serving process.
-        # A worker stuck in its section for the whole wait leaves it to that decision.
-        with self._lock, contextlib.suppress(LedgerBusy):
-            self._open(time.monotonic() + LOCK_WAIT_S)
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _forked(ref))
-
-    # -- SessionLedger -------------------------------------------------------------
-
-    def tell_changes(self, callback: Callable[[], None]) -> None:
-        self._on_change = callback
-
-    def active(self, own_active: int | None = None) -> int:
-        return self.counts(own_active)[0]
-
-    def counts(self, own_active: int | None = None, *, high: bool = False) -> tuple[int, int]:
-        """``(active, pending)`` of every live worker; call inside the critical
-        section (``attempt()`` or ``locked()``).
-
-        With ``own_active`` (the app's count, ``current_sessions``) this worker
-        publishes it as its active sessions instead of its own WebSocket count;
-        others see it as of this worker's latest decision (erring high). ``high``:
-        without asking whether the other workers live, so a dead worker's sessions
-        count until a count that asks recovers them (never below the exact counts).
+        This worker's counts move with it (claimed afresh, written by ``_claim``);
+        the others follow by their next heartbeat or decision, each with its counts.
         """
-        own = self._own
-        if own_active != own[2]:
-            with self._mem:
-                # None: no app count, or it failed; then this worker's own count
-                # stands, as with the in-process ledger, never the app's last figure.
-                reported = None if own_active is None else max(0, own_active)
-                self._own = own = (self._own[0], self._own[1], reported)
-            self._write_own()
-        # Taken before the file or after it alike: outside the section, this worker's
-        # own counts only go down (releases) or move from pending to active.
-        pending, active = own[0], own[1] if own[2] is None else own[2]
-        want = self._want
-        data = os.pread(self._fd, want, 0)
-        if data == self._quiet:
-            return active, pending  # as found with the others idle, this worker's row in
-        if len(data) != want or not data.startswith(self._header):
-            checked = self._read_again(data)
-            if checked is None:
-                return active, pending
-            data = checked
-        # The pending and active fields of every slot in use, pairs in slot order, as
-        # read (restoring this worker's row below may change the slots in use).
-        fields = self._layout.unpack_from(data, HEADER.size)
-        slot = self._slot
-        if slot < 0:  # no slot of its own (all taken): every slot is another's
-            mine = len(fields)
-        elif not data.startswith(self._row, self._offset):
-            mine = 2 * slot
-            self._own_row_changed()
-        else:
-            mine = 2 * slot
-            if not (any(fields[:mine]) or any(fields[mine + 2 :])):
-                # Alone in the file, or the others idle: nothing to add, and nothing
-                # while the file reads the same.
-                self._quiet = data
-                return active, pending
-        if high and min(fields) >= 0:
-            # Every other slot's counts, live or not: one probe per busy slot saved.
-            pending += sum(fields[0::2]) - sum(fields[mine : mine + 1])
-            active += sum(fields[1::2]) - sum(fields[mine + 1 : mine + 2])
-            return active, pending
-        return self._add_others(fields, mine, active, pending)
+        # The workers still in the old file, plus those already in the new one.
+        others = others_live(fd, self._capacity, self._slot, with_rows=False)
+        logger.warning(
+            "asgi-admission: the shared session ledger %s was deleted or replaced; moving "
+            "this worker's sessions (%d pending, %d active) to the file now at that path; "
+            "the other workers follow within a heartbeat.",
+            self.path,
+            self._own[0],
+            published(self._own),
+        )
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        self._fd = -1
+        self._slot = -1
+        self._row = self._quiet = b""
+        os.close(fd)  # drops this worker's slot lock in the old file
+        # Expected now, so that they are waited for even where this worker gets into
+        # the new file only at a later section.
+        self._rejoining.expect(others)
+        # Made again if the directory went too. Never waited for: this is inside a
+        # section, perhaps on the event loop. An error, or the new file's lock taken,
+        # leaves _fd at -1, and the next critical section tries again.
+        new_fd = self._open(0.0)
+        self._rejoining.expect(others + others_live(new_fd, self._capacity, -1, with_rows=True))
+        try:
+            fcntl.flock(new_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Another worker is in the new file's critical section: ours is not
+            # exclusive there, so give up this time (the caller refuses, busy).
+            raise LedgerBusy(f"another worker holds the shared ledger {self.path}") from None
 
-    def _add_others(
-        self, fields: tuple[int, ...], mine: int, active: int, pending: int
-    ) -> tuple[int, int]:
-        """``active`` and ``pending`` plus the live workers' counts in ``fields``;
-        releases what dead ones left."""
+    def _open(self, deadline: float) -> int:
+        """Open the file (made if missing) and check or rebuild it under the ``flock``,
+        taken by ``deadline`` (``time.monotonic``) or ``LedgerBusy``: never a blocking
+        wait, since a worker stopped inside its section would make it endless."""
+        fd = open_private_file(self.directory, FILE_NAME)
+        try:
+            if not flock_by(fd, deadline):
+                raise LedgerBusy(f"another worker holds the shared ledger {self.path}")
+            try:
+                self._fd = fd
+                self._check_file()
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        except BaseException:
+            self._fd = -1
+            os.close(fd)
+            raise
+        return fd
+
+    def _check_file(self) -> None:
+        """Build a new (empty) file; rebuild an unusable one, saying why."""
+        header = os.pread(self._fd, HEADER.size, 0)
+        if not header:
+            self._rebuild(None)
+            return
+        problem = header_problem(header, self._capacity)
+        size = os.fstat(self._fd).st_size
+        if problem is None and size < slot_offset(self._capacity):
+            problem = f"{size} bytes, shorter than its {self._capacity} slots"
+        if problem is not None:
+            self._rebuild(problem)
+
+    def _rebuild(self, problem: str | None) -> None:
+        if problem is not None:
+            self._rejoining.start(self._fd, self._capacity, self._slot)
+            logger.warning(
+                "asgi-admission: the shared session ledger %s was unusable (%s); rebuilding "
+                "it. Each worker writes its sessions back at its next heartbeat or decision.",
+                self.path,
+                problem,
+            )
+        os.ftruncate(self._fd, slot_offset(self._capacity))
+        os.pwrite(self._fd, bytes(slot_offset(self._capacity)), 0)
+        self._write_header(max(self._slot + 1, 0))
+        if self._slot >= 0:
+            self._restore_own()
+
+    def _write_header(self, used: int) -> None:
+        self._set_used(used)
+        os.pwrite(self._fd, self._header, 0)
+
+    def _set_used(self, used: int) -> None:
+        self._quiet = b""
+        self._used = used
+        self._want = slot_offset(used)
+        self._header = HEADER.pack(MAGIC, self._capacity, used)
+        self._layout = counts_layout(used)
+
+    def _read(self) -> bytes | None:
+        """The header and the slots in use; ``None`` after rebuilding a bad file."""
+        data = os.pread(self._fd, self._want, 0)
+        if len(data) == self._want and data.startswith(self._header):
+            return data
+        return self._read_again(data)
+
+    def _read_again(self, data: bytes) -> bytes | None:
+        """After a read that found the header changed: ``data`` again with the slots in
+        use now, or ``None`` after rebuilding a bad file."""
+        fd, want = self._fd, self._want
+        problem = header_problem(data[: HEADER.size], self._capacity)
+        if problem is None:
+            used = HEADER.unpack_from(data)[2]
+            if used != self._used:
+                self._set_used(used)
+                want = slot_offset(used)
+                data = os.pread(fd, want, 0)
+            if len(data) < want:
+                problem = f"{len(data)} bytes, shorter than its {used} slots in use"
+        if problem is not None:
+            self._rebuild(problem)
+            return None
+        return data
+
+    def _claim(self) -> None:
+        """Take the first slot no live worker holds; recover what a dead one left."""
         fd = self._fd
-        for index in range(0, len(fields), 2):
-            slot_pending, slot_active = fields[index], fields[index + 1]
-            if not (slot_pending or slot_active) or index == mine:
-                continue
-            slot = index >> 1
-            if not slot_held(fd, slot):
-                if os.fstat(fd).st_nlink == 0:  # not dead: moved on to a new file
-                    self._next_link_check = 0.0  # so follow it now, and settle there
-                    raise LedgerBusy(f"the shared ledger {self.path} was replaced")
-                self._recover(slot, slot_pending, slot_active)
-                continue
-            if slot_pending < 0 or slot_active < 0:
-                self._warn_once(
-                    "negative",
-                    "asgi-admission: %s holds negative session counts (slot %d: pending "
-                    "%d, active %d); counting them as 0.",
-                    self.path,
-                    slot,
-                    slot_pending,
-                    slot_active,
-                )
-                slot_pending, slot_active = max(0, slot_pending), max(0, slot_active)
-            pending += slot_pending
-            active += slot_active
-        return active, pending
+        self._check_file()
+        slot = claim_free_slot(fd, self._capacity)
+        if slot is not None:
+            _, _, pending, active = SLOT.unpack(os.pread(fd, SLOT.size, slot_offset(slot)))
+            if pending or active:
+                self._recover(slot, pending, active)
+            self._slot = slot
+            self._offset = slot_offset(slot)
+            self._start = process_start_time()
+            self._restore_own()
+            return
+        warn_once(
+            self._warned,
+            "full",
+            "asgi-admission: all %d slots of the shared session ledger %s are held by live "
+            "workers; this worker's sessions are counted by this worker alone.",
+            self._capacity,
+            self.path,
+        )
 
-    def reserve(self) -> _SharedReservation:
-        """A new pending reservation in this worker's slot; call inside the critical
-        section (``attempt()`` or ``locked()``)."""
-        if self._rejoining.until and not self._rejoining.done(self._fd, self._capacity, self._slot):
-            raise LedgerBusy(f"the shared ledger {self.path} was rebuilt; workers re-register")
-        with self._mem:
-            pending, active, reported = self._own
-            self._own = (pending + 1, active, reported)
+    def _write_own(self) -> None:
+        """Write this worker's slot from its counts if they changed; under the flock."""
+        if self._slot >= 0:
+            # Cleared before the snapshot: a change made after it marks the slot again.
+            self._dirty = False
+            own = self._own
+            row = SLOT.pack(self._pid, self._start, own[0], published(own))
+            if row != self._row:
+                try:
+                    os.pwrite(self._fd, row, self._offset)
+                except BaseException:
+                    self._dirty = True  # for the next section or heartbeat to try again
+                    raise
+                self._row = row
+                quiet = self._quiet
+                if quiet:  # still what the file holds, with this row in it
+                    offset = self._offset
+                    self._quiet = quiet[:offset] + row + quiet[offset + SLOT.size :]
+
+    def _restore_own(self) -> None:
+        """Write this worker's slot and make sure the header counts it as in use."""
+        self._row = self._quiet = b""  # whatever the file held: write it
         self._write_own()
-        return _SharedReservation(self)
+        # The file's header, not the cached one: a worker's first claim must not
+        # trust the cache's initial guess of one slot in use.
+        used = HEADER.unpack(os.pread(self._fd, HEADER.size, 0))[2]
+        if self._slot >= used:
+            self._write_header(self._slot + 1)
+        else:
+            self._set_used(used)
 
-    def is_current(self) -> bool:
-        """Whether this worker counts in the file at the path, not in one deleted or
-        replaced that it has not left yet; inside the critical section (its fd is
-        open)."""
-        return self._fd >= 0 and os.fstat(self._fd).st_nlink > 0
+    def _recover(self, slot: int, pending: int, active: int) -> None:
+        pid = SLOT.unpack(os.pread(self._fd, SLOT.size, slot_offset(slot)))[0]
+        logger.warning(
+            "asgi-admission: worker pid %d exited holding %d pending and %d active sessions "
+            "in the shared ledger; releasing them.",
+            pid,
+            pending,
+            active,
+        )
+        os.pwrite(self._fd, bytes(SLOT.size), slot_offset(slot))
 
     # -- lifecycle -----------------------------------------------------------------
 

@@ -22,11 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from asgi_admission._admission.ledger.safe_files import (
-    SHARED_DIR_SETTING,
-    UnsafeFileError,
-    open_private_file,
-)
+from asgi_admission._admission.ledger.safe_files import UnsafeFileError, open_private_file
 from asgi_admission._admission.ledger.shared_ledger import FILE_NAME
 from asgi_admission._admission.reservations.shared_files import LEARNED_FILE, SETTLING_FILE
 from asgi_admission._memory.discover import discover_cgroup
@@ -144,7 +140,7 @@ def choose_place(group: MemoryGroup, *, bases: Sequence[str] | None = None) -> P
         existed = os.path.lexists(path)
         try:
             for file_name in (FILE_NAME, SETTLING_FILE, LEARNED_FILE):
-                os.close(open_private_file(path, file_name, setting=SHARED_DIR_SETTING))
+                os.close(open_private_file(path, file_name))
         except UnsafeFileError as exc:
             passed_over.append(str(exc).split(" Point ", 1)[0])
             if existed:

@@ -1,5 +1,14 @@
-"""The reservation state the workers of a container share in files: the settling queue,
-what was learned of each route, and the routes being probed.
+"""The reservation state the workers of a container share in files beside the ledger:
+the settling queue, what was learned of each route, and the routes being probed.
+
+Notes (the directory and how its files are opened: docs/trust.md, "The shared
+directory and its files"):
+
+- The settling and probing files are read and written inside the ledger's critical
+  section (its ``flock`` serialises the workers); the learned file under its own.
+- Once the service runs, a fault never raises out of them; startup still fails with the
+  error naming ``ADMISSION_SHARED_DIR``. A malformed settling file is rebuilt empty (its
+  reservations then settle by time); a malformed learned or probing file is replaced.
 """
 
 from __future__ import annotations
@@ -16,11 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
-from asgi_admission._admission.ledger.safe_files import (
-    SHARED_DIR_SETTING,
-    open_private_file,
-    process_alive,
-)
+from asgi_admission._admission.ledger.safe_files import open_private_file, process_alive
 from asgi_admission._admission.ledger.shared_ledger import LINK_CHECK_INTERVAL_S
 from asgi_admission._admission.reservations.learning import (
     Observations,
@@ -31,17 +36,6 @@ from asgi_admission._admission.reservations.learning import (
 )
 from asgi_admission._admission.reservations.probing import Probe, ProbeTrial
 from asgi_admission._admission.reservations.settling import QueueRecord
-
-# --------------------------------------------------------------------------------------
-# The reservation state the workers of a container share in ``ADMISSION_SHARED_DIR``.
-#
-# Files beside the session ledger, read and written inside the ledger's critical section
-# (its ``flock`` serialises the workers), or, for the learned file, under its own
-# ``flock``. They are opened as the ledger is (``safe_files.open_private_file``), and once
-# the service runs a fault never raises out of them (docs/trust.md, "The shared directory
-# and its files"); startup still fails with the error naming ``ADMISSION_SHARED_DIR``. A
-# malformed settling file is rebuilt empty (reservations in it then settle by time); a
-# malformed learned file is replaced (what it held is learned again).
 
 logger = logging.getLogger("asgi_admission")
 
@@ -57,14 +51,6 @@ SETTLING_CAPACITY: Final = 4096
 _HEADER: Final = struct.Struct("=8sIIq")
 #: pid, seq, admitted at, base, expected, left early.
 _ROW: Final = struct.Struct("=qqdqq?7x")
-
-
-def open_shared(directory: str, name: str) -> int:
-    """Open (or create, ``0600``) ``name`` in the shared directory, making the directory
-    (``0700``) if it is missing: a deleted one is made again. ``ValueError`` naming
-    ``ADMISSION_SHARED_DIR`` for what is unsafe (a symlink, not a regular file, another
-    user's, writable by others), as for the ledger itself."""
-    return open_private_file(directory, name, setting=SHARED_DIR_SETTING)
 
 
 class SharedSettleQueue:
@@ -95,7 +81,7 @@ class SharedSettleQueue:
         self._may_follow = may_follow
         self._directory = directory
         self.path = os.path.join(directory, SETTLING_FILE)
-        self._fd = open_shared(directory, SETTLING_FILE)
+        self._fd = open_private_file(directory, SETTLING_FILE)
         self._next_check = time.monotonic() + LINK_CHECK_INTERVAL_S
         self._broken = False
         self._pid = os.getpid()
@@ -199,7 +185,7 @@ class SharedSettleQueue:
         worker has since dropped must not come back). If it cannot be opened, the old
         file still serves this worker; logged once."""
         try:
-            fd = open_shared(self._directory, SETTLING_FILE)
+            fd = open_private_file(self._directory, SETTLING_FILE)
         except (OSError, ValueError) as exc:
             if not self._broken:
                 self._broken = True
@@ -254,7 +240,7 @@ class SharedSettleQueue:
         self._others = self.others  # made with the pid of that load: the parent's
         self._pid = os.getpid()
         try:
-            fd = open_shared(self._directory, SETTLING_FILE)
+            fd = open_private_file(self._directory, SETTLING_FILE)
         except (OSError, ValueError):
             self._next_check = 0.0
             return
@@ -284,8 +270,7 @@ def _queue_order(record: QueueRecord) -> tuple[bool, float]:
 # all it knows again.
 
 
-#: Version 2 added each route's windows and ends; a version 1 file (footprints and
-#: ramps alone) is read as it is, its values kept as the per-session ones they are.
+#: A version 1 file (footprints and ramps, no windows or ends) is read as it is.
 LEARNED_VERSION: Final = 2
 
 
@@ -303,7 +288,7 @@ class LearnedStore:
         #: Whether the last refresh found another file than this worker last wrote or
         #: read (deleted and made again, or replaced): then it adds what it knows.
         self.moved = False
-        fd = open_shared(directory, LEARNED_FILE)
+        fd = open_private_file(directory, LEARNED_FILE)
         try:
             self._identity: str | None = _file_id(_read_all(fd))
         finally:
@@ -315,7 +300,7 @@ class LearnedStore:
         ``ValueError`` naming ``ADMISSION_SHARED_DIR`` when the file cannot be opened
         (at startup and for ``probe``); a running service uses :meth:`refresh`.
         """
-        return self._parse(_read_shared(open_shared(self._directory, LEARNED_FILE)))
+        return self._parse(_read_shared(open_private_file(self._directory, LEARNED_FILE)))
 
     def refresh(self) -> Observations | None:
         """:meth:`load` for a running service: ``None`` when the file cannot be used now."""
@@ -384,7 +369,7 @@ class LearnedStore:
 
     def _open(self) -> int | None:
         try:
-            fd = open_shared(self._directory, LEARNED_FILE)
+            fd = open_private_file(self._directory, LEARNED_FILE)
         except (OSError, ValueError) as exc:
             self._unusable(exc)
             return None
@@ -518,21 +503,17 @@ def read_learned(directory: str, *, keep: int) -> Observations | None:
 
 
 # --------------------------------------------------------------------------------------
-# The probes of every worker in one file of ``ADMISSION_SHARED_DIR`` (``asgi-admission.probing``).
-#
-# With the shared ledger the workers of a container probe a route not learned yet
-# together: ``probe_sessions`` counts the probes of the whole container, and a
-# worker's waiters go on once another worker's probe has shown its memory
-# (``probing.py``, ``docs/reservations.md``).
+# The probes of every worker in one file (docs/reservations.md, "Probing a route
+# nothing is known of": several workers).
 #
 # Notes:
 #
-# - The file is JSON, small (a trial per route being probed, a few numbers each),
-# and read and written only inside the ledger's critical section, so the workers
-# never race on it; its own ``flock`` (exclusive to write, shared to read) keeps
-# ``asgi-admission probe`` from reading half a write.
-# - A file that cannot be used is logged once (each worker then goes on with the
-# trials it last saw, probing on its own), and a malformed one is replaced.
+# - JSON, small (a trial per route being probed), read and written only inside the
+# ledger's critical section, so the workers never race on it; its own ``flock``
+# (exclusive to write, shared to read) keeps ``asgi-admission probe`` from reading half
+# a write.
+# - A file that cannot be used is logged once; each worker then probes on its own with
+# the trials it last saw.
 # - Only touched while something is being probed: a decision for a route not learned
 # yet, and the samples of a worker with probes or waiters of its own.
 
@@ -624,7 +605,7 @@ class SharedProbeStore:
         #: The file's contents at the last load or store, and the trials made of them.
         self._known: tuple[bytes, dict[str, ProbeTrial]] = (b"", {})
         # At startup a file that cannot be used is an error naming the setting.
-        self._fd = open_shared(directory, PROBING_FILE)
+        self._fd = open_private_file(directory, PROBING_FILE)
         self._pid = os.getpid()
 
     def load(self) -> dict[str, ProbeTrial] | None:
@@ -684,7 +665,7 @@ class SharedProbeStore:
         try:
             pid = os.getpid()
             if pid != self._pid or os.fstat(self._fd).st_nlink == 0:
-                fd = open_shared(self._directory, PROBING_FILE)
+                fd = open_private_file(self._directory, PROBING_FILE)
                 os.close(self._fd)
                 self._fd, self._pid = fd, pid
         except (OSError, ValueError) as exc:
@@ -713,4 +694,4 @@ def read_probing(directory: str) -> dict[str, ProbeTrial] | None:
     """
     if not os.path.isfile(os.path.join(directory, PROBING_FILE)):
         return None
-    return decode(_read_shared(open_shared(directory, PROBING_FILE)))
+    return decode(_read_shared(open_private_file(directory, PROBING_FILE)))

@@ -14,7 +14,7 @@ Notes:
 - The waiters' state is touched on their loop only, one loop at a time.
 - A waiter that leaves gives back an admission handed to it in that same instant
   (``give_back``); where a pass stopped at it, the next pass runs.
-- With an ``order`` (``shared_order.SharedOrder``) the queue publishes its first waiter
+- With an ``order`` (:class:`SharedOrder`) the queue publishes its first waiter
   (not one last ``DEFERRED``), stops a pass where another worker's waiter comes first,
   and tells the order after each pass. A wake before anyone waited adopts the running
   loop, so capacity this process frees still reaches other workers' waiters.
@@ -31,13 +31,16 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Final, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Protocol, TypeVar
 
 from asgi_admission._admission.decision.latch import CapacityDecision, Reason, State
 from asgi_admission._admission.ledger.ledger import LedgerBusy
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
+
+if TYPE_CHECKING:
+    from asgi_admission._admission.scheduling.shared_order import SharedOrder
 
 T = TypeVar("T")
 
@@ -86,25 +89,6 @@ class ClientListener(Protocol):
         """After the task completed: whether the client left."""
 
 
-class WaitOrder(Protocol):
-    """The waiting order of several queues (one per worker), ``shared_order.SharedOrder``."""
-
-    def now(self) -> float:
-        """An arrival time, by a clock every queue of the order shares."""
-
-    def publish(self, head: tuple[int, float] | None, waiting: int) -> None:
-        """This queue's first waiter (its class's rank in serving order, its arrival)
-        and how many wait; ``None`` and 0 when none does."""
-
-    def ahead(self, rank: int, arrived: float) -> bool:
-        """Whether another queue's waiter goes before one of class ``rank`` that
-        arrived at ``arrived``."""
-
-    def passed(self) -> None:
-        """A pass of this queue ended (its first waiter published): wake the queue whose
-        waiter goes first now, if it is another's."""
-
-
 @dataclass(eq=False, slots=True)
 class _Waiter(Generic[T]):
     class_name: str
@@ -145,7 +129,7 @@ class WaitQueue(Generic[T]):
         timeout_s: float,
         clock: Callable[[], float] = time.monotonic,
         on_wait_end: Callable[[WaitRecord], None] | None = None,
-        order: WaitOrder | None = None,
+        order: SharedOrder | None = None,
     ) -> None:
         if not classes or len(set(classes)) != len(classes):
             raise ValueError(f"classes must name at least one class, each once; got {classes!r}.")
@@ -206,11 +190,7 @@ class WaitQueue(Generic[T]):
                 return
             self._scheduled = True
         try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        try:
-            if running is loop:
+            if asyncio._get_running_loop() is loop:
                 loop.call_soon(self._scheduled_pass)
             else:
                 loop.call_soon_threadsafe(self._scheduled_pass)
@@ -319,7 +299,7 @@ class WaitQueue(Generic[T]):
             self._on_wait_end(WaitRecord(class_name, outcome, seconds))
         return seconds
 
-    def _publish(self, order: WaitOrder) -> None:
+    def _publish(self, order: SharedOrder) -> None:
         """Tell ``order`` this queue's first waiter that may take capacity, and how many wait."""
         waiting = 0
         head = None
@@ -347,7 +327,7 @@ class WaitQueue(Generic[T]):
             self._publish(order)
         order.passed()
 
-    def _pass(self, order: WaitOrder | None) -> None:
+    def _pass(self, order: SharedOrder | None) -> None:
         """Each class in order, each line from its head, until one does not fit or
         (``order``) another process's waiter goes first."""
         for name in self.classes:

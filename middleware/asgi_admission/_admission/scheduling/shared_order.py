@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from asgi_admission._admission.ledger.ledger import LOCK_WAIT_S
-from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open_private_file
+from asgi_admission._admission.ledger.safe_files import open_private_file
 from asgi_admission._admission.ledger.shared_ledger import (
     HEADER,
     claim_free_slot,
@@ -42,6 +42,7 @@ from asgi_admission._admission.ledger.shared_ledger import (
     slot_held,
     slot_lock,
     slot_offset,
+    warn_once,
 )
 from asgi_admission._admission.ledger.shared_ledger import SLOT as LEDGER_SLOT
 
@@ -115,11 +116,6 @@ class OrderBell:
     def path(self, slot: int) -> str:
         """The wake socket of the worker holding ``slot`` of the waiting order."""
         return os.path.join(self.directory, f"{WAKE_PREFIX}{slot}")
-
-    @property
-    def slot(self) -> int:
-        """The slot whose socket this worker listens on (-1: none)."""
-        return self._slot
 
     def bind(self, slot: int) -> None:
         """Listen on the socket of ``slot``, just claimed, on the running loop.
@@ -324,17 +320,14 @@ def read_waiting(directory: str | os.PathLike[str]) -> list[WaitingEntry]:
 
 
 # --------------------------------------------------------------------------------------
-# One worker's slot in the waiting order's file.
+# One worker's slot in the waiting order's file (its faults: docs/trust.md, "Releases
+# are never lost").
 #
-# Notes:
-#
-# - No blocking lock once open: a worker writes only its own slot, so a write is one
-# ``pwrite`` and a read one ``pread``. The file's ``flock`` serialises only claiming a
-# slot and rebuilding, taken with ``LOCK_NB``; only the check at opening waits, at most
-# ``LOCK_WAIT_S``.
-# - A truncated or garbage file is rebuilt with a warning, keeping the whole rows of
-# live workers; each worker writes its own row back when it finds it gone.
-# - A fork child opens the file again: the parent's descriptor carries its slot lock.
+# No blocking lock once open: a worker writes only its own slot (one ``pwrite``) and
+# reads with one ``pread``. The file's ``flock`` serialises only claiming a slot and
+# rebuilding, taken with ``LOCK_NB``; only the check at opening waits, at most
+# ``LOCK_WAIT_S``. A fork child opens the file again: the parent's descriptor carries
+# its slot lock.
 
 
 class OrderFile:
@@ -376,7 +369,7 @@ class OrderFile:
         self.row = EMPTY
         self._pid = os.getpid()
         self._set_used(1)
-        fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
+        fd = open_private_file(self.directory, ORDER_FILE_NAME)
         self.fd = fd
         if flock_by(fd, time.monotonic() + LOCK_WAIT_S):
             try:
@@ -419,7 +412,7 @@ class OrderFile:
         """Clear a dead worker's slot, holding its lock so a new claimant is not wiped."""
         fd = self.fd
         try:
-            slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
+            slot_lock(fd, slot, fcntl.F_WRLCK)
         except OSError:
             return  # claimed this instant by a live worker
         try:
@@ -429,7 +422,7 @@ class OrderFile:
         except OSError:
             pass  # ignored while dead; the next attempt tries again
         finally:
-            slot_lock(fd, slot, fcntl.F_OFD_SETLK, fcntl.F_UNLCK)
+            slot_lock(fd, slot, fcntl.F_UNLCK)
 
     def follow(self, head: tuple[int, float] | None, waiting: int) -> None:
         """Where the file was deleted or replaced under this worker, move to the one now
@@ -455,7 +448,7 @@ class OrderFile:
         finally:
             self._reset_slot()
             with contextlib.suppress(OSError):
-                slot_lock(self.fd, slot, fcntl.F_OFD_SETLK, fcntl.F_UNLCK)
+                slot_lock(self.fd, slot, fcntl.F_UNLCK)
         return True
 
     def close(self) -> None:
@@ -481,9 +474,10 @@ class OrderFile:
         if old >= 0:
             os.close(old)
         try:
-            self.fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
+            self.fd = open_private_file(self.directory, ORDER_FILE_NAME)
         except (OSError, ValueError) as exc:
-            self._warn_once(
+            warn_once(
+                self._warned,
                 "fork",
                 "asgi-admission: the shared waiting order %s cannot be opened in this "
                 "worker (%s); it serves its waiters in its own order.",
@@ -494,7 +488,7 @@ class OrderFile:
     # -- the file -----------------------------------------------------------------------
 
     def _follow(self) -> None:
-        fd = open_private_file(self.directory, ORDER_FILE_NAME, setting=SHARED_DIR_SETTING)
+        fd = open_private_file(self.directory, ORDER_FILE_NAME)
         logger.warning(
             "asgi-admission: the shared waiting order %s was deleted or replaced; moving "
             "this worker's waiters to the file now at that path.",
@@ -608,7 +602,8 @@ class OrderFile:
                 return True
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
-        self._warn_once(
+        warn_once(
+            self._warned,
             "full",
             "asgi-admission: all %d slots of the shared waiting order %s are held by live "
             "workers; this worker serves its waiters in its own order.",
@@ -617,13 +612,9 @@ class OrderFile:
         )
         return False
 
-    def _warn_once(self, key: str, message: str, *args: object) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning(message, *args)
-
     def _own_order(self, key: str, problem: str, exc: BaseException) -> None:
-        self._warn_once(
+        warn_once(
+            self._warned,
             key,
             "asgi-admission: the shared waiting order %s %s (%s); this worker serves its "
             "waiters in its own order until it can.",
@@ -644,7 +635,7 @@ class SharedOrder:
     each attempt and tells :meth:`passed` after each pass.
     """
 
-    __slots__ = ("__weakref__", "_file", "_head", "_waiting", "bell", "directory", "path")
+    __slots__ = ("__weakref__", "_file", "_head", "_waiting", "bell")
 
     def __init__(
         self,
@@ -653,10 +644,8 @@ class SharedOrder:
         capacity: int = ORDER_CAPACITY,
         bell: OrderBell | None = None,
     ) -> None:
-        self._file = order_file = OrderFile(directory, capacity=capacity, bell=bell)
+        self._file = OrderFile(directory, capacity=capacity, bell=bell)
         self.bell = bell
-        self.directory = order_file.directory
-        self.path = order_file.path
         # What this worker last published: its first waiter, and how many wait.
         self._head: tuple[int, float] | None = None
         self._waiting = 0

@@ -81,21 +81,12 @@ class TenantShares:
             else:
                 self._counts.pop(bucket, None)
 
-    def held(self, tenant: str) -> int:
-        """How many sessions the count for ``tenant`` holds (maybe the shared bucket's)."""
-        with self._lock:
-            return self._held(tenant)
-
     def _held(self, tenant: str) -> int:
+        """How many sessions the count for ``tenant`` holds (maybe the shared bucket's)."""
         count = self._counts.get(tenant)
         if count is not None:
             return count
         return self._shared if len(self._counts) >= self.max_tenants else 0
-
-    def tracked(self) -> int:
-        """How many tenants are tracked by name now (at most ``max_tenants``)."""
-        with self._lock:
-            return len(self._counts)
 
     def over_share(self, tenant: str | None, counted_total: int) -> bool:
         """Whether one more session of ``tenant`` would hold more than its share of the

@@ -510,7 +510,7 @@ class FreedMemory:
             if fell > 0:
                 # Sessions still ramping went on growing meanwhile, as slowly as in
                 # either of the last steps before: that much of the fall is hidden. The
-                # slower step credits the less freed memory, the safe side here (learning
+                # slower step counts less memory as freed, the safe side here (learning
                 # carries the faster one on, its safe side: ``GrowthWindows.reading``).
                 hidden = max(0.0, min(self._rates)) * max(0.0, now - since.at)
                 taken = min(self._bytes, int(fell + hidden))

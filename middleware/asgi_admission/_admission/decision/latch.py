@@ -85,6 +85,7 @@ def never_admits(
 
 
 State = Literal["normal", "pressured", "unavailable"]
+Transition = Literal["pressured", "normal"]
 #: ``ledger_busy``, ``probing``, ``queue_timeout``, ``queue_full`` and ``tenant_share`` are
 #: the middleware's own: the shared ledger could not be had in time, a request's wait for a
 #: probe's evidence ran out, its wait for capacity ran out, too many waited already to wait
@@ -112,7 +113,7 @@ class CapacityDecision:
     #: Machine-readable reason, set exactly when the session is refused.
     reason: Reason | None = None
     #: ``"pressured"`` or ``"normal"`` when this evaluation set or cleared the latch.
-    transition: Literal["pressured", "normal"] | None = None
+    transition: Transition | None = None
 
 
 # Decisions are made on the request path: see draft_class.
@@ -125,7 +126,7 @@ def _decision(
     state: State,
     memory: MemoryReading,
     reason: Reason | None,
-    transition: Literal["pressured", "normal"] | None,
+    transition: Transition | None,
 ) -> CapacityDecision:
     decision = _new(_Draft)
     decision.allowed = allowed
@@ -157,6 +158,30 @@ def _rounded_at_most(percent: float, bound: float) -> bool:
     if percent > bound + 0.01:
         return False
     return round(percent, 2) <= bound
+
+
+def _latched(was: bool, used: int, held: int, limit: int, high: float, resume: float) -> bool:
+    """The latch after one reading: set where ``held`` does not fit under ``high`` or the
+    working set reaches it; cleared where it fits and the working set is at most ``resume``."""
+    reserve_fits = used + held <= limit * high / 100
+    percent = used * 100 / limit
+    if was:
+        return not (reserve_fits and _rounded_at_most(percent, resume))
+    return not reserve_fits or _rounded_at_least(percent, high)
+
+
+def _latch_decision(
+    memory: MemoryReading, was: bool, pressured: bool, used_slots: int, session_limit: int | None
+) -> CapacityDecision:
+    """The decision on a usable reading, the latch moved from ``was`` to ``pressured``."""
+    transition: Transition | None = None
+    if pressured != was:
+        transition = "pressured" if pressured else "normal"
+    if pressured:
+        return _decision(False, "pressured", memory, "memory_pressure", transition)
+    if session_limit is None or used_slots < session_limit:
+        return _decision(True, "normal", memory, None, transition)
+    return _decision(False, "normal", memory, "session_limit", transition)
 
 
 def _blind_decision(
@@ -447,27 +472,18 @@ class AdmissionController:
             self._last_state = "unavailable"
             return _blind_decision(memory, used_slots, session_limit, was_pressured)
 
-        high = self.high_watermark_percent
         if held_bytes is None:
             held_bytes = self.held(pending_sessions, limit)
-        reserve_fits = used + held_bytes <= limit * high / 100
-        # Compared as MemoryReading.percent (rounded to two decimals) would be.
-        unrounded = used * 100 / limit
-        if was_pressured:
-            if reserve_fits and _rounded_at_most(unrounded, self.resume_threshold_percent):
-                self._pressured = False
-        elif not reserve_fits or _rounded_at_least(unrounded, high):
-            self._pressured = True
-
-        transition: Literal["pressured", "normal"] | None = None
-        if self._pressured != was_pressured:
-            transition = "pressured" if self._pressured else "normal"
-        self._last_state = "pressured" if self._pressured else "normal"
-        if self._pressured:
-            return _decision(False, "pressured", memory, "memory_pressure", transition)
-        if session_limit is None or used_slots < session_limit:
-            return _decision(True, "normal", memory, None, transition)
-        return _decision(False, "normal", memory, "session_limit", transition)
+        pressured = self._pressured = _latched(
+            was_pressured,
+            used,
+            held_bytes,
+            limit,
+            self.high_watermark_percent,
+            self.resume_threshold_percent,
+        )
+        self._last_state = "pressured" if pressured else "normal"
+        return _latch_decision(memory, was_pressured, pressured, used_slots, session_limit)
 
 
 # --------------------------------------------------------------------------------------
@@ -479,8 +495,6 @@ class AdmissionController:
 # configured the one class, ``default``, answers exactly as the controller does
 # (tests/scheduling/test_classes.py). A class's latch moves only on its own requests'
 # readings. Not thread-safe: callers hold the controller's lock.
-
-Transition = Literal["pressured", "normal"]
 
 
 class ClassCeilings:
@@ -513,47 +527,6 @@ class ClassCeilings:
         """Where the class's latch clears (with one more reserve fitting)."""
         return self._resume[name]
 
-    def pressured(self, name: str) -> bool:
-        """Whether the class's latch is set right now."""
-        return self._pressured[name]
-
-    def forget(self) -> None:
-        """Clear every class's latch (the guard went blind)."""
-        for name in self.names:
-            self._pressured[name] = False
-
-    def fits(self, name: str, *, used_bytes: int, held_bytes: int, limit_bytes: int) -> bool:
-        """Move the class's latch on this reading; whether a request of the class fits."""
-        return self._move(name, used_bytes, held_bytes, limit_bytes)[0]
-
-    def bound_admits(
-        self, name: str, *, used_bytes: int, held_bytes: int, limit_bytes: int
-    ) -> bool:
-        """The controller's :meth:`~AdmissionController.bound_admits`, per class."""
-        if limit_bytes <= 0 or self._pressured[name]:
-            return False
-        ceiling = self._ceiling[name]
-        if round(used_bytes * 100 / limit_bytes, 2) >= ceiling:
-            return False
-        return used_bytes + held_bytes <= limit_bytes * ceiling / 100
-
-    def _move(self, name: str, used: int, held: int, limit: int) -> tuple[bool, Transition | None]:
-        was = self._pressured[name]
-        ceiling = self._ceiling[name]
-        reserve_fits = used + held <= limit * ceiling / 100
-        percent = round(used * 100 / limit, 2)
-        now = was
-        if was:
-            if reserve_fits and percent <= self._resume[name]:
-                now = False
-        elif not reserve_fits or percent >= ceiling:
-            now = True
-        self._pressured[name] = now
-        transition: Transition | None = None
-        if now != was:
-            transition = "pressured" if now else "normal"
-        return not now, transition
-
     def decide(
         self,
         name: str,
@@ -567,17 +540,14 @@ class ClassCeilings:
         """``AdmissionController.decide`` with the class's latch in place of the single one."""
         used_slots = current_sessions + pending_sessions
         used, limit = memory.used_bytes, memory.limit_bytes
+        was = self._pressured[name]
         if used is None or not limit or not memory.available:
-            was = self._pressured[name]
-            self.forget()
+            self._pressured = dict.fromkeys(self.names, False)
             return _blind_decision(memory, used_slots, session_limit, was)
-
-        fits, transition = self._move(name, used, held_bytes, limit)
-        if not fits:
-            return CapacityDecision(False, "pressured", memory, "memory_pressure", transition)
-        if session_limit is None or used_slots < session_limit:
-            return CapacityDecision(True, "normal", memory, None, transition)
-        return CapacityDecision(False, "normal", memory, "session_limit", transition)
+        pressured = self._pressured[name] = _latched(
+            was, used, held_bytes, limit, self._ceiling[name], self._resume[name]
+        )
+        return _latch_decision(memory, was, pressured, used_slots, session_limit)
 
 
 # --------------------------------------------------------------------------------------

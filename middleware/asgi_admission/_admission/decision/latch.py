@@ -160,7 +160,7 @@ def _rounded_at_most(percent: float, bound: float) -> bool:
     return round(percent, 2) <= bound
 
 
-def _latched(was: bool, used: int, held: int, limit: int, high: float, resume: float) -> bool:
+def latched(was: bool, used: int, held: int, limit: int, high: float, resume: float) -> bool:
     """The latch after one reading: set where ``held`` does not fit under ``high`` or the
     working set reaches it; cleared where it fits and the working set is at most ``resume``."""
     reserve_fits = used + held <= limit * high / 100
@@ -474,7 +474,7 @@ class AdmissionController:
 
         if held_bytes is None:
             held_bytes = self.held(pending_sessions, limit)
-        pressured = self._pressured = _latched(
+        pressured = self._pressured = latched(
             was_pressured,
             used,
             held_bytes,
@@ -544,7 +544,7 @@ class ClassCeilings:
         if used is None or not limit or not memory.available:
             self._pressured = dict.fromkeys(self.names, False)
             return _blind_decision(memory, used_slots, session_limit, was)
-        pressured = self._pressured[name] = _latched(
+        pressured = self._pressured[name] = latched(
             was, used, held_bytes, limit, self._ceiling[name], self._resume[name]
         )
         return _latch_decision(memory, was, pressured, used_slots, session_limit)

@@ -554,58 +554,6 @@ class ClassCeilings:
 # The guard's log lines: once per change, never per request.
 
 
-def log_change(
-    decision: CapacityDecision,
-    blind_changed: bool,
-    controller: AdmissionController,
-    session_limit: int | None,
-) -> None:
-    """Log what ``decision`` changed: telemetry lost or back, the latch set or cleared."""
-    memory = decision.memory
-    at = (
-        f"working set {(memory.used_bytes or 0) / MIB:.1f} MiB of "
-        f"{(memory.limit_bytes or 0) / MIB:.1f} MiB ({memory.percent or 0.0:.2f}%"
-    )
-    if blind_changed:
-        if decision.state == "unavailable":
-            cap = count_cap(session_limit, True)
-            origin = "max_sessions" if session_limit is not None else "the fallback while blind"
-            if memory.available:
-                logger.warning(
-                    "asgi-admission: %s has no memory limit (working set %.1f MiB); "
-                    "admitting up to %d sessions (%s) until it has one.",
-                    memory.path or "the memory source",
-                    (memory.used_bytes or 0) / MIB,
-                    cap,
-                    origin,
-                )
-                return
-            logger.warning(
-                "asgi-admission: memory telemetry lost (%s); admitting up to %d "
-                "sessions (%s) until readings return.",
-                memory.path or "no readable cgroup memory files",
-                cap,
-                origin,
-            )
-            return
-        logger.info("asgi-admission: memory telemetry recovered: %s).", at)
-    if decision.transition == "pressured":
-        logger.warning(
-            "asgi-admission: memory pressure: refusing new sessions at %s; high watermark "
-            "%.1f%%, reserve %.1f MiB).",
-            at,
-            controller.high_watermark_percent,
-            controller.reserve_for(memory.limit_bytes) / MIB,
-        )
-    elif decision.transition == "normal":
-        logger.info(
-            "asgi-admission: memory pressure cleared: admitting sessions again at %s; "
-            "resume threshold %.1f%%).",
-            at,
-            controller.resume_threshold_percent,
-        )
-
-
 class DecisionLog:
     """What one guard's decisions changed, logged once: also a reserve that can never
     fit, and a busy ledger."""
@@ -628,10 +576,53 @@ class DecisionLog:
         return changed
 
     def changed(self, decision: CapacityDecision, blind_changed: bool) -> None:
-        """Log what ``decision`` changed (outside the lock)."""
+        """Log what ``decision`` changed (outside the lock): telemetry lost or back, the
+        latch set or cleared."""
+        memory, controller, session_limit = decision.memory, self._controller, self._session_limit
         if decision.transition == "pressured":
-            self._never_admits(decision.memory)
-        log_change(decision, blind_changed, self._controller, self._session_limit)
+            self._never_admits(memory)
+        at = (
+            f"working set {(memory.used_bytes or 0) / MIB:.1f} MiB of "
+            f"{(memory.limit_bytes or 0) / MIB:.1f} MiB ({memory.percent or 0.0:.2f}%"
+        )
+        if blind_changed:
+            if decision.state == "unavailable":
+                cap = count_cap(session_limit, True)
+                origin = "max_sessions" if session_limit is not None else "the fallback while blind"
+                if memory.available:
+                    logger.warning(
+                        "asgi-admission: %s has no memory limit (working set %.1f MiB); "
+                        "admitting up to %d sessions (%s) until it has one.",
+                        memory.path or "the memory source",
+                        (memory.used_bytes or 0) / MIB,
+                        cap,
+                        origin,
+                    )
+                    return
+                logger.warning(
+                    "asgi-admission: memory telemetry lost (%s); admitting up to %d "
+                    "sessions (%s) until readings return.",
+                    memory.path or "no readable cgroup memory files",
+                    cap,
+                    origin,
+                )
+                return
+            logger.info("asgi-admission: memory telemetry recovered: %s).", at)
+        if decision.transition == "pressured":
+            logger.warning(
+                "asgi-admission: memory pressure: refusing new sessions at %s; high watermark "
+                "%.1f%%, reserve %.1f MiB).",
+                at,
+                controller.high_watermark_percent,
+                controller.reserve_for(memory.limit_bytes) / MIB,
+            )
+        elif decision.transition == "normal":
+            logger.info(
+                "asgi-admission: memory pressure cleared: admitting sessions again at %s; "
+                "resume threshold %.1f%%).",
+                at,
+                controller.resume_threshold_percent,
+            )
 
     def busy(self, exc: LedgerBusy) -> None:
         """A ``ledger_busy`` refusal: logged the first time."""

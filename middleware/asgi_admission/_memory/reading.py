@@ -19,6 +19,7 @@ from asgi_admission._memory.discover import (
     DEFAULT_CGROUP_MOUNT,
     CgroupLocation,
     discover_cgroup,
+    on_host,
     whole_chain_tops,
 )
 
@@ -687,7 +688,7 @@ class CgroupMemoryReader:
                 cgroup_namespace=cgroup_namespace,
             )
             if self.location.how == "fallback":
-                self.root = os.path.join(hostfs, DEFAULT_CGROUP_MOUNT.lstrip("/"))
+                self.root = on_host(hostfs, DEFAULT_CGROUP_MOUNT)
         for warning in self.location.warnings:
             logger.warning("asgi-admission: %s.", warning)
         # v1 directories under an explicit or fallback root whose every ancestor is visible.

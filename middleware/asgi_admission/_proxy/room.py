@@ -114,7 +114,6 @@ class RoomView:
     async def now(self) -> Room:
         """A recent room: the last check's, or one new check shared by concurrent callers
         (:data:`BUSY` while the shared ledger stays busy)."""
-
         room = self.fresh()
         if room is not None:
             return room

@@ -472,18 +472,27 @@ class AdmissionController:
             self._last_state = "unavailable"
             return _blind_decision(memory, used_slots, session_limit, was_pressured)
 
+        # latched() and _latch_decision() written out: on the request path the two calls
+        # added a tenth to a full decision. tests/scheduling/test_classes.py pins them equal.
+        high = self.high_watermark_percent
         if held_bytes is None:
             held_bytes = self.held(pending_sessions, limit)
-        pressured = self._pressured = latched(
-            was_pressured,
-            used,
-            held_bytes,
-            limit,
-            self.high_watermark_percent,
-            self.resume_threshold_percent,
-        )
-        self._last_state = "pressured" if pressured else "normal"
-        return _latch_decision(memory, was_pressured, pressured, used_slots, session_limit)
+        reserve_fits = used + held_bytes <= limit * high / 100
+        unrounded = used * 100 / limit
+        if was_pressured:
+            if reserve_fits and _rounded_at_most(unrounded, self.resume_threshold_percent):
+                self._pressured = False
+        elif not reserve_fits or _rounded_at_least(unrounded, high):
+            self._pressured = True
+        transition: Transition | None = None
+        if self._pressured != was_pressured:
+            transition = "pressured" if self._pressured else "normal"
+        self._last_state = "pressured" if self._pressured else "normal"
+        if self._pressured:
+            return _decision(False, "pressured", memory, "memory_pressure", transition)
+        if session_limit is None or used_slots < session_limit:
+            return _decision(True, "normal", memory, None, transition)
+        return _decision(False, "normal", memory, "session_limit", transition)
 
 
 # --------------------------------------------------------------------------------------

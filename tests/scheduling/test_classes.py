@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asgi_admission import AdmissionController, MemoryReading, PriorityClass
-from asgi_admission._admission.decision.latch import ClassCeilings
+from asgi_admission._admission.decision.latch import CapacityDecision, ClassCeilings
 from asgi_admission._admission.scheduling.priority import classes_in_force
 from kits.suitekit import GIB, MIB
 
@@ -28,21 +28,26 @@ def three() -> ClassCeilings:
     )
 
 
-def fits(ceilings: ClassCeilings, name: str, percent: float, held_percent: float = 0) -> bool:
-    return ceilings.fits(
-        name,
-        used_bytes=int(LIMIT * percent / 100),
-        held_bytes=int(LIMIT * held_percent / 100),
-        limit_bytes=LIMIT,
+def decide(
+    ceilings: ClassCeilings, name: str, percent: float, held_percent: float = 0
+) -> CapacityDecision:
+    memory = MemoryReading(used_bytes=int(LIMIT * percent / 100), limit_bytes=LIMIT, available=True)
+    held = int(LIMIT * held_percent / 100)
+    return ceilings.decide(
+        name, memory, current_sessions=0, session_limit=None, pending_sessions=0, held_bytes=held
     )
+
+
+def fits(ceilings: ClassCeilings, name: str, percent: float, held_percent: float = 0) -> bool:
+    return decide(ceilings, name, percent, held_percent).allowed
 
 
 def test_each_class_sets_at_its_own_ceiling() -> None:
     """At 70 % batch (65) is refused while standard and critical fit; at 85 % only critical."""
     ceilings = three()
     assert [fits(ceilings, n, 70) for n in ceilings.names] == [True, True, False]
-    assert [fits(ceilings, n, 85) for n in ceilings.names] == [True, False, False]
-    assert [ceilings.pressured(n) for n in ceilings.names] == [False, True, True]
+    states = [decide(ceilings, n, 85).state for n in ceilings.names]
+    assert states == ["normal", "pressured", "pressured"]
 
 
 def test_a_class_latch_clears_at_its_ceiling_less_the_gap() -> None:
@@ -65,20 +70,9 @@ def test_the_reserves_count_against_the_class_ceiling() -> None:
     assert fits(ceilings, "critical", 50, held_percent=31)
 
 
-def test_a_bound_admits_only_where_the_class_stays_clear() -> None:
-    """bound_admits moves nothing and says yes only below the class's ceiling, latch clear."""
-    ceilings = three()
-    args = {"held_bytes": 0, "limit_bytes": LIMIT}
-    assert ceilings.bound_admits("batch", used_bytes=int(LIMIT * 0.6), **args)
-    assert not ceilings.bound_admits("batch", used_bytes=int(LIMIT * 0.7), **args)
-    assert not ceilings.pressured("batch")
-    assert not fits(ceilings, "batch", 70)
-    assert not ceilings.bound_admits("batch", used_bytes=int(LIMIT * 0.1), **args)
-    assert not ceilings.bound_admits("batch", used_bytes=0, held_bytes=0, limit_bytes=0)
-
-
 def test_going_blind_clears_every_class() -> None:
-    """A blind reading clears every latch and reports the asked class's clearing."""
+    """A blind reading clears every latch and reports the asked class's clearing: each
+    class then admits between its resume point and its ceiling."""
     ceilings = three()
     fits(ceilings, "standard", 85)
     fits(ceilings, "batch", 85)
@@ -88,7 +82,8 @@ def test_going_blind_clears_every_class() -> None:
     )
     assert (decision.allowed, decision.state) == (True, "unavailable")
     assert decision.transition == "normal"
-    assert [ceilings.pressured(n) for n in ceilings.names] == [False, False, False]
+    between = zip(ceilings.names, (85, 75, 60), strict=True)
+    assert [fits(ceilings, n, percent) for n, percent in between] == [True, True, True]
 
 
 readings = st.one_of(
@@ -173,4 +168,3 @@ def test_the_default_class_decides_exactly_as_the_latch(
             held_bytes=held,
         )
         assert got == expected
-        assert ceilings.pressured(name) == (controller.pressure_state == "pressured")

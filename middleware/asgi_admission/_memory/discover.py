@@ -22,6 +22,11 @@ from typing import Final, Literal
 DEFAULT_CGROUP_MOUNT: Final = "/sys/fs/cgroup"
 
 
+def on_host(hostfs: str, path: str) -> str:
+    """The absolute ``path`` as seen under ``hostfs`` (``/`` itself, or a captured tree)."""
+    return os.path.join(hostfs, path.lstrip("/"))
+
+
 @dataclass(frozen=True, slots=True)
 class Mount:
     root: str
@@ -116,19 +121,15 @@ def _resolve(
     path: str, mounts: list[Mount], hostfs: str
 ) -> tuple[tuple[str, str] | None, str | None, bool]:
     """((directory, mount point), a warning, whether the mount shows the whole hierarchy)."""
-
-    def host(mount_point: str) -> str:
-        return os.path.join(hostfs, mount_point.lstrip("/"))
-
     for mount in mounts:
         rel = _relative(path, mount.root)
         if rel is not None:
-            mount_point = host(mount.mount_point)
+            mount_point = on_host(hostfs, mount.mount_point)
             directory = os.path.join(mount_point, rel) if rel else mount_point
             if os.path.isdir(directory):
                 return (os.path.normpath(directory), mount_point), None, mount.root == "/"
     for mount in mounts:
-        mount_point = host(mount.mount_point)
+        mount_point = on_host(hostfs, mount.mount_point)
         if os.path.isdir(mount_point):
             return (
                 (os.path.normpath(mount_point), mount_point),
@@ -160,7 +161,7 @@ def whole_hierarchy_mount(directory: str, mounts: list[Mount], hostfs: str = "/"
     for mount in mounts:
         if mount.fstype != "cgroup" or "memory" not in mount.super_options or mount.root != "/":
             continue
-        mount_point = os.path.normpath(os.path.join(hostfs, mount.mount_point.lstrip("/")))
+        mount_point = os.path.normpath(on_host(hostfs, mount.mount_point))
         if directory == mount_point or directory.startswith(mount_point + os.sep):
             return mount_point
     return None
@@ -202,7 +203,7 @@ def discover_cgroup(
         if warning:
             warnings.append(warning)
     if v2 is None and v1 is None:
-        fallback = os.path.join(hostfs, DEFAULT_CGROUP_MOUNT.lstrip("/"))
+        fallback = on_host(hostfs, DEFAULT_CGROUP_MOUNT)
         return CgroupLocation(
             v2=None,
             v1=None,

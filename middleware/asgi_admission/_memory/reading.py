@@ -19,6 +19,7 @@ from asgi_admission._memory.discover import (
     DEFAULT_CGROUP_MOUNT,
     CgroupLocation,
     discover_cgroup,
+    on_host,
     whole_chain_tops,
 )
 
@@ -415,11 +416,10 @@ class CgroupSource:
         return self.ancestors
 
     def paths(self) -> list[str]:
-        levels = [self.own, *(self.ancestors or ())]
-        return [path for level in levels for path in level.paths()]
+        return [path for level in (self.own, *(self.ancestors or ())) for path in level.paths()]
 
     def close(self) -> None:
-        for level in [self.own, *(self.ancestors or ())]:
+        for level in (self.own, *(self.ancestors or ())):
             level.close()
 
     def unavailable(self) -> MemoryReading:
@@ -676,9 +676,10 @@ class CgroupMemoryReader:
         if reclaimable not in ("file", "inactive"):
             raise ValueError(f"reclaimable must be 'file' or 'inactive'; got {reclaimable!r}.")
         self.reclaimable: Reclaimable = reclaimable
-        if root is not None:
-            root = os.fspath(root)
-            self.location = CgroupLocation(v2=(root, root), v1=None, how="explicit")
+        #: The directory given, or the fallback mount where none was found; else ``None``.
+        self.root = None if root is None else os.fspath(root)
+        if self.root is not None:
+            self.location = CgroupLocation(v2=(self.root, self.root), v1=None, how="explicit")
         else:
             self.location = discover_cgroup(
                 proc_self_cgroup=proc_self_cgroup,
@@ -686,16 +687,13 @@ class CgroupMemoryReader:
                 hostfs=hostfs,
                 cgroup_namespace=cgroup_namespace,
             )
+            if self.location.how == "fallback":
+                self.root = on_host(hostfs, DEFAULT_CGROUP_MOUNT)
         for warning in self.location.warnings:
             logger.warning("asgi-admission: %s.", warning)
-        if self.location.how == "fallback":
-            fallback = os.path.join(hostfs, DEFAULT_CGROUP_MOUNT.lstrip("/"))
-            self.root: str | None = fallback
-        else:
-            self.root = os.fspath(root) if root is not None else None
-        # v1 directories under an explicit root whose every ancestor is visible.
+        # v1 directories under an explicit or fallback root whose every ancestor is visible.
         self._v1_tops: dict[str, str] = {}
-        if self.root is not None:  # explicit or fallback root
+        if self.root is not None:
             self._v1_tops = whole_chain_tops(self.root, mountinfo, hostfs, cgroup_namespace)
         self._lock = threading.Lock()
         self._sources: list[CgroupSource] = []
@@ -723,14 +721,8 @@ class CgroupMemoryReader:
                 sources.append(V2Source(directory, top, self.reclaimable))
             if self.location.v1 is not None:
                 directory, top = self.location.v1
-                sources.append(
-                    V1Source(
-                        directory,
-                        top,
-                        self.reclaimable,
-                        whole_chain=self.location.v1_whole_chain,
-                    )
-                )
+                whole_chain = self.location.v1_whole_chain
+                sources.append(V1Source(directory, top, self.reclaimable, whole_chain=whole_chain))
         self._sources = sources
 
     def __call__(self) -> MemoryReading:

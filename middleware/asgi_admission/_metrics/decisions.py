@@ -42,74 +42,58 @@ OUTCOMES: Final[tuple[tuple[bool, Reason | None, str, str], ...]] = (
 )
 
 
-class _Families:
-    """The decision-path metric objects of one registry."""
-
-    __slots__ = ("decisions", "duration", "sessions", "telemetry_failures", "transitions")
-
-    def __init__(self, registry: CollectorRegistry | None, *, live_sessions: bool) -> None:
-        self.decisions = Counter(
-            PREFIX + "decisions",
-            "Session admission decisions, by request kind, outcome and refusal reason.",
-            ("kind", "outcome", "reason"),
-            registry=registry,
-        )
-        self.transitions = Counter(
-            PREFIX + "latch_transitions",
-            "Times the memory latch set (to=pressured) or cleared (to=normal).",
-            ("to",),
-            registry=registry,
-        )
-        self.telemetry_failures = Counter(
-            PREFIX + "telemetry_failures",
-            "Session decisions taken because memory could not be read (not for no limit).",
-            registry=registry,
-        )
-        self.duration = Histogram(
-            PREFIX + "decision_duration_seconds",
-            "Time to read memory, run the latch and reserve, per session decision.",
-            buckets=DURATION_BUCKETS,
-            registry=registry,
-        )
-        self.sessions: Gauge | None = None
-        if live_sessions:
-            self.sessions = Gauge(
-                PREFIX + "sessions",
-                "Sessions admitted, by state.",
-                ("state",),
-                registry=registry,
-                multiprocess_mode="livesum",
-            )
-
-
 class DecisionMetrics:
     """The counters and histogram of the decision path: a ``DecisionObserver``.
 
     ``live_sessions=True`` adds the ``livesum`` session gauge of multiprocess mode.
     """
 
-    __slots__ = ("_families", "_incs", "_observe", "_sessions", "_telemetry", "_transition")
+    __slots__ = ("_incs", "_observe", "_sessions", "_telemetry", "_transition")
 
     def __init__(
         self, *, registry: CollectorRegistry | None = REGISTRY, live_sessions: bool = False
     ) -> None:
-        self._families = families = _Families(registry, live_sessions=live_sessions)
+        decisions = Counter(
+            PREFIX + "decisions",
+            "Session admission decisions, by request kind, outcome and refusal reason.",
+            ("kind", "outcome", "reason"),
+            registry=registry,
+        )
+        transitions = Counter(
+            PREFIX + "latch_transitions",
+            "Times the memory latch set (to=pressured) or cleared (to=normal).",
+            ("to",),
+            registry=registry,
+        )
+        telemetry_failures = Counter(
+            PREFIX + "telemetry_failures",
+            "Session decisions taken because memory could not be read (not for no limit).",
+            registry=registry,
+        )
+        duration = Histogram(
+            PREFIX + "decision_duration_seconds",
+            "Time to read memory, run the latch and reserve, per session decision.",
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
         incs: dict[tuple[str, bool, str | None], Callable[[], None]] = {}
         for kind in KINDS:
             for allowed, reason, outcome, label in OUTCOMES:
-                incs[kind, allowed, reason] = families.decisions.labels(kind, outcome, label).inc
+                incs[kind, allowed, reason] = decisions.labels(kind, outcome, label).inc
         self._incs = incs
-        self._transition = {
-            to: families.transitions.labels(to).inc for to in ("pressured", "normal")
-        }
-        self._telemetry = families.telemetry_failures.inc
-        self._observe = families.duration.observe
+        self._transition = {to: transitions.labels(to).inc for to in ("pressured", "normal")}
+        self._telemetry = telemetry_failures.inc
+        self._observe = duration.observe
         self._sessions: tuple[Callable[[float], None], Callable[[float], None]] | None = None
-        if families.sessions is not None:
-            self._sessions = (
-                families.sessions.labels("active").set,
-                families.sessions.labels("pending").set,
+        if live_sessions:
+            sessions = Gauge(
+                PREFIX + "sessions",
+                "Sessions admitted, by state.",
+                ("state",),
+                registry=registry,
+                multiprocess_mode="livesum",
             )
+            self._sessions = (sessions.labels("active").set, sessions.labels("pending").set)
 
     def on_decision(self, kind: Kind, decision: CapacityDecision, seconds: float) -> None:
         """Count one decision and time it; called on the decision path."""

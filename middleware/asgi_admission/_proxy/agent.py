@@ -84,10 +84,9 @@ class _Answer(asyncio.Protocol):
 class AgentListener:
     """The agent-check listener on ``port``, answering from ``view``."""
 
-    def __init__(self, view: RoomView, *, port: int, host: str | None = None) -> None:
+    def __init__(self, view: RoomView, *, port: int) -> None:
         self.view = view
         self.port = port
-        self._host = host
         self._server: asyncio.Server | None = None
         self.open: set[_Answer] = set()
         self.waiting: list[_Answer] = []
@@ -95,12 +94,11 @@ class AgentListener:
 
     async def start(self) -> None:
         """Listen; a port that cannot be had is logged at ERROR and the service runs on."""
-
         if self._server is not None:
             return
         try:
             self._server = await asyncio.get_running_loop().create_server(
-                lambda: _Answer(self), self._host, self.port, reuse_port=True, backlog=128
+                lambda: _Answer(self), None, self.port, reuse_port=True, backlog=128
             )
         except OSError as exc:
             logger.error(

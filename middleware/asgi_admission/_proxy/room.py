@@ -82,11 +82,10 @@ def load_metrics(room: Room) -> bytes | None:
 
 
 class RoomView:
-    """The room of ``service``'s guard, checked no more often than every ``max_age_s``."""
+    """The room of ``service``'s guard, checked no more often than every ``MAX_AGE_S``."""
 
-    def __init__(self, service: AdmissionService, *, max_age_s: float = MAX_AGE_S) -> None:
+    def __init__(self, service: AdmissionService) -> None:
         self._service = service
-        self._max_age_s = max_age_s
         self._room: Room | None = None
         self._at = 0.0
         # The check in flight, shared by every caller that came while it ran.
@@ -107,14 +106,13 @@ class RoomView:
 
     def fresh(self) -> Room | None:
         """The last check's room if it is recent enough, else ``None``."""
-        if self._room is not None and time.monotonic() - self._at < self._max_age_s:
+        if self._room is not None and time.monotonic() - self._at < MAX_AGE_S:
             return self._room
         return None
 
     async def now(self) -> Room:
         """A recent room: the last check's, or one new check shared by concurrent callers
         (:data:`BUSY` while the shared ledger stays busy)."""
-
         room = self.fresh()
         if room is not None:
             return room

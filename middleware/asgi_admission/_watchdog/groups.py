@@ -32,8 +32,6 @@ GROUPS_DIR: Final = "asgi-admission"
 #: Where this process finds its own cgroup (the test suite's conftest replaces it).
 PROC_SELF_CGROUP = "/proc/self/cgroup"
 
-MOUNTINFO = "/proc/self/mountinfo"
-
 #: Writes itself into the group ("$0" is its cgroup.procs), then becomes the command.
 _JOIN_SH: Final = 'echo 0 > "$0" && exec "$@"'
 _JOIN_PY: Final = (
@@ -69,15 +67,10 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _writable(path: str) -> bool:
-    # access(2) also answers EROFS for a read-only mount, the usual container case.
-    return os.access(path, os.W_OK)
-
-
 def find_place(
     *,
     proc_self_cgroup: str | None = None,
-    mountinfo: str | None = None,
+    mountinfo: str = "/proc/self/mountinfo",
     hostfs: str = "/",
     cgroup_namespace: str = "/proc/self/ns/cgroup",
 ) -> GroupsPlace:
@@ -85,7 +78,7 @@ def find_place(
     groups go")."""
     location = discover_cgroup(
         proc_self_cgroup=PROC_SELF_CGROUP if proc_self_cgroup is None else proc_self_cgroup,
-        mountinfo=MOUNTINFO if mountinfo is None else mountinfo,
+        mountinfo=mountinfo,
         hostfs=hostfs,
         cgroup_namespace=cgroup_namespace,
     )
@@ -108,7 +101,8 @@ def _v1_place(own: str) -> GroupsPlace:
             "not count against the container's limit",
         )
     base = os.path.join(own, GROUPS_DIR)
-    if not _writable(base if os.path.isdir(base) else own):
+    # access(2) also answers EROFS for a read-only mount, the usual container case.
+    if not os.access(base if os.path.isdir(base) else own, os.W_OK):
         return GroupsPlace(
             "v1",
             None,
@@ -146,7 +140,7 @@ def _v2_place(own: str, mount_point: str) -> GroupsPlace:
                 "delegated subtree",
             )
     procs = os.path.join(parent, "cgroup.procs")
-    if not (_writable(parent) and _writable(procs)):
+    if not (os.access(parent, os.W_OK) and os.access(procs, os.W_OK)):
         return GroupsPlace(
             "v2",
             None,

@@ -11,8 +11,7 @@ Notes:
   never with ``time.sleep`` or a thread. When the watchdog stops, pending escalations
   are cancelled and kill at once, so shutdown leaves no halted process running.
 - A process that is already gone is not an error at any step, nor is one we may not
-  signal (``PermissionError``): that is logged once per halt, and the session stays
-  marked halted until its process is gone.
+  signal (docs/trust.md, "A halt that cannot signal").
 """
 
 from __future__ import annotations

@@ -271,8 +271,7 @@ class SessionWatchdog:
     @property
     def sessions(self) -> tuple[WatchedSession, ...]:
         """The sessions being watched, oldest first (halted ones until their process is gone)."""
-        with self._lock:
-            return tuple(self._sessions)
+        return self._watched()
 
     def _watched(self) -> tuple[SessionWatch, ...]:
         with self._lock:

@@ -85,6 +85,7 @@ def never_admits(
 
 
 State = Literal["normal", "pressured", "unavailable"]
+Transition = Literal["pressured", "normal"]
 #: ``ledger_busy``, ``probing``, ``queue_timeout``, ``queue_full`` and ``tenant_share`` are
 #: the middleware's own: the shared ledger could not be had in time, a request's wait for a
 #: probe's evidence ran out, its wait for capacity ran out, too many waited already to wait
@@ -112,7 +113,7 @@ class CapacityDecision:
     #: Machine-readable reason, set exactly when the session is refused.
     reason: Reason | None = None
     #: ``"pressured"`` or ``"normal"`` when this evaluation set or cleared the latch.
-    transition: Literal["pressured", "normal"] | None = None
+    transition: Transition | None = None
 
 
 # Decisions are made on the request path: see draft_class.
@@ -125,7 +126,7 @@ def _decision(
     state: State,
     memory: MemoryReading,
     reason: Reason | None,
-    transition: Literal["pressured", "normal"] | None,
+    transition: Transition | None,
 ) -> CapacityDecision:
     decision = _new(_Draft)
     decision.allowed = allowed
@@ -157,6 +158,30 @@ def _rounded_at_most(percent: float, bound: float) -> bool:
     if percent > bound + 0.01:
         return False
     return round(percent, 2) <= bound
+
+
+def latched(was: bool, used: int, held: int, limit: int, high: float, resume: float) -> bool:
+    """The latch after one reading: set where ``held`` does not fit under ``high`` or the
+    working set reaches it; cleared where it fits and the working set is at most ``resume``."""
+    reserve_fits = used + held <= limit * high / 100
+    percent = used * 100 / limit
+    if was:
+        return not (reserve_fits and _rounded_at_most(percent, resume))
+    return not reserve_fits or _rounded_at_least(percent, high)
+
+
+def _latch_decision(
+    memory: MemoryReading, was: bool, pressured: bool, used_slots: int, session_limit: int | None
+) -> CapacityDecision:
+    """The decision on a usable reading, the latch moved from ``was`` to ``pressured``."""
+    transition: Transition | None = None
+    if pressured != was:
+        transition = "pressured" if pressured else "normal"
+    if pressured:
+        return _decision(False, "pressured", memory, "memory_pressure", transition)
+    if session_limit is None or used_slots < session_limit:
+        return _decision(True, "normal", memory, None, transition)
+    return _decision(False, "normal", memory, "session_limit", transition)
 
 
 def _blind_decision(
@@ -447,19 +472,19 @@ class AdmissionController:
             self._last_state = "unavailable"
             return _blind_decision(memory, used_slots, session_limit, was_pressured)
 
+        # latched() and _latch_decision() written out: on the request path the two calls
+        # added a tenth to a full decision. tests/scheduling/test_classes.py pins them equal.
         high = self.high_watermark_percent
         if held_bytes is None:
             held_bytes = self.held(pending_sessions, limit)
         reserve_fits = used + held_bytes <= limit * high / 100
-        # Compared as MemoryReading.percent (rounded to two decimals) would be.
         unrounded = used * 100 / limit
         if was_pressured:
             if reserve_fits and _rounded_at_most(unrounded, self.resume_threshold_percent):
                 self._pressured = False
         elif not reserve_fits or _rounded_at_least(unrounded, high):
             self._pressured = True
-
-        transition: Literal["pressured", "normal"] | None = None
+        transition: Transition | None = None
         if self._pressured != was_pressured:
             transition = "pressured" if self._pressured else "normal"
         self._last_state = "pressured" if self._pressured else "normal"
@@ -479,8 +504,6 @@ class AdmissionController:
 # configured the one class, ``default``, answers exactly as the controller does
 # (tests/scheduling/test_classes.py). A class's latch moves only on its own requests'
 # readings. Not thread-safe: callers hold the controller's lock.
-
-Transition = Literal["pressured", "normal"]
 
 
 class ClassCeilings:
@@ -513,47 +536,6 @@ class ClassCeilings:
         """Where the class's latch clears (with one more reserve fitting)."""
         return self._resume[name]
 
-    def pressured(self, name: str) -> bool:
-        """Whether the class's latch is set right now."""
-        return self._pressured[name]
-
-    def forget(self) -> None:
-        """Clear every class's latch (the guard went blind)."""
-        for name in self.names:
-            self._pressured[name] = False
-
-    def fits(self, name: str, *, used_bytes: int, held_bytes: int, limit_bytes: int) -> bool:
-        """Move the class's latch on this reading; whether a request of the class fits."""
-        return self._move(name, used_bytes, held_bytes, limit_bytes)[0]
-
-    def bound_admits(
-        self, name: str, *, used_bytes: int, held_bytes: int, limit_bytes: int
-    ) -> bool:
-        """The controller's :meth:`~AdmissionController.bound_admits`, per class."""
-        if limit_bytes <= 0 or self._pressured[name]:
-            return False
-        ceiling = self._ceiling[name]
-        if round(used_bytes * 100 / limit_bytes, 2) >= ceiling:
-            return False
-        return used_bytes + held_bytes <= limit_bytes * ceiling / 100
-
-    def _move(self, name: str, used: int, held: int, limit: int) -> tuple[bool, Transition | None]:
-        was = self._pressured[name]
-        ceiling = self._ceiling[name]
-        reserve_fits = used + held <= limit * ceiling / 100
-        percent = round(used * 100 / limit, 2)
-        now = was
-        if was:
-            if reserve_fits and percent <= self._resume[name]:
-                now = False
-        elif not reserve_fits or percent >= ceiling:
-            now = True
-        self._pressured[name] = now
-        transition: Transition | None = None
-        if now != was:
-            transition = "pressured" if now else "normal"
-        return not now, transition
-
     def decide(
         self,
         name: str,
@@ -567,73 +549,18 @@ class ClassCeilings:
         """``AdmissionController.decide`` with the class's latch in place of the single one."""
         used_slots = current_sessions + pending_sessions
         used, limit = memory.used_bytes, memory.limit_bytes
+        was = self._pressured[name]
         if used is None or not limit or not memory.available:
-            was = self._pressured[name]
-            self.forget()
+            self._pressured = dict.fromkeys(self.names, False)
             return _blind_decision(memory, used_slots, session_limit, was)
-
-        fits, transition = self._move(name, used, held_bytes, limit)
-        if not fits:
-            return CapacityDecision(False, "pressured", memory, "memory_pressure", transition)
-        if session_limit is None or used_slots < session_limit:
-            return CapacityDecision(True, "normal", memory, None, transition)
-        return CapacityDecision(False, "normal", memory, "session_limit", transition)
+        pressured = self._pressured[name] = latched(
+            was, used, held_bytes, limit, self._ceiling[name], self._resume[name]
+        )
+        return _latch_decision(memory, was, pressured, used_slots, session_limit)
 
 
 # --------------------------------------------------------------------------------------
 # The guard's log lines: once per change, never per request.
-
-
-def log_change(
-    decision: CapacityDecision,
-    blind_changed: bool,
-    controller: AdmissionController,
-    session_limit: int | None,
-) -> None:
-    """Log what ``decision`` changed: telemetry lost or back, the latch set or cleared."""
-    memory = decision.memory
-    at = (
-        f"working set {(memory.used_bytes or 0) / MIB:.1f} MiB of "
-        f"{(memory.limit_bytes or 0) / MIB:.1f} MiB ({memory.percent or 0.0:.2f}%"
-    )
-    if blind_changed:
-        if decision.state == "unavailable":
-            cap = count_cap(session_limit, True)
-            origin = "max_sessions" if session_limit is not None else "the fallback while blind"
-            if memory.available:
-                logger.warning(
-                    "asgi-admission: %s has no memory limit (working set %.1f MiB); "
-                    "admitting up to %d sessions (%s) until it has one.",
-                    memory.path or "the memory source",
-                    (memory.used_bytes or 0) / MIB,
-                    cap,
-                    origin,
-                )
-                return
-            logger.warning(
-                "asgi-admission: memory telemetry lost (%s); admitting up to %d "
-                "sessions (%s) until readings return.",
-                memory.path or "no readable cgroup memory files",
-                cap,
-                origin,
-            )
-            return
-        logger.info("asgi-admission: memory telemetry recovered: %s).", at)
-    if decision.transition == "pressured":
-        logger.warning(
-            "asgi-admission: memory pressure: refusing new sessions at %s; high watermark "
-            "%.1f%%, reserve %.1f MiB).",
-            at,
-            controller.high_watermark_percent,
-            controller.reserve_for(memory.limit_bytes) / MIB,
-        )
-    elif decision.transition == "normal":
-        logger.info(
-            "asgi-admission: memory pressure cleared: admitting sessions again at %s; "
-            "resume threshold %.1f%%).",
-            at,
-            controller.resume_threshold_percent,
-        )
 
 
 class DecisionLog:
@@ -658,10 +585,53 @@ class DecisionLog:
         return changed
 
     def changed(self, decision: CapacityDecision, blind_changed: bool) -> None:
-        """Log what ``decision`` changed (outside the lock)."""
+        """Log what ``decision`` changed (outside the lock): telemetry lost or back, the
+        latch set or cleared."""
+        memory, controller, session_limit = decision.memory, self._controller, self._session_limit
         if decision.transition == "pressured":
-            self._never_admits(decision.memory)
-        log_change(decision, blind_changed, self._controller, self._session_limit)
+            self._never_admits(memory)
+        at = (
+            f"working set {(memory.used_bytes or 0) / MIB:.1f} MiB of "
+            f"{(memory.limit_bytes or 0) / MIB:.1f} MiB ({memory.percent or 0.0:.2f}%"
+        )
+        if blind_changed:
+            if decision.state == "unavailable":
+                cap = count_cap(session_limit, True)
+                origin = "max_sessions" if session_limit is not None else "the fallback while blind"
+                if memory.available:
+                    logger.warning(
+                        "asgi-admission: %s has no memory limit (working set %.1f MiB); "
+                        "admitting up to %d sessions (%s) until it has one.",
+                        memory.path or "the memory source",
+                        (memory.used_bytes or 0) / MIB,
+                        cap,
+                        origin,
+                    )
+                    return
+                logger.warning(
+                    "asgi-admission: memory telemetry lost (%s); admitting up to %d "
+                    "sessions (%s) until readings return.",
+                    memory.path or "no readable cgroup memory files",
+                    cap,
+                    origin,
+                )
+                return
+            logger.info("asgi-admission: memory telemetry recovered: %s).", at)
+        if decision.transition == "pressured":
+            logger.warning(
+                "asgi-admission: memory pressure: refusing new sessions at %s; high watermark "
+                "%.1f%%, reserve %.1f MiB).",
+                at,
+                controller.high_watermark_percent,
+                controller.reserve_for(memory.limit_bytes) / MIB,
+            )
+        elif decision.transition == "normal":
+            logger.info(
+                "asgi-admission: memory pressure cleared: admitting sessions again at %s; "
+                "resume threshold %.1f%%).",
+                at,
+                controller.resume_threshold_percent,
+            )
 
     def busy(self, exc: LedgerBusy) -> None:
         """A ``ledger_busy`` refusal: logged the first time."""

@@ -1,20 +1,7 @@
 """Stuck pressure: a latch that nothing the guard admitted can clear.
 
-Where the latch stays set with no session pending, the same sessions open, and the
-working set less what those sessions account for still holding it, the memory is the
-server's own (a leak, a cache that never shrinks): after ``stuck_after_s`` of that the
-pressure is *stuck* (docs/operations.md).
-
-Notes:
-
-- The sessions account for one reserve each (``AdmissionController.reserve_for``).
-  That overstates small sessions, so the pressure is called stuck late rather than
-  early: a restart drops every session the pod holds.
-- Any change in the counts starts the stretch again: memory a session held may still
-  be on its way out.
-- :func:`liveness_delay_s` adds up to half of ``stuck_after_s``, fixed per pod from its
-  host name, so every worker of a pod answers alike and replicas that leak alike are not
-  restarted at once.
+What counts as stuck (each counted session accounting for one reserve, so it is called
+late rather than early) and the liveness delay: docs/operations.md, "Stuck pressure".
 """
 
 from __future__ import annotations
@@ -31,7 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from asgi_admission._admission.decision.latch import AdmissionController, CapacityDecision
+from asgi_admission._admission.decision.latch import (
+    AdmissionController,
+    CapacityDecision,
+    latched,
+)
 from asgi_admission._admission.ledger.ledger import LedgerBusy
 from asgi_admission._admission.ledger.safe_files import SHARED_DIR_SETTING, open_private_file
 from asgi_admission._config import MIB, AdmissionConfig
@@ -80,9 +71,15 @@ def attribute_working_set(
 
 def holds_latch(controller: AdmissionController, attribution: Attribution) -> bool:
     """Whether the unattributed rest alone keeps the latch set, every session's memory gone."""
-    rest, limit = attribution.unattributed_bytes, attribution.limit_bytes
-    below_resume = round(rest * 100 / limit, 2) <= controller.resume_threshold_percent
-    return not (below_resume and rest <= controller.ceiling_bytes(limit, 0))
+    limit = attribution.limit_bytes
+    return latched(
+        True,
+        attribution.unattributed_bytes,
+        controller.held(0, limit),
+        limit,
+        controller.high_watermark_percent,
+        controller.resume_threshold_percent,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +102,7 @@ NOT_STUCK: Final = StuckStatus(False, 0.0, False, None, (0, 0))
 
 
 class StuckDetector:
-    """Watches a set latch for the server's own memory holding it (module notes).
+    """Watches a set latch for the server's own memory holding it (docs/operations.md).
 
     ``after_s`` is how long the server's own memory holds the latch before the pressure
     is stuck (0: never); ``liveness_delay_s`` how much longer the liveness answer waits
@@ -203,13 +200,9 @@ class StuckDetector:
 
 
 # --------------------------------------------------------------------------------------
-# The watch: its checks, its log lines and its shared file.
-#
-# While the latch is set the lifespan runs the readiness check about once a second
-# (without a lifespan, the liveness path's requests take the checks). A check only
-# tries the shared ledger (``LedgerBusy``: skipped), so it never stalls the event
-# loop. With a shared directory the status goes to ``asgi-admission.stuck`` for
-# ``asgi-admission probe``; a file that cannot be used is logged once.
+# The watch: its checks, its log lines and its shared file (docs/operations.md, "Stuck
+# pressure"). A check only tries the shared ledger (``LedgerBusy``: skipped), so it
+# never stalls the event loop.
 
 logger = logging.getLogger("asgi_admission")
 

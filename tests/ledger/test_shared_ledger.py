@@ -340,6 +340,26 @@ def test_truncated_file_is_rebuilt_not_crashed(
     assert counts(other) == (0, 2)
 
 
+def test_file_cut_to_nothing_is_rebuilt_not_read_as_the_others_idle(
+    shared: tuple[str, list[SharedLedger]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file truncated to 0 bytes under running workers is not taken for one in which
+    the others are idle (which would leave their sessions uncounted): it is rebuilt, and
+    their sessions count again once they write their rows back."""
+    ledger, other = open_ledger(shared), open_ledger(shared)
+    with other.locked():
+        for _ in range(3):
+            other.reserve()
+    # The ledger has decided with the other's sessions in the file: never found idle.
+    assert counts(ledger) == (0, 3)
+    os.truncate(os.path.join(shared[0], FILE_NAME), 0)
+    with caplog.at_level(logging.WARNING, logger="asgi_admission"):
+        assert counts(ledger) == (0, 0)
+    assert "rebuilding" in caplog.text
+    assert counts(other) == (0, 3)
+    assert counts(ledger) == (0, 3)
+
+
 def test_short_or_empty_file_is_rebuilt_on_open(
     shared: tuple[str, list[SharedLedger]], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -532,7 +532,7 @@ class SharedLedger:
         pending, active = own[0], published(own)
         want = self._want
         data = os.pread(self._fd, want, 0)
-        if data == self._quiet:
+        if data and data == self._quiet:  # b"": no quiet file seen, or a truncated one
             return active, pending  # as found with the others idle, this worker's row in
         if len(data) != want or not data.startswith(self._header):
             checked = self._read_again(data)

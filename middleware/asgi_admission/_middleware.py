@@ -25,7 +25,7 @@ from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
 from asgi_admission._factory import build_service
 from asgi_admission._proxy.agent import AgentListener
 from asgi_admission._proxy.reports import RoomReports
-from asgi_admission._responses import answer_liveness, answer_readiness, refusal_for
+from asgi_admission._responses import Refusal, answer_liveness, answer_readiness
 from asgi_admission._routes import RouteMatcher, route_path
 from asgi_admission._session_requests import (
     Guarded,
@@ -133,7 +133,7 @@ class AdmissionMiddleware:
         self._reports = RoomReports(service)
         self._guarded = Guarded(
             service=service,
-            refusal=refusal_for(service, expose_details=bool(expose_details)),
+            refusal=Refusal(service, expose_details=bool(expose_details)),
             websocket_refusal=args.websocket_refusal,
             load_report=self._reports.load_report,
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Final
 
 from starlette.types import Receive, Scope, Send
@@ -79,58 +79,14 @@ _MAX_CLOSE_REASON: Final = 123
 WS_TRY_AGAIN_LATER: Final = 1013
 
 
-def refusal_for(service: AdmissionService, *, expose_details: bool) -> Refusal:
-    """The refusals of ``service``'s guard; ``expose_details``: with its figures."""
-    controller = service.controller
-    reservations = service.reservations
-    return Refusal(
-        expose_details=expose_details,
-        high=controller.high_watermark_percent,
-        resume=controller.resume_threshold_percent,
-        reserve_for=controller.reserve_for,
-        session_limit=service.session_limit,
-        learned=lambda: [estimate.shown() for estimate in reservations.estimates()],
-        probing=lambda: [dataclasses.asdict(status) for status in reservations.probe_status()],
-    )
-
-
+@dataclass(slots=True, eq=False)
 class Refusal:
-    """Builds the refusal for one decision; static headers are encoded once."""
+    """The problem+json body of a refusal by ``service``'s guard; ``expose_details``: with
+    its figures. A body without them is built once per reason and delay."""
 
-    __slots__ = (
-        "_bodies",
-        "expose_details",
-        "high",
-        "learned",
-        "probing",
-        "reserve_for",
-        "resume",
-        "session_limit",
-    )
-
-    def __init__(
-        self,
-        *,
-        expose_details: bool,
-        high: float,
-        resume: float,
-        reserve_for: Callable[[int | None], int],
-        session_limit: int | None = None,
-        learned: Callable[[], list[dict[str, object]]] | None = None,
-        probing: Callable[[], list[dict[str, object]]] | None = None,
-    ) -> None:
-        self.expose_details = expose_details
-        self.high = high
-        self.resume = resume
-        #: The reserve at a given limit (``AdmissionController.reserve_for``).
-        self.reserve_for = reserve_for
-        #: The configured count cap (``None``: none while memory is readable).
-        self.session_limit = session_limit
-        #: What the guard learned of its sessions, for the detailed body.
-        self.learned = learned
-        #: The routes being probed now, for the detailed body.
-        self.probing = probing
-        self._bodies: dict[tuple[str, int], bytes] = {}
+    service: AdmissionService
+    expose_details: bool
+    _bodies: dict[tuple[str, int], bytes] = field(default_factory=dict, init=False)
 
     def body(
         self, decision: CapacityDecision, retry_after_s: int, counts: tuple[int, int]
@@ -145,6 +101,9 @@ class Refusal:
                 if len(self._bodies) < 512:
                     self._bodies[key] = cached
             return cached
+        controller = self.service.controller
+        reservations = self.service.reservations
+        session_limit = self.service.session_limit
         memory = decision.memory
         blind = decision.state == "unavailable"
         details: dict[str, object] = {
@@ -153,21 +112,19 @@ class Refusal:
                 "working_set_bytes": memory.used_bytes,
                 "limit_bytes": memory.limit_bytes,
                 "percent": memory.percent,
-                "high_watermark_percent": self.high,
-                "resume_threshold_percent": self.resume,
-                "reserve_bytes": self.reserve_for(memory.limit_bytes),
+                "high_watermark_percent": controller.high_watermark_percent,
+                "resume_threshold_percent": controller.resume_threshold_percent,
+                "reserve_bytes": controller.reserve_for(memory.limit_bytes),
             },
             "sessions": {
                 "active": counts[0],
                 "pending": counts[1],
-                "limit": count_cap(self.session_limit, blind),
-                "limit_from": count_cap_from(self.session_limit, blind),
+                "limit": count_cap(session_limit, blind),
+                "limit_from": count_cap_from(session_limit, blind),
             },
+            "learned": [estimate.shown() for estimate in reservations.estimates()],
+            "probing": [dataclasses.asdict(status) for status in reservations.probe_status()],
         }
-        if self.learned is not None:
-            details["learned"] = self.learned()
-        if self.probing is not None:
-            details["probing"] = self.probing()
         return self._encode(reason, retry_after_s, details)
 
     @staticmethod

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Final
 
 from starlette.types import Scope
@@ -39,14 +40,12 @@ def route_path(scope: Scope) -> str:
     return path
 
 
+@dataclass(frozen=True, slots=True)
 class MethodRoutes:
     """One method's session paths: a set of literal paths and one combined regex."""
 
-    __slots__ = ("literal", "regex")
-
-    def __init__(self, literal: frozenset[str], regex: re.Pattern[str] | None) -> None:
-        self.literal = literal
-        self.regex = regex
+    literal: frozenset[str]
+    regex: re.Pattern[str] | None
 
     def matches(self, path: str) -> bool:
         if path in self.literal:
@@ -54,17 +53,12 @@ class MethodRoutes:
         return self.regex is not None and self.regex.fullmatch(path) is not None
 
 
+_GLOBS: Final = {"**": ".*", "*": "[^/]*"}
+
+
 def _glob_to_regex(path: str) -> str:
     parts = re.split(r"(\*\*|\*)", path)
-    out = []
-    for part in parts:
-        if part == "**":
-            out.append(".*")
-        elif part == "*":
-            out.append("[^/]*")
-        else:
-            out.append(re.escape(part))
-    return "".join(out)
+    return "".join(_GLOBS.get(part, re.escape(part)) for part in parts)
 
 
 def parse_pattern(pattern: str) -> tuple[str, str]:

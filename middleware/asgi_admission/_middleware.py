@@ -96,8 +96,8 @@ class AdmissionMiddleware:
         self._predicate = session_predicate
         # __call__ runs on every request: most are a miss on one dict lookup, and only
         # a predicate or a readiness path makes it match beyond the routes.
-        self._http_routes = self._matcher.http_routes()
-        self._ws_routes = self._matcher.websocket_routes()
+        self._http_routes = self._matcher.http_routes
+        self._ws_routes = self._matcher.websocket_routes
         args = check_arguments(
             config=config,
             controller=controller,

@@ -92,7 +92,7 @@ def parse_pattern(pattern: str) -> tuple[str, str]:
 class RouteMatcher:
     """Tells whether a scope opens a session, from patterns compiled once."""
 
-    __slots__ = ("_each", "_routes", "patterns")
+    __slots__ = ("_each", "http_routes", "patterns", "websocket_routes")
 
     def __init__(self, patterns: Iterable[str]) -> None:
         if isinstance(patterns, str):
@@ -114,14 +114,18 @@ class RouteMatcher:
                 regex_text = re.escape(path)
                 literal.setdefault(method, set()).add(path)
             self._each.append((pattern, method, re.compile(regex_text)))
-        self._routes: dict[str, MethodRoutes] = {}
+        routes: dict[str, MethodRoutes] = {}
         for method in literal.keys() | globs.keys():
             regexes = globs.get(method)
             regex = re.compile("|".join(f"(?:{r})" for r in regexes)) if regexes else None
-            self._routes[method] = MethodRoutes(frozenset(literal.get(method, ())), regex)
+            routes[method] = MethodRoutes(frozenset(literal.get(method, ())), regex)
+        #: The compiled WebSocket routes, if any.
+        self.websocket_routes = routes.pop(WEBSOCKET, None)
+        #: The compiled HTTP routes by method (the middleware looks each request up in it).
+        self.http_routes = routes
 
     def __bool__(self) -> bool:
-        return bool(self._routes)
+        return bool(self.http_routes) or self.websocket_routes is not None
 
     def pattern_of(self, scope: Scope) -> str | None:
         """The first pattern that matches this scope's route, as it was given; ``None``
@@ -154,14 +158,6 @@ class RouteMatcher:
             f"{', '.join(repr(r) for _, r in found)}. Unless the app routes the prefix "
             "twice, those patterns guard nothing."
         )
-
-    def http_routes(self) -> dict[str, MethodRoutes]:
-        """The compiled HTTP routes by method (the middleware looks each request up in it)."""
-        return {method: routes for method, routes in self._routes.items() if method != WEBSOCKET}
-
-    def websocket_routes(self) -> MethodRoutes | None:
-        """The compiled WebSocket routes, if any."""
-        return self._routes.get(WEBSOCKET)
 
 
 class RouteNames:

@@ -97,7 +97,7 @@ class Refusal:
             key = (reason, retry_after_s)
             cached = self._bodies.get(key)
             if cached is None:
-                cached = self._encode(reason, retry_after_s, None)
+                cached = self._encode(reason, retry_after_s, {})
                 if len(self._bodies) < 512:
                     self._bodies[key] = cached
             return cached
@@ -128,18 +128,24 @@ class Refusal:
         return self._encode(reason, retry_after_s, details)
 
     @staticmethod
-    def _encode(reason: Reason, retry_after_s: int, details: dict[str, object] | None) -> bytes:
-        problem: dict[str, object] = {
-            "type": PROBLEM_TYPE_PREFIX + reason,
-            "title": _TITLES[reason],
-            "status": 503,
-            "detail": f"{_DETAILS[reason]} Retry after {retry_after_s} seconds.",
-            "reason": reason,
-            "retry_after_s": retry_after_s,
-        }
-        if details is not None:
-            problem.update(details)
-        return json.dumps(problem, separators=(",", ":")).encode()
+    def _encode(reason: Reason, retry_after_s: int, details: dict[str, object]) -> bytes:
+        detail = f"{_DETAILS[reason]} Retry after {retry_after_s} seconds."
+        return _problem(
+            reason, _TITLES[reason], 503, detail, retry_after_s=retry_after_s, **details
+        )
+
+
+def _problem(reason: str, title: str, status: int, detail: str, **more: object) -> bytes:
+    """A problem+json body naming the guard's ``reason``, then ``more``."""
+    problem = {
+        "type": PROBLEM_TYPE_PREFIX + reason,
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "reason": reason,
+        **more,
+    }
+    return json.dumps(problem, separators=(",", ":")).encode()
 
 
 def refusal_headers(retry_after_s: int, body: bytes) -> list[tuple[bytes, bytes]]:
@@ -164,16 +170,8 @@ async def send_http_refusal(send: Send, retry_after_s: int, body: bytes) -> None
 async def send_request_timeout(send: Send, timeout_s: float) -> None:
     """``408`` for a session request whose body did not arrive in time; the connection
     closes, since the rest of the body may still be on its way."""
-    body = json.dumps(
-        {
-            "type": PROBLEM_TYPE_PREFIX + "body_timeout",
-            "title": "Request body not received in time",
-            "status": 408,
-            "detail": f"The request's body did not arrive within {timeout_s:g} seconds.",
-            "reason": "body_timeout",
-        },
-        separators=(",", ":"),
-    ).encode()
+    detail = f"The request's body did not arrive within {timeout_s:g} seconds."
+    body = _problem("body_timeout", "Request body not received in time", 408, detail)
     await send(
         {
             "type": "http.response.start",

@@ -88,15 +88,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace) -> AdmissionConfig:
     config = AdmissionConfig.from_env()
-    overrides: dict[str, Any] = {}
-    if args.root is not None:
-        if not os.path.isdir(args.root):
-            raise UsageError(f"--root {args.root!r} is not a directory.")
-        overrides["cgroup_root"] = args.root
-    if args.reclaimable is not None:
-        overrides["reclaimable"] = args.reclaimable
-    if args.memory_source is not None:
-        overrides["memory_source"] = args.memory_source
+    if args.root is not None and not os.path.isdir(args.root):
+        raise UsageError(f"--root {args.root!r} is not a directory.")
+    options = {
+        "cgroup_root": args.root,
+        "reclaimable": args.reclaimable,
+        "memory_source": args.memory_source,
+    }
+    overrides = {name: value for name, value in options.items() if value is not None}
     return dataclasses.replace(config, **overrides)
 
 

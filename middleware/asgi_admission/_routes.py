@@ -92,7 +92,7 @@ def parse_pattern(pattern: str) -> tuple[str, str]:
 class RouteMatcher:
     """Tells whether a scope opens a session, from patterns compiled once."""
 
-    __slots__ = ("_each", "http_routes", "patterns", "websocket_routes")
+    __slots__ = ("_each", "http_routes", "websocket_routes")
 
     def __init__(self, patterns: Iterable[str]) -> None:
         if isinstance(patterns, str):
@@ -100,12 +100,11 @@ class RouteMatcher:
                 "session_routes must be a list of patterns such as ['POST /sessions'], "
                 f"not a single string ({patterns!r})."
             )
-        self.patterns: tuple[str, ...] = tuple(patterns)
         literal: dict[str, set[str]] = {}
         globs: dict[str, list[str]] = {}
         # Each pattern on its own, for telling which one a session came by.
-        self._each: list[tuple[str, str, re.Pattern[str]]] = []
-        for pattern in self.patterns:
+        self._each: list[tuple[str, str, str, re.Pattern[str]]] = []
+        for pattern in patterns:
             method, path = parse_pattern(pattern)
             if "*" in path:
                 regex_text = _glob_to_regex(path)
@@ -113,7 +112,7 @@ class RouteMatcher:
             else:
                 regex_text = re.escape(path)
                 literal.setdefault(method, set()).add(path)
-            self._each.append((pattern, method, re.compile(regex_text)))
+            self._each.append((pattern, method, path, re.compile(regex_text)))
         routes: dict[str, MethodRoutes] = {}
         for method in literal.keys() | globs.keys():
             regexes = globs.get(method)
@@ -132,7 +131,7 @@ class RouteMatcher:
         if none."""
         method = scope.get("method", WEBSOCKET) if scope["type"] == "http" else WEBSOCKET
         path = route_path(scope)
-        for pattern, pattern_method, regex in self._each:
+        for pattern, pattern_method, _, regex in self._each:
             if pattern_method == method and regex.fullmatch(path) is not None:
                 return pattern
         return None
@@ -145,8 +144,7 @@ class RouteMatcher:
         if not prefix:
             return None
         found = []
-        for pattern in self.patterns:
-            method, path = parse_pattern(pattern)
+        for pattern, method, path, _ in self._each:
             if path == prefix or path.startswith(prefix + "/"):
                 found.append((pattern, f"{method} {path[len(prefix) :] or '/'}"))
         if not found:

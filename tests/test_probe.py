@@ -35,7 +35,7 @@ NULLABLE_INT = {"type": ["integer", "null"]}
 NULLABLE_STR = {"type": ["string", "null"]}
 NULLABLE_NUM = {"type": ["number", "null"]}
 
-# The schema documented in asgi_admission/cli/probe.py's docstring.
+# The schema documented in docs/operations.md, "The `--json` object".
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,

@@ -125,7 +125,8 @@ class AdmissionConfig:
     memory limit found (an eighth of it, at most 768 MiB). ``max_sessions`` caps
     active plus pending sessions whether memory is readable or not; ``None`` sets no
     cap while memory is readable and ``BLIND_MAX_SESSIONS`` while the guard is blind;
-    ``0`` admits no session at all. docs/configuration.md describes every field.
+    ``0`` admits no session at all. docs/configuration.md describes every field (its
+    table "``AdmissionConfig``") and the variable each is read from.
     """
 
     high_watermark_percent: float = DEFAULT_HIGH_WATERMARK_PERCENT
@@ -133,72 +134,26 @@ class AdmissionConfig:
     reserve_bytes: int | None = None
     max_sessions: int | None = None
     retry_after_s: int = DEFAULT_RETRY_AFTER_S
-    #: The cgroup directory to read; ``None`` finds this process's own cgroup.
     cgroup_root: str | None = None
-    #: ``"host"`` reads the whole machine (psutil) for hosts without a cgroup limit.
     memory_source: MemorySource = "cgroup"
-    #: ``"file"`` subtracts both file LRUs from usage; ``"inactive"`` only
-    #: ``inactive_file``, which gives the kubelet's (``kubectl top``) working set.
     reclaimable: Reclaimable = "file"
-    #: Where the workers of one container share the session ledger: ``"auto"`` a
-    #: private place of this user and memory group the guard finds, ``"off"`` none
-    #: (each process counts alone), anything else the directory to use.
     shared_dir: str = SHARED_DIR_AUTO
-    #: What the guard learns of a session's footprint does to the reserve:
-    #: ``"raise"`` it (never below the configured one), ``"adapt"`` (replace it,
-    #: never below ``reserve_min_bytes``), or nothing (``"off"``).
     reserve_learning: Learning = "raise"
-    #: The least reserve ``"adapt"`` sets.
     reserve_min_bytes: int = DEFAULT_RESERVE_MIN_MB * MIB
-    #: The longest a reservation stays pending after its response, and a held
-    #: ticket never started before it is released.
     pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S
-    #: How a refused WebSocket is told: ``"close"`` accepts and closes with 1013 and
-    #: the delay in the reason (what a browser's JavaScript can read), ``"deny"``
-    #: sends the 503 denial response where the server offers it, and ``"auto"``
-    #: closes for a handshake with an ``Origin`` header (a browser) and denies others.
     websocket_refusal: WebSocketRefusal = "auto"
-    #: How long a session request's body may take to arrive: the guard decides once
-    #: it has, so a slow client holds no reservation while it sends (a ``408`` past
-    #: this); a body larger than ``body_buffer_bytes`` gives its reservation back
-    #: if it is not all there by then.
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
-    #: How much of a session request's body the guard reads before deciding.
     body_buffer_bytes: int = DEFAULT_BODY_BUFFER_KB * 1024
-    #: While a session route has no learned footprint (and learning is on), how many
-    #: of its sessions are admitted at a time on the guessed reserve; the others wait
-    #: for their evidence. ``0`` trusts the reserve from the first session.
     probe_sessions: int = DEFAULT_PROBE_SESSIONS
-    #: The longest a session request waits for a probe's evidence before it is
-    #: refused with the reason ``probing``.
     probe_wait_s: float = DEFAULT_PROBE_WAIT_S
-    #: Process sessions registered with a budget run in a memory group of their own
-    #: where one can be made (``"auto"``), never (``"off"``), or the watchdog refuses
-    #: to start where none can be (``"require"``).
     session_groups: SessionGroupsMode = "auto"
-    #: How long the latch must be held by the server's own memory (no session pending,
-    #: the same sessions open, their reserves not enough to clear it) before the pressure
-    #: is called stuck; ``0`` never calls it stuck.
     stuck_after_s: float = DEFAULT_STUCK_AFTER_S
-    #: A path answered 200, or 503 once the pressure has been stuck for a further
-    #: jittered delay, for a liveness probe; ``None``: no such path.
     liveness_path: str | None = None
-    #: The TCP port of the agent-check listener (HAProxy's ``agent-check``), started
-    #: with the app's lifespan on every interface; ``None``: no listener.
     agent_port: int | None = None
-    #: Whether HTTP session responses carry an ``endpoint-load-metrics`` header (ORCA TEXT)
-    #: with the container's admissible sessions and memory use, for Envoy.
     load_metrics_header: bool = False
-    #: The longest a session request that does not fit waits for capacity, holding
-    #: nothing, before it is refused (``queue_timeout``); ``0`` refuses at once.
     queue_timeout_s: float = 0.0
-    #: How many session requests may wait at once; one more is refused (``queue_full``).
     queue_limit: int = DEFAULT_QUEUE_LIMIT
-    #: The priority classes, first served first, each with its own ceiling; empty: one
-    #: class, ``"default"``, at ``high_watermark_percent``.
     priority_classes: tuple[PriorityClass, ...] = ()
-    #: The most of the counted sessions one tenant may hold while requests wait or are
-    #: refused (``tenant_share``); ``1.0`` sets no share.
     tenant_max_share: float = 1.0
 
     def __post_init__(self) -> None:

@@ -60,36 +60,6 @@ ENV_QUEUE_TIMEOUT: Final = ("ADMISSION_QUEUE_TIMEOUT_SECONDS", None)
 ENV_QUEUE_LIMIT: Final = ("ADMISSION_QUEUE_LIMIT", None)
 ENV_PRIORITY_CLASSES: Final = ("ADMISSION_PRIORITY_CLASSES", None)
 ENV_TENANT_MAX_SHARE: Final = ("ADMISSION_TENANT_MAX_SHARE", None)
-#: Each field of AdmissionConfig and the variables from_env reads it from (the
-#: documentation's configuration reference is checked against this).
-ENVIRONMENT: Final[Mapping[str, tuple[str, str | None]]] = {
-    "high_watermark_percent": ENV_HIGH,
-    "resume_threshold_percent": ENV_RESUME,
-    "reserve_bytes": ENV_RESERVE_MB,
-    "max_sessions": ENV_MAX_SESSIONS,
-    "retry_after_s": ENV_RETRY_AFTER,
-    "cgroup_root": ENV_CGROUP_ROOT,
-    "memory_source": ENV_MEMORY_SOURCE,
-    "reclaimable": ENV_RECLAIMABLE,
-    "shared_dir": ENV_SHARED_DIR,
-    "websocket_refusal": ENV_WEBSOCKET_REFUSAL,
-    "reserve_learning": ENV_LEARNING,
-    "reserve_min_bytes": ENV_RESERVE_MIN_MB,
-    "pending_timeout_s": ENV_PENDING_TIMEOUT,
-    "body_timeout_s": ENV_BODY_TIMEOUT,
-    "body_buffer_bytes": ENV_BODY_BUFFER_KB,
-    "probe_sessions": ENV_PROBE_SESSIONS,
-    "probe_wait_s": ENV_PROBE_WAIT,
-    "session_groups": ENV_SESSION_GROUPS,
-    "stuck_after_s": ENV_STUCK_AFTER,
-    "liveness_path": ENV_LIVENESS_PATH,
-    "agent_port": ENV_AGENT_PORT,
-    "load_metrics_header": ENV_LOAD_METRICS,
-    "queue_timeout_s": ENV_QUEUE_TIMEOUT,
-    "queue_limit": ENV_QUEUE_LIMIT,
-    "priority_classes": ENV_PRIORITY_CLASSES,
-    "tenant_max_share": ENV_TENANT_MAX_SHARE,
-}
 
 
 _N = TypeVar("_N", int, float)

@@ -1,17 +1,12 @@
-"""Noticing Starlette's ``CORSMiddleware`` inside the guard, where it cannot help refusals.
+"""Noticing Starlette's ``CORSMiddleware`` inside the guard, where it cannot help refusals
+(docs/clients.md, "CORS: put ``CORSMiddleware`` outside the guard").
 
-Notes:
-
-- A refusal is sent by the guard itself, so only middleware *outside* the guard
-  can add headers to it. With ``CORSMiddleware`` inside, a refused cross-origin
-  ``fetch`` carries no ``Access-Control-Allow-Origin`` and the page sees a bare
-  network error instead of the 503, its ``Retry-After`` and its body.
-- Starlette (and FastAPI, which uses Starlette's stack) builds its middleware
-  from the inside out, so when the guard is constructed everything inside it
-  already exists: the chain of ``.app`` attributes leads down to the router.
-  Middleware listed before the guard in ``middleware=[...]`` (or added after it
-  with FastAPI's ``add_middleware``) is outside and never on that chain. A
-  guard wrapping a whole Starlette application sees its ``user_middleware``.
+Starlette (and FastAPI, which uses Starlette's stack) builds its middleware from the
+inside out, so when the guard is constructed everything inside it already exists: the
+chain of ``.app`` attributes leads down to the router. Middleware listed before the
+guard in ``middleware=[...]`` (or added after it with FastAPI's ``add_middleware``) is
+outside and never on that chain. A guard wrapping a whole Starlette application sees
+its ``user_middleware``.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from asgi_admission._admission.service import (
 from asgi_admission._config import AdmissionConfig
 from asgi_admission._config_env import SHARED_DIR_AUTO, SHARED_DIR_OFF
 from asgi_admission._memory.host import HostMemoryReader
-from asgi_admission._memory.reading import CgroupMemoryReader, SafeReader
+from asgi_admission._memory.reading import CgroupMemoryReader, MemoryReader, SafeReader
 from asgi_admission._metrics.instrument import expose, instrument, queue_metrics
 
 logger = logging.getLogger("asgi_admission")
@@ -62,13 +62,16 @@ def build_reader(config: AdmissionConfig) -> CgroupMemoryReader | HostMemoryRead
     return CgroupMemoryReader(config.cgroup_root, reclaimable=config.reclaimable)
 
 
-def build_controller(config: AdmissionConfig) -> AdmissionController:
-    """An :class:`AdmissionController` with ``config``'s thresholds and reader."""
+def build_controller(
+    config: AdmissionConfig, memory_reader: MemoryReader | None = None
+) -> AdmissionController:
+    """An :class:`AdmissionController` with ``config``'s thresholds, reading
+    ``memory_reader`` (``None``: the reader ``config`` describes)."""
     return AdmissionController(
         high_watermark_percent=config.high_watermark_percent,
         resume_threshold_percent=config.resume_threshold_percent,
         reserve_bytes=config.reserve_bytes,
-        memory_reader=build_reader(config),
+        memory_reader=build_reader(config) if memory_reader is None else memory_reader,
     )
 
 

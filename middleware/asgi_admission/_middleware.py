@@ -25,7 +25,7 @@ from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
 from asgi_admission._factory import build_service
 from asgi_admission._proxy.agent import AgentListener
 from asgi_admission._proxy.reports import RoomReports
-from asgi_admission._responses import answer_liveness, answer_readiness, refusal_for
+from asgi_admission._responses import Refusal, answer_liveness, answer_readiness
 from asgi_admission._routes import RouteMatcher, route_path
 from asgi_admission._session_requests import (
     Guarded,
@@ -96,8 +96,8 @@ class AdmissionMiddleware:
         self._predicate = session_predicate
         # __call__ runs on every request: most are a miss on one dict lookup, and only
         # a predicate or a readiness path makes it match beyond the routes.
-        self._http_routes = self._matcher.http_routes()
-        self._ws_routes = self._matcher.websocket_routes()
+        self._http_routes = self._matcher.http_routes
+        self._ws_routes = self._matcher.websocket_routes
         args = check_arguments(
             config=config,
             controller=controller,
@@ -124,7 +124,8 @@ class AdmissionMiddleware:
             route_of=self._matcher.pattern_of,
             registry=registry,
             observer=observer,
-            route_classes=_route_classes(session_routes),
+            # A mapping gives each pattern its priority class; a list: the default one.
+            route_classes=dict(session_routes) if isinstance(session_routes, Mapping) else {},
             priority=priority,
             tenant=tenant,
         )
@@ -133,7 +134,7 @@ class AdmissionMiddleware:
         self._reports = RoomReports(service)
         self._guarded = Guarded(
             service=service,
-            refusal=refusal_for(service, expose_details=bool(expose_details)),
+            refusal=Refusal(service, expose_details=bool(expose_details)),
             websocket_refusal=args.websocket_refusal,
             load_report=self._reports.load_report,
         )
@@ -216,7 +217,8 @@ class AdmissionMiddleware:
             else:
                 await self.app(scope, receive, send)
         elif scope_type == "lifespan":
-            await self._lifespan(scope, receive, send)
+            # The one place startup/shutdown hooks go (the sample, the watchdog, the agent).
+            await self._service.serve_lifespan(self._lifespan_app, scope, receive, send)
         else:
             await self.app(scope, receive, send)
 
@@ -229,10 +231,6 @@ class AdmissionMiddleware:
             if problem is not None:
                 logger.warning("asgi-admission: %s", problem)
         return route_path(scope)
-
-    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The one place startup/shutdown hooks go (the sample, the watchdog, the agent).
-        await self._service.serve_lifespan(self._lifespan_app, scope, receive, send)
 
     async def _lifespan_app(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The app's lifespan with the watchdog and the agent-check listener, where there
@@ -266,10 +264,3 @@ async def _stop_all(parts: list[SessionWatchdog | AgentListener]) -> None:
             await parts[0].stop()
         finally:
             await _stop_all(parts[1:])
-
-
-def _route_classes(session_routes: Iterable[str] | Mapping[str, str]) -> dict[str, str]:
-    """The priority class of each pattern ``session_routes`` maps to one (a list: none)."""
-    if isinstance(session_routes, Mapping):
-        return dict(session_routes)
-    return {}

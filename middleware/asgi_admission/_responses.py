@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Final
 
 from starlette.types import Receive, Scope, Send
@@ -79,58 +79,14 @@ _MAX_CLOSE_REASON: Final = 123
 WS_TRY_AGAIN_LATER: Final = 1013
 
 
-def refusal_for(service: AdmissionService, *, expose_details: bool) -> Refusal:
-    """The refusals of ``service``'s guard; ``expose_details``: with its figures."""
-    controller = service.controller
-    reservations = service.reservations
-    return Refusal(
-        expose_details=expose_details,
-        high=controller.high_watermark_percent,
-        resume=controller.resume_threshold_percent,
-        reserve_for=controller.reserve_for,
-        session_limit=service.session_limit,
-        learned=lambda: [estimate.shown() for estimate in reservations.estimates()],
-        probing=lambda: [dataclasses.asdict(status) for status in reservations.probe_status()],
-    )
-
-
+@dataclass(slots=True, eq=False)
 class Refusal:
-    """Builds the refusal for one decision; static headers are encoded once."""
+    """The problem+json body of a refusal by ``service``'s guard; ``expose_details``: with
+    its figures. A body without them is built once per reason and delay."""
 
-    __slots__ = (
-        "_bodies",
-        "expose_details",
-        "high",
-        "learned",
-        "probing",
-        "reserve_for",
-        "resume",
-        "session_limit",
-    )
-
-    def __init__(
-        self,
-        *,
-        expose_details: bool,
-        high: float,
-        resume: float,
-        reserve_for: Callable[[int | None], int],
-        session_limit: int | None = None,
-        learned: Callable[[], list[dict[str, object]]] | None = None,
-        probing: Callable[[], list[dict[str, object]]] | None = None,
-    ) -> None:
-        self.expose_details = expose_details
-        self.high = high
-        self.resume = resume
-        #: The reserve at a given limit (``AdmissionController.reserve_for``).
-        self.reserve_for = reserve_for
-        #: The configured count cap (``None``: none while memory is readable).
-        self.session_limit = session_limit
-        #: What the guard learned of its sessions, for the detailed body.
-        self.learned = learned
-        #: The routes being probed now, for the detailed body.
-        self.probing = probing
-        self._bodies: dict[tuple[str, int], bytes] = {}
+    service: AdmissionService
+    expose_details: bool
+    _bodies: dict[tuple[str, int], bytes] = field(default_factory=dict, init=False)
 
     def body(
         self, decision: CapacityDecision, retry_after_s: int, counts: tuple[int, int]
@@ -141,10 +97,13 @@ class Refusal:
             key = (reason, retry_after_s)
             cached = self._bodies.get(key)
             if cached is None:
-                cached = self._encode(reason, retry_after_s, None)
+                cached = self._encode(reason, retry_after_s, {})
                 if len(self._bodies) < 512:
                     self._bodies[key] = cached
             return cached
+        controller = self.service.controller
+        reservations = self.service.reservations
+        session_limit = self.service.session_limit
         memory = decision.memory
         blind = decision.state == "unavailable"
         details: dict[str, object] = {
@@ -153,36 +112,40 @@ class Refusal:
                 "working_set_bytes": memory.used_bytes,
                 "limit_bytes": memory.limit_bytes,
                 "percent": memory.percent,
-                "high_watermark_percent": self.high,
-                "resume_threshold_percent": self.resume,
-                "reserve_bytes": self.reserve_for(memory.limit_bytes),
+                "high_watermark_percent": controller.high_watermark_percent,
+                "resume_threshold_percent": controller.resume_threshold_percent,
+                "reserve_bytes": controller.reserve_for(memory.limit_bytes),
             },
             "sessions": {
                 "active": counts[0],
                 "pending": counts[1],
-                "limit": count_cap(self.session_limit, blind),
-                "limit_from": count_cap_from(self.session_limit, blind),
+                "limit": count_cap(session_limit, blind),
+                "limit_from": count_cap_from(session_limit, blind),
             },
+            "learned": [estimate.shown() for estimate in reservations.estimates()],
+            "probing": [dataclasses.asdict(status) for status in reservations.probe_status()],
         }
-        if self.learned is not None:
-            details["learned"] = self.learned()
-        if self.probing is not None:
-            details["probing"] = self.probing()
         return self._encode(reason, retry_after_s, details)
 
     @staticmethod
-    def _encode(reason: Reason, retry_after_s: int, details: dict[str, object] | None) -> bytes:
-        problem: dict[str, object] = {
-            "type": PROBLEM_TYPE_PREFIX + reason,
-            "title": _TITLES[reason],
-            "status": 503,
-            "detail": f"{_DETAILS[reason]} Retry after {retry_after_s} seconds.",
-            "reason": reason,
-            "retry_after_s": retry_after_s,
-        }
-        if details is not None:
-            problem.update(details)
-        return json.dumps(problem, separators=(",", ":")).encode()
+    def _encode(reason: Reason, retry_after_s: int, details: dict[str, object]) -> bytes:
+        detail = f"{_DETAILS[reason]} Retry after {retry_after_s} seconds."
+        return _problem(
+            reason, _TITLES[reason], 503, detail, retry_after_s=retry_after_s, **details
+        )
+
+
+def _problem(reason: str, title: str, status: int, detail: str, **more: object) -> bytes:
+    """A problem+json body naming the guard's ``reason``, then ``more``."""
+    problem = {
+        "type": PROBLEM_TYPE_PREFIX + reason,
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "reason": reason,
+        **more,
+    }
+    return json.dumps(problem, separators=(",", ":")).encode()
 
 
 def refusal_headers(retry_after_s: int, body: bytes) -> list[tuple[bytes, bytes]]:
@@ -207,16 +170,8 @@ async def send_http_refusal(send: Send, retry_after_s: int, body: bytes) -> None
 async def send_request_timeout(send: Send, timeout_s: float) -> None:
     """``408`` for a session request whose body did not arrive in time; the connection
     closes, since the rest of the body may still be on its way."""
-    body = json.dumps(
-        {
-            "type": PROBLEM_TYPE_PREFIX + "body_timeout",
-            "title": "Request body not received in time",
-            "status": 408,
-            "detail": f"The request's body did not arrive within {timeout_s:g} seconds.",
-            "reason": "body_timeout",
-        },
-        separators=(",", ":"),
-    ).encode()
+    detail = f"The request's body did not arrive within {timeout_s:g} seconds."
+    body = _problem("body_timeout", "Request body not received in time", 408, detail)
     await send(
         {
             "type": "http.response.start",

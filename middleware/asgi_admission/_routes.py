@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Final
 
 from starlette.types import Scope
@@ -39,14 +40,12 @@ def route_path(scope: Scope) -> str:
     return path
 
 
+@dataclass(frozen=True, slots=True)
 class MethodRoutes:
     """One method's session paths: a set of literal paths and one combined regex."""
 
-    __slots__ = ("literal", "regex")
-
-    def __init__(self, literal: frozenset[str], regex: re.Pattern[str] | None) -> None:
-        self.literal = literal
-        self.regex = regex
+    literal: frozenset[str]
+    regex: re.Pattern[str] | None
 
     def matches(self, path: str) -> bool:
         if path in self.literal:
@@ -54,17 +53,12 @@ class MethodRoutes:
         return self.regex is not None and self.regex.fullmatch(path) is not None
 
 
+_GLOBS: Final = {"**": ".*", "*": "[^/]*"}
+
+
 def _glob_to_regex(path: str) -> str:
     parts = re.split(r"(\*\*|\*)", path)
-    out = []
-    for part in parts:
-        if part == "**":
-            out.append(".*")
-        elif part == "*":
-            out.append("[^/]*")
-        else:
-            out.append(re.escape(part))
-    return "".join(out)
+    return "".join(_GLOBS.get(part, re.escape(part)) for part in parts)
 
 
 def parse_pattern(pattern: str) -> tuple[str, str]:
@@ -98,7 +92,7 @@ def parse_pattern(pattern: str) -> tuple[str, str]:
 class RouteMatcher:
     """Tells whether a scope opens a session, from patterns compiled once."""
 
-    __slots__ = ("_each", "_routes", "patterns")
+    __slots__ = ("_each", "http_routes", "websocket_routes")
 
     def __init__(self, patterns: Iterable[str]) -> None:
         if isinstance(patterns, str):
@@ -106,12 +100,11 @@ class RouteMatcher:
                 "session_routes must be a list of patterns such as ['POST /sessions'], "
                 f"not a single string ({patterns!r})."
             )
-        self.patterns: tuple[str, ...] = tuple(patterns)
         literal: dict[str, set[str]] = {}
         globs: dict[str, list[str]] = {}
         # Each pattern on its own, for telling which one a session came by.
-        self._each: list[tuple[str, str, re.Pattern[str]]] = []
-        for pattern in self.patterns:
+        self._each: list[tuple[str, str, str, re.Pattern[str]]] = []
+        for pattern in patterns:
             method, path = parse_pattern(pattern)
             if "*" in path:
                 regex_text = _glob_to_regex(path)
@@ -119,22 +112,26 @@ class RouteMatcher:
             else:
                 regex_text = re.escape(path)
                 literal.setdefault(method, set()).add(path)
-            self._each.append((pattern, method, re.compile(regex_text)))
-        self._routes: dict[str, MethodRoutes] = {}
+            self._each.append((pattern, method, path, re.compile(regex_text)))
+        routes: dict[str, MethodRoutes] = {}
         for method in literal.keys() | globs.keys():
             regexes = globs.get(method)
             regex = re.compile("|".join(f"(?:{r})" for r in regexes)) if regexes else None
-            self._routes[method] = MethodRoutes(frozenset(literal.get(method, ())), regex)
+            routes[method] = MethodRoutes(frozenset(literal.get(method, ())), regex)
+        #: The compiled WebSocket routes, if any.
+        self.websocket_routes = routes.pop(WEBSOCKET, None)
+        #: The compiled HTTP routes by method (the middleware looks each request up in it).
+        self.http_routes = routes
 
     def __bool__(self) -> bool:
-        return bool(self._routes)
+        return bool(self.http_routes) or self.websocket_routes is not None
 
     def pattern_of(self, scope: Scope) -> str | None:
         """The first pattern that matches this scope's route, as it was given; ``None``
         if none."""
         method = scope.get("method", WEBSOCKET) if scope["type"] == "http" else WEBSOCKET
         path = route_path(scope)
-        for pattern, pattern_method, regex in self._each:
+        for pattern, pattern_method, _, regex in self._each:
             if pattern_method == method and regex.fullmatch(path) is not None:
                 return pattern
         return None
@@ -147,8 +144,7 @@ class RouteMatcher:
         if not prefix:
             return None
         found = []
-        for pattern in self.patterns:
-            method, path = parse_pattern(pattern)
+        for pattern, method, path, _ in self._each:
             if path == prefix or path.startswith(prefix + "/"):
                 found.append((pattern, f"{method} {path[len(prefix) :] or '/'}"))
         if not found:
@@ -160,14 +156,6 @@ class RouteMatcher:
             f"{', '.join(repr(r) for _, r in found)}. Unless the app routes the prefix "
             "twice, those patterns guard nothing."
         )
-
-    def http_routes(self) -> dict[str, MethodRoutes]:
-        """The compiled HTTP routes by method (the middleware looks each request up in it)."""
-        return {method: routes for method, routes in self._routes.items() if method != WEBSOCKET}
-
-    def websocket_routes(self) -> MethodRoutes | None:
-        """The compiled WebSocket routes, if any."""
-        return self._routes.get(WEBSOCKET)
 
 
 class RouteNames:

@@ -21,9 +21,9 @@ def ws(path: str) -> dict[str, object]:
 def opens_session(matcher: RouteMatcher, scope: dict[str, object]) -> bool:
     """The middleware's dispatch: the scope's method (or WebSocket) routes, then the path."""
     if scope["type"] == "websocket":
-        routes = matcher.websocket_routes()
+        routes = matcher.websocket_routes
     else:
-        routes = matcher.http_routes().get(str(scope["method"]))
+        routes = matcher.http_routes.get(str(scope["method"]))
     return routes is not None and routes.matches(str(scope["path"]))
 
 

@@ -53,10 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except KeyboardInterrupt:
         return 130
-    except UsageError as exc:
-        print(f"asgi-admission {args.command}: error: {exc}", file=sys.stderr)
-        return EX_USAGE
     except Exception as exc:  # one clear line, never a traceback
         print(f"asgi-admission {args.command}: error: {exc}", file=sys.stderr)
-        return EX_SOFTWARE
+        return EX_USAGE if isinstance(exc, UsageError) else EX_SOFTWARE
     return code

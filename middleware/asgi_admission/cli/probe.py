@@ -39,7 +39,7 @@ from asgi_admission._admission.reservations.shared_files import read_learned, re
 from asgi_admission._admission.scheduling.priority import classes_in_force
 from asgi_admission._config import MIB, AdmissionConfig
 from asgi_admission._config_env import SHARED_DIR_AUTO, SHARED_DIR_OFF
-from asgi_admission._factory import build_reader
+from asgi_admission._factory import build_controller, build_reader
 from asgi_admission._memory.reading import CgroupMemoryReader, MemoryReading
 from asgi_admission._watchdog.groups import GroupsPlace, find_place
 from asgi_admission.cli.errors import UsageError
@@ -88,15 +88,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace) -> AdmissionConfig:
     config = AdmissionConfig.from_env()
-    overrides: dict[str, Any] = {}
-    if args.root is not None:
-        if not os.path.isdir(args.root):
-            raise UsageError(f"--root {args.root!r} is not a directory.")
-        overrides["cgroup_root"] = args.root
-    if args.reclaimable is not None:
-        overrides["reclaimable"] = args.reclaimable
-    if args.memory_source is not None:
-        overrides["memory_source"] = args.memory_source
+    if args.root is not None and not os.path.isdir(args.root):
+        raise UsageError(f"--root {args.root!r} is not a directory.")
+    options = {
+        "cgroup_root": args.root,
+        "reclaimable": args.reclaimable,
+        "memory_source": args.memory_source,
+    }
+    overrides = {name: value for name, value in options.items() if value is not None}
     return dataclasses.replace(config, **overrides)
 
 
@@ -126,12 +125,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         reading = host.read(pressure=True)
         group = shared_place.group_of(host)
     shared = service_directory(config, group)
-    controller = AdmissionController(
-        high_watermark_percent=config.high_watermark_percent,
-        resume_threshold_percent=config.resume_threshold_percent,
-        reserve_bytes=config.reserve_bytes,
-        memory_reader=lambda: reading,
-    )
+    controller = build_controller(config, lambda: reading)
     reserve = controller.reserve_for(reading.limit_bytes)
     problem = never_admits(
         limit_bytes=reading.limit_bytes if reading.available else None,
@@ -139,9 +133,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         reserve_bytes=reserve,
         reserve_configured=config.reserve_bytes is not None,
     )
-    decision: CapacityDecision = controller.evaluate(
-        args.sessions, config.max_sessions, args.pending
-    )
+    decision = controller.evaluate(args.sessions, config.max_sessions, args.pending)
     ceiling = None
     if reading.available and reading.limit_bytes:
         ceiling_bytes = int(controller.ceiling_bytes(reading.limit_bytes, args.pending))

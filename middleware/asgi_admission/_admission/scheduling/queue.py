@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Protocol, TypeVa
 
 from asgi_admission._admission.decision.latch import CapacityDecision, Reason, State
 from asgi_admission._admission.ledger.ledger import LedgerBusy
+from asgi_admission._admission.reservations.probing import Listener
 from asgi_admission._admission.reservations.tickets import AdmissionTicket
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
 from asgi_admission._memory.reading import UNAVAILABLE, MemoryReading
@@ -77,16 +78,6 @@ class WaitRecord:
     class_name: str
     outcome: WaitOutcome
     seconds: float
-
-
-class ClientListener(Protocol):
-    """The client's messages while its request waits (``_session_requests.Listening`` is one)."""
-
-    def next_message(self) -> asyncio.Task[Any] | None:
-        """The next message, read in the background; ``None``: no longer listening."""
-
-    def heard(self) -> bool:
-        """After the task completed: whether the client left."""
 
 
 @dataclass(eq=False, slots=True)
@@ -204,7 +195,7 @@ class WaitQueue(Generic[T]):
         class_name: str,
         attempt: Callable[[], T | Verdict],
         give_back: Callable[[T], None],
-        listening: ClientListener | None = None,
+        listening: Listener | None = None,
     ) -> Waited[T]:
         """Wait in line until ``attempt`` admits, the deadline, or the client leaves;
         ``full`` at once where ``limit`` wait already."""
@@ -252,7 +243,7 @@ class WaitQueue(Generic[T]):
         return Waited(outcome, None, waited)
 
     async def _await(
-        self, waiter: _Waiter[T], deadline: float, listening: ClientListener | None
+        self, waiter: _Waiter[T], deadline: float, listening: Listener | None
     ) -> WaitOutcome:
         """``admitted`` once the future is done, else the waiter has left the line."""
         loop = asyncio.get_running_loop()
@@ -407,7 +398,7 @@ async def wait_in_line(
     decide: Callable[[], object],
     give_back: Callable[[AdmissionTicket], None],
     queued: Queued,
-    listening: ClientListener | None,
+    listening: Listener | None,
     watcher: WaitWatcher | None = None,
     freed: FreedWatch | None = None,
 ) -> tuple[Waited[AdmissionTicket], Refused]:

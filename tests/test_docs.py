@@ -27,12 +27,46 @@ from asgi_admission import (
     SessionWatchdog,
     metrics_route,
 )
+from asgi_admission import _config_env as env
 from asgi_admission._watchdog.watchdog import ENV_CRITICAL_WATERMARK, ENV_INTERVAL
 from asgi_admission.demo import ENV_METRICS_PORT
 from kits.suitekit import MIB, PACKAGE, ROOT
 
-#: Internal on purpose: the watchdog's variable names, checked against the docs.
-INTERNAL = "the watchdog's variable names, checked against the docs"
+#: Internal on purpose: the variable names each setting is read from, checked against
+#: the docs.
+INTERNAL = "the variable names each setting is read from, checked against the docs"
+
+#: Each field of AdmissionConfig and the variables it is read from, as ``_config_env``
+#: names them: the docs must pair them the same way (two variables swapped in the
+#: docs still each name a variable ``from_env`` reads).
+ENVIRONMENT: dict[str, tuple[str, str | None]] = {
+    "high_watermark_percent": env.ENV_HIGH,
+    "resume_threshold_percent": env.ENV_RESUME,
+    "reserve_bytes": env.ENV_RESERVE_MB,
+    "max_sessions": env.ENV_MAX_SESSIONS,
+    "retry_after_s": env.ENV_RETRY_AFTER,
+    "cgroup_root": env.ENV_CGROUP_ROOT,
+    "memory_source": env.ENV_MEMORY_SOURCE,
+    "reclaimable": env.ENV_RECLAIMABLE,
+    "shared_dir": env.ENV_SHARED_DIR,
+    "websocket_refusal": env.ENV_WEBSOCKET_REFUSAL,
+    "reserve_learning": env.ENV_LEARNING,
+    "reserve_min_bytes": env.ENV_RESERVE_MIN_MB,
+    "pending_timeout_s": env.ENV_PENDING_TIMEOUT,
+    "body_timeout_s": env.ENV_BODY_TIMEOUT,
+    "body_buffer_bytes": env.ENV_BODY_BUFFER_KB,
+    "probe_sessions": env.ENV_PROBE_SESSIONS,
+    "probe_wait_s": env.ENV_PROBE_WAIT,
+    "session_groups": env.ENV_SESSION_GROUPS,
+    "stuck_after_s": env.ENV_STUCK_AFTER,
+    "liveness_path": env.ENV_LIVENESS_PATH,
+    "agent_port": env.ENV_AGENT_PORT,
+    "load_metrics_header": env.ENV_LOAD_METRICS,
+    "queue_timeout_s": env.ENV_QUEUE_TIMEOUT,
+    "queue_limit": env.ENV_QUEUE_LIMIT,
+    "priority_classes": env.ENV_PRIORITY_CLASSES,
+    "tenant_max_share": env.ENV_TENANT_MAX_SHARE,
+}
 
 DOCS = ROOT / "docs"
 CODE = re.compile(r"`([^`]+)`")
@@ -77,16 +111,20 @@ def test_every_config_field_is_documented_with_its_variables_and_default(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The AdmissionConfig table lists each field once, with its default and the variables
-    from_env reads: a value it cannot use is warned of by the variable's name (a free-text
-    setting takes it as it is), and the legacy name is read with a warning naming both."""
+    it is read from (``ENVIRONMENT``), which from_env reads: a value it cannot use is
+    warned of by the variable's name (a free-text setting takes it as it is), and the
+    legacy name is read with a warning naming both."""
     rows = {first_code(row["argument"]): row for row in CONFIGURATION["`AdmissionConfig`"]}
     fields = {field.name: field for field in dataclasses.fields(AdmissionConfig)}
     assert list(rows) == list(fields)
+    assert set(ENVIRONMENT) == set(fields)
     caplog.set_level(logging.WARNING, logger="asgi_admission")
     for name, row in rows.items():
         assert literal(row["default"]) == fields[name].default, name
         assert row["meaning"].endswith("."), name
-        current, old = first_code(row["environment"]), legacy(row["legacy name"])
+        current, old = ENVIRONMENT[name]
+        assert first_code(row["environment"]) == current, name
+        assert legacy(row["legacy name"]) == old, name
         caplog.clear()
         taken = getattr(AdmissionConfig.from_env({current: "!!"}), name) == "!!"
         warned = any(message.startswith(f"{current}=") for message in caplog.messages)

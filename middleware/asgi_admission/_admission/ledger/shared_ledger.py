@@ -192,7 +192,7 @@ def warn_once(warned: set[str], key: str, message: str, *args: object) -> None:
     """Log ``message`` at WARNING unless ``key`` is in ``warned`` already (then add it)."""
     if key not in warned:
         warned.add(key)
-        logger.warning(message, *args)
+        logger.warning(message, *args, stacklevel=2)
 
 
 #: After a fault lost the other workers' rows: the longest wait for them to come back.

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from asgi_admission._admission.reservations.learning import GrowthWindows, SessionLearner
+from asgi_admission._admission.reservations.learning import (
+    MIN_WINDOW_S,
+    QUIET_S,
+    GrowthWindows,
+    SessionLearner,
+    window_length,
+)
+from asgi_admission._admission.reservations.settling import IN_REQUEST_RAMP_S, builds_in_request
 from kits.suitekit import MIB
 
 #: Internal on purpose: the learner's growth series, fed readings with a fake clock.
@@ -124,3 +131,19 @@ def test_a_window_another_session_may_have_ramped_in_measures_nothing() -> None:
     estimate = replay.learner.estimate("POST /build")
     assert estimate is not None
     assert estimate.footprint_bytes < 60 * MIB
+
+
+def test_learning_and_settling_draw_the_in_request_line_at_the_same_ramp() -> None:
+    """A route whose learned ramp is at most IN_REQUEST_RAMP_S is watched only a little
+    past its response and settles at its response; one just above it is neither, on
+    both sides (the two once agreed only by arithmetic, and not at 0.2 s itself)."""
+    line = IN_REQUEST_RAMP_S
+    assert builds_in_request(line)
+    assert window_length(line) == MIN_WINDOW_S
+    above = line + 0.001
+    assert not builds_in_request(above)
+    length = window_length(above)
+    assert length is not None
+    assert length >= QUIET_S
+    assert not builds_in_request(None)
+    assert window_length(None) is None

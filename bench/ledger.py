@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from asgi_admission import AdmissionConfig, AdmissionMiddleware, AdmissionTicket
-from asgi_admission._admission.ledger.ledger import InProcessLedger, Reservation, SessionLedger
+from asgi_admission._admission.ledger.ledger import CountedSession, InProcessLedger, SessionLedger
 from asgi_admission._admission.ledger.shared_ledger import (
     SharedLedger,
     process_start_time,
@@ -48,7 +48,7 @@ TARGET_RATIO = 2.0
 
 
 def timed_with_cleanup(
-    call: Callable[[], Reservation | AdmissionTicket | None], iterations: int
+    call: Callable[[], CountedSession | AdmissionTicket | None], iterations: int
 ) -> tuple[float, float]:
     """Like :func:`timings_us`, releasing each reservation outside the timed window."""
     samples = []
@@ -83,7 +83,7 @@ def decision_cost(config: AdmissionConfig, iterations: int) -> tuple[float, floa
 
 
 def ledger_cost(ledger: SessionLedger, iterations: int) -> tuple[float, float, float]:
-    def decide() -> Reservation:
+    def decide() -> CountedSession:
         with ledger.locked():
             ledger.counts()
             return ledger.reserve()

@@ -270,7 +270,7 @@ FOREIGN_PRIVATES = {
 def test_the_library_touches_no_other_modules_privates() -> None:
     """A private attribute is touched only in the module that defines it (by its class,
     or by a function beside it: a fork hook, a reservation's handle on its ledger): the
-    service and the responders find a ticket's settlement through ``tickets.py``, the
+    service and the responders find a ticket's reservation through ``tickets.py``, the
     watchdog records in a session through its methods. Past the ones named above."""
     found = {
         module_name(path): names

@@ -19,11 +19,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from asgi_admission._admission.ledger.ledger import LedgerBusy
 from asgi_admission._admission.reservations.pending import Reservations
 from asgi_admission._admission.reservations.probing import ProbeWaiter
-from asgi_admission._admission.reservations.settling import Settlement
+from asgi_admission._admission.reservations.settling import Reservation
 from asgi_admission._admission.reservations.tickets import (
     SCOPE_KEY,
     AdmissionTicket,
-    settlement_of,
+    reservation_of,
 )
 from asgi_admission._admission.scheduling.queue import Queued
 from asgi_admission._admission.service import AdmissionService, Outcome
@@ -246,7 +246,7 @@ class WatchedHttp:
         send: Send,
         *,
         reservations: Reservations,
-        entry: Settlement,
+        entry: Reservation,
         body: list[Message],
         rest_due_in_s: float | None,
     ) -> None:
@@ -314,7 +314,7 @@ class WatchedWebSocket:
     __slots__ = ("_entry", "_receive", "_reservations", "_send", "_stage")
 
     def __init__(
-        self, receive: Receive, send: Send, *, reservations: Reservations, entry: Settlement
+        self, receive: Receive, send: Send, *, reservations: Reservations, entry: Reservation
     ) -> None:
         self._receive = receive
         self._send = send
@@ -487,7 +487,7 @@ class HttpSessionResponder:
             receive,
             send,
             reservations=self._guarded.reservations,
-            entry=settlement_of(ticket),
+            entry=reservation_of(ticket),
             body=body,
             rest_due_in_s=rest_due_in_s,
         )
@@ -551,7 +551,7 @@ class WebSocketSessionResponder:
             # The app finds its ticket in the scope: admission_ticket(request).
             scope[SCOPE_KEY] = outcome
             watched = WatchedWebSocket(
-                receive, send, reservations=guarded.reservations, entry=settlement_of(outcome)
+                receive, send, reservations=guarded.reservations, entry=reservation_of(outcome)
             )
             await watched.run(self._app, scope)
         finally:

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import psutil
 
-from asgi_admission._admission.ledger.ledger import Reservation
+from asgi_admission._admission.ledger.ledger import CountedSession
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from kits.cgroup_trees import write_v2_tree as write_v2_tree
 from kits.cgroupkit import memory_group as _memory_group
@@ -58,8 +58,8 @@ def random_worker(
     """
     rng = random.Random(seed)
     ledger = SharedLedger(directory)
-    pending: list[Reservation] = []
-    active: list[Reservation] = []
+    pending: list[CountedSession] = []
+    active: list[CountedSession] = []
     violations = 0
     start.wait()
     for _ in range(operations):

@@ -32,7 +32,7 @@ from asgi_admission._admission.ledger.shared_place import AloneCheck, MemoryGrou
 from asgi_admission._admission.reservations import shared_files
 from asgi_admission._admission.reservations.learning import empty_observations
 from asgi_admission._admission.reservations.settling import QueueRecord
-from asgi_admission._admission.reservations.tickets import settlement_of
+from asgi_admission._admission.reservations.tickets import reservation_of
 from asgi_admission._factory import build_sharing
 from asgi_admission._memory.reading import CgroupMemoryReader
 from asgi_admission.cli.probe import learned, probing, service_directory
@@ -323,7 +323,7 @@ def test_two_guards_of_one_process_never_take_each_others_settling_rows(
         assert len({(row.pid, row.seq) for row in rows}) == 2
         entries[0].release()
         assert [(row.pid, row.seq) for row in queue.load()[1]] == [
-            (os.getpid(), settlement_of(entries[1]).seq)
+            (os.getpid(), reservation_of(entries[1]).seq)
         ]
     finally:
         queue.close()

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ledgerkit import SPAWN, random_worker
 
-from asgi_admission._admission.ledger.ledger import InProcessLedger, Reservation
+from asgi_admission._admission.ledger.ledger import CountedSession, InProcessLedger
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger, read_entries
 
 #: Internal on purpose: the shared ledger's file format and recovery, below the middleware.
@@ -35,7 +35,7 @@ def test_shared_counts_follow_the_in_process_model(
     model = InProcessLedger()
     with tempfile.TemporaryDirectory() as directory:
         ledgers = [SharedLedger(directory) for _ in range(3)]
-        held: list[tuple[Reservation, Reservation]] = []
+        held: list[tuple[CountedSession, CountedSession]] = []
         try:
             for index, operation, which in operations:
                 ledger = ledgers[index]

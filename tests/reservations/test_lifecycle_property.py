@@ -20,12 +20,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from reskit import apply, counts
 
-from asgi_admission._admission.ledger.ledger import InProcessLedger, Reservation
+from asgi_admission._admission.ledger.ledger import CountedSession, InProcessLedger
 from asgi_admission._admission.reservations.settling import (
     VISIBLE_FRACTION,
     Action,
     Learned,
-    Settlement,
+    Reservation,
     Settler,
 )
 from kits.suitekit import MIB
@@ -61,7 +61,7 @@ sessions_run = [0]
 class Watched:
     """A reservation that records its transitions and fails on an effective double release."""
 
-    def __init__(self, inner: Reservation) -> None:
+    def __init__(self, inner: CountedSession) -> None:
         self.inner = inner
         self.state = "pending"
         self.left_pending_by_settler = False
@@ -88,7 +88,7 @@ class Sim:
     respond_at: float
     ramp_s: float
     end_at: float
-    entry: Settlement
+    entry: Reservation
     reservation: Watched
     responded: bool = False
     ended: bool = False

@@ -31,8 +31,8 @@ from asgi_admission._admission.reservations.pending import (
     Reservations,
     build_parts,
 )
-from asgi_admission._admission.reservations.settling import Settlement, apply
-from asgi_admission._admission.reservations.tickets import settlement_of
+from asgi_admission._admission.reservations.settling import Reservation, apply
+from asgi_admission._admission.reservations.tickets import reservation_of
 from asgi_admission._memory.reading import UNAVAILABLE
 from kits.suitekit import MIB
 
@@ -371,7 +371,7 @@ def test_a_decision_nets_out_the_apps_count_after_the_kept_events(
     store.append("first")  # the app counts its session once it has answered
     reservations = guard.reservations
     with held_by_another_worker(tmp_path):
-        reservations.respond(settlement_of(first))  # kept: its memory has not shown yet
+        reservations.respond(reservation_of(first))  # kept: its memory has not shown yet
         assert reservations.kept_events == 1
     second = guard.service.admit("http", scope)
     assert reservations.kept_events == 0
@@ -433,7 +433,7 @@ def test_a_response_that_settles_nothing_shared_takes_only_the_own_section() -> 
         ),
     )
 
-    def admitted(limit: int | None) -> Settlement:
+    def admitted(limit: int | None) -> Reservation:
         return reservations.admitted(ledger.reserve(), "http", None, 100 * MIB, limit)
 
     blind = admitted(None)  # no limit yet: nothing is expected of it

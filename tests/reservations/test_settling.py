@@ -12,7 +12,7 @@ from asgi_admission._admission.reservations.settling import (
     Learned,
     LocalSettleQueue,
     QueueRecord,
-    Settlement,
+    Reservation,
     Settler,
 )
 from kits.suitekit import MIB
@@ -39,7 +39,7 @@ def admit(
     now: float,
     kind: str = "http",
     expected: int = R,
-) -> Settlement:
+) -> Reservation:
     with ledger.locked():
         return settler.admit(
             ledger.reserve(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from reskit import apply
 
 from asgi_admission._admission.ledger.ledger import InProcessLedger
-from asgi_admission._admission.reservations.settling import Learned, Settlement, Settler
+from asgi_admission._admission.reservations.settling import Learned, Reservation, Settler
 from kits.suitekit import MIB
 
 #: Internal on purpose: the settler's attribution, on tables of readings.
@@ -25,7 +25,7 @@ def make() -> tuple[Settler, InProcessLedger]:
 
 def admit(
     settler: Settler, ledger: InProcessLedger, route: str, used: int, now: float
-) -> Settlement:
+) -> Reservation:
     with ledger.locked():
         return settler.admit(
             ledger.reserve(),
@@ -37,7 +37,7 @@ def admit(
         )
 
 
-def measure(settler: Settler, ledger: InProcessLedger, entry: Settlement, mib: int) -> None:
+def measure(settler: Settler, ledger: InProcessLedger, entry: Reservation, mib: int) -> None:
     """The session's own memory measured at ``mib`` MiB (inside the ledger's lock, as
     the reservations do; what it decides is done after)."""
     with ledger.locked():
@@ -45,7 +45,7 @@ def measure(settler: Settler, ledger: InProcessLedger, entry: Settlement, mib: i
     apply(actions)
 
 
-def two_ramping(settler: Settler, ledger: InProcessLedger) -> tuple[Settlement, Settlement]:
+def two_ramping(settler: Settler, ledger: InProcessLedger) -> tuple[Reservation, Reservation]:
     """Two ramping sessions past their response, admitted at 0 and 0.5 s, nothing grown."""
     older = admit(settler, ledger, RAMPING, BASE, 0.0)
     apply(settler.respond(older, 0.05, LEARNED))

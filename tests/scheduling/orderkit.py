@@ -8,7 +8,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
+from asgi_admission._admission.ledger.ledger import CountedSession, LedgerBusy
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.reservations.pending import SAMPLE_INTERVAL_S
 from asgi_admission._admission.scheduling.queue import Verdict, WaitQueue
@@ -35,14 +35,14 @@ async def _serve(directory: str, limit: int, commands: Connection, results: Any)
     loop = asyncio.get_running_loop()
     ledger = SharedLedger(directory)
     order = SharedOrder(directory)
-    queue: WaitQueue[Reservation] = WaitQueue(
+    queue: WaitQueue[CountedSession] = WaitQueue(
         classes=CLASSES, limit=64, timeout_s=120.0, order=order
     )
-    held: list[Reservation] = []
+    held: list[CountedSession] = []
     waits: set[asyncio.Task[None]] = set()
     stopped = loop.create_future()
 
-    def attempt() -> Reservation | Verdict:
+    def attempt() -> CountedSession | Verdict:
         try:
             with ledger.attempt():
                 active, pending = ledger.counts()
@@ -90,5 +90,5 @@ async def _serve(directory: str, limit: int, commands: Connection, results: Any)
     ledger.close()
 
 
-def _release(reservation: Reservation) -> None:
+def _release(reservation: CountedSession) -> None:
     reservation.release()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from orderkit import order_worker
 
-from asgi_admission._admission.ledger.ledger import Reservation
+from asgi_admission._admission.ledger.ledger import CountedSession
 from asgi_admission._admission.ledger.shared_ledger import SharedLedger
 from asgi_admission._admission.scheduling.shared_order import read_waiting
 
@@ -86,7 +86,7 @@ def pool(tmp_path: Path) -> Iterator[Pool]:
     workers.stop()
 
 
-def release_one(held: list[Reservation], ledger: SharedLedger) -> float:
+def release_one(held: list[CountedSession], ledger: SharedLedger) -> float:
     """Free one slot of the capacity; when, by the clock every process shares."""
     held.pop().release()
     with ledger.locked():
@@ -104,7 +104,7 @@ def test_workers_admit_in_container_order_and_a_killed_workers_waiters_vanish(
     ledger = SharedLedger(directory)
     with ledger.locked():
         # The capacity, all taken.
-        held: list[Reservation] = [ledger.reserve() for _ in range(LIMIT)]
+        held: list[CountedSession] = [ledger.reserve() for _ in range(LIMIT)]
     for worker, name, class_name in ARRIVALS:
         pool.join(worker, name, class_name)
     admitted = []

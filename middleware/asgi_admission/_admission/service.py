@@ -36,8 +36,8 @@ from asgi_admission._admission.decision.observer import DecisionObserver, Kind
 from asgi_admission._admission.decision.retry_after import RetryAfterPolicy
 from asgi_admission._admission.decision.stuck import StuckStatus, StuckWatch, build_watch
 from asgi_admission._admission.ledger.ledger import (
+    CountedSession,
     LedgerBusy,
-    Reservation,
     SessionLedger,
     when_free,
 )
@@ -56,7 +56,7 @@ from asgi_admission._admission.reservations.probing import (
     wait_then_decide,
 )
 from asgi_admission._admission.reservations.settling import apply
-from asgi_admission._admission.reservations.tickets import AdmissionTicket, settlement_of
+from asgi_admission._admission.reservations.tickets import AdmissionTicket, reservation_of
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
 from asgi_admission._admission.scheduling.queue import (
     WAITABLE,
@@ -357,17 +357,17 @@ class Tenants:
             return None
         return name if isinstance(name, str) else None
 
-    def hold(self, reservation: Reservation, tenant: str) -> Reservation:
+    def hold(self, reservation: CountedSession, tenant: str) -> CountedSession:
         """``reservation`` counted for ``tenant`` until it is released."""
-        return TenantReservation(reservation, self.shares, self.shares.admitted(tenant))
+        return TenantCountedSession(reservation, self.shares, self.shares.admitted(tenant))
 
 
-class TenantReservation:
+class TenantCountedSession:
     """A reservation that counts its tenant's session until it is released (once)."""
 
     __slots__ = ("_inner", "_released", "_shares", "_slot")
 
-    def __init__(self, inner: Reservation, shares: TenantShares, slot: TenantSlot) -> None:
+    def __init__(self, inner: CountedSession, shares: TenantShares, slot: TenantSlot) -> None:
         self._inner = inner
         self._shares = shares
         self._slot = slot
@@ -745,7 +745,7 @@ class AdmissionService:
             queue,
             decide=decide,
             # A waiter left in the instant it was admitted: its session never opens.
-            give_back=lambda ticket: self.reservations.abandon(settlement_of(ticket)),
+            give_back=lambda ticket: self.reservations.abandon(reservation_of(ticket)),
             queued=queued,
             listening=listening,
             watcher=self._queue_watcher,

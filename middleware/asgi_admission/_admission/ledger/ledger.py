@@ -39,8 +39,8 @@ class LedgerUnavailable(LedgerBusy):
     """The shared ledger's file cannot be opened or repaired right now (see the log)."""
 
 
-class Reservation(Protocol):
-    """One admitted session's hold on the ledger."""
+class CountedSession(Protocol):
+    """One admitted session's count in the ledger: pending, then active or released."""
 
     def activate(self) -> None:
         """Move from pending to active; no-op unless still pending."""
@@ -88,7 +88,7 @@ class SessionLedger(Protocol):
         """The active count of :meth:`counts`; call inside the critical section."""
         ...
 
-    def reserve(self) -> Reservation:
+    def reserve(self) -> CountedSession:
         """A new pending reservation; call inside the critical section, with the
         decision (``attempt()``)."""
         ...

@@ -26,7 +26,7 @@ from asgi_admission._admission.decision.latch import (
     derived_reserve_bytes,
 )
 from asgi_admission._admission.decision.observer import Kind
-from asgi_admission._admission.ledger.ledger import LedgerBusy, Reservation
+from asgi_admission._admission.ledger.ledger import CountedSession, LedgerBusy
 from asgi_admission._admission.reservations.learning import (
     KEPT,
     RouteEstimate,
@@ -45,7 +45,7 @@ from asgi_admission._admission.reservations.settling import (
     ExactReading,
     Learned,
     LocalSettleQueue,
-    Settlement,
+    Reservation,
     SettleQueue,
     Settler,
     apply,
@@ -174,7 +174,7 @@ class KeptEvents(collections.deque[Step]):
         step: Step,
         attempt: AbstractContextManager[object],
         *,
-        releases: Reservation | None = None,
+        releases: CountedSession | None = None,
     ) -> None:
         """``step`` in the critical section (``attempt``), then what it decided; while
         another worker holds the shared ledger (or earlier events wait), kept.
@@ -707,7 +707,7 @@ class Samples:
 # The app's own count is asked before the critical section, never inside it.
 
 
-def settles_alone(entry: Settlement, probes: dict[int, str]) -> bool:
+def settles_alone(entry: Reservation, probes: dict[int, str]) -> bool:
     """Whether ``entry`` settles at its response from this process's own state: its
     memory showed, or none is expected; no ticket holds it; it is none of the ``probes``."""
     return entry.phase == "request" and entry.visible and not entry.held and entry.seq not in probes
@@ -818,7 +818,7 @@ class Reservations:
 
     def admitted(
         self,
-        reservation: Reservation,
+        reservation: CountedSession,
         kind: Kind,
         scope: Scope | None,
         used_bytes: int | None,
@@ -826,7 +826,7 @@ class Reservations:
         *,
         route: str | None = None,
         probe: bool = False,
-    ) -> Settlement:
+    ) -> Reservation:
         """A reservation just made, at working set ``used_bytes`` (exact or a bound)
         under the memory limit ``limit_bytes``; ``probe``: a probe of its route (admitted
         at an exact working set)."""
@@ -892,7 +892,7 @@ class Reservations:
 
     # -- the session's events (each takes the lock) -----------------------------------
 
-    def respond(self, entry: Settlement) -> None:
+    def respond(self, entry: Reservation) -> None:
         """The response ended or the WebSocket was accepted."""
         # As ``KeptEvents.now_or_later``, written out for the session path. A request
         # that settles at its response from this process's own state reads and writes no
@@ -917,7 +917,7 @@ class Reservations:
                 return
         self._kept.append(functools.partial(self._responded, entry))
 
-    def _responded(self, entry: Settlement) -> Sequence[Action]:
+    def _responded(self, entry: Reservation) -> Sequence[Action]:
         now = self._clock()
         actions = self.settler.respond(entry, now, self.view.learned())
         if self.learning != "off":
@@ -937,12 +937,12 @@ class Reservations:
                 actions += self.settler.settle(None, now, self.view.learned())
         return actions
 
-    def _probe_left(self, entry: Settlement, opened: bool) -> None:
+    def _probe_left(self, entry: Reservation, opened: bool) -> None:
         # Asked of every session's end: most are no probe, and this process has none.
         if entry.seq in self.probes.own:
             self.probes.left(entry.seq, opened=opened, now=self._clock())
 
-    def fail(self, entry: Settlement, cause: FailureCause) -> None:
+    def fail(self, entry: Reservation, cause: FailureCause) -> None:
         """The request opened nothing (an error answer, a body that came too late): its
         reservation goes back whatever its ticket said, and nothing is learned from it."""
         self.count_failure(entry.kind, cause)
@@ -952,13 +952,13 @@ class Reservations:
             self._probe_left(entry, False)
             return self.settler.release(entry)
 
-        self._kept.now_or_later(step, self._attempt, releases=entry.reservation)
+        self._kept.now_or_later(step, self._attempt, releases=entry.counted)
 
     def count_failure(self, kind: Kind, cause: FailureCause) -> None:
         """One more session request of ``kind`` that opened nothing, for the metrics."""
         self.failed[kind, cause] = self.failed.get((kind, cause), 0) + 1
 
-    def abandon(self, entry: Settlement, *, session_over: bool = False) -> None:
+    def abandon(self, entry: Reservation, *, session_over: bool = False) -> None:
         """The request failed before its response, or the session ended."""
 
         def step() -> Sequence[Action]:
@@ -970,10 +970,10 @@ class Reservations:
             return self.settler.abandon(entry, session_over=session_over)
 
         self._kept.now_or_later(
-            step, self._attempt, releases=entry.reservation if session_over else None
+            step, self._attempt, releases=entry.counted if session_over else None
         )
 
-    def ticket(self, operation: str, entry: Settlement) -> bool:
+    def ticket(self, operation: str, entry: Reservation) -> bool:
         """``hold``, ``started`` or ``release`` for a ticket; whether hold took effect
         (``True`` for one kept for later: it is applied before anything after it)."""
         if operation == "hold":
@@ -996,10 +996,10 @@ class Reservations:
                 self._probe_left(entry, entry.phase != "request")
                 return self.settler.release(entry)
 
-            self._kept.now_or_later(release, self._attempt, releases=entry.reservation)
+            self._kept.now_or_later(release, self._attempt, releases=entry.counted)
         return True
 
-    def measured(self, entry: Settlement, own_bytes: int) -> None:
+    def measured(self, entry: Reservation, own_bytes: int) -> None:
         """A ticket's session's own memory, measured (``Settler.measured``). Skipped while
         another worker holds the shared ledger: the next measurement says as much."""
         if self._kept:
@@ -1011,7 +1011,7 @@ class Reservations:
             return
         apply(actions)
 
-    def _ended(self, entry: Settlement) -> None:
+    def _ended(self, entry: Reservation) -> None:
         """Inside the critical section: the session of ``entry`` ended (its route known).
         Told once, however many say so (the app's release, its watchdog, a closed socket)."""
         if entry.end_told:

@@ -18,14 +18,15 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
 from asgi_admission._admission.decision.observer import Kind
-from asgi_admission._admission.ledger.ledger import Reservation
+from asgi_admission._admission.ledger.ledger import CountedSession
 
 # --------------------------------------------------------------------------------------
-# A settlement: one admitted session's state while its reservation waits to settle. The
-# settler makes one at admission and moves it through its phases; the reservations and
-# the session requests hold on to it to report the session's events.
+# A reservation: one admitted session's record (its count in the ledger and the memory
+# held back for it) until it settles. The settler makes one at admission and moves it
+# through its phases (docs/design.md, "A reservation's life"); the reservations and the
+# session requests hold on to it to report the session's events.
 
-#: Every settlement's number, for the whole process: two guards of one process that
+#: Every reservation's number, for the whole process: two guards of one process that
 #: share a settling queue (the default place is per memory group, not per guard) key
 #: their rows by (pid, number) and must never take each other's. It starts at random so
 #: that a worker reusing a dead worker's pid never takes the rows that one left behind.
@@ -37,7 +38,7 @@ NUMBERS: Final = itertools.count(secrets.randbits(40) + 1)
 Phase = Literal["request", "responded", "held", "started", "done"]
 #: What settling does to a reservation: gives it back, or makes it an active session.
 SettleOutcome = Literal["release", "activate"]
-Action = tuple[Reservation, SettleOutcome]
+Action = tuple[CountedSession, SettleOutcome]
 #: The phases past the response, not yet settled.
 PAST_RESPONSE: Final = ("responded", "held")
 
@@ -59,14 +60,15 @@ class Learned:
 
 
 @dataclass(slots=True, eq=False)
-class Settlement:
-    """One admitted session's state, from admission until its reservation settles.
+class Reservation:
+    """One admitted session's reservation, from its admission until it settles or is
+    released: its count in the ledger (``counted``) and what it still holds back.
 
     Owned by the ``Settler`` that made it and changed only under the ledger's lock.
     """
 
     seq: int
-    reservation: Reservation
+    counted: CountedSession
     kind: Kind
     route: str
     admitted_at: float
@@ -102,20 +104,20 @@ class Settlement:
 
 
 def due(
-    entries: Iterable[Settlement],
+    entries: Iterable[Reservation],
     now: float,
     *,
     shortest_s: float,
     timeout_s: float,
     request_timeout_s: float,
-) -> list[Settlement]:
+) -> list[Reservation]:
     """Of ``entries`` (in admission order), those whose time may be up: past their
     response or held, a request past ``request_timeout_s``, a started one past
     ``timeout_s`` (``shortest_s``: the shortest of every limit, a ramp time included)."""
     # Every time limit counts from admission: past the first entry too young for the
     # shortest limit, none is due.
     horizon = now - shortest_s
-    found: list[Settlement] = []
+    found: list[Reservation] = []
     for entry in entries:
         if entry.admitted_at > horizon:
             break
@@ -397,7 +399,7 @@ def builds_in_request(ramp_s: float | None) -> bool:
     return ramp_s is not None and ramp_s <= IN_REQUEST_RAMP_S
 
 
-def young_bytes_per_s(entries: Iterable[Settlement], learned: Learned, now: float) -> float:
+def young_bytes_per_s(entries: Iterable[Reservation], learned: Learned, now: float) -> float:
     """How fast the unsettled ``entries`` still within their route's learned ramp may add
     memory: what each still adds, over that ramp. One past it has nothing left to
     explain: its memory is as late as that of the sessions waiting for their ramp time."""
@@ -555,7 +557,7 @@ def without_freed(
 
 
 class PendingSessions:
-    """The settlements of one process not yet settled, by number in admission order.
+    """The reservations of one process not yet settled, by number in admission order.
 
     ``queue`` is the settling queue their records are in, ``pid`` the process's.
     Changed only inside the ledger's critical section."""
@@ -565,7 +567,7 @@ class PendingSessions:
     def __init__(self, queue: SettleQueue, pid: int) -> None:
         self._queue = queue
         self._pid = pid
-        self._entries: dict[int, Settlement] = {}
+        self._entries: dict[int, Reservation] = {}
         #: Sessions past their response, not held, not yet settled.
         self.responded = 0
         #: Those and the held tickets past their response, not yet started.
@@ -576,19 +578,19 @@ class PendingSessions:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __iter__(self) -> Iterator[Settlement]:
+    def __iter__(self) -> Iterator[Reservation]:
         return iter(self._entries.values())
 
-    def add(self, entry: Settlement, remaining: int) -> None:
+    def add(self, entry: Reservation, remaining: int) -> None:
         """A new session, still expected to add ``remaining``."""
         self._entries[entry.seq] = entry
         entry.remaining = remaining
         self.remaining += remaining
 
-    def get(self, seq: int) -> Settlement | None:
+    def get(self, seq: int) -> Reservation | None:
         return self._entries.get(seq)
 
-    def expect(self, entry: Settlement, remaining: int) -> None:
+    def expect(self, entry: Reservation, remaining: int) -> None:
         """``entry`` is still expected to add ``remaining``."""
         if self._entries.get(entry.seq) is entry:
             self.remaining += remaining - entry.remaining
@@ -599,13 +601,13 @@ class PendingSessions:
         they change, not summed at each decision."""
         return self.remaining, len(self._entries)
 
-    def _remove(self, entry: Settlement) -> None:
+    def _remove(self, entry: Reservation) -> None:
         if self._entries.pop(entry.seq, None) is not None:
             self.remaining -= entry.remaining
 
-    def oldest_responded(self, count: int) -> list[Settlement]:
+    def oldest_responded(self, count: int) -> list[Reservation]:
         """The oldest ``count`` sessions past their response, not held (fewer if fewer are)."""
-        oldest: list[Settlement] = []
+        oldest: list[Reservation] = []
         for entry in self._entries.values():
             if len(oldest) >= count:
                 break
@@ -613,36 +615,36 @@ class PendingSessions:
                 oldest.append(entry)
         return oldest
 
-    def phase(self, entry: Settlement, phase: Phase) -> None:
+    def phase(self, entry: Reservation, phase: Phase) -> None:
         self.responded += (phase == "responded") - (entry.phase == "responded")
         self.past_response += (phase in PAST_RESPONSE) - (entry.phase in PAST_RESPONSE)
         entry.phase = phase
 
-    def settle(self, entry: Settlement) -> list[Action]:
+    def settle(self, entry: Reservation) -> list[Action]:
         self.phase(entry, "done")
         self._remove(entry)
         outcome = entry.settle_outcome
         entry.released = outcome == "release"
-        return [(entry.reservation, outcome)]
+        return [(entry.counted, outcome)]
 
-    def give_back(self, entry: Settlement, learned: Learned) -> list[Action]:
+    def give_back(self, entry: Reservation, learned: Learned) -> list[Action]:
         self.leave_early(entry, learned)
         self.phase(entry, "done")
         entry.released = True
         self._remove(entry)
-        return [(entry.reservation, "release")]
+        return [(entry.counted, "release")]
 
-    def activate(self, entry: Settlement) -> list[Action]:
+    def activate(self, entry: Reservation) -> list[Action]:
         # A started session: active from now on, until its app releases it.
         self._remove(entry)
-        return [(entry.reservation, "activate")]
+        return [(entry.counted, "activate")]
 
     def activate_started(self) -> list[Action]:
         """Every started session kept pending becomes active."""
         covering = [entry for entry in self._entries.values() if entry.phase == "started"]
         return [action for entry in covering for action in self.activate(entry)]
 
-    def drop(self, entry: Settlement) -> list[Action]:
+    def drop(self, entry: Reservation) -> list[Action]:
         # Releasing is idempotent: a settled session (an active WebSocket, a started
         # ticket) is released here too when it ends.
         entry.released = True
@@ -651,9 +653,9 @@ class PendingSessions:
             self._remove(entry)
             if entry.queued:
                 drop_record(self._queue, self._pid, entry.seq)
-        return [(entry.reservation, "release")]
+        return [(entry.counted, "release")]
 
-    def leave_early(self, entry: Settlement, learned: Learned) -> bool:
+    def leave_early(self, entry: Reservation, learned: Learned) -> bool:
         """The session leaves early: its record moves to the front of the queue, claiming
         its route's ``learned`` footprint; whether it stays there (``move_to_front``)."""
         # It may have all its memory by now, ahead of older sessions still ramping: at
@@ -775,18 +777,18 @@ class Settler:
 
     def admit(
         self,
-        reservation: Reservation,
+        reservation: CountedSession,
         kind: Kind,
         route: str,
         used_bytes: int | None,
         now: float,
         expected_bytes: int,
-    ) -> Settlement:
+    ) -> Reservation:
         """Queue a session just admitted, with the working set it was admitted at and
         what it is expected to add (its reserve, 0 or more)."""
         seq = next(NUMBERS)
         self._seen.add(route)
-        entry = Settlement(seq, reservation, kind, route, now)
+        entry = Reservation(seq, reservation, kind, route, now)
         # Less than the working set's own noise can never be told apart from it: waiting
         # for it would keep the session pending until its ramp or timeout, and a pile of
         # such sessions would cost every decision a pass over the settling queue.
@@ -807,7 +809,7 @@ class Settler:
             self._routes[seq] = route
         return entry
 
-    def respond(self, entry: Settlement, now: float, learned: Learned) -> list[Action]:
+    def respond(self, entry: Reservation, now: float, learned: Learned) -> list[Action]:
         """The response ended (HTTP) or the app accepted (WebSocket)."""
         if entry.phase != "request":
             return []
@@ -829,7 +831,7 @@ class Settler:
         # Not queued (no reading to start from): it settles by time alone.
         return self._time_out(entry, now, learned)
 
-    def abandon(self, entry: Settlement, *, session_over: bool = False) -> list[Action]:
+    def abandon(self, entry: Reservation, *, session_over: bool = False) -> list[Action]:
         """The session failed before its response, or (``session_over``) it ended.
 
         A held ticket outlives a failed request (its app decides, or the timeout
@@ -839,7 +841,7 @@ class Settler:
             return []
         return self._pending.drop(entry)
 
-    def hold(self, entry: Settlement) -> bool:
+    def hold(self, entry: Reservation) -> bool:
         """An app's ticket takes over; ``False`` once the session has settled."""
         if entry.phase in ("request", "responded"):
             entry.held = True
@@ -848,7 +850,7 @@ class Settler:
             return True
         return entry.held and entry.phase != "done"
 
-    def started(self, entry: Settlement, learned: Learned) -> list[Action]:
+    def started(self, entry: Reservation, learned: Learned) -> list[Action]:
         """The app says the session's memory is up: pending becomes active (once it
         covers no older session's memory: see the settler's notes)."""
         if entry.phase in ("request", "responded", "held"):
@@ -863,7 +865,7 @@ class Settler:
             return self._pending.activate(entry)
         return []
 
-    def measured(self, entry: Settlement, own_bytes: int) -> list[Action]:
+    def measured(self, entry: Reservation, own_bytes: int) -> list[Action]:
         """The session's own memory was measured at ``own_bytes`` (its process, by the
         watchdog): it settles once that shows what it was expected to add, wherever it
         stands in the queue (``take_shown``); until then it counts only what
@@ -883,7 +885,7 @@ class Settler:
         self._routes.pop(entry.seq, None)
         return self._shown(entry)
 
-    def release(self, entry: Settlement) -> list[Action]:
+    def release(self, entry: Reservation) -> list[Action]:
         """The app ended or gave up the session."""
         return self._pending.drop(entry)
 
@@ -976,7 +978,7 @@ class Settler:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _shown(self, entry: Settlement) -> list[Action]:
+    def _shown(self, entry: Reservation) -> list[Action]:
         # Its memory showed: it settles now if it waits past its response; in its request,
         # at its response; held or started, by its ticket.
         entry.visible = True
@@ -1008,7 +1010,7 @@ class Settler:
             self._pending.expect(own, head[1] if left is None else min(head[1], left))
         return accounted, kept
 
-    def _time_out(self, entry: Settlement, now: float, learned: Learned) -> list[Action]:
+    def _time_out(self, entry: Reservation, now: float, learned: Learned) -> list[Action]:
         age = now - entry.admitted_at
         if entry.phase == "started":
             # Called past the timeout only: a record left early behind others may not

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from starlette.requests import HTTPConnection
 
-from asgi_admission._admission.reservations.settling import Settlement
+from asgi_admission._admission.reservations.settling import Reservation
 
 if TYPE_CHECKING:
     from asgi_admission._admission.reservations.pending import Reservations
@@ -37,7 +37,7 @@ class AdmissionTicket:
 
     __slots__ = ("_entry", "_reservations")
 
-    def __init__(self, reservations: Reservations, entry: Settlement) -> None:
+    def __init__(self, reservations: Reservations, entry: Reservation) -> None:
         self._reservations = reservations
         self._entry = entry
 
@@ -94,7 +94,7 @@ class AdmissionTicket:
         return self._entry.awaiting_memory
 
 
-def settlement_of(ticket: AdmissionTicket) -> Settlement:
+def reservation_of(ticket: AdmissionTicket) -> Reservation:
     """The reservation ``ticket`` is the app's hold on, for the guard's own use: the run
     of the admitted request tells the reservations how it ended through it, and a waiter
     admitted as its client left gives it back. Not the app's: the ticket's methods are."""

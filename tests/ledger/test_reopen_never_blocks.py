@@ -101,7 +101,7 @@ def test_following_a_deleted_file_while_another_worker_holds_the_new_one_is_refu
     """A worker whose file was deleted, moving to the new one while another worker holds
     that one's lock, is refused at once instead of blocked; once the lock is free it
     moves, and still waits for the workers of the old file to come back before it
-    reserves (at most SETTLE_MAX_S), as a move that was not refused does."""
+    reserves (at most REJOIN_MAX_S), as a move that was not refused does."""
     mover, other = SharedLedger(directory), SharedLedger(directory)
     ledgers += [mover, other]
     for ledger in (mover, other):

@@ -95,8 +95,8 @@ def slot_lock(fd: int, slot: int, lock_type: int) -> None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _probe(slot: int) -> bytes:
-    # Packed once per slot: every decision probes each busy slot's lock.
+def _lock_query(slot: int) -> bytes:
+    # Packed once per slot: every decision queries each busy slot's lock.
     return _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, slot_offset(slot), SLOT.size, 0)
 
 
@@ -105,7 +105,7 @@ _UNLOCKED: Final = struct.pack("h", fcntl.F_UNLCK)
 
 def slot_held(fd: int, slot: int) -> bool:
     """Whether another open file description holds ``slot``'s lock: its worker lives."""
-    return fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _probe(slot))[:2] != _UNLOCKED
+    return fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _lock_query(slot))[:2] != _UNLOCKED
 
 
 def claim_free_slot(fd: int, capacity: int) -> int | None:
@@ -196,14 +196,14 @@ def warn_once(warned: set[str], key: str, message: str, *args: object) -> None:
 
 
 #: After a fault lost the other workers' rows: the longest wait for them to come back.
-SETTLE_MAX_S: Final = 2.0
+REJOIN_MAX_S: Final = 2.0
 
 
 class Rejoining:
     """After a fault lost the other workers' rows: whether they are all back yet.
 
     ``start`` counts the slots other live workers hold locks on in ``fd``; ``done`` is
-    true once as many slots here have a row and a lock again, or ``SETTLE_MAX_S`` has
+    true once as many slots here have a row and a lock again, or ``REJOIN_MAX_S`` has
     passed.
     """
 
@@ -219,7 +219,7 @@ class Rejoining:
 
     def expect(self, others: int) -> None:
         self._others = others
-        self.until = time.monotonic() + SETTLE_MAX_S
+        self.until = time.monotonic() + REJOIN_MAX_S
 
     def done(self, fd: int, capacity: int, own: int) -> bool:
         if not self.until:

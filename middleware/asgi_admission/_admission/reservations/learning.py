@@ -268,8 +268,13 @@ class Admission:
 
 @dataclass(slots=True, eq=False)
 class OpenWindow:
+    """One admitted session's window while it is open: its own growth so far, and what
+    else may have grown in it."""
+
     admission: Admission
+    #: When it opened: the reading before its admission.
     start: float
+    #: The growth series there.
     base: float
     #: When its own growth last made a new peak (at first, its admission).
     peak_at: float
@@ -279,13 +284,17 @@ class OpenWindow:
     crowded: bool = False
     #: A step in it freed memory: its growth there is a guess (carried over).
     guessed: bool = False
-    #: No other session has ramped in it (yet), and its ramp if it had ended before.
+    #: No other session has ramped in it (yet).
     alone: bool = True
+    #: Its ramp, where its own growth had stopped before another session came.
     own_ramp: float | None = None
-    #: Readings since its last new peak, and the most there were between two.
+    #: Readings since its own growth last made a new peak.
     quiet: int = 0
+    #: The most readings there were between two of its new peaks.
     pauses: int = 0
+    #: The most its own growth has reached.
     peak: float = 0.0
+    #: Its new peaks: when, and its own growth then.
     peaks: list[tuple[float, float]] = field(default_factory=list)
 
     def ramp_s(self) -> float:
@@ -293,6 +302,63 @@ class OpenWindow:
         reached = 0.9 * self.peak
         at = next((t for t, grown in self.peaks if grown >= reached), self.peak_at)
         return max(0.0, at - self.admission.at)
+
+    def rises(self, mine: float) -> bool:
+        """Whether its own growth ``mine`` makes a new peak: a step above the last new peak
+        (not the highest reading since: growth that comes slowly, a little each step,
+        still makes new peaks)."""
+        last_peak = self.peaks[-1][1] if self.peaks else 0.0
+        return mine > last_peak + max(PEAK_STEP, PEAK_SHARE * last_peak)
+
+    def had_stopped(self, rising: bool) -> bool:
+        """Whether its own growth had stopped before this reading's company came: quiet
+        for two readings at least (this one counted unless ``rising``), more than it
+        ever paused between two new peaks."""
+        quiet = self.quiet + (0 if rising else 1)
+        return bool(self.peaks) and quiet >= 2 and quiet > self.pauses
+
+    def company_came(self, known: bool, rising: bool, step_start: float) -> None:
+        """Other sessions may be ramping in it in the step that began at ``step_start``
+        (``known``: all of known footprint). It is alone no more: its ramp is not its
+        own. Unless they are known it is clean no more: its growth cannot be told apart,
+        it does not close when quiet. If its own growth had stopped, that ramp and that
+        growth stay its own, whatever the others add from now on."""
+        if self.alone and self.had_stopped(rising):
+            self.own_ramp = self.ramp_s()
+            self.admission.seen, self.admission.seen_until = self.peak, step_start
+        self.alone = False
+        self.clean = self.clean and known
+
+    def grew(self, mine: float, rising: bool, now: float) -> None:
+        """Its own growth was ``mine`` at the reading at ``now`` (``rising``: a new peak)."""
+        if rising:
+            if self.peaks:
+                self.pauses = max(self.pauses, self.quiet)
+            self.quiet = 0
+            self.peak_at = now
+            self.peaks.append((now, mine))
+        else:
+            self.quiet += 1
+        self.peak = max(self.peak, mine)
+
+    def quiet_spell(self, responded: float, now: float) -> bool:
+        """Whether its own growth has been quiet since its last new peak and its response
+        (``responded``) for half as long as it took to rise, ``QUIET_S`` at least: before
+        its route's ramp is learned, the sign that its memory has come."""
+        spell = max(QUIET_S, 0.5 * (self.peak_at - self.admission.at))
+        return now - max(self.peak_at, responded) >= spell
+
+    def timed_ramp(self) -> float | None:
+        """Its ramp where no other session's hid it: measured if it was alone, else the
+        one it kept when company came (``None``: another ramped in it before its own had
+        stopped)."""
+        return self.ramp_s() if self.alone else self.own_ramp
+
+    def measures(self) -> bool:
+        """Whether its growth measures its session where no other session is in it by
+        the learned ramps: it was alone, and its growth was seen in every step (not
+        carried over memory freed)."""
+        return self.alone and not self.guessed
 
 
 def share_between(admission: Admission, ramp_length_s: float, start: float, end: float) -> float:
@@ -629,6 +695,8 @@ def _passed(rows: list[Admission], start: float, end: float) -> int:
 # ramping says how much memory one of them freed: evidence of its footprint too.
 
 T = TypeVar("T")
+#: A session that may still be ramping: until when, and whether its footprint is known.
+Ramping = tuple[Admission, float, bool]
 
 
 class GrowthWindows:
@@ -832,73 +900,61 @@ class GrowthWindows:
         """Windows due to close at the reading at ``now`` (the step began at ``start``)."""
         if not self._open:
             return []
-        # Sessions still ramping, until when, and whether their footprint is known: a
-        # window a session of unknown footprint ramps in cannot tell its own growth
-        # apart (it is not closed when quiet); one that any other ramps in cannot time
-        # it (its ramp is not its own).
-        ramping: list[tuple[Admission, float, bool]] = []
-        for admission in self._recent:
-            footprint, ramp_length_s = expected(admission.route)
-            if admission.ended is None:
-                ramping.append(
-                    (admission, admission.at + max(ramp_length_s, QUIET_S), bool(footprint))
-                )
+        ramping = self._ramping(expected, ramps)
         closed: list[ClosedWindow | None] = []
         still: list[OpenWindow] = []
         for window in self._open:
-            admission = window.admission
-            # The session's own growth: the series less what the others were expected to add.
-            mine = self._growth - window.base - others_added(self._recent, window, now, expected)
-            # Against the last new peak, not the highest reading since: growth that comes
-            # slowly, a little each step, still makes new peaks.
-            last_peak = window.peaks[-1][1] if window.peaks else 0.0
-            rising = mine > last_peak + max(PEAK_STEP, PEAK_SHARE * last_peak)
-            for other, until, known in ramping:
-                if other is not admission and other.at < now and until > window.start:
-                    if known and builds_in_request(ramps(other.route)):
-                        # Its memory came inside its request, where its known share is
-                        # taken away: it hides neither this session's growth nor its ramp.
-                        continue
-                    quiet = window.quiet + (0 if rising else 1)
-                    if window.alone and window.peaks and quiet >= 2 and quiet > window.pauses:
-                        # Its own growth had stopped before company came, for more
-                        # readings than it ever paused: that ramp and that growth are
-                        # its own, whatever the others add from now on.
-                        window.own_ramp = window.ramp_s()
-                        admission.seen, admission.seen_until = window.peak, start
-                    window.alone = False
-                    window.clean = window.clean and known
-            if rising:
-                if window.peaks:
-                    window.pauses = max(window.pauses, window.quiet)
-                window.quiet = 0
-                window.peak_at = now
-                window.peaks.append((now, mine))
-            else:
-                window.quiet += 1
-            window.peak = max(window.peak, mine)
-            age = now - admission.at
-            length = window_length(ramps(admission.route))
-            if admission.responded is None:
-                # Still in its request: what it builds after its response is to come.
-                due = False
-            elif length is not None:
-                due = age >= length
-            elif window.clean:
-                spell = max(QUIET_S, 0.5 * (window.peak_at - admission.at))
-                due = now - max(window.peak_at, admission.responded) >= spell
-            else:
-                due = False
-            # The horizon counts from the response: memory built in a long request
-            # is the session's, and so is what comes in the horizon after it.
-            if due or (
-                admission.responded is not None and now - admission.responded >= self.horizon_s
-            ):
+            mine = self._own_growth(window, now, expected)
+            rising = window.rises(mine)
+            # Whether each other session that may be ramping in it is of known footprint.
+            known = _company(window, ramping, now)
+            if known:
+                window.company_came(all(known), rising, start)
+            window.grew(mine, rising, now)
+            if self._due(window, now, ramps):
                 closed.append(self._closed(window, now, expected, ramps))
             else:
                 still.append(window)
         self._open = still
         return closed
+
+    def _ramping(self, expected: Expected, ramps: Ramps) -> list[Ramping]:
+        """The sessions that may still be ramping, hiding another's growth or ramp: each
+        with until when (its ramp, a quiet spell at least) and whether its footprint is
+        known. One of known footprint whose memory comes inside its request is left out:
+        its known share is taken away where it came, so it hides neither."""
+        ramping: list[Ramping] = []
+        for admission in self._recent:
+            if admission.ended is not None:
+                continue
+            footprint, ramp_length_s = expected(admission.route)
+            if footprint and builds_in_request(ramps(admission.route)):
+                continue
+            until = admission.at + max(ramp_length_s, QUIET_S)
+            ramping.append((admission, until, bool(footprint)))
+        return ramping
+
+    def _own_growth(self, window: OpenWindow, now: float, expected: Expected) -> float:
+        """``window``'s session's own growth at ``now``: the series since it opened, less
+        what the others are expected to have added."""
+        return self._growth - window.base - others_added(self._recent, window, now, expected)
+
+    def _due(self, window: OpenWindow, now: float, ramps: Ramps) -> bool:
+        """Whether ``window`` is due to close at ``now``: out of its request, and its
+        session's memory has come (its route's window length has passed or, before a ramp
+        is learned, a clean window has been quiet for a spell), or the horizon is over."""
+        admission = window.admission
+        if admission.responded is None:
+            # Still in its request: what it builds after its response is to come.
+            return False
+        # The horizon counts from the response: memory built in a long request is the
+        # session's, and so is what comes in the horizon after it.
+        if now - admission.responded >= self.horizon_s:
+            return True
+        length = window_length(ramps(admission.route))
+        if length is not None:
+            return now - admission.at >= length
+        return window.clean and window.quiet_spell(admission.responded, now)
 
     def _closed(
         self, window: OpenWindow, now: float, expected: Expected, ramps: Ramps
@@ -906,23 +962,36 @@ class GrowthWindows:
         """What ``window`` says; ``None`` when another worker's growth may be in it (all
         but a window in which nothing grew: that one bounds its session all the same)."""
         own = window.admission
-        if window.crowded and self._growth - window.base > FREE_STEP_BYTES:
+        growth = self._growth - window.base
+        if window.crowded and growth > FREE_STEP_BYTES:
             return None
         if window.alone:
+            # What it added alone: the least it adds to any later window it lies in.
             own.seen, own.seen_until = window.peak, now
         company, exact = overlaps(self._recent, window, now, self.horizon_s, expected, ramps)
-        if not company and (window.guessed or not window.alone):
+        if not company and not window.measures():
             # Nothing else in it by the learned ramps, yet no measure where another session
             # may have grown in it all the same, or its growth was carried over a free.
             exact = False
         return ClosedWindow(
             route=own.route,
-            growth=self._growth - window.base,
+            growth=growth,
             seconds=now - window.start,
-            ramp_s=window.ramp_s() if window.alone else window.own_ramp,
+            ramp_s=window.timed_ramp(),
             overlaps=company,
             exact=exact,
         )
+
+
+def _company(window: OpenWindow, ramping: list[Ramping], now: float) -> list[bool]:
+    """Whether each other session of ``ramping`` that may be ramping in ``window`` at
+    ``now`` (admitted before ``now``, ramping past its start) is of known footprint."""
+    own = window.admission
+    return [
+        known
+        for other, until, known in ramping
+        if other is not own and other.at < now and until > window.start
+    ]
 
 
 def _once_per_route(ask: Callable[[str], T]) -> Callable[[str], T]:

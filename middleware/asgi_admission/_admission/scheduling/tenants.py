@@ -81,8 +81,12 @@ class TenantShares:
             else:
                 self._counts.pop(bucket, None)
 
-    def _held(self, tenant: str) -> int:
+    def held(self, tenant: str) -> int:
         """How many sessions the count for ``tenant`` holds (maybe the shared bucket's)."""
+        with self._lock:
+            return self._held(tenant)
+
+    def _held(self, tenant: str) -> int:
         count = self._counts.get(tenant)
         if count is not None:
             return count

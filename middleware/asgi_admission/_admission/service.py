@@ -55,7 +55,7 @@ from asgi_admission._admission.reservations.probing import (
     ProbeWaiters,
     wait_then_decide,
 )
-from asgi_admission._admission.reservations.settling import apply
+from asgi_admission._admission.reservations.settling import Reservation, apply
 from asgi_admission._admission.reservations.tickets import AdmissionTicket, reservation_of
 from asgi_admission._admission.scheduling.priority import DEFAULT_CLASS
 from asgi_admission._admission.scheduling.queue import (
@@ -590,97 +590,173 @@ class AdmissionService:
         ``scope`` names the session's route. ``LedgerBusy`` when the shared ledger
         is held by another worker right now (:meth:`admit_later` retries).
         """
-        queue = self.wait_queue
-        observer = self._observer
-        start = time.perf_counter() if observer is not None else 0.0
-        ledger = self.ledger
+        start = time.perf_counter() if self._observer is not None else 0.0
         reservations = self.reservations
         # The app's own count (current_sessions) replaces the ledger's count of
         # accepted WebSockets; a shared ledger adds the other workers' counts. App
         # code, so it is asked once, before the critical section, never inside it.
-        count = self._app_count() if self._counts_app else None
-        own = reservations.reconcile(count)
+        own = reservations.reconcile(self._app_count() if self._counts_app else None)
         route = reservations.route(scope)
-        tenants = self.tenants
         if klass is None:
-            klass = DEFAULT_CLASS if self._priorities is None else self._priorities.of(scope, route)
-            tenant = None if tenants is None else tenants.of(scope)
+            klass, tenant = self._class_and_tenant(scope, route)
+        queue = self.wait_queue
         # Others wait for capacity (here, or in another worker: the order's): deciding
         # this one now would let it jump the line.
         if queue is not None and not waiting and queue.ahead(klass):
             return Queued(behind_others(self.controller.pressure_state), klass, tenant)
         probing = reservations.probing and route not in reservations.view.known()
-        ceilings = self.ceilings
         with self._attempt:
-            answer: ProbeAnswer = "known"
-            if tenant is None and not probing and ceilings is None:
-                decision, current, pending = self._decide.counting(ledger, own, route)
-            else:
-                current, pending = ledger.counts(own)
-                if (
-                    tenant is not None
-                    and tenants is not None
-                    and tenants.beyond(tenant, current + pending, queue, waiting)
-                ):
-                    decision = CapacityDecision(
-                        False, self.controller.pressure_state, UNAVAILABLE, "tenant_share"
-                    )
-                elif probing:
-                    decision, answer = self._decide.probed(route, current, pending, expired, klass)
-                elif ceilings is None:
-                    decision = self._decide.decide(current, pending, route)
-                else:
-                    decision = self._decide.by_class(klass, self.read(), route, current, pending)
-            memory = decision.memory
-            entry = waiter = None
-            retry_after_s = 0
-            if answer == "wait":
-                # Waits for its probes' evidence (a waiter that waited keeps its deadline).
-                deadline = time.monotonic() + self.config.probe_wait_s
-                waiter = self._probe_waiters.add(route, deadline, waited)
-            elif decision.allowed:
-                reservation = ledger.reserve()
-                if tenant is not None and tenants is not None:
-                    reservation = tenants.hold(reservation, tenant)
-                entry = reservations.admitted(
-                    reservation,
-                    kind,
-                    scope,
-                    memory.used_bytes,
-                    memory.limit_bytes,
-                    route=route,
-                    probe=answer == "probe",
-                )
-            elif queue is None or decision.reason not in WAITABLE:
-                # Refused, not waiting: for the fair share, requests are being refused.
-                if tenants is not None and decision.reason != "tenant_share":
-                    tenants.refusing(self.retry_after.base_s)
-                retry_after_s = self._decide.retry_delay(decision, route)
+            decision, answer, current, pending = self._decision(
+                own, route, klass, tenant, probing, expired, waiting
+            )
+            held = self._carry_out(decision, answer, kind, scope, route, waited, tenant)
             # A fast-path decision reads a bound (usage with its cache), never
             # used for settling: an exact reading of the working set is due instead.
+            memory = decision.memory
             settled = reservations.settle_with(memory) if memory.exact else reservations.due()
             blind_changed = self._log.note_blind(decision)
         if settled:
             apply(settled)
-        queued = (
-            entry is None and waiter is None and queue is not None and decision.reason in WAITABLE
+        self._tell(kind, klass, decision, held, blind_changed, start)
+        return self._outcome(held, decision, current, pending, klass, tenant, waiting)
+
+    # The steps of :meth:`admit`, in its order. ``held`` is what the decision came to in
+    # the critical section: the reservation of an admitted session, a probe waiter, a
+    # refusal's Retry-After delay, or ``None``: refused for now, it may wait in the queue.
+
+    def _class_and_tenant(self, scope: Scope | None, route: str) -> tuple[str, str | None]:
+        """The priority class and tenant of a request nobody gave them for."""
+        priorities, tenants = self._priorities, self.tenants
+        klass = DEFAULT_CLASS if priorities is None else priorities.of(scope, route)
+        return klass, None if tenants is None else tenants.of(scope)
+
+    def _decision(
+        self,
+        own: int | None,
+        route: str,
+        klass: str,
+        tenant: str | None,
+        probing: bool,
+        expired: bool,
+        waiting: bool,
+    ) -> tuple[CapacityDecision, ProbeAnswer, int, int]:
+        """The decision inside the critical section, the probes' answer and the counts
+        (current, pending) it was decided on."""
+        ledger, decide = self.ledger, self._decide
+        if tenant is None and not probing and self.ceilings is None:
+            decision, current, pending = decide.counting(ledger, own, route)
+            return decision, "known", current, pending
+        current, pending = ledger.counts(own)
+        tenants = self.tenants
+        if (
+            tenant is not None
+            and tenants is not None
+            and tenants.beyond(tenant, current + pending, self.wait_queue, waiting)
+        ):
+            state = self.controller.pressure_state
+            decision = CapacityDecision(False, state, UNAVAILABLE, "tenant_share")
+            return decision, "known", current, pending
+        if probing:
+            decision, answer = decide.probed(route, current, pending, expired, klass)
+            return decision, answer, current, pending
+        if self.ceilings is None:
+            return decide.decide(current, pending, route), "known", current, pending
+        decision = decide.by_class(klass, self.read(), route, current, pending)
+        return decision, "known", current, pending
+
+    def _carry_out(
+        self,
+        decision: CapacityDecision,
+        answer: ProbeAnswer,
+        kind: Kind,
+        scope: Scope | None,
+        route: str,
+        waited: ProbeWaiter | None,
+        tenant: str | None,
+    ) -> Reservation | ProbeWaiter | int | None:
+        """What the decision comes to inside the critical section (``held``, above)."""
+        if answer == "wait":
+            # Waits for its probes' evidence (a waiter that waited keeps its deadline).
+            deadline = time.monotonic() + self.config.probe_wait_s
+            return self._probe_waiters.add(route, deadline, waited)
+        if decision.allowed:
+            return self._reserve(decision.memory, kind, scope, route, tenant, answer == "probe")
+        if self.wait_queue is not None and decision.reason in WAITABLE:
+            return None
+        # Refused, not waiting: for the fair share, requests are being refused.
+        tenants = self.tenants
+        if tenants is not None and decision.reason != "tenant_share":
+            tenants.refusing(self.retry_after.base_s)
+        return self._decide.retry_delay(decision, route)
+
+    def _reserve(
+        self,
+        memory: MemoryReading,
+        kind: Kind,
+        scope: Scope | None,
+        route: str,
+        tenant: str | None,
+        probe: bool,
+    ) -> Reservation:
+        """Reserves an admitted session in the ledger (and its tenant's share), and records
+        it with the reading it was admitted on."""
+        reservation = self.ledger.reserve()
+        tenants = self.tenants
+        if tenant is not None and tenants is not None:
+            reservation = tenants.hold(reservation, tenant)
+        return self.reservations.admitted(
+            reservation,
+            kind,
+            scope,
+            memory.used_bytes,
+            memory.limit_bytes,
+            route=route,
+            probe=probe,
         )
+
+    def _tell(
+        self,
+        kind: Kind,
+        klass: str,
+        decision: CapacityDecision,
+        held: Reservation | ProbeWaiter | int | None,
+        blind_changed: bool,
+        start: float,
+    ) -> None:
+        """Tells the observer, the class's count and the decision log of the decision: a
+        probe waiter's or a queued request's is only a check of the latch."""
+        decided = held is not None and not isinstance(held, ProbeWaiter)
+        observer = self._observer
         if observer is not None:
-            if waiter is None and not queued:
+            if decided:
                 observer.on_decision(kind, decision, time.perf_counter() - start)
             else:  # not decided yet: only what the latch did counts
                 observer.on_check(decision)
-        if self._class_decided is not None and waiter is None and not queued:
+        if decided and self._class_decided is not None:
             self._class_decided(klass, decision)
         if blind_changed or decision.transition is not None:
             self._log.changed(decision, blind_changed)
-        if waiter is not None:
-            return waiter
-        if entry is not None:
-            return AdmissionTicket(reservations, entry)
-        if queued and not waiting:
-            return Queued((decision, retry_after_s, (current, pending)), klass, tenant)
-        return decision, retry_after_s, (current, pending)
+
+    def _outcome(
+        self,
+        held: Reservation | ProbeWaiter | int | None,
+        decision: CapacityDecision,
+        current: int,
+        pending: int,
+        klass: str,
+        tenant: str | None,
+        waiting: bool,
+    ) -> Outcome:
+        """What :meth:`admit` answers for ``held``: a ticket, the waiter, a place in the
+        queue (a request in it already: its refusal), or a refusal."""
+        if isinstance(held, Reservation):
+            return AdmissionTicket(self.reservations, held)
+        if isinstance(held, ProbeWaiter):
+            return held
+        if held is None:
+            refused = decision, 0, (current, pending)
+            return refused if waiting else Queued(refused, klass, tenant)
+        return decision, held, (current, pending)
 
     async def admit_later(
         self,

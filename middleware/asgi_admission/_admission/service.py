@@ -597,8 +597,10 @@ class AdmissionService:
         # code, so it is asked once, before the critical section, never inside it.
         own = reservations.reconcile(self._app_count() if self._counts_app else None)
         route = reservations.route(scope)
-        if klass is None:
-            klass, tenant = self._class_and_tenant(scope, route)
+        if klass is None:  # its own class and tenant, found here
+            priorities, tenants = self._priorities, self.tenants
+            klass = DEFAULT_CLASS if priorities is None else priorities.of(scope, route)
+            tenant = None if tenants is None else tenants.of(scope)
         queue = self.wait_queue
         # Others wait for capacity (here, or in another worker: the order's): deciding
         # this one now would let it jump the line.
@@ -606,10 +608,22 @@ class AdmissionService:
             return Queued(behind_others(self.controller.pressure_state), klass, tenant)
         probing = reservations.probing and route not in reservations.view.known()
         with self._attempt:
-            decision, answer, current, pending = self._decision(
-                own, route, klass, tenant, probing, expired, waiting
-            )
-            held = self._carry_out(decision, answer, kind, scope, route, waited, tenant)
+            answer: ProbeAnswer = "known"
+            if tenant is None and not probing and self.ceilings is None:
+                # The common case (no tenant, no probe, one class), with no call more (it is
+                # the session path): the latch alone, on a bound where one admits.
+                decision, current, pending = self._decide.counting(self.ledger, own, route)
+            else:
+                decision, answer, current, pending = self._decision(
+                    own, route, klass, tenant, probing, expired, waiting
+                )
+            # What the decision comes to: an admitted session's reservation, a probe
+            # waiter, a refusal's Retry-After delay, or None: it may wait in the queue.
+            held: Reservation | ProbeWaiter | int | None
+            if answer != "wait" and decision.allowed:
+                held = self._reserve(decision.memory, kind, scope, route, tenant, answer == "probe")
+            else:
+                held = self._not_admitted(decision, answer, route, waited)
             # A fast-path decision reads a bound (usage with its cache), never
             # used for settling: an exact reading of the working set is due instead.
             memory = decision.memory
@@ -617,18 +631,24 @@ class AdmissionService:
             blind_changed = self._log.note_blind(decision)
         if settled:
             apply(settled)
-        self._tell(kind, klass, decision, held, blind_changed, start)
-        return self._outcome(held, decision, current, pending, klass, tenant, waiting)
+        # Told: the observer, the class's count and the decision log. A probe waiter's or a
+        # queued request's decision is not decided yet: only what the latch did counts.
+        decided = held is not None and not isinstance(held, ProbeWaiter)
+        observer = self._observer
+        if observer is not None:
+            if decided:
+                observer.on_decision(kind, decision, time.perf_counter() - start)
+            else:
+                observer.on_check(decision)
+        if decided and self._class_decided is not None:
+            self._class_decided(klass, decision)
+        if blind_changed or decision.transition is not None:
+            self._log.changed(decision, blind_changed)
+        if isinstance(held, Reservation):
+            return AdmissionTicket(reservations, held)
+        return self._not_admitted_outcome(held, decision, current, pending, klass, tenant, waiting)
 
-    # The steps of :meth:`admit`, in its order. ``held`` is what the decision came to in
-    # the critical section: the reservation of an admitted session, a probe waiter, a
-    # refusal's Retry-After delay, or ``None``: refused for now, it may wait in the queue.
-
-    def _class_and_tenant(self, scope: Scope | None, route: str) -> tuple[str, str | None]:
-        """The priority class and tenant of a request nobody gave them for."""
-        priorities, tenants = self._priorities, self.tenants
-        klass = DEFAULT_CLASS if priorities is None else priorities.of(scope, route)
-        return klass, None if tenants is None else tenants.of(scope)
+    # The steps of :meth:`admit`, in its order.
 
     def _decision(
         self,
@@ -640,14 +660,11 @@ class AdmissionService:
         expired: bool,
         waiting: bool,
     ) -> tuple[CapacityDecision, ProbeAnswer, int, int]:
-        """The decision inside the critical section, the probes' answer and the counts
+        """The decision inside the critical section for a request with a tenant, of a
+        probed route or under priority classes; with the probes' answer and the counts
         (current, pending) it was decided on."""
-        ledger, decide = self.ledger, self._decide
-        if tenant is None and not probing and self.ceilings is None:
-            decision, current, pending = decide.counting(ledger, own, route)
-            return decision, "known", current, pending
-        current, pending = ledger.counts(own)
-        tenants = self.tenants
+        current, pending = self.ledger.counts(own)
+        tenants, decide = self.tenants, self._decide
         if (
             tenant is not None
             and tenants is not None
@@ -664,23 +681,19 @@ class AdmissionService:
         decision = decide.by_class(klass, self.read(), route, current, pending)
         return decision, "known", current, pending
 
-    def _carry_out(
+    def _not_admitted(
         self,
         decision: CapacityDecision,
         answer: ProbeAnswer,
-        kind: Kind,
-        scope: Scope | None,
         route: str,
         waited: ProbeWaiter | None,
-        tenant: str | None,
-    ) -> Reservation | ProbeWaiter | int | None:
-        """What the decision comes to inside the critical section (``held``, above)."""
+    ) -> ProbeWaiter | int | None:
+        """What a decision that admits nobody yet comes to inside the critical section: a
+        probe waiter, a refusal's Retry-After delay, or ``None``: it may wait in the queue."""
         if answer == "wait":
             # Waits for its probes' evidence (a waiter that waited keeps its deadline).
             deadline = time.monotonic() + self.config.probe_wait_s
             return self._probe_waiters.add(route, deadline, waited)
-        if decision.allowed:
-            return self._reserve(decision.memory, kind, scope, route, tenant, answer == "probe")
         if self.wait_queue is not None and decision.reason in WAITABLE:
             return None
         # Refused, not waiting: for the fair share, requests are being refused.
@@ -714,32 +727,9 @@ class AdmissionService:
             probe=probe,
         )
 
-    def _tell(
+    def _not_admitted_outcome(
         self,
-        kind: Kind,
-        klass: str,
-        decision: CapacityDecision,
-        held: Reservation | ProbeWaiter | int | None,
-        blind_changed: bool,
-        start: float,
-    ) -> None:
-        """Tells the observer, the class's count and the decision log of the decision: a
-        probe waiter's or a queued request's is only a check of the latch."""
-        decided = held is not None and not isinstance(held, ProbeWaiter)
-        observer = self._observer
-        if observer is not None:
-            if decided:
-                observer.on_decision(kind, decision, time.perf_counter() - start)
-            else:  # not decided yet: only what the latch did counts
-                observer.on_check(decision)
-        if decided and self._class_decided is not None:
-            self._class_decided(klass, decision)
-        if blind_changed or decision.transition is not None:
-            self._log.changed(decision, blind_changed)
-
-    def _outcome(
-        self,
-        held: Reservation | ProbeWaiter | int | None,
+        held: ProbeWaiter | int | None,
         decision: CapacityDecision,
         current: int,
         pending: int,
@@ -747,10 +737,8 @@ class AdmissionService:
         tenant: str | None,
         waiting: bool,
     ) -> Outcome:
-        """What :meth:`admit` answers for ``held``: a ticket, the waiter, a place in the
-        queue (a request in it already: its refusal), or a refusal."""
-        if isinstance(held, Reservation):
-            return AdmissionTicket(self.reservations, held)
+        """What :meth:`admit` answers for a request it did not admit: the probe waiter, a
+        place in the queue (a request in it already: its refusal), or a refusal."""
         if isinstance(held, ProbeWaiter):
             return held
         if held is None:

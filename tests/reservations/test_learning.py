@@ -13,8 +13,10 @@ from asgi_admission._admission.reservations.learning import (
     DRIFT_BYTES_PER_S,
     HORIZON_S,
     KEPT,
+    Overlap,
     RouteEstimate,
     SessionLearner,
+    Window,
     effective_reserve,
     empty_observations,
     percentile,
@@ -215,6 +217,44 @@ def test_merge_replaces_with_the_shared_observations() -> None:
     assert learner.version == version + 1
     estimate = learner.estimate(ROUTE)
     assert estimate == RouteEstimate(ROUTE, 20 * MIB, 1.0, 2)
+
+
+def test_a_probes_figure_caps_bounds_from_windows_that_always_had_company() -> None:
+    """Where every window of a route had company and ran long (no clean value: nothing
+    ramped alone), its bounds count the others' growth in full; a concluded probe's
+    growth per session, the route's others waiting, caps them as a clean value would.
+    (In the churn bench's unmeasured mode such bounds once made a 48 MiB route's
+    footprint 600 MiB: bench/README.md, "The eighteenth session: ten seeds unmeasured,
+    and where a run loses a third".)"""
+    crowded = empty_observations()
+    crowded["windows"] = [
+        Window(400.0 * MIB, 7.0, None, (Overlap("POST /processes", 1.0, 0.9, 0.0, 0.0),), False)
+        for _ in range(4)
+    ]
+    learner = SessionLearner()
+    learner.merge({ROUTE: crowded})
+    bound = learner.estimate(ROUTE)
+    assert bound is not None
+    assert bound.footprint_bytes > 300 * MIB
+    learner.probed(ROUTE, 48 * MIB)
+    capped = learner.estimate(ROUTE)
+    assert capped is not None
+    assert capped.footprint_bytes == 48 * MIB
+    # A figure only caps: alone it learns nothing (the probe's provisional one stands).
+    alone = SessionLearner()
+    alone.probed("POST /other", 48 * MIB)
+    assert alone.estimate("POST /other") is None
+    # It is kept with the route's observations, for the other workers.
+    assert learner.observations()[ROUTE]["probed"] == [48.0 * MIB]
+    # Beside a clean value it counts for nothing: a probe's growth may hold other
+    # routes' sessions' too, so a larger figure never lifts the cap a clean value sets.
+    with_clean = empty_observations()
+    with_clean["windows"] = [*crowded["windows"], Window(50.0 * MIB, 1.0, 0.1, (), True)]
+    with_clean["probed"] = [104.0 * MIB]
+    learner.merge({ROUTE: with_clean})
+    clean = learner.estimate(ROUTE)
+    assert clean is not None
+    assert clean.footprint_bytes == 50 * MIB
 
 
 @pytest.mark.parametrize(

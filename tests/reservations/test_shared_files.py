@@ -256,6 +256,7 @@ def observed(
     ends: Sequence[float] = (),
     exact: Sequence[float] = (),
     windows: Sequence[Window] = (),
+    probed: Sequence[float] = (),
 ) -> Observations:
     """What one route's observations look like in the file."""
     return {
@@ -265,6 +266,7 @@ def observed(
             "ends": [float(v) for v in ends],
             "exact": [float(v) for v in exact],
             "windows": list(windows),
+            "probed": [float(v) for v in probed],
         }
     }
 
@@ -307,6 +309,19 @@ def test_windows_and_ends_are_shared_and_read_back(tmp_path: Path) -> None:
     assert again["POST /s"]["ends"] == [48.0 * MIB]
     assert again["POST /s"]["exact"] == [41.0 * MIB]
     assert json.loads((tmp_path / LEARNED_FILE).read_text())["version"] == 2
+
+
+def test_probes_figures_are_shared_and_a_file_without_them_still_reads(tmp_path: Path) -> None:
+    """A concluded probe's growth per session goes through the file with the rest; a file
+    written before it was kept (no ``probed``) reads as having none."""
+    store = LearnedStore(str(tmp_path), keep=2)
+    store.add(observed("POST /s", probed=[48 * MIB, 50 * MIB, 52 * MIB]))
+    again = LearnedStore(str(tmp_path), keep=2).load()
+    assert again["POST /s"]["probed"] == [50.0 * MIB, 52.0 * MIB]
+    document = json.loads((tmp_path / LEARNED_FILE).read_text())
+    del document["routes"]["POST /s"]["probed"]
+    (tmp_path / LEARNED_FILE).write_text(json.dumps(document))
+    assert LearnedStore(str(tmp_path), keep=2).load()["POST /s"]["probed"] == []
 
 
 def test_a_version_1_file_is_read_as_per_session_values(tmp_path: Path) -> None:

@@ -150,11 +150,13 @@ def footprint(route: str, state: _Route, typical: Mapping[str, float]) -> Footpr
         exact = [w for w in state.windows if w.exact]
         windows = exact if len(exact) >= MIN_EXACT_WINDOWS else state.windows
         size = percentile(attributed(route, w, typical) for w in windows)
-        clean = _clean(state)
-        if clean:
-            # Other sessions' growth inflates the bounds: what its sessions showed with
-            # nothing else ramping caps them (one such session is already a measure).
-            size = min(size, percentile(clean))
+        # Other sessions' growth inflates the bounds: what its sessions showed with
+        # nothing else ramping caps them (one such session is already a measure), else
+        # what its probes grew by with the route's others waiting (other routes' sessions
+        # may have grown in that too, so it never outweighs a clean value).
+        caps = _clean(state) or list(state.probed)
+        if caps:
+            size = min(size, percentile(caps))
     if per_session and (not state.windows or len(per_session) >= MIN_PER_SESSION):
         # Alone, the per-session values' high percentile; beside windows, they
         # raise the estimate where most of them say more.
@@ -1043,6 +1045,10 @@ class RouteObservations(TypedDict):
     #: Exact per-session peaks: a session's own memory group (no attribution needed).
     exact: list[float]
     windows: list[Window]
+    #: A concluded probe's growth per session, the route's other sessions waiting: it caps
+    #: the route's bounds as a clean value does, but is never what a session typically
+    #: adds (other routes' sessions may have grown in it too).
+    probed: list[float]
 
 
 Observations = dict[str, RouteObservations]
@@ -1068,7 +1074,7 @@ class RouteEstimate:
 
 
 def empty_observations() -> RouteObservations:
-    return {"footprints": [], "ramps": [], "ends": [], "exact": [], "windows": []}
+    return {"footprints": [], "ramps": [], "ends": [], "exact": [], "windows": [], "probed": []}
 
 
 @dataclass(slots=True, eq=False)
@@ -1078,6 +1084,7 @@ class _Route:
     ends: deque[float] = field(default_factory=lambda: deque(maxlen=KEPT))
     exact: deque[float] = field(default_factory=lambda: deque(maxlen=KEPT))
     windows: deque[Window] = field(default_factory=lambda: deque(maxlen=KEPT))
+    probed: deque[float] = field(default_factory=lambda: deque(maxlen=KEPT))
     #: Sessions admitted here and not seen ended (fractions: ends of unknown route).
     live: float = 0.0
 
@@ -1087,6 +1094,7 @@ class _Route:
         self.ends.extend(values["ends"])
         self.exact.extend(values["exact"])
         self.windows.extend(values["windows"])
+        self.probed.extend(values["probed"])
 
 
 class SessionLearner:
@@ -1241,6 +1249,17 @@ class SessionLearner:
             new["ramps"].append(ramp)
         self._changed()
 
+    def probed(self, route: str, per_session_bytes: float) -> None:
+        """A probe trial of ``route`` concluded with this growth per probe, the route's
+        other sessions waiting (``probing.py``): a cap on the route's bounds."""
+        state = self._route(route)
+        if state is None:
+            return
+        value = float(max(0, int(per_session_bytes)))
+        state.probed.append(value)
+        self._new.setdefault(route, empty_observations())["probed"].append(value)
+        self._changed()
+
     # -- estimates -----------------------------------------------------------------------
 
     def estimate(self, route: str) -> RouteEstimate | None:
@@ -1270,9 +1289,15 @@ class SessionLearner:
                 "ends": list(state.ends),
                 "exact": list(state.exact),
                 "windows": list(state.windows),
+                "probed": list(state.probed),
             }
             for route, state in self._routes.items()
-            if state.footprints or state.ramps or state.ends or state.exact or state.windows
+            if state.footprints
+            or state.ramps
+            or state.ends
+            or state.exact
+            or state.windows
+            or state.probed
         }
 
     def merge(self, observations: Observations) -> None:

@@ -615,10 +615,15 @@ class Probes:
         *,
         timed_out: bool = False,
     ) -> None:
-        """The trial's evidence is in. A clean trial closes the route's learning windows (the
-        route is learned); otherwise its growth per probe is a provisional footprint,
-        never below the guess where a session ended meanwhile or the trial timed out."""
+        """The trial's evidence is in. Its growth per probe caps the route's learned bounds
+        where no session ended meanwhile and it did not time out. A clean trial closes the
+        route's learning windows (the route is learned); otherwise its growth per probe is
+        a provisional footprint, never below the guess where a session ended meanwhile or
+        the trial timed out."""
         footprint = trial.per_probe()
+        if learner is not None and not (trial.ended or timed_out):
+            # Its growth, the route's others waiting, caps what crowded windows say.
+            learner.probed(trial.route, footprint)
         if learner is None or not learner.close_windows(trial.route):
             if trial.ended or timed_out:
                 footprint = max(footprint, trial.guess_bytes)

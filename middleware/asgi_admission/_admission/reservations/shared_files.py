@@ -364,6 +364,7 @@ class LearnedStore:
                 "ends": _missing(into["ends"], values["ends"]),
                 "exact": _missing(into["exact"], values["exact"]),
                 "windows": _missing(into["windows"], values["windows"]),
+                "probed": _missing(into["probed"], values["probed"]),
             }
             _append(into, missing, self.keep)
 
@@ -412,6 +413,7 @@ def _append(into: RouteObservations, values: RouteObservations, keep: int) -> No
     into["ends"] = [*into["ends"], *values["ends"]][-keep:]
     into["exact"] = [*into["exact"], *values["exact"]][-keep:]
     into["windows"] = [*into["windows"], *values["windows"]][-keep:]
+    into["probed"] = [*into["probed"], *values["probed"]][-keep:]
 
 
 def _missing(held: list[_T], values: list[_T]) -> list[_T]:
@@ -442,6 +444,7 @@ def _to_json(values: RouteObservations) -> dict[str, list[Any]]:
             ]
             for w in values["windows"]
         ],
+        "probed": values["probed"],
     }
 
 
@@ -469,6 +472,7 @@ def _from_json(values: Any, keep: int) -> RouteObservations:
         "ends": [float(v) for v in values.get("ends", [])][-keep:],
         "exact": [float(v) for v in values.get("exact", [])][-keep:],
         "windows": windows,
+        "probed": [float(v) for v in values.get("probed", [])][-keep:],
     }
 
 

@@ -335,6 +335,11 @@ DEMO = [sys.executable, "-m", "asgi_admission.cli", "demo"]
 SERVER_START_S = 240.0
 
 
+#: How long the tests' clients keep an idle connection to a server: below uvicorn's
+#: keep-alive timeout (5 s), so that the server never closes one as it is reused.
+CLIENT_IDLE_S = 2.0
+
+
 class Demo:
     """``asgi-admission demo`` (or ``command``, which takes ``--port``) started with
     ``prefix`` (a group to join, a container's view) and only the ``ADMISSION_*``
@@ -376,6 +381,13 @@ class Demo:
     def log(self) -> str:
         return self.log_path.read_text()
 
+    def client(self, timeout: float) -> httpx.Client:
+        """A client of the server that drops a connection idle ``CLIENT_IDLE_S``: httpx
+        keeps one 5 s by default, as long as uvicorn's keep-alive timeout, and a request
+        sent on a connection as the server closes it is reset (``ECONNRESET``)."""
+        limits = httpx.Limits(keepalive_expiry=CLIENT_IDLE_S)
+        return httpx.Client(base_url=self.base_url, timeout=timeout, limits=limits)
+
     def kill(self) -> None:
         """SIGKILL the server alone (its children and groups stay, as after a crash)."""
         os.kill(self.proc.pid, signal.SIGKILL)
@@ -394,11 +406,16 @@ def demo(
     env: Mapping[str, str] | None = None,
     **settings: str,
 ) -> Iterator[Demo]:
-    """A :class:`Demo`, ready, stopped at the end (even after a failure)."""
+    """A :class:`Demo`, ready, stopped at the end (even after a failure, when the end of
+    its log is printed for the report)."""
     server = Demo(prefix, log, command=command, env=env, **settings)
     try:
         server.wait_ready()
         yield server
+    except BaseException:
+        state = "running" if server.proc.poll() is None else f"exit {server.proc.returncode}"
+        print(f"--- the demo ({state}), the end of its log ---\n{server.log()[-6000:]}")
+        raise
     finally:
         server.stop()
 
@@ -438,7 +455,7 @@ def offender_run(
     watchdog), waited for up to 120 s. Otherwise (session groups off) the kernel's OOM
     killer may end it before the watchdog samples it, with no halt, or neither within
     20 s: its state after at most 20 s is taken as it is, for the record."""
-    with httpx.Client(base_url=server.base_url, timeout=300) as client:
+    with server.client(timeout=300) as client:
         opened = []
         for last in (False, False, True):
             params = {"hold_mb": 16, "budget_mb": BUDGET_MB, "burst": int(burst and last)}

@@ -9,6 +9,7 @@ these tests show that the end's freed memory counts for the sessions still settl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator
 
@@ -18,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from asgi_admission import AdmissionMiddleware, AdmissionTicket, admission_ticket
+from asgi_admission import AdmissionMiddleware, AdmissionTicket, MemoryReading, admission_ticket
 from kits.pollkit import wait_for
 from kits.suitekit import MIB
 
@@ -78,13 +79,46 @@ def build(
         )
 
 
+class RampingReader(SettableReader):
+    """A reader whose working set, once :meth:`ramp` is called, grows at a steady rate
+    until the amount given has come, whenever it is read: the rate between any two
+    readings is the ramp's, as a test thread stepping the figure under CPU contention
+    (a late sleep, two readings of one step) would not make it."""
+
+    def __init__(self, used_mb: float, limit_mb: float) -> None:
+        super().__init__(used_mb, limit_mb)
+        self._ramp: tuple[float, int, int] | None = None  # start, bytes, bytes per second
+
+    def ramp(self, mb: float, mb_per_s: float) -> None:
+        self._ramp = (time.monotonic(), int(mb * MIB), int(mb_per_s * MIB))
+
+    def fall(self, mb: float) -> None:
+        """Memory freed at once, while the ramp goes on."""
+        self.used -= int(mb * MIB)
+
+    def ramped(self) -> bool:
+        return self._ramp is not None and self._grown() == self._ramp[1]
+
+    def _grown(self) -> int:
+        if self._ramp is None:
+            return 0
+        start, total, rate = self._ramp
+        return min(total, int(rate * (time.monotonic() - start)))
+
+    def __call__(self) -> MemoryReading:
+        reading = super().__call__()
+        if reading.used_bytes is None:
+            return reading
+        return dataclasses.replace(reading, used_bytes=reading.used_bytes + self._grown())
+
+
 @contextlib.contextmanager
 def second_pending(
-    sessions: Sessions | None = None,
+    sessions: Sessions | None = None, reader: SettableReader | None = None
 ) -> Iterator[tuple[SettableReader, AdmissionMiddleware, TestClient]]:
     """A guard whose first session has settled (its 96 MiB in) and whose second has just
     been admitted, pending: the reader, the guard and a client inside its lifespan."""
-    reader = SettableReader(used_mb=100, limit_mb=2000)
+    reader = SettableReader(used_mb=100, limit_mb=2000) if reader is None else reader
     mw = build(reader, Sessions() if sessions is None else sessions)
     with TestClient(mw) as client:
         assert client.post("/sessions").status_code == 201
@@ -98,18 +132,16 @@ def test_a_session_ending_while_another_ramps_does_not_hold_the_ramping_one() ->
     """The first session settles; the second is admitted and ramps at 64 MiB a second;
     the first closes mid-ramp and frees its 96 MiB at once, so the working set falls. The
     second settles once its 96 MiB are in, not at the 120 s timeout."""
-    with second_pending() as (reader, mw, client):
+    reader = RampingReader(used_mb=100, limit_mb=2000)
+    with second_pending(reader=reader) as (_reader, mw, client):
         assert mw.session_counts() == (1, 1)  # counted once, as pending
         time.sleep(0.3)
-        used = 100 + RESERVE_MB
-        for step in range(1, 13):
-            used += 8
-            if step == 7:
-                assert client.delete("/sessions").status_code == 200
-                used -= RESERVE_MB
-            reader.set_mb(used)
-            time.sleep(0.125)
-        assert used == 100 + RESERVE_MB  # the second's 96 MiB, the first's gone
+        reader.ramp(RESERVE_MB, mb_per_s=64)  # 1.5 s
+        time.sleep(0.8)
+        assert client.delete("/sessions").status_code == 200
+        reader.fall(RESERVE_MB)
+        wait_for(reader.ramped, 5, "the second's memory to come")
+        assert reader().used_bytes == (100 + RESERVE_MB) * MIB  # the second's, not the first's
         wait_for(lambda: mw.session_counts() == (1, 0), 3, "the app to count it")
 
 

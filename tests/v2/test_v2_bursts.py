@@ -107,7 +107,7 @@ def run(group: Path, tmp_path: Path, **settings: str) -> Burst:
     """The burst after a warm-up, in a container's view of ``group``: its figures."""
     with (
         demo(container(group), tmp_path / "demo.log", env=settings) as server,
-        httpx.Client(base_url=server.base_url, timeout=300) as client,
+        server.client(timeout=300) as client,
     ):
         footprint, baseline = warm_up(client, group)
         capacity = math.floor((CEILING - baseline) / footprint)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from kits.cgroupkit import container, demo, metric, oom_kills, v2_group
@@ -46,7 +45,7 @@ def test_psi_is_exported_and_a_leak_is_stuck_then_clears(tmp_path: Path) -> None
     with (
         v2_group(256, "stuck") as group,
         demo(container(group), tmp_path / "leak.log", command=LEAK_APP, env=settings) as server,
-        httpx.Client(base_url=server.base_url, timeout=60) as client,
+        server.client(timeout=60) as client,
     ):
         stall = metric(client, "asgi_admission_memory_pressure_stall_ratio")
         assert stall is not None

@@ -49,7 +49,7 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, Demo, httpx.Client]]:
     with (
         v2_group(256, "resize") as group,
         demo(container(group), tmp_path / "demo.log", env=SETTINGS) as server,
-        httpx.Client(base_url=server.base_url, timeout=300) as client,
+        server.client(timeout=300) as client,
     ):
         yield group, server, client
 

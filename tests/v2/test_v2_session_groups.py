@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from kits.cgroupkit import (
@@ -117,7 +116,7 @@ def test_a_container_started_through_the_entrypoint_recipe_gets_session_groups(
     with v2_group(CONTAINER_MB, "groups_recipe") as group:
         prefix = [*container(group), "sh", str(recipe)]
         with demo(prefix, tmp_path / "demo.log", ADMISSION_SESSION_GROUPS="auto") as server:
-            with httpx.Client(base_url=server.base_url, timeout=60) as client:
+            with server.client(timeout=60) as client:
                 limit = metric(client, "asgi_admission_memory_limit_bytes")
             run = run_with_events(server, group / SESSION_GROUPS)
             in_leaf = procs(group / "server")

@@ -10,6 +10,7 @@ import uvicorn
 from mwkit import SettableReader, TestClient, controller
 
 from asgi_admission import cli
+from asgi_admission.cli.demo import KEEP_ALIVE_S
 from asgi_admission.demo import create_app, hold_memory
 
 
@@ -76,6 +77,7 @@ def test_demo_command_runs_uvicorn(monkeypatch: pytest.MonkeyPatch) -> None:
     assert kwargs["factory"] is True
     assert (kwargs["host"], kwargs["port"], kwargs["workers"]) == ("127.0.0.1", 8123, 2)
     assert os.environ["DEMO_SESSION_MB"] == "5"
+    assert kwargs["timeout_keep_alive"] == KEEP_ALIVE_S
     # The guard's latch messages reach the console at INFO; uvicorn's own config is untouched.
     assert kwargs["log_config"]["loggers"]["asgi_admission"]["level"] == "INFO"
     assert "asgi_admission" not in uvicorn.config.LOGGING_CONFIG["loggers"]

@@ -9,6 +9,12 @@ from typing import Any
 
 from asgi_admission.cli.errors import UsageError
 
+#: How long an idle connection stays open, in seconds (uvicorn's default is 5). A proxy
+#: keeps its connections to a pod open longer (ingress-nginx 60 s), and a request it
+#: sends on one just as the server closes it is reset: the proxy answers 502
+#: (docs/containers.md, "Replicas behind a proxy").
+KEEP_ALIVE_S = 75
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
@@ -53,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         log_level=args.log_level,
+        timeout_keep_alive=KEEP_ALIVE_S,
         log_config=log_config(uvicorn.config.LOGGING_CONFIG),
     )
     return 0

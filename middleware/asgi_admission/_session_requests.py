@@ -25,7 +25,7 @@ from asgi_admission._admission.reservations.tickets import (
     AdmissionTicket,
     reservation_of,
 )
-from asgi_admission._admission.scheduling.queue import Queued
+from asgi_admission._admission.scheduling.queue import Queued, Refused
 from asgi_admission._admission.service import AdmissionService, Outcome
 from asgi_admission._config import WebSocketRefusal
 from asgi_admission._proxy.room import RoomView, reporting
@@ -460,7 +460,7 @@ class HttpSessionResponder:
                 outcome = await service.wait_for_room("http", scope, outcome, self._listening)
             if outcome is None:
                 return  # the client left while it waited: it holds nothing
-            if isinstance(outcome, tuple):
+            if isinstance(outcome, Refused):
                 decision, retry_after_s, counts = outcome
                 body_text = guarded.refusal.body(decision, retry_after_s, counts)
                 await send_http_refusal(send, retry_after_s, body_text)
@@ -535,7 +535,7 @@ class WebSocketSessionResponder:
                 outcome = await service.wait_for_room("websocket", scope, outcome, self._listening)
             if outcome is None:
                 return  # the client left while it waited: it holds nothing
-            if isinstance(outcome, tuple):
+            if isinstance(outcome, Refused):
                 decision, retry_after_s, counts = outcome
                 await send_websocket_refusal(
                     scope,

@@ -742,9 +742,9 @@ class AdmissionService:
         if isinstance(held, ProbeWaiter):
             return held
         if held is None:
-            refused = decision, 0, (current, pending)
+            refused = Refused(decision, 0, (current, pending))
             return refused if waiting else Queued(refused, klass, tenant)
-        return decision, held, (current, pending)
+        return Refused(decision, held, (current, pending))
 
     async def admit_later(
         self,
@@ -773,7 +773,7 @@ class AdmissionService:
                 if self._priorities is not None and scope is not None:
                     klass = self._priorities.of(scope, self.reservations.route(scope))
                 self._class_decided(klass, decision)
-            return decision, self.retry_after.next_delay(), (0, 0)
+            return Refused(decision, self.retry_after.next_delay(), (0, 0))
 
     async def wait(
         self, kind: Kind, scope: Scope, waiter: ProbeWaiter, listening: Listener | None
@@ -824,7 +824,7 @@ class AdmissionService:
             self._observer.on_decision(kind, refused, waited.waited_s)
         if self._class_decided is not None:
             self._class_decided(queued.class_name, refused)
-        return refused, self._decide.retry_delay(refused, ""), counts
+        return Refused(refused, self._decide.retry_delay(refused, ""), counts)
 
     def leave(self, waiter: ProbeWaiter) -> None:
         """A probe waiter goes before it waited (its client left, or sent no connect)."""

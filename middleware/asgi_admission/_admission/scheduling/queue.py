@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 from asgi_admission._admission.decision.latch import CapacityDecision, Reason, State
 from asgi_admission._admission.ledger.ledger import LedgerBusy
@@ -354,8 +354,15 @@ class WaitQueue(Generic[T]):
 # evidence (``_factory.py`` wires both), another worker's ring (``OrderBell``), and
 # :class:`FreedWatch`, the fallback where a ring was lost or capacity freed elsewhere.
 
-#: What a refusal needs: the decision, the Retry-After delay, (active, pending).
-Refused = tuple[CapacityDecision, int, tuple[int, int]]
+
+class Refused(NamedTuple):
+    """A request refused: what its answer needs."""
+
+    decision: CapacityDecision
+    retry_after_s: int
+    #: The sessions (active, pending) it was decided with.
+    counts: tuple[int, int]
+
 
 #: The refusals a wait for capacity may turn into an admission: those that sessions
 #: ending, settling or being learned can lift.
@@ -415,10 +422,10 @@ async def wait_in_line(
             return Verdict.FULL
         if isinstance(outcome, AdmissionTicket):
             return outcome
-        assert isinstance(outcome, tuple)  # a waiter's decision is never held nor queued
+        assert isinstance(outcome, Refused)  # a waiter's decision is never held nor queued
         last[0] = outcome
         # Its tenant holds its share: it keeps its place, and those behind are tried.
-        return Verdict.DEFERRED if outcome[0].reason == "tenant_share" else Verdict.FULL
+        return Verdict.DEFERRED if outcome.decision.reason == "tenant_share" else Verdict.FULL
 
     class_name = queued.class_name
     if freed is not None:
@@ -437,11 +444,11 @@ async def wait_in_line(
 
 def ran_out(outcome: str, last: Refused) -> tuple[CapacityDecision, tuple[int, int]]:
     """The refusal, and its counts, of a wait that ended ``timeout`` or ``full``."""
-    decision, _, counts = last
+    decision = last.decision
     reason: Reason = "queue_full" if outcome == "full" else "queue_timeout"
     if decision.reason == "tenant_share":
         reason = "tenant_share"  # it waited for its tenant's share, not for room
-    return dataclasses.replace(decision, reason=reason, transition=None), counts
+    return dataclasses.replace(decision, reason=reason, transition=None), last.counts
 
 
 class FreedWatch:
@@ -497,7 +504,7 @@ class FreedWatch:
 def behind_others(state: State) -> Refused:
     """The refusal of a request behind others that cannot wait: the latch as it stands."""
     reason: Reason = "memory_pressure" if state == "pressured" else "session_limit"
-    return CapacityDecision(False, state, UNAVAILABLE, reason), 0, (0, 0)
+    return Refused(CapacityDecision(False, state, UNAVAILABLE, reason), 0, (0, 0))
 
 
 def counted_and_used(

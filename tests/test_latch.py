@@ -453,22 +453,26 @@ def test_internal_rounded_comparisons_agree_with_round_next_to_the_bound(bound: 
         assert _rounded_at_most(percent, bound) is (round(percent, 2) <= bound), percent
 
 
-def test_memory_room_counts_the_reserves_that_still_fit() -> None:
-    """memory_room is the reserves that fit under the high watermark above the working set
-    and the pending ones; 0 while latched, None blind or with no reserve below high."""
+def test_admissible_by_memory_counts_the_reserves_that_still_fit() -> None:
+    """admissible_by_memory is the reserves that fit under the high watermark above the
+    working set and the pending ones; 0 while latched, None blind or with no reserve
+    below high."""
     reading = MemoryReading(used_bytes=300, limit_bytes=LIMIT, available=True)
     latch = AdmissionController(reserve_bytes=100, memory_reader=lambda: reading)
-    assert latch.memory_room(reading) == 5  # (800 - 300) // 100
-    assert latch.memory_room(reading, pending_sessions=2) == 3
+    assert latch.admissible_by_memory(reading) == 5  # (800 - 300) // 100
+    assert latch.admissible_by_memory(reading, pending_sessions=2) == 3
     assert (
-        latch.memory_room(MemoryReading(used_bytes=300, limit_bytes=None, available=True)) is None
+        latch.admissible_by_memory(MemoryReading(used_bytes=300, limit_bytes=None, available=True))
+        is None
     )
-    assert latch.memory_room(None) is None
+    assert latch.admissible_by_memory(None) is None
     unreserved = AdmissionController(reserve_bytes=0, memory_reader=lambda: reading)
-    assert unreserved.memory_room(reading) is None
+    assert unreserved.admissible_by_memory(reading) is None
     assert (
-        unreserved.memory_room(MemoryReading(used_bytes=800, limit_bytes=LIMIT, available=True))
+        unreserved.admissible_by_memory(
+            MemoryReading(used_bytes=800, limit_bytes=LIMIT, available=True)
+        )
         == 0
     )
     latch.decide(MemoryReading(used_bytes=900, limit_bytes=LIMIT, available=True), 0, None)
-    assert (latch.pressure_state, latch.memory_room(reading)) == ("pressured", 0)
+    assert (latch.pressure_state, latch.admissible_by_memory(reading)) == ("pressured", 0)

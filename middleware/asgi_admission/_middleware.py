@@ -24,7 +24,7 @@ from asgi_admission._config import AdmissionConfig, WebSocketRefusal
 from asgi_admission._cors import CORS_INSIDE_WARNING, cors_inside
 from asgi_admission._factory import build_service
 from asgi_admission._proxy.agent import AgentListener
-from asgi_admission._proxy.reports import RoomReports
+from asgi_admission._proxy.reports import ProxyReports
 from asgi_admission._responses import Refusal, answer_liveness, answer_readiness
 from asgi_admission._routes import RouteMatcher, route_path
 from asgi_admission._session_requests import (
@@ -131,7 +131,7 @@ class AdmissionMiddleware:
         )
         #: Where this guard shares its counts (``None``: alone).
         self.shared_dir = service.shared_dir
-        self._reports = RoomReports(service)
+        self._reports = ProxyReports(service)
         self._guarded = Guarded(
             service=service,
             refusal=Refusal(service, expose_details=bool(expose_details)),

@@ -59,10 +59,11 @@ _DETAILS: Final[dict[str, str]] = {
         "and this request's wait for that measurement ran out."
     ),
     "queue_timeout": (
-        "The service had no room for another session, and this request's wait for room ran out."
+        "The service had no capacity for another session, and this request's wait for "
+        "capacity ran out."
     ),
     "queue_full": (
-        "The service has no room for another session, and as many session requests as it "
+        "The service has no capacity for another session, and as many session requests as it "
         "lets wait are waiting already."
     ),
     "tenant_share": (

@@ -28,7 +28,7 @@ from asgi_admission._admission.reservations.tickets import (
 from asgi_admission._admission.scheduling.queue import Queued, Refused
 from asgi_admission._admission.service import AdmissionService, Outcome
 from asgi_admission._config import WebSocketRefusal
-from asgi_admission._proxy.room import RoomView, reporting
+from asgi_admission._proxy.capacity import CapacityView, reporting
 from asgi_admission._responses import (
     Refusal,
     send_http_refusal,
@@ -132,7 +132,7 @@ class BodyReader:
 # --------------------------------------------------------------------------------------
 # The client of a waiter, heard while it waits (for a probe's evidence or for capacity).
 #
-# The service waits (``AdmissionService.wait`` for a probe, ``wait_for_room`` in the wait
+# The service waits (``AdmissionService.wait`` for a probe, ``wait_for_capacity`` in the wait
 # queue); this is what it listens to meanwhile, so that a client that leaves ends the wait.
 #
 # Notes:
@@ -390,7 +390,7 @@ class Guarded:
         service: AdmissionService,
         refusal: Refusal,
         websocket_refusal: WebSocketRefusal,
-        load_report: RoomView | None,
+        load_report: CapacityView | None,
     ) -> None:
         self.service = service
         self.reservations = service.reservations
@@ -400,7 +400,7 @@ class Guarded:
             timeout_s=config.body_timeout_s, buffer_bytes=config.body_buffer_bytes
         )
         self.websocket_refusal = websocket_refusal
-        #: Where session responses report the room from; ``None``: no header.
+        #: Where session responses report the capacity from; ``None``: no header.
         self.load_report = load_report
 
 
@@ -457,7 +457,7 @@ class HttpSessionResponder:
             if isinstance(outcome, ProbeWaiter):
                 outcome = await service.wait("http", scope, outcome, self._listening)
             if isinstance(outcome, Queued):
-                outcome = await service.wait_for_room("http", scope, outcome, self._listening)
+                outcome = await service.wait_for_capacity("http", scope, outcome, self._listening)
             if outcome is None:
                 return  # the client left while it waited: it holds nothing
             if isinstance(outcome, Refused):
@@ -532,7 +532,9 @@ class WebSocketSessionResponder:
             if isinstance(outcome, ProbeWaiter):
                 outcome = await service.wait("websocket", scope, outcome, self._listening)
             if isinstance(outcome, Queued):
-                outcome = await service.wait_for_room("websocket", scope, outcome, self._listening)
+                outcome = await service.wait_for_capacity(
+                    "websocket", scope, outcome, self._listening
+                )
             if outcome is None:
                 return  # the client left while it waited: it holds nothing
             if isinstance(outcome, Refused):

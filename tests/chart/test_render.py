@@ -662,7 +662,7 @@ def test_session_groups_values_reach_the_pod(rendered: dict[str, list[Manifest]]
     assert env_of(server_container(rendered["default"]))["ADMISSION_SESSION_GROUPS"] == "auto"
 
 
-def test_the_room_report_renders_the_agent_port_and_the_header(
+def test_the_proxy_report_renders_the_agent_port_and_the_header(
     rendered: dict[str, list[Manifest]],
 ) -> None:
     """roomReport.agentPort adds the "agent" container port and ADMISSION_AGENT_PORT, and

@@ -36,10 +36,10 @@ from kits.requirekit import require
 
 SESSION_MB = 32
 #: Just under what one such WebSocket session adds to the working set (about 35 MiB):
-#: a session settles once its memory shows (docs/reservations.md), and the room the
+#: a session settles once its memory shows (docs/reservations.md), and the capacity the
 #: agents say is then at most one session too many.
 RESERVE_MB = 34
-#: Three sizes, so that "in proportion to room" means something: about 3, 5 and 7
+#: Three sizes, so that "in proportion to capacity" means something: about 3, 5 and 7
 #: sessions fit.
 LIMITS_MB = (224, 320, 416)
 #: How often HAProxy asks each agent, in milliseconds.
@@ -95,7 +95,7 @@ class Replica:
                 answer += chunk
         return answer.decode()
 
-    def room(self) -> int:
+    def admissible(self) -> int:
         """The admissible sessions its agent says (``ready N%``), 0 for ``drain``."""
         match = re.fullmatch(r"ready (\d+)%\n", self.agent())
         return int(match.group(1)) if match else 0
@@ -141,7 +141,7 @@ def replicas(workdir: Path) -> Iterator[list[Replica]]:
         for replica in started:
             replica.server.wait_ready()
         # One session each first: the server loads its WebSocket code at the first one,
-        # which the room said before it would not have counted.
+        # and a capacity said before then would not count that code.
         asyncio.run(_warm_up(started))
         yield started
 
@@ -365,27 +365,29 @@ class Burst:
         self.sockets.clear()
 
 
-def settle(replicas: list[Replica], rooms: list[int], *, timeout: float = 10) -> None:
-    """Waits until every replica has no session and its agent says ``rooms`` again, or
+def settle(replicas: list[Replica], capacities: list[int], *, timeout: float = 10) -> None:
+    """Waits until every replica has no session and its agent says ``capacities`` again, or
     one session less where the server kept a few MiB of what its sessions freed (an
-    allocator's arenas, on a busy machine): ``rooms`` becomes what they say then, for
+    allocator's arenas, on a busy machine): ``capacities`` becomes what they say then, for
     the tests after."""
     deadline = time.monotonic() + timeout
     while True:
-        seen = [r.room() for r in replicas]
-        if seen == rooms and not any(r.sessions() for r in replicas):
+        seen = [r.admissible() for r in replicas]
+        if seen == capacities and not any(r.sessions() for r in replicas):
             return
-        close = all(room - 1 <= now <= room for now, room in zip(seen, rooms, strict=True))
+        close = all(
+            capacity - 1 <= now <= capacity for now, capacity in zip(seen, capacities, strict=True)
+        )
         if (
             close
             and not any(r.sessions() for r in replicas)
             and time.monotonic() > deadline - timeout / 2
         ):
-            rooms[:] = seen
+            capacities[:] = seen
             return
         if time.monotonic() > deadline:
             agents = [r.agent().strip() for r in replicas]
-            raise TimeoutError(f"the replicas never came back to {rooms}: {agents}")
+            raise TimeoutError(f"the replicas never came back to {capacities}: {agents}")
         time.sleep(0.05)
 
 

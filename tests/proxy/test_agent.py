@@ -20,21 +20,30 @@ from asgi_admission import AdmissionConfig, AdmissionMiddleware, SessionWatchdog
 from asgi_admission._admission.decision.latch import CapacityDecision
 from asgi_admission._memory.reading import MemoryReading
 from asgi_admission._proxy.agent import ANSWER_TIMEOUT_S, MAX_CONNECTIONS
-from asgi_admission._proxy.room import MAX_AGE_S, Room, agent_line, load_metrics, room_of
+from asgi_admission._proxy.capacity import (
+    MAX_AGE_S,
+    Capacity,
+    agent_line,
+    capacity_of,
+    load_metrics,
+)
 from kits.processkit import free_port
 from kits.suitekit import MIB
 
-INTERNAL = "the agent's line and load report for a room, and the listener's bounds and connections"
+INTERNAL = (
+    "the agent's line and load report for a replica's capacity, and the listener's bounds "
+    "and connections"
+)
 
 
 def test_the_line_is_the_admissible_sessions_capped_at_haproxys_256() -> None:
     """``ready N%`` with N the admissible sessions (at most 256), ``ready 100%`` when
     nothing bounds them, ``drain`` when none would be admitted."""
-    assert agent_line(Room(admissible=37, full=False, utilization=0.5)) == b"ready 37%\n"
-    assert agent_line(Room(admissible=1, full=False, utilization=0.5)) == b"ready 1%\n"
-    assert agent_line(Room(admissible=300, full=False, utilization=0.1)) == b"ready 256%\n"
-    assert agent_line(Room(admissible=None, full=False, utilization=0.1)) == b"ready 100%\n"
-    assert agent_line(Room(admissible=0, full=True, utilization=0.9)) == b"drain\n"
+    assert agent_line(Capacity(admissible=37, full=False, utilization=0.5)) == b"ready 37%\n"
+    assert agent_line(Capacity(admissible=1, full=False, utilization=0.5)) == b"ready 1%\n"
+    assert agent_line(Capacity(admissible=300, full=False, utilization=0.1)) == b"ready 256%\n"
+    assert agent_line(Capacity(admissible=None, full=False, utilization=0.1)) == b"ready 100%\n"
+    assert agent_line(Capacity(admissible=0, full=True, utilization=0.9)) == b"drain\n"
 
 
 def reading(used_mb: int, limit_mb: int | None = 1000) -> MemoryReading:
@@ -45,39 +54,39 @@ def reading(used_mb: int, limit_mb: int | None = 1000) -> MemoryReading:
     )
 
 
-def test_a_refusing_decision_or_no_room_drains() -> None:
-    """The latch set (or any refusal) and no admissible session both make a full room;
+def test_a_refusing_decision_or_none_admissible_drains() -> None:
+    """The latch set (or any refusal) and no admissible session both make the replica full;
     the memory share is the working set over the limit, none while blind."""
     latched = CapacityDecision(False, "pressured", reading(850), "memory_pressure")
-    assert room_of(latched, 0) == Room(admissible=0, full=True, utilization=0.85)
+    assert capacity_of(latched, 0) == Capacity(admissible=0, full=True, utilization=0.85)
     capped = CapacityDecision(False, "normal", reading(100), "session_limit")
-    assert room_of(capped, 3).full
-    no_room = CapacityDecision(True, "normal", reading(795), None)
-    assert room_of(no_room, 0).full
+    assert capacity_of(capped, 3).full
+    none_fit = CapacityDecision(True, "normal", reading(795), None)
+    assert capacity_of(none_fit, 0).full
     open_ = CapacityDecision(True, "normal", reading(100), None)
-    assert room_of(open_, 70) == Room(admissible=70, full=False, utilization=0.1)
+    assert capacity_of(open_, 70) == Capacity(admissible=70, full=False, utilization=0.1)
     blind = CapacityDecision(True, "unavailable", reading(100, None), None)
-    assert room_of(blind, 16).utilization is None
+    assert capacity_of(blind, 16).utilization is None
 
 
 def test_the_load_report_is_orca_text() -> None:
     """``endpoint-load-metrics`` in ORCA's TEXT form: the memory share and the admissible
     sessions as a named metric; nothing where neither is known."""
-    room = Room(admissible=12, full=False, utilization=0.4213)
-    assert load_metrics(room) == (
+    capacity = Capacity(admissible=12, full=False, utilization=0.4213)
+    assert load_metrics(capacity) == (
         b"TEXT mem_utilization=0.4213, named_metrics.admissible_sessions=12"
     )
-    assert load_metrics(Room(admissible=None, full=False, utilization=0.5)) == (
+    assert load_metrics(Capacity(admissible=None, full=False, utilization=0.5)) == (
         b"TEXT mem_utilization=0.5000"
     )
-    assert load_metrics(Room(admissible=None, full=False, utilization=None)) is None
+    assert load_metrics(Capacity(admissible=None, full=False, utilization=None)) is None
 
 
 def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(test())
 
 
-def test_the_agent_answers_from_the_guards_room_and_drains_when_latched() -> None:
+def test_the_agent_answers_from_the_guards_capacity_and_drains_when_latched() -> None:
     """100 of 1000 MiB with 10 MiB reserves under an 80 % watermark: 70 sessions fit, so
     ``ready 70%``; at 795 MiB none fits and the agent says ``drain``."""
     reader = SettableReader(used_mb=100, limit_mb=1000)
@@ -173,7 +182,7 @@ def open_fds() -> int:
 def test_hostile_clients_cannot_stall_the_loop_or_leak() -> None:
     """Clients that never read, send garbage or come 1,000 at once: the loop's worst
     stall stays under the project's bound of 1 s, every connection is closed
-    within the answer timeout, the room is checked once per interval, and once they
+    within the answer timeout, the capacity is checked once per interval, and once they
     are gone no descriptor is left and an agent check is answered as before."""
     reader = SettableReader(used_mb=100, limit_mb=1000)
     port = free_port()

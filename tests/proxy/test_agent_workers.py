@@ -1,5 +1,5 @@
 """Two uvicorn workers in one real memory group, sharing their ledger: both listen on the
-agent port, and whichever takes a connection says the same container-wide room."""
+agent port, and whichever takes a connection says the same container-wide capacity."""
 
 from __future__ import annotations
 
@@ -28,14 +28,14 @@ def listeners(port: int) -> int:
     return count
 
 
-def room(port: int) -> int:
+def admissible(port: int) -> int:
     match = re.fullmatch(rb"ready (\d+)%\n", ask(port))
     assert match is not None
     return int(match.group(1))
 
 
-def test_every_worker_answers_the_same_container_wide_room(tmp_path: Path) -> None:
-    """Sessions opened through either worker lower the room both workers' agents say,
+def test_every_worker_answers_the_same_container_wide_capacity(tmp_path: Path) -> None:
+    """Sessions opened through either worker lower the capacity both workers' agents say,
     by the same amount: thirty agent checks, spread by the kernel over the two, agree."""
     agent_port, port = free_port(), free_port()
     with memory_group(512, "agent_workers") as group:
@@ -69,7 +69,7 @@ def test_every_worker_answers_the_same_container_wide_room(tmp_path: Path) -> No
             while listeners(agent_port) < 2:  # each worker's listener, started with it
                 assert time.monotonic() < deadline, "the second worker never listened"
                 time.sleep(0.05)
-            empty = {room(agent_port) for _ in range(30)}
+            empty = {admissible(agent_port) for _ in range(30)}
             assert len(empty) == 1, empty
             with httpx.Client(timeout=10) as client:
                 for _ in range(4):
@@ -79,7 +79,7 @@ def test_every_worker_answers_the_same_container_wide_room(tmp_path: Path) -> No
                     )
                     assert response.status_code == 201
             time.sleep(1.0)  # the sessions' memory shows, and their reservations settle
-            answers = [room(agent_port) for _ in range(30)]
+            answers = [admissible(agent_port) for _ in range(30)]
         finally:
             server.stop()
     assert len(set(answers)) == 1, answers

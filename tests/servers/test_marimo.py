@@ -176,7 +176,7 @@ def test_first_burst_of_notebook_sessions_is_cut_at_capacity(
     footprint: int, tmp_path: Path, settings: dict[str, str]
 ) -> None:
     """A first burst of 24 notebook WebSockets on a fresh guarded marimo, in a group with
-    room for a handful, with the guard's defaults or a reserve set ten times too small,
+    capacity for a handful, with the guard's defaults or a reserve set ten times too small,
     starts capacity give or take one kernels, refuses the rest with a 1013 close carrying
     Retry-After, and the kernel's OOM killer kills nothing; closing them all frees
     nothing (marimo keeps their kernels), and a second burst then is not admitted into
@@ -199,16 +199,16 @@ def test_first_burst_of_notebook_sessions_is_cut_at_capacity(
         # session TTL (120 s), and so does their memory.
         time.sleep(1)
         held = working_set_bytes(served.group)
-        room = serverkit.capacity(LIMIT_MB, held, footprint)
+        capacity = serverkit.capacity(LIMIT_MB, held, footprint)
         second = result_of(
             *burst(served, "snd", 2 * first.capacity),
             footprint=footprint,
             baseline=held,
             served=served,
         )
-        print({"held_mb": round(held / MIB, 1), "room": room, **second.summary()})
+        print({"held_mb": round(held / MIB, 1), "capacity": capacity, **second.summary()})
         assert held > baseline + (first.admitted - 0.5) * footprint, (held, first.summary())
         assert second.oom_kills == 0, second.summary()
         assert second.server_alive, second.summary()
-        assert second.admitted <= room + 1, (room, second.summary())
+        assert second.admitted <= capacity + 1, (capacity, second.summary())
         assert second.retry_after_ok, second.summary()

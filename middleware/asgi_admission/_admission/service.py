@@ -791,7 +791,7 @@ class AdmissionService:
         sample_while_waiting(self.reservations)
         return await wait_then_decide(waiter, self._probe_waiters, decide, listening)
 
-    async def wait_for_room(
+    async def wait_for_capacity(
         self, kind: Kind, scope: Scope, queued: Queued, listening: Listener | None
     ) -> AdmissionTicket | Refused | None:
         """Wait in the queue for capacity, holding nothing (``queue.py``), then the

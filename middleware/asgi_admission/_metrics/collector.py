@@ -200,9 +200,9 @@ class AdmissionCollector:
         yield from (high, resume, reserve)
 
         counts: tuple[int, int] | None = None
-        # None: no guard has a count cap in force (or a bound on its room).
+        # None: no guard has a count cap in force (or a bound on its capacity).
         limits: int | None = None
-        room: int | None = None
+        capacity: int | None = None
         blind = is_blind(reading)
         try:
             for view in views:
@@ -223,7 +223,7 @@ class AdmissionCollector:
                     held_bytes=held_by(view, pending, reading),
                 )
                 if fits is not None:
-                    room = fits + (room or 0)
+                    capacity = fits + (capacity or 0)
         except Exception:
             counts = None
             logger.debug("asgi-admission: the guard's session counts failed", exc_info=True)
@@ -268,8 +268,8 @@ class AdmissionCollector:
             probing.add_metric((), len({status.route for status in probed}))
             waiting.add_metric((), sum(status.waiting for status in probed))
             yield from (probing, waiting)
-        if counts is not None and room is not None:
-            admissible.add_metric((), room)
+        if counts is not None and capacity is not None:
+            admissible.add_metric((), capacity)
             yield admissible
 
         current = "unavailable"
@@ -363,7 +363,7 @@ def admissible_sessions(
     active, pending = counts
     cap = count_cap(session_limit, is_blind(reading))
     by_count = None if cap is None else max(0, cap - active - pending)
-    by_memory = controller.memory_room(reading, pending, held_bytes=held_bytes)
+    by_memory = controller.admissible_by_memory(reading, pending, held_bytes=held_bytes)
     if by_memory is None or (by_count is not None and by_count < by_memory):
         return by_count
     return by_memory

@@ -1,1 +1,1 @@
-"""What a replica tells the proxy in front of it: its room for sessions (docs/containers.md)."""
+"""What a replica tells the proxy in front of it: its capacity for sessions (docs/containers.md)."""

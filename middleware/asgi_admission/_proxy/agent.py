@@ -1,4 +1,4 @@
-"""The agent-check listener: one line of room per connection, for HAProxy's ``agent-check``.
+"""The agent-check listener: the replica's capacity in one line per connection, for HAProxy.
 
 Started and stopped with the app's lifespan, on every interface with ``SO_REUSEPORT``,
 so every worker of a container listens on the same port and answers alike; its bounds
@@ -12,7 +12,7 @@ import contextlib
 import logging
 from typing import Final, cast
 
-from asgi_admission._proxy.room import RoomView, agent_line
+from asgi_admission._proxy.capacity import CapacityView, agent_line
 
 logger = logging.getLogger("asgi_admission")
 
@@ -46,9 +46,9 @@ class _Answer(asyncio.Protocol):
         agent.open.add(self)
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(ANSWER_TIMEOUT_S, transport.abort)
-        room = agent.view.fresh()
-        if room is not None:
-            self.answer(agent_line(room))
+        capacity = agent.view.fresh()
+        if capacity is not None:
+            self.answer(agent_line(capacity))
         else:
             agent.waiting.append(self)
             agent.check_soon()
@@ -84,7 +84,7 @@ class _Answer(asyncio.Protocol):
 class AgentListener:
     """The agent-check listener on ``port``, answering from ``view``."""
 
-    def __init__(self, view: RoomView, *, port: int) -> None:
+    def __init__(self, view: CapacityView, *, port: int) -> None:
         self.view = view
         self.port = port
         self._server: asyncio.Server | None = None
@@ -125,7 +125,7 @@ class AgentListener:
             await server.wait_closed()
 
     def check_soon(self) -> None:
-        """Answer the waiting connections once the room is checked (one check for all)."""
+        """Answer the waiting connections once the capacity is checked (one check for all)."""
         if self._checking is None or self._checking.done():
             self._checking = asyncio.get_running_loop().create_task(self._answer_waiting())
 

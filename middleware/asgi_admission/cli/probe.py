@@ -240,15 +240,16 @@ def limits(
     """Which limit binds one more session: memory (its reserves) or the count cap."""
     blind = decision.state == "unavailable"
     cap = count_cap(max_sessions, blind)
-    count_room = None if cap is None else max(0, cap - args.sessions - args.pending)
-    memory_room = controller.memory_room(reading, args.pending)
-    by_count = count_room is not None and (memory_room is None or count_room < memory_room)
+    by_count = None if cap is None else max(0, cap - args.sessions - args.pending)
+    by_memory = controller.admissible_by_memory(reading, args.pending)
+    count_binds = by_count is not None and (by_memory is None or by_count < by_memory)
+    # The --json keys keep their names: scripts read them (docs/operations.md).
     return {
-        "binds": "count_cap" if by_count else "memory",
+        "binds": "count_cap" if count_binds else "memory",
         "count_cap": cap,
         "count_cap_from": count_cap_from(max_sessions, blind),
-        "count_room": count_room,
-        "memory_room": memory_room,
+        "count_room": by_count,
+        "memory_room": by_memory,
     }
 
 
@@ -540,7 +541,7 @@ def _probing_lines(probing: dict[str, Any]) -> list[str]:
 
 def _binding(limits: dict[str, Any]) -> str:
     """The human line for :func:`limits`."""
-    cap, memory_room = limits["count_cap"], limits["memory_room"]
+    cap, by_memory = limits["count_cap"], limits["memory_room"]
     if cap is None:
         cap_text = "no count cap"
     elif limits["count_cap_from"] == "max_sessions":
@@ -548,12 +549,12 @@ def _binding(limits: dict[str, Any]) -> str:
     else:
         cap_text = f"count cap {cap} (the fallback while blind; ADMISSION_MAX_SESSIONS sets it)"
     if limits["binds"] == "count_cap":
-        memory = "" if memory_room is None else f"; memory would fit {memory_room}"
+        memory = "" if by_memory is None else f"; memory would fit {by_memory}"
         return f"{cap_text}: {limits['count_room']} more session(s){memory}"
-    if memory_room is None:
+    if by_memory is None:
         return f"memory: below the high watermark, no reserve to count in ({cap_text})"
     other = "" if cap is None else f" would allow {limits['count_room']}"
-    return f"memory: {memory_room} more session(s) fit under the ceiling ({cap_text}{other})"
+    return f"memory: {by_memory} more session(s) fit under the ceiling ({cap_text}{other})"
 
 
 def stuck_lines(stuck: dict[str, Any]) -> list[str]:

@@ -311,7 +311,7 @@ class AdmissionController:
             held_bytes = self.held(pending_sessions, limit_bytes)
         return limit_bytes * self.high_watermark_percent / 100 - held_bytes
 
-    def memory_room(
+    def admissible_by_memory(
         self,
         memory: MemoryReading | None,
         pending_sessions: int = 0,
@@ -385,7 +385,7 @@ class AdmissionController:
         self, current_sessions: int, session_limit: int | None, pending_sessions: int
     ) -> bool:
         """Whether an upper bound of the working set may decide (the fast path): the last
-        decision was normal and the count cap has room."""
+        decision was normal and the count cap allows one more."""
         return self._last_state == "normal" and (
             session_limit is None or current_sessions + pending_sessions < session_limit
         )

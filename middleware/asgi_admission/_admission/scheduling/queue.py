@@ -447,7 +447,7 @@ def ran_out(outcome: str, last: Refused) -> tuple[CapacityDecision, tuple[int, i
     decision = last.decision
     reason: Reason = "queue_full" if outcome == "full" else "queue_timeout"
     if decision.reason == "tenant_share":
-        reason = "tenant_share"  # it waited for its tenant's share, not for room
+        reason = "tenant_share"  # it waited for its tenant's share, not for capacity
     return dataclasses.replace(decision, reason=reason, transition=None), last.counts
 
 

@@ -425,9 +425,22 @@ RETIRED_WORDS = re.compile(
 #: keep their plain sense (a reserve's floor), so only names are checked for them. A
 #: "look" was a check of the latch (``LatchChecks.check_with_counts``, the stuck-pressure
 #: watch's, the proxy's), a reading (the periodic sample's, the freed watch's) or the
-#: search for other workers; ``lookup`` is a word of its own and stays.
+#: search for other workers; ``lookup`` is a word of its own and stays. A replica's
+#: "room" for more sessions is its capacity (``Capacity``, ``CapacityView``); as a word
+#: it keeps its plain sense, and ``headroom`` is a word of its own.
 RETIRED_NAME_PARTS = frozenset(
-    {"floor", "mark", "credit", "credited", "placeholder", "gate", "look", "looked", "looking"}
+    {
+        "floor",
+        "mark",
+        "credit",
+        "credited",
+        "placeholder",
+        "gate",
+        "look",
+        "looked",
+        "looking",
+        "room",
+    }
 )
 #: Parts of class names retired: a ``Hold`` is a waiter (``ProbeWaiter``); the verb
 #: stays (``ticket.hold()``, ``hold_s``, ``..._holds_nothing``), so other names are
@@ -629,6 +642,10 @@ def test_a_retired_keyword_is_seen(source: str, keywords: set[str]) -> None:
         ("rounded = math.floor(x)", set()),
         ("try:\n    pass\nexcept ProcessLookupError:\n    lookup = {}", set()),
         ("def lookups(): ...\nclass Lookup: ...", set()),
+        ("class RoomView: ...\nrooms = [room_of(x)]", {"RoomView", "rooms"}),
+        ("def wait_for_room(self, room: int) -> None: ...", {"wait_for_room", "room"}),
+        ("container_headroom = 1\nHEADROOM_FRACTION = 0.1\nheadroomSessions = 2", set()),
+        ("# room for a busy machine\nreason = 'no room'", set()),
     ],
 )
 def test_a_retired_name_is_seen(source: str, names: set[str]) -> None:

@@ -476,3 +476,13 @@ def test_admissible_by_memory_counts_the_reserves_that_still_fit() -> None:
     )
     latch.decide(MemoryReading(used_bytes=900, limit_bytes=LIMIT, available=True), 0, None)
     assert (latch.pressure_state, latch.admissible_by_memory(reading)) == ("pressured", 0)
+
+
+def test_the_old_name_of_admissible_by_memory_answers_the_same_with_a_warning() -> None:
+    """The public method's earlier name (``memory_room``) still answers, the same, and
+    says its new one."""
+    reading = MemoryReading(used_bytes=300, limit_bytes=LIMIT, available=True)
+    latch = AdmissionController(reserve_bytes=100, memory_reader=lambda: reading)
+    with pytest.warns(DeprecationWarning, match="admissible_by_memory"):
+        assert latch.memory_room(reading, 2, held_bytes=250) == 3
+    assert latch.admissible_by_memory(reading, 2, held_bytes=250) == 3

@@ -456,8 +456,9 @@ RETIRED_NOUN = re.compile(
     re.IGNORECASE,
 )
 #: Names with a retired part in its plain sense: learning's noise floor, and the
-#: benchmark's "floor" reference, the least any guard must do (bench/README.md).
-PLAIN_NAMES = frozenset({"NOISE_FLOOR_BYTES", "Floor", "floor_app", "floor_added"})
+#: benchmark's "floor" reference, the least any guard must do (bench/README.md); and a
+#: public name kept for the users who call it, deprecated (``memory_room``).
+PLAIN_NAMES = frozenset({"NOISE_FLOOR_BYTES", "Floor", "floor_app", "floor_added", "memory_room"})
 #: Whole names retired: probing's window is a trial, and the count of each route's
 #: observations kept is ``KEPT`` ("window" is learning's growth window alone).
 RETIRED_WHOLE_NAMES = frozenset({"ProbeWindow", "MAX_WINDOWS", "WINDOW"})

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -310,6 +311,21 @@ class AdmissionController:
         if held_bytes is None:
             held_bytes = self.held(pending_sessions, limit_bytes)
         return limit_bytes * self.high_watermark_percent / 100 - held_bytes
+
+    def memory_room(
+        self,
+        memory: MemoryReading | None,
+        pending_sessions: int = 0,
+        *,
+        held_bytes: int | None = None,
+    ) -> int | None:
+        """Deprecated: the earlier name of :meth:`admissible_by_memory` (the same answer)."""
+        warnings.warn(
+            "AdmissionController.memory_room is deprecated; use admissible_by_memory",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.admissible_by_memory(memory, pending_sessions, held_bytes=held_bytes)
 
     def admissible_by_memory(
         self,

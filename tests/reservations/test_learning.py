@@ -257,6 +257,33 @@ def test_a_probes_figure_caps_bounds_from_windows_that_always_had_company() -> N
     assert clean.footprint_bytes == 50 * MIB
 
 
+def test_a_routes_first_clean_value_is_taken_from_the_windows_it_ramped_in() -> None:
+    """A route with one clean value (a session that ramped alone) has a typical size from
+    it, and that much of each of its sessions' share is taken from another route's window.
+    (In the churn bench's unmeasured mode the in-request route's probe window ran 8 s
+    beside five and a half sessions of the ramping route, whose first clean window had
+    measured 96 MiB: nothing was taken for them, and the in-request route was learned at
+    586 MiB, too large for any more of its sessions to be admitted: bench/README.md, "The
+    nineteenth session: the in-request route learned beside a route known once".)"""
+    ramping = empty_observations()
+    ramping["windows"] = [Window(96.0 * MIB, 3.5, 2.2, (), True)]
+    crowded = empty_observations()
+    company = (Overlap("POST /processes", 5.7, 5.5, 0.0, 0.0),)
+    crowded["windows"] = [Window(584.0 * MIB, 8.0, None, company, True)]
+    learner = SessionLearner()
+    learner.merge({"POST /processes": ramping, ROUTE: crowded})
+    estimate = learner.estimate(ROUTE)
+    assert estimate is not None
+    drift = DRIFT_BYTES_PER_S * 8.0
+    assert estimate.footprint_bytes == int(584.0 * MIB + drift - 5.5 * 96.0 * MIB)
+    # A route with no clean value yet is not known: nothing is taken for it.
+    unknown = SessionLearner()
+    unknown.merge({ROUTE: crowded})
+    alone = unknown.estimate(ROUTE)
+    assert alone is not None
+    assert alone.footprint_bytes == int(584.0 * MIB + drift)
+
+
 @pytest.mark.parametrize(
     ("mode", "configured", "learned", "expected"),
     [

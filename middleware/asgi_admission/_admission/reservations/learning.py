@@ -24,8 +24,6 @@ from asgi_admission._config import Learning
 
 #: How fast memory is taken to drift down for other reasons, at most, over a window.
 DRIFT_BYTES_PER_S: Final = 256 * 1024
-#: Values a route needs before what its session typically adds is taken as known.
-MIN_OWN: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,12 +120,12 @@ def _clean(state: _Route) -> list[float]:
 
 def typical(routes: Mapping[str, _Route]) -> dict[str, float]:
     """What one session of each route typically adds (the median of its clean values),
-    where it has ``MIN_OWN`` of them: no more than that is taken from another session's
-    window for it."""
+    from the first of them, as for the cap in ``footprint``: no more than that is taken
+    from another session's window for it."""
     found: dict[str, float] = {}
     for route, state in routes.items():
         clean = _clean(state)
-        if len(clean) >= MIN_OWN:
+        if clean:
             found[route] = percentile(clean, 0.5)
     return found
 

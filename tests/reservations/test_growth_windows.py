@@ -147,3 +147,30 @@ def test_learning_and_settling_draw_the_in_request_line_at_the_same_ramp() -> No
     assert length >= QUIET_S
     assert not builds_in_request(None)
     assert window_length(None) is None
+
+
+def test_a_session_a_second_past_its_learned_ramp_may_still_be_ramping() -> None:
+    """The ramping route's ramp was learned from one session alone (1.5 s); the next one's
+    memory takes 2.5 s. An in-request session admitted 1.8 s into it is past that learned
+    ramp and its first second, yet the other is still growing: within its ramp and a
+    quiet spell after it, it is company, and the in-request session's window measures
+    nothing. Taken as a measure it held the other's tail (69.9 MiB for a 48 MiB route
+    in ``bench/churn.py --modes unmeasured``, seed 1: bench/README.md, "The nineteenth
+    session: the in-request route learned beside a route known once")."""
+    replay = Replay()
+    # An in-request session alone: 48 MiB, built before its response.
+    replay.build(0.05)
+    replay.read(2.0)
+    # A process session whose 96 MiB come over 1.5 s, alone: its ramp is learned there.
+    replay.learner.on_admit("POST /ramp", replay.used, 2.05)
+    replay.read(3.5, 16 * MIB)
+    replay.read(7.0)
+    # The next one's come over 2.5 s; an in-request session comes 1.8 s into it.
+    replay.learner.on_admit("POST /ramp", replay.used, 7.05)
+    replay.read(8.75, 9.6 * MIB)
+    replay.build(8.85)
+    replay.read(9.5, 9.6 * MIB)
+    replay.read(16.0)
+    estimate = replay.learner.estimate("POST /build")
+    assert estimate is not None
+    assert estimate.footprint_bytes < 52 * MIB

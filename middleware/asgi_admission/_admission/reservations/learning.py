@@ -920,9 +920,10 @@ class GrowthWindows:
 
     def _ramping(self, expected: Expected, ramps: Ramps) -> list[Ramping]:
         """The sessions that may still be ramping, hiding another's growth or ramp: each
-        with until when (its ramp, a quiet spell at least) and whether its footprint is
-        known. One of known footprint whose memory comes inside its request is left out:
-        its known share is taken away where it came, so it hides neither."""
+        with until when (its ramp and a quiet spell after it: a ramp is learned from few
+        sessions, and others take longer) and whether its footprint is known. One of
+        known footprint whose memory comes inside its request is left out: its known
+        share is taken away where it came, so it hides neither."""
         ramping: list[Ramping] = []
         for admission in self._recent:
             if admission.ended is not None:
@@ -930,7 +931,7 @@ class GrowthWindows:
             footprint, ramp_length_s = expected(admission.route)
             if footprint and builds_in_request(ramps(admission.route)):
                 continue
-            until = admission.at + max(ramp_length_s, QUIET_S)
+            until = admission.at + ramp_length_s + QUIET_S
             ramping.append((admission, until, bool(footprint)))
         return ramping
 

@@ -284,6 +284,30 @@ def test_a_routes_first_clean_value_is_taken_from_the_windows_it_ramped_in() -> 
     assert alone.footprint_bytes == int(584.0 * MIB + drift)
 
 
+def test_one_end_alone_is_no_typical_size_to_take_from_other_windows() -> None:
+    """A small route's only clean value is one end whose drop held 100 MiB of other
+    memory freed at the same moment (120 MiB for a 20 MiB session). Taken as its typical
+    size, it would be taken from each of a big route's windows beside one of its
+    sessions, and the big route (116 MiB windows) learned at nothing. From one end alone
+    it is not; from a second end, the median of the two."""
+    small = empty_observations()
+    small["ends"] = [120.0 * MIB]
+    big = empty_observations()
+    company = (Overlap("POST /small", 1.0, 1.0),)
+    big["windows"] = [Window(116.0 * MIB, 3.0, 2.0, company, True) for _ in range(5)]
+    learner = SessionLearner()
+    learner.merge({"POST /small": small, "POST /big": big})
+    estimate = learner.estimate("POST /big")
+    assert estimate is not None
+    assert estimate.footprint_bytes >= 116 * MIB
+    small["ends"] = [120.0 * MIB, 20.0 * MIB]
+    second = SessionLearner()
+    second.merge({"POST /small": small, "POST /big": big})
+    estimate = second.estimate("POST /big")
+    assert estimate is not None
+    assert 96 * MIB <= estimate.footprint_bytes < 100 * MIB
+
+
 @pytest.mark.parametrize(
     ("mode", "configured", "learned", "expected"),
     [

@@ -24,6 +24,8 @@ from asgi_admission._config import Learning
 
 #: How fast memory is taken to drift down for other reasons, at most, over a window.
 DRIFT_BYTES_PER_S: Final = 256 * 1024
+#: Clean values a route needs for a typical size where none is a window (``typical``).
+MIN_OWN: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,21 +113,27 @@ def percentile(values: Iterable[float], share: float = PERCENTILE) -> float:
     return ordered[rank - 1]
 
 
+def _alone(state: _Route) -> list[float]:
+    """The growth of the route's exact windows with nothing else in them (``Window.exact``)."""
+    return [max(0.0, w.growth) for w in state.windows if w.exact and not w.overlaps]
+
+
 def _clean(state: _Route) -> list[float]:
-    """The route's clean values: memory freed at its sessions' ends, and the growth of
-    its exact windows with nothing else in them (``Window.exact``)."""
-    alone = (w.growth for w in state.windows if w.exact and not w.overlaps)
-    return [*state.ends, *(max(0.0, growth) for growth in alone)]
+    """The route's clean values: memory freed at its sessions' ends, and its windows
+    with nothing else in them."""
+    return [*state.ends, *_alone(state)]
 
 
 def typical(routes: Mapping[str, _Route]) -> dict[str, float]:
-    """What one session of each route typically adds (the median of its clean values),
-    from the first of them, as for the cap in ``footprint``: no more than that is taken
-    from another session's window for it."""
+    """What one session of each route typically adds (the median of its clean values):
+    no more than that is taken from another session's window for it. A route has one
+    from its first window with nothing else in it; from ends alone, from its second
+    (``MIN_OWN``): one end's drop may hold other memory freed in the same moment, and
+    taken from others' windows, too much would make their sessions look smaller."""
     found: dict[str, float] = {}
     for route, state in routes.items():
         clean = _clean(state)
-        if clean:
+        if len(clean) >= MIN_OWN or (clean and _alone(state)):
             found[route] = percentile(clean, 0.5)
     return found
 

@@ -336,7 +336,9 @@ SERVER_START_S = 240.0
 
 
 #: How long the tests' clients keep an idle connection to a server: below uvicorn's
-#: keep-alive timeout (5 s), so that the server never closes one as it is reused.
+#: default keep-alive timeout (5 s; the demo keeps 75 s, a plain uvicorn app such as
+#: tests/v2/test_v2_pressure.py's leak app the default), so that no server closes one as
+#: it is reused.
 CLIENT_IDLE_S = 2.0
 
 
@@ -383,8 +385,8 @@ class Demo:
 
     def client(self, timeout: float) -> httpx.Client:
         """A client of the server that drops a connection idle ``CLIENT_IDLE_S``: httpx
-        keeps one 5 s by default, as long as uvicorn's keep-alive timeout, and a request
-        sent on a connection as the server closes it is reset (``ECONNRESET``)."""
+        keeps one 5 s by default, as long as uvicorn's default keep-alive timeout, and a
+        request sent on a connection as the server closes it is reset (``ECONNRESET``)."""
         limits = httpx.Limits(keepalive_expiry=CLIENT_IDLE_S)
         return httpx.Client(base_url=self.base_url, timeout=timeout, limits=limits)
 
@@ -412,7 +414,7 @@ def demo(
     try:
         server.wait_ready()
         yield server
-    except BaseException:
+    except Exception:
         state = "running" if server.proc.poll() is None else f"exit {server.proc.returncode}"
         print(f"--- the demo ({state}), the end of its log ---\n{server.log()[-6000:]}")
         raise

@@ -77,7 +77,8 @@ def test_demo_command_runs_uvicorn(monkeypatch: pytest.MonkeyPatch) -> None:
     assert kwargs["factory"] is True
     assert (kwargs["host"], kwargs["port"], kwargs["workers"]) == ("127.0.0.1", 8123, 2)
     assert os.environ["DEMO_SESSION_MB"] == "5"
-    assert kwargs["timeout_keep_alive"] == KEEP_ALIVE_S
+    # Longer than a proxy keeps its connections to a pod (ingress-nginx: 60 s).
+    assert kwargs["timeout_keep_alive"] == KEEP_ALIVE_S > 60
     # The guard's latch messages reach the console at INFO; uvicorn's own config is untouched.
     assert kwargs["log_config"]["loggers"]["asgi_admission"]["level"] == "INFO"
     assert "asgi_admission" not in uvicorn.config.LOGGING_CONFIG["loggers"]

@@ -140,6 +140,7 @@ def test_a_session_ending_while_another_ramps_does_not_hold_the_ramping_one() ->
         time.sleep(0.8)
         assert client.delete("/sessions").status_code == 200
         reader.fall(RESERVE_MB)
+        assert not reader.ramped()  # the end came while the second still ramped
         wait_for(reader.ramped, 5, "the second's memory to come")
         assert reader().used_bytes == (100 + RESERVE_MB) * MIB  # the second's, not the first's
         wait_for(lambda: mw.session_counts() == (1, 0), 3, "the app to count it")

@@ -132,8 +132,9 @@ def typical(routes: Mapping[str, _Route]) -> dict[str, float]:
     taken from others' windows, too much would make their sessions look smaller."""
     found: dict[str, float] = {}
     for route, state in routes.items():
-        clean = _clean(state)
-        if len(clean) >= MIN_OWN or (clean and _alone(state)):
+        alone = _alone(state)
+        clean = [*state.ends, *alone]  # _clean(state), its windows read once
+        if alone or len(clean) >= MIN_OWN:
             found[route] = percentile(clean, 0.5)
     return found
 
